@@ -1,0 +1,55 @@
+// Env: the process's window onto time, randomness and files.
+//
+// Every module that reads a clock, draws a seed or touches the filesystem takes
+// an Env& so that failover and scheduling logic can run under a simulated clock
+// in tests. Env::default_env() is the real one (monotonic clock, /dev/urandom,
+// POSIX files, mmap) and lives for the whole process.
+// Thread safety: all methods of the default Env are safe to call concurrently;
+// test Envs document their own rules.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace spw {
+
+// A read-only view of a whole file. The bytes stay valid while the object lives.
+class MappedFile {
+ public:
+  virtual ~MappedFile() = default;
+  virtual const uint8_t* data() const = 0;
+  virtual size_t size() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // Monotonic nanoseconds since an arbitrary epoch; never goes backwards.
+  virtual int64_t now_ns() = 0;
+  // Wall-clock milliseconds since the Unix epoch (for logs and journals only).
+  virtual int64_t wall_time_ms() = 0;
+  virtual void sleep_for_ns(int64_t ns) = 0;
+  // A seed-quality random 64-bit value (not for cryptography).
+  virtual uint64_t random_u64() = 0;
+
+  // Maps `path` read-only. IOError naming the path and errno text on failure.
+  virtual Result<std::unique_ptr<MappedFile>> map_file(const std::string& path) = 0;
+  virtual Result<std::string> read_file(const std::string& path) = 0;
+  // Writes atomically: to `path.tmp`, fsync, rename.
+  virtual Status write_file(const std::string& path, std::string_view data) = 0;
+  virtual bool file_exists(const std::string& path) = 0;
+
+  static Env& default_env();
+};
+
+// Wraps a byte buffer as a MappedFile (for tests, fuzzers, generated models).
+std::unique_ptr<MappedFile> make_memory_file(std::string bytes, std::string name = "<memory>");
+
+}  // namespace spw

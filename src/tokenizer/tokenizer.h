@@ -1,0 +1,84 @@
+// Tokenizer built from a GGUF vocabulary.
+//
+// Contract: Tokenizer::from_gguf reads tokenizer.ggml.* metadata (model, tokens,
+// scores, token_type, bos/eos/unk/pad ids, add_bos_token, add_space_prefix) and
+// returns a tokenizer for `tokenizer.ggml.model = "llama"` (SentencePiece BPE
+// with byte fallback, as llama.cpp implements it). Any other model name is
+// InvalidArgument naming it; missing or inconsistent arrays are Corruption
+// naming the key. encode() reproduces llama.cpp's token ids exactly (tested
+// against its vectors). token_piece() returns the raw bytes a token stands for
+// (byte-fallback tokens <0xAB> become that byte; U+2581 becomes a space), which
+// can end in the middle of a UTF-8 character: use Utf8Stream to emit text.
+// Thread safety: immutable after construction; all const methods are safe to
+// call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "gguf/gguf.h"
+
+namespace spw {
+
+using TokenId = int32_t;
+
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+class Tokenizer {
+ public:
+  static Result<std::unique_ptr<Tokenizer>> from_gguf(const gguf::GgufFile& file);
+  virtual ~Tokenizer() = default;
+
+  // Text to token ids. `add_bos` prepends BOS (when the vocab has one).
+  // `parse_special` recognises control/user-defined token texts such as "<s>"
+  // inside `text` as those tokens; otherwise they are tokenised as plain text.
+  virtual std::vector<TokenId> encode(std::string_view text, bool add_bos,
+                                      bool parse_special = false) const = 0;
+  // Raw bytes of one token for output. Control tokens (BOS/EOS) give "".
+  virtual std::string token_piece(TokenId id) const = 0;
+  // Concatenated pieces, with SPM's leading space of the first token removed
+  // when `strip_leading_space` (llama.cpp detokenize semantics).
+  virtual std::string decode(const std::vector<TokenId>& ids, bool strip_leading_space = true) const = 0;
+
+  virtual int32_t n_vocab() const = 0;
+  virtual TokenId bos_id() const = 0;  // -1 when none
+  virtual TokenId eos_id() const = 0;  // -1 when none
+  virtual TokenId unk_id() const = 0;
+  virtual bool add_bos_default() const = 0;  // tokenizer.ggml.add_bos_token (default true for llama)
+  virtual TokenType token_type(TokenId id) const = 0;
+  virtual const std::string& token_text(TokenId id) const = 0;  // as stored in the vocab
+  // End-of-generation tokens: EOS, and EOT/EOM where the vocab names them.
+  virtual bool is_eog(TokenId id) const = 0;
+  // Stable hash of the vocabulary and its settings (for compatibility fingerprints).
+  virtual uint64_t fingerprint() const = 0;
+};
+
+// Turns a stream of token byte pieces into valid UTF-8 text: bytes of an
+// unfinished character are held back until it completes. Invalid sequences are
+// replaced by U+FFFD. The pending bytes are part of a generation checkpoint.
+class Utf8Stream {
+ public:
+  // Appends bytes; returns the text that is now complete.
+  std::string push(std::string_view bytes);
+  // Ends the stream: returns held-back bytes as U+FFFD (one per byte), or "".
+  std::string flush();
+  const std::string& pending() const { return pending_; }
+  void set_pending(std::string p) { pending_ = std::move(p); }
+
+ private:
+  std::string pending_;
+};
+
+}  // namespace spw
