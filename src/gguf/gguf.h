@@ -11,13 +11,37 @@
 // Tensor data is not copied: TensorInfo::data points into the mapping, valid
 // while the GgufFile lives. A GgufFile is immutable after open and safe to share
 // between threads.
+// Details: versions 2 and 3 only (anything else, v1 included, is
+// InvalidArgument naming the version); host must be little-endian. Corruption
+// covers: bad magic; truncation anywhere; a string length, array count,
+// metadata_kv_count or tensor_count larger than the bytes left could hold;
+// arrays nested more than 4 deep; a bool byte other than 0/1; duplicate keys
+// or tensor names; an empty tensor name; n_dims outside 1..4; a zero or
+// overflowing (>= 2^63 elements or bytes) dimension; ne[0] not a multiple of
+// the type's block size; `general.alignment` not an integer that is a nonzero
+// power of two; a tensor offset not a multiple of the alignment; tensor data
+// past the end of the file; overlapping tensors. InvalidArgument: unknown
+// metadata value type or array element type (naming the key), unknown ggml
+// type id (naming the id and the tensor). Messages start with "gguf '<path>': "
+// and give the byte offset of the offending field. A file without tensors may
+// end right after its metadata (llama.cpp's vocab-only files do); data_offset()
+// is then the file size.
 //
 // Writer contract: GgufWriter collects metadata and tensors in insertion order
-// and serialises GGUF v3 with the given alignment (default 32). Used by tests and
-// by the random-model generator.
+// and serialises GGUF v3 with the given alignment (default 32; when it is not
+// 32, `general.alignment` is written too). Used by tests and by the
+// random-model generator. Values are checked at serialisation: a Value whose
+// variant does not match its `type` (or does not fit it, e.g. 300 as uint8), or
+// an array item whose type differs from the array's elem_type, is
+// InvalidArgument naming the key. Tensors may be given as bytes (add_tensor) or
+// as a producer called during serialisation (add_tensor_streamed), so that a
+// multi-GiB model never has to be held in memory: write_streaming() then needs
+// only the largest single tensor in RAM. A writer is not thread-safe; a const
+// writer may be serialised from one thread at a time (producers may have state).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,7 +89,13 @@ struct Value {
   ValueType type = ValueType::kUint8;
   std::variant<uint64_t, int64_t, double, bool, std::string, Array> v;
 
+  static Value u8(uint8_t x) { return {ValueType::kUint8, uint64_t{x}}; }
+  static Value i8(int8_t x) { return {ValueType::kInt8, int64_t{x}}; }
+  static Value u16(uint16_t x) { return {ValueType::kUint16, uint64_t{x}}; }
+  static Value i16(int16_t x) { return {ValueType::kInt16, int64_t{x}}; }
   static Value u32(uint32_t x) { return {ValueType::kUint32, uint64_t{x}}; }
+  static Value i64(int64_t x) { return {ValueType::kInt64, x}; }
+  static Value f64(double x) { return {ValueType::kFloat64, x}; }
   static Value u64(uint64_t x) { return {ValueType::kUint64, x}; }
   static Value i32(int32_t x) { return {ValueType::kInt32, int64_t{x}}; }
   static Value f32(float x) { return {ValueType::kFloat32, double{x}}; }
@@ -147,9 +177,34 @@ class GgufWriter {
   // `data` must hold exactly ggml_nbytes(type, product of dims) bytes.
   Status add_tensor(std::string name, GgmlType type, std::vector<uint64_t> dims, std::string data);
 
+  // Fills `out` (given empty) with exactly ggml_nbytes(type, product of dims)
+  // bytes of one tensor. Called once per serialisation, in tensor order; it must
+  // produce the same bytes each time if the writer is serialised twice.
+  using TensorProducer = std::function<Status(std::string* out)>;
+  // Declares a tensor whose bytes come from `produce` at serialisation time.
+  // InvalidArgument for a duplicate/empty name, bad dims (1..4, nonzero),
+  // unknown type or ne[0] not a multiple of the type's block size.
+  Status add_tensor_streamed(std::string name, GgmlType type, std::vector<uint64_t> dims,
+                             TensorProducer produce);
+
+  // Receives the file's bytes in order, in pieces; an error stops serialisation.
+  using Sink = std::function<Status(std::string_view bytes)>;
+  Status serialize_to(const Sink& sink) const;
+  // Size in bytes that serialize() will produce (InvalidArgument as serialize).
+  Result<uint64_t> serialized_size() const;
+
   // The whole file as bytes.
   Result<std::string> serialize() const;
+  // serialize() then env.write_file (atomic: tmp + fsync + rename). Holds the
+  // whole file in memory.
   Status write(Env& env, const std::string& path) const;
+  // Streams to `path`.tmp with POSIX I/O, fsyncs and renames over `path`; on
+  // failure the tmp file is removed. Memory: one tensor at a time. This bypasses
+  // Env because Env has no streaming-write API; tests that use a fake Env
+  // should call write() instead.
+  Status write_streaming(const std::string& path) const;
+
+  size_t tensor_count() const { return tensors_.size(); }
 
  private:
   struct PendingTensor {
@@ -157,7 +212,12 @@ class GgufWriter {
     GgmlType type;
     std::vector<uint64_t> dims;
     std::string data;
+    TensorProducer produce;  // set for streamed tensors; then `data` is empty
+    uint64_t nbytes = 0;
   };
+  Status check_tensor(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
+                      uint64_t* nbytes) const;
+  Result<std::string> serialize_header() const;
   uint32_t alignment_;
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;

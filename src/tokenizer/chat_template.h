@@ -1,17 +1,47 @@
 // Chat templates: turn a list of messages into one prompt string.
 //
 // Contract: detect_chat_template() recognises the common families from the text
-// of `tokenizer.chat_template` by the markers llama.cpp uses (e.g. "<|im_start|>"
-// for ChatML, "<|start_header_id|>" for Llama-3, "[INST]" with/without system
-// handling for Llama-2/Mistral, "<|user|>" for Zephyr, "<start_of_turn>" for
-// Gemma); anything else is NotFound, with a message that says to name a template
-// (--chat-template). chat_template_from_name() maps user-facing names
-// ("chatml", "llama2", "llama3", "zephyr", "mistral", "gemma") and rejects others
-// with InvalidArgument listing the valid names. apply_chat_template() renders
-// exactly what the reference Jinja template renders for these families.
+// of `tokenizer.chat_template` by the markers llama.cpp's
+// llm_chat_detect_template uses, in its order: "<|im_start|>" -> ChatML;
+// "[INST]" -> Llama-2 when the template has "<<SYS>>", otherwise a Mistral
+// variant ("' [INST] ' + system_message" -> Mistral "v1"; "[AVAILABLE_TOOLS]"
+// without " [INST]" -> Mistral "v3"; plain "[INST]" -> the original
+// Mistral-7B-Instruct template); "<|user|>" with an end-of-turn token
+// (eos_token, "</s>", "<|endoftext|>") -> Zephyr; "<start_of_turn>" -> Gemma;
+// "<|start_header_id|>" and "<|end_header_id|>" -> Llama-3. A template text that
+// is exactly one of the names below selects that family. Relatives that would
+// render differently (Phi-3/4, Mistral v7 and v3-tekken, GLM) and anything else
+// are NotFound, with a message that says to pass --chat-template NAME and lists
+// the names. chat_template_from_name() maps user-facing names ("chatml",
+// "llama2", "llama3", "zephyr", "mistral" (= "mistral-v1"), "mistral-v3",
+// "mistral-legacy", "gemma") and rejects others with InvalidArgument listing
+// the valid names.
+//
+// apply_chat_template() renders exactly what the reference Jinja template of the
+// family renders (HF transformers semantics), including the BOS text where the
+// template writes bos_token (so tokenize the result with add_bos=false and
+// parse_special=true). Families and references:
+//   chatml          OpenHermes/Qwen-style; no BOS; generation prompt "<|im_start|>assistant\n".
+//   llama2          meta-llama/Llama-2-*-chat; "<s>[INST] <<SYS>>\n..\n<</SYS>>\n\n.. [/INST] .. </s>";
+//                   no generation prompt (the reference has none).
+//   llama3          Meta-Llama-3-*-Instruct; content trimmed; BOS "<|begin_of_text|>".
+//                   (3.1+ templates add a dated system preamble that is not reproduced.)
+//   zephyr          HuggingFaceH4/zephyr-7b-beta, TinyLlama-Chat; "<|role|>\n..</s>\n".
+//   mistral         Mistral "v1": "<s> [INST] sys\n\nuser [/INST] answer</s> [INST] ..".
+//   mistral-v3      Mistral "v3": "<s>[INST] user[/INST] answer</s>[INST] sys\n\nlast[/INST]".
+//   mistral-legacy  original Mistral-7B-Instruct: "<s>[INST] user [/INST]answer</s>[INST] ..".
+//   gemma           Gemma 1-3; system folded into the first user turn as Gemma 3 does.
+// Mistral/Llama-2/Gemma have no generation prompt of their own except Gemma's
+// "<start_of_turn>model\n"; add_generation_prompt is ignored where the
+// reference ignores it.
+// Roles are "system", "user", "assistant"; any other is InvalidArgument naming
+// it. Families that take a system prompt only as the first message (all but
+// ChatML, Llama-3, Zephyr) reject one elsewhere with InvalidArgument. Role
+// alternation is not enforced (the references raise; we render as they would).
 // Thread safety: pure functions.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,11 +50,29 @@
 
 namespace spw {
 
-enum class ChatTemplateKind { kChatML, kLlama2, kLlama3, kZephyr, kMistral, kGemma };
+enum class ChatTemplateKind {
+  kChatML,
+  kLlama2,
+  kLlama3,
+  kZephyr,
+  kMistral,
+  kGemma,
+  kMistralV3,
+  kMistralLegacy,
+};
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
   std::string content;
+};
+
+// bos_token / eos_token as the template sees them. Unset means the family's
+// usual text: "<s>"/"</s>" (Llama-2, Mistral, Zephyr eos), "<|begin_of_text|>"
+// (Llama-3), "<bos>" (Gemma). Pass the vocab's own texts when they differ
+// (e.g. StableLM-Zephyr's "<|endoftext|>"), or "" to leave BOS out.
+struct ChatSpecialTexts {
+  std::optional<std::string> bos;
+  std::optional<std::string> eos;
 };
 
 std::string_view chat_template_name(ChatTemplateKind kind);
@@ -35,5 +83,7 @@ Result<ChatTemplateKind> chat_template_from_name(std::string_view name);
 // Gemma) is folded the way the reference template does.
 Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
                                         bool add_generation_prompt);
+Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt, const ChatSpecialTexts& special);
 
 }  // namespace spw

@@ -9,6 +9,16 @@
 // against its vectors). token_piece() returns the raw bytes a token stands for
 // (byte-fallback tokens <0xAB> become that byte; U+2581 becomes a space), which
 // can end in the middle of a UTF-8 character: use Utf8Stream to emit text.
+//
+// Details that follow llama.cpp (and thus HF's slow LlamaTokenizer):
+// - The space prefix ("▁") is added before the first raw-text fragment and
+//   before every raw-text fragment that follows a special token when
+//   parse_special splits the input (llama.cpp's is_prev_special rule).
+// - User-defined tokens are matched in the input even without parse_special;
+//   control and unknown tokens only with it. Longest token text first.
+// - Vocabularies that do not name EOT get it by text ("<|im_end|>",
+//   "<|eot_id|>", "<end_of_turn>", ...); such tokens count as end-of-generation
+//   and are treated as control tokens.
 // Thread safety: immutable after construction; all const methods are safe to
 // call concurrently.
 #pragma once
@@ -47,32 +57,48 @@ class Tokenizer {
   virtual std::vector<TokenId> encode(std::string_view text, bool add_bos,
                                       bool parse_special = false) const = 0;
   // Raw bytes of one token for output. Control tokens (BOS/EOS) give "".
-  virtual std::string token_piece(TokenId id) const = 0;
-  // Concatenated pieces, with SPM's leading space of the first token removed
-  // when `strip_leading_space` (llama.cpp detokenize semantics).
+  // `render_special` returns the text of control/unknown tokens instead.
+  // Out-of-range ids and unused tokens give "".
+  virtual std::string token_piece(TokenId id, bool render_special = false) const = 0;
+  // Concatenated pieces (control tokens give nothing), with SPM's leading
+  // space removed from the first non-empty piece when `strip_leading_space`
+  // and the vocab adds a space prefix. Unlike llama.cpp, a leading BOS does not
+  // use up the strip, so decode(encode(s, true)) == s for ordinary text.
+  // The result may hold invalid UTF-8 (byte tokens); use Utf8Stream to clean.
   virtual std::string decode(const std::vector<TokenId>& ids, bool strip_leading_space = true) const = 0;
 
   virtual int32_t n_vocab() const = 0;
   virtual TokenId bos_id() const = 0;  // -1 when none
   virtual TokenId eos_id() const = 0;  // -1 when none
   virtual TokenId unk_id() const = 0;
+  virtual TokenId eot_id() const = 0;  // -1 when none
+  virtual TokenId eom_id() const = 0;  // -1 when none
+  virtual TokenId pad_id() const = 0;  // -1 when none
   virtual bool add_bos_default() const = 0;  // tokenizer.ggml.add_bos_token (default true for llama)
-  virtual TokenType token_type(TokenId id) const = 0;
-  virtual const std::string& token_text(TokenId id) const = 0;  // as stored in the vocab
+  virtual bool add_eos_default() const = 0;  // tokenizer.ggml.add_eos_token (default false)
+  virtual bool add_space_prefix() const = 0;  // tokenizer.ggml.add_space_prefix (default true)
+  virtual TokenType token_type(TokenId id) const = 0;  // kUndefined when out of range
+  virtual const std::string& token_text(TokenId id) const = 0;  // as stored in the vocab; "" when out of range
+  virtual float token_score(TokenId id) const = 0;
+  // Exact vocab lookup of a token text (e.g. "<|im_end|>"); -1 when absent.
+  virtual TokenId find_token(std::string_view text) const = 0;
   // End-of-generation tokens: EOS, and EOT/EOM where the vocab names them.
   virtual bool is_eog(TokenId id) const = 0;
+  virtual const std::vector<TokenId>& eog_ids() const = 0;  // sorted
+  virtual std::string_view model_name() const = 0;  // tokenizer.ggml.model
   // Stable hash of the vocabulary and its settings (for compatibility fingerprints).
   virtual uint64_t fingerprint() const = 0;
 };
 
 // Turns a stream of token byte pieces into valid UTF-8 text: bytes of an
 // unfinished character are held back until it completes. Invalid sequences are
-// replaced by U+FFFD. The pending bytes are part of a generation checkpoint.
+// replaced by U+FFFD, one per maximal ill-formed subpart (the WHATWG/Unicode
+// rule). The pending bytes are part of a generation checkpoint.
 class Utf8Stream {
  public:
   // Appends bytes; returns the text that is now complete.
   std::string push(std::string_view bytes);
-  // Ends the stream: returns held-back bytes as U+FFFD (one per byte), or "".
+  // Ends the stream: returns the held-back incomplete character as one U+FFFD, or "".
   std::string flush();
   const std::string& pending() const { return pending_; }
   void set_pending(std::string p) { pending_ = std::move(p); }
@@ -80,5 +106,8 @@ class Utf8Stream {
  private:
   std::string pending_;
 };
+
+// True when `s` is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF).
+bool is_valid_utf8(std::string_view s);
 
 }  // namespace spw

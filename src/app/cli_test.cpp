@@ -1,0 +1,129 @@
+// Runs the real `spillway` binary and checks exit codes and output.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "core/env.h"
+#include "gguf/gguf.h"
+
+namespace {
+
+struct CmdResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string tmp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("spw_cli_test_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+CmdResult run(const std::string& args) {
+  const std::string out = tmp_path("out"), err = tmp_path("err");
+  const std::string cmd = std::string(SPILLWAY_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  int status = std::system(cmd.c_str());
+  CmdResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return r;
+}
+
+const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+
+TEST(CliTest, InspectShowsMetadataAndParameterCount) {
+  CmdResult r = run("inspect --json " + kStories);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["metadata"]["general.architecture"], "llama");
+  EXPECT_EQ(j["metadata"]["llama.block_count"], 5);
+  EXPECT_GT(j["n_params"].get<uint64_t>(), 200000u);
+  EXPECT_LT(j["n_params"].get<uint64_t>(), 300000u);
+  EXPECT_TRUE(j["bytes_by_type"].contains("F32"));
+  // Text mode lists the tensor table.
+  CmdResult t = run("inspect " + kStories);
+  ASSERT_EQ(t.exit_code, 0);
+  EXPECT_NE(t.out.find("blk.0.attn_q.weight"), std::string::npos);
+}
+
+TEST(CliTest, InspectMissingAndCorruptFilesFailNamingTheProblem) {
+  CmdResult missing = run("inspect /nonexistent/model.gguf");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/model.gguf"), std::string::npos);
+
+  // A truncated copy of a real model.
+  std::string bytes = slurp(kStories);
+  std::string cut = tmp_path("truncated.gguf");
+  std::ofstream(cut, std::ios::binary).write(bytes.data(), 5000);
+  CmdResult corrupt = run("inspect " + cut);
+  EXPECT_EQ(corrupt.exit_code, 1);
+  EXPECT_NE(corrupt.err.find("Corruption"), std::string::npos) << corrupt.err;
+  std::remove(cut.c_str());
+}
+
+TEST(CliTest, TokenizePrintsJsonIds) {
+  CmdResult r = run("tokenize --model " + kStories + " 'Once upon a time'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto ids = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(ids.is_array());
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids[0], 1);  // BOS
+  CmdResult no_bos = run("tokenize --no-bos --model " + kStories + " 'Once upon a time'");
+  ASSERT_EQ(no_bos.exit_code, 0);
+  auto ids2 = nlohmann::json::parse(no_bos.out);
+  EXPECT_EQ(ids2.size() + 1, ids.size());
+  EXPECT_NE(ids2[0], 1);
+}
+
+TEST(CliTest, GreedyGenerateTellsTheLilyStory) {
+  CmdResult r = run("generate --json --model " + kStories + " --prompt 'Once upon a time' -n 48 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["text"].get<std::string>().find("Lily"), std::string::npos) << j["text"];
+  EXPECT_EQ(j["tokens"].size(), 48u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_GT(j["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["timings"]["peak_rss_bytes"].get<int64_t>(), 0);
+  // The same seed gives the same sampled tokens.
+  const std::string sampled = "generate --json --model " + kStories + " --prompt 'Once' -n 16 --temp 0.9 --seed 42";
+  auto a = nlohmann::json::parse(run(sampled).out);
+  auto b = nlohmann::json::parse(run(sampled).out);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+}
+
+TEST(CliTest, GenerateRefusesUnknownArchitectureNamingIt) {
+  spw::gguf::GgufWriter w;
+  w.set("general.architecture", spw::gguf::Value::str("mamba"));
+  std::string path = tmp_path("mamba.gguf");
+  ASSERT_TRUE(w.write(spw::Env::default_env(), path).ok());
+  CmdResult r = run("generate --model " + path + " --prompt hi -n 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("mamba"), std::string::npos) << r.err;
+  std::remove(path.c_str());
+}
+
+TEST(CliTest, BadUsageExitsNonZero) {
+  CmdResult r = run("generate --prompt hi");  // --model missing
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  CmdResult bad_temp = run("generate --model " + kStories + " --prompt hi --temp nan");
+  EXPECT_NE(bad_temp.exit_code, 0);
+}
+
+}  // namespace

@@ -1,0 +1,173 @@
+// `spillway generate`: one generation on the CPU engine, streaming text to
+// stdout, or with --json the token ids, text and timings.
+#include <sys/resource.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/env.h"
+#include "engine/generate.h"
+#include "engine/kv_cache.h"
+#include "engine/session.h"
+#include "model/model.h"
+
+namespace spw::app {
+namespace {
+
+struct GenerateCliOptions {
+  std::string model;
+  std::string prompt;
+  std::string prompt_file;
+  int32_t n_predict = 128;
+  int threads = 1;
+  int32_t ctx = 0;
+  int32_t ubatch = 64;
+  int32_t kv_block = 16;
+  bool no_bos = false;
+  bool ignore_eos = false;
+  bool json = false;
+  std::vector<std::string> stop;
+  SamplerParams sampler;
+  bool seed_given = false;
+};
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+double per_second(int64_t count, int64_t ns) { return ns > 0 ? count * 1e9 / static_cast<double>(ns) : 0.0; }
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "spillway generate: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+int run_generate(GenerateCliOptions o) {
+  Env& env = Env::default_env();
+  if (!o.prompt_file.empty()) {
+    auto text = env.read_file(o.prompt_file);
+    if (!text.ok()) return fail(text.status());
+    o.prompt = *text;
+  }
+  if (!o.seed_given) o.sampler.seed = env.random_u64();
+  if (Status s = validate_sampler_params(o.sampler); !s.ok()) return fail(s);
+
+  const int64_t t_load0 = env.now_ns();
+  auto model = Model::load(env, o.model);
+  if (!model.ok()) return fail(model.status());
+  const int64_t load_ns = env.now_ns() - t_load0;
+  const Model& m = **model;
+
+  const int32_t n_ctx = o.ctx > 0 ? o.ctx : m.hparams().n_ctx_train;
+  KvPoolOptions kv;
+  kv.layer_begin = 0;
+  kv.layer_end = m.hparams().n_layer;
+  kv.n_embd_kv = m.hparams().n_embd_kv();
+  kv.block_tokens = o.kv_block;
+  kv.n_blocks = (n_ctx + o.kv_block - 1) / o.kv_block;
+  auto pool = KvPool::create(kv);
+  if (!pool.ok()) return fail(pool.status());
+  auto backend = std::make_shared<CpuBackend>(o.threads);
+  SessionOptions so;
+  so.n_ctx = n_ctx;
+  so.n_ubatch = o.ubatch;
+  auto session = Session::create(*model, backend, *pool, so);
+  if (!session.ok()) return fail(session.status());
+
+  const Tokenizer& tok = m.tokenizer();
+  std::vector<TokenId> prompt = tok.encode(o.prompt, !o.no_bos && tok.add_bos_default());
+  if (prompt.empty()) return fail(Status::invalid_argument("prompt is empty (give --prompt TEXT or --no-bos off)"));
+
+  GenerateOptions go;
+  go.max_tokens = o.n_predict;
+  go.sampler = o.sampler;
+  go.stop = o.stop;
+  go.ignore_eos = o.ignore_eos;
+
+  TokenCallback print_text;
+  if (!o.json) {
+    std::fputs(o.prompt.c_str(), stdout);
+    std::fflush(stdout);
+    print_text = [](std::string_view text, TokenId) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    };
+  }
+  auto result = generate(**session, prompt, go, print_text);
+  if (!result.ok()) return fail(result.status());
+  const GenerateResult& r = *result;
+
+  if (!o.json) {
+    std::printf("\n");
+    std::fprintf(stderr,
+                 "spillway: %zu prompt tokens %.1f tok/s, %zu generated %.1f tok/s, finish=%s, load %.1f ms\n",
+                 r.prompt_tokens.size(), per_second(static_cast<int64_t>(r.prompt_tokens.size()), r.prefill_ns),
+                 r.tokens.size(), per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns),
+                 r.finish_reason.c_str(), load_ns / 1e6);
+    return 0;
+  }
+
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["prompt"] = o.prompt;
+  j["prompt_tokens"] = r.prompt_tokens;
+  j["tokens"] = r.tokens;
+  j["text"] = r.text;
+  j["finish_reason"] = r.finish_reason;
+  j["seed"] = o.sampler.seed;
+  j["threads"] = o.threads;
+  j["n_params"] = m.n_params();
+  j["weight_bytes_per_token"] = m.weight_bytes_per_token();
+  j["timings"] = {
+      {"load_ms", load_ns / 1e6},
+      {"prefill_ms", r.prefill_ns / 1e6},
+      {"decode_ms", r.decode_ns / 1e6},
+      {"prefill_tokens_per_s", per_second(static_cast<int64_t>(r.prompt_tokens.size()), r.prefill_ns)},
+      // The first generated token's logits come from prefill; decode time covers
+      // the evaluation of every generated token after it.
+      {"decode_tokens_per_s", per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns)},
+      {"peak_rss_bytes", peak_rss_bytes()},
+  };
+  std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<GenerateCliOptions>();
+  CLI::App* sub = app.add_subcommand("generate", "Generate text from a prompt on the CPU engine");
+  sub->add_option("--model,-m", o->model, "GGUF model file")->required();
+  auto* p = sub->add_option("--prompt,-p", o->prompt, "Prompt text");
+  auto* f = sub->add_option("--file,-f", o->prompt_file, "Read the prompt from a file");
+  p->excludes(f);
+  sub->add_option("-n,--n-predict", o->n_predict, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--threads,-t", o->threads, "CPU threads")->check(CLI::Range(1, 256));
+  sub->add_option("--ctx,-c", o->ctx, "Context size (default: the model's)")->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--ubatch", o->ubatch, "Prefill batch size")->check(CLI::Range(1, 4096));
+  sub->add_option("--kv-block", o->kv_block, "KV cache block size in tokens")->check(CLI::Range(1, 1024));
+  sub->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy)");
+  sub->add_option("--top-k", o->sampler.top_k, "Top-k (0 = off)");
+  sub->add_option("--top-p", o->sampler.top_p, "Top-p (1 = off)");
+  sub->add_option("--min-p", o->sampler.min_p, "Min-p (0 = off)");
+  sub->add_option("--repeat-penalty", o->sampler.repeat_penalty, "Repetition penalty (1 = off)");
+  sub->add_option("--repeat-last-n", o->sampler.repeat_last_n, "Tokens the repetition penalty looks back");
+  sub->add_option("--seed", o->sampler.seed, "Sampling seed (default: random, printed with --json)")
+      ->each([o](const std::string&) { o->seed_given = true; });
+  sub->add_option("--stop", o->stop, "Stop string (repeatable); not included in the output");
+  sub->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
+  sub->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence (benchmarks)");
+  sub->add_flag("--json", o->json, "Print token ids, text and timings as JSON");
+  sub->callback([o, &exit_code] { exit_code = run_generate(*o); });
+}
+
+}  // namespace spw::app

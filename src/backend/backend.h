@@ -1,0 +1,64 @@
+// Backend: where the llama forward pass runs (CPU now, Vulkan later).
+//
+// Contract: a forward pass is split into three calls so that a request can run
+// layers [0, N) on one backend and [N, n_layer) on another (hybrid offload), and
+// so that a session can be re-evaluated on a different backend after migration:
+//   embed()          token ids -> hidden states       [n_tokens][n_embd] (host F32)
+//   forward_layers() hidden -> hidden through layers [layer_begin, layer_end) for
+//                    a batch of consecutive positions pos0 .. pos0+n_tokens-1 of
+//                    ONE sequence, reading/writing that sequence's KV through
+//                    `kv` (whose pool covers at least those layers and whose
+//                    table already holds pos0+n_tokens positions: the caller
+//                    reserves first, so a failed reservation never reaches here).
+//                    Positions < pos0 must already be in the KV. Causal attention.
+//   output()         hidden -> logits [n_rows][n_vocab] (final RMSNorm + head)
+// Hidden states cross the interface in host memory: they are n_embd floats per
+// token, which is cheap next to the weights, and it keeps backends independent.
+// Numerical contract: for a given backend, each token's result does not depend
+// on the batch size, the split into ubatches, or the number of threads (results
+// are bitwise equal), so a session re-evaluated from its tokens continues
+// exactly as the original. Different backends agree within float tolerance.
+// Errors: InvalidArgument for bad ranges/sizes; a device backend returns
+// DeviceLost / ResourceExhausted as Status, never crashes.
+// Thread safety: a Backend may be shared by several sessions on different
+// threads; implementations serialise internally where they must (the CPU
+// backend runs one parallel region at a time on its thread pool).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "core/status.h"
+#include "engine/kv_cache.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spw {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "vulkan:0", ...
+  virtual std::string name() const = 0;
+
+  // Makes the weights of layers [layer_begin, layer_end) (and embedding/output
+  // when asked) usable by this backend (a device backend uploads them). The CPU
+  // backend needs nothing. Must be called before using those layers.
+  virtual Status prepare(const Model& model, int32_t layer_begin, int32_t layer_end,
+                         bool embedding, bool output) = 0;
+
+  // hidden: n_tokens * n_embd floats. InvalidArgument for an id out of range.
+  virtual Status embed(const Model& model, std::span<const TokenId> tokens, float* hidden) = 0;
+
+  virtual Status forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end,
+                                const KvSequence& kv, int32_t pos0, int32_t n_tokens,
+                                float* hidden) = 0;
+
+  // Computes logits for `n_rows` hidden rows (n_rows * n_embd floats) into
+  // logits (n_rows * n_vocab floats). `hidden` is not modified.
+  virtual Status output(const Model& model, const float* hidden, int32_t n_rows, float* logits) = 0;
+};
+
+}  // namespace spw

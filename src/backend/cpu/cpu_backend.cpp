@@ -1,0 +1,150 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+
+namespace spw {
+
+CpuBackend::CpuBackend(int n_threads) : pool_(std::make_unique<ThreadPool>(n_threads)) {}
+CpuBackend::~CpuBackend() = default;
+
+Status CpuBackend::prepare(const Model& model, int32_t layer_begin, int32_t layer_end, bool, bool) {
+  if (layer_begin < 0 || layer_end > model.hparams().n_layer || layer_begin > layer_end) {
+    return Status::invalid_argument("cpu backend: bad layer range [" + std::to_string(layer_begin) + ", " +
+                                    std::to_string(layer_end) + ")");
+  }
+  return Status();  // weights are read in place from the mapping
+}
+
+Status CpuBackend::embed(const Model& model, std::span<const TokenId> tokens, float* hidden) {
+  const auto& hp = model.hparams();
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    if (tokens[t] < 0 || tokens[t] >= hp.n_vocab) {
+      return Status::invalid_argument("token id " + std::to_string(tokens[t]) + " out of range [0, " +
+                                      std::to_string(hp.n_vocab) + ")");
+    }
+    cpu::dequantize_row(model.tok_embd(), tokens[t], hidden + t * static_cast<size_t>(hp.n_embd));
+  }
+  return Status();
+}
+
+Status CpuBackend::forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end,
+                                  const KvSequence& kv, int32_t pos0, int32_t n_tokens, float* hidden) {
+  const LlamaHparams& hp = model.hparams();
+  KvPool* pool = kv.pool;
+  if (pool == nullptr || kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
+  const auto& kvo = pool->options();
+  if (layer_begin < kvo.layer_begin || layer_end > kvo.layer_end || layer_begin > layer_end ||
+      layer_end > hp.n_layer) {
+    return Status::invalid_argument("forward_layers: layers [" + std::to_string(layer_begin) + ", " +
+                                    std::to_string(layer_end) + ") outside the KV pool's [" +
+                                    std::to_string(kvo.layer_begin) + ", " + std::to_string(kvo.layer_end) +
+                                    ")");
+  }
+  if (kvo.n_embd_kv != hp.n_embd_kv()) return Status::invalid_argument("forward_layers: KV width mismatch");
+  const int32_t bt = pool->block_tokens();
+  if (n_tokens <= 0 || pos0 < 0 || kv.table->capacity_tokens(bt) < pos0 + n_tokens) {
+    return Status::invalid_argument("forward_layers: KV table holds " +
+                                    std::to_string(kv.table->capacity_tokens(bt)) + " positions, need " +
+                                    std::to_string(pos0 + n_tokens));
+  }
+
+  const int64_t n_embd = hp.n_embd;
+  const int64_t n_kv = hp.n_embd_kv();
+  const int64_t n_ff = hp.n_ff;
+  const int32_t hd = hp.head_dim();
+  const int32_t n_head = hp.n_head;
+  const int32_t n_gqa = hp.n_gqa();
+  const int64_t n = n_tokens;
+  const auto& blocks = kv.table->blocks();
+
+  std::vector<float> cur(static_cast<size_t>(n * n_embd));
+  std::vector<float> q(static_cast<size_t>(n * n_embd));
+  std::vector<float> k(static_cast<size_t>(n * n_kv));
+  std::vector<float> v(static_cast<size_t>(n * n_kv));
+  std::vector<float> att(static_cast<size_t>(n * n_embd));
+  std::vector<float> gate(static_cast<size_t>(n * n_ff));
+  std::vector<float> up(static_cast<size_t>(n * n_ff));
+  const int32_t half = hp.n_rot / 2;
+  std::vector<float> rc(static_cast<size_t>(n * half)), rs(static_cast<size_t>(n * half));
+  cpu::rope_table(pos0, n_tokens, hp.n_rot, hp.rope_freq_base, rc.data(), rs.data());
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int32_t il = layer_begin; il < layer_end; ++il) {
+    const LlamaLayerWeights& L = model.layer(il);
+    const int32_t lp = il - kvo.layer_begin;
+    for (int64_t t = 0; t < n; ++t)
+      cpu::rms_norm(hidden + t * n_embd, L.attn_norm.data(), n_embd, hp.rms_eps, cur.data() + t * n_embd);
+    const cpu::MatmulOut qkv[3] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
+    cpu::matmul_fused(qkv, 3, cur.data(), n, pool_.get());
+    for (int64_t t = 0; t < n; ++t) {
+      cpu::rope_apply(q.data() + t * n_embd, n_head, hd, hp.n_rot, rc.data() + t * half, rs.data() + t * half);
+      cpu::rope_apply(k.data() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, rc.data() + t * half,
+                      rs.data() + t * half);
+      const int32_t pos = pos0 + static_cast<int32_t>(t);
+      const int32_t blk = blocks[static_cast<size_t>(pos / bt)];
+      const int32_t slot = pos % bt;
+      std::copy_n(k.data() + t * n_kv, n_kv, pool->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+      std::copy_n(v.data() + t * n_kv, n_kv, pool->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+    }
+    // Attention: one work item per (token, head); each reads K/V through the
+    // block table in position order, so the sums do not depend on the batch.
+    auto attend = [&](int64_t i0, int64_t i1) {
+      std::vector<float> scores(static_cast<size_t>(pos0 + n_tokens));
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = i / n_head;
+        const int32_t h = static_cast<int32_t>(i % n_head);
+        const int32_t kvh = h / n_gqa;
+        const int32_t pos = pos0 + static_cast<int32_t>(t);
+        const float* qh = q.data() + t * n_embd + static_cast<int64_t>(h) * hd;
+        for (int32_t p = 0; p <= pos; ++p) {
+          const float* kp = pool->k(blocks[static_cast<size_t>(p / bt)], lp) +
+                            static_cast<int64_t>(p % bt) * n_kv + static_cast<int64_t>(kvh) * hd;
+          scores[static_cast<size_t>(p)] = cpu::dot_f32(kp, qh, hd) * kq_scale;
+        }
+        cpu::softmax(scores.data(), pos + 1);
+        float* out = att.data() + t * n_embd + static_cast<int64_t>(h) * hd;
+        std::fill(out, out + hd, 0.0f);
+        for (int32_t p = 0; p <= pos; ++p) {
+          const float* vp = pool->v(blocks[static_cast<size_t>(p / bt)], lp) +
+                            static_cast<int64_t>(p % bt) * n_kv + static_cast<int64_t>(kvh) * hd;
+          const float a = scores[static_cast<size_t>(p)];
+          for (int32_t d = 0; d < hd; ++d) out[d] += a * vp[d];
+        }
+      }
+    };
+    // Work ~ tokens * heads * positions * head_dim; small jobs stay on this thread.
+    const int64_t attn_work = n * n_head * (pos0 + n) * hd;
+    if (attn_work >= (1 << 17)) {
+      pool_->parallel_for(n * n_head, attend);
+    } else {
+      attend(0, n * n_head);
+    }
+    cpu::matmul(L.wo, att.data(), n, cur.data(), pool_.get());
+    cpu::add(hidden, cur.data(), n * n_embd);
+
+    for (int64_t t = 0; t < n; ++t)
+      cpu::rms_norm(hidden + t * n_embd, L.ffn_norm.data(), n_embd, hp.rms_eps, cur.data() + t * n_embd);
+    const cpu::MatmulOut gate_up[2] = {{&L.w_gate, gate.data()}, {&L.w_up, up.data()}};
+    cpu::matmul_fused(gate_up, 2, cur.data(), n, pool_.get());
+    cpu::swiglu(gate.data(), up.data(), gate.data(), n * n_ff);
+    cpu::matmul(L.w_down, gate.data(), n, cur.data(), pool_.get());
+    cpu::add(hidden, cur.data(), n * n_embd);
+  }
+  return Status();
+}
+
+Status CpuBackend::output(const Model& model, const float* hidden, int32_t n_rows, float* logits) {
+  const auto& hp = model.hparams();
+  std::vector<float> cur(static_cast<size_t>(n_rows) * static_cast<size_t>(hp.n_embd));
+  for (int32_t t = 0; t < n_rows; ++t)
+    cpu::rms_norm(hidden + static_cast<int64_t>(t) * hp.n_embd, model.output_norm().data(), hp.n_embd,
+                  hp.rms_eps, cur.data() + static_cast<int64_t>(t) * hp.n_embd);
+  cpu::matmul(model.output(), cur.data(), n_rows, logits, pool_.get());
+  return Status();
+}
+
+}  // namespace spw

@@ -1,0 +1,39 @@
+// CpuBackend: the llama forward pass on host CPU cores.
+//
+// Contract: implements Backend (see backend/backend.h) with the kernels in
+// kernels.h over weights used in place from the model's mapping, a fixed
+// ThreadPool of n_threads (matmuls and attention are split over output rows /
+// heads), and K/V in host KvPools. Results are bitwise independent of
+// n_threads and of batch size.
+// Thread safety: one CpuBackend may serve several sessions concurrently; their
+// parallel regions take turns on the pool.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "backend/cpu/thread_pool.h"
+
+namespace spw {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads = 1);
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  int n_threads() const { return pool_->n_threads(); }
+  ThreadPool& pool() { return *pool_; }
+
+  Status prepare(const Model& model, int32_t layer_begin, int32_t layer_end, bool embedding,
+                 bool output) override;
+  Status embed(const Model& model, std::span<const TokenId> tokens, float* hidden) override;
+  Status forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end, const KvSequence& kv,
+                        int32_t pos0, int32_t n_tokens, float* hidden) override;
+  Status output(const Model& model, const float* hidden, int32_t n_rows, float* logits) override;
+
+ private:
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+}  // namespace spw

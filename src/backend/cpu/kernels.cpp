@@ -1,0 +1,525 @@
+#include "backend/cpu/kernels.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+// GCC 12's AVX-512 intrinsics (_mm512_cvtph_ps, _mm512_reduce_add_ps) use
+// _mm512_undefined_* internally and trip -W(maybe-)uninitialized at every
+// inlined call site; the values are fully defined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace spw::cpu {
+
+// ---------------------------------------------------------------- fp16
+
+float fp16_to_fp32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        mant <<= 1;
+        ++e;
+      } while ((mant & 0x400u) == 0);
+      mant &= 0x3ffu;
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+uint16_t fp32_to_fp16(float f) {
+#if defined(__F16C__)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000000u) return sign;
+    const uint32_t e = abs >> 23;
+    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t half_m = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;
+    return static_cast<uint16_t>(sign | half_m);
+  }
+  uint32_t r = abs - 0x38000000u;  // rebias exponent
+  const uint32_t rem = r & 0x1fffu;
+  uint32_t h = r >> 13;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+#endif
+}
+
+// ---------------------------------------------------------------- Q8_0
+
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
+  assert(n % 32 == 0);
+  const int64_t nb = n / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < 32; ++j) y[b].qs[j] = static_cast<int8_t>(std::lround(xb[j] * id));
+  }
+}
+
+#if defined(__AVX2__)
+static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  lo = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, lo);
+  lo = _mm_add_ss(lo, sh);
+  return _mm_cvtss_f32(lo);
+}
+#endif
+
+// Multi-token dot products: one weight row against NT activation rows. The
+// weight row is loaded once per chunk; every token's accumulation is exactly
+// the sequence of operations the NT = 1 instantiation performs, so batching
+// never changes a result bit (the batch-invariance contract).
+
+// xd: per-block float scales of the quantised activations (fp16 -> fp32 done once).
+template <int NT>
+static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const float* const* xd, int64_t nb,
+                       float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
+    // |w| as unsigned, sign of w moved onto x, so the u8*s8 multiply-add is exact.
+    const __m256i aw = _mm256_sign_epi8(qw, qw);
+    const float dw = fp16_to_fp32(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
+      const __m256i sx = _mm256_sign_epi8(qx, qw);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+      const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+#else
+      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+#endif
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[t][b]), _mm256_cvtepi32_ps(s32), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = hsum256(acc[t]);
+#else
+  float sum[NT];
+  for (int t = 0; t < NT; ++t) sum[t] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float dw = fp16_to_fp32(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      int32_t si = 0;
+      for (int j = 0; j < 32; ++j) si += static_cast<int32_t>(w[b].qs[j]) * static_cast<int32_t>(x[t][b].qs[j]);
+      sum[t] = std::fma(static_cast<float>(si), dw * xd[t][b], sum[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = sum[t];
+#endif
+}
+
+template <int NT>
+static void dot_f32_n(const float* w, const float* const* x, int64_t n, float* out) {
+  int64_t i0 = 0;
+#if defined(__AVX512F__)
+  __m512 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  for (; i0 + 32 <= n; i0 += 32) {
+    const __m512 w0 = _mm512_loadu_ps(w + i0), w1 = _mm512_loadu_ps(w + i0 + 16);
+    for (int t = 0; t < NT; ++t) {
+      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
+      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + i0 + 16), a1[t]);
+    }
+  }
+  if (i0 + 16 <= n) {
+    const __m512 w0 = _mm512_loadu_ps(w + i0);
+    for (int t = 0; t < NT; ++t) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
+    i0 += 16;
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m512 a = _mm512_add_ps(a0[t], a1[t]);
+    out[t] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  for (; i0 + 16 <= n; i0 += 16) {
+    const __m256 w0 = _mm256_loadu_ps(w + i0), w1 = _mm256_loadu_ps(w + i0 + 8);
+    for (int t = 0; t < NT; ++t) {
+      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + i0), a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + i0 + 8), a1[t]);
+    }
+  }
+  if (i0 + 8 <= n) {
+    const __m256 w0 = _mm256_loadu_ps(w + i0);
+    for (int t = 0; t < NT; ++t) a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + i0), a0[t]);
+    i0 += 8;
+  }
+  for (int t = 0; t < NT; ++t) out[t] = hsum256(_mm256_add_ps(a0[t], a1[t]));
+#else
+  float acc[NT][8];
+  for (int t = 0; t < NT; ++t)
+    for (int j = 0; j < 8; ++j) acc[t][j] = 0.0f;
+  for (; i0 + 8 <= n; i0 += 8)
+    for (int t = 0; t < NT; ++t)
+      for (int j = 0; j < 8; ++j) acc[t][j] = std::fma(w[i0 + j], x[t][i0 + j], acc[t][j]);
+  for (int t = 0; t < NT; ++t) {
+    const float* a = acc[t];
+    out[t] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  }
+#endif
+  for (int64_t i = i0; i < n; ++i)
+    for (int t = 0; t < NT; ++t) out[t] = std::fma(w[i], x[t][i], out[t]);
+}
+
+template <int NT>
+static void dot_f16_n(const uint16_t* w, const float* const* x, int64_t n, float* out) {
+  int64_t i0 = 0;
+#if defined(__AVX512F__)
+  __m512 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  for (; i0 + 32 <= n; i0 += 32) {
+    const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i0)));
+    const __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i0 + 16)));
+    for (int t = 0; t < NT; ++t) {
+      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
+      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + i0 + 16), a1[t]);
+    }
+  }
+  if (i0 + 16 <= n) {
+    const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i0)));
+    for (int t = 0; t < NT; ++t) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
+    i0 += 16;
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m512 a = _mm512_add_ps(a0[t], a1[t]);
+    out[t] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+  }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  __m256 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  for (; i0 + 16 <= n; i0 += 16) {
+    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i0)));
+    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i0 + 8)));
+    for (int t = 0; t < NT; ++t) {
+      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + i0), a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + i0 + 8), a1[t]);
+    }
+  }
+  if (i0 + 8 <= n) {
+    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i0)));
+    for (int t = 0; t < NT; ++t) a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + i0), a0[t]);
+    i0 += 8;
+  }
+  for (int t = 0; t < NT; ++t) out[t] = hsum256(_mm256_add_ps(a0[t], a1[t]));
+#else
+  float acc[NT][8];
+  for (int t = 0; t < NT; ++t)
+    for (int j = 0; j < 8; ++j) acc[t][j] = 0.0f;
+  for (; i0 + 8 <= n; i0 += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float wv = fp16_to_fp32(w[i0 + j]);
+      for (int t = 0; t < NT; ++t) acc[t][j] = std::fma(wv, x[t][i0 + j], acc[t][j]);
+    }
+  for (int t = 0; t < NT; ++t) {
+    const float* a = acc[t];
+    out[t] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  }
+#endif
+  for (int64_t i = i0; i < n; ++i) {
+    const float wv = fp16_to_fp32(w[i]);
+    for (int t = 0; t < NT; ++t) out[t] = std::fma(wv, x[t][i], out[t]);
+  }
+}
+
+float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t n_blocks) {
+  std::vector<float> xd(static_cast<size_t>(n_blocks));
+  for (int64_t b = 0; b < n_blocks; ++b) xd[static_cast<size_t>(b)] = fp16_to_fp32(x[b].d);
+  const float* xdp = xd.data();
+  float out;
+  dot_q8_0_n<1>(w, &x, &xdp, n_blocks, &out);
+  return out;
+}
+
+float dot_f32(const float* w, const float* x, int64_t n) {
+  float out;
+  dot_f32_n<1>(w, &x, n, &out);
+  return out;
+}
+
+float dot_f16(const uint16_t* w, const float* x, int64_t n) {
+  float out;
+  dot_f16_n<1>(w, &x, n, &out);
+  return out;
+}
+
+// ---------------------------------------------------------------- rows / matmul
+
+void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
+  const uint8_t* p = w.data + static_cast<size_t>(row) * w.row_bytes;
+  switch (w.type) {
+    case gguf::GgmlType::kF32:
+      std::memcpy(out, p, static_cast<size_t>(w.n_cols) * sizeof(float));
+      break;
+    case gguf::GgmlType::kF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t i = 0; i < w.n_cols; ++i) out[i] = fp16_to_fp32(h[i]);
+      break;
+    }
+    case gguf::GgmlType::kQ8_0: {
+      const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(p);
+      for (int64_t k = 0; k < w.n_cols / 32; ++k) {
+        const float d = fp16_to_fp32(b[k].d);
+        for (int j = 0; j < 32; ++j) out[k * 32 + j] = d * static_cast<float>(b[k].qs[j]);
+      }
+      break;
+    }
+    default:
+      assert(false && "unsupported type");
+  }
+}
+
+namespace {
+// Rows handled together so a tile of weight rows stays in cache while every
+// token of the batch passes over it.
+constexpr int64_t kRowTile = 16;
+// Tokens computed per weight-row load (see dot_*_n).
+constexpr int kTokGroup = 4;
+// Below this many multiply-adds (~tens of microseconds) waking a worker costs
+// more than it saves.
+constexpr int64_t kMinParallelWork = 1 << 18;
+
+// dot(r, t0, nt, out): rows r against tokens t0..t0+nt-1 (nt is 1 or kTokGroup).
+template <typename Dot>
+void matmul_rows(int64_t r0, int64_t r1, int64_t n_rows, int64_t n_tokens, float* y, Dot dot) {
+  float out[kTokGroup];
+  for (int64_t rt = r0; rt < r1; rt += kRowTile) {
+    const int64_t re = std::min(r1, rt + kRowTile);
+    int64_t t = 0;
+    for (; t + kTokGroup <= n_tokens; t += kTokGroup) {
+      for (int64_t r = rt; r < re; ++r) {
+        dot(r, t, kTokGroup, out);
+        for (int k = 0; k < kTokGroup; ++k) y[(t + k) * n_rows + r] = out[k];
+      }
+    }
+    for (; t < n_tokens; ++t)
+      for (int64_t r = rt; r < re; ++r) {
+        dot(r, t, 1, out);
+        y[t * n_rows + r] = out[0];
+      }
+  }
+}
+}  // namespace
+
+namespace {
+// Activations prepared once per matmul call (Q8_0: quantised rows and their
+// float scales), shared by every weight matrix of a fused call.
+struct PreparedX {
+  std::vector<const float*> rows;
+  std::vector<BlockQ8_0> q;
+  std::vector<float> d;
+  std::vector<const BlockQ8_0*> qrows;
+  std::vector<const float*> drows;
+  int64_t nb = 0;
+};
+
+void prepare_x(gguf::GgmlType type, const float* x, int64_t n_tokens, int64_t n_cols, PreparedX& px) {
+  px.rows.resize(static_cast<size_t>(n_tokens));
+  for (int64_t t = 0; t < n_tokens; ++t) px.rows[static_cast<size_t>(t)] = x + t * n_cols;
+  if (type != gguf::GgmlType::kQ8_0) return;
+  assert(n_cols % 32 == 0);
+  const int64_t nb = n_cols / 32;
+  px.nb = nb;
+  px.q.resize(static_cast<size_t>(nb * n_tokens));
+  px.d.resize(static_cast<size_t>(nb * n_tokens));
+  px.qrows.resize(static_cast<size_t>(n_tokens));
+  px.drows.resize(static_cast<size_t>(n_tokens));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    BlockQ8_0* qt = px.q.data() + t * nb;
+    float* dt = px.d.data() + t * nb;
+    quantize_row_q8_0(x + t * n_cols, qt, n_cols);
+    for (int64_t b = 0; b < nb; ++b) dt[b] = fp16_to_fp32(qt[b].d);
+    px.qrows[static_cast<size_t>(t)] = qt;
+    px.drows[static_cast<size_t>(t)] = dt;
+  }
+}
+
+void run_rows(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t n_tokens, float* y) {
+  const int64_t n_rows = w.n_rows;
+  const int64_t n_cols = w.n_cols;
+  switch (w.type) {
+    case gguf::GgmlType::kF32:
+      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
+        const float* wr = reinterpret_cast<const float*>(w.data + static_cast<size_t>(r) * w.row_bytes);
+        if (nt == kTokGroup) dot_f32_n<kTokGroup>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+        else dot_f32_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+      });
+      break;
+    case gguf::GgmlType::kF16:
+      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
+        const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.data + static_cast<size_t>(r) * w.row_bytes);
+        if (nt == kTokGroup) dot_f16_n<kTokGroup>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+        else dot_f16_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+      });
+      break;
+    case gguf::GgmlType::kQ8_0:
+      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
+        const BlockQ8_0* wr = reinterpret_cast<const BlockQ8_0*>(w.data + static_cast<size_t>(r) * w.row_bytes);
+        const auto ti = static_cast<size_t>(t);
+        if (nt == kTokGroup) dot_q8_0_n<kTokGroup>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
+        else dot_q8_0_n<1>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
+      });
+      break;
+    default:
+      assert(false && "unsupported type");
+  }
+}
+}  // namespace
+
+void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
+  const MatmulOut one{&w, y};
+  matmul_fused(&one, 1, x, n_tokens, pool);
+}
+
+void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_tokens, ThreadPool* pool) {
+  if (n_outs <= 0) return;
+  const WeightMatrix& w0 = *outs[0].w;
+  for (int i = 1; i < n_outs; ++i) {
+    if (outs[i].w->type != w0.type || outs[i].w->n_cols != w0.n_cols) {
+      // Mixed types/widths cannot share prepared activations: run separately.
+      for (int j = 0; j < n_outs; ++j) matmul_fused(&outs[j], 1, x, n_tokens, pool);
+      return;
+    }
+  }
+  PreparedX px;
+  prepare_x(w0.type, x, n_tokens, w0.n_cols, px);
+  // Units of kRowTile rows, concatenated over the matrices, so chunk
+  // boundaries never split a tile.
+  std::vector<int64_t> unit_begin(static_cast<size_t>(n_outs) + 1, 0);
+  int64_t work = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    unit_begin[static_cast<size_t>(i) + 1] =
+        unit_begin[static_cast<size_t>(i)] + (outs[i].w->n_rows + kRowTile - 1) / kRowTile;
+    work += outs[i].w->n_rows * outs[i].w->n_cols * n_tokens;
+  }
+  auto body = [&](int64_t u0, int64_t u1) {
+    for (int i = 0; i < n_outs; ++i) {
+      const int64_t b = std::max(u0, unit_begin[static_cast<size_t>(i)]);
+      const int64_t e = std::min(u1, unit_begin[static_cast<size_t>(i) + 1]);
+      if (b >= e) continue;
+      const int64_t base = unit_begin[static_cast<size_t>(i)];
+      const WeightMatrix& w = *outs[i].w;
+      run_rows(w, px, (b - base) * kRowTile, std::min(w.n_rows, (e - base) * kRowTile), n_tokens, outs[i].y);
+    }
+  };
+  const int64_t n_units = unit_begin[static_cast<size_t>(n_outs)];
+  if (pool != nullptr && pool->n_threads() > 1 && work >= kMinParallelWork) {
+    pool->parallel_for(n_units, body);
+  } else {
+    body(0, n_units);
+  }
+}
+
+// ---------------------------------------------------------------- elementwise
+
+void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y) {
+  double ss = 0.0;  // double: the sum of squares of thousands of floats
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
+}
+
+void rope_table(int32_t pos0, int32_t n_tokens, int32_t n_rot, float freq_base, float* cos_out,
+                float* sin_out) {
+  const int32_t half = n_rot / 2;
+  for (int32_t t = 0; t < n_tokens; ++t) {
+    const double pos = static_cast<double>(pos0 + t);
+    for (int32_t i = 0; i < half; ++i) {
+      const double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+      cos_out[t * half + i] = static_cast<float>(std::cos(theta));
+      sin_out[t * half + i] = static_cast<float>(std::sin(theta));
+    }
+  }
+}
+
+void rope_apply(float* x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float* cos_row,
+                const float* sin_row) {
+  const int32_t half = n_rot / 2;
+  for (int32_t h = 0; h < n_heads; ++h) {
+    float* xh = x + static_cast<int64_t>(h) * head_dim;
+    for (int32_t i = 0; i < half; ++i) {
+      const float x0 = xh[2 * i];
+      const float x1 = xh[2 * i + 1];
+      xh[2 * i] = x0 * cos_row[i] - x1 * sin_row[i];
+      xh[2 * i + 1] = x0 * sin_row[i] + x1 * cos_row[i];
+    }
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void add(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace spw::cpu

@@ -1,0 +1,72 @@
+// CPU compute kernels for the llama forward pass.
+//
+// Contract: plain functions over host F32 activations and weights in their GGUF
+// layout (F32, F16, Q8_0). SIMD paths (AVX-512 / AVX2+FMA+F16C / VNNI) are
+// chosen at compile time from the target's macros, with scalar fallbacks, so the
+// code builds without AVX. Every dot product of a given weight row with a given
+// activation row is computed by one function with a fixed summation order, so a
+// matmul over a batch gives bitwise the same values as matvecs token by token,
+// and the result does not depend on the thread count (rows are split, never
+// the reduction).
+// Q8_0 follows llama.cpp: the activation row is quantised to Q8_0 blocks
+// (d = max|x|/127 stored as fp16, q = round(x/d)), and each block's integer dot
+// is scaled by d_w * d_x.
+// Preconditions (checked by callers, asserted here): for Q8_0, n_cols % 32 == 0.
+// Thread safety: pure functions; matmul uses the given pool (may be null = 1 thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cpu/thread_pool.h"
+#include "model/model.h"
+
+namespace spw::cpu {
+
+struct BlockQ8_0 {
+  uint16_t d;      // fp16 scale
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
+
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);  // round to nearest even
+
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);  // n % 32 == 0
+
+float dot_f32(const float* w, const float* x, int64_t n);
+float dot_f16(const uint16_t* w, const float* x, int64_t n);
+float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t n_blocks);
+
+// One row of a weight matrix as F32.
+void dequantize_row(const WeightMatrix& w, int64_t row, float* out);
+
+// y[t * n_rows + r] = dot(row r of w, x + t * n_cols) for t < n_tokens.
+void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool);
+
+// Several matrices over the same input in one parallel region (Q/K/V, gate/up):
+// one synchronisation and, for Q8_0, one quantisation of x. Each output is
+// bitwise what matmul() gives.
+struct MatmulOut {
+  const WeightMatrix* w;
+  float* y;  // [n_tokens][w->n_rows]
+};
+void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_tokens, ThreadPool* pool);
+
+// y = x / sqrt(mean(x^2) + eps) * weight. y may alias x.
+void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y);
+
+// Cos/sin table for positions pos0..pos0+n_tokens-1: [n_tokens][n_rot/2] each.
+// theta_i = pos * base^(-2i/n_rot), computed in double.
+void rope_table(int32_t pos0, int32_t n_tokens, int32_t n_rot, float freq_base, float* cos_out,
+                float* sin_out);
+// llama.cpp "normal" rope on one token's heads: pairs (x[2i], x[2i+1]) of each
+// head for i < n_rot/2 are rotated by theta_i; dims >= n_rot are unchanged.
+void rope_apply(float* x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float* cos_row,
+                const float* sin_row);
+
+void softmax(float* x, int64_t n);  // in place, max-subtracted
+void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up
+void add(float* y, const float* x, int64_t n);  // y += x
+
+}  // namespace spw::cpu

@@ -1,0 +1,282 @@
+// Kernels against scalar double references on random inputs of odd sizes.
+#include "backend/cpu/kernels.h"
+
+#include "gguf/fp16.h"
+#include "gguf/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace spw::cpu {
+namespace {
+
+std::vector<float> randv(std::mt19937& g, size_t n, float scale = 1.0f) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct OwnedMatrix {
+  std::string bytes;
+  std::string name = "w";
+  WeightMatrix w;
+};
+
+// Builds a weight matrix of `type`; `ref` receives the exactly representable
+// (dequantised) values so the reference sees what the kernel sees.
+OwnedMatrix make_matrix(gguf::GgmlType type, int64_t rows, int64_t cols, const std::vector<float>& src,
+                        std::vector<double>& ref) {
+  OwnedMatrix m;
+  ref.assign(static_cast<size_t>(rows * cols), 0.0);
+  if (type == gguf::GgmlType::kF32) {
+    m.bytes.assign(reinterpret_cast<const char*>(src.data()), src.size() * 4);
+    for (size_t i = 0; i < src.size(); ++i) ref[i] = src[i];
+    m.w.row_bytes = static_cast<size_t>(cols) * 4;
+  } else if (type == gguf::GgmlType::kF16) {
+    m.bytes.resize(src.size() * 2);
+    for (size_t i = 0; i < src.size(); ++i) {
+      uint16_t h = fp32_to_fp16(src[i]);
+      std::memcpy(&m.bytes[i * 2], &h, 2);
+      ref[i] = fp16_to_fp32(h);
+    }
+    m.w.row_bytes = static_cast<size_t>(cols) * 2;
+  } else {
+    const int64_t nb = cols / 32;
+    std::vector<BlockQ8_0> blocks(static_cast<size_t>(rows * nb));
+    for (int64_t r = 0; r < rows; ++r) quantize_row_q8_0(src.data() + r * cols, blocks.data() + r * nb, cols);
+    m.bytes.assign(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(BlockQ8_0));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < nb; ++b)
+        for (int j = 0; j < 32; ++j)
+          ref[static_cast<size_t>(r * cols + b * 32 + j)] =
+              static_cast<double>(fp16_to_fp32(blocks[static_cast<size_t>(r * nb + b)].d)) *
+              blocks[static_cast<size_t>(r * nb + b)].qs[j];
+    m.w.row_bytes = static_cast<size_t>(nb) * sizeof(BlockQ8_0);
+  }
+  m.w.data = reinterpret_cast<const uint8_t*>(m.bytes.data());
+  m.w.type = type;
+  m.w.n_rows = rows;
+  m.w.n_cols = cols;
+  m.w.name = &m.name;
+  return m;
+}
+
+TEST(Fp16, RoundTripAndSpecials) {
+  EXPECT_EQ(fp32_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(fp32_to_fp16(-2.0f), 0xc000);
+  EXPECT_EQ(fp32_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(fp32_to_fp16(1e6f), 0x7c00);
+  EXPECT_FLOAT_EQ(fp16_to_fp32(0x3555), 0.333251953125f);
+  EXPECT_FLOAT_EQ(fp16_to_fp32(0x0001), 5.9604645e-8f);  // smallest subnormal
+  EXPECT_EQ(fp32_to_fp16(5.9604645e-8f), 0x0001);
+  for (uint32_t h = 0; h < 0x7c00; ++h) ASSERT_EQ(fp32_to_fp16(fp16_to_fp32(static_cast<uint16_t>(h))), h);
+}
+
+TEST(Q8_0, QuantizeMatchesDefinition) {
+  std::mt19937 g(1);
+  auto x = randv(g, 96, 3.0f);
+  x[5] = 0.0f;
+  std::vector<BlockQ8_0> q(3);
+  quantize_row_q8_0(x.data(), q.data(), 96);
+  for (int b = 0; b < 3; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f;
+    EXPECT_EQ(q[b].d, fp32_to_fp16(d));
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(q[b].qs[j], static_cast<int8_t>(std::lround(x[b * 32 + j] / d)));
+  }
+  std::vector<float> z(32, 0.0f);
+  quantize_row_q8_0(z.data(), q.data(), 32);
+  EXPECT_EQ(q[0].d, 0);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].qs[j], 0);
+}
+
+struct MatCase {
+  gguf::GgmlType type;
+  int64_t rows, cols, tokens;
+};
+
+class MatmulTest : public ::testing::TestWithParam<MatCase> {};
+
+TEST_P(MatmulTest, MatchesDoubleReference) {
+  const MatCase c = GetParam();
+  std::mt19937 g(static_cast<uint32_t>(c.rows * 131 + c.cols * 7 + c.tokens));
+  auto src = randv(g, static_cast<size_t>(c.rows * c.cols));
+  std::vector<double> wref;
+  OwnedMatrix m = make_matrix(c.type, c.rows, c.cols, src, wref);
+  auto x = randv(g, static_cast<size_t>(c.tokens * c.cols));
+  std::vector<float> y(static_cast<size_t>(c.tokens * c.rows), -1.0f);
+  ThreadPool pool(2);
+  matmul(m.w, x.data(), c.tokens, y.data(), &pool);
+
+  // Q8_0 also quantises the activations: reference uses the quantised x.
+  std::vector<double> xref(x.begin(), x.end());
+  if (c.type == gguf::GgmlType::kQ8_0) {
+    const int64_t nb = c.cols / 32;
+    std::vector<BlockQ8_0> xq(static_cast<size_t>(nb));
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      quantize_row_q8_0(x.data() + t * c.cols, xq.data(), c.cols);
+      for (int64_t b = 0; b < nb; ++b)
+        for (int j = 0; j < 32; ++j)
+          xref[static_cast<size_t>(t * c.cols + b * 32 + j)] =
+              static_cast<double>(fp16_to_fp32(xq[static_cast<size_t>(b)].d)) * xq[static_cast<size_t>(b)].qs[j];
+    }
+  }
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int64_t r = 0; r < c.rows; ++r) {
+      double s = 0, sa = 0;
+      for (int64_t k = 0; k < c.cols; ++k) {
+        const double p = wref[static_cast<size_t>(r * c.cols + k)] * xref[static_cast<size_t>(t * c.cols + k)];
+        s += p;
+        sa += std::fabs(p);
+      }
+      ASSERT_NEAR(y[static_cast<size_t>(t * c.rows + r)], s, 1e-5 * sa + 1e-6)
+          << "row " << r << " token " << t;
+    }
+  }
+  // Batch invariance: each token alone gives bitwise the same row, 1 thread too.
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    std::vector<float> y1(static_cast<size_t>(c.rows));
+    matmul(m.w, x.data() + t * c.cols, 1, y1.data(), nullptr);
+    ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + t * c.rows, y1.size() * 4)) << "token " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, MatmulTest,
+                         ::testing::Values(MatCase{gguf::GgmlType::kF32, 37, 53, 1},
+                                           MatCase{gguf::GgmlType::kF32, 71, 129, 5},
+                                           MatCase{gguf::GgmlType::kF32, 3, 7, 3},
+                                           MatCase{gguf::GgmlType::kF16, 37, 53, 1},
+                                           MatCase{gguf::GgmlType::kF16, 45, 131, 7},
+                                           MatCase{gguf::GgmlType::kQ8_0, 37, 96, 1},
+                                           MatCase{gguf::GgmlType::kQ8_0, 67, 320, 9},
+                                           MatCase{gguf::GgmlType::kQ8_0, 5, 32, 2}));
+
+TEST(Kernels, FusedMatmulEqualsSeparate) {
+  std::mt19937 g(9);
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0}) {
+    const int64_t cols = 128, tokens = 6;
+    const int64_t rows[3] = {40, 17, 300};
+    std::vector<OwnedMatrix> ms;
+    std::vector<double> ref;
+    for (int64_t r : rows) ms.push_back(make_matrix(type, r, cols, randv(g, static_cast<size_t>(r * cols)), ref));
+    for (auto& m : ms) m.w.data = reinterpret_cast<const uint8_t*>(m.bytes.data());  // after moves
+    auto x = randv(g, static_cast<size_t>(tokens * cols));
+    ThreadPool pool(2);
+    std::vector<std::vector<float>> fused(3), sep(3);
+    std::vector<MatmulOut> outs;
+    for (int i = 0; i < 3; ++i) {
+      fused[static_cast<size_t>(i)].resize(static_cast<size_t>(rows[i] * tokens));
+      sep[static_cast<size_t>(i)].resize(static_cast<size_t>(rows[i] * tokens));
+      outs.push_back({&ms[static_cast<size_t>(i)].w, fused[static_cast<size_t>(i)].data()});
+      matmul(ms[static_cast<size_t>(i)].w, x.data(), tokens, sep[static_cast<size_t>(i)].data(), nullptr);
+    }
+    matmul_fused(outs.data(), 3, x.data(), tokens, &pool);
+    for (int i = 0; i < 3; ++i)
+      ASSERT_EQ(0, std::memcmp(fused[static_cast<size_t>(i)].data(), sep[static_cast<size_t>(i)].data(),
+                               sep[static_cast<size_t>(i)].size() * 4))
+          << gguf::ggml_type_name(static_cast<uint32_t>(type)) << " matrix " << i;
+  }
+}
+
+TEST(Kernels, QuantizeMatchesGgufReference) {
+  std::mt19937 g(10);
+  auto x = randv(g, 32 * 9, 4.0f);
+  for (int i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = 0.0f;  // an all-zero block
+  x[40] = 127.5f / 64.0f;                                          // ties round away from zero
+  std::vector<BlockQ8_0> mine(9), ref(9);
+  quantize_row_q8_0(x.data(), mine.data(), x.size());
+  gguf::quantize_row_q8_0(x.data(), ref.data(), x.size());
+  EXPECT_EQ(0, std::memcmp(mine.data(), ref.data(), 9 * sizeof(BlockQ8_0)));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float a = fp16_to_fp32(static_cast<uint16_t>(h)), b = gguf::fp16_to_fp32(static_cast<uint16_t>(h));
+    if (std::isnan(b)) {
+      ASSERT_TRUE(std::isnan(a)) << h;
+    } else {
+      ASSERT_EQ(a, b) << h;
+    }
+  }
+  for (float f : x) ASSERT_EQ(fp32_to_fp16(f * 1e-3f), gguf::fp32_to_fp16(f * 1e-3f)) << f;
+}
+
+TEST(Kernels, DequantizeRow) {
+  std::mt19937 g(3);
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0}) {
+    auto src = randv(g, 3 * 64);
+    std::vector<double> ref;
+    OwnedMatrix m = make_matrix(type, 3, 64, src, ref);
+    std::vector<float> row(64);
+    dequantize_row(m.w, 2, row.data());
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(row[static_cast<size_t>(i)], static_cast<float>(ref[static_cast<size_t>(128 + i)]));
+  }
+}
+
+TEST(Kernels, RmsNorm) {
+  std::mt19937 g(4);
+  const int n = 77;
+  auto x = randv(g, n, 2.0f), w = randv(g, n);
+  std::vector<float> y(n);
+  rms_norm(x.data(), w.data(), n, 1e-5f, y.data());
+  double ss = 0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double sc = 1.0 / std::sqrt(ss / n + 1e-5);
+  for (int i = 0; i < n; ++i) EXPECT_NEAR(y[static_cast<size_t>(i)], x[static_cast<size_t>(i)] * sc * w[static_cast<size_t>(i)], 1e-5);
+}
+
+TEST(Kernels, RopeRotatesConsecutivePairs) {
+  std::mt19937 g(5);
+  const int n_heads = 3, hd = 10, n_rot = 6, pos0 = 17, n_tok = 2;
+  const float base = 10000.0f;
+  std::vector<float> c(n_tok * n_rot / 2), s(n_tok * n_rot / 2);
+  rope_table(pos0, n_tok, n_rot, base, c.data(), s.data());
+  for (int t = 0; t < n_tok; ++t) {
+    auto x = randv(g, n_heads * hd);
+    auto y = x;
+    rope_apply(y.data(), n_heads, hd, n_rot, c.data() + t * n_rot / 2, s.data() + t * n_rot / 2);
+    for (int h = 0; h < n_heads; ++h) {
+      for (int i = 0; i < hd / 2; ++i) {
+        const double x0 = x[static_cast<size_t>(h * hd + 2 * i)], x1 = x[static_cast<size_t>(h * hd + 2 * i + 1)];
+        double r0 = x0, r1 = x1;
+        if (2 * i < n_rot) {
+          const double th = (pos0 + t) * std::pow(static_cast<double>(base), -2.0 * i / n_rot);
+          r0 = x0 * std::cos(th) - x1 * std::sin(th);
+          r1 = x0 * std::sin(th) + x1 * std::cos(th);
+        }
+        EXPECT_NEAR(y[static_cast<size_t>(h * hd + 2 * i)], r0, 1e-6);
+        EXPECT_NEAR(y[static_cast<size_t>(h * hd + 2 * i + 1)], r1, 1e-6);
+      }
+    }
+  }
+}
+
+TEST(Kernels, SoftmaxSwigluAdd) {
+  std::mt19937 g(6);
+  const int n = 33;
+  auto x = randv(g, n, 20.0f);
+  auto y = x;
+  softmax(y.data(), n);
+  double mx = -1e30, sum = 0;
+  for (float v : x) mx = std::max<double>(mx, v);
+  for (float v : x) sum += std::exp(v - mx);
+  for (int i = 0; i < n; ++i) EXPECT_NEAR(y[static_cast<size_t>(i)], std::exp(x[static_cast<size_t>(i)] - mx) / sum, 1e-6);
+
+  auto a = randv(g, n, 5.0f), b = randv(g, n);
+  std::vector<float> o(n);
+  swiglu(a.data(), b.data(), o.data(), n);
+  for (int i = 0; i < n; ++i) {
+    const double gv = a[static_cast<size_t>(i)];
+    EXPECT_NEAR(o[static_cast<size_t>(i)], gv / (1 + std::exp(-gv)) * b[static_cast<size_t>(i)], 1e-5);
+  }
+  auto acc = a;
+  add(acc.data(), b.data(), n);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(acc[static_cast<size_t>(i)], a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)]);
+}
+
+}  // namespace
+}  // namespace spw::cpu

@@ -1,0 +1,220 @@
+#include "engine/checkpoint.h"
+
+#include <cstring>
+
+namespace spw {
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'P', 'W', 'C', 'K', 'P', 'T', '\0'};
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+class Writer {
+ public:
+  void u8(uint8_t v) { out.push_back(static_cast<char>(v)); }
+  void u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  void u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
+  void f32(float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    u32(b);
+  }
+  void str(const std::string& s) {
+    u32(static_cast<uint32_t>(s.size()));
+    out += s;
+  }
+  void ids(const std::vector<TokenId>& v) {
+    u32(static_cast<uint32_t>(v.size()));
+    for (TokenId t : v) i32(t);
+  }
+  std::string out;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view d) : d_(d) {}
+  Status need(size_t n, const char* field) {
+    if (d_.size() - pos_ < n)
+      return Status::corruption(std::string("checkpoint truncated in field '") + field + "' at offset " +
+                                std::to_string(pos_));
+    return Status();
+  }
+  Status u8(uint8_t& v, const char* f) {
+    SPW_RETURN_IF_ERROR(need(1, f));
+    v = static_cast<uint8_t>(d_[pos_++]);
+    return Status();
+  }
+  Status u32(uint32_t& v, const char* f) {
+    SPW_RETURN_IF_ERROR(need(4, f));
+    v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(d_[pos_++])) << (8 * i);
+    return Status();
+  }
+  Status u64(uint64_t& v, const char* f) {
+    SPW_RETURN_IF_ERROR(need(8, f));
+    v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(d_[pos_++])) << (8 * i);
+    return Status();
+  }
+  Status i32(int32_t& v, const char* f) {
+    uint32_t u;
+    SPW_RETURN_IF_ERROR(u32(u, f));
+    v = static_cast<int32_t>(u);
+    return Status();
+  }
+  Status f32(float& v, const char* f) {
+    uint32_t u;
+    SPW_RETURN_IF_ERROR(u32(u, f));
+    std::memcpy(&v, &u, 4);
+    return Status();
+  }
+  Status str(std::string& s, const char* f) {
+    uint32_t n;
+    SPW_RETURN_IF_ERROR(u32(n, f));
+    SPW_RETURN_IF_ERROR(need(n, f));
+    s.assign(d_.substr(pos_, n));
+    pos_ += n;
+    return Status();
+  }
+  Status ids(std::vector<TokenId>& v, const char* f) {
+    uint32_t n;
+    SPW_RETURN_IF_ERROR(u32(n, f));
+    SPW_RETURN_IF_ERROR(need(static_cast<size_t>(n) * 4, f));  // checked before reserving
+    v.resize(n);
+    for (auto& t : v) SPW_RETURN_IF_ERROR(i32(t, f));
+    return Status();
+  }
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return d_.size() - pos_; }
+
+ private:
+  std::string_view d_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+bool Checkpoint::operator==(const Checkpoint& o) const {
+  const auto& a = options.sampler;
+  const auto& b = o.options.sampler;
+  return model_fingerprint == o.model_fingerprint && tokens == o.tokens && n_prompt == o.n_prompt &&
+         n_generated == o.n_generated && sampler.rng == o.sampler.rng && sampler.recent == o.sampler.recent &&
+         stop_held == o.stop_held && utf8_pending == o.utf8_pending && text == o.text &&
+         finish_reason == o.finish_reason && options.max_tokens == o.options.max_tokens &&
+         options.stop == o.options.stop && options.ignore_eos == o.options.ignore_eos &&
+         a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+         a.repeat_penalty == b.repeat_penalty && a.repeat_last_n == b.repeat_last_n && a.seed == b.seed;
+}
+
+std::string serialize_checkpoint(const Checkpoint& c) {
+  Writer p;
+  p.str(c.model_fingerprint);
+  p.ids(c.tokens);
+  p.i32(c.n_prompt);
+  p.i32(c.n_generated);
+  for (uint64_t w : c.sampler.rng) p.u64(w);
+  p.ids(c.sampler.recent);
+  p.str(c.stop_held);
+  p.str(c.utf8_pending);
+  p.str(c.text);
+  p.str(c.finish_reason);
+  p.i32(c.options.max_tokens);
+  p.u8(c.options.ignore_eos ? 1 : 0);
+  const SamplerParams& s = c.options.sampler;
+  p.f32(s.temperature);
+  p.i32(s.top_k);
+  p.f32(s.top_p);
+  p.f32(s.min_p);
+  p.f32(s.repeat_penalty);
+  p.i32(s.repeat_last_n);
+  p.u64(s.seed);
+  p.u32(static_cast<uint32_t>(c.options.stop.size()));
+  for (const auto& st : c.options.stop) p.str(st);
+
+  Writer w;
+  w.out.assign(kMagic, sizeof kMagic);
+  w.u32(Checkpoint::kVersion);
+  w.u64(p.out.size());
+  w.out += p.out;
+  w.u64(fnv1a(p.out));
+  return w.out;
+}
+
+Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
+  Reader h(bytes);
+  SPW_RETURN_IF_ERROR(h.need(sizeof kMagic, "magic"));
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return Status::corruption("checkpoint: bad magic");
+  Reader r0(bytes.substr(sizeof kMagic));
+  uint32_t version;
+  uint64_t size;
+  SPW_RETURN_IF_ERROR(r0.u32(version, "version"));
+  if (version != Checkpoint::kVersion)
+    return Status::invalid_argument("checkpoint: unsupported version " + std::to_string(version));
+  SPW_RETURN_IF_ERROR(r0.u64(size, "payload_size"));
+  if (size > r0.remaining() || r0.remaining() - size < 8)
+    return Status::corruption("checkpoint truncated: payload_size " + std::to_string(size) + " but " +
+                              std::to_string(r0.remaining()) + " bytes follow");
+  if (r0.remaining() - size > 8)
+    return Status::corruption("checkpoint: " + std::to_string(r0.remaining() - size - 8) + " trailing bytes");
+  const size_t payload_off = sizeof kMagic + 12;
+  std::string_view payload = bytes.substr(payload_off, static_cast<size_t>(size));
+  Reader tail(bytes.substr(payload_off + static_cast<size_t>(size)));
+  uint64_t sum;
+  SPW_RETURN_IF_ERROR(tail.u64(sum, "checksum"));
+  if (sum != fnv1a(payload)) return Status::corruption("checkpoint: checksum mismatch (field 'checksum')");
+
+  Checkpoint c;
+  Reader r(payload);
+  SPW_RETURN_IF_ERROR(r.str(c.model_fingerprint, "model_fingerprint"));
+  SPW_RETURN_IF_ERROR(r.ids(c.tokens, "tokens"));
+  SPW_RETURN_IF_ERROR(r.i32(c.n_prompt, "n_prompt"));
+  SPW_RETURN_IF_ERROR(r.i32(c.n_generated, "n_generated"));
+  for (auto& w : c.sampler.rng) SPW_RETURN_IF_ERROR(r.u64(w, "sampler.rng"));
+  SPW_RETURN_IF_ERROR(r.ids(c.sampler.recent, "sampler.recent"));
+  SPW_RETURN_IF_ERROR(r.str(c.stop_held, "stop_held"));
+  SPW_RETURN_IF_ERROR(r.str(c.utf8_pending, "utf8_pending"));
+  SPW_RETURN_IF_ERROR(r.str(c.text, "text"));
+  SPW_RETURN_IF_ERROR(r.str(c.finish_reason, "finish_reason"));
+  SPW_RETURN_IF_ERROR(r.i32(c.options.max_tokens, "options.max_tokens"));
+  uint8_t ie;
+  SPW_RETURN_IF_ERROR(r.u8(ie, "options.ignore_eos"));
+  if (ie > 1) return Status::corruption("checkpoint: field 'options.ignore_eos' = " + std::to_string(ie));
+  c.options.ignore_eos = ie != 0;
+  SamplerParams& s = c.options.sampler;
+  SPW_RETURN_IF_ERROR(r.f32(s.temperature, "options.sampler.temperature"));
+  SPW_RETURN_IF_ERROR(r.i32(s.top_k, "options.sampler.top_k"));
+  SPW_RETURN_IF_ERROR(r.f32(s.top_p, "options.sampler.top_p"));
+  SPW_RETURN_IF_ERROR(r.f32(s.min_p, "options.sampler.min_p"));
+  SPW_RETURN_IF_ERROR(r.f32(s.repeat_penalty, "options.sampler.repeat_penalty"));
+  SPW_RETURN_IF_ERROR(r.i32(s.repeat_last_n, "options.sampler.repeat_last_n"));
+  SPW_RETURN_IF_ERROR(r.u64(s.seed, "options.sampler.seed"));
+  uint32_t n_stop;
+  SPW_RETURN_IF_ERROR(r.u32(n_stop, "options.stop"));
+  if (n_stop > r.remaining() / 4) return Status::corruption("checkpoint: field 'options.stop' count too large");
+  c.options.stop.resize(n_stop);
+  for (auto& st : c.options.stop) SPW_RETURN_IF_ERROR(r.str(st, "options.stop"));
+  if (r.remaining() != 0)
+    return Status::corruption("checkpoint: " + std::to_string(r.remaining()) + " unparsed payload bytes");
+  if (c.n_prompt < 0 || static_cast<size_t>(c.n_prompt) > c.tokens.size())
+    return Status::corruption("checkpoint: field 'n_prompt' = " + std::to_string(c.n_prompt) + " exceeds " +
+                              std::to_string(c.tokens.size()) + " tokens");
+  if (c.n_generated != static_cast<int32_t>(c.tokens.size()) - c.n_prompt)
+    return Status::corruption("checkpoint: field 'n_generated' = " + std::to_string(c.n_generated) +
+                              " inconsistent with tokens/n_prompt");
+  return c;
+}
+
+}  // namespace spw

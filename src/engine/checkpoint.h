@@ -1,0 +1,50 @@
+// Checkpoint: the complete state of a generation at a token boundary.
+//
+// Contract: a Checkpoint holds everything needed to continue a generation on
+// any backend/device with an identical outcome: all tokens so far (prompt +
+// generated), how many are prompt, the sampler state (RNG words and penalty
+// window), the StopMatcher's held text, the Utf8Stream's pending bytes, the text
+// emitted so far, the options and the model's compatibility fingerprint. The KV
+// cache is NOT part of it: resume re-evaluates the tokens.
+// serialize_checkpoint() writes a versioned little-endian binary format:
+//   "SPWCKPT\0" | u32 version | u64 payload_size | payload | u64 FNV-1a(payload)
+// where payload is the fields in declaration order (strings and arrays are a
+// u32 count then the items; floats as IEEE-754 bit patterns).
+// parse_checkpoint() returns Corruption naming the field for a bad magic,
+// truncation, checksum mismatch, trailing bytes or inconsistent counts, and
+// InvalidArgument for an unknown version.
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+
+namespace spw {
+
+struct Checkpoint {
+  static constexpr uint32_t kVersion = 1;
+
+  std::string model_fingerprint;
+  std::vector<TokenId> tokens;  // prompt + generated
+  int32_t n_prompt = 0;
+  int32_t n_generated = 0;      // tokens.size() - n_prompt
+  SamplerState sampler;
+  std::string stop_held;
+  std::string utf8_pending;
+  std::string text;             // emitted so far
+  std::string finish_reason;    // "" unless the generation had already finished
+  GenerateOptions options;
+
+  bool operator==(const Checkpoint& o) const;
+};
+
+std::string serialize_checkpoint(const Checkpoint& checkpoint);
+Result<Checkpoint> parse_checkpoint(std::string_view bytes);
+
+}  // namespace spw

@@ -1,0 +1,175 @@
+#include "engine/generate.h"
+
+#include <algorithm>
+
+#include "core/env.h"
+#include "engine/checkpoint.h"
+
+namespace spw {
+
+Generator::Generator(Session& session, const GenerateOptions& options)
+    : session_(session), options_(options), sampler_(options.sampler), stop_(options.stop) {}
+
+Status Generator::evaluate_from_prefix(std::span<const TokenId> all) {
+  // Reuse the session's KV for the common prefix, but always evaluate at least
+  // the last token so that its logits are fresh.
+  const auto& have = session_.tokens();
+  size_t common = 0;
+  while (common < have.size() && common < all.size() && have[common] == all[common]) ++common;
+  common = std::min(common, all.size() - 1);
+  SPW_RETURN_IF_ERROR(session_.truncate(static_cast<int32_t>(common)));
+  auto r = session_.eval(all.subspan(common));
+  return r.status();
+}
+
+Result<std::unique_ptr<Generator>> Generator::start(Session& session, std::vector<TokenId> prompt,
+                                                    const GenerateOptions& options) {
+  if (prompt.empty()) return Status::invalid_argument("generate: empty prompt");
+  SPW_RETURN_IF_ERROR(validate_sampler_params(options.sampler));
+  std::unique_ptr<Generator> g(new Generator(session, options));
+  Env& env = Env::default_env();
+  const int64_t t0 = env.now_ns();
+  SPW_RETURN_IF_ERROR(g->evaluate_from_prefix(prompt));
+  g->result_.prefill_ns = env.now_ns() - t0;
+  for (TokenId t : prompt) g->sampler_.accept(t);
+  g->result_.prompt_tokens = std::move(prompt);
+  return g;
+}
+
+Result<std::unique_ptr<Generator>> Generator::resume(Session& session, const Checkpoint& cp) {
+  if (cp.model_fingerprint != session.model().fingerprint())
+    return Status::failed_precondition("checkpoint is for model '" + cp.model_fingerprint + "', session has '" +
+                                       session.model().fingerprint() + "'");
+  if (cp.n_prompt <= 0 || static_cast<size_t>(cp.n_prompt) > cp.tokens.size() ||
+      cp.n_generated != static_cast<int32_t>(cp.tokens.size()) - cp.n_prompt)
+    return Status::invalid_argument("checkpoint: inconsistent n_prompt/n_generated");
+  SPW_RETURN_IF_ERROR(validate_sampler_params(cp.options.sampler));
+  std::unique_ptr<Generator> g(new Generator(session, cp.options));
+  g->result_.prompt_tokens.assign(cp.tokens.begin(), cp.tokens.begin() + cp.n_prompt);
+  g->result_.tokens.assign(cp.tokens.begin() + cp.n_prompt, cp.tokens.end());
+  g->result_.text = cp.text;
+  g->result_.finish_reason = cp.finish_reason;
+  g->sampler_.restore(cp.sampler);
+  g->stop_.set_held(cp.stop_held);
+  g->utf8_.set_pending(cp.utf8_pending);
+  if (!g->finished()) {
+    Env& env = Env::default_env();
+    const int64_t t0 = env.now_ns();
+    SPW_RETURN_IF_ERROR(g->evaluate_from_prefix(cp.tokens));
+    g->result_.prefill_ns = env.now_ns() - t0;
+  }
+  return g;
+}
+
+void Generator::finish(const std::string& reason, const TokenCallback& cb, bool flush) {
+  if (flush) {
+    std::string rest = utf8_.flush();
+    StopMatcher::Step st = stop_.push(rest);
+    std::string out = std::move(st.emit);
+    if (!st.stopped) out += stop_.flush();
+    if (!out.empty()) {
+      result_.text += out;
+      if (cb) cb(out, -1);
+    }
+  }
+  result_.finish_reason = reason;
+}
+
+void Generator::cancel() {
+  if (!finished()) result_.finish_reason = "cancelled";
+}
+
+Result<bool> Generator::step(const TokenCallback& cb) {
+  if (finished()) return false;
+  Env& env = Env::default_env();
+  const int64_t t0 = env.now_ns();
+  struct Timer {
+    GenerateResult& r;
+    Env& env;
+    int64_t t0;
+    ~Timer() { r.decode_ns += env.now_ns() - t0; }
+  } timer{result_, env, t0};
+
+  if (options_.max_tokens > 0 && n_generated() >= options_.max_tokens) {
+    finish("length", cb, true);
+    return false;
+  }
+  if (pending_eval_) {
+    if (session_.n_past() >= session_.n_ctx()) {
+      finish("length", cb, true);
+      return false;
+    }
+    const TokenId last = result_.tokens.back();
+    auto r = session_.eval(std::span<const TokenId>(&last, 1));
+    if (!r.ok()) return r.status();
+    pending_eval_ = false;
+  }
+  const TokenId id = sampler_.sample(session_.last_logits());
+  const Tokenizer& tok = session_.model().tokenizer();
+  if (id < 0) return Status::internal("sampler returned no token");
+  if (!options_.ignore_eos && tok.is_eog(id)) {
+    finish("stop", cb, true);
+    return false;
+  }
+  sampler_.accept(id);
+  result_.tokens.push_back(id);
+  pending_eval_ = true;
+  StopMatcher::Step st = stop_.push(utf8_.push(tok.token_piece(id)));
+  result_.text += st.emit;
+  const bool keep_going = cb ? cb(st.emit, id) : true;
+  if (st.stopped) {
+    finish("stop", cb, false);
+    return false;
+  }
+  if (!keep_going) {
+    finish("cancelled", cb, false);
+    return false;
+  }
+  if (options_.max_tokens > 0 && n_generated() >= options_.max_tokens) {
+    finish("length", cb, true);
+    return false;
+  }
+  return true;
+}
+
+Result<GenerateResult> Generator::run(const TokenCallback& cb, const std::atomic<bool>* cancel_flag) {
+  while (!finished()) {
+    if (cancel_flag != nullptr && cancel_flag->load(std::memory_order_relaxed)) {
+      cancel();
+      break;
+    }
+    auto r = step(cb);
+    if (!r.ok()) return r.status();
+  }
+  return result_;
+}
+
+Checkpoint Generator::checkpoint() const {
+  Checkpoint cp;
+  cp.model_fingerprint = session_.model().fingerprint();
+  cp.tokens = result_.prompt_tokens;
+  cp.tokens.insert(cp.tokens.end(), result_.tokens.begin(), result_.tokens.end());
+  cp.n_prompt = static_cast<int32_t>(result_.prompt_tokens.size());
+  cp.n_generated = static_cast<int32_t>(result_.tokens.size());
+  cp.sampler = sampler_.state();
+  cp.stop_held = stop_.held();
+  cp.utf8_pending = utf8_.pending();
+  cp.text = result_.text;
+  cp.finish_reason = result_.finish_reason;
+  cp.options = options_;
+  return cp;
+}
+
+Result<GenerateResult> generate(Session& session, std::span<const TokenId> prompt, const GenerateOptions& options,
+                                const TokenCallback& cb, const std::atomic<bool>* cancel) {
+  SPW_ASSIGN_OR_RETURN(auto g, Generator::start(session, std::vector<TokenId>(prompt.begin(), prompt.end()), options));
+  return g->run(cb, cancel);
+}
+
+Result<GenerateResult> resume(Session& session, const Checkpoint& checkpoint, const TokenCallback& cb,
+                              const std::atomic<bool>* cancel) {
+  SPW_ASSIGN_OR_RETURN(auto g, Generator::resume(session, checkpoint));
+  return g->run(cb, cancel);
+}
+
+}  // namespace spw

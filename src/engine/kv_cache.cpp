@@ -1,0 +1,72 @@
+#include "engine/kv_cache.h"
+
+#include <new>
+#include <string>
+
+namespace spw {
+
+Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
+  auto bad = [](const std::string& what, int64_t v) {
+    return Status::invalid_argument("KvPool: " + what + " = " + std::to_string(v) + " is invalid");
+  };
+  if (o.layer_begin < 0) return bad("layer_begin", o.layer_begin);
+  if (o.layer_end <= o.layer_begin) return bad("layer_end", o.layer_end);
+  if (o.n_embd_kv <= 0) return bad("n_embd_kv", o.n_embd_kv);
+  if (o.block_tokens <= 0) return bad("block_tokens", o.block_tokens);
+  if (o.n_blocks <= 0) return bad("n_blocks", o.n_blocks);
+  std::shared_ptr<KvPool> p(new KvPool(o));
+  const size_t floats = static_cast<size_t>(o.n_blocks) * static_cast<size_t>(o.layer_end - o.layer_begin) * 2 *
+                        p->block_layer_floats();
+  p->data_.reset(new (std::nothrow) float[floats]);
+  if (!p->data_)
+    return Status::resource_exhausted("KvPool: cannot allocate " + std::to_string(floats * sizeof(float)) +
+                                      " bytes");
+  p->free_.reserve(static_cast<size_t>(o.n_blocks));
+  // Stack: lowest ids handed out first.
+  for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);
+  return p;
+}
+
+size_t KvPool::bytes_per_token() const {
+  return 2 * static_cast<size_t>(n_layers()) * static_cast<size_t>(opts_.n_embd_kv) * sizeof(float);
+}
+
+int32_t KvPool::blocks_in_use() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return opts_.n_blocks - static_cast<int32_t>(free_.size());
+}
+
+int32_t KvPool::blocks_free() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return static_cast<int32_t>(free_.size());
+}
+
+Status KvPool::reserve(BlockTable& table, int32_t n_tokens) {
+  const int32_t need = blocks_for_tokens(n_tokens) - static_cast<int32_t>(table.blocks_.size());
+  if (need <= 0) return Status();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (static_cast<int32_t>(free_.size()) < need) {
+    return Status::resource_exhausted("KV pool exhausted: need " + std::to_string(need) + " more blocks of " +
+                                      std::to_string(opts_.block_tokens) + " tokens, " +
+                                      std::to_string(free_.size()) + " of " + std::to_string(opts_.n_blocks) +
+                                      " free");
+  }
+  table.blocks_.reserve(table.blocks_.size() + static_cast<size_t>(need));
+  for (int32_t i = 0; i < need; ++i) {
+    table.blocks_.push_back(free_.back());
+    free_.pop_back();
+  }
+  return Status();
+}
+
+void KvPool::shrink(BlockTable& table, int32_t n_tokens) {
+  const size_t keep = static_cast<size_t>(blocks_for_tokens(n_tokens < 0 ? 0 : n_tokens));
+  if (table.blocks_.size() <= keep) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  while (table.blocks_.size() > keep) {
+    free_.push_back(table.blocks_.back());
+    table.blocks_.pop_back();
+  }
+}
+
+}  // namespace spw

@@ -1,0 +1,188 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace spw {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+Status check_finite(float v, const char* field) {
+  if (!std::isfinite(v)) {
+    return Status::invalid_argument(std::string("sampler param ") + field + " must be finite, got " +
+                                    std::to_string(v));
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Status validate_sampler_params(const SamplerParams& p) {
+  SPW_RETURN_IF_ERROR(check_finite(p.temperature, "temperature"));
+  SPW_RETURN_IF_ERROR(check_finite(p.top_p, "top_p"));
+  SPW_RETURN_IF_ERROR(check_finite(p.min_p, "min_p"));
+  SPW_RETURN_IF_ERROR(check_finite(p.repeat_penalty, "repeat_penalty"));
+  if (p.temperature < 0.0f) {
+    return Status::invalid_argument("sampler param temperature must be >= 0 (0 = greedy), got " +
+                                    std::to_string(p.temperature));
+  }
+  if (p.top_p < 0.0f) {
+    return Status::invalid_argument("sampler param top_p must be >= 0, got " + std::to_string(p.top_p));
+  }
+  if (p.min_p < 0.0f || p.min_p > 1.0f) {
+    return Status::invalid_argument("sampler param min_p must be in [0, 1], got " + std::to_string(p.min_p));
+  }
+  if (p.repeat_penalty <= 0.0f) {
+    return Status::invalid_argument("sampler param repeat_penalty must be > 0, got " +
+                                    std::to_string(p.repeat_penalty));
+  }
+  if (p.repeat_last_n < 0) {
+    return Status::invalid_argument("sampler param repeat_last_n must be >= 0, got " +
+                                    std::to_string(p.repeat_last_n));
+  }
+  return Status::ok_status();
+}
+
+Sampler::Sampler(SamplerParams params) : params_(params), rng_(params.seed) {}
+
+void Sampler::accept(TokenId id) {
+  const size_t window = params_.repeat_last_n > 0 ? static_cast<size_t>(params_.repeat_last_n) : 0;
+  if (window == 0) return;
+  if (recent_.size() >= window) recent_.erase(recent_.begin(), recent_.begin() + (recent_.size() - window + 1));
+  recent_.push_back(id);
+}
+
+SamplerState Sampler::state() const {
+  SamplerState s;
+  s.rng = rng_.state();
+  s.recent = recent_;
+  return s;
+}
+
+void Sampler::restore(const SamplerState& s) {
+  rng_.set_state(s.rng);
+  recent_ = s.recent;
+  const size_t window = params_.repeat_last_n > 0 ? static_cast<size_t>(params_.repeat_last_n) : 0;
+  if (recent_.size() > window) recent_.erase(recent_.begin(), recent_.end() - window);
+}
+
+bool Sampler::filter(std::span<const float> logits, std::vector<Candidate>& cand) const {
+  cand.clear();
+  const size_t n = logits.size();
+  if (n == 0) return false;
+  cand.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float l = logits[i];
+    cand[i] = {static_cast<TokenId>(i), std::isnan(l) ? kNegInf : l};
+  }
+
+  // Penalty first, while cand[i].id == i. Each distinct recent token once.
+  if (params_.repeat_penalty != 1.0f && !recent_.empty()) {
+    std::vector<TokenId> seen(recent_);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (TokenId id : seen) {
+      if (id < 0 || static_cast<size_t>(id) >= n) continue;
+      float& l = cand[static_cast<size_t>(id)].logit;
+      l = l <= 0.0f ? l * params_.repeat_penalty : l / params_.repeat_penalty;
+    }
+  }
+
+  // Argmax, lowest id on ties (strict >).
+  size_t best = 0;
+  for (size_t i = 1; i < n; ++i) {
+    if (cand[i].logit > cand[best].logit) best = i;
+  }
+  const float max_logit = cand[best].logit;
+  // Greedy, or nothing a softmax can weigh (all -inf, or a +inf that would make
+  // every other weight NaN): the argmax decides.
+  if (params_.temperature <= 0.0f || !std::isfinite(max_logit)) {
+    const Candidate top = cand[best];
+    cand.assign(1, top);
+    return false;
+  }
+
+  // -inf has probability 0; dropping it first keeps sorting cheap on masked logits.
+  cand.erase(std::remove_if(cand.begin(), cand.end(), [](const Candidate& c) { return c.logit == kNegInf; }),
+             cand.end());
+  const auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cand.size()) {
+    const auto k = static_cast<size_t>(params_.top_k);
+    std::partial_sort(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(k), cand.end(), by_logit);
+    cand.resize(k);
+  } else {
+    std::sort(cand.begin(), cand.end(), by_logit);
+  }
+
+  if (params_.top_p < 1.0f && cand.size() > 1) {
+    double total = 0.0;
+    for (const Candidate& c : cand) total += std::exp(static_cast<double>(c.logit) - max_logit);
+    const double target = static_cast<double>(params_.top_p) * total;
+    double cum = 0.0;
+    size_t keep = cand.size();
+    for (size_t i = 0; i < cand.size(); ++i) {
+      cum += std::exp(static_cast<double>(cand[i].logit) - max_logit);
+      if (cum >= target) {
+        keep = i + 1;
+        break;
+      }
+    }
+    cand.resize(keep);
+  }
+
+  if (params_.min_p > 0.0f && cand.size() > 1) {
+    // p_i / p_max = exp(l_i - l_max); cand is sorted, so cut at the first miss.
+    size_t keep = 1;
+    while (keep < cand.size() &&
+           std::exp(static_cast<double>(cand[keep].logit) - max_logit) >= static_cast<double>(params_.min_p)) {
+      ++keep;
+    }
+    cand.resize(keep);
+  }
+  return true;
+}
+
+std::vector<TokenId> Sampler::candidates(std::span<const float> logits) const {
+  std::vector<Candidate> cand;
+  filter(logits, cand);
+  std::vector<TokenId> ids;
+  ids.reserve(cand.size());
+  for (const Candidate& c : cand) ids.push_back(c.id);
+  return ids;
+}
+
+TokenId Sampler::sample(std::span<const float> logits) {
+  std::vector<Candidate>& cand = scratch_;
+  if (!filter(logits, cand)) return cand.empty() ? -1 : cand[0].id;
+  if (cand.size() == 1) {
+    // Still consume one draw so the RNG stream does not depend on how many
+    // candidates the filters left (keeps checkpoints simple to reason about).
+    rng_.next_double();
+    return cand[0].id;
+  }
+  const double inv_t = 1.0 / static_cast<double>(params_.temperature);
+  const double max_logit = cand[0].logit;
+  double total = 0.0;
+  // w_i = exp((l_i - l_max) / T): softmax(logits / T) up to the normalising total.
+  std::vector<double>& w = weights_;
+  w.resize(cand.size());
+  for (size_t i = 0; i < cand.size(); ++i) {
+    w[i] = std::exp((static_cast<double>(cand[i].logit) - max_logit) * inv_t);
+    total += w[i];
+  }
+  const double u = rng_.next_double() * total;
+  double cum = 0.0;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    cum += w[i];
+    if (u < cum) return cand[i].id;
+  }
+  return cand.back().id;  // rounding left u at the very top
+}
+
+}  // namespace spw

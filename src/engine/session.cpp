@@ -1,0 +1,147 @@
+#include "engine/session.h"
+
+#include <algorithm>
+#include <string>
+
+namespace spw {
+
+Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Model> model,
+                                                 std::shared_ptr<Backend> backend, std::shared_ptr<KvPool> pool,
+                                                 SessionOptions options) {
+  if (!model) return Status::invalid_argument("Session: null model");
+  std::vector<SessionStage> stages(1);
+  stages[0].backend = std::move(backend);
+  stages[0].pool = std::move(pool);
+  stages[0].layer_begin = 0;
+  stages[0].layer_end = model->hparams().n_layer;
+  return create_staged(std::move(model), std::move(stages), options);
+}
+
+Result<std::unique_ptr<Session>> Session::create_staged(std::shared_ptr<const Model> model,
+                                                        std::vector<SessionStage> stages,
+                                                        SessionOptions options) {
+  if (!model) return Status::invalid_argument("Session: null model");
+  const LlamaHparams& hp = model->hparams();
+  if (stages.empty()) return Status::invalid_argument("Session: no stages");
+  int32_t next = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const SessionStage& s = stages[i];
+    const std::string where = "Session stage " + std::to_string(i) + ": ";
+    if (!s.backend || !s.pool) return Status::invalid_argument(where + "null backend or pool");
+    if (s.layer_begin != next || s.layer_end <= s.layer_begin || s.layer_end > hp.n_layer)
+      return Status::invalid_argument(where + "layers [" + std::to_string(s.layer_begin) + ", " +
+                                      std::to_string(s.layer_end) + ") do not continue from layer " +
+                                      std::to_string(next));
+    const KvPoolOptions& po = s.pool->options();
+    if (po.layer_begin != s.layer_begin || po.layer_end != s.layer_end)
+      return Status::invalid_argument(where + "KV pool covers layers [" + std::to_string(po.layer_begin) + ", " +
+                                      std::to_string(po.layer_end) + ")");
+    if (po.n_embd_kv != hp.n_embd_kv())
+      return Status::invalid_argument(where + "KV pool n_embd_kv = " + std::to_string(po.n_embd_kv) +
+                                      ", model needs " + std::to_string(hp.n_embd_kv()));
+    SPW_RETURN_IF_ERROR(s.backend->prepare(*model, s.layer_begin, s.layer_end, i == 0, i + 1 == stages.size()));
+    next = s.layer_end;
+  }
+  if (next != hp.n_layer)
+    return Status::invalid_argument("Session: stages end at layer " + std::to_string(next) + " of " +
+                                    std::to_string(hp.n_layer));
+  if (options.n_ubatch <= 0)
+    return Status::invalid_argument("Session: n_ubatch = " + std::to_string(options.n_ubatch));
+  if (options.n_ctx < 0) return Status::invalid_argument("Session: n_ctx = " + std::to_string(options.n_ctx));
+  std::unique_ptr<Session> s(new Session());
+  s->n_ctx_ = options.n_ctx == 0 ? hp.n_ctx_train : options.n_ctx;
+  s->model_ = std::move(model);
+  s->stages_ = std::move(stages);
+  s->tables_.resize(s->stages_.size());
+  s->options_ = options;
+  return s;
+}
+
+Session::~Session() {
+  for (size_t i = 0; i < stages_.size(); ++i) stages_[i].pool->release(tables_[i]);
+}
+
+int32_t Session::n_vocab() const { return model_->hparams().n_vocab; }
+
+Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_logits) {
+  const LlamaHparams& hp = model_->hparams();
+  if (tokens.empty()) return Status::invalid_argument("Session::eval: no tokens");
+  for (TokenId t : tokens)
+    if (t < 0 || t >= hp.n_vocab)
+      return Status::invalid_argument("Session::eval: token id " + std::to_string(t) + " out of range [0, " +
+                                      std::to_string(hp.n_vocab) + ")");
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  const int32_t n0 = n_past();
+  if (static_cast<int64_t>(n0) + n > n_ctx_)
+    return Status::resource_exhausted("context full: " + std::to_string(n0) + " + " + std::to_string(n) +
+                                      " tokens exceed n_ctx = " + std::to_string(n_ctx_));
+  // Reserve KV in every stage first: all-or-nothing.
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    Status st = stages_[i].pool->reserve(tables_[i], n0 + n);
+    if (!st.ok()) {
+      for (size_t j = 0; j <= i; ++j) stages_[j].pool->shrink(tables_[j], n0);
+      return st;
+    }
+  }
+  const int64_t E = hp.n_embd;
+  const int64_t V = hp.n_vocab;
+  const int32_t ub = options_.n_ubatch;
+  if (all_logits) all_logits->assign(static_cast<size_t>(n) * static_cast<size_t>(V), 0.0f);
+  std::vector<float> logits;
+  for (int32_t off = 0; off < n; off += ub) {
+    const int32_t m = std::min(ub, n - off);
+    hidden_.resize(static_cast<size_t>(m) * static_cast<size_t>(E));
+    Status st = stages_.front().backend->embed(*model_, tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(m)),
+                                               hidden_.data());
+    for (size_t i = 0; st.ok() && i < stages_.size(); ++i) {
+      KvSequence kv{stages_[i].pool.get(), &tables_[i]};
+      st = stages_[i].backend->forward_layers(*model_, stages_[i].layer_begin, stages_[i].layer_end, kv, n0 + off,
+                                              m, hidden_.data());
+    }
+    if (st.ok()) {
+      if (all_logits) {
+        st = stages_.back().backend->output(*model_, hidden_.data(), m,
+                                            all_logits->data() + static_cast<size_t>(off) * static_cast<size_t>(V));
+      } else if (off + m == n) {
+        logits.resize(static_cast<size_t>(V));
+        st = stages_.back().backend->output(*model_, hidden_.data() + static_cast<size_t>(m - 1) * E, 1,
+                                            logits.data());
+      }
+    }
+    if (!st.ok()) {
+      // Undo: positions >= n0 may hold partial KV; they are simply not counted.
+      for (size_t j = 0; j < stages_.size(); ++j) stages_[j].pool->shrink(tables_[j], n0);
+      return st;
+    }
+  }
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  if (all_logits) {
+    last_logits_.assign(all_logits->end() - V, all_logits->end());
+  } else {
+    last_logits_ = std::move(logits);
+  }
+  return Status();
+}
+
+Result<std::span<const float>> Session::eval(std::span<const TokenId> tokens) {
+  SPW_RETURN_IF_ERROR(run(tokens, nullptr));
+  return std::span<const float>(last_logits_);
+}
+
+Result<std::vector<float>> Session::eval_all_logits(std::span<const TokenId> tokens) {
+  std::vector<float> all;
+  SPW_RETURN_IF_ERROR(run(tokens, &all));
+  return all;
+}
+
+Status Session::truncate(int32_t n) {
+  if (n < 0 || n > n_past())
+    return Status::invalid_argument("Session::truncate(" + std::to_string(n) + "): n_past = " +
+                                    std::to_string(n_past()));
+  tokens_.resize(static_cast<size_t>(n));
+  for (size_t i = 0; i < stages_.size(); ++i) stages_[i].pool->shrink(tables_[i], n);
+  last_logits_.clear();
+  return Status();
+}
+
+}  // namespace spw

@@ -1,0 +1,95 @@
+// Session: the per-request state of one token sequence over a shared Model.
+//
+// Contract: a Session owns its block tables in one or more KvPools (one per
+// stage; a stage is a backend running a contiguous layer range, so hybrid
+// execution is several stages) and the tokens evaluated so far. eval(tokens)
+// appends tokens at positions n_past().., prefilling them in ubatches of at most
+// `n_ubatch` tokens (weights are streamed once per ubatch), and returns the
+// logits of the last appended token (n_vocab floats, valid until the next call
+// that mutates the session). eval_all_logits() returns the logits of every
+// appended token instead ([n][n_vocab], row-major).
+// Failure leaves the session exactly as it was before the call:
+//   - empty input, or a token id outside [0, n_vocab): InvalidArgument;
+//   - n_past() + n > n_ctx(): ResourceExhausted naming the context size;
+//   - the KV pool has not enough free blocks: ResourceExhausted (nothing is
+//     appended; the session stays usable, e.g. after truncate()).
+// truncate(n) drops tokens and KV past position n (n <= n_past()), returning
+// unneeded blocks to the pool; last_logits() is then empty until the next eval.
+// Because backends are batch-size invariant, eval of tokens one by one or all at
+// once gives bitwise equal logits (checkpoint/resume depends on this).
+// Thread safety: one Session is used by one thread at a time. Many Sessions may
+// share one Model, one KvPool and one Backend concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "engine/kv_cache.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spw {
+
+// Layers [layer_begin, layer_end) of the model run on `backend` with their KV in
+// `pool` (whose layer range must equal the stage's).
+struct SessionStage {
+  std::shared_ptr<Backend> backend;
+  std::shared_ptr<KvPool> pool;
+  int32_t layer_begin = 0;
+  int32_t layer_end = 0;
+};
+
+struct SessionOptions {
+  int32_t n_ctx = 0;      // maximum positions; 0 = the model's context_length
+  int32_t n_ubatch = 64;  // prefill batch size
+};
+
+class Session {
+ public:
+  // Single backend, all layers. InvalidArgument when the pool's geometry does
+  // not match the model.
+  static Result<std::unique_ptr<Session>> create(std::shared_ptr<const Model> model,
+                                                 std::shared_ptr<Backend> backend,
+                                                 std::shared_ptr<KvPool> pool,
+                                                 SessionOptions options = {});
+  // Hybrid: stages must cover [0, n_layer) contiguously, in order. Embedding
+  // runs on the first stage's backend, the output head on the last's.
+  static Result<std::unique_ptr<Session>> create_staged(std::shared_ptr<const Model> model,
+                                                        std::vector<SessionStage> stages,
+                                                        SessionOptions options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  Result<std::span<const float>> eval(std::span<const TokenId> tokens);
+  Result<std::vector<float>> eval_all_logits(std::span<const TokenId> tokens);
+  Status truncate(int32_t n);
+
+  int32_t n_past() const { return static_cast<int32_t>(tokens_.size()); }
+  const std::vector<TokenId>& tokens() const { return tokens_; }
+  std::span<const float> last_logits() const { return last_logits_; }
+  int32_t n_ctx() const { return n_ctx_; }
+  int32_t n_vocab() const;
+  const Model& model() const { return *model_; }
+  const std::shared_ptr<const Model>& model_ptr() const { return model_; }
+  const SessionOptions& options() const { return options_; }
+
+ private:
+  Session() = default;
+  Status run(std::span<const TokenId> tokens, std::vector<float>* all_logits);
+
+  std::shared_ptr<const Model> model_;
+  std::vector<SessionStage> stages_;
+  std::vector<BlockTable> tables_;  // one per stage
+  SessionOptions options_;
+  int32_t n_ctx_ = 0;
+  std::vector<TokenId> tokens_;
+  std::vector<float> last_logits_;
+  std::vector<float> hidden_;  // scratch [n_ubatch][n_embd]
+};
+
+}  // namespace spw

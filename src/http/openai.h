@@ -1,0 +1,140 @@
+// OpenAI wire format: request parsing/validation and response rendering.
+//
+// Contract: parse_completion_request() / parse_chat_request() turn a request
+// body into plain structs (no JSON escapes this layer). A body that is not a
+// JSON object, a known field of the wrong type or out of range (negative or
+// zero max_tokens, non-finite or negative temperature, top_p outside (0,1],
+// min_p outside [0,1], repeat_penalty <= 0, n != 1, ...), an empty prompt, or
+// malformed messages give an ApiError with HTTP 400, type
+// "invalid_request_error", `param` naming the field and a message naming the
+// problem. Unknown fields are ignored (clients send many optional fields).
+// render_*() produce the bodies: completions and chat completions (whole and
+// as stream chunks, OpenAI's "text_completion" / "chat.completion.chunk"
+// shapes), and the error body {"error":{"message","type","param","code"}}.
+// Every non-error body carries a "spillway" object (placement, model, limits).
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "serve/scheduler.h"
+#include "tokenizer/chat_template.h"
+
+namespace spw::http {
+
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty -> null
+  std::string code;   // empty -> null
+};
+
+// Maps a Status from the scheduler/engine to an HTTP error.
+ApiError api_error_from_status(const Status& s);
+
+// Sampling fields shared by both endpoints; nullopt = the server default.
+struct SamplingFields {
+  std::optional<int32_t> max_tokens;
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repeat_penalty;
+  std::optional<int32_t> repeat_last_n;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+struct CompletionRequest {
+  std::string model;  // informational; the server serves one model
+  std::string prompt;
+  SamplingFields sampling;
+};
+
+struct ChatRequest {
+  std::string model;
+  std::vector<ChatMessage> messages;
+  SamplingFields sampling;
+};
+
+// Return nullopt on success (out filled), else the error.
+std::optional<ApiError> parse_completion_request(std::string_view body, CompletionRequest& out);
+std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& out);
+
+// What every response reports about where and how it ran.
+struct SpillwayInfo {
+  std::string placement = "cpu";
+  std::string model;
+  uint64_t request_id = 0;
+  uint64_t seed = 0;
+  serve::AppliedLimits limits;
+  double queue_ms = 0;
+  double run_ms = 0;
+};
+
+struct CompletionResult {
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  std::string text;
+  std::string finish_reason;  // "stop" / "length"
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  SpillwayInfo spillway;
+};
+
+std::string render_completion(const CompletionResult& r);
+std::string render_chat_completion(const CompletionResult& r);
+
+// One stream chunk. `finish_reason` empty -> null. `spillway` is included when
+// given (the first and last chunks carry it). For chat, `role_delta` puts
+// {"role":"assistant"} into the delta (the first chunk).
+struct ChunkFields {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  std::string text;
+  std::string finish_reason;
+  bool role_delta = false;
+  const SpillwayInfo* spillway = nullptr;
+  // Usage-only final chunk (stream_options.include_usage): choices is empty.
+  bool usage_only = false;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+};
+std::string render_completion_chunk(const ChunkFields& c);
+std::string render_chat_chunk(const ChunkFields& c);
+
+// {"error":{...}}; with a model name, also "spillway":{"model","placement":null}
+// (the request was not placed anywhere).
+std::string render_error(const ApiError& e, const std::string& model = "");
+
+struct HealthInfo {
+  std::string model;
+  std::string backend = "cpu";
+  int32_t queue_depth = 0;
+  int32_t queue_capacity = 0;
+  int32_t running = 0;
+  int32_t workers = 0;
+  int32_t n_ctx = 0;
+  std::string chat_template;  // empty: none
+};
+std::string render_health(const HealthInfo& h);
+std::string render_models(const std::string& model, int64_t created);
+
+// Server-Sent Events framing: "data: <payload>\n\n". The payload must not
+// contain a newline (our JSON never does).
+std::string sse_data(std::string_view payload);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+// A comment line: ignored by clients; written to detect a vanished client.
+inline constexpr std::string_view kSseKeepAlive = ": keep-alive\n\n";
+
+}  // namespace spw::http

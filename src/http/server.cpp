@@ -1,0 +1,391 @@
+#include "http/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "http/openai.h"
+
+namespace spw::http {
+
+namespace {
+
+constexpr const char* kJson = "application/json";
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+void set_error(httplib::Response& res, const ApiError& e, const std::string& model = "") {
+  res.status = e.http_status;
+  if (e.http_status == 429 || e.http_status == 503) res.set_header("Retry-After", "1");
+  res.set_content(render_error(e, model), kJson);
+}
+
+// Everything one generation request needs while it runs (shared with the
+// stream provider, which outlives the handler call).
+struct Call {
+  bool chat = false;
+  bool include_usage = false;
+  std::shared_ptr<serve::Ticket> ticket;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  SpillwayInfo info;
+  // Stream progress (touched only by the connection's thread).
+  bool started = false;
+  bool finished = false;
+};
+
+}  // namespace
+
+Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFile& file, const std::string& name) {
+  if (!name.empty()) {
+    SPW_ASSIGN_OR_RETURN(ChatTemplateKind kind, chat_template_from_name(name));
+    return std::optional<ChatTemplateKind>(kind);
+  }
+  const gguf::Value* v = file.find("tokenizer.chat_template");
+  if (v == nullptr || v->type != gguf::ValueType::kString) return std::optional<ChatTemplateKind>();
+  Result<ChatTemplateKind> kind = detect_chat_template(std::get<std::string>(v->v));
+  if (!kind.ok()) return std::optional<ChatTemplateKind>();
+  return std::optional<ChatTemplateKind>(*kind);
+}
+
+class HttpServer::Impl {
+ public:
+  Impl(Env& env, serve::Scheduler& scheduler, HttpServerOptions options)
+      : env_(env), scheduler_(scheduler), options_(std::move(options)) {}
+
+  ~Impl() { stop(); }
+
+  Status start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (thread_.joinable()) return Status::failed_precondition("http server already started");
+    routes();
+    if (options_.port == 0) {
+      port_ = svr_.bind_to_any_port(options_.host);
+      if (port_ <= 0) return Status::unavailable("cannot bind " + options_.host + " to any port");
+    } else {
+      if (!svr_.bind_to_port(options_.host, options_.port)) {
+        return Status::unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port) +
+                                   " (in use, or not a local address)");
+      }
+      port_ = options_.port;
+    }
+    thread_ = std::thread([this] { svr_.listen_after_bind(); });
+    // httplib's stop() is a no-op until the accept loop runs; wait for it so
+    // that a stop() right after start() cannot be lost.
+    for (int i = 0; i < 5000 && !svr_.is_running(); ++i) env_.sleep_for_ns(1'000'000);
+    if (!svr_.is_running()) return Status::internal("http server did not start within 5 s");
+    return Status::ok_status();
+  }
+
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    svr_.stop();
+    thread_.join();
+  }
+
+  int port() const { return port_; }
+  const std::string& host() const { return options_.host; }
+
+ private:
+  void routes() {
+    const serve::SchedulerStats st = scheduler_.stats();
+    size_t threads = options_.http_threads > 0
+                         ? static_cast<size_t>(options_.http_threads)
+                         : std::min<size_t>(static_cast<size_t>(st.n_workers + st.queue_capacity + 4), 512);
+    svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    svr_.set_payload_max_length(size_t{16} << 20);
+    svr_.set_tcp_nodelay(true);
+
+    svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
+    svr_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(render_models(options_.model_name, env_.wall_time_ms() / 1000), kJson);
+    });
+    svr_.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
+    svr_.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
+
+    svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      ApiError e;
+      e.http_status = res.status;
+      e.code = res.status == 404 ? "not_found" : "http_" + std::to_string(res.status);
+      e.message = res.status == 404 ? "no route for " + req.method + " " + req.path
+                                    : "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path;
+      res.set_content(render_error(e), kJson);
+    });
+    svr_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      ApiError e;
+      e.http_status = 500;
+      e.type = "server_error";
+      e.code = "internal_error";
+      e.message = "internal error";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& ex) {
+        e.message = std::string("internal error: ") + ex.what();
+      } catch (...) {
+      }
+      set_error(res, e);
+    });
+    if (options_.log_requests) {
+      svr_.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+        std::fprintf(stderr, "spillway: %s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
+      });
+    }
+  }
+
+  void health(httplib::Response& res) {
+    const serve::SchedulerStats st = scheduler_.stats();
+    HealthInfo h;
+    h.model = options_.model_name;
+    h.queue_depth = st.queue_depth;
+    h.queue_capacity = st.queue_capacity;
+    h.running = st.running;
+    h.workers = st.n_workers;
+    h.n_ctx = scheduler_.n_ctx();
+    if (options_.chat_template) h.chat_template = std::string(chat_template_name(*options_.chat_template));
+    res.set_content(render_health(h), kJson);
+  }
+
+  serve::GenerationRequest to_generation(const SamplingFields& s) {
+    serve::GenerationRequest g;
+    if (s.temperature) g.sampler.temperature = *s.temperature;
+    if (s.top_p) g.sampler.top_p = *s.top_p;
+    if (s.top_k) g.sampler.top_k = *s.top_k;
+    if (s.min_p) g.sampler.min_p = *s.min_p;
+    if (s.repeat_penalty) g.sampler.repeat_penalty = *s.repeat_penalty;
+    if (s.repeat_last_n) g.sampler.repeat_last_n = *s.repeat_last_n;
+    // A request without a seed gets a fresh one, reported back so it can be replayed.
+    g.sampler.seed = s.seed ? *s.seed : env_.random_u64();
+    g.max_tokens = s.max_tokens;
+    g.stop = s.stop;
+    return g;
+  }
+
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    serve::GenerationRequest g;
+    SamplingFields sampling;
+    std::string model_field;
+    if (chat) {
+      ChatRequest cr;
+      if (auto e = parse_chat_request(req.body, cr)) return set_error(res, *e, options_.model_name);
+      if (!options_.chat_template) {
+        ApiError e;
+        e.param = "messages";
+        e.code = "chat_template_missing";
+        e.message =
+            "model '" + options_.model_name +
+            "' has no chat template that Spillway recognises (tokenizer.chat_template is missing or of an "
+            "unknown family); start the server with --chat-template NAME (chatml, llama2, llama3, zephyr, "
+            "mistral, gemma), or use /v1/completions";
+        return set_error(res, e, options_.model_name);
+      }
+      Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true);
+      if (!prompt.ok()) {
+        ApiError e = api_error_from_status(prompt.status());
+        if (e.http_status == 400 && e.param.empty()) e.param = "messages";
+        return set_error(res, e, options_.model_name);
+      }
+      sampling = cr.sampling;
+      g = to_generation(sampling);
+      g.prompt = std::move(prompt).value();
+    } else {
+      CompletionRequest cr;
+      if (auto e = parse_completion_request(req.body, cr)) return set_error(res, *e, options_.model_name);
+      sampling = cr.sampling;
+      if (!sampling.max_tokens) sampling.max_tokens = options_.completion_default_max_tokens;
+      g = to_generation(sampling);
+      g.prompt = std::move(cr.prompt);
+    }
+    g.add_bos = true;
+    g.parse_special = true;
+
+    Result<std::shared_ptr<serve::Ticket>> ticket = scheduler_.submit(g);
+    if (!ticket.ok()) return set_error(res, api_error_from_status(ticket.status()), options_.model_name);
+
+    auto call = std::make_shared<Call>();
+    call->chat = chat;
+    call->include_usage = sampling.include_usage;
+    call->ticket = *ticket;
+    call->id = std::string(chat ? "chatcmpl-" : "cmpl-") + hex64(env_.random_u64());
+    call->created = env_.wall_time_ms() / 1000;
+    call->model = options_.model_name;
+    call->info.model = options_.model_name;
+    call->info.placement = "cpu";
+    call->info.request_id = call->ticket->id();
+    call->info.seed = call->ticket->seed();
+    call->info.limits = call->ticket->limits();
+    res.set_header("X-Spillway-Placement", "cpu");
+    res.set_header("X-Spillway-Request-Id", std::to_string(call->ticket->id()));
+
+    if (sampling.stream) {
+      stream(call, res);
+    } else {
+      whole(*call, res);
+    }
+  }
+
+  void fill_times(Call& c) {
+    c.info.queue_ms = static_cast<double>(c.ticket->queue_ns()) / 1e6;
+    c.info.run_ms = static_cast<double>(c.ticket->run_ns()) / 1e6;
+  }
+
+  // Non-streaming: collect every event, then answer once.
+  void whole(Call& c, httplib::Response& res) {
+    std::string text;
+    serve::RequestEvent ev;
+    for (;;) {
+      serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
+      if (r == serve::PopResult::kTimeout) continue;
+      if (r == serve::PopResult::kClosed) {
+        ev.kind = serve::RequestEvent::Kind::kFinished;
+        ev.state = serve::RequestState::kFailed;
+        ev.status = Status::internal("request stream ended without a result");
+      }
+      if (ev.kind == serve::RequestEvent::Kind::kText) {
+        text += ev.text;
+        continue;
+      }
+      break;
+    }
+    if (ev.state != serve::RequestState::kDone) {
+      return set_error(res, api_error_from_status(ev.status), options_.model_name);
+    }
+    fill_times(c);
+    CompletionResult r;
+    r.id = c.id;
+    r.created = c.created;
+    r.model = c.model;
+    r.text = std::move(text);
+    r.finish_reason = std::string(serve::finish_reason_name(ev.finish));
+    r.prompt_tokens = c.info.limits.prompt_tokens;
+    r.completion_tokens = ev.completion_tokens;
+    r.spillway = c.info;
+    res.status = 200;
+    res.set_content(c.chat ? render_chat_completion(r) : render_completion(r), kJson);
+  }
+
+  std::string chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info) {
+    ChunkFields f;
+    f.id = c.id;
+    f.created = c.created;
+    f.model = c.model;
+    f.text = std::move(text);
+    f.finish_reason = std::move(finish);
+    f.role_delta = first && c.chat;
+    f.spillway = with_info ? &c.info : nullptr;
+    return sse_data(c.chat ? render_chat_chunk(f) : render_completion_chunk(f));
+  }
+
+  void stream(const std::shared_ptr<Call>& call, httplib::Response& res) {
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    const auto keepalive = options_.keepalive_interval;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, call, keepalive](size_t /*offset*/, httplib::DataSink& sink) -> bool {
+          Call& c = *call;
+          if (c.finished) {
+            sink.done();
+            return true;
+          }
+          auto fail = [&] {
+            // The client went away: free the worker at its next token.
+            scheduler_.cancel(c.ticket->id());
+            return false;
+          };
+          std::string out;
+          if (!c.started) {
+            c.started = true;
+            fill_times(c);
+            out = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
+          }
+          serve::RequestEvent ev;
+          serve::PopResult r = c.ticket->next_event(ev, keepalive);
+          if (r == serve::PopResult::kTimeout) {
+            if (out.empty()) out = std::string(kSseKeepAlive);
+            return sink.write(out.data(), out.size()) ? true : fail();
+          }
+          // Send every event already waiting in one write.
+          while (r == serve::PopResult::kItem && ev.kind == serve::RequestEvent::Kind::kText) {
+            out += chunk(c, std::move(ev.text), "", false, false);
+            r = c.ticket->next_event(ev, std::chrono::milliseconds(0));
+          }
+          if (r == serve::PopResult::kTimeout) {
+            return sink.write(out.data(), out.size()) ? true : fail();
+          }
+          if (r == serve::PopResult::kClosed) {
+            ev.kind = serve::RequestEvent::Kind::kFinished;
+            ev.state = serve::RequestState::kFailed;
+            ev.status = Status::internal("request stream ended without a result");
+          }
+          // Finished.
+          c.finished = true;
+          fill_times(c);
+          if (ev.state == serve::RequestState::kDone) {
+            out += chunk(c, "", std::string(serve::finish_reason_name(ev.finish)), false, true);
+            if (c.include_usage) {
+              ChunkFields f;
+              f.id = c.id;
+              f.created = c.created;
+              f.model = c.model;
+              f.usage_only = true;
+              f.prompt_tokens = c.info.limits.prompt_tokens;
+              f.completion_tokens = ev.completion_tokens;
+              out += sse_data(c.chat ? render_chat_chunk(f) : render_completion_chunk(f));
+            }
+          } else {
+            out += sse_data(render_error(api_error_from_status(ev.status)));
+          }
+          out += kSseDone;
+          if (!sink.write(out.data(), out.size())) return false;
+          sink.done();
+          return true;
+        },
+        [this, call](bool /*success*/) {
+          if (!serve::is_terminal(call->ticket->state())) scheduler_.cancel(call->ticket->id());
+        });
+  }
+
+  Env& env_;
+  serve::Scheduler& scheduler_;
+  const HttpServerOptions options_;
+  httplib::Server svr_;
+  std::mutex mu_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, serve::Scheduler& scheduler,
+                                                       HttpServerOptions options) {
+  static std::once_flag sigpipe_once;
+  std::call_once(sigpipe_once, [] { std::signal(SIGPIPE, SIG_IGN); });
+  if (options.port < 0 || options.port > 65535) {
+    return Status::invalid_argument("port must be in [0, 65535], got " + std::to_string(options.port));
+  }
+  if (options.keepalive_interval.count() <= 0) {
+    return Status::invalid_argument("keepalive_interval must be > 0");
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(std::make_unique<Impl>(env, scheduler, std::move(options))));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() = default;
+Status HttpServer::start() { return impl_->start(); }
+int HttpServer::port() const { return impl_->port(); }
+const std::string& HttpServer::host() const { return impl_->host(); }
+void HttpServer::stop() { impl_->stop(); }
+
+}  // namespace spw::http

@@ -1,0 +1,85 @@
+// HttpServer: Spillway's OpenAI-compatible HTTP front end (cpp-httplib).
+//
+// Routes:
+//   GET  /health               {"status":"ok","model","backend","queue":{"depth","capacity",...}}
+//   GET  /v1/models            the one served model
+//   POST /v1/completions       prompt -> text (stream=true: Server-Sent Events)
+//   POST /v1/chat/completions  messages -> assistant message, through the chat
+//                              template fixed at start (the GGUF's
+//                              tokenizer.chat_template or --chat-template)
+// Contract: request bodies are validated by http/openai.h (400 with an
+// OpenAI-style error body naming the field); the scheduler's errors map to
+// 400 (limits), 429 (queue full), 503 (shutting down / cancelled) and 500.
+// A chat request when no template is known is 400 with a message telling the
+// operator to start the server with --chat-template. Streams are
+// "data: {chunk}\n\n" events ending with "data: [DONE]"; when no token arrives
+// for keepalive_interval a ": keep-alive" comment is written so that a client
+// that went away is noticed. A failed write (client disconnected) cancels the
+// request, which frees its worker at the next token. Every successful body
+// (and the first and last stream chunk) carries a "spillway" object.
+// start() binds (port 0 picks a free port) and serves on a background thread;
+// stop() stops accepting, ends open streams and joins. The first create()
+// ignores SIGPIPE process-wide, so that writing to a closed socket is an
+// error return and not a signal.
+// Thread safety: start/stop/port may be called from any thread; handlers run on
+// the server's own thread pool. The Scheduler must outlive the HttpServer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/env.h"
+#include "core/status.h"
+#include "gguf/gguf.h"
+#include "serve/scheduler.h"
+#include "tokenizer/chat_template.h"
+
+namespace spw::http {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port
+  std::string model_name;
+  std::optional<ChatTemplateKind> chat_template;  // none: chat requests are refused
+  // Server threads (each open connection holds one). 0: workers + queue + 4.
+  int32_t http_threads = 0;
+  std::chrono::milliseconds keepalive_interval{1000};
+  // OpenAI's default for /v1/completions when max_tokens is absent; chat
+  // completions default to the room left in the context.
+  int32_t completion_default_max_tokens = 16;
+  bool log_requests = false;  // one line per request on stderr
+};
+
+// The template a server should use: `name` (from --chat-template) when given
+// (InvalidArgument listing the valid names when unknown), else the family
+// detected from the GGUF's tokenizer.chat_template; nullopt when the model has
+// none that Spillway recognises.
+Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFile& file, const std::string& name);
+
+class HttpServer {
+ public:
+  static Result<std::unique_ptr<HttpServer>> create(Env& env, serve::Scheduler& scheduler,
+                                                    HttpServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and starts serving on a background thread. Unavailable naming the
+  // address when the bind fails.
+  Status start();
+  // The bound port (valid after start()).
+  int port() const;
+  const std::string& host() const;
+  void stop();
+
+  class Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spw::http

@@ -1,0 +1,245 @@
+#include "model/model.h"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace spw {
+
+namespace {
+
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+
+void fnv(uint64_t& h, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= kFnvPrime;
+  }
+}
+template <typename T>
+void fnv_pod(uint64_t& h, const T& v) {
+  fnv(h, &v, sizeof(v));
+}
+void fnv_str(uint64_t& h, const std::string& s) {
+  fnv_pod(h, static_cast<uint64_t>(s.size()));
+  fnv(h, s.data(), s.size());
+}
+
+void hash_value(uint64_t& h, const gguf::Value& v) {
+  fnv_pod(h, static_cast<uint32_t>(v.type));
+  std::visit(
+      [&](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          fnv_str(h, x);
+        } else if constexpr (std::is_same_v<T, gguf::Array>) {
+          fnv_pod(h, static_cast<uint32_t>(x.elem_type));
+          fnv_pod(h, static_cast<uint64_t>(x.items.size()));
+          for (const auto& it : x.items) hash_value(h, it);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          const uint8_t b = x ? 1 : 0;
+          fnv_pod(h, b);
+        } else {
+          fnv_pod(h, x);
+        }
+      },
+      v.v);
+}
+
+std::string dims_str(const gguf::TensorInfo& t) {
+  std::string s = "[";
+  for (uint32_t i = 0; i < t.n_dims; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(t.ne[i]);
+  }
+  return s + "]";
+}
+
+bool supported_type(uint32_t type) {
+  return type == static_cast<uint32_t>(gguf::GgmlType::kF32) ||
+         type == static_cast<uint32_t>(gguf::GgmlType::kF16) ||
+         type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0);
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      int e = -1;
+      do {
+        mant <<= 1;
+        ++e;
+      } while ((mant & 0x400u) == 0);
+      mant &= 0x3ffu;
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Model>> Model::load(Env& env, const std::string& path) {
+  SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::open(env, path));
+  return load_from(std::move(file));
+}
+
+Result<std::shared_ptr<const Model>> Model::load_from(std::unique_ptr<gguf::GgufFile> file) {
+  if (!file) return Status::invalid_argument("Model::load_from: null file");
+  std::shared_ptr<Model> m(new Model());
+  m->file_ = std::move(file);
+  SPW_RETURN_IF_ERROR(m->bind());
+  return std::shared_ptr<const Model>(std::move(m));
+}
+
+Status Model::bind() {
+  const gguf::GgufFile& f = *file_;
+  SPW_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
+  if (arch != "llama")
+    return Status::invalid_argument("unsupported architecture '" + arch + "' (general.architecture); only llama");
+  SPW_ASSIGN_OR_RETURN(hp_, read_llama_hparams(f));
+
+  uint64_t fp = kFnvOffset;
+  std::string types_summary;
+  auto account = [&](const gguf::TensorInfo& t) {
+    n_params_ += static_cast<int64_t>(t.n_elements);
+    bytes_by_type_[gguf::ggml_type_name(t.type)] += t.nbytes;
+  };
+
+  auto find = [&](const std::string& name, std::vector<uint64_t> dims,
+                  const gguf::TensorInfo** out) -> Status {
+    const gguf::TensorInfo* t = f.find_tensor(name);
+    if (t == nullptr) return Status::not_found("tensor '" + name + "' not found");
+    bool ok = t->n_dims == dims.size();
+    for (size_t i = 0; ok && i < dims.size(); ++i) ok = t->ne[i] == dims[i];
+    if (!ok) {
+      std::string exp = "[";
+      for (size_t i = 0; i < dims.size(); ++i) exp += (i ? ", " : "") + std::to_string(dims[i]);
+      exp += "]";
+      return Status::corruption("tensor '" + name + "' has shape " + dims_str(*t) + ", expected " + exp);
+    }
+    if (!supported_type(t->type))
+      return Status::invalid_argument("tensor '" + name + "' has unsupported type " +
+                                      gguf::ggml_type_name(t->type) + " (supported: F32, F16, Q8_0)");
+    *out = t;
+    return Status();
+  };
+  auto bind_matrix = [&](const std::string& name, uint64_t cols, uint64_t rows, WeightMatrix& w) -> Status {
+    const gguf::TensorInfo* t = nullptr;
+    SPW_RETURN_IF_ERROR(find(name, {cols, rows}, &t));
+    if (t->type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0) && cols % gguf::kQ8_0BlockSize != 0)
+      return Status::corruption("tensor '" + name + "' is Q8_0 with " + std::to_string(cols) +
+                                " columns, not a multiple of 32");
+    w.data = t->data;
+    w.type = static_cast<gguf::GgmlType>(t->type);
+    w.n_cols = static_cast<int64_t>(cols);
+    w.n_rows = static_cast<int64_t>(rows);
+    w.row_bytes = static_cast<size_t>(t->nbytes / rows);
+    w.name = &t->name;
+    account(*t);
+    return Status();
+  };
+  auto bind_vector = [&](const std::string& name, uint64_t n, std::vector<float>& out) -> Status {
+    const gguf::TensorInfo* t = nullptr;
+    SPW_RETURN_IF_ERROR(find(name, {n}, &t));
+    out.resize(n);
+    if (t->type == static_cast<uint32_t>(gguf::GgmlType::kF32)) {
+      std::memcpy(out.data(), t->data, n * sizeof(float));
+    } else if (t->type == static_cast<uint32_t>(gguf::GgmlType::kF16)) {
+      for (uint64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, t->data + 2 * i, 2);
+        out[i] = half_to_float(h);
+      }
+    } else {
+      return Status::invalid_argument("tensor '" + name + "' is a norm vector of type " +
+                                      gguf::ggml_type_name(t->type) + "; expected F32 or F16");
+    }
+    account(*t);
+    return Status();
+  };
+
+  const uint64_t E = static_cast<uint64_t>(hp_.n_embd);
+  const uint64_t KV = static_cast<uint64_t>(hp_.n_embd_kv());
+  const uint64_t FF = static_cast<uint64_t>(hp_.n_ff);
+  const uint64_t V = static_cast<uint64_t>(hp_.n_vocab);
+  SPW_RETURN_IF_ERROR(bind_matrix("token_embd.weight", E, V, tok_embd_));
+  SPW_RETURN_IF_ERROR(bind_vector("output_norm.weight", E, output_norm_));
+  if (f.find_tensor("output.weight") != nullptr) {
+    SPW_RETURN_IF_ERROR(bind_matrix("output.weight", E, V, output_));
+    output_tied_ = false;
+  } else {
+    output_ = tok_embd_;
+    output_tied_ = true;
+  }
+  layers_.resize(static_cast<size_t>(hp_.n_layer));
+  for (int32_t i = 0; i < hp_.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LlamaLayerWeights& L = layers_[static_cast<size_t>(i)];
+    SPW_RETURN_IF_ERROR(bind_vector(p + "attn_norm.weight", E, L.attn_norm));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_q.weight", E, E, L.wq));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_k.weight", E, KV, L.wk));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_v.weight", E, KV, L.wv));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_output.weight", E, E, L.wo));
+    SPW_RETURN_IF_ERROR(bind_vector(p + "ffn_norm.weight", E, L.ffn_norm));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_gate.weight", E, FF, L.w_gate));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_up.weight", E, FF, L.w_up));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_down.weight", FF, E, L.w_down));
+    bytes_per_token_ += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.w_gate.nbytes() +
+                        L.w_up.nbytes() + L.w_down.nbytes();
+  }
+  bytes_per_token_ += output_.nbytes();
+
+  SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(f));
+  tokenizer_ = std::move(tok);
+  if (tokenizer_->n_vocab() > hp_.n_vocab)
+    return Status::corruption("tokenizer has " + std::to_string(tokenizer_->n_vocab()) +
+                              " tokens but token_embd.weight has " + std::to_string(hp_.n_vocab) + " rows");
+
+  // Fingerprint (see header): metadata, tensor table, sampled tensor bytes.
+  fnv_pod(fp, f.file_size());
+  for (const auto& [key, value] : f.metadata()) {
+    fnv_str(fp, key);
+    hash_value(fp, value);
+  }
+  for (const auto& t : f.tensors()) {
+    fnv_str(fp, t.name);
+    fnv_pod(fp, t.type);
+    for (int d = 0; d < gguf::kMaxDims; ++d) fnv_pod(fp, t.ne[d]);
+    fnv_pod(fp, t.offset);
+    const uint64_t sample = 64;
+    if (t.nbytes <= 3 * sample) {
+      fnv(fp, t.data, static_cast<size_t>(t.nbytes));
+    } else {
+      fnv(fp, t.data, sample);
+      fnv(fp, t.data + t.nbytes / 2, sample);
+      fnv(fp, t.data + t.nbytes - sample, sample);
+    }
+  }
+  for (const auto& [type, bytes] : bytes_by_type_) types_summary += (types_summary.empty() ? "" : ",") + type;
+  fingerprint_hash_ = fp ^ (tokenizer_->fingerprint() * kFnvPrime);
+  fingerprint_ = "llama;size=" + std::to_string(f.file_size()) + ";gguf=" + hex64(fp) +
+                 ";tok=" + hex64(tokenizer_->fingerprint()) + ";types=" + types_summary;
+  return Status();
+}
+
+}  // namespace spw

@@ -1,0 +1,106 @@
+// Model: immutable llama weights bound in place from a GGUF mapping.
+//
+// Contract: Model::load opens the GGUF (mmap), checks general.architecture is
+// "llama" (else InvalidArgument naming it), reads and validates LlamaHparams,
+// builds the tokenizer from the file's vocab, and binds every weight tensor by
+// name with its expected shape and type:
+//   - a missing tensor is NotFound naming it;
+//   - a wrong shape is Corruption naming the tensor, expected and actual dims;
+//   - a tensor type other than F32, F16 or Q8_0 is InvalidArgument naming the
+//     tensor and its type.
+// Without output.weight the output head is tied to token_embd.weight. Matrix
+// weights are used in place from the mapping (no copy); the small norm vectors
+// are converted to F32 copies. The GgufFile stays alive as long as the Model.
+// Thread safety: a Model is immutable after load; share it (shared_ptr<const
+// Model>) between any number of sessions and threads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/env.h"
+#include "core/status.h"
+#include "gguf/gguf.h"
+#include "model/hparams.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spw {
+
+// A 2-D weight matrix as stored: n_rows rows of n_cols elements (ggml ne[0] =
+// n_cols is contiguous). `data` points into the model's mapping.
+struct WeightMatrix {
+  const uint8_t* data = nullptr;
+  gguf::GgmlType type = gguf::GgmlType::kF32;
+  int64_t n_cols = 0;     // ne[0]
+  int64_t n_rows = 0;     // ne[1]
+  size_t row_bytes = 0;   // bytes of one row
+  const std::string* name = nullptr;  // tensor name (owned by the GgufFile)
+  size_t nbytes() const { return row_bytes * static_cast<size_t>(n_rows); }
+};
+
+struct LlamaLayerWeights {
+  std::vector<float> attn_norm;  // [n_embd]
+  WeightMatrix wq;               // [n_embd rows][n_embd cols]
+  WeightMatrix wk;               // [n_embd_kv][n_embd]
+  WeightMatrix wv;               // [n_embd_kv][n_embd]
+  WeightMatrix wo;               // [n_embd][n_embd]
+  std::vector<float> ffn_norm;   // [n_embd]
+  WeightMatrix w_gate;           // ffn_gate [n_ff][n_embd]
+  WeightMatrix w_up;             // ffn_up   [n_ff][n_embd]
+  WeightMatrix w_down;           // ffn_down [n_embd][n_ff]
+};
+
+class Model {
+ public:
+  static Result<std::shared_ptr<const Model>> load(Env& env, const std::string& path);
+  static Result<std::shared_ptr<const Model>> load_from(std::unique_ptr<gguf::GgufFile> file);
+
+  const LlamaHparams& hparams() const { return hp_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const gguf::GgufFile& file() const { return *file_; }
+
+  const WeightMatrix& tok_embd() const { return tok_embd_; }  // [n_vocab rows][n_embd]
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const WeightMatrix& output() const { return output_; }      // [n_vocab][n_embd]; tied -> tok_embd
+  bool output_tied() const { return output_tied_; }
+  const LlamaLayerWeights& layer(int32_t i) const { return layers_[static_cast<size_t>(i)]; }
+
+  // Number of weight elements over all bound tensors (tied output counted once).
+  int64_t n_params() const { return n_params_; }
+  // Bytes of bound tensors by ggml type name ("F32" -> bytes).
+  const std::map<std::string, uint64_t>& bytes_by_type() const { return bytes_by_type_; }
+  // Weight bytes one decoded token streams: all layer matrices + output head
+  // (embedding lookup reads one row only). Used for bandwidth estimates.
+  uint64_t weight_bytes_per_token() const { return bytes_per_token_; }
+
+  // Compatibility fingerprint: two models with equal fingerprints produce the
+  // same tokens. Covers file size, a hash of all metadata and the tensor table,
+  // samples of every tensor's bytes (start/middle/end), the tokenizer
+  // fingerprint and the tensor types. Not a full-file hash (that would read
+  // every weight at load); documented trade-off.
+  const std::string& fingerprint() const { return fingerprint_; }
+  uint64_t fingerprint_hash() const { return fingerprint_hash_; }
+
+ private:
+  Model() = default;
+  Status bind();
+
+  std::unique_ptr<gguf::GgufFile> file_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  LlamaHparams hp_;
+  WeightMatrix tok_embd_;
+  std::vector<float> output_norm_;
+  WeightMatrix output_;
+  bool output_tied_ = false;
+  std::vector<LlamaLayerWeights> layers_;
+  int64_t n_params_ = 0;
+  std::map<std::string, uint64_t> bytes_by_type_;
+  uint64_t bytes_per_token_ = 0;
+  std::string fingerprint_;
+  uint64_t fingerprint_hash_ = 0;
+};
+
+}  // namespace spw

@@ -1,0 +1,171 @@
+// Model loading: hparams, binding, and every documented load error.
+#include "model/model.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <set>
+
+#include "engine/engine_test_util.h"
+
+namespace spw {
+namespace {
+
+using testing::model_from_bytes;
+using testing::small_spec;
+
+// Rebuilds a GGUF with edits: `skip` drops tensors, `retype` changes one.
+std::string rebuild(const gguf::GgufFile& f, const std::function<void(gguf::GgufWriter&)>& extra_meta,
+                    const std::set<std::string>& skip,
+                    const std::function<bool(const gguf::TensorInfo&, gguf::GgufWriter&)>& replace = {}) {
+  gguf::GgufWriter w(f.alignment());
+  for (const auto& [k, v] : f.metadata()) w.set(k, v);
+  if (extra_meta) extra_meta(w);
+  for (const auto& t : f.tensors()) {
+    if (skip.count(t.name)) continue;
+    if (replace && replace(t, w)) continue;
+    std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
+    EXPECT_TRUE(w.add_tensor(t.name, static_cast<gguf::GgmlType>(t.type), dims,
+                             std::string(reinterpret_cast<const char*>(t.data), t.nbytes))
+                    .ok());
+  }
+  auto bytes = w.serialize();
+  EXPECT_TRUE(bytes.ok());
+  return *bytes;
+}
+
+std::unique_ptr<gguf::GgufFile> base_file(gguf::GgmlType type = gguf::GgmlType::kF32) {
+  auto bytes = modelgen::make_random_llama(small_spec(type));
+  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
+  auto f = gguf::GgufFile::parse(make_memory_file(*bytes));
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  return std::move(*f);
+}
+
+TEST(Model, LoadsStories260K) {
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  const auto& hp = m->hparams();
+  EXPECT_EQ(hp.n_embd, 64);
+  EXPECT_EQ(hp.n_layer, 5);
+  EXPECT_EQ(hp.n_head, 8);
+  EXPECT_EQ(hp.n_head_kv, 4);
+  EXPECT_EQ(hp.n_vocab, 512);
+  EXPECT_EQ(hp.n_rot, 8);
+  EXPECT_EQ(m->tokenizer().n_vocab(), 512);
+  EXPECT_GT(m->n_params(), 200000);
+  EXPECT_LT(m->n_params(), 320000);
+  EXPECT_FALSE(m->fingerprint().empty());
+  EXPECT_NE(m->fingerprint().find("types=F32"), std::string::npos);
+}
+
+TEST(Model, BindsGeneratedModelsOfEveryType) {
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0}) {
+    auto m = testing::random_model(small_spec(type));
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->hparams().n_head_kv, 2);
+    EXPECT_EQ(m->layer(1).wk.n_rows, 32);
+    EXPECT_EQ(static_cast<uint32_t>(m->layer(0).wq.type), static_cast<uint32_t>(type));
+    EXPECT_FALSE(m->output_tied());
+    EXPECT_EQ(m->bytes_by_type().count(gguf::ggml_type_name(static_cast<uint32_t>(type))), 1u);
+  }
+}
+
+TEST(Model, TiedOutputUsesTokenEmbedding) {
+  auto spec = small_spec();
+  spec.tied_output = true;
+  auto m = testing::random_model(spec);
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(m->output_tied());
+  EXPECT_EQ(m->output().data, m->tok_embd().data);
+}
+
+TEST(Model, FingerprintDiffersBySeedAndType) {
+  auto a = testing::random_model(small_spec());
+  auto spec = small_spec();
+  spec.seed = 8;
+  auto b = testing::random_model(spec);
+  auto c = testing::random_model(small_spec(gguf::GgmlType::kF16));
+  auto a2 = testing::random_model(small_spec());
+  ASSERT_TRUE(a && b && c && a2);
+  EXPECT_NE(a->fingerprint(), b->fingerprint());
+  EXPECT_NE(a->fingerprint(), c->fingerprint());
+  EXPECT_EQ(a->fingerprint(), a2->fingerprint());
+  EXPECT_EQ(a->fingerprint_hash(), a2->fingerprint_hash());
+}
+
+TEST(Model, MissingTensorIsNotFound) {
+  auto f = base_file();
+  auto r = model_from_bytes(rebuild(*f, {}, {"blk.1.ffn_up.weight"}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("blk.1.ffn_up.weight"), std::string::npos) << r.status().to_string();
+}
+
+TEST(Model, WrongArchitectureIsInvalidArgument) {
+  auto f = base_file();
+  auto r = model_from_bytes(rebuild(*f, [](gguf::GgufWriter& w) {
+    w.set("general.architecture", gguf::Value::str("gpt2"));
+  }, {}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("gpt2"), std::string::npos);
+}
+
+TEST(Model, WrongShapeIsCorruption) {
+  auto f = base_file();
+  auto r = model_from_bytes(rebuild(*f, {}, {}, [](const gguf::TensorInfo& t, gguf::GgufWriter& w) {
+    if (t.name != "blk.0.ffn_gate.weight") return false;
+    // Same bytes, transposed shape: [n_ff, n_embd] instead of [n_embd, n_ff].
+    EXPECT_TRUE(w.add_tensor(t.name, gguf::GgmlType::kF32, {t.ne[1], t.ne[0]},
+                             std::string(reinterpret_cast<const char*>(t.data), t.nbytes)).ok());
+    return true;
+  }));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(r.status().message().find("blk.0.ffn_gate.weight"), std::string::npos);
+  EXPECT_NE(r.status().message().find("[96, 64]"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("[64, 96]"), std::string::npos) << r.status().to_string();
+}
+
+TEST(Model, UnsupportedTypeIsInvalidArgument) {
+  auto f = base_file();
+  auto r = model_from_bytes(rebuild(*f, {}, {}, [](const gguf::TensorInfo& t, gguf::GgufWriter& w) {
+    if (t.name != "blk.1.attn_v.weight") return false;
+    const uint64_t n = t.ne[0] * t.ne[1];
+    auto nb = gguf::ggml_nbytes(static_cast<uint32_t>(gguf::GgmlType::kQ4_0), n);
+    EXPECT_TRUE(nb.ok());
+    EXPECT_TRUE(w.add_tensor(t.name, gguf::GgmlType::kQ4_0, {t.ne[0], t.ne[1]}, std::string(*nb, '\0')).ok());
+    return true;
+  }));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("blk.1.attn_v.weight"), std::string::npos);
+  EXPECT_NE(r.status().message().find("Q4_0"), std::string::npos) << r.status().to_string();
+}
+
+TEST(Model, BadHparamsNameTheKey) {
+  auto f = base_file();
+  auto r = model_from_bytes(rebuild(*f, [](gguf::GgufWriter& w) {
+    w.set("llama.attention.head_count_kv", gguf::Value::u32(3));
+  }, {}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("llama.attention.head_count_kv = 3"), std::string::npos)
+      << r.status().to_string();
+
+  auto r2 = model_from_bytes(rebuild(*f, [](gguf::GgufWriter& w) {
+    w.set("llama.rope.dimension_count", gguf::Value::u32(7));
+  }, {}));
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("llama.rope.dimension_count = 7"), std::string::npos);
+}
+
+TEST(Model, MissingFileIsIOError) {
+  auto r = Model::load(Env::default_env(), "/nonexistent/model.gguf");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIOError);
+}
+
+}  // namespace
+}  // namespace spw

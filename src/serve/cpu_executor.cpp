@@ -1,0 +1,89 @@
+#include "serve/cpu_executor.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+
+namespace spw::serve {
+namespace {
+
+class SessionExecutor final : public Executor {
+ public:
+  SessionExecutor(std::unique_ptr<Session> session, std::shared_ptr<KvPool> pool, bool keep_kv)
+      : session_(std::move(session)), pool_(std::move(pool)), keep_kv_(keep_kv) {}
+
+  Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
+                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
+    GenerateOptions o;
+    o.max_tokens = job.max_tokens;
+    o.sampler = job.sampler;
+    o.stop = job.stop;
+    int32_t n = 0;
+    auto cb = [&](std::string_view text, TokenId id) {
+      if (!text.empty()) on_text(text);
+      if (id >= 0) on_token(++n);
+      return !cancel.load(std::memory_order_acquire);
+    };
+    Result<GenerateResult> r = generate(*session_, job.prompt, o, cb, &cancel);
+    if (!keep_kv_) (void)session_->truncate(0);
+    if (!r.ok()) return r.status();
+    if (r->finish_reason == "cancelled") return Status::cancelled("request cancelled");
+    ExecOutcome out;
+    out.finish = r->finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
+    out.completion_tokens = static_cast<int32_t>(r->tokens.size());
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Session> session_;
+  std::shared_ptr<KvPool> pool_;  // outlives the session's block tables
+  bool keep_kv_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Scheduler>> make_cpu_scheduler(Env& env, std::shared_ptr<const Model> model,
+                                                      const CpuServeOptions& o) {
+  if (!model) return Status::invalid_argument("serve: no model");
+  const LlamaHparams& hp = model->hparams();
+  if (o.n_workers < 1) return Status::invalid_argument("--parallel must be >= 1, got " + std::to_string(o.n_workers));
+  if (o.n_threads < 1) return Status::invalid_argument("--threads must be >= 1, got " + std::to_string(o.n_threads));
+  if (o.kv_blocks < 0) return Status::invalid_argument("--kv-blocks must be >= 0, got " + std::to_string(o.kv_blocks));
+  if (o.queue_capacity < 0) {
+    return Status::invalid_argument("--queue must be >= 0, got " + std::to_string(o.queue_capacity));
+  }
+  const int32_t n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
+  if (n_ctx < 2 || n_ctx > hp.n_ctx_train) {
+    return Status::invalid_argument("--ctx must be in [2, " + std::to_string(hp.n_ctx_train) +
+                                    "] (the model's context_length), got " + std::to_string(n_ctx));
+  }
+  KvPoolOptions po;
+  po.layer_begin = 0;
+  po.layer_end = hp.n_layer;
+  po.n_embd_kv = hp.n_embd_kv();
+  po.block_tokens = o.kv_block_tokens;
+  const int32_t per_ctx = (n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens;
+  const int32_t full = per_ctx * o.n_workers;
+  po.n_blocks = o.kv_blocks == 0 ? full : o.kv_blocks;
+  SPW_ASSIGN_OR_RETURN(std::shared_ptr<KvPool> pool, KvPool::create(po));
+  auto backend = std::make_shared<CpuBackend>(o.n_threads);
+  SPW_RETURN_IF_ERROR(backend->prepare(*model, 0, hp.n_layer, true, true));
+
+  const bool keep_kv = po.n_blocks >= full;
+  std::vector<std::unique_ptr<Executor>> executors;
+  for (int32_t w = 0; w < o.n_workers; ++w) {
+    SessionOptions so;
+    so.n_ctx = n_ctx;
+    SPW_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(model, backend, pool, so));
+    executors.push_back(std::make_unique<SessionExecutor>(std::move(s), pool, keep_kv));
+  }
+  SchedulerOptions so;
+  so.queue_capacity = o.queue_capacity;
+  so.n_ctx = n_ctx;
+  so.hooks = o.hooks;
+  // The tokenizer lives inside the model: share the model's lifetime.
+  std::shared_ptr<const Tokenizer> tok(model, &model->tokenizer());
+  return Scheduler::create(env, std::move(tok), std::move(executors), std::move(so));
+}
+
+}  // namespace spw::serve

@@ -1,0 +1,217 @@
+// Scheduler: a bounded request queue in front of N engine workers.
+//
+// Contract: submit() tokenizes the prompt on the caller's thread, applies the
+// per-request limits and either enqueues the request or rejects it:
+//   - empty prompt, invalid sampler parameters, max_tokens <= 0, or a prompt
+//     that leaves no room in the context (prompt tokens >= n_ctx):
+//     InvalidArgument naming the field and the limit;
+//   - the queue already holds queue_capacity waiting requests: ResourceExhausted;
+//   - shutdown() has begun: Unavailable.
+// max_tokens is clamped to the room left in the context (n_ctx - prompt
+// tokens); the AppliedLimits of the Ticket say whether it was. A request moves
+// through queued -> running -> done | cancelled | failed (queued -> cancelled
+// when cancelled before a worker takes it). Its Ticket receives, in order, a
+// kText event for each piece of text that is safe to show (stop strings are
+// never emitted) and exactly one kFinished event; then the event channel is
+// closed. cancel() works in every state: a queued request finishes at once, a
+// running one at its next token boundary; cancelling a finished one is a no-op.
+// shutdown(grace) stops accepting (Unavailable), lets queued and running
+// requests finish for up to `grace`, then cancels whatever is left (queued ones
+// at once, running ones at their next token boundary) and joins the workers;
+// the destructor does shutdown(0).
+// Times (queue wait, run time) come from the Env's monotonic clock.
+// Thread safety: all public methods may be called from any thread. Each worker
+// owns one Executor and uses it from its own thread only.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/env.h"
+#include "core/status.h"
+#include "engine/sampler.h"
+#include "serve/channel.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spw::serve {
+
+enum class RequestState { kQueued, kRunning, kDone, kCancelled, kFailed };
+std::string_view request_state_name(RequestState s);
+inline bool is_terminal(RequestState s) {
+  return s == RequestState::kDone || s == RequestState::kCancelled || s == RequestState::kFailed;
+}
+
+// Why a finished (kDone) generation ended: kStop = end-of-generation token or a
+// stop string; kLength = max_tokens or the end of the context.
+enum class FinishReason { kNone, kStop, kLength };
+std::string_view finish_reason_name(FinishReason r);  // "stop", "length", ""
+
+// What a client asks for, in engine terms (the HTTP layer fills it in).
+struct GenerationRequest {
+  std::string prompt;  // final prompt text (chat template already applied)
+  bool add_bos = true;
+  bool parse_special = true;  // recognise control-token texts such as "<|im_start|>"
+  SamplerParams sampler;
+  std::optional<int32_t> max_tokens;  // nullopt: up to the end of the context
+  std::vector<std::string> stop;
+};
+
+// The limits submit() applied to one request (reported to the client).
+struct AppliedLimits {
+  int32_t n_ctx = 0;
+  int32_t prompt_tokens = 0;
+  int32_t max_tokens = 0;  // effective completion-token limit
+  std::optional<int32_t> max_tokens_requested;
+  bool max_tokens_clamped = false;  // requested more than the context leaves
+};
+
+struct RequestEvent {
+  enum class Kind { kText, kFinished };
+  Kind kind = Kind::kText;
+  std::string text;                            // kText
+  RequestState state = RequestState::kRunning;  // kFinished: kDone, kCancelled or kFailed
+  FinishReason finish = FinishReason::kNone;   // kFinished with kDone
+  Status status;                               // kFinished with kCancelled/kFailed: why
+  int32_t completion_tokens = 0;               // kFinished
+};
+
+// What a worker runs: tokens in, text out through `on_text`.
+struct ExecJob {
+  std::vector<TokenId> prompt;
+  SamplerParams sampler;
+  int32_t max_tokens = 0;
+  std::vector<std::string> stop;
+};
+
+struct ExecOutcome {
+  FinishReason finish = FinishReason::kStop;
+  int32_t completion_tokens = 0;
+};
+
+// One worker's engine. run() generates for `job`, calling on_text with text
+// that is safe to show and `on_token` after every sampled token (n = tokens so
+// far); it polls `cancel` at token boundaries and returns Cancelled once set.
+// Other errors (KV pool exhausted, backend failure) are returned as Status.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
+                                  const std::function<void(int32_t)>& on_token,
+                                  const std::atomic<bool>& cancel) = 0;
+};
+
+// Instrumentation seams, called on worker threads; tests use them to hold a
+// worker (queue-full, shutdown) or to slow generation (disconnect handling).
+struct SchedulerHooks {
+  std::function<void(uint64_t request_id)> before_run;
+  std::function<void(uint64_t request_id, int32_t n_generated)> after_token;
+};
+
+struct SchedulerOptions {
+  int32_t queue_capacity = 64;  // waiting requests (running ones not counted)
+  int32_t n_ctx = 0;            // context positions per request; must be > 0
+  SchedulerHooks hooks;
+};
+
+struct SchedulerStats {
+  int32_t queue_depth = 0;
+  int32_t queue_capacity = 0;
+  int32_t running = 0;
+  int32_t n_workers = 0;
+  uint64_t submitted = 0;  // accepted into the queue
+  uint64_t rejected = 0;   // queue full or shutting down
+  uint64_t done = 0;
+  uint64_t cancelled = 0;
+  uint64_t failed = 0;
+};
+
+class Scheduler;
+
+// The submitter's view of one request. Shared between the scheduler and the
+// submitter; the event stream is single-consumer.
+class Ticket {
+ public:
+  uint64_t id() const { return id_; }
+  const AppliedLimits& limits() const { return limits_; }
+  uint64_t seed() const { return job_.sampler.seed; }
+  RequestState state() const { return state_.load(std::memory_order_acquire); }
+  // Nanoseconds spent queued / running so far (or in total, once finished).
+  int64_t queue_ns() const;
+  int64_t run_ns() const;
+
+  PopResult next_event(RequestEvent& ev, std::chrono::milliseconds timeout) {
+    return events_.pop_for(ev, timeout);
+  }
+
+ private:
+  friend class Scheduler;
+  Ticket(Env& env, uint64_t id, ExecJob job, AppliedLimits limits);
+
+  Env& env_;
+  const uint64_t id_;
+  const ExecJob job_;
+  const AppliedLimits limits_;
+  std::atomic<RequestState> state_{RequestState::kQueued};
+  std::atomic<bool> cancel_{false};
+  const int64_t submitted_ns_;
+  std::atomic<int64_t> started_ns_{0};
+  std::atomic<int64_t> finished_ns_{0};
+  Channel<RequestEvent> events_;
+};
+
+class Scheduler {
+ public:
+  // One worker per executor (at least one). InvalidArgument for bad options.
+  static Result<std::unique_ptr<Scheduler>> create(Env& env, std::shared_ptr<const Tokenizer> tokenizer,
+                                                   std::vector<std::unique_ptr<Executor>> executors,
+                                                   SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  Result<std::shared_ptr<Ticket>> submit(const GenerationRequest& request);
+  // Returns false when no live request has this id (unknown or already finished).
+  bool cancel(uint64_t request_id);
+  void shutdown(std::chrono::milliseconds grace);
+
+  SchedulerStats stats() const;
+  int32_t n_ctx() const { return options_.n_ctx; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  Scheduler(Env& env, std::shared_ptr<const Tokenizer> tokenizer, SchedulerOptions options);
+  void worker_loop(Executor* executor);
+  void run_one(Executor* executor, const std::shared_ptr<Ticket>& t);
+  // Moves `t` to a terminal state, counts it and closes its stream. mu_ held.
+  void finish_locked(Ticket& t, RequestEvent ev);
+
+  Env& env_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  const SchedulerOptions options_;
+  std::vector<std::unique_ptr<Executor>> executors_;
+  std::vector<std::thread> workers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;   // queue non-empty or stopping
+  std::condition_variable idle_cv_;   // a running request finished
+  std::deque<std::shared_ptr<Ticket>> queue_;
+  std::unordered_map<uint64_t, std::shared_ptr<Ticket>> running_;
+  bool stopping_ = false;
+  bool joined_ = false;
+  uint64_t next_id_ = 1;
+  SchedulerStats stats_;
+};
+
+}  // namespace spw::serve

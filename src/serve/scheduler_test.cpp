@@ -1,0 +1,364 @@
+#include "serve/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/env.h"
+#include "model/model.h"
+#include "serve/cpu_executor.h"
+
+namespace spw::serve {
+namespace {
+
+const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+
+std::shared_ptr<const Model> stories() {
+  static std::shared_ptr<const Model> m = [] {
+    auto r = Model::load(Env::default_env(), kStories);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? *r : nullptr;
+  }();
+  return m;
+}
+
+GenerationRequest greedy(std::string prompt, int32_t max_tokens) {
+  GenerationRequest g;
+  g.prompt = std::move(prompt);
+  g.sampler.temperature = 0;
+  g.max_tokens = max_tokens;
+  return g;
+}
+
+struct Collected {
+  std::string text;
+  RequestEvent fin;
+  int n_finished = 0;
+};
+
+// Drains a ticket's events until its stream closes (bounded: 30 s).
+Collected collect(Ticket& t) {
+  Collected c;
+  for (int spins = 0; spins < 300; ++spins) {
+    RequestEvent ev;
+    PopResult r = t.next_event(ev, std::chrono::milliseconds(100));
+    if (r == PopResult::kClosed) return c;
+    if (r == PopResult::kTimeout) continue;
+    if (ev.kind == RequestEvent::Kind::kText) {
+      EXPECT_EQ(c.n_finished, 0) << "text after the finished event";
+      c.text += ev.text;
+    } else {
+      ++c.n_finished;
+      c.fin = ev;
+    }
+  }
+  ADD_FAILURE() << "request " << t.id() << " did not finish";
+  return c;
+}
+
+// A gate that holds workers in before_run until opened.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  int waiting = 0;
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    ++waiting;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  void wait_for_waiters(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return waiting >= n; }));
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+std::unique_ptr<Scheduler> make(CpuServeOptions o) {
+  auto model = stories();
+  if (!model) return nullptr;
+  auto s = make_cpu_scheduler(Env::default_env(), model, o);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+TEST(Scheduler, GreedyCompletionTellsAboutLily) {
+  auto s = make({});
+  ASSERT_NE(s, nullptr);
+  auto t = s->submit(greedy("Once upon a time", 60));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ((*t)->limits().n_ctx, stories()->hparams().n_ctx_train);
+  EXPECT_EQ((*t)->limits().max_tokens, 60);
+  EXPECT_FALSE((*t)->limits().max_tokens_clamped);
+  EXPECT_GT((*t)->limits().prompt_tokens, 1);
+  Collected c = collect(**t);
+  EXPECT_EQ(c.n_finished, 1);
+  EXPECT_EQ(c.fin.state, RequestState::kDone);
+  EXPECT_EQ((*t)->state(), RequestState::kDone);
+  EXPECT_NE(c.text.find("Lily"), std::string::npos) << c.text;
+  EXPECT_GT(c.fin.completion_tokens, 0);
+  EXPECT_LE(c.fin.completion_tokens, 60);
+  EXPECT_TRUE(c.fin.finish == FinishReason::kLength || c.fin.finish == FinishReason::kStop);
+  EXPECT_GE((*t)->run_ns(), 0);
+  SchedulerStats st = s->stats();
+  EXPECT_EQ(st.done, 1u);
+  EXPECT_EQ(st.queue_depth, 0);
+  EXPECT_EQ(st.running, 0);
+
+  // Same request again (this worker reuses the prompt's KV): identical text.
+  auto t2 = s->submit(greedy("Once upon a time", 60));
+  ASSERT_TRUE(t2.ok());
+  EXPECT_EQ(collect(**t2).text, c.text);
+}
+
+TEST(Scheduler, StopStringEndsWithStopAndIsNotEmitted) {
+  auto s = make({});
+  ASSERT_NE(s, nullptr);
+  auto base = s->submit(greedy("Once upon a time", 60));
+  ASSERT_TRUE(base.ok());
+  const std::string full = collect(**base).text;
+  const size_t at = full.find("Lily");
+  ASSERT_NE(at, std::string::npos);
+  GenerationRequest g = greedy("Once upon a time", 60);
+  g.stop = {"Lily"};
+  auto t = s->submit(g);
+  ASSERT_TRUE(t.ok());
+  Collected c = collect(**t);
+  EXPECT_EQ(c.fin.finish, FinishReason::kStop);
+  EXPECT_EQ(c.text, full.substr(0, at));
+}
+
+TEST(Scheduler, ClampsMaxTokensAndRejectsPromptsThatDoNotFit) {
+  CpuServeOptions o;
+  o.n_ctx = 24;
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto t = s->submit(greedy("Once upon a time", 1000));
+  ASSERT_TRUE(t.ok());
+  const AppliedLimits& l = (*t)->limits();
+  EXPECT_EQ(l.n_ctx, 24);
+  EXPECT_TRUE(l.max_tokens_clamped);
+  EXPECT_EQ(l.max_tokens_requested, 1000);
+  EXPECT_EQ(l.max_tokens, 24 - l.prompt_tokens);
+  Collected c = collect(**t);
+  EXPECT_EQ(c.fin.state, RequestState::kDone);
+  EXPECT_LE(c.fin.completion_tokens, l.max_tokens);
+
+  std::string long_prompt;
+  for (int i = 0; i < 20; ++i) long_prompt += "Once upon a time ";
+  auto bad = s->submit(greedy(long_prompt, 4));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("context of 24 tokens"), std::string::npos) << bad.status().message();
+
+  EXPECT_EQ(s->submit(greedy("", 4)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->submit(greedy("x", 0)).status().code(), StatusCode::kInvalidArgument);
+  GenerationRequest nan = greedy("x", 4);
+  nan.sampler.temperature = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(s->submit(nan).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->stats().submitted, 1u);
+}
+
+TEST(Scheduler, FullQueueRejectsWithResourceExhausted) {
+  Gate gate;
+  CpuServeOptions o;
+  o.queue_capacity = 1;
+  o.hooks.before_run = [&](uint64_t) { gate.wait(); };
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto a = s->submit(greedy("Once upon a time", 8));
+  ASSERT_TRUE(a.ok());
+  gate.wait_for_waiters(1);  // a is running (held)
+  EXPECT_EQ((*a)->state(), RequestState::kRunning);
+  auto b = s->submit(greedy("Once upon a time", 8));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->state(), RequestState::kQueued);
+  auto c = s->submit(greedy("Once upon a time", 8));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("capacity 1"), std::string::npos);
+  SchedulerStats st = s->stats();
+  EXPECT_EQ(st.queue_depth, 1);
+  EXPECT_EQ(st.running, 1);
+  EXPECT_EQ(st.rejected, 1u);
+  gate.release();
+  EXPECT_EQ(collect(**a).fin.state, RequestState::kDone);
+  EXPECT_EQ(collect(**b).fin.state, RequestState::kDone);
+  EXPECT_EQ(s->stats().done, 2u);
+}
+
+TEST(Scheduler, CancelQueuedFinishesAtOnce) {
+  Gate gate;
+  CpuServeOptions o;
+  o.hooks.before_run = [&](uint64_t) { gate.wait(); };
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto a = s->submit(greedy("Once upon a time", 8));
+  ASSERT_TRUE(a.ok());
+  gate.wait_for_waiters(1);
+  auto b = s->submit(greedy("Once upon a time", 8));
+  ASSERT_TRUE(b.ok());
+  EXPECT_TRUE(s->cancel((*b)->id()));
+  EXPECT_EQ((*b)->state(), RequestState::kCancelled);
+  Collected cb = collect(**b);  // already closed: does not wait for the worker
+  EXPECT_EQ(cb.n_finished, 1);
+  EXPECT_EQ(cb.fin.state, RequestState::kCancelled);
+  EXPECT_EQ(cb.fin.status.code(), StatusCode::kCancelled);
+  EXPECT_TRUE(cb.text.empty());
+  EXPECT_FALSE(s->cancel((*b)->id()));  // no longer live
+  EXPECT_EQ(s->stats().queue_depth, 0);
+  gate.release();
+  EXPECT_EQ(collect(**a).fin.state, RequestState::kDone);
+  EXPECT_FALSE(s->cancel((*a)->id()));
+  EXPECT_FALSE(s->cancel(12345));
+}
+
+TEST(Scheduler, CancelRunningStopsAtTokenBoundaryAndFreesTheWorker) {
+  std::mutex mu;
+  Scheduler* sp = nullptr;
+  CpuServeOptions o;
+  // Cancel request 1 from inside its own run, after its 5th token.
+  o.hooks.after_token = [&](uint64_t id, int32_t n) {
+    if (id == 1 && n == 5) {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(sp->cancel(id));
+    }
+  };
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sp = s.get();
+  }
+  auto a = s->submit(greedy("Once upon a time", 200));
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ((*a)->id(), 1u);
+  Collected ca = collect(**a);
+  EXPECT_EQ(ca.fin.state, RequestState::kCancelled);
+  EXPECT_EQ(ca.fin.completion_tokens, 5);
+  EXPECT_FALSE(ca.text.empty());
+  // The worker is free again and the session still produces the same story.
+  auto b = s->submit(greedy("Once upon a time", 60));
+  ASSERT_TRUE(b.ok());
+  Collected cb = collect(**b);
+  EXPECT_EQ(cb.fin.state, RequestState::kDone);
+  EXPECT_EQ(cb.text.substr(0, ca.text.size()), ca.text);
+  SchedulerStats st = s->stats();
+  EXPECT_EQ(st.cancelled, 1u);
+  EXPECT_EQ(st.done, 1u);
+}
+
+TEST(Scheduler, ShutdownCancelsQueuedAndRefusesNewWork) {
+  Gate gate;
+  CpuServeOptions o;
+  o.hooks.before_run = [&](uint64_t) { gate.wait(); };
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto a = s->submit(greedy("Once upon a time", 8));
+  ASSERT_TRUE(a.ok());
+  gate.wait_for_waiters(1);
+  auto b = s->submit(greedy("Once upon a time", 8));
+  ASSERT_TRUE(b.ok());
+  std::thread stopper([&] { s->shutdown(std::chrono::milliseconds(0)); });
+  // b is cancelled by the shutdown even while the worker is still held.
+  Collected cb = collect(**b);
+  EXPECT_EQ(cb.fin.state, RequestState::kCancelled);
+  auto c = s->submit(greedy("Once upon a time", 8));
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  gate.release();
+  stopper.join();
+  // a was running past the 0 ms grace: cancelled at its first boundary.
+  EXPECT_EQ(collect(**a).fin.state, RequestState::kCancelled);
+}
+
+TEST(Scheduler, ShutdownWithGraceDrainsQueuedAndRunning) {
+  auto s = make({});
+  ASSERT_NE(s, nullptr);
+  auto a = s->submit(greedy("Once upon a time", 40));
+  auto b = s->submit(greedy("Once upon a time", 40));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(b.ok());
+  s->shutdown(std::chrono::seconds(30));  // drains both: one runs, one waits
+  Collected ca = collect(**a);
+  EXPECT_EQ(ca.fin.state, RequestState::kDone);
+  EXPECT_NE(ca.text.find("Lily"), std::string::npos);
+  EXPECT_EQ(collect(**b).fin.state, RequestState::kDone);
+  EXPECT_EQ(s->submit(greedy("Once upon a time", 4)).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(Scheduler, ManyClientsOnTwoWorkersGetTheSameGreedyText) {
+  CpuServeOptions o;
+  o.n_workers = 2;
+  o.queue_capacity = 64;
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto ref = s->submit(greedy("Once upon a time", 30));
+  ASSERT_TRUE(ref.ok());
+  const std::string expected = collect(**ref).text;
+  ASSERT_FALSE(expected.empty());
+  constexpr int kThreads = 4, kPerThread = 3;
+  std::vector<std::thread> clients;
+  std::mutex mu;
+  std::vector<std::string> texts;
+  for (int i = 0; i < kThreads; ++i) {
+    clients.emplace_back([&] {
+      for (int k = 0; k < kPerThread; ++k) {
+        auto t = s->submit(greedy("Once upon a time", 30));
+        ASSERT_TRUE(t.ok()) << t.status().to_string();
+        Collected c = collect(**t);
+        std::lock_guard<std::mutex> lock(mu);
+        texts.push_back(c.text);
+        (void)s->stats();
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  ASSERT_EQ(texts.size(), static_cast<size_t>(kThreads * kPerThread));
+  for (const auto& t : texts) EXPECT_EQ(t, expected);
+  EXPECT_EQ(s->stats().done, static_cast<uint64_t>(kThreads * kPerThread + 1));
+}
+
+TEST(Scheduler, SmallKvPoolFailsRequestsCleanly) {
+  CpuServeOptions o;
+  o.kv_blocks = 1;  // 16 positions for everyone
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto t = s->submit(greedy("Once upon a time", 100));
+  ASSERT_TRUE(t.ok());
+  Collected c = collect(**t);
+  EXPECT_EQ(c.fin.state, RequestState::kFailed);
+  EXPECT_EQ(c.fin.status.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s->stats().failed, 1u);
+  // The pool was returned: a short request still fits.
+  auto ok = s->submit(greedy("Once upon a time", 3));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(collect(**ok).fin.state, RequestState::kDone);
+}
+
+TEST(Scheduler, RejectsBadOptions) {
+  auto model = stories();
+  ASSERT_NE(model, nullptr);
+  CpuServeOptions o;
+  o.n_ctx = 100000;
+  auto r = make_cpu_scheduler(Env::default_env(), model, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--ctx"), std::string::npos);
+  o = {};
+  o.n_workers = 0;
+  EXPECT_EQ(make_cpu_scheduler(Env::default_env(), model, o).status().code(), StatusCode::kInvalidArgument);
+  o = {};
+  o.queue_capacity = -1;
+  EXPECT_EQ(make_cpu_scheduler(Env::default_env(), model, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace spw::serve

@@ -1,0 +1,300 @@
+// Chat template detection and rendering (see chat_template.h).
+#include "tokenizer/chat_template.h"
+
+#include <array>
+
+namespace spw {
+namespace {
+
+struct KindName {
+  ChatTemplateKind kind;
+  std::string_view name;
+};
+
+// Canonical names first; aliases after (chat_template_name returns the first).
+constexpr std::array<KindName, 11> kNames = {{
+    {ChatTemplateKind::kChatML, "chatml"},
+    {ChatTemplateKind::kLlama2, "llama2"},
+    {ChatTemplateKind::kLlama3, "llama3"},
+    {ChatTemplateKind::kZephyr, "zephyr"},
+    {ChatTemplateKind::kMistral, "mistral"},
+    {ChatTemplateKind::kMistralV3, "mistral-v3"},
+    {ChatTemplateKind::kMistralLegacy, "mistral-legacy"},
+    {ChatTemplateKind::kGemma, "gemma"},
+    {ChatTemplateKind::kMistral, "mistral-v1"},
+    {ChatTemplateKind::kLlama2, "llama2-sys"},
+    {ChatTemplateKind::kGemma, "gemma3"},
+}};
+
+std::string valid_names() {
+  std::string s;
+  for (const auto& kn : kNames) {
+    if (!s.empty()) s += ", ";
+    s += kn.name;
+  }
+  return s;
+}
+
+bool contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != std::string_view::npos; }
+
+// Python str.strip() / Jinja trim for the ASCII whitespace these templates meet.
+std::string_view trim(std::string_view s) {
+  constexpr std::string_view kWs = " \t\n\r\v\f";
+  size_t b = s.find_first_not_of(kWs);
+  if (b == std::string_view::npos) return {};
+  size_t e = s.find_last_not_of(kWs);
+  return s.substr(b, e - b + 1);
+}
+
+Status unsupported_template(std::string_view family) {
+  return Status::not_found("chat template looks like " + std::string(family) +
+                           ", which is not supported; pass --chat-template NAME with one of: " + valid_names());
+}
+
+Status check_roles(const std::vector<ChatMessage>& messages, bool system_only_first, std::string_view family) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& r = messages[i].role;
+    if (r != "system" && r != "user" && r != "assistant") {
+      return Status::invalid_argument("chat message " + std::to_string(i) + " has unknown role '" + r +
+                                      "' (expected system, user or assistant)");
+    }
+    if (system_only_first && r == "system" && i != 0) {
+      return Status::invalid_argument("chat message " + std::to_string(i) + ": the " + std::string(family) +
+                                      " template only accepts a system message as the first message");
+    }
+  }
+  return Status::ok_status();
+}
+
+std::string default_bos(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kLlama3:
+      return "<|begin_of_text|>";
+    case ChatTemplateKind::kGemma:
+      return "<bos>";
+    case ChatTemplateKind::kChatML:
+    case ChatTemplateKind::kZephyr:
+      return "";
+    default:
+      return "<s>";
+  }
+}
+
+std::string default_eos(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kLlama3:
+      return "<|eot_id|>";
+    case ChatTemplateKind::kGemma:
+      return "<eos>";
+    case ChatTemplateKind::kChatML:
+      return "<|im_end|>";
+    default:
+      return "</s>";
+  }
+}
+
+}  // namespace
+
+std::string_view chat_template_name(ChatTemplateKind kind) {
+  for (const auto& kn : kNames) {
+    if (kn.kind == kind) return kn.name;
+  }
+  return "unknown";
+}
+
+Result<ChatTemplateKind> chat_template_from_name(std::string_view name) {
+  for (const auto& kn : kNames) {
+    if (kn.name == name) return kn.kind;
+  }
+  return Status::invalid_argument("unknown chat template name '" + std::string(name) + "'; valid names: " +
+                                  valid_names());
+}
+
+// Markers and order follow llama.cpp's llm_chat_detect_template, restricted to
+// the families rendered here; near relatives that would render differently
+// (Phi-3/4, Mistral v7 / tekken, GLM, Falcon-3 style) are NotFound rather than
+// guessed.
+Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
+  if (auto by_name = chat_template_from_name(t); by_name.ok()) return by_name.value();
+  if (t.empty()) {
+    return Status::not_found("the model has no chat template (tokenizer.chat_template); pass --chat-template NAME "
+                             "with one of: " + valid_names());
+  }
+  if (contains(t, "<|im_start|>")) {
+    if (contains(t, "<|im_sep|>")) return unsupported_template("Phi-4 (ChatML with <|im_sep|>)");
+    return ChatTemplateKind::kChatML;
+  }
+  if (t.substr(0, 7) == "mistral" || contains(t, "[INST]")) {
+    if (contains(t, "[SYSTEM_PROMPT]")) return unsupported_template("Mistral v7");
+    if (contains(t, "' [INST] ' + system_message") || contains(t, "[AVAILABLE_TOOLS]")) {
+      if (contains(t, " [INST]")) return ChatTemplateKind::kMistral;  // official "v1"
+      if (contains(t, "\"[INST]\"")) return unsupported_template("Mistral v3-tekken");
+      return ChatTemplateKind::kMistralV3;
+    }
+    // The Llama-2 family marks the system prompt with <<SYS>>; the [INST]
+    // templates without it are Mistral's original (pre-"v1") one.
+    if (contains(t, "<<SYS>>")) return ChatTemplateKind::kLlama2;
+    return ChatTemplateKind::kMistralLegacy;
+  }
+  if (contains(t, "<|assistant|>") && contains(t, "<|end|>")) return unsupported_template("Phi-3");
+  if (contains(t, "[gMASK]")) return unsupported_template("ChatGLM");
+  if (contains(t, "<|user|>")) {
+    // Zephyr (HuggingFaceH4/zephyr, TinyLlama-Chat, StableLM-Zephyr) closes each
+    // turn with eos_token ("</s>" or "<|endoftext|>"); without that it is
+    // GLM-Edge/Falcon-3 style, which differs.
+    if (contains(t, "eos_token") || contains(t, "</s>") || contains(t, "<|endoftext|>")) {
+      return ChatTemplateKind::kZephyr;
+    }
+    return unsupported_template("a <|user|> template without end-of-turn tokens (GLM-Edge/Falcon-3)");
+  }
+  if (contains(t, "<start_of_turn>")) return ChatTemplateKind::kGemma;
+  if (contains(t, "<|start_header_id|>") && contains(t, "<|end_header_id|>")) return ChatTemplateKind::kLlama3;
+  return Status::not_found("chat template not recognised (none of the ChatML, Llama-2, Llama-3, Zephyr, Mistral or "
+                           "Gemma markers found); pass --chat-template NAME with one of: " + valid_names());
+}
+
+Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt) {
+  return apply_chat_template(kind, messages, add_generation_prompt, ChatSpecialTexts{});
+}
+
+Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt, const ChatSpecialTexts& special) {
+  const std::string bos = special.bos ? *special.bos : default_bos(kind);
+  const std::string eos = special.eos ? *special.eos : default_eos(kind);
+  std::string out;
+
+  // Families that take the system prompt out of messages[0] and render the rest.
+  const bool leading_system = !messages.empty() && messages[0].role == "system";
+  const std::string_view system = leading_system ? std::string_view(messages[0].content) : std::string_view();
+  const size_t first = leading_system ? 1 : 0;
+
+  switch (kind) {
+    case ChatTemplateKind::kChatML: {
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, "chatml"));
+      for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      return out;
+    }
+    case ChatTemplateKind::kLlama3: {
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, "llama3"));
+      out += bos;
+      for (const auto& m : messages) {
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+        out += trim(m.content);
+        out += "<|eot_id|>";
+      }
+      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      return out;
+    }
+    case ChatTemplateKind::kZephyr: {
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, "zephyr"));
+      for (const auto& m : messages) out += "<|" + m.role + "|>\n" + m.content + eos + "\n";
+      // The reference emits the opener inside the loop (loop.last), so an
+      // empty conversation gets nothing.
+      if (add_generation_prompt && !messages.empty()) out += "<|assistant|>\n";
+      return out;
+    }
+    case ChatTemplateKind::kLlama2: {
+      // meta-llama/Llama-2-*-chat: system folded into the first turn inside
+      // <<SYS>>; user/assistant stripped; BOS before every [INST]. The
+      // reference has no generation prompt ("[/INST]" already opens it).
+      SPW_RETURN_IF_ERROR(check_roles(messages, true, "llama2"));
+      for (size_t i = first; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        std::string content = m.content;
+        if (i == first && leading_system) {
+          content = "<<SYS>>\n" + std::string(system) + "\n<</SYS>>\n\n" + m.content;
+        }
+        if (m.role == "user") {
+          out += bos + "[INST] ";
+          out += trim(content);
+          out += " [/INST]";
+        } else {
+          out += " ";
+          out += trim(content);
+          out += " " + eos;
+        }
+      }
+      return out;
+    }
+    case ChatTemplateKind::kMistral: {
+      // Mistral's official "v1" template (Mistral-7B-Instruct v0.1/v0.2 today):
+      // system prepended to the first user turn.
+      SPW_RETURN_IF_ERROR(check_roles(messages, true, "mistral"));
+      out += bos;
+      for (size_t i = first; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        if (m.role == "user") {
+          if (i == first && leading_system) {
+            out += " [INST] " + std::string(system) + "\n\n" + m.content + " [/INST]";
+          } else {
+            out += " [INST] " + m.content + " [/INST]";
+          }
+        } else {
+          out += " " + m.content + eos;
+        }
+      }
+      return out;
+    }
+    case ChatTemplateKind::kMistralV3: {
+      // Mistral "v3" (Mistral-7B-Instruct-v0.3): system prepended to the LAST
+      // message when it is a user turn (dropped otherwise, as the reference
+      // does); assistant content trimmed.
+      SPW_RETURN_IF_ERROR(check_roles(messages, true, "mistral-v3"));
+      out += bos;
+      for (size_t i = first; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        if (m.role == "user") {
+          if (i + 1 == messages.size() && leading_system) {
+            out += "[INST] " + std::string(system) + "\n\n" + m.content + "[/INST]";
+          } else {
+            out += "[INST] " + m.content + "[/INST]";
+          }
+        } else {
+          out += " ";
+          out += trim(m.content);
+          out += eos;
+        }
+      }
+      return out;
+    }
+    case ChatTemplateKind::kMistralLegacy: {
+      // The original Mistral-7B-Instruct template. It rejects a system
+      // message; we fold it into the first user turn as "v1" does.
+      SPW_RETURN_IF_ERROR(check_roles(messages, true, "mistral-legacy"));
+      out += bos;
+      for (size_t i = first; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        if (m.role == "user") {
+          std::string content = (i == first && leading_system) ? std::string(system) + "\n\n" + m.content : m.content;
+          out += "[INST] " + content + " [/INST]";
+        } else {
+          out += m.content + eos;
+        }
+      }
+      return out;
+    }
+    case ChatTemplateKind::kGemma: {
+      // Gemma: assistant is "model"; content trimmed. Gemma 1/2 reject a system
+      // message; Gemma 3's template folds it (untrimmed, plus "\n\n") into the
+      // first turn, which is what we do.
+      SPW_RETURN_IF_ERROR(check_roles(messages, true, "gemma"));
+      out += bos;
+      for (size_t i = first; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        out += "<start_of_turn>";
+        out += m.role == "assistant" ? "model" : m.role;
+        out += "\n";
+        if (i == first && leading_system) out += std::string(system) + "\n\n";
+        out += trim(m.content);
+        out += "<end_of_turn>\n";
+      }
+      if (add_generation_prompt) out += "<start_of_turn>model\n";
+      return out;
+    }
+  }
+  return Status::invalid_argument("unknown chat template kind");
+}
+
+}  // namespace spw

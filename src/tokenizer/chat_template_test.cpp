@@ -1,0 +1,232 @@
+#include "tokenizer/chat_template.h"
+
+#include <gtest/gtest.h>
+
+namespace spw {
+namespace {
+
+// Template texts as they appear in the models' tokenizer_config.json
+// (chat_template), with JSON escapes undone.
+const char* kChatMLTemplate =  // teknium/OpenHermes-2.5-Mistral-7B
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const char* kLlama2Template =  // meta-llama/Llama-2-7b-chat-hf
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif "
+    "%}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
+    "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] "
+    "== 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+
+const char* kLlama3Template =  // meta-llama/Meta-Llama-3-8B-Instruct
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+    "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+const char* kZephyrTemplate =  // HuggingFaceH4/zephyr-7b-beta, TinyLlama/TinyLlama-1.1B-Chat-v1.0
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% "
+    "elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif "
+    "%}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+
+const char* kMistralV1Template =  // mistralai/Mistral-7B-Instruct-v0.2 (current "v1")
+    "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n    {%- set "
+    "loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n\n{{- "
+    "bos_token }}\n{%- for message in loop_messages %}\n    {%- if (message['role'] == 'user') != (loop.index0 % 2 == "
+    "0) %}\n        {{- raise_exception('After the optional system message, conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}\n    {%- endif %}\n    {%- if message['role'] == 'user' %}\n        {%- if "
+    "loop.first and system_message is defined %}\n            {{- ' [INST] ' + system_message + '\\n\\n' + "
+    "message['content'] + ' [/INST]' }}\n        {%- else %}\n            {{- ' [INST] ' + message['content'] + ' "
+    "[/INST]' }}\n        {%- endif %}\n    {%- elif message['role'] == 'assistant' %}\n        {{- ' ' + "
+    "message['content'] + eos_token}}\n    {%- else %}\n        {{- raise_exception('Only user and assistant roles are "
+    "supported, with the exception of an initial optional system message!') }}\n    {%- endif %}\n{%- endfor %}\n";
+
+const char* kMistralV3Template =  // mistralai/Mistral-7B-Instruct-v0.3 (abridged: tool branches kept by marker)
+    "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = messages[0][\"content\"] %}\n    "
+    "{%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif "
+    "%}\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n        "
+    "{%- if tools is not none and (message == user_messages[-1]) %}\n            {{- \"[AVAILABLE_TOOLS] [\" }}\n     "
+    "       {{- \"[/AVAILABLE_TOOLS]\" }}\n        {%- endif %}\n        {%- if loop.last and system_message is "
+    "defined %}\n            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n "
+    "       {%- else %}\n            {{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n  "
+    "  {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"]|trim + eos_token}}\n  "
+    "  {%- endif %}\n{%- endfor %}\n";
+
+const char* kMistralLegacyTemplate =  // mistralai/Mistral-7B-Instruct-v0.2 (original)
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+    "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are "
+    "supported!') }}{% endif %}{% endfor %}";
+
+const char* kGemmaTemplate =  // google/gemma-7b-it
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif "
+    "%}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "(message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif "
+    "%}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if "
+    "add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+
+const char* kPhi3Template =  // microsoft/Phi-3-mini-4k-instruct
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + "
+    "message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif (message['role'] == 'assistant') "
+    "%}{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}";
+
+std::vector<ChatMessage> conversation() {
+  return {
+      {"system", "You are a helpful assistant"},
+      {"user", "Hello"},
+      {"assistant", "  Hi there  "},
+      {"user", "Who are you"},
+  };
+}
+
+std::string render(ChatTemplateKind k, bool gen, std::vector<ChatMessage> msgs = conversation()) {
+  auto r = apply_chat_template(k, msgs, gen);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? r.value() : std::string();
+}
+
+ChatTemplateKind detect(const char* t) {
+  auto r = detect_chat_template(t);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? r.value() : ChatTemplateKind::kChatML;
+}
+
+TEST(ChatTemplateTest, DetectsEachFamilyFromItsRealTemplate) {
+  EXPECT_EQ(detect(kChatMLTemplate), ChatTemplateKind::kChatML);
+  EXPECT_EQ(detect(kLlama2Template), ChatTemplateKind::kLlama2);
+  EXPECT_EQ(detect(kLlama3Template), ChatTemplateKind::kLlama3);
+  EXPECT_EQ(detect(kZephyrTemplate), ChatTemplateKind::kZephyr);
+  EXPECT_EQ(detect(kMistralV1Template), ChatTemplateKind::kMistral);
+  EXPECT_EQ(detect(kMistralV3Template), ChatTemplateKind::kMistralV3);
+  EXPECT_EQ(detect(kMistralLegacyTemplate), ChatTemplateKind::kMistralLegacy);
+  EXPECT_EQ(detect(kGemmaTemplate), ChatTemplateKind::kGemma);
+  EXPECT_EQ(detect("chatml"), ChatTemplateKind::kChatML);
+  EXPECT_EQ(detect("llama3"), ChatTemplateKind::kLlama3);
+}
+
+TEST(ChatTemplateTest, UnknownTemplateTellsUserWhatToDo) {
+  for (const char* t : {"{{ messages }} something custom", "", kPhi3Template}) {
+    auto r = detect_chat_template(t);
+    ASSERT_FALSE(r.ok()) << t;
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(r.status().message().find("--chat-template NAME"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("chatml, llama2, llama3, zephyr, mistral"), std::string::npos)
+        << r.status().message();
+  }
+  EXPECT_NE(detect_chat_template(kPhi3Template).status().message().find("Phi-3"), std::string::npos);
+}
+
+TEST(ChatTemplateTest, NamesRoundTripAndUnknownNameIsInvalid) {
+  for (auto k : {ChatTemplateKind::kChatML, ChatTemplateKind::kLlama2, ChatTemplateKind::kLlama3,
+                 ChatTemplateKind::kZephyr, ChatTemplateKind::kMistral, ChatTemplateKind::kGemma,
+                 ChatTemplateKind::kMistralV3, ChatTemplateKind::kMistralLegacy}) {
+    auto r = chat_template_from_name(chat_template_name(k));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value(), k);
+  }
+  EXPECT_EQ(chat_template_from_name("mistral-v1").value(), ChatTemplateKind::kMistral);
+  auto bad = chat_template_from_name("vicuna");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'vicuna'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("gemma"), std::string::npos);
+}
+
+TEST(ChatTemplateTest, ChatML) {
+  const std::string base =
+      "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+      "<|im_start|>assistant\n  Hi there  <|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n";
+  EXPECT_EQ(render(ChatTemplateKind::kChatML, false), base);
+  EXPECT_EQ(render(ChatTemplateKind::kChatML, true), base + "<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, Llama2) {
+  const std::string expected =
+      "<s>[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST] Hi there </s>"
+      "<s>[INST] Who are you [/INST]";
+  EXPECT_EQ(render(ChatTemplateKind::kLlama2, false), expected);
+  EXPECT_EQ(render(ChatTemplateKind::kLlama2, true), expected);  // the reference has no generation prompt
+  EXPECT_EQ(render(ChatTemplateKind::kLlama2, true, {{"user", " Hi "}}), "<s>[INST] Hi [/INST]");
+}
+
+TEST(ChatTemplateTest, Llama3) {
+  const std::string base =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|>";
+  EXPECT_EQ(render(ChatTemplateKind::kLlama3, false), base);
+  EXPECT_EQ(render(ChatTemplateKind::kLlama3, true), base + "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(ChatTemplateTest, Zephyr) {
+  const std::string base =
+      "<|system|>\nYou are a helpful assistant</s>\n<|user|>\nHello</s>\n<|assistant|>\n  Hi there  </s>\n"
+      "<|user|>\nWho are you</s>\n";
+  EXPECT_EQ(render(ChatTemplateKind::kZephyr, false), base);
+  EXPECT_EQ(render(ChatTemplateKind::kZephyr, true), base + "<|assistant|>\n");
+  // StableLM-Zephyr uses the same template with eos_token "<|endoftext|>".
+  auto r = apply_chat_template(ChatTemplateKind::kZephyr, {{"user", "Hi"}}, true,
+                               ChatSpecialTexts{std::nullopt, std::string("<|endoftext|>")});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value(), "<|user|>\nHi<|endoftext|>\n<|assistant|>\n");
+}
+
+TEST(ChatTemplateTest, MistralV1) {
+  const std::string expected =
+      "<s> [INST] You are a helpful assistant\n\nHello [/INST]   Hi there  </s> [INST] Who are you [/INST]";
+  EXPECT_EQ(render(ChatTemplateKind::kMistral, false), expected);
+  EXPECT_EQ(render(ChatTemplateKind::kMistral, true), expected);
+}
+
+TEST(ChatTemplateTest, MistralV3) {
+  const std::string expected =
+      "<s>[INST] Hello[/INST] Hi there</s>[INST] You are a helpful assistant\n\nWho are you[/INST]";
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV3, false), expected);
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV3, true), expected);
+}
+
+TEST(ChatTemplateTest, MistralLegacy) {
+  const std::string expected =
+      "<s>[INST] You are a helpful assistant\n\nHello [/INST]  Hi there  </s>[INST] Who are you [/INST]";
+  EXPECT_EQ(render(ChatTemplateKind::kMistralLegacy, false), expected);
+  EXPECT_EQ(render(ChatTemplateKind::kMistralLegacy, true), expected);
+  // Without a system message this is exactly the reference template's output.
+  EXPECT_EQ(render(ChatTemplateKind::kMistralLegacy, true, {{"user", "Hello"}, {"assistant", "Hi"}, {"user", "Q"}}),
+            "<s>[INST] Hello [/INST]Hi</s>[INST] Q [/INST]");
+}
+
+TEST(ChatTemplateTest, Gemma) {
+  const std::string base =
+      "<bos><start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n"
+      "<start_of_turn>model\nHi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n";
+  EXPECT_EQ(render(ChatTemplateKind::kGemma, false), base);
+  EXPECT_EQ(render(ChatTemplateKind::kGemma, true), base + "<start_of_turn>model\n");
+}
+
+TEST(ChatTemplateTest, SpecialTextOverridesAndRoleErrors) {
+  auto r = apply_chat_template(ChatTemplateKind::kLlama2, {{"user", "x"}}, true, ChatSpecialTexts{"", std::nullopt});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value(), "[INST] x [/INST]");
+
+  auto bad = apply_chat_template(ChatTemplateKind::kChatML, {{"tool", "x"}}, true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'tool'"), std::string::npos);
+
+  auto late_system = apply_chat_template(ChatTemplateKind::kGemma, {{"user", "a"}, {"system", "b"}}, true);
+  ASSERT_FALSE(late_system.ok());
+  EXPECT_EQ(late_system.status().code(), StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(render(ChatTemplateKind::kZephyr, true, {}), "");
+  EXPECT_EQ(render(ChatTemplateKind::kChatML, true, {}), "<|im_start|>assistant\n");
+}
+
+}  // namespace
+}  // namespace spw

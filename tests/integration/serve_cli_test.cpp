@@ -1,0 +1,149 @@
+// Integration: the `spillway serve` binary itself. Starts it on 127.0.0.1 with
+// --port 0, reads the "listening on" line from its stdout, talks HTTP to it,
+// and stops it with SIGTERM/SIGINT (graceful: exit 0, in-flight work ends).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+
+const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+
+class ServeProcess {
+ public:
+  explicit ServeProcess(std::vector<std::string> extra) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    std::vector<std::string> args = {SPILLWAY_BINARY, "serve", "--model", kStories, "--port", "0", "--threads", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      close(out[1]);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    out_fd_ = out[0];
+    // Wait (bounded) for the ready line.
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[256];
+      ssize_t n = read(out_fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    ready_line_ = line.substr(0, line.find('\n'));
+    std::smatch m;
+    if (std::regex_search(ready_line_, m, std::regex("^spillway: listening on http://127\\.0\\.0\\.1:([0-9]+) "))) {
+      port_ = std::stoi(m[1]);
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_fd_ >= 0) close(out_fd_);
+  }
+  int port() const { return port_; }
+  const std::string& ready_line() const { return ready_line_; }
+  void signal(int sig) { kill(pid_, sig); }
+  // Exit status within `timeout`, or nullopt.
+  std::optional<int> wait_exit(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int port_ = 0;
+  bool exited_ = false;
+  std::string ready_line_;
+};
+
+TEST(ServeCli, PrintsReadyLineServesAndStopsOnSigterm) {
+  ServeProcess p({"--queue", "4"});
+  ASSERT_GT(p.port(), 0) << "ready line: " << p.ready_line();
+  EXPECT_NE(p.ready_line().find("model=stories260K"), std::string::npos) << p.ready_line();
+  httplib::Client c("127.0.0.1", p.port());
+  c.set_read_timeout(30, 0);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(json::parse(h->body)["queue"]["capacity"], 4);
+  auto r = c.Post("/v1/completions", R"({"prompt":"Once upon a time","temperature":0,"max_tokens":40})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_NE(json::parse(r->body)["choices"][0]["text"].get<std::string>().find("Lily"), std::string::npos);
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait_exit(std::chrono::seconds(20)), 0);
+}
+
+TEST(ServeCli, SigintLetsAnInFlightStreamFinish) {
+  ServeProcess p({});
+  ASSERT_GT(p.port(), 0) << "ready line: " << p.ready_line();
+  httplib::Client c("127.0.0.1", p.port());
+  c.set_read_timeout(60, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt":"Once upon a time","seed":3,"max_tokens":1500,"stream":true})";
+  req.set_header("Content-Type", "application/json");
+  std::string body;
+  bool signalled = false;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    body.append(d, n);
+    if (!signalled && body.find("\"text\":\" ") != std::string::npos) {  // generation has begun
+      signalled = true;
+      p.signal(SIGINT);
+    }
+    return true;
+  };
+  auto r = c.send(req);
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(signalled);
+  EXPECT_NE(body.find("\"finish_reason\":\""), std::string::npos) << body.substr(body.size() > 400 ? body.size() - 400 : 0);
+  EXPECT_TRUE(body.ends_with("data: [DONE]\n\n"));
+  EXPECT_EQ(p.wait_exit(std::chrono::seconds(30)), 0);
+}
+
+TEST(ServeCli, BadChatTemplateNameFailsAtStart) {
+  ServeProcess p({"--chat-template", "nonsense"});
+  EXPECT_EQ(p.port(), 0);
+  EXPECT_EQ(p.wait_exit(std::chrono::seconds(20)), 1);
+}
+
+}  // namespace

@@ -1,0 +1,454 @@
+// Integration: the real HTTP server (in-process, 127.0.0.1, a free port) over
+// the real CPU engine and models/stories260K.gguf, driven by httplib::Client.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/env.h"
+#include "http/server.h"
+#include "model/model.h"
+#include "serve/cpu_executor.h"
+
+namespace spw {
+namespace {
+
+using nlohmann::json;
+
+const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+
+std::shared_ptr<const Model> stories() {
+  static std::shared_ptr<const Model> m = [] {
+    auto r = Model::load(Env::default_env(), kStories);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? *r : nullptr;
+  }();
+  return m;
+}
+
+// Holds workers in before_run until opened (deterministic queue states).
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool armed = false;
+  bool open = false;
+  int waiting = 0;
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!armed) return;
+    ++waiting;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  bool wait_for_waiters(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return waiting >= n; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+struct ServerConfig {
+  int32_t queue = 8;
+  int32_t workers = 1;
+  std::optional<ChatTemplateKind> chat_template;
+  bool gate = false;
+  int slow_token_ms = 0;  // sleep after every token (disconnect tests)
+};
+
+class TestServer {
+ public:
+  explicit TestServer(const ServerConfig& c) {
+    auto model = stories();
+    if (!model) return;
+    gate_.armed = c.gate;
+    serve::CpuServeOptions o;
+    o.n_workers = c.workers;
+    o.queue_capacity = c.queue;
+    o.hooks.before_run = [this](uint64_t) { gate_.wait(); };
+    const int slow = c.slow_token_ms;
+    if (slow > 0) {
+      o.hooks.after_token = [slow](uint64_t, int32_t) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(slow));
+      };
+    }
+    auto s = serve::make_cpu_scheduler(Env::default_env(), model, o);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (!s.ok()) return;
+    scheduler_ = std::move(s).value();
+    http::HttpServerOptions ho;
+    ho.host = "127.0.0.1";
+    ho.port = 0;
+    ho.model_name = "stories260K";
+    ho.chat_template = c.chat_template;
+    ho.keepalive_interval = std::chrono::milliseconds(50);
+    auto h = http::HttpServer::create(Env::default_env(), *scheduler_, ho);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    if (!h.ok()) return;
+    http_ = std::move(h).value();
+    Status st = http_->start();
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (!st.ok()) http_.reset();
+  }
+  ~TestServer() {
+    gate_.release();
+    if (scheduler_) scheduler_->shutdown(std::chrono::milliseconds(0));
+    if (http_) http_->stop();
+  }
+  bool ok() const { return http_ != nullptr; }
+  int port() const { return http_->port(); }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port());
+    c.set_read_timeout(30, 0);
+    c.set_connection_timeout(5, 0);
+    return c;
+  }
+  serve::Scheduler& scheduler() { return *scheduler_; }
+  Gate& gate() { return gate_; }
+
+ private:
+  Gate gate_;
+  std::unique_ptr<serve::Scheduler> scheduler_;
+  std::unique_ptr<http::HttpServer> http_;
+};
+
+httplib::Result post(const TestServer& s, const std::string& path, const json& body) {
+  httplib::Client c = s.client();
+  return c.Post(path.c_str(), body.dump(), "application/json");
+}
+
+// A parsed SSE stream: the JSON payloads and whether it ended with [DONE].
+struct Sse {
+  std::vector<json> events;
+  bool done = false;
+  int keepalives = 0;
+};
+
+Sse parse_sse(const std::string& body) {
+  Sse s;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind(":", 0) == 0) {
+      ++s.keepalives;
+    } else if (ev == "data: [DONE]") {
+      s.done = true;
+    } else if (ev.rfind("data: ", 0) == 0) {
+      EXPECT_FALSE(s.done) << "event after [DONE]";
+      s.events.push_back(json::parse(ev.substr(6)));
+    } else {
+      ADD_FAILURE() << "not an SSE data event: " << ev;
+    }
+  }
+  EXPECT_EQ(pos, body.size()) << "trailing bytes in stream";
+  return s;
+}
+
+void expect_error_shape(const httplib::Result& r, int status, const std::string& param) {
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, status) << r->body;
+  json j = json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r->body;
+  ASSERT_TRUE(j.contains("error")) << r->body;
+  const json& e = j["error"];
+  EXPECT_TRUE(e["message"].is_string());
+  EXPECT_FALSE(e["message"].get<std::string>().empty());
+  EXPECT_TRUE(e["type"].is_string());
+  EXPECT_TRUE(e.contains("param"));
+  EXPECT_TRUE(e.contains("code"));
+  if (!param.empty()) {
+    EXPECT_EQ(e["param"], param) << r->body;
+  }
+}
+
+const json kGreedy = {{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 60}};
+
+TEST(Server, HealthAndModels) {
+  TestServer s({});
+  ASSERT_TRUE(s.ok());
+  httplib::Client c = s.client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  json j = json::parse(h->body);
+  EXPECT_EQ(j["status"], "ok");
+  EXPECT_EQ(j["model"], "stories260K");
+  EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_EQ(j["queue"]["depth"], 0);
+  EXPECT_EQ(j["queue"]["capacity"], 8);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  json mj = json::parse(m->body);
+  EXPECT_EQ(mj["object"], "list");
+  EXPECT_EQ(mj["data"][0]["id"], "stories260K");
+  auto nf = c.Get("/v1/nothing");
+  expect_error_shape(nf, 404, "");
+}
+
+TEST(Server, GreedyCompletionAndItsStreamAgree) {
+  TestServer s({});
+  ASSERT_TRUE(s.ok());
+  auto r = post(s, "/v1/completions", kGreedy);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("X-Spillway-Placement"), "cpu");
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  const std::string text = j["choices"][0]["text"];
+  EXPECT_NE(text.find("Lily"), std::string::npos) << text;
+  const std::string finish = j["choices"][0]["finish_reason"];
+  EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 1);
+  EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 0);
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 60);
+  EXPECT_EQ(j["usage"]["total_tokens"].get<int>(),
+            j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+  EXPECT_EQ(j["spillway"]["placement"], "cpu");
+  EXPECT_EQ(j["spillway"]["model"], "stories260K");
+  EXPECT_EQ(j["spillway"]["limits"]["max_tokens"], 60);
+  EXPECT_EQ(j["spillway"]["limits"]["max_tokens_clamped"], false);
+
+  json sb = kGreedy;
+  sb["stream"] = true;
+  sb["stream_options"] = {{"include_usage", true}};
+  auto sr = post(s, "/v1/completions", sb);
+  ASSERT_TRUE(sr);
+  ASSERT_EQ(sr->status, 200) << sr->body;
+  EXPECT_NE(sr->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  Sse sse = parse_sse(sr->body);
+  EXPECT_TRUE(sse.done);
+  ASSERT_GE(sse.events.size(), 3u);
+  std::string streamed;
+  std::string stream_finish;
+  json usage;
+  for (const json& e : sse.events) {
+    EXPECT_EQ(e["object"], "text_completion");
+    if (e["choices"].empty()) {
+      usage = e["usage"];
+      continue;
+    }
+    streamed += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) stream_finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(stream_finish, finish);
+  EXPECT_EQ(sse.events.front()["spillway"]["placement"], "cpu");
+  EXPECT_EQ(usage["completion_tokens"], j["usage"]["completion_tokens"]);
+}
+
+TEST(Server, MaxTokensIsClampedToTheContextAndReported) {
+  TestServer s({});
+  ASSERT_TRUE(s.ok());
+  json b = kGreedy;
+  b["max_tokens"] = 1000000;
+  b["stop"] = "Lily";  // keep it short; the clamp shows in limits either way
+  auto r = post(s, "/v1/completions", b);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  const json& lim = j["spillway"]["limits"];
+  EXPECT_EQ(lim["max_tokens_clamped"], true);
+  EXPECT_EQ(lim["max_tokens_requested"], 1000000);
+  EXPECT_EQ(lim["max_tokens"].get<int>(), lim["n_ctx"].get<int>() - lim["prompt_tokens"].get<int>());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find("Lily"), std::string::npos);
+}
+
+TEST(Server, PromptLongerThanTheContextIs400NamingTheLimit) {
+  TestServer s({});
+  ASSERT_TRUE(s.ok());
+  std::string p;
+  for (int i = 0; i < 700; ++i) p += "Once upon a time ";
+  auto r = post(s, "/v1/completions", {{"prompt", p}, {"max_tokens", 4}});
+  expect_error_shape(r, 400, "prompt");
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  const std::string n_ctx = std::to_string(stories()->hparams().n_ctx_train);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find(n_ctx), std::string::npos) << r->body;
+}
+
+TEST(Server, ChatWithoutTemplateTellsToUseChatTemplateFlag) {
+  TestServer s({});
+  ASSERT_TRUE(s.ok());
+  auto r = post(s, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
+  expect_error_shape(r, 400, "messages");
+  EXPECT_NE(r->body.find("--chat-template"), std::string::npos) << r->body;
+}
+
+TEST(Server, ChatWithTemplateAnswersAndStreams) {
+  ServerConfig c;
+  c.chat_template = ChatTemplateKind::kChatML;
+  TestServer s(c);
+  ASSERT_TRUE(s.ok());
+  json body = {{"messages", {{{"role", "system"}, {"content", "You tell stories."}},
+                             {{"role", "user"}, {"content", "Once upon a time"}}}},
+               {"temperature", 0},
+               {"max_tokens", 20}};
+  auto r = post(s, "/v1/chat/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_string());
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 5);
+  EXPECT_EQ(j["spillway"]["placement"], "cpu");
+
+  body["stream"] = true;
+  auto sr = post(s, "/v1/chat/completions", body);
+  ASSERT_TRUE(sr);
+  ASSERT_EQ(sr->status, 200);
+  Sse sse = parse_sse(sr->body);
+  EXPECT_TRUE(sse.done);
+  ASSERT_GE(sse.events.size(), 2u);
+  EXPECT_EQ(sse.events.front()["object"], "chat.completion.chunk");
+  EXPECT_EQ(sse.events.front()["choices"][0]["delta"]["role"], "assistant");
+  std::string content;
+  for (const json& e : sse.events) {
+    const json& d = e["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(content, j["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(sse.events.back()["choices"][0]["finish_reason"], j["choices"][0]["finish_reason"]);
+  EXPECT_EQ(sse.events.back()["spillway"]["placement"], "cpu");
+}
+
+TEST(Server, InvalidBodiesAre400WithTheErrorShape) {
+  TestServer s({});
+  ASSERT_TRUE(s.ok());
+  httplib::Client c = s.client();
+  auto raw = c.Post("/v1/completions", "{not json", "application/json");
+  expect_error_shape(raw, 400, "");
+  EXPECT_EQ(json::parse(raw->body)["error"]["type"], "invalid_request_error");
+  expect_error_shape(post(s, "/v1/completions", {{"prompt", ""}}), 400, "prompt");
+  expect_error_shape(post(s, "/v1/completions", {{"prompt", 3}}), 400, "prompt");
+  expect_error_shape(post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", -1}}), 400, "max_tokens");
+  expect_error_shape(post(s, "/v1/completions", {{"prompt", "a"}, {"temperature", "NaN"}}), 400, "temperature");
+  expect_error_shape(post(s, "/v1/completions", {{"prompt", "a"}, {"stop", {1, 2}}}), 400, "stop[0]");
+  expect_error_shape(post(s, "/v1/completions", {{"prompt", "a"}, {"stream", "yes"}}), 400, "stream");
+  auto nan = c.Post("/v1/completions", R"({"prompt":"a","temperature":NaN})", "application/json");
+  expect_error_shape(nan, 400, "");
+  expect_error_shape(post(s, "/v1/chat/completions", {{"messages", "hi"}}), 400, "messages");
+  EXPECT_EQ(s.scheduler().stats().submitted, 0u);
+}
+
+TEST(Server, FullQueueIs429) {
+  ServerConfig c;
+  c.queue = 1;
+  c.workers = 1;
+  c.gate = true;
+  TestServer s(c);
+  ASSERT_TRUE(s.ok());
+  json body = {{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 200}};
+  std::optional<httplib::Result> ra, rb;
+  std::thread ta([&] { ra.emplace(post(s, "/v1/completions", body)); });
+  ASSERT_TRUE(s.gate().wait_for_waiters(1));  // A holds the only worker
+  std::thread tb([&] { rb.emplace(post(s, "/v1/completions", body)); });
+  for (int i = 0; i < 1000 && s.scheduler().stats().queue_depth < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(s.scheduler().stats().queue_depth, 1);  // B waits
+  // C and D find the queue full.
+  for (int k = 0; k < 2; ++k) {
+    auto rc = post(s, "/v1/completions", body);
+    expect_error_shape(rc, 429, "");
+    EXPECT_EQ(json::parse(rc->body)["error"]["code"], "queue_full");
+    EXPECT_EQ(rc->get_header_value("Retry-After"), "1");
+  }
+  httplib::Client hc = s.client();
+  auto h = hc.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(json::parse(h->body)["queue"]["depth"], 1);
+  s.gate().release();
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ra && *ra);
+  ASSERT_TRUE(rb && *rb);
+  EXPECT_EQ((*ra)->status, 200) << (*ra)->body;
+  EXPECT_EQ((*rb)->status, 200) << (*rb)->body;
+  EXPECT_EQ(s.scheduler().stats().rejected, 2u);
+}
+
+// Streams a completion and hangs up after the first chunk that carries text.
+bool stream_and_hang_up(const TestServer& s, const json& body) {
+  httplib::Client c = s.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  bool got_data = false;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (std::string(data, n).find("data: {") != std::string::npos) got_data = true;
+    return !got_data;  // false: abort the transfer and close the connection
+  };
+  auto r = c.send(req);
+  (void)r;
+  return got_data;
+}
+
+bool wait_until(const std::function<bool()>& pred) {
+  for (int i = 0; i < 2000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+TEST(Server, DisconnectDuringStreamCancelsAndFreesTheWorker) {
+  ServerConfig c;
+  c.slow_token_ms = 5;  // >= 5 s for 1000 tokens: the cancel must win by far
+  TestServer s(c);
+  ASSERT_TRUE(s.ok());
+  json body = {{"prompt", "Once upon a time"}, {"temperature", 0.8}, {"seed", 7}, {"max_tokens", 1000},
+               {"stream", true}};
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(stream_and_hang_up(s, body));
+  ASSERT_TRUE(wait_until([&] { return s.scheduler().stats().cancelled == 1; }));
+  EXPECT_EQ(s.scheduler().stats().done, 0u);
+  EXPECT_EQ(s.scheduler().stats().running, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  // The worker is free: a following request completes.
+  auto r = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 5}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST(Server, DisconnectWhileQueuedFreesTheQueueSlot) {
+  ServerConfig c;
+  c.queue = 1;
+  c.gate = true;
+  TestServer s(c);
+  ASSERT_TRUE(s.ok());
+  json body = {{"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 5}};
+  std::optional<httplib::Result> ra;
+  std::thread ta([&] { ra.emplace(post(s, "/v1/completions", body)); });
+  ASSERT_TRUE(s.gate().wait_for_waiters(1));
+  json sb = body;
+  sb["stream"] = true;
+  ASSERT_TRUE(stream_and_hang_up(s, sb));  // queued behind A, then gone
+  // Keep-alive comments notice the closed socket; the queued request is cancelled.
+  ASSERT_TRUE(wait_until([&] { return s.scheduler().stats().cancelled == 1; }));
+  EXPECT_EQ(s.scheduler().stats().queue_depth, 0);
+  s.gate().release();
+  ta.join();
+  ASSERT_TRUE(ra && *ra);
+  EXPECT_EQ((*ra)->status, 200);
+}
+
+}  // namespace
+}  // namespace spw

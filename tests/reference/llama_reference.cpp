@@ -1,0 +1,315 @@
+#include "tests/reference/llama_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "gguf/fp16.h"
+#include "gguf/ggml_types.h"
+
+namespace spw::reference {
+
+namespace {
+
+using gguf::GgmlType;
+
+std::string dims_string(const gguf::TensorInfo& t) {
+  std::string s = "[";
+  for (uint32_t i = 0; i < t.n_dims; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(t.ne[i]);
+  }
+  return s + "]";
+}
+
+// Dequantises n elements starting at element `first` of tensor `t` into `out`.
+// Written here rather than taken from src/gguf/quant.h on purpose: the
+// reference should not share the code it is used to check.
+Status dequantize(const gguf::TensorInfo& t, uint64_t first, uint64_t n, double* out) {
+  switch (static_cast<GgmlType>(t.type)) {
+    case GgmlType::kF32:
+      for (uint64_t i = 0; i < n; ++i) {
+        float f;
+        std::memcpy(&f, t.data + 4 * (first + i), 4);
+        out[i] = f;
+      }
+      return Status::ok_status();
+    case GgmlType::kF16:
+      for (uint64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, t.data + 2 * (first + i), 2);
+        out[i] = gguf::fp16_to_fp32(h);
+      }
+      return Status::ok_status();
+    case GgmlType::kQ8_0: {
+      // Block of 32: fp16 scale d, then 32 int8 q; value = d * q.
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t e = first + i;
+        const uint8_t* block = t.data + (e / gguf::kQ8_0BlockSize) * gguf::kQ8_0BlockBytes;
+        uint16_t d;
+        std::memcpy(&d, block, 2);
+        const auto q = static_cast<int8_t>(block[2 + e % gguf::kQ8_0BlockSize]);
+        out[i] = static_cast<double>(gguf::fp16_to_fp32(d)) * q;
+      }
+      return Status::ok_status();
+    }
+    default:
+      return Status::invalid_argument("reference: tensor '" + t.name + "' has unsupported type " +
+                                      gguf::ggml_type_name(t.type));
+  }
+}
+
+void rms_norm(const std::vector<double>& x, const std::vector<double>& w, double eps, std::vector<double>& out) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double scale = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  out.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] * scale * w[i];
+}
+
+// Rotates pairs (2i, 2i+1) of each head's first n_rot dims (llama.cpp "normal").
+void rope(std::vector<double>& v, int64_t n_heads, int64_t head_dim, int64_t n_rot, double base, int64_t pos) {
+  for (int64_t h = 0; h < n_heads; ++h) {
+    double* x = v.data() + h * head_dim;
+    for (int64_t i = 0; i < n_rot / 2; ++i) {
+      const double theta = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / n_rot);
+      const double c = std::cos(theta), s = std::sin(theta);
+      const double a = x[2 * i], b = x[2 * i + 1];
+      x[2 * i] = a * c - b * s;
+      x[2 * i + 1] = a * s + b * c;
+    }
+  }
+}
+
+}  // namespace
+
+Result<LlamaReference::Matrix> LlamaReference::load_matrix(const gguf::GgufFile& file, const std::string& name,
+                                                           int64_t cols, int64_t rows) {
+  const gguf::TensorInfo* t = file.find_tensor(name);
+  if (t == nullptr) return Status::not_found("reference: tensor '" + name + "' not found");
+  if (t->n_dims != 2 || t->ne[0] != static_cast<uint64_t>(cols) || t->ne[1] != static_cast<uint64_t>(rows)) {
+    return Status::corruption("reference: tensor '" + name + "' has dims " + dims_string(*t) + ", expected [" +
+                              std::to_string(cols) + ", " + std::to_string(rows) + "]");
+  }
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.w.resize(static_cast<size_t>(rows * cols));
+  SPW_RETURN_IF_ERROR(dequantize(*t, 0, static_cast<uint64_t>(rows * cols), m.w.data()));
+  return m;
+}
+
+Result<std::vector<double>> LlamaReference::load_vector(const gguf::GgufFile& file, const std::string& name,
+                                                        int64_t n) {
+  const gguf::TensorInfo* t = file.find_tensor(name);
+  if (t == nullptr) return Status::not_found("reference: tensor '" + name + "' not found");
+  if (t->n_dims != 1 || t->ne[0] != static_cast<uint64_t>(n)) {
+    return Status::corruption("reference: tensor '" + name + "' has dims " + dims_string(*t) + ", expected [" +
+                              std::to_string(n) + "]");
+  }
+  std::vector<double> v(static_cast<size_t>(n));
+  SPW_RETURN_IF_ERROR(dequantize(*t, 0, static_cast<uint64_t>(n), v.data()));
+  return v;
+}
+
+Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFile& file) {
+  SPW_ASSIGN_OR_RETURN(std::string arch, file.get_string("general.architecture"));
+  if (arch != "llama") return Status::invalid_argument("reference: architecture '" + arch + "' is not llama");
+  SPW_ASSIGN_OR_RETURN(std::string scaling, file.get_string_or("llama.rope.scaling.type", "none"));
+  if (scaling != "none") {
+    return Status::invalid_argument("reference: llama.rope.scaling.type '" + scaling + "' is not supported");
+  }
+
+  std::unique_ptr<LlamaReference> ref(new LlamaReference());
+  ReferenceHparams& hp = ref->hp_;
+  SPW_ASSIGN_OR_RETURN(hp.n_embd, file.get_i64("llama.embedding_length"));
+  SPW_ASSIGN_OR_RETURN(hp.n_layer, file.get_i64("llama.block_count"));
+  SPW_ASSIGN_OR_RETURN(hp.n_ff, file.get_i64("llama.feed_forward_length"));
+  SPW_ASSIGN_OR_RETURN(hp.n_head, file.get_i64("llama.attention.head_count"));
+  hp.n_head_kv = hp.n_head;
+  if (file.has("llama.attention.head_count_kv")) {
+    SPW_ASSIGN_OR_RETURN(hp.n_head_kv, file.get_i64("llama.attention.head_count_kv"));
+  }
+  if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
+      hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0) {
+    return Status::invalid_argument("reference: inconsistent hyper-parameters (n_embd " + std::to_string(hp.n_embd) +
+                                    ", n_head " + std::to_string(hp.n_head) + ", n_head_kv " +
+                                    std::to_string(hp.n_head_kv) + ")");
+  }
+  hp.head_dim = hp.n_embd / hp.n_head;
+  hp.n_rot = hp.head_dim;
+  if (file.has("llama.rope.dimension_count")) {
+    SPW_ASSIGN_OR_RETURN(hp.n_rot, file.get_i64("llama.rope.dimension_count"));
+  }
+  if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
+    return Status::invalid_argument("reference: llama.rope.dimension_count " + std::to_string(hp.n_rot) +
+                                    " invalid for head_dim " + std::to_string(hp.head_dim));
+  }
+  if (file.has("llama.rope.freq_base")) {
+    SPW_ASSIGN_OR_RETURN(hp.rope_freq_base, file.get_f64("llama.rope.freq_base"));
+  }
+  if (file.has("llama.attention.layer_norm_rms_epsilon")) {
+    SPW_ASSIGN_OR_RETURN(hp.rms_eps, file.get_f64("llama.attention.layer_norm_rms_epsilon"));
+  }
+  // The engine holds these as float; use exactly that value (a no-op for the
+  // usual f32 keys, a rounding for an f64 one).
+  hp.rms_eps = static_cast<float>(hp.rms_eps);
+  hp.rope_freq_base = static_cast<float>(hp.rope_freq_base);
+
+  const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
+  if (embd == nullptr) return Status::not_found("reference: tensor 'token_embd.weight' not found");
+  hp.n_vocab = static_cast<int64_t>(embd->ne[1]);
+  if (hp.n_vocab <= 0) return Status::invalid_argument("reference: token_embd.weight has no rows");
+
+  const int64_t n_embd_kv = hp.head_dim * hp.n_head_kv;
+  SPW_ASSIGN_OR_RETURN(ref->tok_embd_, load_matrix(file, "token_embd.weight", hp.n_embd, hp.n_vocab));
+  SPW_ASSIGN_OR_RETURN(ref->output_norm_, load_vector(file, "output_norm.weight", hp.n_embd));
+  if (file.find_tensor("output.weight") != nullptr) {
+    SPW_ASSIGN_OR_RETURN(ref->output_, load_matrix(file, "output.weight", hp.n_embd, hp.n_vocab));
+  } else {
+    ref->output_tied_ = true;
+  }
+  ref->layers_.resize(static_cast<size_t>(hp.n_layer));
+  for (int64_t i = 0; i < hp.n_layer; ++i) {
+    Layer& l = ref->layers_[static_cast<size_t>(i)];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    SPW_ASSIGN_OR_RETURN(l.attn_norm, load_vector(file, p + "attn_norm.weight", hp.n_embd));
+    SPW_ASSIGN_OR_RETURN(l.wq, load_matrix(file, p + "attn_q.weight", hp.n_embd, hp.n_embd));
+    SPW_ASSIGN_OR_RETURN(l.wk, load_matrix(file, p + "attn_k.weight", hp.n_embd, n_embd_kv));
+    SPW_ASSIGN_OR_RETURN(l.wv, load_matrix(file, p + "attn_v.weight", hp.n_embd, n_embd_kv));
+    SPW_ASSIGN_OR_RETURN(l.wo, load_matrix(file, p + "attn_output.weight", hp.n_embd, hp.n_embd));
+    SPW_ASSIGN_OR_RETURN(l.ffn_norm, load_vector(file, p + "ffn_norm.weight", hp.n_embd));
+    SPW_ASSIGN_OR_RETURN(l.w_gate, load_matrix(file, p + "ffn_gate.weight", hp.n_embd, hp.n_ff));
+    SPW_ASSIGN_OR_RETURN(l.w_up, load_matrix(file, p + "ffn_up.weight", hp.n_embd, hp.n_ff));
+    SPW_ASSIGN_OR_RETURN(l.w_down, load_matrix(file, p + "ffn_down.weight", hp.n_ff, hp.n_embd));
+  }
+  return ref;
+}
+
+namespace {
+
+void matvec(const std::vector<double>& w, int64_t rows, int64_t cols, const std::vector<double>& x,
+            std::vector<double>& out) {
+  out.assign(static_cast<size_t>(rows), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = w.data() + r * cols;
+    double acc = 0;
+    for (int64_t c = 0; c < cols; ++c) acc += row[c] * x[static_cast<size_t>(c)];
+    out[static_cast<size_t>(r)] = acc;
+  }
+}
+
+}  // namespace
+
+LlamaReference::Cache LlamaReference::new_cache() const {
+  Cache c;
+  c.k.resize(static_cast<size_t>(hp_.n_layer));
+  c.v.resize(static_cast<size_t>(hp_.n_layer));
+  return c;
+}
+
+void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logits) const {
+  const int64_t n_embd = hp_.n_embd, hd = hp_.head_dim, pos = cache.n_past;
+  const int64_t n_embd_kv = hd * hp_.n_head_kv, group = hp_.n_head / hp_.n_head_kv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const auto mv = [](const Matrix& m, const std::vector<double>& x, std::vector<double>& out) {
+    matvec(m.w, m.rows, m.cols, x, out);
+  };
+
+  std::vector<double> x(tok_embd_.w.begin() + token * n_embd, tok_embd_.w.begin() + (token + 1) * n_embd);
+  std::vector<double> h, q, k, v, attn(static_cast<size_t>(n_embd)), o, g, u, d, scores;
+  for (int64_t li = 0; li < hp_.n_layer; ++li) {
+    const Layer& L = layers_[static_cast<size_t>(li)];
+    rms_norm(x, L.attn_norm, hp_.rms_eps, h);
+    mv(L.wq, h, q);
+    mv(L.wk, h, k);
+    mv(L.wv, h, v);
+    rope(q, hp_.n_head, hd, hp_.n_rot, hp_.rope_freq_base, pos);
+    rope(k, hp_.n_head_kv, hd, hp_.n_rot, hp_.rope_freq_base, pos);
+    auto& kc = cache.k[static_cast<size_t>(li)];
+    auto& vc = cache.v[static_cast<size_t>(li)];
+    kc.insert(kc.end(), k.begin(), k.end());
+    vc.insert(vc.end(), v.begin(), v.end());
+    const int64_t n_kv = pos + 1;
+    scores.resize(static_cast<size_t>(n_kv));
+    for (int64_t head = 0; head < hp_.n_head; ++head) {
+      const int64_t kvh = head / group;
+      const double* qh = q.data() + head * hd;
+      double mx = -INFINITY;
+      for (int64_t t = 0; t < n_kv; ++t) {
+        const double* kt = kc.data() + t * n_embd_kv + kvh * hd;
+        double dot = 0;
+        for (int64_t i = 0; i < hd; ++i) dot += qh[i] * kt[i];
+        scores[static_cast<size_t>(t)] = dot * scale;
+        mx = std::max(mx, dot * scale);
+      }
+      double z = 0;
+      for (double& s : scores) z += s = std::exp(s - mx);
+      double* out = attn.data() + head * hd;
+      for (int64_t i = 0; i < hd; ++i) out[i] = 0;
+      for (int64_t t = 0; t < n_kv; ++t) {
+        const double a = scores[static_cast<size_t>(t)] / z;
+        const double* vt = vc.data() + t * n_embd_kv + kvh * hd;
+        for (int64_t i = 0; i < hd; ++i) out[i] += a * vt[i];
+      }
+    }
+    mv(L.wo, attn, o);
+    for (int64_t i = 0; i < n_embd; ++i) x[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
+
+    rms_norm(x, L.ffn_norm, hp_.rms_eps, h);
+    mv(L.w_gate, h, g);
+    mv(L.w_up, h, u);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];  // silu(gate) * up
+    mv(L.w_down, g, d);
+    for (int64_t i = 0; i < n_embd; ++i) x[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
+  }
+  rms_norm(x, output_norm_, hp_.rms_eps, h);
+  mv(output_tied_ ? tok_embd_ : output_, h, logits);
+  cache.n_past++;
+}
+
+Status LlamaReference::check_tokens(std::span<const TokenId> tokens) const {
+  if (tokens.empty()) return Status::invalid_argument("reference: empty token sequence");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= hp_.n_vocab) {
+      return Status::invalid_argument("reference: token " + std::to_string(tokens[i]) + " at index " +
+                                      std::to_string(i) + " outside [0, " + std::to_string(hp_.n_vocab) + ")");
+    }
+  }
+  return Status::ok_status();
+}
+
+Result<std::vector<double>> LlamaReference::forward(std::span<const TokenId> tokens) const {
+  SPW_RETURN_IF_ERROR(check_tokens(tokens));
+  Cache cache = new_cache();
+  std::vector<double> all;
+  all.reserve(tokens.size() * static_cast<size_t>(hp_.n_vocab));
+  std::vector<double> logits;
+  for (TokenId t : tokens) {
+    step(cache, t, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+Result<std::vector<TokenId>> LlamaReference::greedy(std::span<const TokenId> prompt, int n_new,
+                                                    TokenId stop_token) const {
+  SPW_RETURN_IF_ERROR(check_tokens(prompt));
+  Cache cache = new_cache();
+  std::vector<double> logits;
+  for (TokenId t : prompt) step(cache, t, logits);
+  std::vector<TokenId> out;
+  for (int i = 0; i < n_new; ++i) {
+    TokenId best = 0;
+    for (int64_t v = 1; v < hp_.n_vocab; ++v) {
+      if (logits[static_cast<size_t>(v)] > logits[static_cast<size_t>(best)]) best = static_cast<TokenId>(v);
+    }
+    out.push_back(best);
+    if (best == stop_token) break;
+    if (i + 1 < n_new) step(cache, best, logits);
+  }
+  return out;
+}
+
+}  // namespace spw::reference

@@ -1,0 +1,112 @@
+// spillway-gen-model: writes a random Llama GGUF (see tools/modelgen/random_llama.h).
+//
+//   spillway-gen-model --out m.gguf --preset 110m --type q8_0 --seed 7
+//   spillway-gen-model --out tiny.gguf --embd 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "tools/modelgen/random_llama.h"
+
+namespace {
+
+struct Preset {
+  uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff;
+};
+
+const std::map<std::string, Preset>& presets() {
+  static const std::map<std::string, Preset> kPresets = {
+      {"15m", {288, 6, 6, 6, 768}},
+      {"110m", {768, 12, 12, 12, 2048}},
+      {"500m", {1280, 24, 20, 4, 3584}},
+      {"1b", {2048, 22, 32, 4, 5632}},
+  };
+  return kPresets;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using spw::gguf::GgmlType;
+  CLI::App app{"Write a random-weight Llama GGUF model with a real tokenizer"};
+  std::string out, preset, type = "q8_0";
+  std::string vocab = "tests/data/ggml-vocab-llama-spm.gguf";
+  uint32_t embd = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0, ctx = 2048;
+  uint64_t seed = 1;
+  bool tied = false;
+  float rope_base = 10000.0f, rms_eps = 1e-5f;
+  app.add_option("--out", out, "output GGUF path")->required();
+  std::vector<std::string> names;
+  for (const auto& [n, p] : presets()) names.push_back(n);
+  app.add_option("--preset", preset, "15m | 110m | 500m | 1b")->check(CLI::IsMember(names));
+  app.add_option("--embd", embd, "n_embd (overrides the preset)");
+  app.add_option("--layers", layers, "n_layer");
+  app.add_option("--heads", heads, "n_head");
+  app.add_option("--kv-heads", kv_heads, "n_head_kv");
+  app.add_option("--ffn", ffn, "n_ff");
+  app.add_option("--ctx", ctx, "context length")->capture_default_str();
+  app.add_option("--type", type, "f32 | f16 | q8_0")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0"}))
+      ->capture_default_str();
+  app.add_option("--seed", seed, "weight seed")->capture_default_str();
+  app.add_flag("--tied", tied, "no output.weight; the output projection reuses token_embd");
+  app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
+  app.add_option("--rope-freq-base", rope_base)->capture_default_str();
+  app.add_option("--rms-eps", rms_eps)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  spw::Env& env = spw::Env::default_env();
+  spw::modelgen::RandomLlamaSpec spec;
+  if (!preset.empty()) {
+    const Preset& p = presets().at(preset);
+    spec.n_embd = p.n_embd;
+    spec.n_layer = p.n_layer;
+    spec.n_head = p.n_head;
+    spec.n_head_kv = p.n_head_kv;
+    spec.n_ff = p.n_ff;
+  }
+  if (embd) spec.n_embd = embd;
+  if (layers) spec.n_layer = layers;
+  if (heads) spec.n_head = heads;
+  if (kv_heads) spec.n_head_kv = kv_heads;
+  if (ffn) spec.n_ff = ffn;
+  spec.n_ctx = ctx;
+  spec.type = type == "f32" ? GgmlType::kF32 : type == "f16" ? GgmlType::kF16 : GgmlType::kQ8_0;
+  spec.tied_output = tied;
+  spec.seed = seed;
+  spec.rope_freq_base = rope_base;
+  spec.rms_eps = rms_eps;
+#ifdef SPILLWAY_SOURCE_DIR
+  // The default vocab path is relative to the repo root; find it from elsewhere too.
+  if (!env.file_exists(vocab) && vocab.front() != '/') {
+    const std::string alt = std::string(SPILLWAY_SOURCE_DIR) + "/" + vocab;
+    if (env.file_exists(alt)) vocab = alt;
+  }
+#endif
+  spec.vocab_path = vocab;
+
+  spw::modelgen::RandomLlamaStats stats;
+  auto plan = spw::modelgen::random_llama_writer(env, spec, &stats);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "error: %s\n", plan.status().to_string().c_str());
+    return 1;
+  }
+  std::printf("model: n_embd %u, n_layer %u, n_head %u, n_head_kv %u, n_ff %u, n_ctx %u, n_vocab %u, %s%s\n",
+              spec.n_embd, spec.n_layer, spec.n_head, spec.n_head_kv, spec.n_ff, spec.n_ctx,
+              stats.n_vocab, type.c_str(), tied ? ", tied output" : "");
+  std::printf("parameters: %llu (%.1f M)\n", static_cast<unsigned long long>(stats.n_params),
+              static_cast<double>(stats.n_params) / 1e6);
+  const auto t0 = std::chrono::steady_clock::now();
+  spw::Status st = plan->write_streaming(out);
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("wrote %s: %llu bytes (%.1f MiB) in %.2f s\n", out.c_str(),
+              static_cast<unsigned long long>(stats.file_size),
+              static_cast<double>(stats.file_size) / (1024.0 * 1024.0), secs);
+  return 0;
+}

@@ -1,0 +1,105 @@
+// Random Llama-architecture GGUF models, for tests and benchmarks.
+//
+// Contract: builds a GGUF v3 file with llama.cpp's `llama` tensor names, shapes
+// (ne[0] first) and metadata keys, random weights, and every `tokenizer.*` key
+// copied from the GGUF at `vocab_path` (so the model has a real tokenizer and
+// n_vocab = that vocab's token count).
+//   token_embd.weight [n_embd, n_vocab]   (matrix type)
+//   output_norm.weight [n_embd]           (F32)
+//   output.weight [n_embd, n_vocab]       (matrix type; absent when tied_output)
+//   blk.N.attn_norm.weight [n_embd]       (F32)
+//   blk.N.attn_q.weight [n_embd, n_embd], attn_k / attn_v [n_embd, n_embd_kv],
+//   blk.N.attn_output.weight [n_embd, n_embd]
+//   blk.N.ffn_norm.weight [n_embd]        (F32)
+//   blk.N.ffn_gate / ffn_up [n_embd, n_ff], ffn_down [n_ff, n_embd]
+// with n_embd_kv = (n_embd / n_head) * n_head_kv.
+// Weights are a pure function of (seed, tensor name, element index): each
+// tensor has its own splitmix64 stream seeded from the seed and the name, and
+// each value is an approximately normal sample (sum of four 16-bit uniforms,
+// integer arithmetic then one float scale, so it is bit-identical on any IEEE
+// platform without relying on libm). Matrices have std 0.02, the two residual
+// projections (attn_output, ffn_down) 0.02 / sqrt(2 n_layer) so activations stay
+// bounded through deep stacks; norm weights are 1 + 0.01 * noise. F16 and Q8_0
+// files of the same seed therefore hold the F32 file's values, rounded
+// (fp32_to_fp16 / quantize_row_q8_0). Same spec => byte-identical file.
+//
+// Memory: tensors are generated row by row while the file is written, so peak
+// RAM is about the largest single tensor's encoded bytes (write_random_llama
+// with the default Env), or the whole file (make_random_llama, other Envs).
+//
+// Failure: InvalidArgument naming the field for an inconsistent spec (zero
+// sizes, n_embd not divisible by n_head, n_head not divisible by n_head_kv, odd
+// head dim, a matrix type other than F32/F16/Q8_0, Q8_0 with n_embd or n_ff not
+// a multiple of 32, empty vocab_path); errors from reading the vocab GGUF
+// (IOError, Corruption, NotFound for a missing tokenizer.ggml.tokens); IOError
+// from writing.
+// Thread safety: functions are reentrant; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/env.h"
+#include "core/status.h"
+#include "gguf/gguf.h"
+
+namespace spw::modelgen {
+
+struct RandomLlamaSpec {
+  uint32_t n_embd = 64;
+  uint32_t n_layer = 2;
+  uint32_t n_head = 4;
+  uint32_t n_head_kv = 2;
+  uint32_t n_ff = 128;
+  uint32_t n_ctx = 256;
+  gguf::GgmlType type = gguf::GgmlType::kF32;  // 2-D matrices and token_embd; norms are F32
+  bool tied_output = false;                    // no output.weight: the output uses token_embd
+  float rope_freq_base = 10000.0f;
+  float rms_eps = 1e-5f;
+  uint64_t seed = 1;
+  std::string vocab_path;  // GGUF whose tokenizer.* keys are copied
+};
+
+struct RandomLlamaStats {
+  uint32_t n_vocab = 0;
+  uint64_t n_params = 0;   // all weights, norms included
+  uint64_t file_size = 0;  // bytes the file will have
+};
+
+// Checks the spec's own consistency (not the vocab file).
+Status validate_random_llama_spec(const RandomLlamaSpec& spec);
+
+// Total weight count for `spec` with `n_vocab` tokens.
+uint64_t random_llama_param_count(const RandomLlamaSpec& spec, uint64_t n_vocab);
+
+// A writer holding the metadata and lazily generated tensors; nothing heavy
+// happens until it is serialised. Reads the vocab through `env`. Fills `stats`
+// when given.
+Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& spec,
+                                             RandomLlamaStats* stats = nullptr);
+
+// Writes the model to `out_path` atomically (tmp + rename). With
+// Env::default_env() it streams (memory ~ largest tensor); with any other Env
+// it serialises in memory and calls env.write_file.
+Status write_random_llama(Env& env, const std::string& out_path, const RandomLlamaSpec& spec);
+
+// The whole model file in memory (for small test models); vocab read through
+// Env::default_env() or the given Env.
+Result<std::string> make_random_llama(const RandomLlamaSpec& spec);
+Result<std::string> make_random_llama(Env& env, const RandomLlamaSpec& spec);
+
+// The sample stream behind one tensor: element i (row-major, ne[0] fastest) of
+// tensor `tensor_name` is mean + std * (i-th next_normal()), before fp16/Q8_0
+// rounding, where (mean, std) are (0, 0.02), (0, 0.02/sqrt(2 n_layer)) or
+// (1, 0.01) as described above. Exposed so tests can recompute weights.
+class WeightStream {
+ public:
+  WeightStream(uint64_t seed, std::string_view tensor_name);
+  // Approximately N(0, 1), in [-2*sqrt(3), 2*sqrt(3)].
+  float next_normal();
+
+ private:
+  uint64_t state_;
+};
+
+}  // namespace spw::modelgen
