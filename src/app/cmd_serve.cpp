@@ -186,8 +186,8 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--chat-template", o->chat_template,
-                  "Chat template when the model has none Spillway recognises: chatml, llama2, llama3, zephyr, "
-                  "mistral, gemma");
+                  "Chat template for /v1/chat/completions, overriding the model's tokenizer.chat_template "
+                  "(e.g. chatml, llama2, llama3, mistral, zephyr, gemma)");
   sub->add_option("--grace", o->grace_s, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

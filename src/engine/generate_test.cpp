@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "engine/checkpoint.h"
 #include "engine/engine_test_util.h"
 
@@ -52,6 +54,7 @@ TEST(Generate, GreedyStories260KTellsTheStoryOfLily) {
     return true;
   });
   ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::printf("[story] %s\n", r->text.c_str());
   EXPECT_NE(r->text.find("Lily"), std::string::npos) << r->text;
   EXPECT_EQ(streamed, r->text);
   EXPECT_GE(calls, static_cast<int>(r->tokens.size()));

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "http/openai.h"
 
@@ -42,6 +43,16 @@ struct Call {
   bool started = false;
   bool finished = false;
 };
+
+std::vector<const char*> turn_end_markers(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kChatML: return {"<|im_end|>", "<|im_start|>"};
+    case ChatTemplateKind::kLlama3: return {"<|eot_id|>", "<|start_header_id|>"};
+    case ChatTemplateKind::kGemma: return {"<end_of_turn>", "<start_of_turn>"};
+    case ChatTemplateKind::kZephyr: return {"<|user|>", "<|system|>"};
+    default: return {"[INST]"};
+  }
+}
 
 }  // namespace
 
@@ -187,11 +198,17 @@ class HttpServer::Impl {
         e.message =
             "model '" + options_.model_name +
             "' has no chat template that Spillway recognises (tokenizer.chat_template is missing or of an "
-            "unknown family); start the server with --chat-template NAME (chatml, llama2, llama3, zephyr, "
-            "mistral, gemma), or use /v1/completions";
+            "unknown family); start the server with --chat-template NAME (e.g. chatml, llama2, llama3, "
+            "mistral, zephyr, gemma), or use /v1/completions";
         return set_error(res, e, options_.model_name);
       }
-      Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true);
+      // The template writes BOS itself where its reference does, with the
+      // vocabulary's own BOS/EOS texts; so the tokenizer must not add another.
+      const Tokenizer& tok = scheduler_.tokenizer();
+      ChatSpecialTexts special;
+      if (tok.bos_id() >= 0) special.bos = tok.token_text(tok.bos_id());
+      if (tok.eos_id() >= 0) special.eos = tok.token_text(tok.eos_id());
+      Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true, special);
       if (!prompt.ok()) {
         ApiError e = api_error_from_status(prompt.status());
         if (e.http_status == 400 && e.param.empty()) e.param = "messages";
@@ -200,6 +217,10 @@ class HttpServer::Impl {
       sampling = cr.sampling;
       g = to_generation(sampling);
       g.prompt = std::move(prompt).value();
+      g.add_bos = false;
+      // End-of-turn markers: control tokens in real chat vocabularies (then
+      // is_eog ends the turn), but plain text in others; stop on them either way.
+      for (const char* marker : turn_end_markers(*options_.chat_template)) g.stop.emplace_back(marker);
     } else {
       CompletionRequest cr;
       if (auto e = parse_completion_request(req.body, cr)) return set_error(res, *e, options_.model_name);
@@ -207,8 +228,9 @@ class HttpServer::Impl {
       if (!sampling.max_tokens) sampling.max_tokens = options_.completion_default_max_tokens;
       g = to_generation(sampling);
       g.prompt = std::move(cr.prompt);
+      g.add_bos = true;  // when the vocabulary wants one (add_bos_token)
     }
-    g.add_bos = true;
+    // As llama.cpp's server: control-token texts in the prompt are those tokens.
     g.parse_special = true;
 
     Result<std::shared_ptr<serve::Ticket>> ticket = scheduler_.submit(g);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <thread>
 #include <vector>
 
@@ -42,6 +44,18 @@ TEST(ThreadPool, IdleThenWork) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // workers go to sleep
   std::atomic<int> n{0};
   pool.parallel_for(2, [&](int64_t b, int64_t e) { n.fetch_add(static_cast<int>(e - b)); });
+  EXPECT_EQ(n.load(), 2);
+}
+
+TEST(ThreadPool, IdleWorkersDoNotBurnCpu) {
+  ThreadPool pool(2);
+  std::atomic<int> n{0};
+  pool.parallel_for(2, [&](int64_t b, int64_t e) { n.fetch_add(static_cast<int>(e - b)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the spin phase end
+  const std::clock_t c0 = std::clock();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  EXPECT_LT(cpu_ms, 60.0) << "workers spin while idle";
   EXPECT_EQ(n.load(), 2);
 }
 
