@@ -30,9 +30,7 @@
 #include "gguf/quant.h"
 #include "model/model.h"
 #include "tests/reference/llama_reference.h"
-#ifdef SPW_HAVE_MODELGEN
 #include "tools/modelgen/random_llama.h"
-#endif
 
 namespace spw {
 namespace {
@@ -217,7 +215,6 @@ TEST(TinyRandomEngineTest, RealF16FileMatchesReference) {
   check_model(*m, tokens, kF16Bound, "llama-2-tiny-random F16");
 }
 
-#ifdef SPW_HAVE_MODELGEN
 struct GenCase {
   uint32_t n_head_kv;
   GgmlType type;
@@ -261,7 +258,6 @@ INSTANTIATE_TEST_SUITE_P(
                       GenCase{2, GgmlType::kF16, kF16Bound}, GenCase{1, GgmlType::kF16, kF16Bound},
                       GenCase{2, GgmlType::kQ8_0, kQ8_0Bound}, GenCase{1, GgmlType::kQ8_0, kQ8_0Bound},
                       GenCase{1, GgmlType::kQ8_0, kQ8_0Bound, true}));
-#endif
 
 }  // namespace
 }  // namespace spw

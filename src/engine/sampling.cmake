@@ -1,4 +1,3 @@
-# Owned by the sampler work. Keep this file valid CMake at all times.
 # spw_sampling: portable RNG, token sampler, stop-string matcher.
 add_library(spw_sampling STATIC
   ${CMAKE_CURRENT_LIST_DIR}/sampler.cpp

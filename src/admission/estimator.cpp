@@ -1,0 +1,377 @@
+#include "admission/estimator.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+
+namespace spw::admission {
+
+namespace {
+
+constexpr int32_t kMaxCtx = 1 << 24;  // positions; beyond this the int32 maths of the engine is unsafe
+constexpr uint64_t kF32 = sizeof(float);
+// Heap bytes per tokenizer vocabulary entry beyond the piece text: the
+// tokenizer's piece string object, id/score/type arrays and its piece->id
+// index node. Calibrated against Model::load heap measurements
+// (estimator_test ModelHeap) on SPM vocabularies; see overhead_model_heap.
+constexpr uint64_t kTokenizerBytesPerToken = 112;
+// std::map node overhead (red-black node header) in libstdc++.
+constexpr uint64_t kMapNode = 32;
+
+uint64_t round_up(uint64_t x, uint64_t a) { return a <= 1 ? x : (x + a - 1) / a * a; }
+
+Status bad_plan(const std::string& field, int64_t value, const std::string& why) {
+  return Status::invalid_argument("plan " + field + " = " + std::to_string(value) + ": " + why);
+}
+
+// Accumulates allocations of one category on one device.
+struct Acc {
+  const DeviceCosts* costs = nullptr;
+  Amount a;
+  void add(uint64_t bytes, uint64_t count = 1) {
+    if (bytes == 0 || count == 0) return;
+    a.bytes += bytes * count;
+    a.allowance += rounding_allowance(*costs, bytes) * count;
+    a.n_allocations += count;
+  }
+  // Closes the category: adds the percentage part.
+  Amount finish(bool with_fragmentation) {
+    if (with_fragmentation)
+      a.allowance += static_cast<uint64_t>(std::ceil(static_cast<double>(a.bytes) * costs->fragmentation));
+    return a;
+  }
+};
+
+// Layer index of "blk.N.*", or -1.
+int32_t layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  const char* b = name.data() + 4;
+  const char* e = name.data() + name.size();
+  int32_t v = -1;
+  auto [p, ec] = std::from_chars(b, e, v);
+  if (ec != std::errc() || p == e || *p != '.') return -1;
+  return v;
+}
+
+uint64_t string_heap(const std::string& s) { return s.size() > 15 ? s.size() + 1 : 0; }  // libstdc++ SSO
+
+uint64_t value_heap(const gguf::Value& v) {
+  if (const auto* s = std::get_if<std::string>(&v.v)) return string_heap(*s);
+  if (const auto* a = std::get_if<gguf::Array>(&v.v)) {
+    uint64_t n = a->items.size() * sizeof(gguf::Value);
+    for (const auto& it : a->items) n += value_heap(it);
+    return n;
+  }
+  return 0;
+}
+
+// Heap the host keeps for a loaded model besides the mapping: parsed metadata
+// and tensor table (GgufFile), the tokenizer, the F32 norm copies.
+void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& acc) {
+  uint64_t meta = 0;
+  for (const auto& [k, v] : f.metadata())
+    meta += sizeof(std::pair<std::string, gguf::Value>) + 2 * string_heap(k) + sizeof(std::string) + 8 +
+            kMapNode + value_heap(v);
+  for (const auto& t : f.tensors())
+    meta += sizeof(gguf::TensorInfo) + 2 * string_heap(t.name) + sizeof(std::string) + 8 + kMapNode;
+  acc.add(meta);
+  uint64_t tok = 0;
+  if (const gguf::Value* v = f.find("tokenizer.ggml.tokens")) {
+    if (const auto* a = std::get_if<gguf::Array>(&v->v)) {
+      tok += a->items.size() * kTokenizerBytesPerToken;
+      for (const auto& it : a->items)
+        if (const auto* s = std::get_if<std::string>(&it.v)) tok += 2 * s->size();
+    }
+  }
+  acc.add(tok);
+  // Norm vectors: attn_norm + ffn_norm per layer, output_norm.
+  acc.add(static_cast<uint64_t>(hp.n_embd) * kF32, 2 * static_cast<uint64_t>(hp.n_layer) + 1);
+}
+
+// Matrix tensors of layers [b, e): (type, n_cols) pairs for the PreparedX term.
+uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64_t rows_layers) {
+  uint64_t best = 0;
+  auto consider = [&](const gguf::TensorInfo& t, uint64_t m) {
+    if (t.n_dims != 2) return;
+    uint64_t bytes = m * sizeof(void*);
+    if (t.type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0)) {
+      const uint64_t nb = t.ne[0] / gguf::kQ8_0BlockSize;
+      bytes += m * nb * gguf::kQ8_0BlockBytes + m * nb * kF32 + 2 * m * sizeof(void*);
+    }
+    best = std::max(best, bytes);
+  };
+  for (const auto& t : f.tensors()) {
+    const int32_t l = layer_of(t.name);
+    if (l >= b && l < e) consider(t, rows_layers);
+  }
+  return best;
+}
+
+uint64_t output_prep_bytes(const gguf::GgufFile& f, uint64_t rows) {
+  const gguf::TensorInfo* t = f.find_tensor("output.weight");
+  if (t == nullptr) t = f.find_tensor("token_embd.weight");
+  if (t == nullptr) return 0;
+  uint64_t bytes = rows * sizeof(void*);
+  if (t->type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0)) {
+    const uint64_t nb = t->ne[0] / gguf::kQ8_0BlockSize;
+    bytes += rows * nb * gguf::kQ8_0BlockBytes + rows * nb * kF32 + 2 * rows * sizeof(void*);
+  }
+  return bytes;
+}
+
+
+// Scratch of `n_sessions` concurrent sessions on one device: each keeps its
+// hidden + state; their forward passes overlap (worst case), attention rows
+// are `rows` in total. The layer phase and the output phase of one pass are
+// not alive together, so the larger counts.
+Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sessions, uint64_t rows, uint64_t m,
+                uint64_t E, uint64_t KV, uint64_t F, uint64_t half, uint64_t ctx_ids) {
+  Acc a;
+  a.costs = &costs;
+  a.add(t.hidden, n_sessions);
+  if (t.session_state) {
+    a.add(2 * ctx_ids * sizeof(int32_t), n_sessions);
+    a.add(t.session_state - 2 * ctx_ids * sizeof(int32_t), n_sessions);
+  }
+  const uint64_t layers = n_sessions * (t.layer_activations + t.matmul_prep) + rows * t.attention_row;
+  const uint64_t out = n_sessions * t.output_transient;
+  if (t.layer_activations > 0 && layers >= out) {
+    a.add(m * E * kF32, 3 * n_sessions);   // cur, q, att
+    a.add(m * KV * kF32, 2 * n_sessions);  // k, v
+    a.add(m * F * kF32, 2 * n_sessions);   // gate, up
+    a.add(m * half * kF32, 2 * n_sessions);  // rope cos, sin
+    a.add(t.matmul_prep, n_sessions);
+    a.add(t.attention_row, rows);
+  } else if (out > 0) {
+    a.add(t.output_transient, n_sessions);
+  }
+  return a;
+}
+
+}  // namespace
+
+std::string_view placement_name(Placement p) {
+  switch (p) {
+    case Placement::kCpu: return "cpu";
+    case Placement::kGpu: return "gpu";
+    case Placement::kHybrid: return "hybrid";
+  }
+  return "?";
+}
+
+std::string_view kv_type_name(KvType t) { return t == KvType::kF16 ? "F16" : "F32"; }
+std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "host"; }
+size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
+
+uint64_t ScratchTerms::transient_peak(int32_t n_threads) const {
+  const uint64_t layers =
+      layer_activations + matmul_prep + static_cast<uint64_t>(std::max(n_threads, 1)) * attention_row;
+  return std::max(layers, output_transient);
+}
+
+uint64_t DeviceEstimate::allowance() const {
+  return weights.allowance + kv.allowance + scratch.allowance + logits.allowance + overhead.allowance;
+}
+uint64_t DeviceEstimate::bytes() const {
+  return weights.bytes + kv.bytes + scratch.bytes + logits.bytes + overhead.bytes;
+}
+
+uint64_t RequestEstimate::total(DeviceKind d) const {
+  const int i = static_cast<int>(d);
+  return kv[i].with_allowance() + scratch[i].with_allowance();
+}
+
+uint64_t rounding_allowance(const DeviceCosts& c, uint64_t bytes) {
+  if (bytes == 0) return 0;
+  if (c.page_threshold > 0 && bytes >= c.page_threshold) return round_up(bytes, c.page_size) - bytes;
+  return round_up(bytes, c.alignment) - bytes;
+}
+
+Result<std::vector<StageLayout>> plan_stages(const Plan& plan, int32_t n_layer) {
+  std::vector<StageLayout> st;
+  switch (plan.placement) {
+    case Placement::kCpu:
+    case Placement::kGpu: {
+      const DeviceKind d = plan.placement == Placement::kCpu ? DeviceKind::kHost : DeviceKind::kGpu;
+      st.push_back({d, 0, n_layer, true, true});
+      break;
+    }
+    case Placement::kHybrid: {
+      if (plan.n_gpu_layers < 1 || plan.n_gpu_layers > n_layer - 1)
+        return bad_plan("n_gpu_layers", plan.n_gpu_layers,
+                        "hybrid needs 1.." + std::to_string(n_layer - 1) + " GPU layers for a " +
+                            std::to_string(n_layer) + "-layer model (use cpu or gpu otherwise)");
+      const int32_t split = n_layer - plan.n_gpu_layers;
+      st.push_back({DeviceKind::kHost, 0, split, true, false});
+      st.push_back({DeviceKind::kGpu, split, n_layer, false, true});
+      break;
+    }
+  }
+  return st;
+}
+
+Result<RequestEstimate> Estimate::request(int32_t p, int32_t m) const {
+  if (p < 0) return bad_plan("prompt_tokens", p, "must be >= 0");
+  if (m < 0) return bad_plan("max_tokens", m, "must be >= 0");
+  const int64_t n = static_cast<int64_t>(p) + m;
+  if (n == 0) return bad_plan("prompt_tokens + max_tokens", 0, "must be > 0");
+  if (n > plan.n_ctx)
+    return bad_plan("prompt_tokens + max_tokens", n, "exceeds n_ctx = " + std::to_string(plan.n_ctx));
+  RequestEstimate r;
+  r.prompt_tokens = p;
+  r.max_new_tokens = m;
+  r.tokens = static_cast<int32_t>(n);
+  r.blocks = (r.tokens + plan.kv_block_tokens - 1) / plan.kv_block_tokens;
+  for (int d = 0; d < kNumDeviceKinds; ++d) {
+    const DeviceEstimate& de = devices[d];
+    if (!de.used) continue;
+    const DeviceCosts& c = d == 0 ? config.host : config.gpu;
+    // Blocks come from the resident pool; the per-request share carries the
+    // pool's percentage allowance (no allocation of its own to round).
+    r.kv[d].bytes = static_cast<uint64_t>(r.blocks) * de.kv_bytes_per_block;
+    r.kv[d].allowance = static_cast<uint64_t>(std::ceil(static_cast<double>(r.kv[d].bytes) * c.fragmentation));
+    const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
+    const uint64_t E = static_cast<uint64_t>(hparams.n_embd);
+    const uint64_t KV = static_cast<uint64_t>(hparams.n_embd_kv());
+    const uint64_t F = static_cast<uint64_t>(hparams.n_ff);
+    const uint64_t half = static_cast<uint64_t>(hparams.n_rot / 2);
+    const uint64_t rows = d == 0 ? static_cast<uint64_t>(plan.n_threads) : 1;
+    Acc a = scratch_for(de.terms, c, 1, rows, m, E, KV, F, half, static_cast<uint64_t>(plan.n_ctx));
+    a.add(de.terms.logits);
+    r.scratch[d] = a.finish(true);
+  }
+  return r;
+}
+
+Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const EstimatorConfig& config) {
+  SPW_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
+  if (arch != "llama")
+    return Status::invalid_argument("estimate: unsupported architecture '" + arch +
+                                    "' (general.architecture); only llama");
+  SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(f));
+
+  Plan plan = plan_in;
+  if (plan.n_ctx == 0) plan.n_ctx = hp.n_ctx_train;
+  if (plan.n_ctx <= 0 || plan.n_ctx > kMaxCtx) return bad_plan("n_ctx", plan.n_ctx, "must be in 1..2^24");
+  if (plan.n_ubatch <= 0) return bad_plan("n_ubatch", plan.n_ubatch, "must be > 0");
+  if (plan.n_batch <= 0) return bad_plan("n_batch", plan.n_batch, "must be > 0");
+  if (plan.n_ubatch > plan.n_batch)
+    return bad_plan("n_ubatch", plan.n_ubatch, "exceeds n_batch = " + std::to_string(plan.n_batch));
+  if (plan.n_batch > plan.n_ctx)
+    return bad_plan("n_batch", plan.n_batch, "exceeds n_ctx = " + std::to_string(plan.n_ctx));
+  if (plan.n_parallel < 1 || plan.n_parallel > 4096) return bad_plan("n_parallel", plan.n_parallel, "must be 1..4096");
+  if (plan.n_threads < 1 || plan.n_threads > 1024) return bad_plan("n_threads", plan.n_threads, "must be 1..1024");
+  if (plan.kv_block_tokens <= 0 || plan.kv_block_tokens > plan.n_ctx)
+    return bad_plan("kv_block_tokens", plan.kv_block_tokens, "must be in 1..n_ctx");
+  if (plan.placement != Placement::kHybrid && plan.n_gpu_layers != 0)
+    return bad_plan("n_gpu_layers", plan.n_gpu_layers,
+                    "is only meaningful for hybrid placement (got " + std::string(placement_name(plan.placement)) +
+                        ")");
+
+  Estimate est;
+  est.plan = plan;
+  est.hparams = hp;
+  est.config = config;
+  SPW_ASSIGN_OR_RETURN(est.stages, plan_stages(plan, hp.n_layer));
+
+  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
+  const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
+  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
+  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
+  const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
+  const uint64_t half = static_cast<uint64_t>(hp.n_rot / 2);
+  const uint64_t P = static_cast<uint64_t>(plan.n_parallel);
+  const uint64_t T = static_cast<uint64_t>(plan.n_threads);
+  const uint64_t blocks_per_seq = (c + static_cast<uint64_t>(plan.kv_block_tokens) - 1) /
+                                  static_cast<uint64_t>(plan.kv_block_tokens);
+  const uint64_t out_rows = plan.logits_all ? m : 1;
+  const int n_stages = static_cast<int>(est.stages.size());
+
+  auto device_of_layer = [&](int32_t l) {
+    for (const auto& s : est.stages)
+      if (l >= s.layer_begin && l < s.layer_end) return s.device;
+    return est.stages.front().device;
+  };
+  const DeviceKind emb_dev = est.stages.front().device;
+  const DeviceKind out_dev = est.stages.back().device;
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+
+  Acc weights[kNumDeviceKinds], kv[kNumDeviceKinds], logits[kNumDeviceKinds], overhead[kNumDeviceKinds];
+  for (int d = 0; d < kNumDeviceKinds; ++d) {
+    const DeviceCosts* costs = d == 0 ? &config.host : &config.gpu;
+    weights[d].costs = kv[d].costs = logits[d].costs = overhead[d].costs = costs;
+    est.devices[d].device = static_cast<DeviceKind>(d);
+  }
+  for (const auto& s : est.stages) est.devices[static_cast<int>(s.device)].used = true;
+
+  // Weights: exact tensor bytes. Host weights are used in place from the
+  // mapping, so only a GPU copy pays per-tensor alignment.
+  for (const auto& t : f.tensors()) {
+    est.weights_total += t.nbytes;
+    DeviceKind d;
+    const int32_t l = layer_of(t.name);
+    if (l >= 0 && l < hp.n_layer) d = device_of_layer(l);
+    else if (t.name == "token_embd.weight") d = emb_dev;
+    else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;
+    else d = emb_dev;
+    auto add_weight = [&](DeviceKind dev) {
+      Acc& a = weights[static_cast<int>(dev)];
+      if (dev == DeviceKind::kGpu) a.add(t.nbytes);
+      else { a.a.bytes += t.nbytes; a.a.n_allocations += 1; }
+    };
+    add_weight(d);
+    if (t.name == "token_embd.weight" && tied && out_dev != emb_dev) add_weight(out_dev);
+  }
+
+  // KV pools: one per stage, allocated whole by KvPool::create.
+  for (const auto& s : est.stages) {
+    const int d = static_cast<int>(s.device);
+    const uint64_t per_tok = 2 * static_cast<uint64_t>(s.layer_end - s.layer_begin) * KV * kv_type_size(plan.kv_type);
+    est.devices[d].kv_bytes_per_token += per_tok;
+    est.devices[d].kv_bytes_per_block += per_tok * static_cast<uint64_t>(plan.kv_block_tokens);
+    kv[d].add(per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * blocks_per_seq * P);
+    est.kv_bytes_per_token += per_tok;
+  }
+
+  // Scratch, per device (terms per session; see ScratchTerms).
+  for (const auto& s : est.stages) {
+    const int d = static_cast<int>(s.device);
+    ScratchTerms& t = est.devices[d].terms;
+    const bool gpu = s.device == DeviceKind::kGpu;
+    t.layer_activations = (3 * m * E + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
+    t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m);
+    // A GPU kernel without flash attention keeps a score row per (token, head).
+    t.attention_row = (gpu ? m * static_cast<uint64_t>(hp.n_head) : 1) * c * kF32;
+    if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows);
+    if (gpu) t.hidden = m * E * kF32;  // device copy of the hidden states
+  }
+  {
+    // Host-side session state: hidden_, tokens_, block tables, logits.
+    ScratchTerms& h = est.devices[0].terms;
+    h.hidden = m * E * kF32;
+    h.session_state = 2 * (c * sizeof(int32_t) + static_cast<uint64_t>(n_stages) * blocks_per_seq * sizeof(int32_t));
+    h.logits = (plan.logits_all ? static_cast<uint64_t>(plan.n_batch) + 1 : 2) * V * kF32;
+    est.devices[0].used = true;  // the session always lives on the host
+    if (est.devices[1].used) est.devices[1].terms.logits = out_rows * V * kF32;  // device logits buffer
+  }
+  for (int d = 0; d < kNumDeviceKinds; ++d) {
+    DeviceEstimate& de = est.devices[d];
+    if (!de.used) continue;
+    const DeviceCosts& costs = d == 0 ? config.host : config.gpu;
+    const ScratchTerms& t = de.terms;
+    const uint64_t rows = d == 0 ? T + P - 1 : P;
+    de.scratch = scratch_for(t, costs, P, rows, m, E, KV, F, half, c).finish(true);
+    logits[d].add(t.logits, P);
+    de.logits = logits[d].finish(true);
+    de.weights = weights[d].finish(false);
+    de.kv = kv[d].finish(true);
+    overhead[d].add(costs.fixed_overhead);
+    if (d == 0) overhead_model_heap(f, hp, overhead[d]);
+    de.overhead = overhead[d].finish(true);
+  }
+  return est;
+}
+
+}  // namespace spw::admission
