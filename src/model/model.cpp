@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include "gguf/fp16.h"
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -58,42 +60,14 @@ std::string dims_str(const gguf::TensorInfo& t) {
 }
 
 bool supported_type(uint32_t type) {
-  return type == static_cast<uint32_t>(gguf::GgmlType::kF32) ||
-         type == static_cast<uint32_t>(gguf::GgmlType::kF16) ||
-         type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0);
+  const gguf::GgmlTypeInfo* info = gguf::ggml_type_info(type);
+  return info != nullptr && info->supported;
 }
 
 std::string hex64(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
-}
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {
-      int e = -1;
-      do {
-        mant <<= 1;
-        ++e;
-      } while ((mant & 0x400u) == 0);
-      mant &= 0x3ffu;
-      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 }  // namespace
@@ -168,7 +142,7 @@ Status Model::bind() {
       for (uint64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, t->data + 2 * i, 2);
-        out[i] = half_to_float(h);
+        out[i] = gguf::fp16_to_fp32(h);
       }
     } else {
       return Status::invalid_argument("tensor '" + name + "' is a norm vector of type " +

@@ -1,5 +1,8 @@
 #include "backend/cpu/kernels.h"
 
+#include "gguf/fp16.h"
+#include "gguf/quant.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -22,34 +25,13 @@ namespace spw::cpu {
 
 // ---------------------------------------------------------------- fp16
 
+// Scalar conversions are gguf/fp16.h's (the one portable implementation);
+// F16C does the same rounding in one instruction where the CPU has it.
 float fp16_to_fp32(uint16_t h) {
 #if defined(__F16C__)
   return _cvtsh_ss(h);
 #else
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        mant <<= 1;
-        ++e;
-      } while ((mant & 0x400u) == 0);
-      mant &= 0x3ffu;
-      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return gguf::fp16_to_fp32(h);
 #endif
 }
 
@@ -57,45 +39,17 @@ uint16_t fp32_to_fp16(float f) {
 #if defined(__F16C__)
   return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 #else
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {  // subnormal or zero in half
-    if (abs < 0x33000000u) return sign;
-    const uint32_t e = abs >> 23;
-    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;  // 14..24
-    uint32_t half_m = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;
-    return static_cast<uint16_t>(sign | half_m);
-  }
-  uint32_t r = abs - 0x38000000u;  // rebias exponent
-  const uint32_t rem = r & 0x1fffu;
-  uint32_t h = r >> 13;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
+  return gguf::fp32_to_fp16(f);
 #endif
 }
 
 // ---------------------------------------------------------------- Q8_0
 
+// Activations are quantised exactly as ggml quantises weights (gguf/quant.h),
+// which is what makes our Q8_0 dot products llama.cpp's.
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   assert(n % 32 == 0);
-  const int64_t nb = n / 32;
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * 32;
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = fp32_to_fp16(d);
-    for (int j = 0; j < 32; ++j) y[b].qs[j] = static_cast<int8_t>(std::lround(xb[j] * id));
-  }
+  gguf::quantize_row_q8_0(x, y, static_cast<size_t>(n));
 }
 
 #if defined(__AVX2__)
