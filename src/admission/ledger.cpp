@@ -75,12 +75,15 @@ Result<Ticket> MemoryLedger::reserve(const Owner& owner, uint64_t bytes) {
   if (bytes == 0) return Status::invalid_argument("ledger '" + name_ + "': reserve of 0 bytes for " + owner_str(owner));
   std::lock_guard<std::mutex> lk(mu_);
   const Figures f = figures_locked();
+  if (bytes > f.limit)
+    return Status::resource_exhausted("ledger '" + name_ + "': cannot reserve " + format_bytes(bytes) + " for " +
+                                      owner_str(owner) + ": more than the whole limit; " + describe_locked(f));
   // A co-tenant reservation overlapping observed others only adds its excess.
   const uint64_t ours = reserved_[0] + reserved_[1];
   uint64_t used_after;
   if (is_ours(owner.kind)) used_after = ours + bytes + std::max(reserved_[2], f.others);
   else used_after = ours + std::max(reserved_[2] + bytes, f.others);
-  if (used_after > f.limit || used_after < f.used /* overflow */) {
+  if (used_after > f.limit) {
     return Status::resource_exhausted("ledger '" + name_ + "': cannot reserve " + format_bytes(bytes) + " for " +
                                       owner_str(owner) + ": " + describe_locked(f));
   }
@@ -101,10 +104,11 @@ Status MemoryLedger::commit(Ticket t, uint64_t actual) {
   if (actual > e.bytes) {
     const uint64_t extra = actual - e.bytes;
     const Figures f = figures_locked();
+    const bool too_big = extra > f.limit;
     const uint64_t ours_res = reserved_[0] + reserved_[1];
     uint64_t used_after = ours ? ours_res + extra + std::max(reserved_[2], f.others)
                                : ours_res + std::max(reserved_[2] + extra, f.others);
-    if (used_after > f.limit || used_after < f.used) {
+    if (too_big || used_after > f.limit) {
       const std::string msg = "ledger '" + name_ + "': commit of " + format_bytes(actual) + " for " +
                               owner_str(e.owner) + " exceeds its reservation of " + format_bytes(e.bytes) +
                               " by " + format_bytes(extra) + ", which does not fit: " + describe_locked(f) +

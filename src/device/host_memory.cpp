@@ -14,7 +14,7 @@ constexpr const char* kSelfStatus = "/proc/self/status";
 
 bool is_real_root(const std::string& root) { return trim(root) == "/" || trim(root).empty(); }
 
-template <typename T>
+template <typename... T>
 void set_all_unknown(const std::string& reason, T&... readings) {
   ((readings = Reading<uint64_t>::unknown(reason)), ...);
 }

@@ -1,0 +1,460 @@
+// Estimator vs what the CPU engine really allocates. Measurements come from the
+// global operator new/delete replaced by alloc_tracker.cpp (the engine's KV
+// pool, backend scratch and session buffers are all std::vector / new[]).
+#include "admission/estimator.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "admission/alloc_tracker.h"
+#include "backend/cpu/cpu_backend.h"
+#include "engine/kv_cache.h"
+#include "engine/session.h"
+#include "model/model.h"
+#include "tools/modelgen/random_llama.h"
+
+namespace spw::admission {
+namespace {
+
+using testing::PeakScope;
+
+std::string src(const std::string& rel) { return std::string(SPILLWAY_SOURCE_DIR) + "/" + rel; }
+
+struct TestModel {
+  std::string name;
+  std::shared_ptr<const Model> model;
+};
+
+std::shared_ptr<const Model> load_stories() {
+  auto m = Model::load(Env::default_env(), src("models/stories260K.gguf"));
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? *m : nullptr;
+}
+
+modelgen::RandomLlamaSpec spec(gguf::GgmlType type, uint32_t n_embd, uint32_t n_ff, uint32_t n_head,
+                               uint32_t n_head_kv, uint32_t n_layer, bool tied = false) {
+  modelgen::RandomLlamaSpec s;
+  s.n_embd = n_embd;
+  s.n_ff = n_ff;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.n_layer = n_layer;
+  s.n_ctx = 512;
+  s.type = type;
+  s.tied_output = tied;
+  s.seed = 11;
+  s.vocab_path = src("models/stories260K.gguf");
+  return s;
+}
+
+std::shared_ptr<const Model> generated(const modelgen::RandomLlamaSpec& s) {
+  auto bytes = modelgen::make_random_llama(s);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
+  if (!bytes.ok()) return nullptr;
+  auto file = gguf::GgufFile::parse(make_memory_file(std::move(*bytes), "<generated>"));
+  EXPECT_TRUE(file.ok()) << file.status().to_string();
+  if (!file.ok()) return nullptr;
+  auto m = Model::load_from(std::move(*file));
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? *m : nullptr;
+}
+
+std::vector<TestModel> models() {
+  using gguf::GgmlType;
+  std::vector<TestModel> v;
+  v.push_back({"stories260K", load_stories()});
+  v.push_back({"small-F32", generated(spec(GgmlType::kF32, 64, 96, 4, 2, 2))});
+  v.push_back({"small-F16", generated(spec(GgmlType::kF16, 64, 96, 4, 2, 2))});
+  v.push_back({"small-Q8_0", generated(spec(GgmlType::kQ8_0, 64, 96, 4, 2, 2))});
+  v.push_back({"wide-Q8_0", generated(spec(GgmlType::kQ8_0, 256, 512, 8, 4, 2))});
+  v.push_back({"wide-F16-tied", generated(spec(GgmlType::kF16, 256, 384, 8, 8, 3, true))});
+  return v;
+}
+
+std::vector<TokenId> tokens(int n, int n_vocab) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + 11) % n_vocab;
+  t[0] = 1;
+  return t;
+}
+
+Plan cpu_plan(int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, int32_t block_tokens = 16) {
+  Plan p;
+  p.placement = Placement::kCpu;
+  p.n_ctx = n_ctx;
+  p.n_batch = n_ctx;
+  p.n_ubatch = n_ubatch;
+  p.n_threads = n_threads;
+  p.kv_block_tokens = block_tokens;
+  return p;
+}
+
+// Records |err| per category for the summary printed at the end.
+std::map<std::string, double>& worst() {
+  static std::map<std::string, double> w;
+  return w;
+}
+
+// Within 10% of the measurement, and never below it by more than the
+// allowance (estimate + allowance >= measured).
+void expect_close(const std::string& what, uint64_t est, uint64_t allowance, int64_t measured) {
+  ASSERT_GT(measured, 0) << what;
+  const double err = (static_cast<double>(est) - static_cast<double>(measured)) / static_cast<double>(measured);
+  auto& w = worst()[what.substr(0, what.find(' '))];
+  if (std::abs(err) > std::abs(w)) w = err;
+  EXPECT_LE(std::abs(err), 0.10) << what << ": estimate " << est << " vs measured " << measured;
+  EXPECT_GE(static_cast<int64_t>(est + allowance), measured)
+      << what << ": estimate " << est << " + allowance " << allowance << " below measured " << measured;
+}
+
+std::string cfg(const std::string& model, const Plan& p) {
+  return model + " ctx=" + std::to_string(p.n_ctx) + " ub=" + std::to_string(p.n_ubatch) +
+         " threads=" + std::to_string(p.n_threads) + " bt=" + std::to_string(p.kv_block_tokens);
+}
+
+TEST(Estimator, WeightsAreExactTensorBytes) {
+  for (const auto& tm : models()) {
+    ASSERT_NE(tm.model, nullptr) << tm.name;
+    const gguf::GgufFile& f = tm.model->file();
+    uint64_t table = 0;
+    for (const auto& t : f.tensors()) table += t.nbytes;
+    uint64_t bound = 0;
+    for (const auto& [type, bytes] : tm.model->bytes_by_type()) bound += bytes;
+    auto e = estimate(f, cpu_plan(128, 16, 1));
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ(e->host().weights.bytes, table) << tm.name;
+    EXPECT_EQ(e->host().weights.bytes, bound) << tm.name;  // every tensor is bound by the model
+    EXPECT_EQ(e->weights_total, table);
+    EXPECT_EQ(e->host().weights.allowance, 0u) << "host weights are mapped in place";
+    EXPECT_FALSE(e->gpu().used);
+    EXPECT_EQ(e->gpu().total(), 0u);
+
+    // GPU: the same bytes, each tensor rounded to 256.
+    Plan g = cpu_plan(128, 16, 1);
+    g.placement = Placement::kGpu;
+    auto eg = estimate(f, g);
+    ASSERT_TRUE(eg.ok());
+    EXPECT_EQ(eg->gpu().weights.bytes, table);
+    uint64_t rounding = 0;
+    for (const auto& t : f.tensors()) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
+    EXPECT_EQ(eg->gpu().weights.allowance, rounding);
+    EXPECT_EQ(eg->host().weights.bytes, 0u);
+
+    // Hybrid: split by layer; embedding on the host, head on the GPU.
+    const int32_t nl = tm.model->hparams().n_layer;
+    for (int32_t ngl = 1; ngl < nl; ++ngl) {
+      Plan h = g;
+      h.placement = Placement::kHybrid;
+      h.n_gpu_layers = ngl;
+      auto eh = estimate(f, h);
+      ASSERT_TRUE(eh.ok()) << eh.status().to_string();
+      uint64_t gpu = 0, host = 0;
+      for (const auto& t : f.tensors()) {
+        int layer = -1;
+        if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1) {
+          (layer >= nl - ngl ? gpu : host) += t.nbytes;
+        } else if (t.name == "token_embd.weight") {
+          host += t.nbytes;
+          if (tm.model->output_tied()) gpu += t.nbytes;  // the head needs it on the GPU too
+        } else {
+          gpu += t.nbytes;  // output, output_norm
+        }
+      }
+      EXPECT_EQ(eh->host().weights.bytes, host) << tm.name << " ngl " << ngl;
+      EXPECT_EQ(eh->gpu().weights.bytes, gpu) << tm.name << " ngl " << ngl;
+      ASSERT_EQ(eh->stages.size(), 2u);
+      EXPECT_EQ(eh->stages[1].layer_begin, nl - ngl);
+      // KV splits by layer too.
+      EXPECT_EQ(eh->gpu().kv_bytes_per_token + eh->host().kv_bytes_per_token, eh->kv_bytes_per_token);
+      EXPECT_EQ(eh->gpu().kv_bytes_per_token,
+                2ull * static_cast<uint64_t>(ngl) * static_cast<uint64_t>(tm.model->hparams().n_embd_kv()) * 4);
+    }
+  }
+}
+
+TEST(Estimator, KvMatchesPoolAllocation) {
+  for (const auto& tm : models()) {
+    ASSERT_NE(tm.model, nullptr);
+    const Model& m = *tm.model;
+    for (int32_t ctx : {64, 200, 512}) {
+      for (int32_t bt : {1, 16, 64}) {
+        for (int32_t par : {1, 3}) {
+          Plan p = cpu_plan(ctx, 16, 1, bt);
+          p.n_parallel = par;
+          auto e = estimate(m.file(), p);
+          ASSERT_TRUE(e.ok()) << e.status().to_string();
+          KvPoolOptions o;
+          o.layer_end = m.hparams().n_layer;
+          o.n_embd_kv = m.hparams().n_embd_kv();
+          o.block_tokens = bt;
+          o.n_blocks = par * ((ctx + bt - 1) / bt);
+          PeakScope scope;
+          auto pool = KvPool::create(o);
+          ASSERT_TRUE(pool.ok());
+          const int64_t measured = scope.live_delta();
+          EXPECT_EQ(e->host().kv_bytes_per_token, (*pool)->bytes_per_token());
+          EXPECT_EQ(e->host().kv_bytes_per_block, (*pool)->bytes_per_block());
+          EXPECT_EQ(e->host().kv.bytes,
+                    static_cast<uint64_t>((*pool)->n_blocks()) * (*pool)->bytes_per_block());
+          expect_close("kv-pool " + cfg(tm.name, p), e->host().kv.bytes, e->host().kv.allowance, measured);
+        }
+      }
+    }
+  }
+}
+
+TEST(Estimator, RequestKvIsTheBlocksASessionHolds) {
+  auto m = load_stories();
+  ASSERT_NE(m, nullptr);
+  auto cpu = std::make_shared<CpuBackend>(1);
+  const int32_t V = m->hparams().n_vocab;
+  for (int32_t bt : {1, 7, 16}) {
+    Plan p = cpu_plan(256, 32, 1, bt);
+    auto e = estimate(m->file(), p);
+    ASSERT_TRUE(e.ok());
+    for (auto [prompt, gen] : {std::pair{1, 0}, {30, 5}, {100, 37}, {200, 56}}) {
+      KvPoolOptions o;
+      o.layer_end = m->hparams().n_layer;
+      o.n_embd_kv = m->hparams().n_embd_kv();
+      o.block_tokens = bt;
+      o.n_blocks = (256 + bt - 1) / bt;
+      auto pool = KvPool::create(o);
+      ASSERT_TRUE(pool.ok());
+      SessionOptions so;
+      so.n_ctx = 256;
+      so.n_ubatch = 32;
+      auto s = Session::create(m, cpu, *pool, so);
+      ASSERT_TRUE(s.ok());
+      auto toks = tokens(prompt, V);
+      ASSERT_TRUE((*s)->eval(toks).ok());
+      for (int i = 0; i < gen; ++i) {
+        const TokenId t = (i * 13 + 5) % V;
+        ASSERT_TRUE((*s)->eval(std::span<const TokenId>(&t, 1)).ok());
+      }
+      auto r = e->request(prompt, gen);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->kv[0].bytes, static_cast<uint64_t>((*pool)->blocks_in_use()) * (*pool)->bytes_per_block())
+          << "bt " << bt << " P " << prompt << " M " << gen;
+      EXPECT_EQ(r->blocks, (*pool)->blocks_in_use());
+    }
+  }
+}
+
+// Runs one session to its full context and measures, separately: one
+// forward_layers call at the end of the context (layer scratch), one output
+// call (head scratch), and the whole session's peak heap (all scratch + logits).
+TEST(Estimator, ScratchMatchesCpuBackend) {
+  for (const auto& tm : models()) {
+    ASSERT_NE(tm.model, nullptr);
+    const auto& model = tm.model;
+    const LlamaHparams& hp = model->hparams();
+    for (int32_t threads : {1, 2}) {
+      auto cpu = std::make_shared<CpuBackend>(threads);
+      for (int32_t ctx : {64, 256}) {
+        for (int32_t ub : {1, 8, 32}) {
+          Plan p = cpu_plan(ctx, ub, threads);
+          auto e = estimate(model->file(), p);
+          ASSERT_TRUE(e.ok()) << e.status().to_string();
+          const ScratchTerms& t = e->host().terms;
+          const DeviceCosts& costs = e->config.host;
+          auto pool = KvPool::create({0, hp.n_layer, hp.n_embd_kv(), 16, (ctx + 15) / 16});
+          ASSERT_TRUE(pool.ok());
+
+          // (a) forward_layers at the worst position: the last ubatch of the context.
+          {
+            BlockTable table;
+            ASSERT_TRUE((*pool)->reserve(table, ctx).ok());
+            std::vector<float> hidden(static_cast<size_t>(ub) * static_cast<size_t>(hp.n_embd), 0.01f);
+            auto toks = tokens(ub, hp.n_vocab);
+            ASSERT_TRUE(cpu->embed(*model, toks, hidden.data()).ok());
+            KvSequence kv{pool->get(), &table};
+            // Positions before pos0 must be in the KV; their values do not matter here.
+            PeakScope scope;
+            ASSERT_TRUE(cpu->forward_layers(*model, 0, hp.n_layer, kv, ctx - ub, ub, hidden.data()).ok());
+            const int64_t measured = scope.peak_delta();
+            const uint64_t est = t.layer_activations + t.matmul_prep + static_cast<uint64_t>(threads) * t.attention_row;
+            const uint64_t n_allocs = 9 + 1 + static_cast<uint64_t>(threads);
+            const uint64_t allowance = n_allocs * costs.alignment +
+                                       static_cast<uint64_t>(static_cast<double>(est) * costs.fragmentation);
+            expect_close("layer-scratch " + cfg(tm.name, p), est, allowance, measured);
+
+            // (b) output head for one row.
+            std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
+            PeakScope out_scope;
+            ASSERT_TRUE(cpu->output(*model, hidden.data(), 1, logits.data()).ok());
+            expect_close("output-scratch " + cfg(tm.name, p), t.output_transient,
+                         2 * costs.alignment + t.output_transient / 20, out_scope.peak_delta());
+            (*pool)->release(table);
+          }
+
+          // (c) A whole session: prefill to ctx - 1, then decode one token.
+          {
+            PeakScope scope;
+            SessionOptions so;
+            so.n_ctx = ctx;
+            so.n_ubatch = ub;
+            auto s = Session::create(model, cpu, *pool, so);
+            ASSERT_TRUE(s.ok());
+            auto toks = tokens(ctx - 1, hp.n_vocab);
+            ASSERT_TRUE((*s)->eval(toks).ok());
+            const TokenId last = 3;
+            ASSERT_TRUE((*s)->eval(std::span<const TokenId>(&last, 1)).ok());
+            const int64_t measured = scope.peak_delta();
+            s->reset();
+            auto r = e->request(ctx - 1, 1);
+            ASSERT_TRUE(r.ok());
+            // The plan's scratch + logits for one session equal the request's.
+            EXPECT_EQ(e->host().scratch.bytes + e->host().logits.bytes, r->scratch[0].bytes);
+            expect_close("session-scratch+logits " + cfg(tm.name, p), r->scratch[0].bytes,
+                         r->scratch[0].allowance, measured);
+          }
+        }
+      }
+    }
+  }
+}
+
+// n_parallel sessions on threads sharing one backend: the plan's scratch +
+// logits bound what they allocate together (overlap is not guaranteed, so only
+// the upper bound is asserted).
+TEST(Estimator, ParallelSessionsStayWithinPlan) {
+  auto model = generated(spec(gguf::GgmlType::kQ8_0, 256, 512, 8, 4, 2));
+  ASSERT_NE(model, nullptr);
+  const LlamaHparams& hp = model->hparams();
+  const int32_t par = 3, ctx = 96, ub = 16, threads = 2;
+  Plan p = cpu_plan(ctx, ub, threads);
+  p.n_parallel = par;
+  auto e = estimate(model->file(), p);
+  ASSERT_TRUE(e.ok());
+  auto cpu = std::make_shared<CpuBackend>(threads);
+  auto pool = KvPool::create({0, hp.n_layer, hp.n_embd_kv(), 16, par * ((ctx + 15) / 16)});
+  ASSERT_TRUE(pool.ok());
+  PeakScope scope;
+  {
+    std::vector<std::thread> th;
+    for (int i = 0; i < par; ++i) {
+      th.emplace_back([&] {
+        SessionOptions so;
+        so.n_ctx = ctx;
+        so.n_ubatch = ub;
+        auto s = Session::create(model, cpu, *pool, so);
+        if (!s.ok()) return;
+        auto toks = tokens(ctx, hp.n_vocab);
+        (void)(*s)->eval(toks);
+      });
+    }
+    for (auto& t : th) t.join();
+  }
+  const int64_t measured = scope.peak_delta();
+  const DeviceEstimate& h = e->host();
+  EXPECT_GE(static_cast<int64_t>(h.scratch.with_allowance() + h.logits.with_allowance()), measured);
+  std::printf("parallel %d sessions: estimate %llu + allowance %llu, measured peak %lld\n", par,
+              static_cast<unsigned long long>(h.scratch.bytes + h.logits.bytes),
+              static_cast<unsigned long long>(h.scratch.allowance + h.logits.allowance),
+              static_cast<long long>(measured));
+}
+
+// The host overhead's model-heap part (metadata, tokenizer, norm copies) vs
+// what Model::load allocates (the weights themselves are mapped, not heap).
+TEST(Estimator, ModelHeapOverhead) {
+  for (const char* path : {"models/stories260K.gguf", "tests/data/llama-2-tiny-random.gguf"}) {
+    PeakScope scope;
+    auto m = Model::load(Env::default_env(), src(path));
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const int64_t measured = scope.live_delta();
+    auto e = estimate((*m)->file(), cpu_plan(64, 16, 1));
+    ASSERT_TRUE(e.ok());
+    const Amount& o = e->host().overhead;
+    const uint64_t model_heap = o.bytes - e->config.host.fixed_overhead;
+    std::printf("%s: model heap estimate %llu, measured %lld\n", path, static_cast<unsigned long long>(model_heap),
+                static_cast<long long>(measured));
+    const double err = (static_cast<double>(model_heap) - static_cast<double>(measured)) / static_cast<double>(measured);
+    worst()["model-heap"] = std::abs(err) > std::abs(worst()["model-heap"]) ? err : worst()["model-heap"];
+    EXPECT_LE(std::abs(err), 0.25) << path;
+  }
+}
+
+TEST(Estimator, Errors) {
+  auto m = load_stories();
+  ASSERT_NE(m, nullptr);
+  const gguf::GgufFile& f = m->file();
+  auto expect_bad = [&](Plan p, const std::string& needle) {
+    auto e = estimate(f, p);
+    ASSERT_FALSE(e.ok()) << needle;
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find(needle), std::string::npos) << e.status().to_string();
+  };
+  Plan p = cpu_plan(128, 16, 1);
+  Plan q = p; q.n_ubatch = 0; expect_bad(q, "n_ubatch = 0");
+  q = p; q.n_ubatch = 256; expect_bad(q, "exceeds n_batch");
+  q = p; q.n_batch = 1024; q.n_ubatch = 16; expect_bad(q, "n_batch = 1024");
+  q = p; q.n_parallel = 0; expect_bad(q, "n_parallel = 0");
+  q = p; q.n_ctx = -5; expect_bad(q, "n_ctx = -5");
+  q = p; q.kv_block_tokens = 0; expect_bad(q, "kv_block_tokens = 0");
+  q = p; q.n_gpu_layers = 2; expect_bad(q, "only meaningful for hybrid");
+  q = p; q.placement = Placement::kHybrid; q.n_gpu_layers = m->hparams().n_layer; expect_bad(q, "n_gpu_layers");
+  q = p; q.placement = Placement::kHybrid; q.n_gpu_layers = 0; expect_bad(q, "n_gpu_layers = 0");
+  q = p; q.n_threads = 0; expect_bad(q, "n_threads");
+
+  auto e = estimate(f, p);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->plan.n_ctx, 128);
+  EXPECT_FALSE(e->request(100, 29).ok());
+  EXPECT_NE(e->request(100, 29).status().message().find("exceeds n_ctx = 128"), std::string::npos);
+  EXPECT_FALSE(e->request(0, 0).ok());
+  EXPECT_FALSE(e->request(-1, 4).ok());
+  EXPECT_TRUE(e->request(100, 28).ok());
+  Plan d = p; d.n_ctx = 0; d.n_batch = 64;
+  auto ed = estimate(f, d);
+  ASSERT_TRUE(ed.ok()) << ed.status().to_string();
+  EXPECT_EQ(ed->plan.n_ctx, m->hparams().n_ctx_train);
+
+  // Unknown architecture, named.
+  gguf::GgufWriter w;
+  w.set("general.architecture", gguf::Value::str("mamba"));
+  auto bytes = w.serialize();
+  ASSERT_TRUE(bytes.ok());
+  auto file = gguf::GgufFile::parse(make_memory_file(std::move(*bytes)));
+  ASSERT_TRUE(file.ok());
+  auto ea = estimate(**file, p);
+  ASSERT_FALSE(ea.ok());
+  EXPECT_EQ(ea.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ea.status().message().find("'mamba'"), std::string::npos);
+  // A llama without hparams: the hparams reader's NotFound naming the key.
+  gguf::GgufWriter w2;
+  w2.set("general.architecture", gguf::Value::str("llama"));
+  auto b2 = w2.serialize();
+  ASSERT_TRUE(b2.ok());
+  auto f2 = gguf::GgufFile::parse(make_memory_file(std::move(*b2)));
+  ASSERT_TRUE(f2.ok());
+  auto eh = estimate(**f2, p);
+  ASSERT_FALSE(eh.ok());
+  EXPECT_NE(eh.status().message().find("llama.context_length"), std::string::npos) << eh.status().to_string();
+}
+
+TEST(Estimator, F16KvHalvesKvAndTotalsAddUp) {
+  auto m = load_stories();
+  ASSERT_NE(m, nullptr);
+  Plan p = cpu_plan(256, 32, 2);
+  auto a = estimate(m->file(), p);
+  p.kv_type = KvType::kF16;
+  auto b = estimate(m->file(), p);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->host().kv.bytes, 2 * b->host().kv.bytes);
+  EXPECT_EQ(a->kv_bytes_per_token, 2 * b->kv_bytes_per_token);
+  const DeviceEstimate& h = a->host();
+  EXPECT_EQ(h.bytes(), h.weights.bytes + h.kv.bytes + h.scratch.bytes + h.logits.bytes + h.overhead.bytes);
+  EXPECT_EQ(a->total(), h.total());
+  EXPECT_GT(h.allowance(), 0u);
+  EXPECT_GE(h.overhead.bytes, a->config.host.fixed_overhead);
+}
+
+TEST(Estimator, Summary) {
+  for (const auto& [what, err] : worst()) std::printf("worst relative error %-24s %+.2f%%\n", what.c_str(), 100 * err);
+}
+
+}  // namespace
+}  // namespace spw::admission

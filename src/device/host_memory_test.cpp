@@ -1,0 +1,110 @@
+#include "device/host_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "device/device_test_util.h"
+
+namespace spw::device {
+namespace {
+
+using testing::fixture;
+using testing::ScratchRoot;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(HostMemoryProbe, ReadsFixtureInBytes) {
+  HostMemory m = HostMemoryProbe(Env::default_env(), fixture("v2")).read();
+  ASSERT_TRUE(m.mem_total_bytes.known()) << m.mem_total_bytes.reason();
+  EXPECT_EQ(m.mem_total_bytes.value(), 32768000ull * 1024);
+  EXPECT_EQ(m.mem_total_bytes.source(), "/proc/meminfo");
+  EXPECT_EQ(m.mem_available_bytes.value(), 24000000ull * 1024);
+  EXPECT_EQ(m.mem_free_bytes.value(), 20000000ull * 1024);
+  EXPECT_EQ(m.swap_total_bytes.value(), 8388604ull * 1024);
+  EXPECT_EQ(m.swap_free_bytes.value(), 8000000ull * 1024);
+  ASSERT_TRUE(m.process_rss_bytes.known()) << m.process_rss_bytes.reason();
+  EXPECT_EQ(m.process_rss_bytes.value(), 256000ull * 1024);
+  EXPECT_EQ(m.process_rss_bytes.source(), "/proc/self/status");
+  EXPECT_EQ(m.process_peak_rss_bytes.value(), 512000ull * 1024);
+  EXPECT_EQ(m.process_peak_rss_bytes.source(), "/proc/self/status");
+}
+
+TEST(HostMemoryProbe, MalformedFieldsAreUnknownWithReasons) {
+  HostMemory m = HostMemoryProbe(Env::default_env(), fixture("malformed")).read();
+  ASSERT_FALSE(m.mem_total_bytes.known());
+  EXPECT_TRUE(contains(m.mem_total_bytes.reason(), "MemTotal")) << m.mem_total_bytes.reason();
+  EXPECT_TRUE(contains(m.mem_total_bytes.reason(), "not an unsigned decimal")) << m.mem_total_bytes.reason();
+  ASSERT_FALSE(m.mem_available_bytes.known());
+  EXPECT_EQ(m.mem_available_bytes.reason(), "MemAvailable not found in /proc/meminfo");
+  ASSERT_FALSE(m.mem_free_bytes.known());
+  EXPECT_TRUE(contains(m.mem_free_bytes.reason(), "no 'kB' unit")) << m.mem_free_bytes.reason();
+  ASSERT_FALSE(m.swap_total_bytes.known());
+  EXPECT_TRUE(contains(m.swap_total_bytes.reason(), "overflows")) << m.swap_total_bytes.reason();
+  ASSERT_FALSE(m.swap_free_bytes.known());
+  EXPECT_TRUE(contains(m.swap_free_bytes.reason(), "'-5'")) << m.swap_free_bytes.reason();
+  ASSERT_FALSE(m.process_rss_bytes.known());
+  EXPECT_TRUE(contains(m.process_rss_bytes.reason(), "VmRSS")) << m.process_rss_bytes.reason();
+  // The fixture is not the real root, so no getrusage fallback may hide this.
+  ASSERT_FALSE(m.process_peak_rss_bytes.known());
+  EXPECT_EQ(m.process_peak_rss_bytes.reason(), "VmHWM not found in /proc/self/status");
+}
+
+TEST(HostMemoryProbe, ContradictoryFiguresAreNotTrusted) {
+  HostMemory m = HostMemoryProbe(Env::default_env(), fixture("inconsistent")).read();
+  EXPECT_TRUE(m.mem_total_bytes.known());
+  ASSERT_FALSE(m.mem_available_bytes.known());
+  EXPECT_TRUE(contains(m.mem_available_bytes.reason(), "exceeds MemTotal")) << m.mem_available_bytes.reason();
+  EXPECT_FALSE(m.mem_free_bytes.known());
+  EXPECT_FALSE(m.swap_free_bytes.known());
+  EXPECT_TRUE(m.process_rss_bytes.known());
+  ASSERT_FALSE(m.process_peak_rss_bytes.known());
+  EXPECT_TRUE(contains(m.process_peak_rss_bytes.reason(), "below VmRSS")) << m.process_peak_rss_bytes.reason();
+}
+
+TEST(HostMemoryProbe, MissingFilesGiveUnknownNamingThePath) {
+  ScratchRoot root;
+  HostMemory m = HostMemoryProbe(Env::default_env(), root.path()).read();
+  for (const Reading<uint64_t>* r : {&m.mem_total_bytes, &m.mem_available_bytes, &m.mem_free_bytes,
+                                     &m.swap_total_bytes, &m.swap_free_bytes}) {
+    ASSERT_FALSE(r->known());
+    EXPECT_TRUE(contains(r->reason(), root.path() + "/proc/meminfo")) << r->reason();
+  }
+  ASSERT_FALSE(m.process_rss_bytes.known());
+  EXPECT_TRUE(contains(m.process_rss_bytes.reason(), "/proc/self/status")) << m.process_rss_bytes.reason();
+  EXPECT_FALSE(m.process_peak_rss_bytes.known());
+}
+
+TEST(HostMemoryProbe, ZeroTotalIsUnknown) {
+  ScratchRoot root;
+  root.write("proc/meminfo", "MemTotal: 0 kB\nMemAvailable: 0 kB\n");
+  HostMemory m = HostMemoryProbe(Env::default_env(), root.path()).read();
+  EXPECT_FALSE(m.mem_total_bytes.known());
+  EXPECT_TRUE(m.mem_available_bytes.known());  // 0 available is a real (dire) reading
+  EXPECT_EQ(m.mem_available_bytes.value(), 0u);
+}
+
+TEST(HostMemoryProbe, RealMachineIsConsistent) {
+  // Touch memory so this process has a visible resident set.
+  std::vector<char> block(8 << 20, 1);
+  HostMemory m = HostMemoryProbe(Env::default_env()).read();
+  ASSERT_TRUE(m.mem_total_bytes.known()) << m.mem_total_bytes.reason();
+  ASSERT_TRUE(m.mem_available_bytes.known()) << m.mem_available_bytes.reason();
+  EXPECT_GT(m.mem_total_bytes.value(), 0u);
+  EXPECT_LE(m.mem_available_bytes.value(), m.mem_total_bytes.value());
+  EXPECT_LE(m.mem_free_bytes.value(), m.mem_total_bytes.value());
+  ASSERT_TRUE(m.swap_total_bytes.known());
+  ASSERT_TRUE(m.swap_free_bytes.known());
+  EXPECT_LE(m.swap_free_bytes.value(), m.swap_total_bytes.value());
+  ASSERT_TRUE(m.process_rss_bytes.known()) << m.process_rss_bytes.reason();
+  ASSERT_TRUE(m.process_peak_rss_bytes.known()) << m.process_peak_rss_bytes.reason();
+  EXPECT_GE(m.process_rss_bytes.value(), block.size());
+  EXPECT_LE(m.process_rss_bytes.value(), m.process_peak_rss_bytes.value());
+  EXPECT_LT(m.process_peak_rss_bytes.value(), m.mem_total_bytes.value());
+  volatile char sink = block[block.size() / 2];
+  (void)sink;
+}
+
+}  // namespace
+}  // namespace spw::device
