@@ -16,6 +16,16 @@ constexpr uint64_t kF32 = sizeof(float);
 // index node. Calibrated against Model::load heap measurements
 // (estimator_test ModelHeap) on SPM vocabularies; see overhead_model_heap.
 constexpr uint64_t kTokenizerBytesPerToken = 112;
+// KvPool object + its shared_ptr control block (mutex, options, vectors).
+constexpr uint64_t kKvPoolObject = 192;
+// Session object (its vectors' headers, options) and per stage a SessionStage
+// and an empty BlockTable; upper bounds of the libstdc++ sizes.
+constexpr uint64_t kSessionObject = 256;
+constexpr uint64_t kSessionPerStage = 96;
+// matmul_fused: unit_begin table (n_outs + 1 int64, n_outs <= 3).
+constexpr uint64_t kMatmulUnits = 32;
+// A std::function closure of a [&] lambda handed to ThreadPool::parallel_for.
+constexpr uint64_t kTaskClosure = 128;
 // std::map node overhead (red-black node header) in libstdc++.
 constexpr uint64_t kMapNode = 32;
 
@@ -122,29 +132,43 @@ uint64_t output_prep_bytes(const gguf::GgufFile& f, uint64_t rows) {
 
 
 // Scratch of `n_sessions` concurrent sessions on one device: each keeps its
-// hidden + state; their forward passes overlap (worst case), attention rows
-// are `rows` in total. The layer phase and the output phase of one pass are
-// not alive together, so the larger counts.
-Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sessions, uint64_t rows, uint64_t m,
-                uint64_t E, uint64_t KV, uint64_t F, uint64_t half, uint64_t ctx_ids) {
+// hidden + block tables; the phases of their passes overlap (worst case: all
+// in the same phase); attention rows are `rows` in total. Buffers are added one
+// by one so the rounding allowance counts each allocation.
+Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sessions, uint64_t m, uint64_t E,
+                uint64_t KV, uint64_t F, uint64_t half) {
   Acc a;
   a.costs = &costs;
   a.add(t.hidden, n_sessions);
-  if (t.session_state) {
-    a.add(2 * ctx_ids * sizeof(int32_t), n_sessions);
-    a.add(t.session_state - 2 * ctx_ids * sizeof(int32_t), n_sessions);
-  }
-  const uint64_t layers = n_sessions * (t.layer_activations + t.matmul_prep) + rows * t.attention_row;
-  const uint64_t out = n_sessions * t.output_transient;
-  if (t.layer_activations > 0 && layers >= out) {
-    a.add(m * E * kF32, 3 * n_sessions);   // cur, q, att
-    a.add(m * KV * kF32, 2 * n_sessions);  // k, v
-    a.add(m * F * kF32, 2 * n_sessions);   // gate, up
+  a.add(t.session_state, n_sessions);
+  // Only one session at a time is in a pool parallel region, so the extra
+  // workers' rows count once.
+  const uint64_t extra_rows = t.attention_workers - 1;
+  const bool attention_larger = t.attention_row + t.task_closure > t.matmul_prep;
+  const uint64_t fwd =
+      t.layer_activations > 0 ? n_sessions * t.forward_phase() - (n_sessions - 1) * extra_rows * t.attention_row : 0;
+  const uint64_t out = n_sessions * t.output_phase();
+  const uint64_t app = n_sessions * t.append_phase();
+  if (t.layer_activations > 0 && fwd >= out && fwd >= app) {
+    a.add(m * E * kF32, 3 * n_sessions);     // cur, q, att
+    a.add(m * KV * kF32, 2 * n_sessions);    // k, v
+    a.add(m * F * kF32, 2 * n_sessions);     // gate, up
     a.add(m * half * kF32, 2 * n_sessions);  // rope cos, sin
-    a.add(t.matmul_prep, n_sessions);
-    a.add(t.attention_row, rows);
-  } else if (out > 0) {
+    if (attention_larger) {
+      a.add(t.attention_row, n_sessions + extra_rows);
+      a.add(t.task_closure, n_sessions);
+    } else {
+      a.add(t.matmul_prep, n_sessions);
+      a.add(t.attention_row, extra_rows);
+    }
+    a.add(2 * t.tokens, n_sessions);
+  } else if (out >= app) {
     a.add(t.output_transient, n_sessions);
+    a.add(t.logits_row, n_sessions);
+    a.add(2 * t.tokens, n_sessions);
+  } else {
+    a.add(t.logits_row, n_sessions);
+    a.add(3 * t.tokens, n_sessions);
   }
   return a;
 }
@@ -164,10 +188,9 @@ std::string_view kv_type_name(KvType t) { return t == KvType::kF16 ? "F16" : "F3
 std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "host"; }
 size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
 
-uint64_t ScratchTerms::transient_peak(int32_t n_threads) const {
-  const uint64_t layers =
-      layer_activations + matmul_prep + static_cast<uint64_t>(std::max(n_threads, 1)) * attention_row;
-  return std::max(layers, output_transient);
+uint64_t ScratchTerms::transient_peak() const {
+  const uint64_t fwd = layer_activations > 0 ? forward_phase() : 0;
+  return std::max({fwd, output_phase(), append_phase()});
 }
 
 uint64_t DeviceEstimate::allowance() const {
@@ -211,16 +234,16 @@ Result<std::vector<StageLayout>> plan_stages(const Plan& plan, int32_t n_layer) 
   return st;
 }
 
-Result<RequestEstimate> Estimate::request(int32_t p, int32_t m) const {
+Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
   if (p < 0) return bad_plan("prompt_tokens", p, "must be >= 0");
-  if (m < 0) return bad_plan("max_tokens", m, "must be >= 0");
-  const int64_t n = static_cast<int64_t>(p) + m;
+  if (max_new < 0) return bad_plan("max_tokens", max_new, "must be >= 0");
+  const int64_t n = static_cast<int64_t>(p) + max_new;
   if (n == 0) return bad_plan("prompt_tokens + max_tokens", 0, "must be > 0");
   if (n > plan.n_ctx)
     return bad_plan("prompt_tokens + max_tokens", n, "exceeds n_ctx = " + std::to_string(plan.n_ctx));
   RequestEstimate r;
   r.prompt_tokens = p;
-  r.max_new_tokens = m;
+  r.max_new_tokens = max_new;
   r.tokens = static_cast<int32_t>(n);
   r.blocks = (r.tokens + plan.kv_block_tokens - 1) / plan.kv_block_tokens;
   for (int d = 0; d < kNumDeviceKinds; ++d) {
@@ -236,8 +259,7 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t m) const {
     const uint64_t KV = static_cast<uint64_t>(hparams.n_embd_kv());
     const uint64_t F = static_cast<uint64_t>(hparams.n_ff);
     const uint64_t half = static_cast<uint64_t>(hparams.n_rot / 2);
-    const uint64_t rows = d == 0 ? static_cast<uint64_t>(plan.n_threads) : 1;
-    Acc a = scratch_for(de.terms, c, 1, rows, m, E, KV, F, half, static_cast<uint64_t>(plan.n_ctx));
+    Acc a = scratch_for(de.terms, c, 1, m, E, KV, F, half);
     a.add(de.terms.logits);
     r.scratch[d] = a.finish(true);
   }
@@ -331,38 +353,55 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     const uint64_t per_tok = 2 * static_cast<uint64_t>(s.layer_end - s.layer_begin) * KV * kv_type_size(plan.kv_type);
     est.devices[d].kv_bytes_per_token += per_tok;
     est.devices[d].kv_bytes_per_block += per_tok * static_cast<uint64_t>(plan.kv_block_tokens);
+    est.devices[d].kv_storage += per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * blocks_per_seq * P;
     kv[d].add(per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * blocks_per_seq * P);
+    kv[d].add(blocks_per_seq * P * sizeof(int32_t));  // the pool's free-block stack
+    kv[d].add(kKvPoolObject);
     est.kv_bytes_per_token += per_tok;
   }
 
   // Scratch, per device (terms per session; see ScratchTerms).
+  const uint64_t hd = static_cast<uint64_t>(hp.head_dim());
+  const uint64_t nh = static_cast<uint64_t>(hp.n_head);
   for (const auto& s : est.stages) {
     const int d = static_cast<int>(s.device);
     ScratchTerms& t = est.devices[d].terms;
     const bool gpu = s.device == DeviceKind::kGpu;
     t.layer_activations = (3 * m * E + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
-    t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m);
-    // A GPU kernel without flash attention keeps a score row per (token, head).
-    t.attention_row = (gpu ? m * static_cast<uint64_t>(hp.n_head) : 1) * c * kF32;
+    t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
+    t.task_closure = kTaskClosure;
+    if (gpu) {
+      // A GPU kernel without flash attention keeps a score row per (token, head).
+      t.attention_row = m * nh * c * kF32;
+      t.attention_workers = 1;
+      t.hidden = m * E * kF32;  // device copy of the hidden states
+    } else {
+      t.attention_row = c * kF32;
+      // CpuBackend: attention goes to the pool when work >= 2^17 (worst ubatch:
+      // the last one of the context) and there is more than one item.
+      const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 17);
+      t.attention_workers = parallel ? T : 1;
+    }
     if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows);
-    if (gpu) t.hidden = m * E * kF32;  // device copy of the hidden states
   }
   {
     // Host-side session state: hidden_, tokens_, block tables, logits.
     ScratchTerms& h = est.devices[0].terms;
     h.hidden = m * E * kF32;
-    h.session_state = 2 * (c * sizeof(int32_t) + static_cast<uint64_t>(n_stages) * blocks_per_seq * sizeof(int32_t));
-    h.logits = (plan.logits_all ? static_cast<uint64_t>(plan.n_batch) + 1 : 2) * V * kF32;
+    h.session_state = kSessionObject + static_cast<uint64_t>(n_stages) * kSessionPerStage +
+                      2 * static_cast<uint64_t>(n_stages) * blocks_per_seq * sizeof(int32_t);
+    h.tokens = c * sizeof(int32_t);
+    h.logits_row = plan.logits_all ? 0 : V * kF32;
+    h.logits = (plan.logits_all ? static_cast<uint64_t>(plan.n_batch) + 1 : 1) * V * kF32;
     est.devices[0].used = true;  // the session always lives on the host
-    if (est.devices[1].used) est.devices[1].terms.logits = out_rows * V * kF32;  // device logits buffer
+    if (est.devices[1].used) est.devices[1].terms.logits_row = out_rows * V * kF32;  // device logits buffer
   }
   for (int d = 0; d < kNumDeviceKinds; ++d) {
     DeviceEstimate& de = est.devices[d];
     if (!de.used) continue;
     const DeviceCosts& costs = d == 0 ? config.host : config.gpu;
     const ScratchTerms& t = de.terms;
-    const uint64_t rows = d == 0 ? T + P - 1 : P;
-    de.scratch = scratch_for(t, costs, P, rows, m, E, KV, F, half, c).finish(true);
+    de.scratch = scratch_for(t, costs, P, m, E, KV, F, half).finish(true);
     logits[d].add(t.logits, P);
     de.logits = logits[d].finish(true);
     de.weights = weights[d].finish(false);

@@ -14,7 +14,8 @@
 //   kv        the KvPool(s) the plan allocates up front: per stage
 //             n_parallel * ceil(n_ctx / kv_block_tokens) blocks of
 //             bytes_per_block = block_tokens * 2 * n_stage_layers * n_embd_kv *
-//             sizeof(kv_type) (KvPool::create allocates exactly that).
+//             sizeof(kv_type) (KvPool::create allocates exactly that as one
+//             array), plus the pool's free-block stack (4 B per block) and object.
 //   scratch   per-ubatch compute buffers, n_parallel sessions in flight (see
 //             ScratchTerms for each term and where in the engine it comes from).
 //   logits    n_vocab floats per output row (host), see ScratchTerms::logits.
@@ -38,6 +39,7 @@
 // Thread safety: pure functions over immutable inputs; Estimate is a value.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -105,36 +107,61 @@ struct Amount {
 };
 
 // Terms of the scratch and logits categories on one device, for ONE session
-// (Estimate multiplies by n_parallel where sessions are concurrent). m =
-// n_ubatch, c = n_ctx, E = n_embd, KV = n_embd_kv, F = n_ff, V = n_vocab, all F32.
+// (Estimate scales them to n_parallel sessions). m = n_ubatch, c = n_ctx, E =
+// n_embd, KV = n_embd_kv, F = n_ff, V = n_vocab; activations are F32.
+// A session's peak is the largest of three phases that never overlap:
+//   forward  layer_activations + max(matmul_prep, attention_row + task_closure)
+//            + (attention_workers - 1) * attention_row + 2 * tokens
+//            (one forward_layers call; its matmuls and its attention do not
+//            overlap, and pool workers hold one score row each)
+//   output   output_transient + logits_row + 2 * tokens (head; the new row)
+//   append   logits_row + 3 * tokens         (tokens_ grows: old + new arrays)
+// on top of what the session always holds: hidden + session_state (+ logits).
 struct ScratchTerms {
   // Session::hidden_: m*E floats (host; a GPU stage also keeps a device copy).
   uint64_t hidden = 0;
+  // The Session object and its stage/table vectors (a constant), and the
+  // block-table ids, ceil(c/bt) per stage, doubled: KvPool::reserve
+  // reallocates a table (old + new alive).
+  uint64_t session_state = 0;
+  // Session::tokens_ at full context: c ids. A vector that grows keeps up to
+  // 2x its size, and 3x while it reallocates.
+  uint64_t tokens = 0;
   // CpuBackend::forward_layers per call: cur, q, att (m*E each), k, v (m*KV
   // each), gate, up (m*F each), rope cos/sin tables (m*n_rot/2 each).
   uint64_t layer_activations = 0;
-  // matmul_fused's PreparedX, one alive at a time: m row pointers, and for a
-  // Q8_0 matrix m*(cols/32) BlockQ8_0 (34 B) + m*(cols/32) float scales + 2*m
-  // pointers; the max over the stage's matrices (cols up to max(E, F)).
+  // kernels' matmul_fused PreparedX, one alive at a time: m row pointers, and
+  // for a Q8_0 matrix m*(cols/32) BlockQ8_0 (34 B) + as many float scales + 2*m
+  // pointers; the max over the stage's matrices (cols = E or F); plus its
+  // unit table (4 x 8 B) and a thread-pool task closure.
   uint64_t matmul_prep = 0;
-  // Attention score rows: c floats per concurrent attention worker. One session:
-  // n_threads workers (the caller included). n_parallel sessions share the
-  // pool (one parallel region at a time) but run small attention inline, so
-  // the plan's total is (n_threads + n_parallel - 1) rows, not per session.
-  uint64_t attention_row = 0;    // bytes of one row (c floats)
-  // CpuBackend::output per call: cur (rows*E) + PreparedX of the head (rows =
-  // 1, or m with logits_all). Not alive together with the layer terms.
+  // A std::function closure handed to the thread pool (heap-allocated when the
+  // lambda's captures exceed the small buffer); a constant upper bound.
+  uint64_t task_closure = 0;
+  // Attention scores: c floats per concurrent attention worker. The backend
+  // runs attention on its thread pool only when m*n_head*c*head_dim >= 2^17
+  // (and more than one (token, head) item); otherwise inline on one thread.
+  uint64_t attention_row = 0;      // bytes of one worker's row
+  uint64_t attention_workers = 1;  // n_threads when parallel, else 1
+  // CpuBackend::output per call: cur (rows*E) + PreparedX of the head, rows =
+  // 1 (eval) or m (eval_all_logits).
   uint64_t output_transient = 0;
-  // Session bookkeeping: tokens_ (c ids) and the block tables (ceil(c/bt) ids
-  // per stage), doubled because a growing vector briefly holds old and new.
-  uint64_t session_state = 0;
-  // Logits (host): eval keeps last_logits_ (V) while the next row is computed
-  // (V) -> 2V floats; eval_all_logits holds n_batch*V plus the retained row.
+  // eval: the new logits row (V floats) computed while the last one is kept;
+  // eval_all_logits writes into the caller's array (0).
+  uint64_t logits_row = 0;
+  // The logits category: what the session keeps between calls. eval: the
+  // last row (V floats); eval_all_logits: n_batch rows + the last row.
   uint64_t logits = 0;
 
-  // Peak of one forward pass: max(layer_activations + matmul_prep +
-  // n_threads*attention_row, output_transient).
-  uint64_t transient_peak(int32_t n_threads) const;
+  uint64_t forward_phase() const {
+    return layer_activations + std::max(matmul_prep, attention_row + task_closure) +
+           (attention_workers - 1) * attention_row + 2 * tokens;
+  }
+  uint64_t output_phase() const { return output_transient + logits_row + 2 * tokens; }
+  uint64_t append_phase() const { return logits_row + 3 * tokens; }
+  uint64_t transient_peak() const;
+  // One session's scratch category: hidden + session_state + transient_peak().
+  uint64_t session_scratch() const { return hidden + session_state + transient_peak(); }
 };
 
 struct StageLayout {
@@ -156,13 +183,18 @@ struct DeviceEstimate {
   ScratchTerms terms;               // per session, this device
   uint64_t kv_bytes_per_token = 0;  // K+V of this device's layers
   uint64_t kv_bytes_per_block = 0;
+  uint64_t kv_storage = 0;          // K/V arrays alone (n_blocks * bytes_per_block)
   uint64_t allowance() const;
   uint64_t bytes() const;           // sum of categories without allowance
   uint64_t total() const { return bytes() + allowance(); }
 };
 
-// What one request adds on top of the resident model: its KV blocks and one
-// session's scratch + logits, per device.
+// What one request adds on top of the resident model, per device: its KV blocks
+// and one session's scratch + logits (the CPU backend allocates scratch per
+// call, so it is per request, not resident). Where the KV pool is allocated up
+// front for the plan (the CPU engine today: Estimate's kv), the blocks are
+// already inside that and the admission check for them is the pool's free
+// blocks; reserve `kv` in a ledger only for a pool that grows on demand.
 struct RequestEstimate {
   int32_t prompt_tokens = 0;
   int32_t max_new_tokens = 0;

@@ -197,7 +197,7 @@ TEST(Estimator, KvMatchesPoolAllocation) {
           const int64_t measured = scope.live_delta();
           EXPECT_EQ(e->host().kv_bytes_per_token, (*pool)->bytes_per_token());
           EXPECT_EQ(e->host().kv_bytes_per_block, (*pool)->bytes_per_block());
-          EXPECT_EQ(e->host().kv.bytes,
+          EXPECT_EQ(e->host().kv_storage,
                     static_cast<uint64_t>((*pool)->n_blocks()) * (*pool)->bytes_per_block());
           expect_close("kv-pool " + cfg(tm.name, p), e->host().kv.bytes, e->host().kv.allowance, measured);
         }
@@ -275,11 +275,26 @@ TEST(Estimator, ScratchMatchesCpuBackend) {
             PeakScope scope;
             ASSERT_TRUE(cpu->forward_layers(*model, 0, hp.n_layer, kv, ctx - ub, ub, hidden.data()).ok());
             const int64_t measured = scope.peak_delta();
-            const uint64_t est = t.layer_activations + t.matmul_prep + static_cast<uint64_t>(threads) * t.attention_row;
-            const uint64_t n_allocs = 9 + 1 + static_cast<uint64_t>(threads);
+            // How many pool threads hold a score row at once depends on
+            // scheduling (1..attention_workers); the rest is deterministic.
+            const uint64_t est = t.forward_phase() - 2 * t.tokens;
+            const uint64_t fixed = est - (t.attention_workers - 1) * t.attention_row;  // one worker only
+            const uint64_t n_allocs = 9 + 6 + t.attention_workers;
             const uint64_t allowance = n_allocs * costs.alignment +
                                        static_cast<uint64_t>(static_cast<double>(est) * costs.fragmentation);
-            expect_close("layer-scratch " + cfg(tm.name, p), est, allowance, measured);
+            const std::string what = "layer-scratch " + cfg(tm.name, p);
+            // Always: at least the one-worker figure (within 10%), at most the
+            // all-workers figure + allowance.
+            EXPECT_GE(measured, static_cast<int64_t>(fixed - fixed / 10)) << what;
+            EXPECT_LE(measured, static_cast<int64_t>(est + allowance)) << what;
+            const uint64_t sched = (t.attention_workers - 1) * t.attention_row;
+            if (sched * 20 <= est) {
+              expect_close(what, est, allowance, measured);
+            } else {
+              std::printf("%s: %llu of the estimate %llu depends on thread scheduling; measured %lld\n",
+                          what.c_str(), static_cast<unsigned long long>(sched),
+                          static_cast<unsigned long long>(est), static_cast<long long>(measured));
+            }
 
             // (b) output head for one row.
             std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
@@ -290,26 +305,42 @@ TEST(Estimator, ScratchMatchesCpuBackend) {
             (*pool)->release(table);
           }
 
-          // (c) A whole session: prefill to ctx - 1, then decode one token.
+          // (c) A whole session to its full context.
           {
+            // Worst case: a logits row retained and tokens_ at twice its size
+            // while the last full ubatch of the context runs. So: 1 token, a
+            // prefill, 1 decode (tokens_ doubles), then a full ubatch.
+            const int32_t prefill = ctx - ub - 2;
+            auto toks = tokens(prefill, hp.n_vocab);
+            auto tail = tokens(ub, hp.n_vocab);
             PeakScope scope;
             SessionOptions so;
             so.n_ctx = ctx;
             so.n_ubatch = ub;
             auto s = Session::create(model, cpu, *pool, so);
             ASSERT_TRUE(s.ok());
-            auto toks = tokens(ctx - 1, hp.n_vocab);
-            ASSERT_TRUE((*s)->eval(toks).ok());
-            const TokenId last = 3;
-            ASSERT_TRUE((*s)->eval(std::span<const TokenId>(&last, 1)).ok());
+            const TokenId first = 1, one = 3;
+            ASSERT_TRUE((*s)->eval(std::span<const TokenId>(&first, 1)).ok());
+            if (prefill > 0) {
+              ASSERT_TRUE((*s)->eval(toks).ok());
+            }
+            ASSERT_TRUE((*s)->eval(std::span<const TokenId>(&one, 1)).ok());
+            ASSERT_TRUE((*s)->eval(tail).ok());
+            ASSERT_EQ((*s)->n_past(), ctx);
             const int64_t measured = scope.peak_delta();
             s->reset();
             auto r = e->request(ctx - 1, 1);
             ASSERT_TRUE(r.ok());
             // The plan's scratch + logits for one session equal the request's.
             EXPECT_EQ(e->host().scratch.bytes + e->host().logits.bytes, r->scratch[0].bytes);
-            expect_close("session-scratch+logits " + cfg(tm.name, p), r->scratch[0].bytes,
-                         r->scratch[0].allowance, measured);
+            const std::string what = "session-scratch+logits " + cfg(tm.name, p);
+            const uint64_t sched = (t.attention_workers - 1) * t.attention_row;
+            if (sched * 20 <= r->scratch[0].bytes) {
+              expect_close(what, r->scratch[0].bytes, r->scratch[0].allowance, measured);
+            } else {
+              EXPECT_LE(measured, static_cast<int64_t>(r->scratch[0].with_allowance())) << what;
+              EXPECT_GE(measured, static_cast<int64_t>((r->scratch[0].bytes - sched) * 9 / 10)) << what;
+            }
           }
         }
       }
@@ -443,7 +474,7 @@ TEST(Estimator, F16KvHalvesKvAndTotalsAddUp) {
   p.kv_type = KvType::kF16;
   auto b = estimate(m->file(), p);
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->host().kv.bytes, 2 * b->host().kv.bytes);
+  EXPECT_EQ(a->host().kv_storage, 2 * b->host().kv_storage);
   EXPECT_EQ(a->kv_bytes_per_token, 2 * b->kv_bytes_per_token);
   const DeviceEstimate& h = a->host();
   EXPECT_EQ(h.bytes(), h.weights.bytes + h.kv.bytes + h.scratch.bytes + h.logits.bytes + h.overhead.bytes);

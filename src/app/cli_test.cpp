@@ -118,6 +118,17 @@ TEST(CliTest, GenerateRefusesUnknownArchitectureNamingIt) {
   std::remove(path.c_str());
 }
 
+TEST(CliTest, DevicesReportsFiguresWithTheirSources) {
+  const std::string root = std::string(SPILLWAY_SOURCE_DIR) + "/src/device/testdata/v2";
+  CmdResult r = run("devices --json --root " + root);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("8589934592"), std::string::npos) << r.out;  // the fixture's cgroup memory.max
+  CmdResult real = run("devices");
+  ASSERT_EQ(real.exit_code, 0) << real.err;
+  EXPECT_NE(real.out.find("/proc/meminfo"), std::string::npos) << real.out;
+  EXPECT_NE(real.out.find("libnvidia-ml.so.1"), std::string::npos) << real.out;  // unknown, with the reason
+}
+
 TEST(CliTest, BadUsageExitsNonZero) {
   CmdResult r = run("generate --prompt hi");  // --model missing
   EXPECT_NE(r.exit_code, 0);

@@ -12,5 +12,6 @@ void add_inspect(CLI::App& app, int& exit_code);
 void add_tokenize(CLI::App& app, int& exit_code);
 void add_generate(CLI::App& app, int& exit_code);
 void add_serve(CLI::App& app, int& exit_code);
+void add_devices(CLI::App& app, int& exit_code);
 
 }  // namespace spw::app

@@ -60,14 +60,12 @@ struct Mount {
 };
 
 struct Mounts {
-  bool have_mountinfo = false;
   Mount v2;
   Mount v1_memory;
 };
 
 Mounts parse_mountinfo(std::string_view text) {
   Mounts m;
-  m.have_mountinfo = true;
   for (std::string_view line : split(text, '\n')) {
     std::vector<std::string_view> f;
     for (std::string_view t : split(trim(line), ' ')) {

@@ -122,8 +122,7 @@ std::vector<Finding> make_findings(const DeviceInventory& inv) {
   } else {
     const std::string subj = c.path;
     l.text("cgroup", subj, "version",
-           Reading<std::string>::of("v" + std::to_string(c.version), c.version == 2 ? "cgroup:/proc/self/cgroup"
-                                                                                     : "cgroup-v1:/proc/self/cgroup"));
+           Reading<std::string>::of("v" + std::to_string(c.version), "/proc/self/cgroup"));
     l.limit("cgroup", subj, "memory_max", c.max);
     l.limit("cgroup", subj, "memory_max_effective", c.effective_max);
     l.limit("cgroup", subj, "memory_high", c.high);
@@ -136,16 +135,22 @@ std::vector<Finding> make_findings(const DeviceInventory& inv) {
 
   const AmdSysfsReport& a = inv.amd;
   if (a.gpus.empty()) l.unknown("amd_sysfs", "-", "gpus", a.none_reason);
+  for (const std::string& s : a.skipped) {
+    l.text("amd_sysfs", "-", "skipped", Reading<std::string>::of(s, "sysfs:/sys/class/drm"));
+  }
   for (const AmdGpu& g : a.gpus) {
-    l.number("amd_sysfs", g.card, "pci_device_id", Kind::kCount, g.pci_device_id);
+    if (g.pci_device_id.known()) {
+      char id[24];
+      std::snprintf(id, sizeof id, "0x%04llx", static_cast<unsigned long long>(g.pci_device_id.value()));
+      l.text("amd_sysfs", g.card, "pci_device_id", Reading<std::string>::of(id, g.pci_device_id.source()));
+    } else {
+      l.unknown("amd_sysfs", g.card, "pci_device_id", g.pci_device_id.reason());
+    }
     l.number("amd_sysfs", g.card, "vram_total", Kind::kBytes, g.vram_total_bytes);
     l.number("amd_sysfs", g.card, "vram_used", Kind::kBytes, g.vram_used_bytes);
     l.number("amd_sysfs", g.card, "gtt_total", Kind::kBytes, g.gtt_total_bytes);
     l.number("amd_sysfs", g.card, "gtt_used", Kind::kBytes, g.gtt_used_bytes);
     l.number("amd_sysfs", g.card, "busy", Kind::kPercent, g.busy_percent);
-  }
-  for (const std::string& s : a.skipped) {
-    l.text("amd_sysfs", "-", "skipped", Reading<std::string>::of(s, "sysfs:/sys/class/drm"));
   }
 
   const NvmlReport& n = inv.nvml;

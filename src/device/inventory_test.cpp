@@ -60,7 +60,12 @@ TEST(Inventory, CollectsEveryProbeFromFixtureRoot) {
   ASSERT_NE(vram, nullptr);
   EXPECT_EQ(vram->number, 1073741824u);
   EXPECT_EQ(vram->source, "sysfs:/sys/class/drm/card0/device/mem_info_vram_used");
-  EXPECT_NE(find(inv, "amd_sysfs", "-", "skipped"), nullptr);
+  const Finding* skipped = find(inv, "amd_sysfs", "-", "skipped");
+  ASSERT_NE(skipped, nullptr);
+  EXPECT_EQ(skipped->text, "card1: vendor 0x8086, not AMD");
+  const Finding* pci = find(inv, "amd_sysfs", "card0", "pci_device_id");
+  ASSERT_NE(pci, nullptr);
+  EXPECT_EQ(pci->text, "0x744c");
 
   const Finding* name = find(inv, "nvml", "gpu0", "name");
   ASSERT_NE(name, nullptr);

@@ -1,0 +1,88 @@
+// `spillway devices [--json]`: every memory and device figure Spillway can read
+// on this machine, with where each came from, and "unknown (reason)" for what
+// it cannot read. Exit code 0 even when figures are unknown: that is a finding,
+// not a failure.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "app/commands.h"
+#include "core/env.h"
+#include "device/inventory.h"
+
+namespace spw::app {
+namespace {
+
+struct DevicesOptions {
+  bool json = false;
+  std::string root = "/";
+  std::string nvml_library = device::kNvmlLibrary;
+};
+
+nlohmann::json finding_to_json(const device::Finding& f) {
+  nlohmann::json j = {{"probe", f.probe},
+                      {"subject", f.subject},
+                      {"figure", f.figure},
+                      {"kind", device::finding_kind_name(f.kind)},
+                      {"known", f.known}};
+  if (f.known) {
+    if (f.kind == device::Finding::Kind::kText) {
+      j["value"] = f.text;
+    } else if (f.kind == device::Finding::Kind::kLimit && f.unlimited) {
+      j["value"] = "max";
+    } else {
+      j["value"] = f.number;
+    }
+    j["display"] = device::format_finding_value(f);
+    j["source"] = f.source;
+  } else {
+    j["reason"] = f.reason;
+  }
+  return j;
+}
+
+int run_devices(const DevicesOptions& o) {
+  device::CollectOptions c;
+  c.env = &Env::default_env();
+  c.root = o.root;
+  c.nvml_library = o.nvml_library;
+  device::DeviceInventory inv = device::collect_all(c);
+
+  if (o.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& f : inv.findings) arr.push_back(finding_to_json(f));
+    nlohmann::json j = {{"root", o.root}, {"findings", arr}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  std::string group;
+  for (const auto& f : inv.findings) {
+    std::string g = f.probe + (f.subject == "-" || f.subject == f.probe ? "" : " " + f.subject);
+    if (g != group) {
+      std::printf("%s%s\n", group.empty() ? "" : "\n", g.c_str());
+      group = g;
+    }
+    if (f.known) {
+      std::printf("  %-22s %-28s from %s\n", f.figure.c_str(), device::format_finding_value(f).c_str(),
+                  f.source.c_str());
+    } else {
+      std::printf("  %-22s unknown (%s)\n", f.figure.c_str(), f.reason.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_devices(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<DevicesOptions>();
+  CLI::App* sub = app.add_subcommand("devices", "Show host, cgroup and GPU memory readings and where each came from");
+  sub->add_flag("--json", o->json, "Print JSON");
+  sub->add_option("--root", o->root, "Read /proc and /sys below this directory (fixture trees)")->capture_default_str();
+  sub->add_option("--nvml-library", o->nvml_library, "NVML library name or path to dlopen")->capture_default_str();
+  sub->callback([o, &exit_code] { exit_code = run_devices(*o); });
+}
+
+}  // namespace spw::app

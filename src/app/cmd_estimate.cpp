@@ -1,0 +1,260 @@
+// `spillway estimate`: memory a model + serving plan needs, by category and
+// device (admission/estimator.h), from the GGUF header only.
+#include <charconv>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "admission/estimator.h"
+#include "app/commands.h"
+#include "core/env.h"
+#include "gguf/gguf.h"
+
+namespace spw::app {
+namespace {
+
+using admission::Amount;
+using admission::DeviceEstimate;
+using admission::Estimate;
+
+struct EstimateOptions {
+  std::string model;
+  int32_t ctx = 0;
+  int32_t batch = 512;
+  int32_t ubatch = 64;
+  int32_t parallel = 1;
+  int32_t threads = 1;
+  int32_t block_tokens = 16;
+  std::string device = "cpu";
+  std::string kv_type = "f32";
+  bool logits_all = false;
+  std::optional<int32_t> prompt_tokens;
+  std::optional<int32_t> max_tokens;
+  bool json = false;
+};
+
+// "cpu", "gpu", "hybrid:N".
+Status parse_device(const std::string& s, admission::Plan& plan) {
+  if (s == "cpu") {
+    plan.placement = admission::Placement::kCpu;
+  } else if (s == "gpu") {
+    plan.placement = admission::Placement::kGpu;
+  } else if (s.rfind("hybrid:", 0) == 0) {
+    plan.placement = admission::Placement::kHybrid;
+    const std::string n = s.substr(7);
+    int32_t v = -1;
+    auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
+    if (n.empty() || ec != std::errc() || p != n.data() + n.size() || v < 0)
+      return Status::invalid_argument("--device " + s + ": N in hybrid:N must be a layer count");
+    plan.n_gpu_layers = v;
+  } else {
+    return Status::invalid_argument("--device " + s + ": expected cpu, gpu or hybrid:N");
+  }
+  return Status();
+}
+
+nlohmann::json amount_json(const Amount& a) {
+  return {{"bytes", a.bytes}, {"allowance", a.allowance}, {"allocations", a.n_allocations}};
+}
+
+nlohmann::json device_json(const DeviceEstimate& d) {
+  const auto& t = d.terms;
+  return {{"device", std::string(admission::device_kind_name(d.device))},
+          {"weights", amount_json(d.weights)},
+          {"kv", amount_json(d.kv)},
+          {"scratch", amount_json(d.scratch)},
+          {"logits", amount_json(d.logits)},
+          {"overhead", amount_json(d.overhead)},
+          {"bytes", d.bytes()},
+          {"allowance", d.allowance()},
+          {"total", d.total()},
+          {"kv_bytes_per_token", d.kv_bytes_per_token},
+          {"kv_bytes_per_block", d.kv_bytes_per_block},
+          {"scratch_terms_per_session",
+           {{"hidden", t.hidden},
+            {"session_state", t.session_state},
+            {"tokens", t.tokens},
+            {"layer_activations", t.layer_activations},
+            {"matmul_prep", t.matmul_prep},
+            {"attention_row", t.attention_row},
+            {"attention_workers", t.attention_workers},
+            {"output_transient", t.output_transient},
+            {"logits_row", t.logits_row},
+            {"logits", t.logits}}}};
+}
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+void print_row(const char* name, const Amount& h, const Amount& g, bool gpu) {
+  std::printf("  %-10s %14llu %12llu", name, static_cast<unsigned long long>(h.bytes),
+              static_cast<unsigned long long>(h.allowance));
+  if (gpu)
+    std::printf("   %14llu %12llu", static_cast<unsigned long long>(g.bytes),
+                static_cast<unsigned long long>(g.allowance));
+  std::printf("\n");
+}
+
+int run_estimate(const EstimateOptions& o) {
+  admission::Plan plan;
+  plan.n_ctx = o.ctx;
+  plan.n_batch = o.batch;
+  plan.n_ubatch = o.ubatch;
+  plan.n_parallel = o.parallel;
+  plan.n_threads = o.threads;
+  plan.kv_block_tokens = o.block_tokens;
+  plan.logits_all = o.logits_all;
+  if (o.kv_type == "f32" || o.kv_type == "F32") {
+    plan.kv_type = admission::KvType::kF32;
+  } else if (o.kv_type == "f16" || o.kv_type == "F16") {
+    plan.kv_type = admission::KvType::kF16;
+  } else {
+    std::fprintf(stderr, "spillway estimate: --kv-type %s: expected f32 or f16\n", o.kv_type.c_str());
+    return 1;
+  }
+  if (Status st = parse_device(o.device, plan); !st.ok()) {
+    std::fprintf(stderr, "spillway estimate: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  auto file = gguf::GgufFile::open(Env::default_env(), o.model);
+  if (!file.ok()) {
+    std::fprintf(stderr, "spillway estimate: %s\n", file.status().to_string().c_str());
+    return 1;
+  }
+  auto est = admission::estimate(**file, plan);
+  if (!est.ok()) {
+    std::fprintf(stderr, "spillway estimate: %s\n", est.status().to_string().c_str());
+    return 1;
+  }
+  const Estimate& e = *est;
+  std::optional<admission::RequestEstimate> req;
+  if (o.prompt_tokens || o.max_tokens) {
+    auto r = e.request(o.prompt_tokens.value_or(0), o.max_tokens.value_or(0));
+    if (!r.ok()) {
+      std::fprintf(stderr, "spillway estimate: %s\n", r.status().to_string().c_str());
+      return 1;
+    }
+    req = *r;
+  }
+  const bool gpu = e.gpu().used;
+
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["plan"] = {{"device", o.device},
+                 {"placement", std::string(admission::placement_name(e.plan.placement))},
+                 {"n_gpu_layers", e.plan.n_gpu_layers},
+                 {"n_ctx", e.plan.n_ctx},
+                 {"n_batch", e.plan.n_batch},
+                 {"n_ubatch", e.plan.n_ubatch},
+                 {"n_parallel", e.plan.n_parallel},
+                 {"n_threads", e.plan.n_threads},
+                 {"kv_type", std::string(admission::kv_type_name(e.plan.kv_type))},
+                 {"kv_block_tokens", e.plan.kv_block_tokens},
+                 {"logits_all", e.plan.logits_all}};
+    j["hparams"] = e.hparams.to_string();
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& s : e.stages)
+      stages.push_back({{"device", std::string(admission::device_kind_name(s.device))},
+                        {"layer_begin", s.layer_begin},
+                        {"layer_end", s.layer_end},
+                        {"embedding", s.embedding},
+                        {"output", s.output}});
+    j["stages"] = stages;
+    j["weights_total"] = e.weights_total;
+    j["kv_bytes_per_token"] = e.kv_bytes_per_token;
+    nlohmann::json devs = nlohmann::json::array();
+    devs.push_back(device_json(e.host()));
+    if (gpu) devs.push_back(device_json(e.gpu()));
+    j["devices"] = devs;
+    j["total"] = e.total();
+    if (req) {
+      nlohmann::json r = {{"prompt_tokens", req->prompt_tokens},
+                          {"max_new_tokens", req->max_new_tokens},
+                          {"tokens", req->tokens},
+                          {"blocks", req->blocks}};
+      for (int d = 0; d < admission::kNumDeviceKinds; ++d) {
+        if (!e.devices[d].used) continue;
+        const auto kind = static_cast<admission::DeviceKind>(d);
+        r[std::string(admission::device_kind_name(kind))] = {{"kv", amount_json(req->kv[d])},
+                                                              {"scratch", amount_json(req->scratch[d])},
+                                                              {"total", req->total(kind)}};
+      }
+      j["request"] = r;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("model     %s\n", o.model.c_str());
+  std::printf("hparams   %s\n", e.hparams.to_string().c_str());
+  std::printf("plan      device %s, ctx %d, batch %d, ubatch %d, parallel %d, threads %d, KV %s in blocks of %d\n",
+              o.device.c_str(), e.plan.n_ctx, e.plan.n_batch, e.plan.n_ubatch, e.plan.n_parallel, e.plan.n_threads,
+              std::string(admission::kv_type_name(e.plan.kv_type)).c_str(), e.plan.kv_block_tokens);
+  for (const auto& s : e.stages)
+    std::printf("stage     %-4s layers [%d, %d)%s%s\n", std::string(admission::device_kind_name(s.device)).c_str(),
+                s.layer_begin, s.layer_end, s.embedding ? " +embedding" : "", s.output ? " +output" : "");
+  std::printf("KV        %llu bytes/token (all layers), %llu bytes/block on host",
+              static_cast<unsigned long long>(e.kv_bytes_per_token),
+              static_cast<unsigned long long>(e.host().kv_bytes_per_block));
+  if (gpu) std::printf(", %llu bytes/block on gpu", static_cast<unsigned long long>(e.gpu().kv_bytes_per_block));
+  std::printf("\n\n  %-10s %14s %12s", "category", "host bytes", "allowance");
+  if (gpu) std::printf("   %14s %12s", "gpu bytes", "allowance");
+  std::printf("\n");
+  const DeviceEstimate& h = e.host();
+  const DeviceEstimate& g = e.gpu();
+  print_row("weights", h.weights, g.weights, gpu);
+  print_row("kv", h.kv, g.kv, gpu);
+  print_row("scratch", h.scratch, g.scratch, gpu);
+  print_row("logits", h.logits, g.logits, gpu);
+  print_row("overhead", h.overhead, g.overhead, gpu);
+  print_row("sum", Amount{h.bytes(), h.allowance(), 0}, Amount{g.bytes(), g.allowance(), 0}, gpu);
+  std::printf("  %-10s %14llu (%s MiB)", "total", static_cast<unsigned long long>(h.total()), mib(h.total()).c_str());
+  if (gpu) std::printf("   %14llu (%s MiB)", static_cast<unsigned long long>(g.total()), mib(g.total()).c_str());
+  std::printf("\n");
+  if (req) {
+    std::printf("\nrequest   %d prompt + %d new = %d tokens, %d KV blocks per stage\n", req->prompt_tokens,
+                req->max_new_tokens, req->tokens, req->blocks);
+    for (int d = 0; d < admission::kNumDeviceKinds; ++d) {
+      if (!e.devices[d].used) continue;
+      const auto kind = static_cast<admission::DeviceKind>(d);
+      std::printf("  %-4s kv %llu + %llu, scratch+logits %llu + %llu, reserve %llu bytes\n",
+                  std::string(admission::device_kind_name(kind)).c_str(),
+                  static_cast<unsigned long long>(req->kv[d].bytes),
+                  static_cast<unsigned long long>(req->kv[d].allowance),
+                  static_cast<unsigned long long>(req->scratch[d].bytes),
+                  static_cast<unsigned long long>(req->scratch[d].allowance),
+                  static_cast<unsigned long long>(req->total(kind)));
+    }
+  }
+  if (gpu) std::printf("\nnote: GPU figures are provisional until the Vulkan allocator is measured\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_estimate(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<EstimateOptions>();
+  CLI::App* sub = app.add_subcommand("estimate", "Estimate the memory a model and serving plan need, per device");
+  sub->add_option("--model,-m", o->model, "GGUF file")->required();
+  sub->add_option("--ctx", o->ctx, "Context positions per sequence (0 = the model's)");
+  sub->add_option("--batch", o->batch, "Tokens per eval call");
+  sub->add_option("--ubatch", o->ubatch, "Tokens per forward pass");
+  sub->add_option("--parallel", o->parallel, "Concurrent sequences");
+  sub->add_option("--threads", o->threads, "CPU backend threads");
+  sub->add_option("--block-tokens", o->block_tokens, "KV block size in tokens");
+  sub->add_option("--device", o->device, "cpu, gpu or hybrid:N (last N layers on the GPU)");
+  sub->add_option("--kv-type", o->kv_type, "f32 or f16");
+  sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
+  sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");
+  sub->add_option("--max-tokens", o->max_tokens, "Request: maximum new tokens");
+  sub->add_flag("--json", o->json, "Print JSON");
+  sub->callback([o, &exit_code] { exit_code = run_estimate(*o); });
+}
+
+}  // namespace spw::app
