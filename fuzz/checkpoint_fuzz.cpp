@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/hash.h"
 #include "engine/checkpoint.h"
 
 namespace {
@@ -17,15 +18,6 @@ void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-// 64-bit FNV-1a, as the checkpoint format specifies for its trailer.
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 void check_round_trip(std::string_view bytes) {
   auto parsed = spw::parse_checkpoint(bytes);
@@ -45,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   put_le(wrapped, spw::Checkpoint::kVersion, 4);
   put_le(wrapped, payload.size(), 8);
   wrapped.append(payload);
-  put_le(wrapped, fnv1a(payload), 8);
+  put_le(wrapped, spw::fnv1a64(payload), 8);
   check_round_trip(wrapped);
   return 0;
 }

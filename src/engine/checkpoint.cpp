@@ -1,5 +1,7 @@
 #include "engine/checkpoint.h"
 
+#include "core/hash.h"
+
 #include <cstring>
 
 namespace spw {
@@ -8,14 +10,6 @@ namespace {
 
 constexpr char kMagic[8] = {'S', 'P', 'W', 'C', 'K', 'P', 'T', '\0'};
 
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 class Writer {
  public:
@@ -149,7 +143,7 @@ std::string serialize_checkpoint(const Checkpoint& c) {
   w.u32(Checkpoint::kVersion);
   w.u64(p.out.size());
   w.out += p.out;
-  w.u64(fnv1a(p.out));
+  w.u64(fnv1a64(p.out));
   return w.out;
 }
 
@@ -174,7 +168,7 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   Reader tail(bytes.substr(payload_off + static_cast<size_t>(size)));
   uint64_t sum;
   SPW_RETURN_IF_ERROR(tail.u64(sum, "checksum"));
-  if (sum != fnv1a(payload)) return Status::corruption("checkpoint: checksum mismatch (field 'checksum')");
+  if (sum != fnv1a64(payload)) return Status::corruption("checkpoint: checksum mismatch (field 'checksum')");
 
   Checkpoint c;
   Reader r(payload);

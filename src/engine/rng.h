@@ -12,6 +12,8 @@
 #pragma once
 
 #include <array>
+
+#include "core/hash.h"
 #include <cstdint>
 
 namespace spw {
@@ -41,13 +43,8 @@ class Rng {
   std::array<uint64_t, 4> state() const { return s_; }
   void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }
 
-  // One splitmix64 step: advances `x` and returns the mixed output.
-  static uint64_t splitmix64(uint64_t& x) {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
+  // One splitmix64 step (core/hash.h): advances `x` and returns the mixed output.
+  static uint64_t splitmix64(uint64_t& x) { return ::spw::splitmix64(x); }
 
  private:
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }

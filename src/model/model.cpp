@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include "core/hash.h"
 #include "gguf/fp16.h"
 
 #include <cstdio>
@@ -10,41 +11,25 @@ namespace spw {
 
 namespace {
 
-constexpr uint64_t kFnvOffset = 1469598103934665603ull;
-constexpr uint64_t kFnvPrime = 1099511628211ull;
-
-void fnv(uint64_t& h, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= b[i];
-    h *= kFnvPrime;
-  }
-}
-template <typename T>
-void fnv_pod(uint64_t& h, const T& v) {
-  fnv(h, &v, sizeof(v));
-}
-void fnv_str(uint64_t& h, const std::string& s) {
-  fnv_pod(h, static_cast<uint64_t>(s.size()));
-  fnv(h, s.data(), s.size());
-}
-
-void hash_value(uint64_t& h, const gguf::Value& v) {
-  fnv_pod(h, static_cast<uint32_t>(v.type));
+void hash_value(Fnv1a64& h, const gguf::Value& v) {
+  h.u32(static_cast<uint32_t>(v.type));
   std::visit(
       [&](const auto& x) {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, std::string>) {
-          fnv_str(h, x);
+          h.str(x);
         } else if constexpr (std::is_same_v<T, gguf::Array>) {
-          fnv_pod(h, static_cast<uint32_t>(x.elem_type));
-          fnv_pod(h, static_cast<uint64_t>(x.items.size()));
+          h.u32(static_cast<uint32_t>(x.elem_type));
+          h.u64(x.items.size());
           for (const auto& it : x.items) hash_value(h, it);
         } else if constexpr (std::is_same_v<T, bool>) {
-          const uint8_t b = x ? 1 : 0;
-          fnv_pod(h, b);
+          h.u8(x ? 1 : 0);
+        } else if constexpr (std::is_same_v<T, double>) {
+          uint64_t bits;
+          std::memcpy(&bits, &x, sizeof bits);
+          h.u64(bits);
         } else {
-          fnv_pod(h, x);
+          h.u64(static_cast<uint64_t>(x));
         }
       },
       v.v);
@@ -92,7 +77,7 @@ Status Model::bind() {
     return Status::invalid_argument("unsupported architecture '" + arch + "' (general.architecture); only llama");
   SPW_ASSIGN_OR_RETURN(hp_, read_llama_hparams(f));
 
-  uint64_t fp = kFnvOffset;
+  Fnv1a64 fp;
   std::string types_summary;
   auto account = [&](const gguf::TensorInfo& t) {
     n_params_ += static_cast<int64_t>(t.n_elements);
@@ -190,28 +175,29 @@ Status Model::bind() {
                               " tokens but token_embd.weight has " + std::to_string(hp_.n_vocab) + " rows");
 
   // Fingerprint (see header): metadata, tensor table, sampled tensor bytes.
-  fnv_pod(fp, f.file_size());
+  fp.u64(f.file_size());
   for (const auto& [key, value] : f.metadata()) {
-    fnv_str(fp, key);
+    fp.str(key);
     hash_value(fp, value);
   }
   for (const auto& t : f.tensors()) {
-    fnv_str(fp, t.name);
-    fnv_pod(fp, t.type);
-    for (int d = 0; d < gguf::kMaxDims; ++d) fnv_pod(fp, t.ne[d]);
-    fnv_pod(fp, t.offset);
+    fp.str(t.name);
+    fp.u32(t.type);
+    for (int d = 0; d < gguf::kMaxDims; ++d) fp.u64(t.ne[d]);
+    fp.u64(t.offset);
     const uint64_t sample = 64;
     if (t.nbytes <= 3 * sample) {
-      fnv(fp, t.data, static_cast<size_t>(t.nbytes));
+      fp.bytes(t.data, static_cast<size_t>(t.nbytes));
     } else {
-      fnv(fp, t.data, sample);
-      fnv(fp, t.data + t.nbytes / 2, sample);
-      fnv(fp, t.data + t.nbytes - sample, sample);
+      fp.bytes(t.data, sample);
+      fp.bytes(t.data + t.nbytes / 2, sample);
+      fp.bytes(t.data + t.nbytes - sample, sample);
     }
   }
   for (const auto& [type, bytes] : bytes_by_type_) types_summary += (types_summary.empty() ? "" : ",") + type;
-  fingerprint_hash_ = fp ^ (tokenizer_->fingerprint() * kFnvPrime);
-  fingerprint_ = "llama;size=" + std::to_string(f.file_size()) + ";gguf=" + hex64(fp) +
+  const uint64_t gguf_hash = fp.value();
+  fingerprint_hash_ = fp.u64(tokenizer_->fingerprint()).value();
+  fingerprint_ = "llama;size=" + std::to_string(f.file_size()) + ";gguf=" + hex64(gguf_hash) +
                  ";tok=" + hex64(tokenizer_->fingerprint()) + ";types=" + types_summary;
   return Status();
 }

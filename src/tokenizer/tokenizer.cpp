@@ -3,6 +3,8 @@
 // algorithm description (see tokenizer.h for the contract).
 #include "tokenizer/tokenizer.h"
 
+#include "core/hash.h"
+
 #include <algorithm>
 #include <cstring>
 #include <queue>
@@ -21,31 +23,6 @@ struct StringHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
-// FNV-1a, 64 bit. Written out so the fingerprint never depends on the standard
-// library's std::hash, which may differ between builds.
-class Fnv1a {
- public:
-  void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    for (size_t i = 0; i < n; ++i) {
-      h_ ^= b[i];
-      h_ *= 0x100000001b3ULL;
-    }
-  }
-  void u64(uint64_t x) {
-    uint8_t b[8];
-    for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(x >> (8 * i));  // fixed byte order
-    bytes(b, 8);
-  }
-  void str(std::string_view s) {
-    u64(s.size());
-    bytes(s.data(), s.size());
-  }
-  uint64_t value() const { return h_; }
-
- private:
-  uint64_t h_ = 0xcbf29ce484222325ULL;
-};
 
 // Byte length of a UTF-8 sequence from its first byte, as llama.cpp's
 // unicode_len_utf8 computes it (continuation/invalid lead bytes count as 1).
@@ -293,7 +270,7 @@ Result<std::unique_ptr<Tokenizer>> SpmTokenizer::load(const gguf::GgufFile& file
 }
 
 uint64_t SpmTokenizer::compute_fingerprint() const {
-  Fnv1a h;
+  Fnv1a64 h;  // core/hash.h: platform-independent, unlike std::hash
   h.str("spw-tokenizer-v1");
   h.str(model_);
   h.u64(tokens_.size());

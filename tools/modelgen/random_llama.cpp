@@ -1,5 +1,7 @@
 #include "tools/modelgen/random_llama.h"
 
+#include "core/hash.h"
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,21 +14,6 @@ namespace {
 using gguf::GgmlType;
 using gguf::Value;
 
-uint64_t splitmix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 uint32_t file_type_of(GgmlType t) {
   switch (t) {
@@ -73,14 +60,14 @@ Status add_random_tensor(gguf::GgufWriter& w, uint64_t seed, const std::string& 
 }  // namespace
 
 WeightStream::WeightStream(uint64_t seed, std::string_view tensor_name) {
-  state_ = seed ^ fnv1a(tensor_name);
-  splitmix64(&state_);  // decorrelate nearby seeds
+  state_ = seed ^ fnv1a64(tensor_name);
+  splitmix64(state_);  // decorrelate nearby seeds
 }
 
 float WeightStream::next_normal() {
   // Irwin-Hall with four 16-bit uniforms: exact integer sum, mean 4*32767.5,
   // variance ~ 4 * 65536^2 / 12, so (sum - mean) * sqrt(3) / 65536 has var ~1.
-  const uint64_t r = splitmix64(&state_);
+  const uint64_t r = splitmix64(state_);
   const int64_t s = static_cast<int64_t>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) +
                                          (r >> 48));
   constexpr float kScale = 1.7320508075688772f / 65536.0f;
