@@ -9,22 +9,14 @@
 #include <vector>
 
 #include "core/env.h"
+#include "engine/engine_test_util.h"
 #include "model/model.h"
 #include "serve/cpu_executor.h"
 
 namespace spw::serve {
 namespace {
 
-const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
-
-std::shared_ptr<const Model> stories() {
-  static std::shared_ptr<const Model> m = [] {
-    auto r = Model::load(Env::default_env(), kStories);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : nullptr;
-  }();
-  return m;
-}
+using spw::testing::stories;  // engine/engine_test_util.h
 
 GenerationRequest greedy(std::string prompt, int32_t max_tokens) {
   GenerationRequest g;

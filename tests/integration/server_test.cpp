@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "engine/engine_test_util.h"
 #include "http/server.h"
 #include "model/model.h"
 #include "serve/cpu_executor.h"
@@ -23,16 +24,7 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
-
-std::shared_ptr<const Model> stories() {
-  static std::shared_ptr<const Model> m = [] {
-    auto r = Model::load(Env::default_env(), kStories);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : nullptr;
-  }();
-  return m;
-}
+using spw::testing::stories;  // engine/engine_test_util.h
 
 // Holds workers in before_run until opened (deterministic queue states).
 struct Gate {
