@@ -129,6 +129,19 @@ TEST(CliTest, DevicesReportsFiguresWithTheirSources) {
   EXPECT_NE(real.out.find("libnvidia-ml.so.1"), std::string::npos) << real.out;  // unknown, with the reason
 }
 
+TEST(CliTest, EstimateBreaksDownMemoryByCategory) {
+  CmdResult r = run("estimate --json --model " + kStories + " --ctx 256 --ubatch 32 --device cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("kv_bytes_per_token"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j.is_object());
+  // stories260K: 5 layers x 2 (K and V) x 4 KV heads x head dim 8 x 4 bytes.
+  EXPECT_NE(r.out.find("\"kv_bytes_per_token\": 1280"), std::string::npos) << r.out;
+  CmdResult bad = run("estimate --model " + kStories + " --device hybrid:9");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("hybrid"), std::string::npos) << bad.err;
+}
+
 TEST(CliTest, BadUsageExitsNonZero) {
   CmdResult r = run("generate --prompt hi");  // --model missing
   EXPECT_NE(r.exit_code, 0);

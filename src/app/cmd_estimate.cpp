@@ -1,5 +1,6 @@
 // `spillway estimate`: memory a model + serving plan needs, by category and
 // device (admission/estimator.h), from the GGUF header only.
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <memory>
@@ -22,8 +23,8 @@ using admission::Estimate;
 struct EstimateOptions {
   std::string model;
   int32_t ctx = 0;
-  int32_t batch = 512;
-  int32_t ubatch = 64;
+  std::optional<int32_t> batch;   // default: 512, or the context when smaller
+  std::optional<int32_t> ubatch;  // default: 64, or the batch when smaller
   int32_t parallel = 1;
   int32_t threads = 1;
   int32_t block_tokens = 16;
@@ -103,8 +104,9 @@ void print_row(const char* name, const Amount& h, const Amount& g, bool gpu) {
 int run_estimate(const EstimateOptions& o) {
   admission::Plan plan;
   plan.n_ctx = o.ctx;
-  plan.n_batch = o.batch;
-  plan.n_ubatch = o.ubatch;
+  // Defaults follow the engine's: a batch never exceeds the context it fills.
+  plan.n_batch = o.batch.value_or(o.ctx > 0 ? std::min(512, o.ctx) : 512);
+  plan.n_ubatch = o.ubatch.value_or(std::min(64, plan.n_batch));
   plan.n_parallel = o.parallel;
   plan.n_threads = o.threads;
   plan.kv_block_tokens = o.block_tokens;
@@ -243,8 +245,8 @@ void add_estimate(CLI::App& app, int& exit_code) {
   CLI::App* sub = app.add_subcommand("estimate", "Estimate the memory a model and serving plan need, per device");
   sub->add_option("--model,-m", o->model, "GGUF file")->required();
   sub->add_option("--ctx", o->ctx, "Context positions per sequence (0 = the model's)");
-  sub->add_option("--batch", o->batch, "Tokens per eval call");
-  sub->add_option("--ubatch", o->ubatch, "Tokens per forward pass");
+  sub->add_option("--batch", o->batch, "Tokens per eval call (default 512, at most --ctx)");
+  sub->add_option("--ubatch", o->ubatch, "Tokens per forward pass (default 64, at most --batch)");
   sub->add_option("--parallel", o->parallel, "Concurrent sequences");
   sub->add_option("--threads", o->threads, "CPU backend threads");
   sub->add_option("--block-tokens", o->block_tokens, "KV block size in tokens");

@@ -20,12 +20,17 @@
 // exactly as the original. Different backends agree within float tolerance.
 // Errors: InvalidArgument for bad ranges/sizes; a device backend returns
 // DeviceLost / ResourceExhausted as Status, never crashes.
+// KV storage: create_kv_pool() makes a pool whose K/V this backend can use
+// (host F32 by default; a device backend puts them in its memory), and
+// accepts_kv() says whether a given pool's storage is usable here (default:
+// host pools only). Session::create_staged rejects a mismatch.
 // Thread safety: a Backend may be shared by several sessions on different
 // threads; implementations serialise internally where they must (the CPU
 // backend runs one parallel region at a time on its thread pool).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -59,6 +64,13 @@ class Backend {
   // Computes logits for `n_rows` hidden rows (n_rows * n_embd floats) into
   // logits (n_rows * n_vocab floats). `hidden` is not modified.
   virtual Status output(const Model& model, const float* hidden, int32_t n_rows, float* logits) = 0;
+
+  // `owner` names the pool in a device backend's memory accounting.
+  virtual Result<std::shared_ptr<KvPool>> create_kv_pool(const KvPoolOptions& opts, const std::string& owner) {
+    (void)owner;
+    return KvPool::create(opts);
+  }
+  virtual bool accepts_kv(const KvPool& pool) const { return pool.on_host(); }
 };
 
 }  // namespace spw

@@ -5,7 +5,8 @@
 
 namespace spw {
 
-Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
+namespace {
+Status check_options(const KvPoolOptions& o) {
   auto bad = [](const std::string& what, int64_t v) {
     return Status::invalid_argument("KvPool: " + what + " = " + std::to_string(v) + " is invalid");
   };
@@ -14,6 +15,23 @@ Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
   if (o.n_embd_kv <= 0) return bad("n_embd_kv", o.n_embd_kv);
   if (o.block_tokens <= 0) return bad("block_tokens", o.block_tokens);
   if (o.n_blocks <= 0) return bad("n_blocks", o.n_blocks);
+  return Status();
+}
+}  // namespace
+
+Result<std::shared_ptr<KvPool>> KvPool::create_on_device(const KvPoolOptions& o,
+                                                         std::unique_ptr<KvDeviceStorage> storage) {
+  SPW_RETURN_IF_ERROR(check_options(o));
+  if (!storage) return Status::invalid_argument("KvPool: null device storage");
+  std::shared_ptr<KvPool> p(new KvPool(o));
+  p->device_storage_ = std::move(storage);
+  p->free_.reserve(static_cast<size_t>(o.n_blocks));
+  for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);
+  return p;
+}
+
+Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
+  SPW_RETURN_IF_ERROR(check_options(o));
   std::shared_ptr<KvPool> p(new KvPool(o));
   const size_t floats = static_cast<size_t>(o.n_blocks) * static_cast<size_t>(o.layer_end - o.layer_begin) * 2 *
                         p->block_layer_floats();

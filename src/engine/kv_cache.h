@@ -17,17 +17,20 @@
 // guarded by a mutex, so sequences on different threads may share one pool. The
 // K/V contents of a block are touched only by the owner of the table holding it.
 // A BlockTable must be released into the pool it came from before the pool dies.
-// Device backends: the block allocator and BlockTable are device-agnostic; only
-// the storage (k()/v()) is host memory today. A Vulkan backend keeps its own
-// pool for its layer range (hybrid = one pool per stage, see SessionStage) and
-// will need the storage to move behind an interface; the accounting API
-// (bytes_per_token, blocks_free, reserve all-or-nothing) stays as it is.
+// Device backends: the block allocator and BlockTable are device-agnostic. A
+// pool made by create() keeps its K/V in host memory (on_host() is true). A pool
+// made by create_on_device() keeps them in a KvDeviceStorage supplied by a
+// device backend (e.g. VulkanBackend::create_kv_pool); on_host() is false and
+// k()/v() return nullptr, so only that backend can read or write its contents;
+// block ids, tables, counters and reserve/shrink behave exactly as for host
+// pools (hybrid = one pool per stage, see SessionStage).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -40,6 +43,15 @@ struct KvPoolOptions {
   int32_t n_embd_kv = 0;    // floats of K (or V) per token per layer
   int32_t block_tokens = 16;
   int32_t n_blocks = 0;     // capacity
+};
+
+// K/V storage that lives in a device backend's memory. Opaque to the engine:
+// the backend that made it downcasts it. Destroyed with the pool.
+class KvDeviceStorage {
+ public:
+  virtual ~KvDeviceStorage() = default;
+  virtual std::string device_name() const = 0;  // "vulkan:0"
+  virtual size_t bytes() const = 0;             // device bytes held
 };
 
 class BlockTable {
@@ -60,6 +72,13 @@ class KvPool {
   // InvalidArgument naming the bad option. Allocates all storage up front
   // (ResourceExhausted if that fails).
   static Result<std::shared_ptr<KvPool>> create(const KvPoolOptions& opts);
+  // Same options checks; K/V live in `storage` (non-null, sized by the caller
+  // for opts), no host storage is allocated.
+  static Result<std::shared_ptr<KvPool>> create_on_device(const KvPoolOptions& opts,
+                                                          std::unique_ptr<KvDeviceStorage> storage);
+
+  bool on_host() const { return device_storage_ == nullptr; }
+  KvDeviceStorage* device_storage() const { return device_storage_.get(); }
 
   const KvPoolOptions& options() const { return opts_; }
   int32_t block_tokens() const { return opts_.block_tokens; }
@@ -82,7 +101,8 @@ class KvPool {
   void shrink(BlockTable& table, int32_t n_tokens);
   void release(BlockTable& table) { shrink(table, 0); }
 
-  // Layer index `layer` is relative to layer_begin.
+  // Layer index `layer` is relative to layer_begin. Host pools only (nullptr
+  // for a device pool).
   float* k(int32_t block, int32_t layer) { return base(block, layer); }
   float* v(int32_t block, int32_t layer) { return base(block, layer) + block_layer_floats(); }
   const float* k(int32_t block, int32_t layer) const { return const_cast<KvPool*>(this)->k(block, layer); }
@@ -94,12 +114,14 @@ class KvPool {
     return static_cast<size_t>(opts_.block_tokens) * static_cast<size_t>(opts_.n_embd_kv);
   }
   float* base(int32_t block, int32_t layer) {
+    if (!data_) return nullptr;
     return data_.get() + (static_cast<size_t>(block) * static_cast<size_t>(n_layers()) +
                           static_cast<size_t>(layer)) * 2 * block_layer_floats();
   }
 
   KvPoolOptions opts_;
   std::unique_ptr<float[]> data_;
+  std::unique_ptr<KvDeviceStorage> device_storage_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // stack of free block ids
 };

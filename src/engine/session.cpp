@@ -32,6 +32,10 @@ Result<std::unique_ptr<Session>> Session::create_staged(std::shared_ptr<const Mo
       return Status::invalid_argument(where + "layers [" + std::to_string(s.layer_begin) + ", " +
                                       std::to_string(s.layer_end) + ") do not continue from layer " +
                                       std::to_string(next));
+    if (!s.backend->accepts_kv(*s.pool))
+      return Status::invalid_argument(where + "backend " + s.backend->name() + " cannot use this KV pool's storage (" +
+                                      (s.pool->on_host() ? std::string("host") : s.pool->device_storage()->device_name()) +
+                                      "); make the pool with that backend's create_kv_pool()");
     const KvPoolOptions& po = s.pool->options();
     if (po.layer_begin != s.layer_begin || po.layer_end != s.layer_end)
       return Status::invalid_argument(where + "KV pool covers layers [" + std::to_string(po.layer_begin) + ", " +

@@ -431,41 +431,41 @@ std::string render_chat_completion(const CompletionResult& r) {
   return dump(j);
 }
 
-std::string render_completion_chunk(const ChunkFields& c) {
+namespace {
+
+// The envelope both stream chunk kinds share; `choice` is the one choice of a
+// content chunk (a usage-only chunk has none).
+std::string render_chunk(const ChunkFields& c, const char* object, const json& choice) {
   json j;
   j["id"] = c.id;
-  j["object"] = "text_completion";
+  j["object"] = object;
   j["created"] = c.created;
   j["model"] = c.model;
   if (c.usage_only) {
     j["choices"] = json::array();
     j["usage"] = usage_json(c.prompt_tokens, c.completion_tokens);
   } else {
-    j["choices"] = json::array({{{"text", c.text}, {"index", 0}, {"logprobs", nullptr},
-                                 {"finish_reason", nullable(c.finish_reason)}}});
+    j["choices"] = json::array({choice});
   }
   if (c.spillway) j["spillway"] = spillway_json(*c.spillway);
   return dump(j);
 }
 
+}  // namespace
+
+std::string render_completion_chunk(const ChunkFields& c) {
+  return render_chunk(c, "text_completion",
+                      {{"text", c.text}, {"index", 0}, {"logprobs", nullptr},
+                       {"finish_reason", nullable(c.finish_reason)}});
+}
+
 std::string render_chat_chunk(const ChunkFields& c) {
-  json j;
-  j["id"] = c.id;
-  j["object"] = "chat.completion.chunk";
-  j["created"] = c.created;
-  j["model"] = c.model;
-  if (c.usage_only) {
-    j["choices"] = json::array();
-    j["usage"] = usage_json(c.prompt_tokens, c.completion_tokens);
-  } else {
-    json delta = json::object();
-    if (c.role_delta) delta["role"] = "assistant";
-    if (c.role_delta || !c.text.empty()) delta["content"] = c.text;
-    j["choices"] = json::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr},
-                                 {"finish_reason", nullable(c.finish_reason)}}});
-  }
-  if (c.spillway) j["spillway"] = spillway_json(*c.spillway);
-  return dump(j);
+  json delta = json::object();
+  if (c.role_delta) delta["role"] = "assistant";
+  if (c.role_delta || !c.text.empty()) delta["content"] = c.text;
+  return render_chunk(c, "chat.completion.chunk",
+                      {{"index", 0}, {"delta", delta}, {"logprobs", nullptr},
+                       {"finish_reason", nullable(c.finish_reason)}});
 }
 
 std::string render_error(const ApiError& e, const std::string& model) {

@@ -1,0 +1,34 @@
+#version 450
+// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight; one workgroup per token,
+// fixed tree reduction. y may alias x only through separate bindings of
+// distinct buffers (callers never alias).
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+layout(local_size_x = WG) in;
+
+layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer Wt { float wt[]; };
+layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+
+layout(push_constant) uniform PC {
+  uint n;
+  float eps;
+} pc;
+
+shared float red[WG];
+
+void main() {
+  const uint t = gl_WorkGroupID.x;
+  const uint tid = gl_LocalInvocationID.x;
+  const uint b = t * pc.n;
+  float s = 0.0;
+  for (uint i = tid; i < pc.n; i += WG) s = fma(x[b + i], x[b + i], s);
+  red[tid] = s;
+  barrier();
+  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+    if (tid < k) red[tid] += red[tid + k];
+    barrier();
+  }
+  const float scale = 1.0 / sqrt(red[0] / float(pc.n) + pc.eps);
+  for (uint i = tid; i < pc.n; i += WG) y[b + i] = x[b + i] * scale * wt[i];
+}

@@ -1,0 +1,33 @@
+#version 450
+// llama.cpp "normal" RoPE in place: pairs (2i, 2i+1), i < n_rot/2, of every
+// head rotated by the host-computed table (cos then sin, [n_tokens][half]).
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+layout(local_size_x = WG) in;
+
+layout(std430, binding = 0) buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer CS { float cs[]; };
+
+layout(push_constant) uniform PC {
+  uint n_tokens;
+  uint n_heads;
+  uint head_dim;
+  uint half_rot;
+  uint stride;  // floats per token in x
+} pc;
+
+void main() {
+  const uint g = flat_invocation();
+  if (g >= pc.n_tokens * pc.n_heads * pc.half_rot) return;
+  const uint i = g % pc.half_rot;
+  const uint h = (g / pc.half_rot) % pc.n_heads;
+  const uint t = g / (pc.half_rot * pc.n_heads);
+  const uint o = t * pc.stride + h * pc.head_dim + 2u * i;
+  const float c = cs[t * pc.half_rot + i];
+  const float s = cs[pc.n_tokens * pc.half_rot + t * pc.half_rot + i];
+  const float x0 = x[o], x1 = x[o + 1u];
+  precise float a = x0 * c - x1 * s;
+  precise float b = x0 * s + x1 * c;
+  x[o] = a;
+  x[o + 1u] = b;
+}

@@ -1,0 +1,93 @@
+// VulkanContext: instance, one physical + logical device, a compute queue, a
+// command pool, a fence, and the health state of all of it. Internal to the
+// Vulkan backend (includes vulkan.h).
+//
+// Contract: create() opens the device chosen by options.device (see
+// VulkanBackendOptions). check(r, what) turns a VkResult into a Status:
+// VK_TIMEOUT -> DeadlineExceeded, VK_ERROR_DEVICE_LOST -> DeviceLost,
+// VK_ERROR_OUT_OF_{DEVICE,HOST}_MEMORY -> ResourceExhausted, others ->
+// Internal; any of these marks the context unhealthy (sticky until a new
+// context is made). submit_and_wait() submits one command buffer and waits on
+// the fence with the configured timeout; it consults the FaultInjector first.
+// Thread safety: submit_and_wait and the command pool are used under the
+// backend's mutex; healthy()/health_reason() may be read from any thread.
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/vulkan/fault_injector.h"
+#include "backend/vulkan/vulkan_backend.h"
+#include "core/status.h"
+
+namespace spw {
+
+class DeviceAllocator;
+
+std::string vk_result_name(VkResult r);
+
+// Fills a VulkanDeviceInfo for one physical device (no logical device needed).
+VulkanDeviceInfo describe_physical_device(VkInstance instance, VkPhysicalDevice pd, uint32_t index);
+
+class VulkanContext {
+ public:
+  static Result<std::shared_ptr<VulkanContext>> create(const VulkanBackendOptions& options, FaultInjector* faults);
+  ~VulkanContext();
+  VulkanContext(const VulkanContext&) = delete;
+  VulkanContext& operator=(const VulkanContext&) = delete;
+
+  VkDevice device() const { return device_; }
+  VkPhysicalDevice physical_device() const { return physical_; }
+  const VkPhysicalDeviceProperties& properties() const { return props_; }
+  const VkPhysicalDeviceMemoryProperties& memory_properties() const { return mem_props_; }
+  const VulkanDeviceInfo& info() const { return info_; }
+  uint64_t max_buffer_bytes() const { return max_buffer_bytes_; }  // device limit for one buffer
+  uint64_t weight_chunk_bytes() const { return weight_chunk_bytes_; }  // largest buffer of one weight tensor
+  uint32_t fence_timeout_ms() const { return fence_timeout_ms_; }
+  FaultInjector* faults() const { return faults_; }
+  DeviceAllocator& allocator() { return *allocator_; }
+  // Per-heap budget/usage (VK_EXT_memory_budget) or -1 when unsupported.
+  std::vector<VulkanHeapInfo> heap_budgets() const;
+
+  Status check(VkResult r, const char* what);
+  void mark_unhealthy(const std::string& reason);
+  bool healthy() const { return healthy_.load(); }
+  std::string health_reason() const;
+  Status require_healthy() const;  // Unavailable naming the reason when unhealthy
+
+  VkCommandBuffer command_buffer() const { return cmd_; }
+  // Ends nothing: the caller has ended recording. Submits cmd_, waits.
+  Status submit_and_wait();
+  void wait_idle();  // best effort, before teardown
+
+ private:
+  VulkanContext() = default;
+
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkPhysicalDeviceProperties props_{};
+  VkPhysicalDeviceMemoryProperties mem_props_{};
+  VulkanDeviceInfo info_;
+  bool budget_ext_ = false;
+  uint64_t max_buffer_bytes_ = 0;
+  uint64_t weight_chunk_bytes_ = 0;
+  uint32_t fence_timeout_ms_ = 30000;
+  FaultInjector* faults_ = nullptr;
+  std::unique_ptr<DeviceAllocator> allocator_;
+  std::atomic<bool> healthy_{true};
+  mutable std::mutex health_mu_;
+  std::string health_reason_;
+};
+
+}  // namespace spw

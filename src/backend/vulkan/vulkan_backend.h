@@ -1,0 +1,161 @@
+// VulkanBackend: the llama forward pass as Vulkan compute shaders.
+//
+// Contract: implements Backend (backend/backend.h). create() opens a Vulkan
+// instance and one physical device (chosen by index or name substring), a
+// compute queue and the DeviceAllocator through which every byte of device
+// memory goes (budget, accounting by category and owner, peaks). prepare()
+// uploads the weights of the asked layers (and embedding / output head) once
+// per model, through a staging buffer; sessions of the same model share them.
+// Tensors larger than one buffer may hold (maxStorageBufferRange, 128 MiB on
+// lavapipe, or options.max_buffer_bytes) are split by rows over several
+// buffers (options.max_buffer_bytes can lower this for weights). K/V live in device memory: make pools with create_kv_pool() (the
+// engine's block tables and counters are unchanged; see engine/kv_cache.h).
+// Numerics: F32 / F16 weights use F32 FMA dot products; Q8_0 weights run
+// against activations quantised to Q8_0 with an integer dot per block
+// (llama.cpp semantics). Reductions have a fixed order per (row, token), so
+// results are bitwise independent of batch size and ubatch split; they agree
+// with the CPU backend within float tolerance, not bitwise.
+// Errors: every device wait has a finite timeout (options.fence_timeout_ms).
+// VK_TIMEOUT -> DeadlineExceeded, VK_ERROR_DEVICE_LOST -> DeviceLost,
+// VK_ERROR_OUT_OF_{DEVICE,HOST}_MEMORY -> ResourceExhausted; after any of these
+// the backend is unhealthy (healthy() false, health_reason() says why) and every
+// call returns Unavailable until reinitialize() succeeds (which drops uploaded
+// weights; prepare again; KV pools made before it are rejected). A request that
+// would exceed the memory budget is ResourceExhausted with the numbers, before
+// any driver call, and leaves the backend healthy. Nothing here crashes on a
+// device error. Built without Vulkan (vulkan_built_in() false), create() and
+// list_vulkan_devices() return Unavailable.
+// Thread safety: one VulkanBackend may be shared by sessions on several
+// threads; calls are serialised on an internal mutex (one queue). memory_stats(),
+// healthy() and faults() may be called at any time.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/vulkan/fault_injector.h"
+
+namespace spw {
+
+// True when this binary was built with the Vulkan backend (not whether a
+// device exists: see list_vulkan_devices()).
+bool vulkan_built_in();
+
+struct VulkanHeapInfo {
+  uint64_t size_bytes = 0;
+  bool device_local = false;
+  // From VK_EXT_memory_budget; -1 when the extension is not supported.
+  int64_t budget_bytes = -1;
+  int64_t usage_bytes = -1;
+};
+
+struct VulkanDeviceInfo {
+  uint32_t index = 0;
+  std::string name;         // VkPhysicalDeviceProperties::deviceName
+  std::string type;         // "discrete-gpu", "integrated-gpu", "virtual-gpu", "cpu", "other"
+  uint32_t vendor_id = 0;
+  uint32_t device_id = 0;
+  std::string vendor;       // "NVIDIA", "AMD", "Intel", "Mesa", ... or hex id
+  std::string driver;       // driverName + driverInfo, e.g. "llvmpipe (Mesa 22.3.6 ...)"
+  std::string api_version;  // "1.3.230"
+  std::vector<VulkanHeapInfo> heaps;
+  bool memory_budget_ext = false;  // VK_EXT_memory_budget
+  bool has_compute_queue = false;
+  uint32_t subgroup_size = 0;
+  uint64_t max_storage_buffer_range = 0;
+  uint64_t max_allocation_bytes = 0;  // maxMemoryAllocationSize (Vulkan 1.1)
+};
+
+// Every physical device the loader reports. Unavailable when Vulkan is not
+// built in or no loader/driver is present (the message says which); an empty
+// list is returned as Unavailable too ("no Vulkan devices").
+Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices();
+
+struct VulkanBackendOptions {
+  // "" = first device with a compute queue; "N" = index N; otherwise the first
+  // device whose name contains this substring (case-insensitive).
+  std::string device;
+  uint64_t memory_budget_bytes = 0;  // 0 = size of the largest device-local heap
+  uint32_t fence_timeout_ms = 30000;
+  // Largest buffer of one weight tensor (larger tensors are split by rows);
+  // 0 = the device limit, min(maxStorageBufferRange, maxMemoryAllocationSize).
+  // Tests lower it to exercise splitting.
+  uint64_t max_buffer_bytes = 0;
+  // Enables VK_LAYER_KHRONOS_validation when installed (also on by default in
+  // builds without NDEBUG).
+  bool validation = false;
+};
+
+enum class MemoryCategory : int { kWeights = 0, kKv = 1, kScratch = 2, kStaging = 3 };
+inline constexpr int kMemoryCategoryCount = 4;
+const char* memory_category_name(MemoryCategory c);
+
+struct DeviceMemoryStats {
+  uint64_t budget_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t peak_bytes = 0;
+  std::array<uint64_t, kMemoryCategoryCount> used_by_category{};
+  std::array<uint64_t, kMemoryCategoryCount> peak_by_category{};
+  std::map<std::string, uint64_t> used_by_owner;  // "model:<hash>", "kv:<owner>", "scratch"
+  uint32_t n_allocations = 0;       // live vkAllocateMemory allocations
+  uint64_t n_budget_rejections = 0;  // requests refused by the budget
+  std::vector<VulkanHeapInfo> heaps;  // with budget/usage when VK_EXT_memory_budget exists
+};
+
+class VulkanBackend final : public Backend {
+ public:
+  static Result<std::shared_ptr<VulkanBackend>> create(const VulkanBackendOptions& options = {});
+  ~VulkanBackend() override;
+  VulkanBackend(const VulkanBackend&) = delete;
+  VulkanBackend& operator=(const VulkanBackend&) = delete;
+
+  std::string name() const override;  // "vulkan:<index>"
+  Status prepare(const Model& model, int32_t layer_begin, int32_t layer_end, bool embedding,
+                 bool output) override;
+  Status embed(const Model& model, std::span<const TokenId> tokens, float* hidden) override;
+  Status forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end, const KvSequence& kv,
+                        int32_t pos0, int32_t n_tokens, float* hidden) override;
+  Status output(const Model& model, const float* hidden, int32_t n_rows, float* logits) override;
+
+  // K/V of opts' layers in device memory (category kv, owner "kv:<owner>").
+  // ResourceExhausted over budget; InvalidArgument when one layer's K (or V)
+  // exceeds the largest buffer.
+  Result<std::shared_ptr<KvPool>> create_kv_pool(const KvPoolOptions& opts, const std::string& owner) override;
+  // Only pools from this backend's create_kv_pool (since the last reinitialize).
+  bool accepts_kv(const KvPool& pool) const override;
+
+  // Frees a model's uploaded weights (call before the Model dies if the backend
+  // outlives it; weights are keyed by Model address and fingerprint).
+  void release_model(const Model& model);
+
+  const VulkanDeviceInfo& device_info() const;
+  const VulkanBackendOptions& options() const;
+  DeviceMemoryStats memory_stats() const;
+  FaultInjector& faults();
+  bool healthy() const;
+  std::string health_reason() const;  // empty when healthy
+  // Tears down the device and everything on it and opens it again.
+  Status reinitialize();
+
+  // Single ops on host data, for conformance tests and diagnostics. The weight
+  // is uploaded to a temporary buffer (category scratch, owner "op").
+  Status op_matmul(const WeightMatrix& w, const float* x, int32_t n_tokens, float* y);
+  Status op_rms_norm(const float* x, const float* weight, int32_t n, int32_t n_tokens, float eps, float* y);
+  Status op_swiglu(const float* gate, const float* up, int64_t n, float* out);
+  Status op_add(float* y, const float* x, int64_t n);
+  Status op_rope(float* x, int32_t n_tokens, int32_t n_heads, int32_t head_dim, int32_t n_rot, int32_t pos0,
+                 float freq_base);
+
+  struct Impl;
+
+ private:
+  explicit VulkanBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spw

@@ -1,0 +1,462 @@
+// Vulkan backend against the CPU backend: single ops on random inputs, whole
+// models (logits and greedy tokens, single device and hybrid), memory budget,
+// tensor splitting and injected faults. Runs on lavapipe in CI; skips when the
+// loader finds no Vulkan device.
+#include "backend/vulkan/vulkan_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "backend/cpu/kernels.h"
+#include "engine/engine_test_util.h"
+#include "gguf/quant.h"
+
+namespace spw {
+namespace {
+
+using testing::make_pool;
+
+std::string g_skip_reason;
+
+std::shared_ptr<VulkanBackend> make_backend(VulkanBackendOptions o = {}) {
+  auto b = VulkanBackend::create(o);
+  if (!b.ok()) {
+    g_skip_reason = "no usable Vulkan device: " + b.status().to_string();
+    return nullptr;
+  }
+  return *b;
+}
+
+#define VK_OR_SKIP(var, ...)                          \
+  auto var = make_backend(__VA_ARGS__);               \
+  if (!var) GTEST_SKIP() << g_skip_reason
+
+double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return den == 0 ? num : num / den;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A weight matrix of `type` in host memory holding `rows` x `cols` random values.
+struct HostMatrix {
+  std::vector<uint8_t> bytes;
+  WeightMatrix w;
+};
+HostMatrix random_matrix(gguf::GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  HostMatrix m;
+  const auto f = random_floats(static_cast<size_t>(rows * cols), seed, 0.05f);
+  const size_t row_bytes = type == gguf::GgmlType::kF32   ? cols * 4
+                           : type == gguf::GgmlType::kF16 ? cols * 2
+                                                          : cols / 32 * 34;
+  m.bytes.resize(row_bytes * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    Status st = gguf::quantize_row(type, f.data() + r * cols, m.bytes.data() + r * row_bytes, cols);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+  }
+  m.w.data = m.bytes.data();
+  m.w.type = type;
+  m.w.n_rows = rows;
+  m.w.n_cols = cols;
+  m.w.row_bytes = row_bytes;
+  return m;
+}
+
+std::vector<TokenId> some_tokens(int n, int n_vocab, int salt = 0) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + 11 + salt * 101) % n_vocab;
+  t[0] = 1;
+  return t;
+}
+
+std::shared_ptr<KvPool> vk_pool(VulkanBackend& b, const Model& m, int32_t lb, int32_t le, int32_t bt, int32_t nb,
+                                const std::string& owner = "test") {
+  KvPoolOptions o;
+  o.layer_begin = lb;
+  o.layer_end = le;
+  o.n_embd_kv = m.hparams().n_embd_kv();
+  o.block_tokens = bt;
+  o.n_blocks = nb;
+  auto p = b.create_kv_pool(o, owner);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? *p : nullptr;
+}
+
+std::shared_ptr<KvPool> host_pool(const Model& m, int32_t lb, int32_t le, int32_t bt, int32_t nb) {
+  KvPoolOptions o;
+  o.layer_begin = lb;
+  o.layer_end = le;
+  o.n_embd_kv = m.hparams().n_embd_kv();
+  o.block_tokens = bt;
+  o.n_blocks = nb;
+  return *KvPool::create(o);
+}
+
+std::unique_ptr<Session> vk_session(std::shared_ptr<const Model> m, std::shared_ptr<VulkanBackend> b, int32_t bt = 16,
+                                    int32_t nb = 8, SessionOptions so = {}) {
+  auto pool = vk_pool(*b, *m, 0, m->hparams().n_layer, bt, nb);
+  return testing::make_session(std::move(m), b, pool, so);
+}
+
+std::vector<float> all_logits(Session& s, std::span<const TokenId> toks) {
+  auto r = s.eval_all_logits(toks);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : std::vector<float>{};
+}
+
+// Greedy continuation of `prompt` for n tokens.
+std::vector<TokenId> greedy(Session& s, std::vector<TokenId> prompt, int n) {
+  std::vector<TokenId> out;
+  auto r = s.eval(prompt);
+  for (int i = 0; i < n && r.ok(); ++i) {
+    const auto& l = *r;
+    const TokenId best = static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
+    out.push_back(best);
+    r = s.eval(std::span<const TokenId>(&best, 1));
+  }
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return out;
+}
+
+TEST(VulkanDevices, ListsDevicesWithHeaps) {
+  auto devs = list_vulkan_devices();
+  if (!devs.ok()) GTEST_SKIP() << devs.status().to_string();
+  ASSERT_FALSE(devs->empty());
+  for (const auto& d : *devs) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_FALSE(d.heaps.empty()) << d.name;
+    EXPECT_GT(d.heaps[0].size_bytes, 0u);
+    EXPECT_GT(d.max_storage_buffer_range, 0u);
+    if (!d.memory_budget_ext) {
+      EXPECT_EQ(d.heaps[0].budget_bytes, -1);
+    }
+    std::printf("device %u: %s (%s, %s, %s) api %s subgroup %u heaps %zu budget_ext %d\n", d.index, d.name.c_str(),
+                d.type.c_str(), d.vendor.c_str(), d.driver.c_str(), d.api_version.c_str(), d.subgroup_size,
+                d.heaps.size(), d.memory_budget_ext);
+  }
+  EXPECT_TRUE(vulkan_built_in());
+}
+
+TEST(VulkanDevices, SelectsByNameAndRejectsUnknown) {
+  VK_OR_SKIP(b);
+  VulkanBackendOptions o;
+  o.device = b->device_info().name.substr(0, 4);
+  auto by_name = VulkanBackend::create(o);
+  ASSERT_TRUE(by_name.ok()) << by_name.status().to_string();
+  EXPECT_EQ((*by_name)->device_info().name, b->device_info().name);
+  o.device = "no-such-gpu-xyz";
+  EXPECT_EQ(VulkanBackend::create(o).status().code(), StatusCode::kNotFound);
+  o.device = "99";
+  EXPECT_EQ(VulkanBackend::create(o).status().code(), StatusCode::kNotFound);
+}
+
+TEST(VulkanOps, MatmulMatchesCpuAllTypesAndShapes) {
+  VK_OR_SKIP(b);
+  VulkanBackendOptions small;
+  small.max_buffer_bytes = 1024;  // forces several buffers per matrix
+  VK_OR_SKIP(split, small);
+  struct Shape {
+    int64_t rows, cols;
+    int32_t tokens;
+  };
+  const Shape shapes[] = {{1, 32, 1}, {7, 64, 3}, {100, 256, 5}, {33, 1024, 2}, {130, 96, 4}};
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0}) {
+    for (const Shape& sh : shapes) {
+      auto m = random_matrix(type, sh.rows, sh.cols, static_cast<uint32_t>(sh.rows * 31 + sh.cols));
+      const auto x = random_floats(static_cast<size_t>(sh.cols * sh.tokens), 5);
+      std::vector<float> ref(static_cast<size_t>(sh.rows * sh.tokens)), got(ref.size()), got_split(ref.size());
+      cpu::matmul(m.w, x.data(), sh.tokens, ref.data(), nullptr);
+      ASSERT_TRUE(b->op_matmul(m.w, x.data(), sh.tokens, got.data()).ok());
+      const double e = nmse(got, ref);
+      const double tol = type == gguf::GgmlType::kQ8_0 ? 1e-6 : 1e-7;
+      EXPECT_LT(e, tol) << gguf::ggml_type_name(static_cast<uint32_t>(type)) << " " << sh.rows << "x" << sh.cols << " t" << sh.tokens;
+      Status st = split->op_matmul(m.w, x.data(), sh.tokens, got_split.data());
+      if (static_cast<uint64_t>(m.w.row_bytes) > 1024) {
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);  // one row does not fit a buffer
+      } else {
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_EQ(0, std::memcmp(got.data(), got_split.data(), got.size() * 4)) << "split changes results";
+      }
+    }
+  }
+}
+
+TEST(VulkanOps, ElementwiseOpsMatchCpu) {
+  VK_OR_SKIP(b);
+  for (int n : {64, 172, 1000}) {
+    const int nt = 3;
+    auto x = random_floats(static_cast<size_t>(n * nt), 1);
+    auto w = random_floats(static_cast<size_t>(n), 2);
+    std::vector<float> ref(x.size()), got(x.size());
+    for (int t = 0; t < nt; ++t) cpu::rms_norm(x.data() + t * n, w.data(), n, 1e-5f, ref.data() + t * n);
+    ASSERT_TRUE(b->op_rms_norm(x.data(), w.data(), n, nt, 1e-5f, got.data()).ok());
+    EXPECT_LT(nmse(got, ref), 1e-10) << "rms_norm " << n;
+
+    auto u = random_floats(x.size(), 3);
+    cpu::swiglu(x.data(), u.data(), ref.data(), static_cast<int64_t>(x.size()));
+    ASSERT_TRUE(b->op_swiglu(x.data(), u.data(), static_cast<int64_t>(x.size()), got.data()).ok());
+    EXPECT_LT(nmse(got, ref), 1e-10) << "swiglu " << n;
+
+    ref = x;
+    cpu::add(ref.data(), u.data(), static_cast<int64_t>(x.size()));
+    got = x;
+    ASSERT_TRUE(b->op_add(got.data(), u.data(), static_cast<int64_t>(x.size())).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4)) << "add " << n;
+  }
+  // RoPE: 5 tokens from position 7, 4 heads of 16 dims, all and half rotated.
+  for (int n_rot : {16, 8}) {
+    const int nt = 5, nh = 4, hd = 16, half = n_rot / 2;
+    auto x = random_floats(static_cast<size_t>(nt * nh * hd), 9);
+    std::vector<float> ref = x, got = x, c(static_cast<size_t>(nt * half)), s(c.size());
+    cpu::rope_table(7, nt, n_rot, 10000.0f, c.data(), s.data());
+    for (int t = 0; t < nt; ++t) cpu::rope_apply(ref.data() + t * nh * hd, nh, hd, n_rot, c.data() + t * half, s.data() + t * half);
+    ASSERT_TRUE(b->op_rope(got.data(), nt, nh, hd, n_rot, 7, 10000.0f).ok());
+    EXPECT_LT(nmse(got, ref), 1e-12) << "rope n_rot " << n_rot;
+  }
+}
+
+struct ModelCase {
+  const char* name;
+  std::shared_ptr<const Model> model;
+  double nmse_tol;
+};
+
+std::vector<ModelCase> model_cases() {
+  std::vector<ModelCase> c;
+  c.push_back({"stories260K F32", testing::stories(), 1e-9});
+  c.push_back({"random F16", testing::random_model(testing::small_spec(gguf::GgmlType::kF16)), 1e-9});
+  c.push_back({"random Q8_0", testing::random_model(testing::small_spec(gguf::GgmlType::kQ8_0)), 1e-5});
+  auto tied = testing::small_spec(gguf::GgmlType::kF32);
+  tied.tied_output = true;
+  tied.n_head_kv = 1;  // GQA 4:1
+  c.push_back({"random F32 tied MQA", testing::random_model(tied), 1e-9});
+  return c;
+}
+
+TEST(VulkanModel, LogitsMatchCpu) {
+  VK_OR_SKIP(b);
+  auto cpu = std::make_shared<CpuBackend>(1);
+  for (const auto& mc : model_cases()) {
+    ASSERT_NE(mc.model, nullptr) << mc.name;
+    auto toks = some_tokens(24, mc.model->hparams().n_vocab);
+    auto ref = all_logits(*testing::make_session(mc.model, cpu, make_pool(*mc.model, 16, 4)), toks);
+    auto s = vk_session(mc.model, b, 8, 4);
+    ASSERT_NE(s, nullptr);
+    auto got = all_logits(*s, toks);
+    ASSERT_EQ(got.size(), ref.size());
+    const double e = nmse(got, ref), mx = max_abs_diff(got, ref);
+    std::printf("%s: logits NMSE %.3g, max |diff| %.3g\n", mc.name, e, mx);
+    EXPECT_LT(e, mc.nmse_tol) << mc.name;
+    b->release_model(*mc.model);
+  }
+  EXPECT_EQ(b->memory_stats().used_by_category[static_cast<int>(MemoryCategory::kWeights)], 0u);
+}
+
+TEST(VulkanModel, BatchInvariantAndUbatchInvariant) {
+  VK_OR_SKIP(b);
+  auto m = testing::random_model(testing::small_spec(gguf::GgmlType::kQ8_0));
+  ASSERT_NE(m, nullptr);
+  auto toks = some_tokens(20, m->hparams().n_vocab);
+  auto ref = all_logits(*vk_session(m, b, 16, 4), toks);
+  SessionOptions so;
+  so.n_ubatch = 7;
+  auto ub = all_logits(*vk_session(m, b, 4, 8, so), toks);
+  ASSERT_EQ(ub.size(), ref.size());
+  EXPECT_EQ(0, std::memcmp(ub.data(), ref.data(), ref.size() * 4));
+  auto one = vk_session(m, b, 4, 8);
+  const size_t V = static_cast<size_t>(m->hparams().n_vocab);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    auto r = one->eval(std::span<const TokenId>(&toks[i], 1));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(0, std::memcmp(r->data(), ref.data() + i * V, V * 4)) << "position " << i;
+  }
+}
+
+TEST(VulkanModel, GreedyTokensAgreeCpuVulkanHybrid) {
+  VK_OR_SKIP(b);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  const std::vector<TokenId> prompt = {1, 403, 407, 261, 378};
+  const int n_gen = 24;
+  auto cpu = std::make_shared<CpuBackend>(1);
+  auto t_cpu = greedy(*testing::make_session(m, cpu, make_pool(*m, 16, 4)), prompt, n_gen);
+  auto t_vk = greedy(*vk_session(m, b, 16, 4), prompt, n_gen);
+  // Hybrid: CPU layers [0, 2) + Vulkan [2, 5), and Vulkan first + CPU last.
+  std::vector<SessionStage> st1 = {{cpu, host_pool(*m, 0, 2, 16, 4), 0, 2}, {b, vk_pool(*b, *m, 2, 5, 16, 4), 2, 5}};
+  auto h1 = Session::create_staged(m, st1);
+  ASSERT_TRUE(h1.ok()) << h1.status().to_string();
+  auto t_h1 = greedy(**h1, prompt, n_gen);
+  std::vector<SessionStage> st2 = {{b, vk_pool(*b, *m, 0, 3, 16, 4), 0, 3}, {cpu, host_pool(*m, 3, 5, 16, 4), 3, 5}};
+  auto h2 = Session::create_staged(m, st2);
+  ASSERT_TRUE(h2.ok()) << h2.status().to_string();
+  auto t_h2 = greedy(**h2, prompt, n_gen);
+  ASSERT_EQ(t_cpu.size(), static_cast<size_t>(n_gen));
+  EXPECT_EQ(t_vk, t_cpu);
+  EXPECT_EQ(t_h1, t_cpu);
+  EXPECT_EQ(t_h2, t_cpu);
+}
+
+TEST(VulkanModel, TensorSplittingGivesSameLogits) {
+  VK_OR_SKIP(b);
+  VulkanBackendOptions o;
+  o.max_buffer_bytes = 8192;  // stories' 512x64 F32 head = 128 KiB -> 16 buffers
+  VK_OR_SKIP(split, o);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  auto toks = some_tokens(9, 512);
+  auto a = all_logits(*vk_session(m, b, 16, 1), toks);
+  auto c = all_logits(*vk_session(m, split, 16, 1), toks);
+  ASSERT_EQ(a.size(), c.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * 4));
+  EXPECT_GT(split->memory_stats().n_allocations, b->memory_stats().n_allocations);
+}
+
+TEST(VulkanMemory, BudgetExhaustionIsResourceExhaustedAndLeavesNothing) {
+  VulkanBackendOptions o;
+  o.memory_budget_bytes = 256 << 10;  // stories260K F32 needs ~1 MiB
+  VK_OR_SKIP(b, o);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  Status st = b->prepare(*m, 0, m->hparams().n_layer, true, true);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("budget"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(std::to_string(256 << 10)), std::string::npos) << st.message();
+  EXPECT_TRUE(b->healthy());  // refused before the driver: not a device fault
+  auto stats = b->memory_stats();
+  EXPECT_EQ(stats.used_bytes, 0u);  // all-or-nothing
+  EXPECT_EQ(stats.budget_bytes, 256u << 10);
+  EXPECT_GE(stats.n_budget_rejections, 1u);
+  EXPECT_LE(stats.peak_bytes, stats.budget_bytes);
+  // A KV pool over budget, too.
+  KvPoolOptions ko;
+  ko.layer_begin = 0;
+  ko.layer_end = 5;
+  ko.n_embd_kv = m->hparams().n_embd_kv();
+  ko.n_blocks = 64;
+  EXPECT_EQ(b->create_kv_pool(ko, "big").status().code(), StatusCode::kResourceExhausted);
+  // One layer fits.
+  EXPECT_TRUE(b->prepare(*m, 0, 1, false, false).ok());
+  EXPECT_GT(b->memory_stats().used_by_category[static_cast<int>(MemoryCategory::kWeights)], 0u);
+}
+
+TEST(VulkanMemory, AccountsByCategoryAndOwnerWithPeaks) {
+  VK_OR_SKIP(b);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  {
+    auto s = vk_session(m, b, 16, 2);
+    ASSERT_NE(s, nullptr);
+    ASSERT_TRUE(s->eval(some_tokens(10, 512)).ok());
+    auto st = b->memory_stats();
+    const auto cat = [&](MemoryCategory c) { return st.used_by_category[static_cast<int>(c)]; };
+    // Weights: at least every tensor's bytes.
+    uint64_t model_bytes = 0;
+    for (const auto& [t, bytes] : m->bytes_by_type()) model_bytes += bytes;
+    EXPECT_GE(cat(MemoryCategory::kWeights), model_bytes);
+    EXPECT_GE(cat(MemoryCategory::kKv), 2u * 5 * 2 * 16 * m->hparams().n_embd_kv() * 4);
+    EXPECT_GT(cat(MemoryCategory::kScratch), 0u);
+    EXPECT_EQ(cat(MemoryCategory::kStaging), 0u);  // freed after upload
+    EXPECT_GT(st.peak_by_category[static_cast<int>(MemoryCategory::kStaging)], 0u);
+    EXPECT_EQ(st.used_by_owner.count("kv:test"), 1u);
+    bool has_model_owner = false;
+    for (const auto& [o, bytes] : st.used_by_owner) has_model_owner |= o.rfind("model:", 0) == 0;
+    EXPECT_TRUE(has_model_owner);
+    EXPECT_GE(st.peak_bytes, st.used_bytes);
+  }
+  // Session and its pool gone: KV freed; the weights stay until release_model.
+  auto st = b->memory_stats();
+  EXPECT_EQ(st.used_by_category[static_cast<int>(MemoryCategory::kKv)], 0u);
+  b->release_model(*m);
+  EXPECT_EQ(b->memory_stats().used_by_category[static_cast<int>(MemoryCategory::kWeights)], 0u);
+}
+
+TEST(VulkanFaults, DeviceLostThenReinitialize) {
+  VK_OR_SKIP(b);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  auto toks = some_tokens(6, 512);
+  auto ref = all_logits(*vk_session(m, b, 16, 1), toks);
+  auto s = vk_session(m, b, 16, 1);
+  b->faults().device_lost_at_next_submit();
+  auto r = s->eval(toks);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeviceLost) << r.status().to_string();
+  EXPECT_FALSE(b->healthy());
+  EXPECT_NE(b->health_reason().find("DEVICE_LOST"), std::string::npos);
+  EXPECT_EQ(s->n_past(), 0);  // the session is unchanged
+  EXPECT_EQ(s->eval(toks).status().code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(b->reinitialize().ok());
+  EXPECT_TRUE(b->healthy());
+  // Weights were dropped with the old device.
+  EXPECT_EQ(s->eval(toks).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(b->prepare(*m, 0, 5, true, true).ok());
+  // Old pools belong to the lost device: a new session is needed.
+  EXPECT_EQ(s->eval(toks).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->n_past(), 0);
+  s.reset();
+  auto again = all_logits(*vk_session(m, b, 16, 1), toks);
+  ASSERT_EQ(again.size(), ref.size());
+  EXPECT_EQ(0, std::memcmp(again.data(), ref.data(), ref.size() * 4));
+}
+
+TEST(VulkanFaults, FenceTimeoutIsDeadlineExceeded) {
+  VK_OR_SKIP(b);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  auto s = vk_session(m, b, 16, 1);
+  b->faults().fence_timeout_at_next_wait();
+  auto r = s->eval(some_tokens(4, 512));
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().to_string();
+  EXPECT_FALSE(b->healthy());
+  EXPECT_FALSE(b->faults().armed());
+}
+
+TEST(VulkanFaults, InjectedAllocationFailure) {
+  VK_OR_SKIP(b);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  b->faults().fail_allocation(3);  // the 4th allocation from now
+  Status st = b->prepare(*m, 0, 5, true, true);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("injected"), std::string::npos);
+  EXPECT_FALSE(b->healthy());
+  EXPECT_EQ(b->memory_stats().used_bytes, 0u);
+  EXPECT_EQ(b->prepare(*m, 0, 5, true, true).code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(b->reinitialize().ok());
+  EXPECT_TRUE(b->prepare(*m, 0, 5, true, true).ok());
+}
+
+TEST(VulkanSession, RejectsMismatchedKvStorage) {
+  VK_OR_SKIP(b);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  auto cpu = std::make_shared<CpuBackend>(1);
+  auto dev_pool = vk_pool(*b, *m, 0, 5, 16, 1);
+  ASSERT_FALSE(dev_pool->on_host());
+  EXPECT_EQ(dev_pool->k(0, 0), nullptr);
+  EXPECT_EQ(Session::create(m, cpu, dev_pool).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Session::create(m, b, make_pool(*m, 16, 1)).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace spw
