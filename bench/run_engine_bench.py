@@ -81,9 +81,14 @@ def main():
                           "--temp", "0", "--ignore-eos", "--threads", str(threads), "--ctx", "512"])
             t = j["timings"]
             eff = j["weight_bytes_per_token"] * t["decode_tokens_per_s"]
+            # The estimator's host total for the same plan, against the peak RSS
+            # the run measured: the CPU half of the estimate-vs-measured check.
+            est = run_json([spillway, "estimate", "--json", "--model", path, "--ctx", "512", "--ubatch", "64",
+                            "--threads", str(threads), "--device", "cpu"])
+            est_host = next(d["total"] for d in est["devices"] if d["device"] == "host")
             rows.append((label, threads, j["n_params"], j["weight_bytes_per_token"], len(j["prompt_tokens"]),
                          t["prefill_tokens_per_s"], t["decode_tokens_per_s"], eff, eff / bw[threads],
-                         t["peak_rss_bytes"], t["load_ms"]))
+                         t["peak_rss_bytes"], t["load_ms"], est_host))
             print(f"{label} t={threads}: prefill {t['prefill_tokens_per_s']:.1f} tok/s, decode "
                   f"{t['decode_tokens_per_s']:.1f} tok/s", file=sys.stderr)
 
@@ -94,11 +99,13 @@ def main():
           f"2 threads {bw[2]/1e9:.1f} GB/s.")
     print()
     print("| model | threads | params | weight MB/token | prompt tok | prefill tok/s | decode tok/s "
-          "| effective GB/s | of bandwidth | peak RSS MB | load ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| effective GB/s | of bandwidth | peak RSS MiB | estimate MiB | estimate error | load ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        err = (r[11] - r[9]) / r[9]
         print(f"| {r[0]} | {r[1]} | {r[2]/1e6:.1f} M | {r[3]/1e6:.1f} | {r[4]} | {r[5]:.1f} | {r[6]:.1f} "
-              f"| {r[7]/1e9:.2f} | {100*r[8]:.0f}% | {r[9]/2**20:.0f} | {r[10]:.1f} |")
+              f"| {r[7]/1e9:.2f} | {100*r[8]:.0f}% | {r[9]/2**20:.1f} | {r[11]/2**20:.1f} | {100*err:+.1f}% "
+              f"| {r[10]:.1f} |")
 
 
 if __name__ == "__main__":

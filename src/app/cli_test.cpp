@@ -142,6 +142,28 @@ TEST(CliTest, EstimateBreaksDownMemoryByCategory) {
   EXPECT_NE(bad.err.find("hybrid"), std::string::npos) << bad.err;
 }
 
+TEST(CliTest, GenerateOnVulkanAndHybridGivesTheCpuTokens) {
+  auto devices = nlohmann::json::parse(run("devices --json").out);
+  if (!devices["vulkan"]["known"].get<bool>() || devices["vulkan"]["devices"].empty()) {
+    GTEST_SKIP() << "no Vulkan device: " << devices["vulkan"].dump();
+  }
+  const std::string base = "generate --json --model " + kStories + " --prompt 'Once upon a time' -n 24 --temp 0";
+  auto cpu = nlohmann::json::parse(run(base + " --device cpu").out);
+  for (const std::string dev : {"vulkan", "vulkan:0", "hybrid:2"}) {
+    CmdResult r = run(base + " --device " + dev);
+    ASSERT_EQ(r.exit_code, 0) << dev << ": " << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"], cpu["tokens"]) << dev;
+    EXPECT_GT(j["device_memory"]["peak_by_category"]["weights"].get<uint64_t>(), 0u) << dev;
+  }
+  CmdResult tiny = run(base + " --device vulkan --device-memory 64KiB");
+  EXPECT_EQ(tiny.exit_code, 1);
+  EXPECT_NE(tiny.err.find("ResourceExhausted"), std::string::npos) << tiny.err;
+  CmdResult bad = run(base + " --device tpu");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("'tpu'"), std::string::npos) << bad.err;
+}
+
 TEST(CliTest, BadUsageExitsNonZero) {
   CmdResult r = run("generate --prompt hi");  // --model missing
   EXPECT_NE(r.exit_code, 0);

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "app/commands.h"
+#include "backend/vulkan/device_spec.h"
+#include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
 #include "device/inventory.h"
 
@@ -42,6 +44,26 @@ nlohmann::json finding_to_json(const device::Finding& f) {
   return j;
 }
 
+// Vulkan devices as the loader lists them (a listing needs no backend; the
+// per-heap budget needs VK_EXT_memory_budget, else it is unknown).
+nlohmann::json vulkan_json(const Result<std::vector<VulkanDeviceInfo>>& devices) {
+  if (!devices.ok()) return {{"known", false}, {"reason", devices.status().to_string()}};
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& d : *devices) {
+    nlohmann::json heaps = nlohmann::json::array();
+    for (const auto& h : d.heaps) {
+      nlohmann::json hj = {{"size_bytes", h.size_bytes}, {"device_local", h.device_local}};
+      hj["budget_bytes"] = h.budget_bytes >= 0 ? nlohmann::json(h.budget_bytes) : nlohmann::json(nullptr);
+      hj["usage_bytes"] = h.usage_bytes >= 0 ? nlohmann::json(h.usage_bytes) : nlohmann::json(nullptr);
+      heaps.push_back(hj);
+    }
+    arr.push_back({{"index", d.index}, {"name", d.name}, {"type", d.type}, {"vendor", d.vendor},
+                   {"driver", d.driver}, {"api_version", d.api_version}, {"memory_budget_ext", d.memory_budget_ext},
+                   {"compute_queue", d.has_compute_queue}, {"heaps", heaps}, {"source", "vkEnumeratePhysicalDevices"}});
+  }
+  return {{"known", true}, {"devices", arr}};
+}
+
 int run_devices(const DevicesOptions& o) {
   device::CollectOptions c;
   c.env = &Env::default_env();
@@ -52,7 +74,7 @@ int run_devices(const DevicesOptions& o) {
   if (o.json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& f : inv.findings) arr.push_back(finding_to_json(f));
-    nlohmann::json j = {{"root", o.root}, {"findings", arr}};
+    nlohmann::json j = {{"root", o.root}, {"findings", arr}, {"vulkan", vulkan_json(list_vulkan_devices())}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -70,6 +92,13 @@ int run_devices(const DevicesOptions& o) {
     } else {
       std::printf("  %-22s unknown (%s)\n", f.figure.c_str(), f.reason.c_str());
     }
+  }
+  auto vk = list_vulkan_devices();
+  std::printf("\nvulkan devices\n");
+  if (vk.ok()) {
+    std::printf("%s", format_vulkan_devices(*vk).c_str());
+  } else {
+    std::printf("  unknown (%s)\n", vk.status().to_string().c_str());
   }
   return 0;
 }

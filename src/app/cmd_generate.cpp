@@ -10,11 +10,9 @@
 #include <vector>
 
 #include "app/commands.h"
-#include "backend/cpu/cpu_backend.h"
 #include "core/env.h"
+#include "engine/device_session.h"
 #include "engine/generate.h"
-#include "engine/kv_cache.h"
-#include "engine/session.h"
 #include "model/model.h"
 
 namespace spw::app {
@@ -32,6 +30,8 @@ struct GenerateCliOptions {
   bool no_bos = false;
   bool ignore_eos = false;
   bool json = false;
+  std::string device = "cpu";
+  std::string device_memory;
   std::vector<std::string> stop;
   SamplerParams sampler;
   bool seed_given = false;
@@ -66,21 +66,31 @@ int run_generate(GenerateCliOptions o) {
   const int64_t load_ns = env.now_ns() - t_load0;
   const Model& m = **model;
 
-  const int32_t n_ctx = o.ctx > 0 ? o.ctx : m.hparams().n_ctx_train;
-  KvPoolOptions kv;
-  kv.layer_begin = 0;
-  kv.layer_end = m.hparams().n_layer;
-  kv.n_embd_kv = m.hparams().n_embd_kv();
-  kv.block_tokens = o.kv_block;
-  kv.n_blocks = (n_ctx + o.kv_block - 1) / o.kv_block;
-  auto pool = KvPool::create(kv);
-  if (!pool.ok()) return fail(pool.status());
-  auto backend = std::make_shared<CpuBackend>(o.threads);
-  SessionOptions so;
-  so.n_ctx = n_ctx;
-  so.n_ubatch = o.ubatch;
-  auto session = Session::create(*model, backend, *pool, so);
-  if (!session.ok()) return fail(session.status());
+  DeviceSessionOptions dso;
+  {
+    auto spec = parse_device_spec(o.device);
+    if (!spec.ok()) return fail(spec.status());
+    dso.device = *spec;
+  }
+  if (!o.device_memory.empty()) {
+    auto bytes = parse_memory_size(o.device_memory);
+    if (!bytes.ok()) return fail(bytes.status());
+    dso.device_memory_bytes = *bytes;
+  }
+  dso.n_threads = o.threads;
+  dso.n_ctx = o.ctx;
+  dso.n_ubatch = o.ubatch;
+  dso.kv_block_tokens = o.kv_block;
+  auto placed = open_device_session(*model, dso);
+  if (!placed.ok()) {
+    Status s = placed.status();
+    if (dso.device.kind != DeviceSpec::Kind::kCpu) {
+      s = s.with_context("cannot use --device " + o.device + " (use --device cpu, or see `spillway devices`)");
+    }
+    return fail(s);
+  }
+  DeviceSession& ds = *placed;
+  Session* session = ds.session.get();
 
   const Tokenizer& tok = m.tokenizer();
   std::vector<TokenId> prompt = tok.encode(o.prompt, !o.no_bos && tok.add_bos_default());
@@ -102,17 +112,18 @@ int run_generate(GenerateCliOptions o) {
       return true;
     };
   }
-  auto result = generate(**session, prompt, go, print_text);
+  auto result = generate(*session, prompt, go, print_text);
   if (!result.ok()) return fail(result.status());
   const GenerateResult& r = *result;
 
   if (!o.json) {
     std::printf("\n");
     std::fprintf(stderr,
-                 "spillway: %zu prompt tokens %.1f tok/s, %zu generated %.1f tok/s, finish=%s, load %.1f ms\n",
-                 r.prompt_tokens.size(), per_second(static_cast<int64_t>(r.prompt_tokens.size()), r.prefill_ns),
-                 r.tokens.size(), per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns),
-                 r.finish_reason.c_str(), load_ns / 1e6);
+                 "spillway: on %s: %zu prompt tokens %.1f tok/s, %zu generated %.1f tok/s, finish=%s, load %.1f ms\n",
+                 ds.placement.c_str(), r.prompt_tokens.size(),
+                 per_second(static_cast<int64_t>(r.prompt_tokens.size()), r.prefill_ns), r.tokens.size(),
+                 per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns), r.finish_reason.c_str(),
+                 load_ns / 1e6);
     return 0;
   }
 
@@ -125,6 +136,21 @@ int run_generate(GenerateCliOptions o) {
   j["finish_reason"] = r.finish_reason;
   j["seed"] = o.sampler.seed;
   j["threads"] = o.threads;
+  j["device"] = o.device;
+  j["placement"] = ds.placement;
+  if (ds.vulkan) {
+    // Every device byte went through the backend's allocator: report its books.
+    const DeviceMemoryStats st = ds.vulkan->memory_stats();
+    nlohmann::json used = nlohmann::json::object(), peak = nlohmann::json::object();
+    for (int c = 0; c < kMemoryCategoryCount; ++c) {
+      const char* name = memory_category_name(static_cast<MemoryCategory>(c));
+      used[name] = st.used_by_category[static_cast<size_t>(c)];
+      peak[name] = st.peak_by_category[static_cast<size_t>(c)];
+    }
+    j["device_memory"] = {{"budget_bytes", st.budget_bytes}, {"used_bytes", st.used_bytes},
+                          {"peak_bytes", st.peak_bytes},     {"used_by_category", used},
+                          {"peak_by_category", peak},        {"budget_rejections", st.n_budget_rejections}};
+  }
   j["n_params"] = m.n_params();
   j["weight_bytes_per_token"] = m.weight_bytes_per_token();
   j["timings"] = {
@@ -152,6 +178,8 @@ void add_generate(CLI::App& app, int& exit_code) {
   p->excludes(f);
   sub->add_option("-n,--n-predict", o->n_predict, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--threads,-t", o->threads, "CPU threads")->check(CLI::Range(1, 256));
+  sub->add_option("--device,-d", o->device, "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] (first N layers on Vulkan)");
+  sub->add_option("--device-memory", o->device_memory, "Vulkan memory budget, e.g. 512MiB (default: the device heap)");
   sub->add_option("--ctx,-c", o->ctx, "Context size (default: the model's)")->check(CLI::Range(0, 1 << 20));
   sub->add_option("--ubatch", o->ubatch, "Prefill batch size")->check(CLI::Range(1, 4096));
   sub->add_option("--kv-block", o->kv_block, "KV cache block size in tokens")->check(CLI::Range(1, 1024));

@@ -210,7 +210,7 @@ DeviceInventory collect_all(const CollectOptions& options) {
     inv.vulkan = options.vulkan->read();
     if (inv.vulkan.empty()) inv.vulkan_none_reason = "the Vulkan backend reports no devices";
   } else {
-    inv.vulkan_none_reason = "no Vulkan backend in this build (VkMemoryBudgetProbe not provided)";
+    inv.vulkan_none_reason = "no Vulkan backend open (VkMemoryBudgetProbe not provided); see the Vulkan device list";
   }
   inv.findings = make_findings(inv);
   return inv;

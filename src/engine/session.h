@@ -57,7 +57,11 @@ class Session {
                                                  std::shared_ptr<KvPool> pool,
                                                  SessionOptions options = {});
   // Hybrid: stages must cover [0, n_layer) contiguously, in order. Embedding
-  // runs on the first stage's backend, the output head on the last's.
+  // runs on the first stage's backend, the output head on the last's. Each
+  // stage's pool must be one its backend accepts (Backend::accepts_kv: host
+  // pools for the CPU, the device's own pools for Vulkan), else
+  // InvalidArgument. Backend::prepare errors (e.g. ResourceExhausted from a
+  // device budget) are returned as they are.
   static Result<std::unique_ptr<Session>> create_staged(std::shared_ptr<const Model> model,
                                                         std::vector<SessionStage> stages,
                                                         SessionOptions options = {});

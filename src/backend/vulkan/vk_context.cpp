@@ -97,7 +97,7 @@ Status instance_status(VkResult r) {
   return Status::unavailable("vkCreateInstance: " + vk_result_name(r));
 }
 
-Result<VkInstance> make_instance(bool validation) {
+Result<VkInstance> make_instance_raw(bool validation) {
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "spillway";
   app.apiVersion = VK_API_VERSION_1_1;
@@ -112,6 +112,19 @@ Result<VkInstance> make_instance(bool validation) {
   VkResult r = vkCreateInstance(&ci, nullptr, &inst);
   if (r != VK_SUCCESS) return instance_status(r);
   return inst;
+}
+
+// One instance is kept for the life of the process so the loader loads each
+// driver once: Mesa's llvmpipe (through LLVM) leaks a small allocation every
+// time it is loaded and unloaded, which would also trip LeakSanitizer; and a
+// re-created backend starts faster. The anchor is reachable and never freed.
+Result<VkInstance> make_instance(bool validation) {
+  static const VkInstance anchor = [] {
+    auto r = make_instance_raw(false);
+    return r.ok() ? *r : VK_NULL_HANDLE;
+  }();
+  (void)anchor;
+  return make_instance_raw(validation);
 }
 
 Result<std::vector<VkPhysicalDevice>> physical_devices(VkInstance inst) {
@@ -283,7 +296,12 @@ Result<std::shared_ptr<VulkanContext>> VulkanContext::create(const VulkanBackend
 
 VulkanContext::~VulkanContext() {
   if (device_ != VK_NULL_HANDLE) {
-    vkDeviceWaitIdle(device_);
+    wait_idle();
+    if (abandoned_) {
+      // The GPU may still use these objects: leaking them is the only safe choice.
+      (void)allocator_.release();
+      return;
+    }
     allocator_.reset();
     if (fence_ != VK_NULL_HANDLE) vkDestroyFence(device_, fence_, nullptr);
     if (cmd_pool_ != VK_NULL_HANDLE) vkDestroyCommandPool(device_, cmd_pool_, nullptr);
@@ -350,10 +368,14 @@ Status VulkanContext::submit_and_wait() {
   si.commandBufferCount = 1;
   si.pCommandBuffers = &cmd_;
   SPW_RETURN_IF_ERROR(check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit"));
+  pending_ = true;
   const bool inject_timeout = faults_ && faults_->take_fence_timeout();
   const uint64_t timeout_ns = static_cast<uint64_t>(fence_timeout_ms_) * 1000000ull;
   VkResult r = vkWaitForFences(device_, 1, &fence_, VK_TRUE, timeout_ns);
-  if (r == VK_SUCCESS) r = vkResetFences(device_, 1, &fence_);
+  if (r == VK_SUCCESS) {
+    pending_ = false;
+    r = vkResetFences(device_, 1, &fence_);
+  }
   if (r == VK_SUCCESS && inject_timeout) r = VK_TIMEOUT;  // the real work finished: nothing left in flight
   if (r == VK_TIMEOUT)
     return check(r, ("vkWaitForFences (" + std::to_string(fence_timeout_ms_) + " ms" +
@@ -362,7 +384,17 @@ Status VulkanContext::submit_and_wait() {
 }
 
 void VulkanContext::wait_idle() {
-  if (device_ != VK_NULL_HANDLE) vkDeviceWaitIdle(device_);
+  // All work goes through fence_, so waiting on it (with the timeout) is
+  // waiting for idle; vkDeviceWaitIdle has no timeout.
+  if (device_ == VK_NULL_HANDLE || !pending_) return;
+  const uint64_t timeout_ns = static_cast<uint64_t>(fence_timeout_ms_) * 1000000ull;
+  const VkResult r = vkWaitForFences(device_, 1, &fence_, VK_TRUE, timeout_ns);
+  if (r == VK_SUCCESS) {
+    pending_ = false;
+    vkResetFences(device_, 1, &fence_);
+  } else if (r == VK_TIMEOUT) {
+    abandoned_ = true;
+  }  // DEVICE_LOST: nothing will run any more; destroying is allowed
 }
 
 }  // namespace spw

@@ -63,7 +63,11 @@ class VulkanContext {
   VkCommandBuffer command_buffer() const { return cmd_; }
   // Ends nothing: the caller has ended recording. Submits cmd_, waits.
   Status submit_and_wait();
-  void wait_idle();  // best effort, before teardown
+  // Waits (with the timeout) for the last submission; if it never finishes the
+  // context is abandoned: its destructor leaks the device instead of
+  // destroying objects the GPU may still use.
+  void wait_idle();
+  bool in_flight() const { return pending_; }
 
  private:
   VulkanContext() = default;
@@ -84,6 +88,8 @@ class VulkanContext {
   uint64_t weight_chunk_bytes_ = 0;
   uint32_t fence_timeout_ms_ = 30000;
   FaultInjector* faults_ = nullptr;
+  bool pending_ = false;    // a submission not yet seen complete
+  bool abandoned_ = false;
   std::unique_ptr<DeviceAllocator> allocator_;
   std::atomic<bool> healthy_{true};
   mutable std::mutex health_mu_;

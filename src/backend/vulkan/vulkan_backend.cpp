@@ -141,6 +141,18 @@ struct VulkanBackend::Impl {
   void teardown() {
     if (!ctx) return;
     ctx->wait_idle();
+    if (ctx->in_flight()) {
+      // The GPU never finished: keep every object alive (leaked with the
+      // abandoned context) rather than free memory it may still use.
+      for (auto& [m, w] : models) (void)w.release();
+      models.clear();
+      new Scratch(std::move(scratch));
+      new DeviceBuffer(std::move(staging));
+      pipes.clear();
+      dpool = VK_NULL_HANDLE;
+      ctx.reset();
+      return;
+    }
     models.clear();
     scratch = Scratch();
     staging.reset();
@@ -354,7 +366,8 @@ class VulkanBackend::Impl::Recorder {
     open_ = false;
     st_ = im_.ctx->check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer");
     if (st_.ok()) st_ = im_.ctx->submit_and_wait();
-    vkResetDescriptorPool(im_.ctx->device(), im_.dpool, 0);
+    // After a real timeout the GPU may still read the sets: leave the pool alone.
+    if (!im_.ctx->in_flight()) vkResetDescriptorPool(im_.ctx->device(), im_.dpool, 0);
   }
   void flush() {
     barrier();
@@ -857,6 +870,23 @@ Status VulkanBackend::op_matmul(const WeightMatrix& w, const float* x, int32_t n
                 static_cast<uint32_t>(w.n_rows));
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(y, by.mapped(), yout);
+  return Status();
+}
+
+Status VulkanBackend::op_quantize_q8_0(const float* x, int64_t n_blocks, int8_t* qs, float* d) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  Impl& im = *impl_;
+  SPW_RETURN_IF_ERROR(im.healthy_or_error());
+  const uint64_t nb = static_cast<uint64_t>(n_blocks);
+  SPW_ASSIGN_OR_RETURN(DeviceBuffer bx, im.alloc(nb * 128, MemoryCategory::kScratch, "op", true));
+  SPW_ASSIGN_OR_RETURN(DeviceBuffer bq, im.alloc(nb * 32, MemoryCategory::kScratch, "op", true));
+  SPW_ASSIGN_OR_RETURN(DeviceBuffer bd, im.alloc(nb * 4, MemoryCategory::kScratch, "op", true));
+  std::memcpy(bx.mapped(), x, nb * 128);
+  Impl::Recorder rec(im);
+  record_quantize(rec, bx.buffer(), bq.buffer(), bd.buffer(), nb * 32);
+  SPW_RETURN_IF_ERROR(rec.finish());
+  std::memcpy(qs, bq.mapped(), nb * 32);  // little-endian packing = byte order
+  std::memcpy(d, bd.mapped(), nb * 4);
   return Status();
 }
 

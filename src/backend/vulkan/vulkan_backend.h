@@ -145,6 +145,9 @@ class VulkanBackend final : public Backend {
   // Single ops on host data, for conformance tests and diagnostics. The weight
   // is uploaded to a temporary buffer (category scratch, owner "op").
   Status op_matmul(const WeightMatrix& w, const float* x, int32_t n_tokens, float* y);
+  // x: n_blocks * 32 floats -> qs (n_blocks * 32 int8) and the fp16-rounded
+  // scales as float.
+  Status op_quantize_q8_0(const float* x, int64_t n_blocks, int8_t* qs, float* d);
   Status op_rms_norm(const float* x, const float* weight, int32_t n, int32_t n_tokens, float eps, float* y);
   Status op_swiglu(const float* gate, const float* up, int64_t n, float* out);
   Status op_add(float* y, const float* x, int64_t n);

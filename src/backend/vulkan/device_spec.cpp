@@ -1,0 +1,108 @@
+#include "backend/vulkan/device_spec.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+
+namespace spw {
+
+namespace {
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+Status bad_spec(const std::string& t) {
+  return Status::invalid_argument("--device '" + t + "': expected cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX");
+}
+std::string human(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+}  // namespace
+
+Result<DeviceSpec> parse_device_spec(const std::string& t) {
+  DeviceSpec d;
+  if (t == "cpu") return d;
+  if (t == "vulkan" || t.rfind("vulkan:", 0) == 0) {
+    d.kind = DeviceSpec::Kind::kVulkan;
+    if (t.size() > 7) d.vulkan_device = t.substr(7);
+    if (t.size() == 7) return bad_spec(t);  // "vulkan:"
+    return d;
+  }
+  if (t.rfind("hybrid:", 0) == 0) {
+    d.kind = DeviceSpec::Kind::kHybrid;
+    std::string rest = t.substr(7);
+    const size_t colon = rest.find(':');
+    const std::string n = rest.substr(0, colon);
+    if (!all_digits(n) || n.size() > 6) return bad_spec(t);
+    d.gpu_layers = static_cast<int32_t>(std::strtol(n.c_str(), nullptr, 10));
+    if (colon != std::string::npos) {
+      d.vulkan_device = rest.substr(colon + 1);
+      if (d.vulkan_device.empty()) return bad_spec(t);
+    }
+    return d;
+  }
+  return bad_spec(t);
+}
+
+Result<uint64_t> parse_memory_size(const std::string& text) {
+  auto bad = [&] {
+    return Status::invalid_argument("memory size '" + text + "': expected e.g. 512M, 1.5GiB or a byte count");
+  };
+  if (text.empty()) return bad();
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !(v > 0)) return bad();
+  std::string suf(end);
+  for (char& c : suf) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double mult = 1;
+  if (!suf.empty() && std::string("KMGT").find(suf[0]) != std::string::npos) {
+    for (char c : std::string("KMGT")) {
+      mult *= 1024;
+      if (c == suf[0]) break;
+    }
+    suf.erase(0, 1);
+    if (suf == "IB" || suf == "B") suf.clear();
+  } else if (suf == "B") {
+    suf.clear();
+  }
+  if (!suf.empty()) return bad();
+  const double bytes = v * mult;
+  if (bytes < 1 || bytes > 1.8e19) return bad();
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string format_vulkan_devices(const std::vector<VulkanDeviceInfo>& devices) {
+  std::string o;
+  for (const auto& d : devices) {
+    o += "vulkan:" + std::to_string(d.index) + "  " + d.name + "\n";
+    o += "  type " + d.type + ", vendor " + d.vendor + ", driver " + d.driver + ", Vulkan " + d.api_version + "\n";
+    o += "  compute queue " + std::string(d.has_compute_queue ? "yes" : "no") + ", subgroup " +
+         std::to_string(d.subgroup_size) + ", max storage buffer " + human(d.max_storage_buffer_range) +
+         ", max allocation " + human(d.max_allocation_bytes) + "\n";
+    for (size_t h = 0; h < d.heaps.size(); ++h) {
+      const auto& hp = d.heaps[h];
+      o += "  heap " + std::to_string(h) + ": " + human(hp.size_bytes) + (hp.device_local ? " device-local" : " host");
+      if (hp.budget_bytes >= 0) {
+        o += ", budget " + human(static_cast<uint64_t>(hp.budget_bytes)) + ", usage " +
+             human(static_cast<uint64_t>(hp.usage_bytes)) + " (VK_EXT_memory_budget)";
+      } else {
+        o += ", budget unknown (no VK_EXT_memory_budget)";
+      }
+      o += "\n";
+    }
+  }
+  return o;
+}
+
+}  // namespace spw

@@ -1,0 +1,71 @@
+#include "engine/device_session.h"
+
+#include <algorithm>
+
+namespace spw {
+namespace {
+
+KvPoolOptions pool_options(const Model& m, int32_t layer_begin, int32_t layer_end, const DeviceSessionOptions& o,
+                           int32_t n_ctx) {
+  KvPoolOptions kv;
+  kv.layer_begin = layer_begin;
+  kv.layer_end = layer_end;
+  kv.n_embd_kv = m.hparams().n_embd_kv();
+  kv.block_tokens = o.kv_block_tokens;
+  kv.n_blocks = (n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens;
+  return kv;
+}
+
+std::string layer_range(int32_t begin, int32_t end) {
+  return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
+}
+
+}  // namespace
+
+Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, const DeviceSessionOptions& o) {
+  if (o.kv_block_tokens < 1) return Status::invalid_argument("kv_block_tokens must be >= 1");
+  const Model& m = *model;
+  const int32_t n_layer = m.hparams().n_layer;
+  const int32_t n_ctx = o.n_ctx > 0 ? o.n_ctx : m.hparams().n_ctx_train;
+  SessionOptions so;
+  so.n_ctx = n_ctx;
+  so.n_ubatch = o.n_ubatch;
+
+  // Layers [0, n_gpu) on Vulkan, the rest on the CPU.
+  int32_t n_gpu = 0;
+  switch (o.device.kind) {
+    case DeviceSpec::Kind::kCpu: n_gpu = 0; break;
+    case DeviceSpec::Kind::kVulkan: n_gpu = n_layer; break;
+    case DeviceSpec::Kind::kHybrid: n_gpu = std::clamp(o.device.gpu_layers, 0, n_layer); break;
+  }
+
+  DeviceSession ds;
+  std::vector<SessionStage> stages;
+  if (n_gpu > 0) {
+    VulkanBackendOptions vo;
+    vo.device = o.device.vulkan_device;
+    vo.memory_budget_bytes = o.device_memory_bytes;
+    SPW_ASSIGN_OR_RETURN(ds.vulkan, VulkanBackend::create(vo));
+    SPW_ASSIGN_OR_RETURN(auto pool, ds.vulkan->create_kv_pool(pool_options(m, 0, n_gpu, o, n_ctx), "session"));
+    stages.push_back({ds.vulkan, std::move(pool), 0, n_gpu});
+  }
+  if (n_gpu < n_layer) {
+    ds.cpu = std::make_shared<CpuBackend>(o.n_threads);
+    SPW_ASSIGN_OR_RETURN(auto pool, KvPool::create(pool_options(m, n_gpu, n_layer, o, n_ctx)));
+    stages.push_back({ds.cpu, std::move(pool), n_gpu, n_layer});
+  }
+  SPW_ASSIGN_OR_RETURN(ds.session, Session::create_staged(std::move(model), std::move(stages), so));
+
+  const std::string vk_name = ds.vulkan ? "vulkan (" + ds.vulkan->device_info().name + ")" : "";
+  if (n_gpu == 0) {
+    ds.placement = "cpu";
+  } else if (n_gpu == n_layer) {
+    ds.placement = vk_name;
+  } else {
+    ds.placement = "hybrid: layers " + layer_range(0, n_gpu) + " " + vk_name + ", " + layer_range(n_gpu, n_layer) +
+                   " cpu";
+  }
+  return ds;
+}
+
+}  // namespace spw
