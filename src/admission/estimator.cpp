@@ -225,9 +225,11 @@ Result<std::vector<StageLayout>> plan_stages(const Plan& plan, int32_t n_layer) 
         return bad_plan("n_gpu_layers", plan.n_gpu_layers,
                         "hybrid needs 1.." + std::to_string(n_layer - 1) + " GPU layers for a " +
                             std::to_string(n_layer) + "-layer model (use cpu or gpu otherwise)");
-      const int32_t split = n_layer - plan.n_gpu_layers;
-      st.push_back({DeviceKind::kHost, 0, split, true, false});
-      st.push_back({DeviceKind::kGpu, split, n_layer, false, true});
+      // The engine's hybrid split (engine/device_session.h): the embedding and
+      // layers [0, N) on the GPU, the rest and the output head on the host.
+      const int32_t split = plan.n_gpu_layers;
+      st.push_back({DeviceKind::kGpu, 0, split, true, false});
+      st.push_back({DeviceKind::kHost, split, n_layer, false, true});
       break;
     }
   }

@@ -63,9 +63,10 @@ size_t kv_type_size(KvType t);  // bytes per K or V element
 
 struct Plan {
   Placement placement = Placement::kCpu;
-  // Hybrid only: the last n_gpu_layers layers (and the output head) run on the
-  // GPU; layers [0, n_layer - n_gpu_layers) and the embedding on the host
-  // (llama.cpp's -ngl convention). 1 <= n_gpu_layers <= n_layer - 1.
+  // Hybrid only: the embedding and the first n_gpu_layers layers run on the
+  // GPU, the remaining layers and the output head on the host, as the
+  // engine's `--device hybrid:N` places them (engine/device_session.h).
+  // 1 <= n_gpu_layers <= n_layer - 1.
   int32_t n_gpu_layers = 0;
   int32_t n_ctx = 0;         // positions per sequence; 0 = the model's context_length
   int32_t n_batch = 512;     // tokens per eval call (rows of logits when logits_all)

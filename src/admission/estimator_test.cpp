@@ -143,7 +143,7 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     EXPECT_EQ(eg->gpu().weights.allowance, rounding);
     EXPECT_EQ(eg->host().weights.bytes, 0u);
 
-    // Hybrid: split by layer; embedding on the host, head on the GPU.
+    // Hybrid: split by layer; embedding and first layers on the GPU, head on the host.
     const int32_t nl = tm.model->hparams().n_layer;
     for (int32_t ngl = 1; ngl < nl; ++ngl) {
       Plan h = g;
@@ -155,18 +155,19 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
       for (const auto& t : f.tensors()) {
         int layer = -1;
         if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1) {
-          (layer >= nl - ngl ? gpu : host) += t.nbytes;
+          (layer < ngl ? gpu : host) += t.nbytes;
         } else if (t.name == "token_embd.weight") {
-          host += t.nbytes;
-          if (tm.model->output_tied()) gpu += t.nbytes;  // the head needs it on the GPU too
+          gpu += t.nbytes;
+          if (tm.model->output_tied()) host += t.nbytes;  // the head needs it on the host too
         } else {
-          gpu += t.nbytes;  // output, output_norm
+          host += t.nbytes;  // output, output_norm
         }
       }
       EXPECT_EQ(eh->host().weights.bytes, host) << tm.name << " ngl " << ngl;
       EXPECT_EQ(eh->gpu().weights.bytes, gpu) << tm.name << " ngl " << ngl;
       ASSERT_EQ(eh->stages.size(), 2u);
-      EXPECT_EQ(eh->stages[1].layer_begin, nl - ngl);
+      EXPECT_EQ(eh->stages[0].layer_end, ngl);
+      EXPECT_EQ(eh->stages[1].layer_begin, ngl);
       // KV splits by layer too.
       EXPECT_EQ(eh->gpu().kv_bytes_per_token + eh->host().kv_bytes_per_token, eh->kv_bytes_per_token);
       EXPECT_EQ(eh->gpu().kv_bytes_per_token,

@@ -250,7 +250,7 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--parallel", o->parallel, "Concurrent sequences");
   sub->add_option("--threads", o->threads, "CPU backend threads");
   sub->add_option("--block-tokens", o->block_tokens, "KV block size in tokens");
-  sub->add_option("--device", o->device, "cpu, gpu or hybrid:N (last N layers on the GPU)");
+  sub->add_option("--device", o->device, "cpu, gpu or hybrid:N (embedding and first N layers on the GPU)");
   sub->add_option("--kv-type", o->kv_type, "f32 or f16");
   sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");
