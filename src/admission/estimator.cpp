@@ -131,6 +131,76 @@ uint64_t output_prep_bytes(const gguf::GgufFile& f, uint64_t rows) {
 }
 
 
+// VulkanBackend constants mirrored here (src/backend/vulkan/vulkan_backend.cpp).
+constexpr uint64_t kVkScratchGranule = 64ull << 10;  // Impl::ensure rounding
+constexpr uint64_t kVkStagingBytes = 8ull << 20;     // kStagingBytes
+constexpr uint64_t kNoLimit = ~uint64_t{0} >> 2;
+
+// DeviceAllocator::allocate's own rounding: 0 -> 4, then up to 4 bytes.
+uint64_t vk_alloc_size(uint64_t bytes) { return bytes == 0 ? 4 : round_up(bytes, 4); }
+
+// Size of a scratch buffer after Impl::ensure(bytes): 64 KiB granules, capped at
+// the largest buffer but never below the request. 0 = never allocated.
+uint64_t vk_scratch_size(uint64_t bytes, uint64_t max_buffer) {
+  if (bytes == 0) return 0;
+  uint64_t want = std::min(round_up(bytes, kVkScratchGranule), max_buffer);
+  if (want < bytes) want = bytes;
+  return vk_alloc_size(want);
+}
+
+// The GPU stage's buffers (see GpuTerms).
+GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const StageLayout& s,
+                       uint64_t max_buffer, uint64_t blocks_per_seq) {
+  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
+  const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
+  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
+  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
+  const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
+  const uint64_t nh = static_cast<uint64_t>(hp.n_head);
+  const uint64_t half = static_cast<uint64_t>(std::max(hp.n_rot / 2, 1));
+  auto sz = [&](uint64_t bytes) { return vk_scratch_size(bytes, max_buffer); };
+  GpuTerms g;
+  uint64_t hidden_rows = 0, cur_rows = 0, xq_bytes = 0, xd_bytes = 0;
+  if (s.embedding) {
+    g.io_tokens = sz(m * sizeof(int32_t));
+    hidden_rows = m;
+  }
+  if (s.layer_end > s.layer_begin) {
+    hidden_rows = cur_rows = m;
+    g.io_rope = sz(2 * m * half * kF32);
+    g.io_blocks = sz(blocks_per_seq * sizeof(int32_t));
+    g.q = g.att = sz(m * E * kF32);
+    g.k = g.v = sz(m * KV * kF32);
+    g.gate = g.up = sz(m * F * kF32);
+    const uint64_t nb = std::max(E, F) / 32 + 1;
+    xq_bytes = m * nb * 32;
+    xd_bytes = m * nb * kF32;
+    // Worst scores: a full ubatch ending at position c; chunked in tokens when
+    // one ubatch's rows exceed the largest buffer (then at most max_buffer).
+    const uint64_t row = nh * c * kF32;
+    const uint64_t tc = std::max<uint64_t>(1, std::min<uint64_t>(m, max_buffer / std::max<uint64_t>(row, 1)));
+    g.scores = tc < m ? vk_alloc_size(max_buffer) : sz(tc * row);
+  }
+  if (s.output) {
+    const uint64_t rows = plan.logits_all ? m : 1;
+    hidden_rows = std::max(hidden_rows, rows);
+    cur_rows = std::max(cur_rows, rows);
+    g.io_logits = sz(rows * V * kF32);
+    const gguf::TensorInfo* head = f.find_tensor("output.weight");
+    if (head == nullptr) head = f.find_tensor("token_embd.weight");
+    if (head != nullptr && head->type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0)) {
+      xq_bytes = std::max(xq_bytes, rows * (E / 32 + 1) * 32);
+      xd_bytes = std::max(xd_bytes, rows * (E / 32 + 1) * kF32);
+    }
+  }
+  g.io_hidden = g.x = sz(hidden_rows * E * kF32);
+  g.cur = sz(cur_rows * E * kF32);
+  g.xq = sz(xq_bytes);
+  g.xd = sz(xd_bytes);
+  return g;
+}
+
 // Scratch of `n_sessions` concurrent sessions on one device: each keeps its
 // hidden + block tables; the phases of their passes overlap (worst case: all
 // in the same phase); attention rows are `rows` in total. Buffers are added one
@@ -191,6 +261,27 @@ size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
 uint64_t ScratchTerms::transient_peak() const {
   const uint64_t fwd = layer_activations > 0 ? forward_phase() : 0;
   return std::max({fwd, output_phase(), append_phase()});
+}
+
+namespace {
+template <typename Fn>
+void for_each_gpu_scratch(const GpuTerms& g, Fn fn) {
+  for (uint64_t b : {g.io_tokens, g.io_hidden, g.x, g.io_rope, g.io_blocks, g.cur, g.q, g.att, g.k, g.v, g.gate, g.up,
+                     g.xq, g.xd, g.scores, g.io_logits})
+    fn(b);
+}
+}  // namespace
+
+uint64_t GpuTerms::scratch() const {
+  uint64_t n = 0;
+  for_each_gpu_scratch(*this, [&](uint64_t b) { n += b; });
+  return n;
+}
+
+uint64_t GpuTerms::n_buffers() const {
+  uint64_t n = 0;
+  for_each_gpu_scratch(*this, [&](uint64_t b) { n += b > 0 ? 1 : 0; });
+  return n;
 }
 
 uint64_t DeviceEstimate::allowance() const {
@@ -261,6 +352,7 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
     const uint64_t KV = static_cast<uint64_t>(hparams.n_embd_kv());
     const uint64_t F = static_cast<uint64_t>(hparams.n_ff);
     const uint64_t half = static_cast<uint64_t>(hparams.n_rot / 2);
+    if (d != 0) continue;  // GPU scratch is resident in the backend (Estimate's scratch)
     Acc a = scratch_for(de.terms, c, 1, m, E, KV, F, half);
     a.add(de.terms.logits);
     r.scratch[d] = a.finish(true);
@@ -330,8 +422,15 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   }
   for (const auto& s : est.stages) est.devices[static_cast<int>(s.device)].used = true;
 
+  const uint64_t max_buffer =
+      config.gpu_limits.max_buffer_bytes > 0 ? (config.gpu_limits.max_buffer_bytes & ~uint64_t{3}) : kNoLimit;
+  const uint64_t weight_chunk = config.gpu_limits.weight_chunk_bytes > 0
+                                    ? std::min(max_buffer, config.gpu_limits.weight_chunk_bytes & ~uint64_t{3})
+                                    : max_buffer;
+  uint64_t largest_upload = 0;  // the GPU staging buffer's size rule
+
   // Weights: exact tensor bytes. Host weights are used in place from the
-  // mapping, so only a GPU copy pays per-tensor alignment.
+  // mapping, so only a GPU copy pays per-buffer alignment.
   for (const auto& t : f.tensors()) {
     est.weights_total += t.nbytes;
     DeviceKind d;
@@ -339,26 +438,55 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     if (l >= 0 && l < hp.n_layer) d = device_of_layer(l);
     else if (t.name == "token_embd.weight") d = emb_dev;
     else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;
-    else d = emb_dev;
+    else d = emb_dev == DeviceKind::kGpu ? DeviceKind::kHost : emb_dev;  // the Vulkan backend uploads no others
     auto add_weight = [&](DeviceKind dev) {
       Acc& a = weights[static_cast<int>(dev)];
-      if (dev == DeviceKind::kGpu) a.add(t.nbytes);
-      else { a.a.bytes += t.nbytes; a.a.n_allocations += 1; }
+      if (dev != DeviceKind::kGpu) {
+        a.a.bytes += t.nbytes;
+        a.a.n_allocations += 1;
+        return;
+      }
+      // VulkanBackend::prepare: vectors (norms) as F32 copies, matrices in
+      // chunks of whole rows of at most weight_chunk bytes, one buffer each.
+      if (t.n_dims < 2) {
+        const uint64_t bytes = t.ne[0] * kF32;
+        a.add(vk_alloc_size(bytes));
+        largest_upload = std::max(largest_upload, bytes);
+        return;
+      }
+      const uint64_t n_rows = std::max<uint64_t>(t.ne[1], 1);
+      const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(n_rows, 1);
+      const uint64_t rows_per = std::max<uint64_t>(1, weight_chunk / std::max<uint64_t>(row_bytes, 1));
+      for (uint64_t r0 = 0; r0 < n_rows; r0 += rows_per) {
+        const uint64_t bytes = std::min(rows_per, n_rows - r0) * row_bytes;
+        a.add(vk_alloc_size(bytes));
+        largest_upload = std::max(largest_upload, bytes);
+      }
     };
     add_weight(d);
     if (t.name == "token_embd.weight" && tied && out_dev != emb_dev) add_weight(out_dev);
   }
 
-  // KV pools: one per stage, allocated whole by KvPool::create.
+  // KV pools: one per stage, allocated whole by KvPool::create; on the GPU one
+  // K and one V buffer of F32 per layer (VulkanBackend::create_kv_pool), with
+  // the pool's block stack and object on the host.
   for (const auto& s : est.stages) {
     const int d = static_cast<int>(s.device);
-    const uint64_t per_tok = 2 * static_cast<uint64_t>(s.layer_end - s.layer_begin) * KV * kv_type_size(plan.kv_type);
+    const bool gpu = s.device == DeviceKind::kGpu;
+    const uint64_t n_layers = static_cast<uint64_t>(s.layer_end - s.layer_begin);
+    const uint64_t elem = gpu ? kF32 : kv_type_size(plan.kv_type);
+    const uint64_t per_tok = 2 * n_layers * KV * elem;
+    const uint64_t n_blocks = blocks_per_seq * P;
     est.devices[d].kv_bytes_per_token += per_tok;
     est.devices[d].kv_bytes_per_block += per_tok * static_cast<uint64_t>(plan.kv_block_tokens);
-    est.devices[d].kv_storage += per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * blocks_per_seq * P;
-    kv[d].add(per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * blocks_per_seq * P);
-    kv[d].add(blocks_per_seq * P * sizeof(int32_t));  // the pool's free-block stack
-    kv[d].add(kKvPoolObject);
+    est.devices[d].kv_storage += per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * n_blocks;
+    if (gpu) {
+      kv[d].add(vk_alloc_size(n_blocks * static_cast<uint64_t>(plan.kv_block_tokens) * KV * kF32), 2 * n_layers);
+    } else {
+      kv[d].add(per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * n_blocks);
+    }
+    kv[0].add(n_blocks * sizeof(int32_t));  // the pool's free-block stack
+    kv[0].add(kKvPoolObject);
     est.kv_bytes_per_token += per_tok;
   }
 
@@ -367,23 +495,19 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   const uint64_t nh = static_cast<uint64_t>(hp.n_head);
   for (const auto& s : est.stages) {
     const int d = static_cast<int>(s.device);
+    if (s.device == DeviceKind::kGpu) {
+      est.devices[d].gpu_terms = gpu_terms_for(f, hp, plan, s, max_buffer, blocks_per_seq);
+      continue;
+    }
     ScratchTerms& t = est.devices[d].terms;
-    const bool gpu = s.device == DeviceKind::kGpu;
     t.layer_activations = (3 * m * E + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
-    if (gpu) {
-      // A GPU kernel without flash attention keeps a score row per (token, head).
-      t.attention_row = m * nh * c * kF32;
-      t.attention_workers = 1;
-      t.hidden = m * E * kF32;  // device copy of the hidden states
-    } else {
-      t.attention_row = c * kF32;
-      // CpuBackend: attention goes to the pool when work >= 2^17 (worst ubatch:
-      // the last one of the context) and there is more than one item.
-      const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 17);
-      t.attention_workers = parallel ? T : 1;
-    }
+    t.attention_row = c * kF32;
+    // CpuBackend: attention goes to the pool when work >= 2^17 (worst ubatch:
+    // the last one of the context) and there is more than one item.
+    const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 17);
+    t.attention_workers = parallel ? T : 1;
     if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows);
   }
   {
@@ -396,14 +520,24 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     h.logits_row = plan.logits_all ? 0 : V * kF32;
     h.logits = (plan.logits_all ? static_cast<uint64_t>(plan.n_batch) + 1 : 1) * V * kF32;
     est.devices[0].used = true;  // the session always lives on the host
-    if (est.devices[1].used) est.devices[1].terms.logits_row = out_rows * V * kF32;  // device logits buffer
   }
   for (int d = 0; d < kNumDeviceKinds; ++d) {
     DeviceEstimate& de = est.devices[d];
     if (!de.used) continue;
     const DeviceCosts& costs = d == 0 ? config.host : config.gpu;
     const ScratchTerms& t = de.terms;
-    de.scratch = scratch_for(t, costs, P, m, E, KV, F, half).finish(true);
+    if (d == 0) {
+      de.scratch = scratch_for(t, costs, P, m, E, KV, F, half).finish(true);
+    } else {
+      // The backend's persistent buffers, shared by every session on it.
+      Acc a;
+      a.costs = &costs;
+      for_each_gpu_scratch(de.gpu_terms, [&](uint64_t b) { a.add(b); });
+      de.scratch = a.finish(true);
+      de.gpu_terms.staging =
+          largest_upload > 0 ? vk_alloc_size(std::min(largest_upload, std::min(kVkStagingBytes, max_buffer))) : 0;
+      overhead[d].add(de.gpu_terms.staging);
+    }
     logits[d].add(t.logits, P);
     de.logits = logits[d].finish(true);
     de.weights = weights[d].finish(false);

@@ -9,19 +9,34 @@
 //             the embedding device (first stage); output_norm/output to the last
 //             stage; a tied head (no output.weight) on a different device than
 //             the embedding needs token_embd there too, so it is counted twice.
-//             Other tensors go to the first stage. GPU: each tensor rounded up to
-//             the device alignment (allowance); host weights are mapped in place.
+//             Other tensors go to the first stage (to the host when that is the
+//             GPU: the Vulkan backend uploads nothing else). GPU: what
+//             VulkanBackend::prepare uploads, one buffer per tensor or per row
+//             chunk (GpuLimits::weight_chunk_bytes), 1-D norms as F32 copies;
+//             each buffer rounded up to the device alignment (allowance); host
+//             weights are mapped in place.
 //   kv        the KvPool(s) the plan allocates up front: per stage
 //             n_parallel * ceil(n_ctx / kv_block_tokens) blocks of
 //             bytes_per_block = block_tokens * 2 * n_stage_layers * n_embd_kv *
 //             sizeof(kv_type) (KvPool::create allocates exactly that as one
 //             array), plus the pool's free-block stack (4 B per block) and object.
-//   scratch   per-ubatch compute buffers, n_parallel sessions in flight (see
-//             ScratchTerms for each term and where in the engine it comes from).
+//             GPU (VulkanBackend::create_kv_pool): one K and one V buffer per
+//             layer of n_blocks * block_tokens * n_embd_kv F32 (the device pool
+//             stores F32 whatever kv_type says); the block stack and pool object
+//             are host heap and counted in the host's kv.
+//   scratch   host: per-ubatch compute buffers, n_parallel sessions in flight
+//             (see ScratchTerms for each term and where in the engine it comes
+//             from). GPU: the VulkanBackend's persistent Scratch buffers (see
+//             GpuTerms), one set per backend whatever n_parallel is (calls are
+//             serialised and every session of the backend reuses them).
 //   logits    n_vocab floats per output row (host), see ScratchTerms::logits.
+//             GPU: 0 (the device logits buffer is scratch, GpuTerms::io_logits).
 //   overhead  fixed runtime overhead (configured per device) plus, on the host,
 //             the model's heap: F32 copies of the norm vectors and the parsed
-//             metadata/tokenizer (estimated from the metadata, see estimator.cpp).
+//             metadata/tokenizer (estimated from the metadata, see estimator.cpp);
+//             on the GPU, the staging buffer weights are uploaded through
+//             (GpuTerms::staging; alive only during prepare, but counted against
+//             the device budget then).
 // Every category also carries an `allowance` (fragmentation/alignment):
 //   allowance = sum over its allocations of (round_up(size, alignment) - size),
 //               where allocations >= page_threshold round to page_size instead
@@ -29,8 +44,11 @@
 // with alignment/page/fragmentation from DeviceCosts (weights get no percentage:
 // they are exact). The allowance is the documented margin by which a measurement
 // may exceed `bytes`; admission reserves bytes + allowance.
-// The estimate of the GPU side (and hence of hybrid plans) mirrors the CPU
-// backend's buffers and is provisional until the Vulkan allocator exists.
+// GPU figures mirror the Vulkan backend's DeviceAllocator accounting (what
+// VulkanBackend::memory_stats() reports per category: weights, kv, scratch and
+// staging peaks), checked on lavapipe by estimator_vulkan_test. Driver-internal
+// objects (pipelines, descriptor pool, command buffer) do not go through the
+// allocator and are only covered by DeviceCosts::fixed_overhead.
 // Errors: general.architecture other than "llama" -> InvalidArgument naming it;
 // missing/invalid hparams -> the hparams reader's error; a bad plan value
 // (n_ctx <= 0 after defaulting or > 1<<24, n_ubatch > n_batch, n_parallel < 1,
@@ -87,16 +105,31 @@ struct DeviceCosts {
   double fragmentation = 0.05;    // share of dynamic bytes (kv, scratch, logits, overhead)
 };
 
+// Limits of the Vulkan device the GPU side is sized for (VulkanContext's).
+struct GpuLimits {
+  // Largest buffer: min(maxStorageBufferRange, maxMemoryAllocationSize) & ~3.
+  // Caps scratch buffers (the attention scores then run in token chunks).
+  // 0 = no limit (the scores estimate is then the unchunked, larger figure).
+  uint64_t max_buffer_bytes = 0;
+  // Largest buffer of one weight tensor (VulkanBackendOptions::max_buffer_bytes;
+  // larger tensors are split by rows). 0 = max_buffer_bytes.
+  uint64_t weight_chunk_bytes = 0;
+};
+
 struct EstimatorConfig {
   // Host: glibc malloc; 64-byte rounding (16 B header + 16 B granularity, cache
   // line), mmap'd (page-rounded) from 128 KiB; 5% fragmentation; 8 MiB for the
   // runtime (thread stacks' touched pages, allocator arenas, I/O buffers).
   DeviceCosts host{8ull << 20, 64, 128ull << 10, 4096, 0.05};
-  // GPU (provisional until the Vulkan allocator): 256-byte buffer alignment
-  // (the largest minStorageBufferOffsetAlignment in practice), 10% for the
-  // device allocator's sub-allocation, 128 MiB for context, pipelines,
-  // descriptor pools, command buffers and staging.
-  DeviceCosts gpu{128ull << 20, 256, 0, 4096, 0.10};
+  // GPU: every DeviceAllocator buffer is its own VkDeviceMemory of the size the
+  // driver's vkGetBufferMemoryRequirements reports, so there is no
+  // sub-allocation to fragment (0%); the allowance is the driver rounding a
+  // buffer up to its alignment, 256 bytes (the largest minStorageBuffer-
+  // OffsetAlignment in practice; lavapipe reports the requested size). No fixed
+  // overhead: the driver's own objects do not count against the allocator's
+  // budget; raise it to reserve for them on a shared heap.
+  DeviceCosts gpu{0, 256, 0, 4096, 0.0};
+  GpuLimits gpu_limits;
 };
 
 // Bytes of one category on one device plus its documented allowance.
@@ -165,6 +198,42 @@ struct ScratchTerms {
   uint64_t session_scratch() const { return hidden + session_state + transient_peak(); }
 };
 
+// Buffers of the VulkanBackend on the GPU (bytes each, as the allocator
+// accounts them). m = n_ubatch, c = n_ctx, E/KV/F/V as ScratchTerms, bt =
+// kv_block_tokens. Scratch buffers only grow (Impl::ensure frees the old one
+// first and allocates round_up(request, 64 KiB), capped at max_buffer_bytes but
+// never below the request), each to the largest request of the run, so the
+// category's peak is the sum of their largest sizes: the requests below at
+// their worst case, a ubatch of m tokens ending at position c. Buffers a stage
+// does not use are 0.
+struct GpuTerms {
+  // embed: io_tokens (m ids), io_hidden and x (m*E floats; forward_layers and
+  // output reuse both).
+  uint64_t io_tokens = 0;
+  uint64_t io_hidden = 0;
+  uint64_t x = 0;
+  // forward_layers: io_rope (2*m*max(n_rot/2, 1) floats), io_blocks (the block
+  // table, ceil(c/bt) ids), cur, q, att (m*E), k, v (m*KV), gate, up (m*F), the
+  // Q8_0 activations xq (m*(max(E,F)/32+1)*32 B) and xd (a quarter of that; both
+  // allocated whatever the weight type), and scores: n_head*c floats per token
+  // for tc = min(m, max_buffer / (n_head*c*4)) tokens at a time.
+  uint64_t io_rope = 0;
+  uint64_t io_blocks = 0;
+  uint64_t cur = 0, q = 0, att = 0, k = 0, v = 0, gate = 0, up = 0;
+  uint64_t xq = 0, xd = 0;
+  uint64_t scores = 0;
+  // output (head on the GPU): io_logits, rows*V floats (rows = 1, or m with
+  // logits_all); cur and, for a Q8_0 head, xq/xd for rows*E are covered above
+  // (forward's are at least as large) or sized here when larger.
+  uint64_t io_logits = 0;
+  // Staging (category staging): upload() keeps one host-visible buffer of
+  // min(largest upload, 8 MiB, max_buffer) bytes (rounded to 4), the largest
+  // weight buffer of prepare, then frees it.
+  uint64_t staging = 0;
+  uint64_t n_buffers() const;
+  uint64_t scratch() const;  // sum of the scratch buffers (not staging)
+};
+
 struct StageLayout {
   DeviceKind device = DeviceKind::kHost;
   int32_t layer_begin = 0;
@@ -181,7 +250,8 @@ struct DeviceEstimate {
   Amount scratch;
   Amount logits;
   Amount overhead;
-  ScratchTerms terms;               // per session, this device
+  ScratchTerms terms;               // per session, this device (host only; zero on the GPU)
+  GpuTerms gpu_terms;               // GPU only
   uint64_t kv_bytes_per_token = 0;  // K+V of this device's layers
   uint64_t kv_bytes_per_block = 0;
   uint64_t kv_storage = 0;          // K/V arrays alone (n_blocks * bytes_per_block)
@@ -192,7 +262,9 @@ struct DeviceEstimate {
 
 // What one request adds on top of the resident model, per device: its KV blocks
 // and one session's scratch + logits (the CPU backend allocates scratch per
-// call, so it is per request, not resident). Where the KV pool is allocated up
+// call, so it is per request, not resident; the GPU's scratch buffers are
+// resident in the backend and already in Estimate's scratch, so the GPU's
+// per-request scratch is 0). Where the KV pool is allocated up
 // front for the plan (the CPU engine today: Estimate's kv), the blocks are
 // already inside that and the admission check for them is the pool's free
 // blocks; reserve `kv` in a ledger only for a pool that grows on demand.
