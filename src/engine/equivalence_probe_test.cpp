@@ -1,0 +1,92 @@
+#include "engine/equivalence_probe.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/device_session.h"
+#include "engine/engine_test_util.h"
+
+namespace spw {
+namespace {
+
+std::unique_ptr<Session> cpu_session(std::shared_ptr<const Model> m, int threads) {
+  DeviceSessionOptions o;
+  o.n_threads = threads;
+  o.n_ctx = 256;
+  auto ds = open_device_session(std::move(m), o);
+  EXPECT_TRUE(ds.ok()) << ds.status().to_string();
+  return ds.ok() ? std::move(ds->session) : nullptr;
+}
+
+TEST(EquivalenceProbeTest, CpuThreadCountsAreEquivalentWithZeroDifference) {
+  auto m = testing::stories();
+  auto a = cpu_session(m, 1), b = cpu_session(m, 2);
+  EquivalenceOptions o;
+  o.n_tokens = 24;
+  auto v = run_equivalence_probe(*a, *b, o);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_TRUE(v->equivalent) << v->summary;
+  EXPECT_EQ(v->agreement_rate, 1.0);
+  EXPECT_EQ(v->max_logit_diff, 0.0f);  // the CPU kernels are thread-count invariant
+  ASSERT_EQ(v->prompts.size(), 3u);
+  for (const auto& p : v->prompts) {
+    EXPECT_EQ(p.n_positions, 24);
+    EXPECT_EQ(p.first_divergence, -1);
+    EXPECT_TRUE(p.sampled_equal);
+  }
+}
+
+TEST(EquivalenceProbeTest, CpuAndVulkanAndHybridAreEquivalent) {
+  auto devices = list_vulkan_devices();
+  if (!devices.ok() || devices->empty()) GTEST_SKIP() << "no Vulkan device";
+  auto m = testing::stories();
+  auto cpu = cpu_session(m, 1);
+  for (const std::string spec : {"vulkan", "hybrid:2"}) {
+    DeviceSessionOptions o;
+    o.device = parse_device_spec(spec).value();
+    o.n_ctx = 256;
+    auto ds = open_device_session(m, o);
+    ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+    EquivalenceOptions eo;
+    eo.n_tokens = 16;
+    auto v = run_equivalence_probe(*cpu, *ds->session, eo);
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    EXPECT_TRUE(v->equivalent) << spec << ": " << v->summary;
+    EXPECT_LT(v->max_logit_diff, 1e-3f) << spec;
+    std::printf("cpu vs %s: %s\n", spec.c_str(), v->summary.c_str());
+  }
+}
+
+TEST(EquivalenceProbeTest, DifferentModelsAreRefusedUnlessAsked) {
+  auto spec = testing::small_spec(gguf::GgmlType::kF32);
+  auto f32 = testing::random_model(spec);
+  spec.type = gguf::GgmlType::kQ8_0;
+  auto q8 = testing::random_model(spec);
+  auto a = cpu_session(f32, 1), b = cpu_session(q8, 1);
+  auto refused = run_equivalence_probe(*a, *b);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+
+  // Measuring F32 against Q8_0 of the same weights: logits differ by the
+  // quantisation error, and every divergence is reported with its position.
+  EquivalenceOptions o;
+  o.require_same_model = false;
+  o.n_tokens = 32;
+  auto v = run_equivalence_probe(*a, *b, o);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_GT(v->max_logit_diff, 0.0f);
+  for (const auto& p : v->prompts) {
+    EXPECT_EQ(p.n_positions, 32);
+    if (p.first_divergence >= 0) {
+      EXPECT_LT(p.n_agree, p.n_positions);
+      EXPECT_GE(p.margin_at_divergence, 0.0f);
+      EXPECT_FALSE(v->equivalent);
+    }
+  }
+  EXPECT_EQ(v->equivalent, v->agreement_rate == 1.0 &&
+                               std::all_of(v->prompts.begin(), v->prompts.end(),
+                                           [](const PromptEquivalence& p) { return p.sampled_equal; }));
+  std::printf("f32 vs q8_0: %s\n", v->summary.c_str());
+}
+
+}  // namespace
+}  // namespace spw
