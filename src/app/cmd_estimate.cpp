@@ -61,29 +61,41 @@ nlohmann::json amount_json(const Amount& a) {
 }
 
 nlohmann::json device_json(const DeviceEstimate& d) {
-  const auto& t = d.terms;
-  return {{"device", std::string(admission::device_kind_name(d.device))},
-          {"weights", amount_json(d.weights)},
-          {"kv", amount_json(d.kv)},
-          {"scratch", amount_json(d.scratch)},
-          {"logits", amount_json(d.logits)},
-          {"overhead", amount_json(d.overhead)},
-          {"bytes", d.bytes()},
-          {"allowance", d.allowance()},
-          {"total", d.total()},
-          {"kv_bytes_per_token", d.kv_bytes_per_token},
-          {"kv_bytes_per_block", d.kv_bytes_per_block},
-          {"scratch_terms_per_session",
-           {{"hidden", t.hidden},
-            {"session_state", t.session_state},
-            {"tokens", t.tokens},
-            {"layer_activations", t.layer_activations},
-            {"matmul_prep", t.matmul_prep},
-            {"attention_row", t.attention_row},
-            {"attention_workers", t.attention_workers},
-            {"output_transient", t.output_transient},
-            {"logits_row", t.logits_row},
-            {"logits", t.logits}}}};
+  nlohmann::json j = {{"device", std::string(admission::device_kind_name(d.device))},
+                      {"weights", amount_json(d.weights)},
+                      {"kv", amount_json(d.kv)},
+                      {"scratch", amount_json(d.scratch)},
+                      {"logits", amount_json(d.logits)},
+                      {"overhead", amount_json(d.overhead)},
+                      {"bytes", d.bytes()},
+                      {"allowance", d.allowance()},
+                      {"total", d.total()},
+                      {"kv_bytes_per_token", d.kv_bytes_per_token},
+                      {"kv_bytes_per_block", d.kv_bytes_per_block}};
+  // Each device's scratch is a different set of buffers: the CPU backend's per
+  // session, the Vulkan backend's per backend (admission/estimator.h).
+  if (d.device == admission::DeviceKind::kHost) {
+    const auto& t = d.terms;
+    j["scratch_terms_per_session"] = {{"hidden", t.hidden},
+                                      {"session_state", t.session_state},
+                                      {"tokens", t.tokens},
+                                      {"layer_activations", t.layer_activations},
+                                      {"matmul_prep", t.matmul_prep},
+                                      {"attention_row", t.attention_row},
+                                      {"attention_workers", t.attention_workers},
+                                      {"output_transient", t.output_transient},
+                                      {"logits_row", t.logits_row},
+                                      {"logits", t.logits}};
+  } else {
+    const auto& g = d.gpu_terms;
+    j["scratch_buffers_per_backend"] = {
+        {"io_tokens", g.io_tokens}, {"io_hidden", g.io_hidden}, {"x", g.x},     {"io_rope", g.io_rope},
+        {"io_blocks", g.io_blocks}, {"cur", g.cur},             {"q", g.q},     {"att", g.att},
+        {"k", g.k},                 {"v", g.v},                 {"gate", g.gate}, {"up", g.up},
+        {"xq", g.xq},               {"xd", g.xd},               {"scores", g.scores}, {"io_logits", g.io_logits},
+        {"staging", g.staging}};
+  }
+  return j;
 }
 
 std::string mib(uint64_t b) {
@@ -234,7 +246,6 @@ int run_estimate(const EstimateOptions& o) {
                   static_cast<unsigned long long>(req->total(kind)));
     }
   }
-  if (gpu) std::printf("\nnote: GPU figures are provisional until the Vulkan allocator is measured\n");
   return 0;
 }
 
