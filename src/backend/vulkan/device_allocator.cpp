@@ -6,16 +6,6 @@
 
 namespace spw {
 
-const char* memory_category_name(MemoryCategory c) {
-  switch (c) {
-    case MemoryCategory::kWeights: return "weights";
-    case MemoryCategory::kKv: return "kv";
-    case MemoryCategory::kScratch: return "scratch";
-    case MemoryCategory::kStaging: return "staging";
-  }
-  return "?";
-}
-
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     reset();

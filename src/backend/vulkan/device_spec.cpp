@@ -6,6 +6,17 @@
 
 namespace spw {
 
+// Built in both the real and the stub library, so it is defined once here.
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::kWeights: return "weights";
+    case MemoryCategory::kKv: return "kv";
+    case MemoryCategory::kScratch: return "scratch";
+    case MemoryCategory::kStaging: return "staging";
+  }
+  return "?";
+}
+
 namespace {
 bool all_digits(const std::string& s) {
   if (s.empty()) return false;

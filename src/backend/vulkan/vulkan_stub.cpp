@@ -5,16 +5,6 @@ namespace spw {
 
 bool vulkan_built_in() { return false; }
 
-const char* memory_category_name(MemoryCategory c) {
-  switch (c) {
-    case MemoryCategory::kWeights: return "weights";
-    case MemoryCategory::kKv: return "kv";
-    case MemoryCategory::kScratch: return "scratch";
-    case MemoryCategory::kStaging: return "staging";
-  }
-  return "?";
-}
-
 namespace {
 Status not_built() { return Status::unavailable("Spillway was built without the Vulkan backend"); }
 }  // namespace
