@@ -2,6 +2,7 @@
 // global operator new/delete replaced by alloc_tracker.cpp (the engine's KV
 // pool, backend scratch and session buffers are all std::vector / new[]).
 #include "admission/estimator.h"
+#include "admission/estimator_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -34,33 +35,8 @@ std::shared_ptr<const Model> load_stories() {
   return m.ok() ? *m : nullptr;
 }
 
-modelgen::RandomLlamaSpec spec(gguf::GgmlType type, uint32_t n_embd, uint32_t n_ff, uint32_t n_head,
-                               uint32_t n_head_kv, uint32_t n_layer, bool tied = false) {
-  modelgen::RandomLlamaSpec s;
-  s.n_embd = n_embd;
-  s.n_ff = n_ff;
-  s.n_head = n_head;
-  s.n_head_kv = n_head_kv;
-  s.n_layer = n_layer;
-  s.n_ctx = 512;
-  s.type = type;
-  s.tied_output = tied;
-  s.seed = 11;
-  s.vocab_path = src("models/stories260K.gguf");
-  return s;
-}
-
-std::shared_ptr<const Model> generated(const modelgen::RandomLlamaSpec& s) {
-  auto bytes = modelgen::make_random_llama(s);
-  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
-  if (!bytes.ok()) return nullptr;
-  auto file = gguf::GgufFile::parse(make_memory_file(std::move(*bytes), "<generated>"));
-  EXPECT_TRUE(file.ok()) << file.status().to_string();
-  if (!file.ok()) return nullptr;
-  auto m = Model::load_from(std::move(*file));
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? *m : nullptr;
-}
+using testing::generated;
+using testing::spec;
 
 std::vector<TestModel> models() {
   using gguf::GgmlType;

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "admission/estimator.h"
+#include "admission/estimator_test_util.h"
 #include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "engine/device_session.h"
@@ -33,26 +34,7 @@ std::string vulkan_missing() {
 
 std::shared_ptr<const Model> generated(gguf::GgmlType type, uint32_t n_embd, uint32_t n_ff, uint32_t n_head,
                                        uint32_t n_head_kv, uint32_t n_layer, bool tied) {
-  modelgen::RandomLlamaSpec s;
-  s.n_embd = n_embd;
-  s.n_ff = n_ff;
-  s.n_head = n_head;
-  s.n_head_kv = n_head_kv;
-  s.n_layer = n_layer;
-  s.n_ctx = 512;
-  s.type = type;
-  s.tied_output = tied;
-  s.seed = 5;
-  s.vocab_path = src("models/stories260K.gguf");
-  auto bytes = modelgen::make_random_llama(s);
-  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
-  if (!bytes.ok()) return nullptr;
-  auto file = gguf::GgufFile::parse(make_memory_file(std::move(*bytes), "<generated>"));
-  EXPECT_TRUE(file.ok()) << file.status().to_string();
-  if (!file.ok()) return nullptr;
-  auto m = Model::load_from(std::move(*file));
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? *m : nullptr;
+  return testing::generated(testing::spec(type, n_embd, n_ff, n_head, n_head_kv, n_layer, tied, /*seed=*/5));
 }
 
 std::map<std::string, double>& worst() {

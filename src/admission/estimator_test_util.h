@@ -1,0 +1,37 @@
+// Generated models shared by the estimator's CPU and Vulkan accuracy tests.
+// Test-only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/engine_test_util.h"
+#include "tools/modelgen/random_llama.h"
+
+namespace spw::admission::testing {
+
+// A small llama shape over the 512-token stories vocabulary (a small output
+// head keeps lavapipe and ASan runs short).
+inline modelgen::RandomLlamaSpec spec(gguf::GgmlType type, uint32_t n_embd, uint32_t n_ff, uint32_t n_head,
+                                      uint32_t n_head_kv, uint32_t n_layer, bool tied = false, uint64_t seed = 11) {
+  modelgen::RandomLlamaSpec s;
+  s.n_embd = n_embd;
+  s.n_ff = n_ff;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.n_layer = n_layer;
+  s.n_ctx = 512;
+  s.type = type;
+  s.tied_output = tied;
+  s.seed = seed;
+  s.vocab_path = spw::testing::stories_path();
+  return s;
+}
+
+// The model of `s`, loaded from memory (null, with a test failure, on error).
+inline std::shared_ptr<const Model> generated(const modelgen::RandomLlamaSpec& s) {
+  return spw::testing::random_model(s);
+}
+
+}  // namespace spw::admission::testing
