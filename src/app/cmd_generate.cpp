@@ -1,7 +1,5 @@
 // `spillway generate`: one generation on the CPU engine, streaming text to
 // stdout, or with --json the token ids, text and timings.
-#include <sys/resource.h>
-
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -11,6 +9,7 @@
 
 #include "app/commands.h"
 #include "core/env.h"
+#include "device/host_memory.h"
 #include "engine/device_session.h"
 #include "engine/generate.h"
 #include "model/model.h"
@@ -37,11 +36,6 @@ struct GenerateCliOptions {
   bool seed_given = false;
 };
 
-int64_t peak_rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
-}
 
 double per_second(int64_t count, int64_t ns) { return ns > 0 ? count * 1e9 / static_cast<double>(ns) : 0.0; }
 
@@ -127,6 +121,7 @@ int run_generate(GenerateCliOptions o) {
     return 0;
   }
 
+  const auto peak_rss = device::HostMemoryProbe(env).read().process_peak_rss_bytes;
   nlohmann::json j;
   j["model"] = o.model;
   j["prompt"] = o.prompt;
@@ -161,7 +156,8 @@ int run_generate(GenerateCliOptions o) {
       // The first generated token's logits come from prefill; decode time covers
       // the evaluation of every generated token after it.
       {"decode_tokens_per_s", per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns)},
-      {"peak_rss_bytes", peak_rss_bytes()},
+      // The host probe's figure (VmHWM, else getrusage): null when unknown.
+      {"peak_rss_bytes", peak_rss.known() ? nlohmann::json(peak_rss.value()) : nlohmann::json(nullptr)},
   };
   std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
