@@ -466,6 +466,16 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     add_weight(d);
     if (t.name == "token_embd.weight" && tied && out_dev != emb_dev) add_weight(out_dev);
   }
+  // A prefaulted mapping is resident whole: the header and the tensors another
+  // device holds too (the GPU's copies are uploads; the mapping stays, and is
+  // what a CPU fallback of the same model runs from).
+  if (plan.prefault) {
+    Amount& hw = weights[0].a;
+    const uint64_t mapped = round_up(f.file_size(), config.host.page_size);
+    est.devices[0].mapped_other = mapped > hw.bytes ? mapped - hw.bytes : 0;
+    hw.bytes = std::max(hw.bytes, mapped);
+    hw.n_allocations = 1;
+  }
 
   // KV pools: one per stage, allocated whole by KvPool::create; on the GPU one
   // K and one V buffer of F32 per layer (VulkanBackend::create_kv_pool), with

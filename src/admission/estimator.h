@@ -10,7 +10,11 @@
 //             stage; a tied head (no output.weight) on a different device than
 //             the embedding needs token_embd there too, so it is counted twice.
 //             Other tensors go to the first stage (to the host when that is the
-//             GPU: the Vulkan backend uploads nothing else). GPU: what
+//             GPU: the Vulkan backend uploads nothing else). With
+//             Plan::prefault (the default, as Model::load maps) the host's
+//             figure is instead the whole mapping, page-rounded: every byte of
+//             the file is resident whatever the placement (mapped_other says
+//             how much of it the host does not compute with). GPU: what
 //             VulkanBackend::prepare uploads, one buffer per tensor or per row
 //             chunk (GpuLimits::weight_chunk_bytes), 1-D norms as F32 copies;
 //             each buffer rounded up to the device alignment (allowance); host
@@ -94,6 +98,9 @@ struct Plan {
   KvType kv_type = KvType::kF32;  // the CPU KvPool stores F32 today
   int32_t kv_block_tokens = 16;
   bool logits_all = false;   // eval_all_logits (every row) instead of eval (last row)
+  // The model file is mapped prefaulted (ModelLoadOptions::prefault, the
+  // default): the host holds the whole mapping resident, see `weights`.
+  bool prefault = true;
 };
 
 // Per-device cost model. Defaults: see EstimatorConfig.
@@ -255,6 +262,9 @@ struct DeviceEstimate {
   uint64_t kv_bytes_per_token = 0;  // K+V of this device's layers
   uint64_t kv_bytes_per_block = 0;
   uint64_t kv_storage = 0;          // K/V arrays alone (n_blocks * bytes_per_block)
+  // Host, prefaulted mapping: the part of `weights` that is not tensors this
+  // device computes with (header, padding, tensors another device holds).
+  uint64_t mapped_other = 0;
   uint64_t allowance() const;
   uint64_t bytes() const;           // sum of categories without allowance
   uint64_t total() const { return bytes() + allowance(); }

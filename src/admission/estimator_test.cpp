@@ -99,7 +99,10 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     for (const auto& t : f.tensors()) table += t.nbytes;
     uint64_t bound = 0;
     for (const auto& [type, bytes] : tm.model->bytes_by_type()) bound += bytes;
-    auto e = estimate(f, cpu_plan(128, 16, 1));
+    // Without prefault the host's figure is the tensors it computes with.
+    Plan c = cpu_plan(128, 16, 1);
+    c.prefault = false;
+    auto e = estimate(f, c);
     ASSERT_TRUE(e.ok()) << e.status().to_string();
     EXPECT_EQ(e->host().weights.bytes, table) << tm.name;
     EXPECT_EQ(e->host().weights.bytes, bound) << tm.name;  // every tensor is bound by the model
@@ -109,7 +112,7 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     EXPECT_EQ(e->gpu().total(), 0u);
 
     // GPU: the same bytes, each tensor rounded to 256.
-    Plan g = cpu_plan(128, 16, 1);
+    Plan g = c;
     g.placement = Placement::kGpu;
     auto eg = estimate(f, g);
     ASSERT_TRUE(eg.ok());
@@ -118,6 +121,16 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     for (const auto& t : f.tensors()) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
     EXPECT_EQ(eg->gpu().weights.allowance, rounding);
     EXPECT_EQ(eg->host().weights.bytes, 0u);
+    for (Placement pl : {Placement::kCpu, Placement::kGpu}) {
+      Plan pf = g;
+      pf.placement = pl;
+      pf.prefault = true;
+      auto ep = estimate(f, pf);
+      ASSERT_TRUE(ep.ok());
+      const uint64_t mapped = (f.file_size() + 4095) / 4096 * 4096;
+      EXPECT_EQ(ep->host().weights.bytes, mapped) << tm.name;
+      EXPECT_EQ(ep->host().mapped_other, pl == Placement::kCpu ? mapped - table : mapped) << tm.name;
+    }
 
     // Hybrid: split by layer; embedding and first layers on the GPU, head on the host.
     const int32_t nl = tm.model->hparams().n_layer;
@@ -140,6 +153,15 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
         }
       }
       EXPECT_EQ(eh->host().weights.bytes, host) << tm.name << " ngl " << ngl;
+      // Prefaulted (the default): the host holds the whole mapping whatever
+      // the split; the GPU's figure does not change.
+      Plan hp = h;
+      hp.prefault = true;
+      auto ehp = estimate(f, hp);
+      ASSERT_TRUE(ehp.ok());
+      EXPECT_EQ(ehp->host().weights.bytes, (f.file_size() + 4095) / 4096 * 4096) << tm.name << " ngl " << ngl;
+      EXPECT_EQ(ehp->host().weights.allowance, 0u);
+      EXPECT_EQ(ehp->gpu().weights.bytes, gpu);
       EXPECT_EQ(eh->gpu().weights.bytes, gpu) << tm.name << " ngl " << ngl;
       ASSERT_EQ(eh->stages.size(), 2u);
       EXPECT_EQ(eh->stages[0].layer_end, ngl);

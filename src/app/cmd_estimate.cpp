@@ -10,7 +10,9 @@
 
 #include "admission/estimator.h"
 #include "app/commands.h"
+#include "backend/vulkan/device_spec.h"
 #include "core/env.h"
+#include "device/host_memory.h"
 #include "gguf/gguf.h"
 
 namespace spw::app {
@@ -33,8 +35,31 @@ struct EstimateOptions {
   bool logits_all = false;
   std::optional<int32_t> prompt_tokens;
   std::optional<int32_t> max_tokens;
+  std::string host_baseline = "observed";
   bool json = false;
 };
+
+// The host's fixed runtime overhead: what a spillway process holds before it
+// loads a model. "observed" reads this process's RSS now (it is the same
+// binary, before any model is opened); a size overrides it; when the probe
+// cannot tell, the estimator's documented constant stays.
+Status host_baseline(Env& env, const std::string& spec, admission::DeviceCosts& host, std::string& source) {
+  if (spec == "observed") {
+    const auto rss = device::HostMemoryProbe(env).read().process_rss_bytes;
+    if (rss.known()) {
+      host.fixed_overhead = rss.value();
+      source = "observed: " + rss.source();
+    } else {
+      source = "default constant (RSS unknown: " + rss.reason() + ")";
+    }
+    return Status();
+  }
+  auto bytes = parse_memory_size(spec);
+  if (!bytes.ok()) return bytes.status().with_context("--host-baseline " + spec + ": expected observed or a size");
+  host.fixed_overhead = *bytes;
+  source = "--host-baseline";
+  return Status();
+}
 
 // "cpu", "gpu", "hybrid:N".
 Status parse_device(const std::string& s, admission::Plan& plan) {
@@ -135,12 +160,19 @@ int run_estimate(const EstimateOptions& o) {
     std::fprintf(stderr, "spillway estimate: %s\n", st.to_string().c_str());
     return 1;
   }
-  auto file = gguf::GgufFile::open(Env::default_env(), o.model);
+  Env& env = Env::default_env();
+  admission::EstimatorConfig config;
+  std::string baseline_source;
+  if (Status st = host_baseline(env, o.host_baseline, config.host, baseline_source); !st.ok()) {
+    std::fprintf(stderr, "spillway estimate: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  auto file = gguf::GgufFile::open(env, o.model);
   if (!file.ok()) {
     std::fprintf(stderr, "spillway estimate: %s\n", file.status().to_string().c_str());
     return 1;
   }
-  auto est = admission::estimate(**file, plan);
+  auto est = admission::estimate(**file, plan, config);
   if (!est.ok()) {
     std::fprintf(stderr, "spillway estimate: %s\n", est.status().to_string().c_str());
     return 1;
@@ -160,6 +192,7 @@ int run_estimate(const EstimateOptions& o) {
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.model;
+    j["host_baseline"] = {{"bytes", e.config.host.fixed_overhead}, {"source", baseline_source}};
     j["plan"] = {{"device", o.device},
                  {"placement", std::string(admission::placement_name(e.plan.placement))},
                  {"n_gpu_layers", e.plan.n_gpu_layers},
@@ -210,6 +243,8 @@ int run_estimate(const EstimateOptions& o) {
   std::printf("plan      device %s, ctx %d, batch %d, ubatch %d, parallel %d, threads %d, KV %s in blocks of %d\n",
               o.device.c_str(), e.plan.n_ctx, e.plan.n_batch, e.plan.n_ubatch, e.plan.n_parallel, e.plan.n_threads,
               std::string(admission::kv_type_name(e.plan.kv_type)).c_str(), e.plan.kv_block_tokens);
+  std::printf("baseline  %llu bytes host runtime overhead (%s)\n",
+              static_cast<unsigned long long>(e.config.host.fixed_overhead), baseline_source.c_str());
   for (const auto& s : e.stages)
     std::printf("stage     %-4s layers [%d, %d)%s%s\n", std::string(admission::device_kind_name(s.device)).c_str(),
                 s.layer_begin, s.layer_end, s.embedding ? " +embedding" : "", s.output ? " +output" : "");
@@ -266,6 +301,8 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");
   sub->add_option("--max-tokens", o->max_tokens, "Request: maximum new tokens");
+  sub->add_option("--host-baseline", o->host_baseline,
+                  "Host runtime overhead before a model is loaded: observed (this process's RSS) or a size");
   sub->add_flag("--json", o->json, "Print JSON");
   sub->callback([o, &exit_code] { exit_code = run_estimate(*o); });
 }

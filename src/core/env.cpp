@@ -67,7 +67,7 @@ class PosixEnv final : public Env {
     return (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
 
-  Result<std::unique_ptr<MappedFile>> map_file(const std::string& path) override {
+  Result<std::unique_ptr<MappedFile>> map_file(const std::string& path, const MapOptions& options) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Status::io_error("cannot open '" + path + "': " + errno_text(errno));
     struct stat st {};
@@ -83,7 +83,7 @@ class PosixEnv final : public Env {
     size_t size = static_cast<size_t>(st.st_size);
     void* addr = nullptr;
     if (size > 0) {
-      addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+      addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | (options.prefault ? MAP_POPULATE : 0), fd, 0);
       if (addr == MAP_FAILED) {
         int err = errno;
         ::close(fd);

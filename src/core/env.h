@@ -27,6 +27,14 @@ class MappedFile {
   virtual const std::string& path() const = 0;
 };
 
+// How map_file maps. prefault: populate the page tables now (MAP_POPULATE:
+// reads the file ahead and maps every page), so the bytes are resident before
+// the first request instead of faulting in during one; the process's RSS then
+// shows the whole mapping, which is what the memory estimate counts.
+struct MapOptions {
+  bool prefault = false;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -40,7 +48,8 @@ class Env {
   virtual uint64_t random_u64() = 0;
 
   // Maps `path` read-only. IOError naming the path and errno text on failure.
-  virtual Result<std::unique_ptr<MappedFile>> map_file(const std::string& path) = 0;
+  virtual Result<std::unique_ptr<MappedFile>> map_file(const std::string& path, const MapOptions& options) = 0;
+  Result<std::unique_ptr<MappedFile>> map_file(const std::string& path) { return map_file(path, MapOptions{}); }
   virtual Result<std::string> read_file(const std::string& path) = 0;
   // Writes atomically: to `path.tmp`, fsync, rename.
   virtual Status write_file(const std::string& path, std::string_view data) = 0;

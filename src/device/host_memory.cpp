@@ -57,11 +57,14 @@ HostMemory HostMemoryProbe::read() const {
   const std::string status_src = kSelfStatus;
   auto status = env_->read_file(join_root(root_, kSelfStatus));
   if (!status.ok()) {
-    set_all_unknown(status.status().message(), m.process_rss_bytes, m.process_peak_rss_bytes);
+    set_all_unknown(status.status().message(), m.process_rss_bytes, m.process_peak_rss_bytes,
+                    m.process_rss_anon_bytes, m.process_rss_file_bytes);
   } else {
     auto f = parse_colon_lines(*status);
     m.process_rss_bytes = kb_field(f, "VmRSS", status_src);
     m.process_peak_rss_bytes = kb_field(f, "VmHWM", status_src);
+    m.process_rss_anon_bytes = kb_field(f, "RssAnon", status_src);
+    m.process_rss_file_bytes = kb_field(f, "RssFile", status_src);
     // The kernel computes VmHWM as max(recorded peak, current RSS), so a lower
     // peak means the file is not what it claims to be.
     if (m.process_rss_bytes.known() && m.process_peak_rss_bytes.known() &&

@@ -29,6 +29,11 @@ struct HostMemory {
   Reading<uint64_t> swap_free_bytes;      // SwapFree
   Reading<uint64_t> process_rss_bytes;       // VmRSS of this process
   Reading<uint64_t> process_peak_rss_bytes;  // VmHWM of this process (or getrusage ru_maxrss)
+  // VmRSS split: anonymous pages (heap, stacks, KV) and file-backed pages (the
+  // mapped model). The file part is page cache the kernel can drop and read
+  // back; the anonymous part is what only swap could take.
+  Reading<uint64_t> process_rss_anon_bytes;  // RssAnon
+  Reading<uint64_t> process_rss_file_bytes;  // RssFile
 };
 
 class HostMemoryProbe {

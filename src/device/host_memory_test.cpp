@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ TEST(HostMemoryProbe, ReadsFixtureInBytes) {
   EXPECT_EQ(m.process_rss_bytes.source(), "/proc/self/status");
   EXPECT_EQ(m.process_peak_rss_bytes.value(), 512000ull * 1024);
   EXPECT_EQ(m.process_peak_rss_bytes.source(), "/proc/self/status");
+  EXPECT_EQ(m.process_rss_anon_bytes.value(), 200000ull * 1024);
+  EXPECT_EQ(m.process_rss_file_bytes.value(), 52000ull * 1024);
 }
 
 TEST(HostMemoryProbe, MalformedFieldsAreUnknownWithReasons) {
@@ -104,6 +107,32 @@ TEST(HostMemoryProbe, RealMachineIsConsistent) {
   EXPECT_LT(m.process_peak_rss_bytes.value(), m.mem_total_bytes.value());
   volatile char sink = block[block.size() / 2];
   (void)sink;
+  ASSERT_TRUE(m.process_rss_anon_bytes.known()) << m.process_rss_anon_bytes.reason();
+  ASSERT_TRUE(m.process_rss_file_bytes.known()) << m.process_rss_file_bytes.reason();
+  EXPECT_GE(m.process_rss_anon_bytes.value(), block.size());
+  EXPECT_LE(m.process_rss_anon_bytes.value() + m.process_rss_file_bytes.value(), m.process_rss_bytes.value());
+}
+
+// A prefaulted mapping is resident as file pages at once (what the estimator
+// counts for the model's weights); a plain one only as it is touched.
+TEST(HostMemoryProbe, PrefaultedMappingShowsAsRssFile) {
+  const std::string path = ::testing::TempDir() + "/spw_prefault.bin";
+  ASSERT_TRUE(Env::default_env().write_file(path, std::string(16 << 20, 'x')).ok());
+  auto file_rss = [] {
+    auto r = HostMemoryProbe(Env::default_env()).read().process_rss_file_bytes;
+    EXPECT_TRUE(r.known()) << r.reason();
+    return r.value_or(0);
+  };
+  const uint64_t before = file_rss();
+  auto lazy = Env::default_env().map_file(path);
+  ASSERT_TRUE(lazy.ok());
+  const uint64_t after_lazy = file_rss();
+  auto eager = Env::default_env().map_file(path, MapOptions{true});
+  ASSERT_TRUE(eager.ok());
+  const uint64_t after_eager = file_rss();
+  EXPECT_LT(after_lazy, before + (1u << 20)) << "an untouched mapping adds no resident pages";
+  EXPECT_GE(after_eager, after_lazy + (15u << 20)) << "MAP_POPULATE maps the whole file";
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -68,4 +68,41 @@ Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, co
   return ds;
 }
 
+Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> model,
+                                               const CpuSessionGroupOptions& o) {
+  if (!model) return Status::invalid_argument("open_cpu_session_group: no model");
+  auto bad = [](const std::string& what, int64_t v, const std::string& rule) {
+    return Status::invalid_argument(what + " must be " + rule + ", got " + std::to_string(v));
+  };
+  if (o.n_sessions < 1) return bad("n_sessions", o.n_sessions, ">= 1");
+  if (o.n_threads < 1) return bad("n_threads", o.n_threads, ">= 1");
+  if (o.kv_block_tokens < 1) return bad("kv_block_tokens", o.kv_block_tokens, ">= 1");
+  if (o.kv_blocks < 0) return bad("kv_blocks", o.kv_blocks, ">= 0");
+  const LlamaHparams& hp = model->hparams();
+  CpuSessionGroup g;
+  g.n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
+  if (g.n_ctx < 2 || g.n_ctx > hp.n_ctx_train) {
+    return bad("n_ctx", g.n_ctx, "in [2, " + std::to_string(hp.n_ctx_train) + "] (the model's context_length)");
+  }
+  KvPoolOptions po;
+  po.layer_begin = 0;
+  po.layer_end = hp.n_layer;
+  po.n_embd_kv = hp.n_embd_kv();
+  po.block_tokens = o.kv_block_tokens;
+  const int32_t full = (g.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens * o.n_sessions;
+  po.n_blocks = o.kv_blocks == 0 ? full : o.kv_blocks;
+  g.full_pool = po.n_blocks >= full;
+  SPW_ASSIGN_OR_RETURN(g.pool, KvPool::create(po));
+  g.backend = std::make_shared<CpuBackend>(o.n_threads);
+  SPW_RETURN_IF_ERROR(g.backend->prepare(*model, 0, hp.n_layer, true, true));
+  SessionOptions so;
+  so.n_ctx = g.n_ctx;
+  so.n_ubatch = o.n_ubatch;
+  for (int32_t i = 0; i < o.n_sessions; ++i) {
+    SPW_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(model, g.backend, g.pool, so));
+    g.sessions.push_back(std::move(s));
+  }
+  return g;
+}
+
 }  // namespace spw

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/vulkan/device_spec.h"
@@ -46,5 +47,33 @@ struct DeviceSession {
 };
 
 Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, const DeviceSessionOptions& options);
+
+// The CPU serving layout (`spillway serve`, the estimator's n_parallel): n_sessions
+// Sessions over ONE CpuBackend of n_threads threads and ONE KvPool of
+// kv_blocks blocks (0: every session can hold a full context, n_sessions *
+// ceil(n_ctx / kv_block_tokens)). n_ctx 0 = the model's context_length.
+// InvalidArgument for n_sessions, n_threads or kv_block_tokens < 1, kv_blocks
+// < 0, or n_ctx outside [2, context_length]; ResourceExhausted when the pool
+// cannot be allocated. The backend's threads are shared: sessions may run
+// concurrently on different threads (each Session on one thread at a time).
+struct CpuSessionGroupOptions {
+  int32_t n_sessions = 1;
+  int n_threads = 1;
+  int32_t n_ctx = 0;
+  int32_t n_ubatch = 64;
+  int32_t kv_blocks = 0;
+  int32_t kv_block_tokens = 16;
+};
+
+struct CpuSessionGroup {
+  std::shared_ptr<CpuBackend> backend;
+  std::shared_ptr<KvPool> pool;
+  std::vector<std::unique_ptr<Session>> sessions;
+  int32_t n_ctx = 0;          // after defaulting
+  bool full_pool = false;     // every session can hold a full context at once
+};
+
+Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> model,
+                                               const CpuSessionGroupOptions& options);
 
 }  // namespace spw

@@ -1,5 +1,6 @@
 #include "engine/kv_cache.h"
 
+#include <algorithm>
 #include <new>
 #include <string>
 
@@ -39,6 +40,12 @@ Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
   if (!p->data_)
     return Status::resource_exhausted("KvPool: cannot allocate " + std::to_string(floats * sizeof(float)) +
                                       " bytes");
+  // Commit the pages now: an untouched allocation is only address space, and
+  // the kernel would find (or fail to find) the memory mid-generation, where
+  // the answer is the OOM killer rather than a status. Touching it here makes
+  // the pool's bytes real at plan time, as the estimator and the host ledger
+  // count them.
+  std::fill_n(p->data_.get(), floats, 0.0f);
   p->free_.reserve(static_cast<size_t>(o.n_blocks));
   // Stack: lowest ids handed out first.
   for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);

@@ -70,7 +70,8 @@ class BlockTable {
 class KvPool {
  public:
   // InvalidArgument naming the bad option. Allocates all storage up front
-  // (ResourceExhausted if that fails).
+  // (ResourceExhausted if that fails) and touches every page (zero-fills), so
+  // the memory is committed when the pool is made, not mid-generation.
   static Result<std::shared_ptr<KvPool>> create(const KvPoolOptions& opts);
   // Same options checks; K/V live in `storage` (non-null, sized by the caller
   // for opts), no host storage is allocated.

@@ -122,7 +122,7 @@ struct TensorInfo {
 
 class GgufFile {
  public:
-  static Result<std::unique_ptr<GgufFile>> open(Env& env, const std::string& path);
+  static Result<std::unique_ptr<GgufFile>> open(Env& env, const std::string& path, const MapOptions& map = {});
   static Result<std::unique_ptr<GgufFile>> parse(std::unique_ptr<MappedFile> file);
 
   uint32_t version() const { return version_; }

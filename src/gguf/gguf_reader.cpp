@@ -212,8 +212,8 @@ bool Value::is_integer() const {
   }
 }
 
-Result<std::unique_ptr<GgufFile>> GgufFile::open(Env& env, const std::string& path) {
-  SPW_ASSIGN_OR_RETURN(auto mapped, env.map_file(path));
+Result<std::unique_ptr<GgufFile>> GgufFile::open(Env& env, const std::string& path, const MapOptions& map) {
+  SPW_ASSIGN_OR_RETURN(auto mapped, env.map_file(path, map));
   return parse(std::move(mapped));
 }
 

@@ -57,8 +57,8 @@ std::string hex64(uint64_t v) {
 
 }  // namespace
 
-Result<std::shared_ptr<const Model>> Model::load(Env& env, const std::string& path) {
-  SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::open(env, path));
+Result<std::shared_ptr<const Model>> Model::load(Env& env, const std::string& path, const ModelLoadOptions& options) {
+  SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::open(env, path, MapOptions{options.prefault}));
   return load_from(std::move(file));
 }
 

@@ -53,9 +53,19 @@ struct LlamaLayerWeights {
   WeightMatrix w_down;           // ffn_down [n_embd][n_ff]
 };
 
+struct ModelLoadOptions {
+  // Map the whole file resident now (MapOptions::prefault). Serving wants the
+  // weights' pages in before the first request, so that a request never waits
+  // on page faults and the RSS the host ledger observes already includes them
+  // (the estimator counts them resident). Off only for tools that read a few
+  // tensors of a large file.
+  bool prefault = true;
+};
+
 class Model {
  public:
-  static Result<std::shared_ptr<const Model>> load(Env& env, const std::string& path);
+  static Result<std::shared_ptr<const Model>> load(Env& env, const std::string& path,
+                                                   const ModelLoadOptions& options = {});
   static Result<std::shared_ptr<const Model>> load_from(std::unique_ptr<gguf::GgufFile> file);
 
   const LlamaHparams& hparams() const { return hp_; }

@@ -1,6 +1,7 @@
 #include "serve/cpu_executor.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/device_session.h"
 #include "engine/generate.h"
 #include "engine/session.h"
 
@@ -52,30 +53,24 @@ Result<std::unique_ptr<Scheduler>> make_cpu_scheduler(Env& env, std::shared_ptr<
   if (o.queue_capacity < 0) {
     return Status::invalid_argument("--queue must be >= 0, got " + std::to_string(o.queue_capacity));
   }
+  if (o.kv_block_tokens < 1) {
+    return Status::invalid_argument("--kv-block must be >= 1, got " + std::to_string(o.kv_block_tokens));
+  }
   const int32_t n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
   if (n_ctx < 2 || n_ctx > hp.n_ctx_train) {
     return Status::invalid_argument("--ctx must be in [2, " + std::to_string(hp.n_ctx_train) +
                                     "] (the model's context_length), got " + std::to_string(n_ctx));
   }
-  KvPoolOptions po;
-  po.layer_begin = 0;
-  po.layer_end = hp.n_layer;
-  po.n_embd_kv = hp.n_embd_kv();
-  po.block_tokens = o.kv_block_tokens;
-  const int32_t per_ctx = (n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens;
-  const int32_t full = per_ctx * o.n_workers;
-  po.n_blocks = o.kv_blocks == 0 ? full : o.kv_blocks;
-  SPW_ASSIGN_OR_RETURN(std::shared_ptr<KvPool> pool, KvPool::create(po));
-  auto backend = std::make_shared<CpuBackend>(o.n_threads);
-  SPW_RETURN_IF_ERROR(backend->prepare(*model, 0, hp.n_layer, true, true));
-
-  const bool keep_kv = po.n_blocks >= full;
+  CpuSessionGroupOptions go;
+  go.n_sessions = o.n_workers;
+  go.n_threads = o.n_threads;
+  go.n_ctx = n_ctx;
+  go.kv_blocks = o.kv_blocks;
+  go.kv_block_tokens = o.kv_block_tokens;
+  SPW_ASSIGN_OR_RETURN(CpuSessionGroup group, open_cpu_session_group(model, go));
   std::vector<std::unique_ptr<Executor>> executors;
-  for (int32_t w = 0; w < o.n_workers; ++w) {
-    SessionOptions so;
-    so.n_ctx = n_ctx;
-    SPW_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(model, backend, pool, so));
-    executors.push_back(std::make_unique<SessionExecutor>(std::move(s), pool, keep_kv));
+  for (auto& s : group.sessions) {
+    executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.pool, group.full_pool));
   }
   SchedulerOptions so;
   so.queue_capacity = o.queue_capacity;
