@@ -553,6 +553,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     de.weights = weights[d].finish(false);
     de.kv = kv[d].finish(true);
     overhead[d].add(costs.fixed_overhead);
+    overhead[d].add(costs.engine_code);
     if (d == 0) overhead_model_heap(f, hp, overhead[d]);
     de.overhead = overhead[d].finish(true);
   }

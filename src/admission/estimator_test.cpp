@@ -398,7 +398,7 @@ TEST(Estimator, ModelHeapOverhead) {
     auto e = estimate((*m)->file(), cpu_plan(64, 16, 1));
     ASSERT_TRUE(e.ok());
     const Amount& o = e->host().overhead;
-    const uint64_t model_heap = o.bytes - e->config.host.fixed_overhead;
+    const uint64_t model_heap = o.bytes - e->config.host.fixed_overhead - e->config.host.engine_code;
     std::printf("%s: model heap estimate %llu, measured %lld\n", path, static_cast<unsigned long long>(model_heap),
                 static_cast<long long>(measured));
     const double err = (static_cast<double>(model_heap) - static_cast<double>(measured)) / static_cast<double>(measured);

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <filesystem>
 #include <utility>
 
 #include "device/text_parse.h"
@@ -11,6 +12,7 @@ namespace {
 
 constexpr const char* kMeminfo = "/proc/meminfo";
 constexpr const char* kSelfStatus = "/proc/self/status";
+constexpr const char* kSelfSmaps = "/proc/self/smaps";
 
 bool is_real_root(const std::string& root) { return trim(root) == "/" || trim(root).empty(); }
 
@@ -82,6 +84,51 @@ HostMemory HostMemoryProbe::read() const {
     }
   }
   return m;
+}
+
+Reading<uint64_t> HostMemoryProbe::mapped_rss(const std::string& path) const {
+  std::string want = path;
+  if (is_real_root(root_)) {
+    std::error_code ec;
+    auto canon = std::filesystem::canonical(path, ec);
+    if (ec) return Reading<uint64_t>::unknown("cannot resolve '" + path + "': " + ec.message());
+    want = canon.string();
+  }
+  auto smaps = env_->read_file(join_root(root_, kSelfSmaps));
+  if (!smaps.ok()) return Reading<uint64_t>::unknown(smaps.status().message());
+  // An entry is a header line "start-end perms offset dev inode   pathname"
+  // followed by "Key:  N kB" lines; the pathname is the rest of the header
+  // after the fifth field.
+  uint64_t total = 0;
+  int entries = 0;
+  bool in_file = false;
+  std::string_view text = *smaps;
+  while (!text.empty()) {
+    const size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    const size_t colon = line.find(':');
+    const size_t space = line.find(' ');
+    if (space != std::string_view::npos && (colon == std::string_view::npos || colon > space)) {
+      // A header: skip five fields, the rest is the pathname.
+      std::string_view rest = line;
+      for (int f = 0; f < 5 && !rest.empty(); ++f) {
+        rest = trim(rest);
+        const size_t sp = rest.find(' ');
+        rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp);
+      }
+      in_file = trim(rest) == want;
+      if (in_file) ++entries;
+      continue;
+    }
+    if (!in_file || line.substr(0, colon) != "Rss") continue;
+    auto kb = parse_kb_value(line.substr(colon + 1));
+    if (!kb.ok()) return Reading<uint64_t>::unknown("Rss of '" + want + "' in " + std::string(kSelfSmaps) + ": " +
+                                                    kb.status().message());
+    total += *kb;
+  }
+  if (entries == 0) return Reading<uint64_t>::unknown("'" + want + "' is not mapped (" + kSelfSmaps + ")");
+  return Reading<uint64_t>::of(total, kSelfSmaps);
 }
 
 }  // namespace spw::device

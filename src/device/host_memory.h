@@ -44,6 +44,13 @@ class HostMemoryProbe {
 
   HostMemory read() const;
 
+  // Resident bytes of this process's mappings of the file `path` (the sum of
+  // "Rss:" over its /proc/self/smaps entries): how much of a mapped model is
+  // in memory now. On the real root the path is made canonical first (smaps
+  // names files that way). Unknown, with the reason, when smaps cannot be read
+  // or parsed, or no mapping of the file exists.
+  Reading<uint64_t> mapped_rss(const std::string& path) const;
+
  private:
   Env* env_;
   std::string root_;

@@ -34,6 +34,22 @@ TEST(HostMemoryProbe, ReadsFixtureInBytes) {
   EXPECT_EQ(m.process_rss_file_bytes.value(), 52000ull * 1024);
 }
 
+TEST(HostMemoryProbe, MappedRssSumsTheFilesSmapsEntries) {
+  HostMemoryProbe p(Env::default_env(), fixture("v2"));
+  auto r = p.mapped_rss("/models/m.gguf");
+  ASSERT_TRUE(r.known()) << r.reason();
+  EXPECT_EQ(r.value(), (65536ull + 1024) * 1024);
+  EXPECT_EQ(r.source(), "/proc/self/smaps");
+  auto spaced = p.mapped_rss("/models/with space.gguf");
+  ASSERT_TRUE(spaced.known()) << spaced.reason();
+  EXPECT_EQ(spaced.value(), 4096u);
+  auto none = p.mapped_rss("/models/other.gguf");
+  ASSERT_FALSE(none.known());
+  EXPECT_TRUE(contains(none.reason(), "not mapped")) << none.reason();
+  auto missing = HostMemoryProbe(Env::default_env(), fixture("v1")).mapped_rss("/models/m.gguf");
+  EXPECT_FALSE(missing.known());
+}
+
 TEST(HostMemoryProbe, MalformedFieldsAreUnknownWithReasons) {
   HostMemory m = HostMemoryProbe(Env::default_env(), fixture("malformed")).read();
   ASSERT_FALSE(m.mem_total_bytes.known());
@@ -132,6 +148,11 @@ TEST(HostMemoryProbe, PrefaultedMappingShowsAsRssFile) {
   const uint64_t after_eager = file_rss();
   EXPECT_LT(after_lazy, before + (1u << 20)) << "an untouched mapping adds no resident pages";
   EXPECT_GE(after_eager, after_lazy + (15u << 20)) << "MAP_POPULATE maps the whole file";
+  // Both mappings are of the same file: smaps sums them (16 MiB + ~0).
+  auto mapped = HostMemoryProbe(Env::default_env()).mapped_rss(path);
+  ASSERT_TRUE(mapped.known()) << mapped.reason();
+  EXPECT_GE(mapped.value(), 16u << 20);
+  EXPECT_LT(mapped.value(), 17u << 20);
   std::remove(path.c_str());
 }
 

@@ -115,6 +115,8 @@ std::vector<Finding> make_findings(const DeviceInventory& inv) {
   l.number("host", "host", "swap_free", Kind::kBytes, h.swap_free_bytes);
   l.number("process", "self", "rss", Kind::kBytes, h.process_rss_bytes);
   l.number("process", "self", "peak_rss", Kind::kBytes, h.process_peak_rss_bytes);
+  l.number("process", "self", "rss_anon", Kind::kBytes, h.process_rss_anon_bytes);
+  l.number("process", "self", "rss_file", Kind::kBytes, h.process_rss_file_bytes);
 
   const CgroupMemory& c = inv.cgroup;
   if (c.version == 0) {

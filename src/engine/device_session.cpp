@@ -68,9 +68,7 @@ Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, co
   return ds;
 }
 
-Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> model,
-                                               const CpuSessionGroupOptions& o) {
-  if (!model) return Status::invalid_argument("open_cpu_session_group: no model");
+Result<KvPoolOptions> cpu_session_group_pool(const Model& model, const CpuSessionGroupOptions& o) {
   auto bad = [](const std::string& what, int64_t v, const std::string& rule) {
     return Status::invalid_argument(what + " must be " + rule + ", got " + std::to_string(v));
   };
@@ -78,21 +76,38 @@ Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> mode
   if (o.n_threads < 1) return bad("n_threads", o.n_threads, ">= 1");
   if (o.kv_block_tokens < 1) return bad("kv_block_tokens", o.kv_block_tokens, ">= 1");
   if (o.kv_blocks < 0) return bad("kv_blocks", o.kv_blocks, ">= 0");
-  const LlamaHparams& hp = model->hparams();
-  CpuSessionGroup g;
-  g.n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
-  if (g.n_ctx < 2 || g.n_ctx > hp.n_ctx_train) {
-    return bad("n_ctx", g.n_ctx, "in [2, " + std::to_string(hp.n_ctx_train) + "] (the model's context_length)");
+  const LlamaHparams& hp = model.hparams();
+  const int32_t n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
+  if (n_ctx < 2 || n_ctx > hp.n_ctx_train) {
+    return bad("n_ctx", n_ctx, "in [2, " + std::to_string(hp.n_ctx_train) + "] (the model's context_length)");
   }
   KvPoolOptions po;
   po.layer_begin = 0;
   po.layer_end = hp.n_layer;
   po.n_embd_kv = hp.n_embd_kv();
   po.block_tokens = o.kv_block_tokens;
-  const int32_t full = (g.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens * o.n_sessions;
+  const int32_t full = (n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens * o.n_sessions;
   po.n_blocks = o.kv_blocks == 0 ? full : o.kv_blocks;
-  g.full_pool = po.n_blocks >= full;
-  SPW_ASSIGN_OR_RETURN(g.pool, KvPool::create(po));
+  return po;
+}
+
+Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> model, const CpuSessionGroupOptions& o,
+                                               std::shared_ptr<KvPool> pool) {
+  if (!model) return Status::invalid_argument("open_cpu_session_group: no model");
+  SPW_ASSIGN_OR_RETURN(KvPoolOptions po, cpu_session_group_pool(*model, o));
+  const LlamaHparams& hp = model->hparams();
+  CpuSessionGroup g;
+  g.n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
+  const int32_t full = (g.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens * o.n_sessions;
+  if (pool) {
+    if (pool->n_blocks() != po.n_blocks || pool->block_tokens() != po.block_tokens) {
+      return Status::invalid_argument("open_cpu_session_group: the given pool does not match the options");
+    }
+    g.pool = std::move(pool);
+  } else {
+    SPW_ASSIGN_OR_RETURN(g.pool, KvPool::create(po));
+  }
+  g.full_pool = g.pool->n_blocks() >= full;
   g.backend = std::make_shared<CpuBackend>(o.n_threads);
   SPW_RETURN_IF_ERROR(g.backend->prepare(*model, 0, hp.n_layer, true, true));
   SessionOptions so;

@@ -73,7 +73,13 @@ struct CpuSessionGroup {
   bool full_pool = false;     // every session can hold a full context at once
 };
 
+// `pool`: null to create it here; else a pool made from
+// cpu_session_group_pool() of the same options (callers that account the
+// pool's allocation on its own), used as is.
 Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> model,
-                                               const CpuSessionGroupOptions& options);
+                                               const CpuSessionGroupOptions& options,
+                                               std::shared_ptr<KvPool> pool = nullptr);
+// The KvPool options of that layout (after the same checks).
+Result<KvPoolOptions> cpu_session_group_pool(const Model& model, const CpuSessionGroupOptions& options);
 
 }  // namespace spw
