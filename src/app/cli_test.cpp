@@ -142,6 +142,40 @@ TEST(CliTest, EstimateBreaksDownMemoryByCategory) {
   EXPECT_NE(bad.err.find("hybrid"), std::string::npos) << bad.err;
 }
 
+// The estimate's host baseline is this binary's own RSS before it opens a
+// model, so its total is comparable with the peak RSS `generate` reports for
+// the same plan (which fills only part of the context, so it uses less).
+TEST(CliTest, EstimateHostTotalCoversGeneratePeakRss) {
+  const std::string plan = " --model " + kStories + " --ctx 256 --ubatch 64";
+  CmdResult e = run("estimate --json" + plan + " --device cpu");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  auto ej = nlohmann::json::parse(e.out);
+  EXPECT_EQ(ej["host_baseline"]["source"], "observed: /proc/self/status") << e.out;
+  const uint64_t baseline = ej["host_baseline"]["bytes"].get<uint64_t>();
+  EXPECT_GT(baseline, 1u << 20);
+  uint64_t host_total = 0;
+  for (const auto& d : ej["devices"])
+    if (d["device"] == "host") host_total = d["total"].get<uint64_t>();
+  ASSERT_GT(host_total, baseline);
+  CmdResult g = run("generate --json" + plan + " --prompt 'Once upon a time' -n 64 --temp 0");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  const uint64_t peak = nlohmann::json::parse(g.out)["timings"]["peak_rss_bytes"].get<uint64_t>();
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (Sanitizer runtimes add shadow memory the estimate does not model.)
+  EXPECT_LE(peak, host_total) << "estimate " << host_total << " below generate's peak RSS " << peak;
+  EXPECT_GE(peak, host_total * 8 / 10) << "estimate " << host_total << " far above generate's peak RSS " << peak;
+#endif
+
+  CmdResult fixed = run("estimate --json --host-baseline 10MiB" + plan);
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.err;
+  auto fj = nlohmann::json::parse(fixed.out);
+  EXPECT_EQ(fj["host_baseline"]["bytes"], 10u << 20);
+  EXPECT_EQ(fj["host_baseline"]["source"], "--host-baseline");
+  CmdResult bad = run("estimate --host-baseline lots" + plan);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--host-baseline lots"), std::string::npos) << bad.err;
+}
+
 TEST(CliTest, GenerateOnVulkanAndHybridGivesTheCpuTokens) {
   auto devices = nlohmann::json::parse(run("devices --json").out);
   if (!devices["vulkan"]["known"].get<bool>() || devices["vulkan"]["devices"].empty()) {

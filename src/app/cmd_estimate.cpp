@@ -96,7 +96,8 @@ nlohmann::json device_json(const DeviceEstimate& d) {
                       {"allowance", d.allowance()},
                       {"total", d.total()},
                       {"kv_bytes_per_token", d.kv_bytes_per_token},
-                      {"kv_bytes_per_block", d.kv_bytes_per_block}};
+                      {"kv_bytes_per_block", d.kv_bytes_per_block},
+                      {"mapped_other", d.mapped_other}};
   // Each device's scratch is a different set of buffers: the CPU backend's per
   // session, the Vulkan backend's per backend (admission/estimator.h).
   if (d.device == admission::DeviceKind::kHost) {
