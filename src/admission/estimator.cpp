@@ -377,6 +377,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   if (plan.n_batch > plan.n_ctx)
     return bad_plan("n_batch", plan.n_batch, "exceeds n_ctx = " + std::to_string(plan.n_ctx));
   if (plan.n_parallel < 1 || plan.n_parallel > 4096) return bad_plan("n_parallel", plan.n_parallel, "must be 1..4096");
+  if (plan.kv_blocks < 0) return bad_plan("kv_blocks", plan.kv_blocks, "must be >= 0 (0: n_parallel full contexts)");
   if (plan.n_threads < 1 || plan.n_threads > 1024) return bad_plan("n_threads", plan.n_threads, "must be 1..1024");
   if (plan.kv_block_tokens <= 0 || plan.kv_block_tokens > plan.n_ctx)
     return bad_plan("kv_block_tokens", plan.kv_block_tokens, "must be in 1..n_ctx");
@@ -486,7 +487,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     const uint64_t n_layers = static_cast<uint64_t>(s.layer_end - s.layer_begin);
     const uint64_t elem = gpu ? kF32 : kv_type_size(plan.kv_type);
     const uint64_t per_tok = 2 * n_layers * KV * elem;
-    const uint64_t n_blocks = blocks_per_seq * P;
+    const uint64_t n_blocks = plan.kv_blocks > 0 ? static_cast<uint64_t>(plan.kv_blocks) : blocks_per_seq * P;
     est.devices[d].kv_bytes_per_token += per_tok;
     est.devices[d].kv_bytes_per_block += per_tok * static_cast<uint64_t>(plan.kv_block_tokens);
     est.devices[d].kv_storage += per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * n_blocks;

@@ -20,7 +20,7 @@
 //             each buffer rounded up to the device alignment (allowance); host
 //             weights are mapped in place.
 //   kv        the KvPool(s) the plan allocates up front: per stage
-//             n_parallel * ceil(n_ctx / kv_block_tokens) blocks of
+//             Plan::kv_blocks, or n_parallel * ceil(n_ctx / kv_block_tokens), blocks of
 //             bytes_per_block = block_tokens * 2 * n_stage_layers * n_embd_kv *
 //             sizeof(kv_type) (KvPool::create allocates exactly that as one
 //             array), plus the pool's free-block stack (4 B per block) and object.
@@ -97,6 +97,9 @@ struct Plan {
   int32_t n_threads = 1;     // CPU backend threads (one attention row buffer each)
   KvType kv_type = KvType::kF32;  // the CPU KvPool stores F32 today
   int32_t kv_block_tokens = 16;
+  // KV pool capacity in blocks per stage; 0 = n_parallel full contexts (the
+  // server's default, `serve --kv-blocks 0`).
+  int32_t kv_blocks = 0;
   bool logits_all = false;   // eval_all_logits (every row) instead of eval (last row)
   // The model file is mapped prefaulted (ModelLoadOptions::prefault, the
   // default): the host holds the whole mapping resident, see `weights`.

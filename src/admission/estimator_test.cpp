@@ -12,6 +12,7 @@
 
 #include "admission/alloc_tracker.h"
 #include "backend/cpu/cpu_backend.h"
+#include "engine/device_session.h"
 #include "engine/kv_cache.h"
 #include "engine/session.h"
 #include "model/model.h"
@@ -463,6 +464,33 @@ TEST(Estimator, Errors) {
   auto eh = estimate(**f2, p);
   ASSERT_FALSE(eh.ok());
   EXPECT_NE(eh.status().message().find("llama.context_length"), std::string::npos) << eh.status().to_string();
+}
+
+// serve --kv-blocks N: the pool holds N blocks whatever n_parallel is, as
+// cpu_session_group_pool builds it; the allocation matches the real pool.
+TEST(Estimator, KvBlocksOverrideSizesThePool) {
+  auto m = load_stories();
+  ASSERT_NE(m, nullptr);
+  Plan p = cpu_plan(256, 32, 1);
+  p.n_parallel = 4;
+  p.kv_blocks = 10;
+  auto e = estimate(m->file(), p);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ(e->host().kv_storage, 10 * e->host().kv_bytes_per_block);
+  CpuSessionGroupOptions go;
+  go.n_sessions = 4;
+  go.n_ctx = 256;
+  go.kv_blocks = 10;
+  auto po = cpu_session_group_pool(*m, go);
+  ASSERT_TRUE(po.ok()) << po.status().to_string();
+  PeakScope scope;
+  auto pool = KvPool::create(*po);
+  ASSERT_TRUE(pool.ok());
+  expect_close("kv-blocks 10", e->host().kv.bytes, e->host().kv.allowance, scope.live_delta());
+  p.kv_blocks = -1;
+  auto bad = estimate(m->file(), p);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("kv_blocks"), std::string::npos) << bad.status().to_string();
 }
 
 TEST(Estimator, F16KvHalvesKvAndTotalsAddUp) {

@@ -220,6 +220,13 @@ void HostLedger::apply_locked(const HostReadings& r) {
       binding_ = "cgroup";
     }
   }
+  if (policy_.cap_bytes) {
+    note += ", cap " + format_bytes(*policy_.cap_bytes);
+    if (*policy_.cap_bytes < budget) {
+      budget = *policy_.cap_bytes;
+      binding_ = "cap";
+    }
+  }
   set_capacity_locked(budget);
   set_observed_locked(0);  // starts a new A_min window
   set_limit_note_locked("host budget bound by " + binding_ + " (" + note + ")");

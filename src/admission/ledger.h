@@ -43,7 +43,8 @@
 // from readings passed in as plain numbers: budget = min(mem_available_share *
 // MemAvailable, cgroup_share * (memory.max - memory.current)); the readings
 // already reflect what we allocated, so capacity = budget + A_min and others =
-// 0. Rejections name the limit that bound (MemAvailable or cgroup).
+// 0 (with HostBudgetPolicy::cap_bytes the budget is at most that). Rejections
+// name the limit that bound (MemAvailable, cgroup or cap).
 // Thread safety: every method takes the ledger's mutex; a ledger may be shared
 // by any number of threads. Tickets are plain values.
 #pragma once
@@ -172,6 +173,10 @@ struct HostBudgetPolicy {
   double mem_available_share = 0.5;  // (0, 1]
   double cgroup_share = 0.8;         // (0, 1]
   HeadroomPolicy headroom;           // applied to the budget, usually 0
+  // A fixed ceiling on the budget (`serve --host-budget`): the budget is the
+  // smallest of the shares and this; binding limit "cap". For a machine shared
+  // with services that do not show in MemAvailable yet, and for tests.
+  std::optional<uint64_t> cap_bytes;
 };
 
 class HostLedger final : public MemoryLedger {
@@ -182,7 +187,7 @@ class HostLedger final : public MemoryLedger {
   // New readings (taken after the previous call returned). cgroup_current >
   // cgroup_max reads as no room.
   void update(const HostReadings& readings);
-  // Which limit binds now: "MemAvailable" or "cgroup".
+  // Which limit binds now: "MemAvailable", "cgroup" or "cap".
   std::string binding_limit() const;
 
  private:

@@ -116,6 +116,21 @@ TEST(DeviceLedger, CoTenantReservationOverlapsItsObservedUse) {
   EXPECT_EQ(l->available(), 550u);
 }
 
+TEST(HostLedger, CapBoundsTheBudget) {
+  HostBudgetPolicy pol;
+  pol.cap_bytes = 300;
+  auto l = HostLedger::create("host", pol, HostReadings{1000, std::nullopt, 0});
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  EXPECT_EQ((*l)->available(), 300u);
+  EXPECT_EQ((*l)->binding_limit(), "cap");
+  auto no = (*l)->reserve({OwnerKind::kModelWeights, "m"}, 301);
+  ASSERT_FALSE(no.ok());
+  EXPECT_TRUE(has(no.status(), "bound by cap")) << no.status().to_string();
+  (*l)->update({400, std::nullopt, 0});  // 0.5 * 400 = 200 < 300: MemAvailable binds again
+  EXPECT_EQ((*l)->binding_limit(), "MemAvailable");
+  EXPECT_EQ((*l)->available(), 200u);
+}
+
 TEST(HostLedger, BudgetIsTheSmallerShareAndNamesIt) {
   HostBudgetPolicy pol;
   pol.mem_available_share = 0.5;

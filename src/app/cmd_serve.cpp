@@ -2,7 +2,9 @@
 // engine. Prints "spillway: listening on http://HOST:PORT model=..." once it
 // accepts connections; SIGINT/SIGTERM stop it gracefully (running and queued
 // requests get --grace seconds to finish, a second signal cancels them), then
-// it exits 0.
+// it exits 0. Before loading the model it checks that the plan (weights,
+// KV pool, every worker's scratch) fits the host memory budget, and refuses to
+// start, naming the numbers, when it does not.
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -16,8 +18,14 @@
 #include <string>
 #include <thread>
 
+#include "admission/estimator.h"
+#include "admission/ledger.h"
 #include "app/commands.h"
+#include "backend/vulkan/device_spec.h"
 #include "core/env.h"
+#include "device/cgroup.h"
+#include "device/host_memory.h"
+#include "gguf/gguf.h"
 #include "http/server.h"
 #include "model/model.h"
 #include "serve/cpu_executor.h"
@@ -37,7 +45,80 @@ struct ServeCliOptions {
   std::string chat_template;
   double grace_s = 10;
   bool log_requests = false;
+  double host_memory_share = 0.5;  // of MemAvailable (and 0.8 of the cgroup's room)
+  std::string host_budget;         // fixed ceiling, e.g. "2GiB"; empty = none
 };
+
+std::string model_name_from_path(const std::string& path);
+
+// The host ledger's inputs from the probes; a figure the probes cannot read is
+// an error (serving without knowing the host's memory is what we refuse).
+Result<admission::HostReadings> host_readings(Env& env) {
+  const device::HostMemory hm = device::HostMemoryProbe(env).read();
+  if (!hm.mem_available_bytes.known()) {
+    return Status::unavailable("host memory budget: MemAvailable unknown: " + hm.mem_available_bytes.reason());
+  }
+  admission::HostReadings r;
+  r.mem_available = hm.mem_available_bytes.value();
+  const device::CgroupMemory cg = device::CgroupProbe(env).read();
+  if (cg.effective_max.known() && !cg.effective_max.value().unlimited && cg.current_bytes.known()) {
+    r.cgroup_max = cg.effective_max.value().bytes;
+    r.cgroup_current = cg.current_bytes.value();
+  }
+  return r;
+}
+
+// Reserves the plan's host memory before anything is loaded: weights (the
+// whole prefaulted mapping), the KV pool, the model's heap and every worker's
+// scratch, from the estimator, minus what the process already holds (it is
+// already out of MemAvailable). The ledger stays with the server.
+Result<std::unique_ptr<admission::HostLedger>> reserve_host_plan(Env& env, const ServeCliOptions& o, int n_threads,
+                                                                 std::string& summary) {
+  admission::Plan plan;
+  plan.placement = admission::Placement::kCpu;
+  plan.n_ctx = o.ctx;
+  plan.n_parallel = o.parallel;
+  plan.n_threads = n_threads;
+  plan.kv_blocks = o.kv_blocks;
+  admission::EstimatorConfig cfg;
+  const auto rss = device::HostMemoryProbe(env).read().process_rss_bytes;
+  if (rss.known()) cfg.host.fixed_overhead = rss.value();
+  SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::open(env, o.model));
+  {
+    // The server's sessions: ubatch 64 (or the context when smaller), the
+    // last row of logits per eval.
+    SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(*file));
+    const int32_t n_ctx = o.ctx > 0 ? o.ctx : hp.n_ctx_train;
+    plan.n_batch = n_ctx;
+    plan.n_ubatch = std::min(64, n_ctx);
+  }
+  SPW_ASSIGN_OR_RETURN(admission::Estimate est, admission::estimate(*file, plan, cfg));
+  admission::HostBudgetPolicy pol;
+  pol.mem_available_share = o.host_memory_share;
+  if (!o.host_budget.empty()) {
+    auto cap = parse_memory_size(o.host_budget);
+    if (!cap.ok()) return cap.status().with_context("--host-budget " + o.host_budget);
+    pol.cap_bytes = *cap;
+  }
+  SPW_ASSIGN_OR_RETURN(admission::HostReadings readings, host_readings(env));
+  SPW_ASSIGN_OR_RETURN(auto ledger, admission::HostLedger::create("host", pol, readings));
+  const admission::DeviceEstimate& h = est.host();
+  const uint64_t need = h.total() > cfg.host.fixed_overhead ? h.total() - cfg.host.fixed_overhead : 0;
+  auto ticket = ledger->reserve({admission::OwnerKind::kModelWeights, model_name_from_path(o.model)}, need);
+  if (!ticket.ok()) {
+    return Status::resource_exhausted(
+        "the plan does not fit in host memory: it needs " + admission::format_bytes(need) + " (weights " +
+        admission::format_bytes(h.weights.bytes) + ", KV " + admission::format_bytes(h.kv.bytes) + " for " +
+        std::to_string(est.plan.n_parallel) + " x ctx " + std::to_string(est.plan.n_ctx) + ", scratch " +
+        admission::format_bytes(h.scratch.bytes + h.logits.bytes) + ", allowance " +
+        admission::format_bytes(h.allowance()) + "); " + ticket.status().message() +
+        ". Lower --ctx, --parallel or --kv-blocks, or raise --host-memory-share / --host-budget");
+  }
+  const admission::LedgerSnapshot snap = ledger->snapshot();
+  summary = "host memory: plan reserves " + admission::format_bytes(need) + " of a " +
+            admission::format_bytes(snap.limit) + " budget (bound by " + ledger->binding_limit() + ")";
+  return ledger;
+}
 
 std::string model_name_from_path(const std::string& path) {
   std::string name = path.substr(path.find_last_of('/') + 1);
@@ -88,6 +169,14 @@ int run_serve(const ServeCliOptions& o) {
   }
 
   Env& env = Env::default_env();
+  const int n_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::string memory_summary;
+  auto host_ledger = reserve_host_plan(env, o, n_threads, memory_summary);
+  if (!host_ledger.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", host_ledger.status().to_string().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "spillway serve: %s\n", memory_summary.c_str());
   auto model = Model::load(env, o.model);
   if (!model.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", model.status().to_string().c_str());
@@ -101,7 +190,7 @@ int run_serve(const ServeCliOptions& o) {
 
   serve::CpuServeOptions so;
   so.n_workers = o.parallel;
-  so.n_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  so.n_threads = n_threads;
   so.n_ctx = o.ctx;
   so.kv_blocks = o.kv_blocks;
   so.queue_capacity = o.queue;
@@ -192,6 +281,11 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--log-requests", o->log_requests, "Log one line per HTTP request to stderr");
+  sub->add_option("--host-memory-share", o->host_memory_share,
+                  "Share of MemAvailable the plan may use (the cgroup's room counts at 0.8)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
+  sub->add_option("--host-budget", o->host_budget, "Fixed ceiling on the host memory budget, e.g. 2GiB");
   sub->callback([o, &exit_code] { exit_code = run_serve(*o); });
 }
 

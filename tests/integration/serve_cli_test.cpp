@@ -11,6 +11,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -140,6 +141,32 @@ TEST(ServeCli, SigintLetsAnInFlightStreamFinish) {
   EXPECT_NE(body.find("\"finish_reason\":\""), std::string::npos) << body.substr(body.size() > 400 ? body.size() - 400 : 0);
   EXPECT_TRUE(body.ends_with("data: [DONE]\n\n"));
   EXPECT_EQ(p.wait_exit(std::chrono::seconds(30)), 0);
+}
+
+// The plan is checked against the host budget before the model is loaded: a
+// budget below the estimate refuses to start, naming what the plan needs and
+// which limit bound; a budget above it starts and says what was reserved.
+TEST(ServeCli, PlanAboveTheHostBudgetRefusesToStart) {
+  const std::string cmd = std::string(SPILLWAY_BINARY) + " serve --model " + kStories +
+                          " --port 0 --threads 1 --ctx 2048 --host-budget 2MiB 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = pclose(f);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("does not fit in host memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("KV 2.50 MiB"), std::string::npos) << out;  // 5 layers x 2 x 32 x 4 B x 2048 positions
+  EXPECT_NE(out.find("bound by cap"), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening"), std::string::npos) << out;
+
+  ServeProcess ok({"--ctx", "2048", "--host-budget", "64MiB"});
+  EXPECT_NE(ok.port(), 0) << "a plan inside the budget starts";
+  ok.signal(SIGTERM);
+  EXPECT_EQ(ok.wait_exit(std::chrono::seconds(20)), 0);
 }
 
 TEST(ServeCli, BadChatTemplateNameFailsAtStart) {
