@@ -43,6 +43,8 @@ MemoryLedger::MemoryLedger(std::string name, uint64_t capacity, HeadroomPolicy h
 MemoryLedger::Figures MemoryLedger::figures_locked() const {
   Figures f{};
   f.capacity = capacity_tracks_ours_ ? capacity_ + committed_ours_min_ : capacity_;
+  // A fixed ceiling caps the total, what we hold included.
+  if (capacity_ceiling_) f.capacity = std::min(f.capacity, *capacity_ceiling_);
   f.headroom = headroom_.bytes + static_cast<uint64_t>(std::ceil(headroom_.fraction * static_cast<double>(f.capacity)));
   f.limit = sat_sub(f.capacity, f.headroom);
   f.others = capacity_tracks_ours_ ? 0 : sat_sub(observed_, committed_ours_min_);
@@ -221,11 +223,11 @@ void HostLedger::apply_locked(const HostReadings& r) {
     }
   }
   if (policy_.cap_bytes) {
-    note += ", cap " + format_bytes(*policy_.cap_bytes);
-    if (*policy_.cap_bytes < budget) {
-      budget = *policy_.cap_bytes;
-      binding_ = "cap";
-    }
+    // The cap bounds the total (our committed bytes included); the shares
+    // bound what is still free. Which binds depends on what we hold.
+    note += ", cap " + format_bytes(*policy_.cap_bytes) + " in all";
+    set_capacity_ceiling_locked(*policy_.cap_bytes);
+    if (*policy_.cap_bytes < budget + committed_ours_min_locked()) binding_ = "cap";
   }
   set_capacity_locked(budget);
   set_observed_locked(0);  // starts a new A_min window

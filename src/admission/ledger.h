@@ -118,6 +118,8 @@ class MemoryLedger {
 
   // Under mu_. Subclasses set the inputs of the formula.
   void set_capacity_locked(uint64_t capacity) { capacity_ = capacity; }
+  void set_capacity_ceiling_locked(uint64_t ceiling) { capacity_ceiling_ = ceiling; }
+  uint64_t committed_ours_min_locked() const { return committed_ours_min_; }
   void set_observed_locked(uint64_t observed);
   // Extra words for rejection messages ("bound by cgroup ..."); under mu_.
   void set_limit_note_locked(std::string note) { limit_note_ = std::move(note); }
@@ -141,6 +143,7 @@ class MemoryLedger {
   uint64_t capacity_ = 0;
   HeadroomPolicy headroom_;
   bool capacity_tracks_ours_ = false;  // host: capacity_ is the free budget, add A_min
+  std::optional<uint64_t> capacity_ceiling_;  // host cap: the total never exceeds it
   uint64_t observed_ = 0;
   uint64_t reserved_[kNumOwnerKinds] = {0, 0, 0};
   uint64_t committed_ours_ = 0;
@@ -173,9 +176,10 @@ struct HostBudgetPolicy {
   double mem_available_share = 0.5;  // (0, 1]
   double cgroup_share = 0.8;         // (0, 1]
   HeadroomPolicy headroom;           // applied to the budget, usually 0
-  // A fixed ceiling on the budget (`serve --host-budget`): the budget is the
-  // smallest of the shares and this; binding limit "cap". For a machine shared
-  // with services that do not show in MemAvailable yet, and for tests.
+  // A fixed ceiling (`serve --host-budget`) on the total the ledger's owners
+  // may hold, committed bytes included (the shares bound what is still free);
+  // binding limit "cap". For a machine shared with services that do not show
+  // in MemAvailable yet, and for tests.
   std::optional<uint64_t> cap_bytes;
 };
 

@@ -126,9 +126,17 @@ TEST(HostLedger, CapBoundsTheBudget) {
   auto no = (*l)->reserve({OwnerKind::kModelWeights, "m"}, 301);
   ASSERT_FALSE(no.ok());
   EXPECT_TRUE(has(no.status(), "bound by cap")) << no.status().to_string();
-  (*l)->update({400, std::nullopt, 0});  // 0.5 * 400 = 200 < 300: MemAvailable binds again
+  // What we commit counts against the cap (it is a total), while the shares
+  // see it in the readings instead.
+  auto t = (*l)->reserve({OwnerKind::kModelWeights, "m"}, 100);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*l)->commit(*t, 100).ok());
+  (*l)->update({900, std::nullopt, 0});  // MemAvailable fell by our 100: 450 + 100 free by share
+  EXPECT_EQ((*l)->binding_limit(), "cap");
+  EXPECT_EQ((*l)->available(), 200u) << "cap 300 - our 100";
+  (*l)->update({200, std::nullopt, 0});  // 0.5 * 200 + 100 = 200 < 300: MemAvailable binds again
   EXPECT_EQ((*l)->binding_limit(), "MemAvailable");
-  EXPECT_EQ((*l)->available(), 200u);
+  EXPECT_EQ((*l)->available(), 100u);
 }
 
 TEST(HostLedger, BudgetIsTheSmallerShareAndNamesIt) {

@@ -72,8 +72,13 @@ Result<admission::HostReadings> host_readings(Env& env) {
 // whole prefaulted mapping), the KV pool, the model's heap and every worker's
 // scratch, from the estimator, minus what the process already holds (it is
 // already out of MemAvailable). The ledger stays with the server.
-Result<std::unique_ptr<admission::HostLedger>> reserve_host_plan(Env& env, const ServeCliOptions& o, int n_threads,
-                                                                 std::string& summary) {
+struct HostPlan {
+  std::unique_ptr<admission::HostLedger> ledger;
+  admission::Ticket ticket;
+  uint64_t bytes = 0;
+};
+
+Result<HostPlan> reserve_host_plan(Env& env, const ServeCliOptions& o, int n_threads, std::string& summary) {
   admission::Plan plan;
   plan.placement = admission::Placement::kCpu;
   plan.n_ctx = o.ctx;
@@ -117,7 +122,27 @@ Result<std::unique_ptr<admission::HostLedger>> reserve_host_plan(Env& env, const
   const admission::LedgerSnapshot snap = ledger->snapshot();
   summary = "host memory: plan reserves " + admission::format_bytes(need) + " of a " +
             admission::format_bytes(snap.limit) + " budget (bound by " + ledger->binding_limit() + ")";
-  return ledger;
+  return HostPlan{std::move(ledger), *ticket, need};
+}
+
+// /health's host_memory: fresh readings into the ledger, then its figures and
+// the process's own RSS.
+http::HealthMemory host_memory_status(Env& env, admission::HostLedger& ledger) {
+  if (auto r = host_readings(env); r.ok()) ledger.update(*r);
+  const admission::LedgerSnapshot snap = ledger.snapshot();
+  http::HealthMemory m;
+  m.budget = snap.limit;
+  m.reserved = snap.reserved_ours;
+  m.available = snap.available;
+  m.bound_by = ledger.binding_limit();
+  const device::HostMemory hm = device::HostMemoryProbe(env).read();
+  auto opt = [](const device::Reading<uint64_t>& v) {
+    return v.known() ? std::optional<uint64_t>(v.value()) : std::nullopt;
+  };
+  m.process_rss = opt(hm.process_rss_bytes);
+  m.process_rss_anon = opt(hm.process_rss_anon_bytes);
+  m.process_rss_file = opt(hm.process_rss_file_bytes);
+  return m;
 }
 
 std::string model_name_from_path(const std::string& path) {
@@ -171,9 +196,9 @@ int run_serve(const ServeCliOptions& o) {
   Env& env = Env::default_env();
   const int n_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string memory_summary;
-  auto host_ledger = reserve_host_plan(env, o, n_threads, memory_summary);
-  if (!host_ledger.ok()) {
-    std::fprintf(stderr, "spillway serve: %s\n", host_ledger.status().to_string().c_str());
+  auto host_plan = reserve_host_plan(env, o, n_threads, memory_summary);
+  if (!host_plan.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", host_plan.status().to_string().c_str());
     return 1;
   }
   std::fprintf(stderr, "spillway serve: %s\n", memory_summary.c_str());
@@ -200,7 +225,16 @@ int run_serve(const ServeCliOptions& o) {
     return 1;
   }
 
+  // The plan is allocated now (weights mapped resident, KV pool committed):
+  // later readings include it, so the ledger holds it as committed.
+  admission::HostLedger& ledger = *host_plan->ledger;
+  if (Status c = ledger.commit(host_plan->ticket, host_plan->bytes); !c.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", c.to_string().c_str());
+    return 1;
+  }
+
   http::HttpServerOptions ho;
+  ho.host_memory = [&env, &ledger] { return host_memory_status(env, ledger); };
   ho.host = o.host;
   ho.port = o.port;
   ho.model_name = model_name_from_path(o.model);

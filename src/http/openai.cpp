@@ -484,6 +484,14 @@ std::string render_health(const HealthInfo& h) {
                 {"workers", h.workers}};
   j["n_ctx"] = h.n_ctx;
   j["chat_template"] = nullable(h.chat_template);
+  if (h.memory) {
+    const HealthMemory& m = *h.memory;
+    auto opt = [](const std::optional<uint64_t>& v) { return v ? json(*v) : json(nullptr); };
+    j["host_memory"] = {{"budget_bytes", m.budget},       {"reserved_bytes", m.reserved},
+                        {"available_bytes", m.available}, {"bound_by", m.bound_by},
+                        {"rss_bytes", opt(m.process_rss)}, {"rss_anon_bytes", opt(m.process_rss_anon)},
+                        {"rss_file_bytes", opt(m.process_rss_file)}};
+  }
   return dump(j);
 }
 

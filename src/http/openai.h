@@ -117,6 +117,16 @@ std::string render_chat_chunk(const ChunkFields& c);
 // (the request was not placed anywhere).
 std::string render_error(const ApiError& e, const std::string& model = "");
 
+// Host memory as the server's ledger and probes see it (all bytes). Absent
+// from /health when the server was built without a ledger (tests).
+struct HealthMemory {
+  uint64_t budget = 0;      // the ledger's limit: what the server may hold
+  uint64_t reserved = 0;    // our reservations (the serving plan)
+  uint64_t available = 0;   // budget left for more
+  std::string bound_by;     // "MemAvailable", "cgroup" or "cap"
+  std::optional<uint64_t> process_rss, process_rss_anon, process_rss_file;  // observed; null = unknown
+};
+
 struct HealthInfo {
   std::string model;
   std::string backend = "cpu";
@@ -126,6 +136,7 @@ struct HealthInfo {
   int32_t workers = 0;
   int32_t n_ctx = 0;
   std::string chat_template;  // empty: none
+  std::optional<HealthMemory> memory;
 };
 std::string render_health(const HealthInfo& h);
 std::string render_models(const std::string& model, int64_t created);

@@ -166,6 +166,7 @@ class HttpServer::Impl {
     h.workers = st.n_workers;
     h.n_ctx = scheduler_.n_ctx();
     if (options_.chat_template) h.chat_template = std::string(chat_template_name(*options_.chat_template));
+    if (options_.host_memory) h.memory = options_.host_memory();
     res.set_content(render_health(h), kJson);
   }
 

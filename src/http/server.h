@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@
 #include "core/env.h"
 #include "core/status.h"
 #include "gguf/gguf.h"
+#include "http/openai.h"
 #include "serve/scheduler.h"
 #include "tokenizer/chat_template.h"
 
@@ -51,6 +53,9 @@ struct HttpServerOptions {
   // completions default to the room left in the context.
   int32_t completion_default_max_tokens = 16;
   bool log_requests = false;  // one line per request on stderr
+  // Read on every GET /health (from the handler's thread); empty: no
+  // host_memory section.
+  std::function<HealthMemory()> host_memory;
 };
 
 // The template a server should use: `name` (from --chat-template) when given

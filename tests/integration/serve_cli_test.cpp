@@ -164,7 +164,20 @@ TEST(ServeCli, PlanAboveTheHostBudgetRefusesToStart) {
   EXPECT_EQ(out.find("listening"), std::string::npos) << out;
 
   ServeProcess ok({"--ctx", "2048", "--host-budget", "64MiB"});
-  EXPECT_NE(ok.port(), 0) << "a plan inside the budget starts";
+  ASSERT_NE(ok.port(), 0) << "a plan inside the budget starts";
+  // /health shows the ledger: the plan reserved inside the cap, and the RSS.
+  httplib::Client c("127.0.0.1", ok.port());
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  ASSERT_EQ(h->status, 200);
+  const json m = json::parse(h->body)["host_memory"];
+  ASSERT_TRUE(m.is_object()) << h->body;
+  EXPECT_EQ(m["bound_by"], "cap") << h->body;
+  EXPECT_EQ(m["budget_bytes"].get<uint64_t>(), 64u << 20) << h->body;
+  EXPECT_GT(m["reserved_bytes"].get<uint64_t>(), 3u << 20) << h->body;  // weights + a 2.5 MiB KV pool
+  EXPECT_EQ(m["available_bytes"].get<uint64_t>(),
+            m["budget_bytes"].get<uint64_t>() - m["reserved_bytes"].get<uint64_t>()) << h->body;
+  EXPECT_GT(m["rss_bytes"].get<uint64_t>(), m["rss_file_bytes"].get<uint64_t>()) << h->body;
   ok.signal(SIGTERM);
   EXPECT_EQ(ok.wait_exit(std::chrono::seconds(20)), 0);
 }
