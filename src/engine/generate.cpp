@@ -18,6 +18,14 @@ Status Generator::evaluate_from_prefix(std::span<const TokenId> all) {
   while (common < have.size() && common < all.size() && have[common] == all[common]) ++common;
   common = std::min(common, all.size() - 1);
   SPW_RETURN_IF_ERROR(session_.truncate(static_cast<int32_t>(common)));
+  if (options_.reserve_kv) {
+    const int64_t want = options_.max_tokens > 0 ? static_cast<int64_t>(all.size()) + options_.max_tokens
+                                                 : session_.n_ctx();
+    const int32_t n = static_cast<int32_t>(std::min<int64_t>(want, session_.n_ctx()));
+    if (Status st = session_.reserve_kv(n); !st.ok()) {
+      return st.with_context("before generation: the request needs KV for " + std::to_string(n) + " positions");
+    }
+  }
   auto r = session_.eval(all.subspan(common));
   return r.status();
 }

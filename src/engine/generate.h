@@ -50,6 +50,11 @@ struct GenerateOptions {
   SamplerParams sampler;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // Take the KV for the whole request (prompt + max_tokens, at most n_ctx)
+  // before evaluating anything, so that a shared pool running out fails the
+  // request before its first token instead of in the middle of it (a server's
+  // request boundary). Not checkpointed: it is a property of where it runs.
+  bool reserve_kv = false;
 };
 
 struct GenerateResult {

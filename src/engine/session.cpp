@@ -148,4 +148,20 @@ Status Session::truncate(int32_t n) {
   return Status();
 }
 
+Status Session::reserve_kv(int32_t n) {
+  if (n < 0 || n > n_ctx_) {
+    return Status::invalid_argument("Session::reserve_kv(" + std::to_string(n) + "): n_ctx = " +
+                                    std::to_string(n_ctx_));
+  }
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    Status st = stages_[i].pool->reserve(tables_[i], n);
+    if (!st.ok()) {
+      // Give back what this call took in the earlier stages.
+      for (size_t j = 0; j < i; ++j) stages_[j].pool->shrink(tables_[j], n_past());
+      return st;
+    }
+  }
+  return Status();
+}
+
 }  // namespace spw

@@ -15,6 +15,10 @@
 //     appended; the session stays usable, e.g. after truncate()).
 // truncate(n) drops tokens and KV past position n (n <= n_past()), returning
 // unneeded blocks to the pool; last_logits() is then empty until the next eval.
+// reserve_kv(n) takes the KV blocks for positions [0, n) in every stage now
+// (all or nothing: ResourceExhausted from a pool leaves the tables as they
+// were; n > n_ctx() is InvalidArgument), so that a later eval up to n cannot
+// run out of blocks half-way; truncate() below n gives them back.
 // Because backends are batch-size invariant, eval of tokens one by one or all at
 // once gives bitwise equal logits (checkpoint/resume depends on this).
 // Thread safety: one Session is used by one thread at a time. Many Sessions may
@@ -72,6 +76,7 @@ class Session {
   Result<std::span<const float>> eval(std::span<const TokenId> tokens);
   Result<std::vector<float>> eval_all_logits(std::span<const TokenId> tokens);
   Status truncate(int32_t n);
+  Status reserve_kv(int32_t n_positions);
 
   int32_t n_past() const { return static_cast<int32_t>(tokens_.size()); }
   const std::vector<TokenId>& tokens() const { return tokens_; }

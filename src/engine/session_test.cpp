@@ -123,6 +123,33 @@ TEST(Session, KvExhaustionLeavesSessionUsable) {
   EXPECT_EQ(0, std::memcmp(r2->data(), rf->data(), 512 * sizeof(float)));
 }
 
+// reserve_kv takes every block a request will need before it starts: a second
+// session then cannot take them, and the first one's evals never run short.
+TEST(Session, ReserveKvHoldsBlocksForTheWholeRequest) {
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  auto cpu = std::make_shared<CpuBackend>(1);
+  auto pool = make_pool(*m, 4, 4);  // 16 positions in all
+  SessionOptions so;
+  so.n_ctx = 16;
+  auto a = make_session(m, cpu, pool, so);
+  auto b = make_session(m, cpu, pool, so);
+  ASSERT_TRUE(a->reserve_kv(10).ok());
+  EXPECT_EQ(pool->blocks_in_use(), 3);
+  auto no = b->reserve_kv(8);  // 2 blocks, 1 free
+  ASSERT_FALSE(no.ok());
+  EXPECT_EQ(no.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->blocks_in_use(), 3) << "a failed reservation takes nothing";
+  EXPECT_TRUE(b->reserve_kv(4).ok());
+  auto toks = some_tokens(10, 512);
+  ASSERT_TRUE(a->eval(toks).ok()) << "the reserved positions are there";
+  EXPECT_EQ(pool->blocks_in_use(), 4);
+  EXPECT_EQ(a->reserve_kv(17).code(), StatusCode::kInvalidArgument) << "beyond n_ctx";
+  ASSERT_TRUE(a->truncate(0).ok());
+  ASSERT_TRUE(b->truncate(0).ok());
+  EXPECT_EQ(pool->blocks_in_use(), 0);
+}
+
 TEST(Session, RejectsBadInputWithoutChangingState) {
   auto m = testing::stories();
   ASSERT_NE(m, nullptr);

@@ -19,6 +19,7 @@ class SessionExecutor final : public Executor {
     o.max_tokens = job.max_tokens;
     o.sampler = job.sampler;
     o.stop = job.stop;
+    o.reserve_kv = true;  // fail at the request boundary, never mid-stream
     int32_t n = 0;
     auto cb = [&](std::string_view text, TokenId id) {
       if (!text.empty()) on_text(text);

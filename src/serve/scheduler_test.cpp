@@ -329,6 +329,10 @@ TEST(Scheduler, SmallKvPoolFailsRequestsCleanly) {
   Collected c = collect(**t);
   EXPECT_EQ(c.fin.state, RequestState::kFailed);
   EXPECT_EQ(c.fin.status.code(), StatusCode::kResourceExhausted);
+  // The KV for the whole request is taken up front: it fails before its first
+  // token, not half-way through the stream.
+  EXPECT_TRUE(c.text.empty()) << c.text;
+  EXPECT_NE(c.fin.status.message().find("before generation"), std::string::npos) << c.fin.status.to_string();
   EXPECT_EQ(s->stats().failed, 1u);
   // The pool was returned: a short request still fits.
   auto ok = s->submit(greedy("Once upon a time", 3));
