@@ -215,18 +215,18 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
   json measured;
   if (spec->kind == DeviceSpec::Kind::kCpu) {
     plan.placement = admission::Placement::kCpu;
-    CpuSessionGroupOptions go;
+    SessionGroupOptions go;
     go.n_sessions = c.parallel;
     go.n_threads = c.threads;
     go.n_ctx = c.ctx;
     go.n_ubatch = c.ubatch;
     go.kv_block_tokens = c.kv_block;
-    SPW_ASSIGN_OR_RETURN(KvPoolOptions po, cpu_session_group_pool(**model, go));
+    SPW_ASSIGN_OR_RETURN(KvPoolOptions po, session_group_host_pool(**model, go));
     const int64_t heap_kv0 = tracker::live_bytes();
     SPW_ASSIGN_OR_RETURN(std::shared_ptr<KvPool> pool, KvPool::create(po));
     const int64_t kv_heap = tracker::live_bytes() - heap_kv0;
     tracker::PeakScope scratch;
-    SPW_ASSIGN_OR_RETURN(CpuSessionGroup group, open_cpu_session_group(*model, go, pool));
+    SPW_ASSIGN_OR_RETURN(SessionGroup group, open_session_group(*model, go, pool));
     std::vector<Status> st(group.sessions.size());
     std::vector<std::thread> workers;
     for (size_t i = 0; i < group.sessions.size(); ++i) {
@@ -260,9 +260,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
     if (!ds.vulkan) return Status::internal("no Vulkan backend in a GPU case");
     SPW_RETURN_IF_ERROR(fill_context(*ds.session, c.ctx, c.ubatch, hp.n_vocab, 0));
     const VulkanDeviceInfo& info = ds.vulkan->device_info();
-    cfg.gpu_limits.max_buffer_bytes = info.max_storage_buffer_range;
-    if (info.max_allocation_bytes > 0)
-      cfg.gpu_limits.max_buffer_bytes = std::min(cfg.gpu_limits.max_buffer_bytes, info.max_allocation_bytes);
+    cfg.gpu_limits.max_buffer_bytes = largest_buffer_bytes(info);
     const DeviceMemoryStats ms = ds.vulkan->memory_stats();
     auto peak = [&](MemoryCategory k) { return ms.peak_by_category[static_cast<size_t>(k)]; };
     measured["weights"] = peak(MemoryCategory::kWeights);

@@ -467,7 +467,7 @@ TEST(Estimator, Errors) {
 }
 
 // serve --kv-blocks N: the pool holds N blocks whatever n_parallel is, as
-// cpu_session_group_pool builds it; the allocation matches the real pool.
+// session_group_host_pool builds it; the allocation matches the real pool.
 TEST(Estimator, KvBlocksOverrideSizesThePool) {
   auto m = load_stories();
   ASSERT_NE(m, nullptr);
@@ -477,11 +477,11 @@ TEST(Estimator, KvBlocksOverrideSizesThePool) {
   auto e = estimate(m->file(), p);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   EXPECT_EQ(e->host().kv_storage, 10 * e->host().kv_bytes_per_block);
-  CpuSessionGroupOptions go;
+  SessionGroupOptions go;
   go.n_sessions = 4;
   go.n_ctx = 256;
   go.kv_blocks = 10;
-  auto po = cpu_session_group_pool(*m, go);
+  auto po = session_group_host_pool(*m, go);
   ASSERT_TRUE(po.ok()) << po.status().to_string();
   PeakScope scope;
   auto pool = KvPool::create(*po);

@@ -115,9 +115,7 @@ void run_case(const std::string& name, const std::shared_ptr<const Model>& model
   p.logits_all = c.logits_all;
   EstimatorConfig cfg;
   const VulkanDeviceInfo& info = ds->vulkan->device_info();
-  cfg.gpu_limits.max_buffer_bytes = info.max_storage_buffer_range;
-  if (info.max_allocation_bytes > 0)
-    cfg.gpu_limits.max_buffer_bytes = std::min(cfg.gpu_limits.max_buffer_bytes, info.max_allocation_bytes);
+  cfg.gpu_limits.max_buffer_bytes = largest_buffer_bytes(info);
   auto e = estimate(model->file(), p, cfg);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   const DeviceEstimate& g = e->gpu();

@@ -185,6 +185,13 @@ void DeviceLedger::observe(uint64_t used_bytes) {
   set_observed_locked(used_bytes);
 }
 
+void DeviceLedger::observe_heap(uint64_t heap_size, uint64_t heap_used) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // Memory outside our budget's share of the heap is others' to use freely.
+  const uint64_t outside = sat_sub(heap_size, capacity_locked());
+  set_observed_locked(sat_sub(heap_used, outside));
+}
+
 // ---------------------------------------------------------------- HostLedger
 
 HostLedger::HostLedger(std::string name, HostBudgetPolicy policy)

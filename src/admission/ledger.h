@@ -118,6 +118,7 @@ class MemoryLedger {
 
   // Under mu_. Subclasses set the inputs of the formula.
   void set_capacity_locked(uint64_t capacity) { capacity_ = capacity; }
+  uint64_t capacity_locked() const { return capacity_; }
   void set_capacity_ceiling_locked(uint64_t ceiling) { capacity_ceiling_ = ceiling; }
   uint64_t committed_ours_min_locked() const { return committed_ours_min_; }
   void set_observed_locked(uint64_t observed);
@@ -160,6 +161,13 @@ class DeviceLedger final : public MemoryLedger {
                                                       HeadroomPolicy headroom = {});
   // Total used bytes on the device as a probe read it (see the window rule).
   void observe(uint64_t used_bytes);
+  // A reading of the whole physical heap (heap_size, heap_used: ours +
+  // others) when this ledger's capacity may be a smaller budget on it (`serve
+  // --device-memory`). Others then only count for what they take out of our
+  // budget: observe(max(0, heap_used - (heap_size - capacity))), which makes
+  // available = min(budget left, heap_size - heap_used - ours' uncommitted
+  // part - headroom). With capacity == heap_size it is observe(heap_used).
+  void observe_heap(uint64_t heap_size, uint64_t heap_used);
 
  private:
   using MemoryLedger::MemoryLedger;

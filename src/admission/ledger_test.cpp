@@ -116,6 +116,30 @@ TEST(DeviceLedger, CoTenantReservationOverlapsItsObservedUse) {
   EXPECT_EQ(l->available(), 550u);
 }
 
+// A budget (`--device-memory 1000`) on a larger heap (4000): others only
+// count for what they take out of our share of the heap.
+TEST(DeviceLedger, HeapReadingAgainstASmallerBudget) {
+  auto l = device(1000);
+  ASSERT_NE(l, nullptr);
+  auto w = l->reserve({OwnerKind::kModelWeights, "m"}, 400);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(l->commit(*w, 400).ok());
+  l->observe_heap(4000, 400 + 2500);  // others use 2500 of the 3000 outside our budget
+  EXPECT_EQ(l->snapshot().others, 0u);
+  EXPECT_EQ(l->available(), 600u);
+  l->observe_heap(4000, 400 + 3300);  // 300 of them now in our share
+  EXPECT_EQ(l->snapshot().others, 300u);
+  EXPECT_EQ(l->available(), 300u) << "heap free 300, budget left 600: the smaller";
+  l->observe_heap(4000, 4000);
+  EXPECT_EQ(l->available(), 0u);
+  // Budget == heap: the same as observe().
+  auto whole = device(4000);
+  ASSERT_NE(whole, nullptr);
+  whole->observe_heap(4000, 1500);
+  EXPECT_EQ(whole->snapshot().others, 1500u);
+  EXPECT_EQ(whole->available(), 2500u);
+}
+
 TEST(HostLedger, CapBoundsTheBudget) {
   HostBudgetPolicy pol;
   pol.cap_bytes = 300;

@@ -5,70 +5,22 @@
 namespace spw {
 namespace {
 
-KvPoolOptions pool_options(const Model& m, int32_t layer_begin, int32_t layer_end, const DeviceSessionOptions& o,
-                           int32_t n_ctx) {
-  KvPoolOptions kv;
-  kv.layer_begin = layer_begin;
-  kv.layer_end = layer_end;
-  kv.n_embd_kv = m.hparams().n_embd_kv();
-  kv.block_tokens = o.kv_block_tokens;
-  kv.n_blocks = (n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens;
-  return kv;
-}
-
 std::string layer_range(int32_t begin, int32_t end) {
   return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
 }
 
-}  // namespace
-
-Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, const DeviceSessionOptions& o) {
-  if (o.kv_block_tokens < 1) return Status::invalid_argument("kv_block_tokens must be >= 1");
-  const Model& m = *model;
-  const int32_t n_layer = m.hparams().n_layer;
-  const int32_t n_ctx = o.n_ctx > 0 ? o.n_ctx : m.hparams().n_ctx_train;
-  SessionOptions so;
-  so.n_ctx = n_ctx;
-  so.n_ubatch = o.n_ubatch;
-
-  // Layers [0, n_gpu) on Vulkan, the rest on the CPU.
-  int32_t n_gpu = 0;
-  switch (o.device.kind) {
-    case DeviceSpec::Kind::kCpu: n_gpu = 0; break;
-    case DeviceSpec::Kind::kVulkan: n_gpu = n_layer; break;
-    case DeviceSpec::Kind::kHybrid: n_gpu = std::clamp(o.device.gpu_layers, 0, n_layer); break;
+// Layers [0, n) run on Vulkan, the rest on the CPU.
+int32_t gpu_layers(const DeviceSpec& d, int32_t n_layer) {
+  switch (d.kind) {
+    case DeviceSpec::Kind::kCpu: return 0;
+    case DeviceSpec::Kind::kVulkan: return n_layer;
+    case DeviceSpec::Kind::kHybrid: return std::clamp(d.gpu_layers, 0, n_layer);
   }
-
-  DeviceSession ds;
-  std::vector<SessionStage> stages;
-  if (n_gpu > 0) {
-    VulkanBackendOptions vo;
-    vo.device = o.device.vulkan_device;
-    vo.memory_budget_bytes = o.device_memory_bytes;
-    SPW_ASSIGN_OR_RETURN(ds.vulkan, VulkanBackend::create(vo));
-    SPW_ASSIGN_OR_RETURN(auto pool, ds.vulkan->create_kv_pool(pool_options(m, 0, n_gpu, o, n_ctx), "session"));
-    stages.push_back({ds.vulkan, std::move(pool), 0, n_gpu});
-  }
-  if (n_gpu < n_layer) {
-    ds.cpu = std::make_shared<CpuBackend>(o.n_threads);
-    SPW_ASSIGN_OR_RETURN(auto pool, KvPool::create(pool_options(m, n_gpu, n_layer, o, n_ctx)));
-    stages.push_back({ds.cpu, std::move(pool), n_gpu, n_layer});
-  }
-  SPW_ASSIGN_OR_RETURN(ds.session, Session::create_staged(std::move(model), std::move(stages), so));
-
-  const std::string vk_name = ds.vulkan ? "vulkan (" + ds.vulkan->device_info().name + ")" : "";
-  if (n_gpu == 0) {
-    ds.placement = "cpu";
-  } else if (n_gpu == n_layer) {
-    ds.placement = vk_name;
-  } else {
-    ds.placement = "hybrid: layers " + layer_range(0, n_gpu) + " " + vk_name + ", " + layer_range(n_gpu, n_layer) +
-                   " cpu";
-  }
-  return ds;
+  return 0;
 }
 
-Result<KvPoolOptions> cpu_session_group_pool(const Model& model, const CpuSessionGroupOptions& o) {
+// The checks shared by the pool options and the group; returns n_ctx.
+Result<int32_t> check_group(const Model& model, const SessionGroupOptions& o) {
   auto bad = [](const std::string& what, int64_t v, const std::string& rule) {
     return Status::invalid_argument(what + " must be " + rule + ", got " + std::to_string(v));
   };
@@ -77,47 +29,115 @@ Result<KvPoolOptions> cpu_session_group_pool(const Model& model, const CpuSessio
   if (o.kv_block_tokens < 1) return bad("kv_block_tokens", o.kv_block_tokens, ">= 1");
   if (o.kv_blocks < 0) return bad("kv_blocks", o.kv_blocks, ">= 0");
   const LlamaHparams& hp = model.hparams();
+  // Past context_length is the caller's choice (generate allows it, as
+  // llama.cpp does); the server refuses it before it gets here.
   const int32_t n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
-  if (n_ctx < 2 || n_ctx > hp.n_ctx_train) {
-    return bad("n_ctx", n_ctx, "in [2, " + std::to_string(hp.n_ctx_train) + "] (the model's context_length)");
-  }
+  if (n_ctx < 1) return bad("n_ctx", n_ctx, ">= 1 (0: the model's context_length)");
+  return n_ctx;
+}
+
+int32_t full_blocks(const SessionGroupOptions& o, int32_t n_ctx) {
+  return (n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens * o.n_sessions;
+}
+
+KvPoolOptions stage_pool(const Model& m, const SessionGroupOptions& o, int32_t n_ctx, int32_t begin, int32_t end) {
   KvPoolOptions po;
-  po.layer_begin = 0;
-  po.layer_end = hp.n_layer;
-  po.n_embd_kv = hp.n_embd_kv();
+  po.layer_begin = begin;
+  po.layer_end = end;
+  po.n_embd_kv = m.hparams().n_embd_kv();
   po.block_tokens = o.kv_block_tokens;
-  const int32_t full = (n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens * o.n_sessions;
-  po.n_blocks = o.kv_blocks == 0 ? full : o.kv_blocks;
+  po.n_blocks = o.kv_blocks == 0 ? full_blocks(o, n_ctx) : o.kv_blocks;
   return po;
 }
 
-Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> model, const CpuSessionGroupOptions& o,
-                                               std::shared_ptr<KvPool> pool) {
-  if (!model) return Status::invalid_argument("open_cpu_session_group: no model");
-  SPW_ASSIGN_OR_RETURN(KvPoolOptions po, cpu_session_group_pool(*model, o));
-  const LlamaHparams& hp = model->hparams();
-  CpuSessionGroup g;
-  g.n_ctx = o.n_ctx == 0 ? hp.n_ctx_train : o.n_ctx;
-  const int32_t full = (g.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens * o.n_sessions;
-  if (pool) {
-    if (pool->n_blocks() != po.n_blocks || pool->block_tokens() != po.block_tokens) {
-      return Status::invalid_argument("open_cpu_session_group: the given pool does not match the options");
+}  // namespace
+
+Result<KvPoolOptions> session_group_host_pool(const Model& model, const SessionGroupOptions& o) {
+  SPW_ASSIGN_OR_RETURN(const int32_t n_ctx, check_group(model, o));
+  const int32_t n_layer = model.hparams().n_layer;
+  const int32_t n_gpu = gpu_layers(o.device, n_layer);
+  if (n_gpu == n_layer) return Status::invalid_argument("session group: every layer is on Vulkan, no CPU stage");
+  return stage_pool(model, o, n_ctx, n_gpu, n_layer);
+}
+
+Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, const SessionGroupOptions& o,
+                                        std::shared_ptr<KvPool> host_pool) {
+  if (!model) return Status::invalid_argument("open_session_group: no model");
+  const Model& m = *model;
+  SPW_ASSIGN_OR_RETURN(const int32_t n_ctx, check_group(m, o));
+  const int32_t n_layer = m.hparams().n_layer;
+  SessionGroup g;
+  g.n_ctx = n_ctx;
+  g.n_gpu_layers = gpu_layers(o.device, n_layer);
+
+  std::vector<SessionStage> stages;
+  if (g.n_gpu_layers > 0) {
+    if (o.vulkan) {
+      g.vulkan = o.vulkan;
+    } else {
+      VulkanBackendOptions vo;
+      vo.device = o.device.vulkan_device;
+      vo.memory_budget_bytes = o.device_memory_bytes;
+      SPW_ASSIGN_OR_RETURN(g.vulkan, VulkanBackend::create(vo));
     }
-    g.pool = std::move(pool);
-  } else {
-    SPW_ASSIGN_OR_RETURN(g.pool, KvPool::create(po));
+    SPW_ASSIGN_OR_RETURN(auto pool,
+                         g.vulkan->create_kv_pool(stage_pool(m, o, n_ctx, 0, g.n_gpu_layers), "sessions"));
+    stages.push_back({g.vulkan, pool, 0, g.n_gpu_layers});
+    g.pools.push_back(std::move(pool));
   }
-  g.full_pool = g.pool->n_blocks() >= full;
-  g.backend = std::make_shared<CpuBackend>(o.n_threads);
-  SPW_RETURN_IF_ERROR(g.backend->prepare(*model, 0, hp.n_layer, true, true));
+  if (g.n_gpu_layers < n_layer) {
+    const KvPoolOptions po = stage_pool(m, o, n_ctx, g.n_gpu_layers, n_layer);
+    if (host_pool) {
+      const KvPoolOptions& have = host_pool->options();
+      if (have.n_blocks != po.n_blocks || have.block_tokens != po.block_tokens ||
+          have.layer_begin != po.layer_begin || have.layer_end != po.layer_end) {
+        return Status::invalid_argument("open_session_group: the given host pool does not match the options");
+      }
+    } else {
+      SPW_ASSIGN_OR_RETURN(host_pool, KvPool::create(po));
+    }
+    g.cpu = std::make_shared<CpuBackend>(o.n_threads);
+    stages.push_back({g.cpu, host_pool, g.n_gpu_layers, n_layer});
+    g.pools.push_back(std::move(host_pool));
+  }
+  g.full_pool = true;
+  for (const auto& p : g.pools) g.full_pool = g.full_pool && p->n_blocks() >= full_blocks(o, n_ctx);
+
   SessionOptions so;
-  so.n_ctx = g.n_ctx;
+  so.n_ctx = n_ctx;
   so.n_ubatch = o.n_ubatch;
   for (int32_t i = 0; i < o.n_sessions; ++i) {
-    SPW_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(model, g.backend, g.pool, so));
+    SPW_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create_staged(model, stages, so));
     g.sessions.push_back(std::move(s));
   }
+
+  const std::string vk_name = g.vulkan ? "vulkan (" + g.vulkan->device_info().name + ")" : "";
+  if (g.n_gpu_layers == 0) {
+    g.placement = "cpu";
+  } else if (g.n_gpu_layers == n_layer) {
+    g.placement = vk_name;
+  } else {
+    g.placement = "hybrid: layers " + layer_range(0, g.n_gpu_layers) + " " + vk_name + ", " +
+                  layer_range(g.n_gpu_layers, n_layer) + " cpu";
+  }
   return g;
+}
+
+Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, const DeviceSessionOptions& o) {
+  SessionGroupOptions go;
+  go.device = o.device;
+  go.device_memory_bytes = o.device_memory_bytes;
+  go.n_threads = o.n_threads;
+  go.n_ctx = o.n_ctx;
+  go.n_ubatch = o.n_ubatch;
+  go.kv_block_tokens = o.kv_block_tokens;
+  SPW_ASSIGN_OR_RETURN(SessionGroup g, open_session_group(std::move(model), go));
+  DeviceSession ds;
+  ds.cpu = std::move(g.cpu);
+  ds.vulkan = std::move(g.vulkan);
+  ds.session = std::move(g.sessions.front());
+  ds.placement = std::move(g.placement);
+  return ds;
 }
 
 }  // namespace spw

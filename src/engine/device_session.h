@@ -7,7 +7,8 @@
 //                device_memory_bytes, 0 = the largest device-local heap);
 //   hybrid:N     layers [0, N) on Vulkan, [N, n_layer) on the CPU (N clamped
 //                to n_layer; N = 0 is all-CPU, N = n_layer all-Vulkan),
-// sized for n_ctx positions of one sequence, and a Session over them. Without
+// sized for n_ctx positions of one sequence, and a Session over them (the
+// session group below with one session). Without
 // a Vulkan build or device the Vulkan forms fail with the backend's Unavailable
 // or NotFound status (the caller may fall back to cpu); a budget too small for
 // the weights or the KV is ResourceExhausted naming the numbers.
@@ -48,15 +49,24 @@ struct DeviceSession {
 
 Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, const DeviceSessionOptions& options);
 
-// The CPU serving layout (`spillway serve`, the estimator's n_parallel): n_sessions
-// Sessions over ONE CpuBackend of n_threads threads and ONE KvPool of
-// kv_blocks blocks (0: every session can hold a full context, n_sessions *
-// ceil(n_ctx / kv_block_tokens)). n_ctx 0 = the model's context_length.
-// InvalidArgument for n_sessions, n_threads or kv_block_tokens < 1, kv_blocks
-// < 0, or n_ctx outside [2, context_length]; ResourceExhausted when the pool
-// cannot be allocated. The backend's threads are shared: sessions may run
-// concurrently on different threads (each Session on one thread at a time).
-struct CpuSessionGroupOptions {
+// The serving layout (`spillway serve`, the estimator's n_parallel): n_sessions
+// Sessions placed as `device` says, sharing ONE backend per device (one
+// CpuBackend of n_threads threads, one VulkanBackend with the device_memory
+// budget) and ONE KvPool per stage (kv_blocks blocks each; 0: every session
+// can hold a full context, n_sessions * ceil(n_ctx / kv_block_tokens)). The
+// GPU's weights are uploaded once and its scratch buffers are the backend's,
+// shared by the sessions (calls on one VulkanBackend are serialised). n_ctx 0
+// = the model's context_length. InvalidArgument for n_sessions, n_threads,
+// kv_block_tokens or n_ctx < 1 and kv_blocks < 0;
+// the Vulkan forms fail as open_device_session does; ResourceExhausted when a
+// pool cannot be allocated. Sessions may run concurrently on different threads
+// (each Session on one thread at a time).
+struct SessionGroupOptions {
+  DeviceSpec device;                 // cpu (default), vulkan[:i], hybrid:N
+  uint64_t device_memory_bytes = 0;  // Vulkan budget; 0 = largest device-local heap
+  // An open backend to place the Vulkan layers on (its device and budget
+  // win over device.vulkan_device and device_memory_bytes); null: open one.
+  std::shared_ptr<VulkanBackend> vulkan;
   int32_t n_sessions = 1;
   int n_threads = 1;
   int32_t n_ctx = 0;
@@ -65,21 +75,24 @@ struct CpuSessionGroupOptions {
   int32_t kv_block_tokens = 16;
 };
 
-struct CpuSessionGroup {
-  std::shared_ptr<CpuBackend> backend;
-  std::shared_ptr<KvPool> pool;
-  std::vector<std::unique_ptr<Session>> sessions;
+struct SessionGroup {
+  std::shared_ptr<CpuBackend> cpu;        // null when no layer runs on the CPU
+  std::shared_ptr<VulkanBackend> vulkan;  // null when no layer runs on Vulkan
+  std::vector<std::shared_ptr<KvPool>> pools;  // one per stage: Vulkan first, then CPU
+  std::vector<std::unique_ptr<Session>> sessions;  // declared last: destroyed first
   int32_t n_ctx = 0;          // after defaulting
+  int32_t n_gpu_layers = 0;   // layers [0, n_gpu_layers) on Vulkan, after clamping
   bool full_pool = false;     // every session can hold a full context at once
+  std::string placement;      // as DeviceSession::placement
 };
 
-// `pool`: null to create it here; else a pool made from
-// cpu_session_group_pool() of the same options (callers that account the
-// pool's allocation on its own), used as is.
-Result<CpuSessionGroup> open_cpu_session_group(std::shared_ptr<const Model> model,
-                                               const CpuSessionGroupOptions& options,
-                                               std::shared_ptr<KvPool> pool = nullptr);
-// The KvPool options of that layout (after the same checks).
-Result<KvPoolOptions> cpu_session_group_pool(const Model& model, const CpuSessionGroupOptions& options);
+// `host_pool`: null to create it here; else a pool made from
+// session_group_host_pool() of the same options (callers that account the
+// pool's allocation on their own), used as is for the CPU stage.
+Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, const SessionGroupOptions& options,
+                                        std::shared_ptr<KvPool> host_pool = nullptr);
+// The CPU stage's KvPool options of that layout (after the same checks);
+// InvalidArgument when every layer is on Vulkan (there is no CPU stage).
+Result<KvPoolOptions> session_group_host_pool(const Model& model, const SessionGroupOptions& options);
 
 }  // namespace spw

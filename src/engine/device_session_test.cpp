@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "engine/engine_test_util.h"
 #include "engine/generate.h"
 
@@ -68,9 +70,56 @@ TEST(DeviceSessionTest, VulkanAndHybridGiveTheCpuTokens) {
       EXPECT_NE(ds->cpu, nullptr);
       EXPECT_NE(ds->vulkan, nullptr);
     }
-    if (spec == "hybrid:0") EXPECT_EQ(ds->placement, "cpu");  // N = 0: nothing on the GPU
-    if (spec == "hybrid:99") EXPECT_EQ(ds->cpu, nullptr);     // N clamped to n_layer
+    if (spec == "hybrid:0") {
+      EXPECT_EQ(ds->placement, "cpu");  // N = 0: nothing on the GPU
+    }
+    if (spec == "hybrid:99") {
+      EXPECT_EQ(ds->cpu, nullptr);  // N clamped to n_layer
+    }
   }
+}
+
+// The serving layout on a GPU: N sessions over one VulkanBackend (weights
+// uploaded once) and one pool per stage, run at the same time on N threads,
+// each giving the CPU's greedy tokens; the pools hold every session's blocks.
+TEST(DeviceSessionTest, GroupSharesOneBackendAndPoolPerStageAcrossThreads) {
+  std::string why;
+  if (!vulkan_available(&why)) GTEST_SKIP() << why;
+  auto model = testing::stories();
+  auto cpu = open_device_session(model, options_for("cpu"));
+  ASSERT_TRUE(cpu.ok());
+  const std::vector<TokenId> expected = greedy_tokens(*cpu->session, *model, 16);
+  for (const std::string spec : {"vulkan", "hybrid:3"}) {
+    SCOPED_TRACE(spec);
+    SessionGroupOptions o;
+    o.device = parse_device_spec(spec).value();
+    o.n_sessions = 3;
+    o.n_ctx = 64;
+    auto g = open_session_group(model, o);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    ASSERT_NE(g->vulkan, nullptr);
+    EXPECT_EQ(g->pools.size(), spec == "vulkan" ? 1u : 2u);
+    EXPECT_EQ(g->n_gpu_layers, spec == "vulkan" ? 5 : 3);
+    EXPECT_TRUE(g->full_pool);
+    for (const auto& p : g->pools) EXPECT_EQ(p->n_blocks(), 3 * 4) << "3 sessions x 64 positions / 16";
+    const uint64_t weights_once = g->vulkan->memory_stats().used_by_category[0];
+    std::vector<std::vector<TokenId>> got(g->sessions.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < g->sessions.size(); ++i) {
+      threads.emplace_back([&, i] { got[i] = greedy_tokens(*g->sessions[i], *model, 16); });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected) << "session " << i;
+    EXPECT_EQ(g->vulkan->memory_stats().used_by_category[0], weights_once) << "weights uploaded once";
+    for (const auto& p : g->pools) EXPECT_EQ(p->blocks_in_use(), 3 * 2) << "each session holds 21 positions";
+  }
+  SessionGroupOptions bad;
+  bad.n_sessions = 0;
+  EXPECT_EQ(open_session_group(model, bad).status().code(), StatusCode::kInvalidArgument);
+  bad = {};
+  bad.device = parse_device_spec("vulkan").value();
+  EXPECT_EQ(session_group_host_pool(*model, bad).status().code(), StatusCode::kInvalidArgument)
+      << "all layers on Vulkan: no host stage";
 }
 
 TEST(DeviceSessionTest, BudgetTooSmallForTheWeightsIsResourceExhausted) {

@@ -492,6 +492,26 @@ std::string render_health(const HealthInfo& h) {
                         {"rss_bytes", opt(m.process_rss)}, {"rss_anon_bytes", opt(m.process_rss_anon)},
                         {"rss_file_bytes", opt(m.process_rss_file)}};
   }
+  if (h.device_memory) {
+    const HealthDeviceMemory& d = *h.device_memory;
+    json by_cat = json::object();
+    for (const auto& [name, bytes] : d.allocated_by_category) by_cat[name] = bytes;
+    j["device_memory"] = {
+        {"device", d.device},
+        {"healthy", d.healthy},
+        {"health_reason", nullable(d.health_reason)},
+        {"capacity_bytes", d.capacity},
+        {"headroom_bytes", d.headroom},
+        {"reserved_bytes", d.reserved},
+        {"co_tenant_reserved_bytes", d.co_tenant_reserved},
+        {"others_observed_bytes", d.others_observed},
+        {"available_bytes", d.available},
+        {"observed_heap_used_bytes", d.observed_heap_used ? json(*d.observed_heap_used) : json(nullptr)},
+        {"observed_unknown", nullable(d.observed_unknown)},
+        {"allocated_bytes", d.allocated},
+        {"allocated_peak_bytes", d.allocated_peak},
+        {"allocated_by_category", by_cat}};
+  }
   return dump(j);
 }
 

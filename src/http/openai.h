@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -127,6 +128,27 @@ struct HealthMemory {
   std::optional<uint64_t> process_rss, process_rss_anon, process_rss_file;  // observed; null = unknown
 };
 
+// Device memory as the server's device ledger and the Vulkan allocator see it
+// (bytes). Absent from /health when no layer runs on a GPU.
+struct HealthDeviceMemory {
+  std::string device;          // e.g. "vulkan:0 (llvmpipe ...)"
+  bool healthy = true;
+  std::string health_reason;   // empty when healthy
+  uint64_t capacity = 0;       // the ledger's capacity: --device-memory or the largest device-local heap
+  uint64_t headroom = 0;       // kept free for kernels, the driver and co-tenants' bursts
+  uint64_t reserved = 0;       // our reservations (the serving plan)
+  uint64_t co_tenant_reserved = 0;  // declared by --co-tenant
+  uint64_t others_observed = 0;     // observed use not ours beyond the co-tenants' reservations
+  uint64_t available = 0;
+  // The last heap reading (VK_EXT_memory_budget): bytes used on the heap by
+  // everyone; null with `observed_unknown` saying why.
+  std::optional<uint64_t> observed_heap_used;
+  std::string observed_unknown;
+  uint64_t allocated = 0;       // the allocator's live bytes
+  uint64_t allocated_peak = 0;
+  std::vector<std::pair<std::string, uint64_t>> allocated_by_category;  // weights, kv, scratch, staging
+};
+
 struct HealthInfo {
   std::string model;
   std::string backend = "cpu";
@@ -137,6 +159,7 @@ struct HealthInfo {
   int32_t n_ctx = 0;
   std::string chat_template;  // empty: none
   std::optional<HealthMemory> memory;
+  std::optional<HealthDeviceMemory> device_memory;
 };
 std::string render_health(const HealthInfo& h);
 std::string render_models(const std::string& model, int64_t created);

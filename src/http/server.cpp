@@ -165,8 +165,10 @@ class HttpServer::Impl {
     h.running = st.running;
     h.workers = st.n_workers;
     h.n_ctx = scheduler_.n_ctx();
+    h.backend = scheduler_.placement();
     if (options_.chat_template) h.chat_template = std::string(chat_template_name(*options_.chat_template));
     if (options_.host_memory) h.memory = options_.host_memory();
+    if (options_.device_memory) h.device_memory = options_.device_memory();
     res.set_content(render_health(h), kJson);
   }
 
@@ -245,11 +247,11 @@ class HttpServer::Impl {
     call->created = env_.wall_time_ms() / 1000;
     call->model = options_.model_name;
     call->info.model = options_.model_name;
-    call->info.placement = "cpu";
+    call->info.placement = scheduler_.placement();
     call->info.request_id = call->ticket->id();
     call->info.seed = call->ticket->seed();
     call->info.limits = call->ticket->limits();
-    res.set_header("X-Spillway-Placement", "cpu");
+    res.set_header("X-Spillway-Placement", scheduler_.placement());
     res.set_header("X-Spillway-Request-Id", std::to_string(call->ticket->id()));
 
     if (sampling.stream) {

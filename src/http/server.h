@@ -56,6 +56,8 @@ struct HttpServerOptions {
   // Read on every GET /health (from the handler's thread); empty: no
   // host_memory section.
   std::function<HealthMemory()> host_memory;
+  // Likewise for device_memory; empty: no device_memory section.
+  std::function<HealthDeviceMemory()> device_memory;
 };
 
 // The template a server should use: `name` (from --chat-template) when given

@@ -123,6 +123,9 @@ struct SchedulerOptions {
   int32_t queue_capacity = 64;  // waiting requests (running ones not counted)
   int32_t n_ctx = 0;            // context positions per request; must be > 0
   SchedulerHooks hooks;
+  // Where the executors run ("cpu", "vulkan", "hybrid:N"): what every
+  // response's `placement` says.
+  std::string placement = "cpu";
 };
 
 struct SchedulerStats {
@@ -188,6 +191,7 @@ class Scheduler {
 
   SchedulerStats stats() const;
   int32_t n_ctx() const { return options_.n_ctx; }
+  const std::string& placement() const { return options_.placement; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
  private:

@@ -11,7 +11,7 @@
 #include "core/env.h"
 #include "engine/engine_test_util.h"
 #include "model/model.h"
-#include "serve/cpu_executor.h"
+#include "serve/engine_executor.h"
 
 namespace spw::serve {
 namespace {
@@ -75,12 +75,12 @@ struct Gate {
   }
 };
 
-std::unique_ptr<Scheduler> make(CpuServeOptions o) {
+std::unique_ptr<Scheduler> make(EngineServeOptions o) {
   auto model = stories();
   if (!model) return nullptr;
-  auto s = make_cpu_scheduler(Env::default_env(), model, o);
+  auto s = make_engine_scheduler(Env::default_env(), model, o);
   EXPECT_TRUE(s.ok()) << s.status().to_string();
-  return s.ok() ? std::move(s).value() : nullptr;
+  return s.ok() ? std::move(s->scheduler) : nullptr;
 }
 
 TEST(Scheduler, GreedyCompletionTellsAboutLily) {
@@ -130,7 +130,7 @@ TEST(Scheduler, StopStringEndsWithStopAndIsNotEmitted) {
 }
 
 TEST(Scheduler, ClampsMaxTokensAndRejectsPromptsThatDoNotFit) {
-  CpuServeOptions o;
+  EngineServeOptions o;
   o.n_ctx = 24;
   auto s = make(o);
   ASSERT_NE(s, nullptr);
@@ -162,7 +162,7 @@ TEST(Scheduler, ClampsMaxTokensAndRejectsPromptsThatDoNotFit) {
 
 TEST(Scheduler, FullQueueRejectsWithResourceExhausted) {
   Gate gate;
-  CpuServeOptions o;
+  EngineServeOptions o;
   o.queue_capacity = 1;
   o.hooks.before_run = [&](uint64_t) { gate.wait(); };
   auto s = make(o);
@@ -190,7 +190,7 @@ TEST(Scheduler, FullQueueRejectsWithResourceExhausted) {
 
 TEST(Scheduler, CancelQueuedFinishesAtOnce) {
   Gate gate;
-  CpuServeOptions o;
+  EngineServeOptions o;
   o.hooks.before_run = [&](uint64_t) { gate.wait(); };
   auto s = make(o);
   ASSERT_NE(s, nullptr);
@@ -217,7 +217,7 @@ TEST(Scheduler, CancelQueuedFinishesAtOnce) {
 TEST(Scheduler, CancelRunningStopsAtTokenBoundaryAndFreesTheWorker) {
   std::mutex mu;
   Scheduler* sp = nullptr;
-  CpuServeOptions o;
+  EngineServeOptions o;
   // Cancel request 1 from inside its own run, after its 5th token.
   o.hooks.after_token = [&](uint64_t id, int32_t n) {
     if (id == 1 && n == 5) {
@@ -251,7 +251,7 @@ TEST(Scheduler, CancelRunningStopsAtTokenBoundaryAndFreesTheWorker) {
 
 TEST(Scheduler, ShutdownCancelsQueuedAndRefusesNewWork) {
   Gate gate;
-  CpuServeOptions o;
+  EngineServeOptions o;
   o.hooks.before_run = [&](uint64_t) { gate.wait(); };
   auto s = make(o);
   ASSERT_NE(s, nullptr);
@@ -288,7 +288,7 @@ TEST(Scheduler, ShutdownWithGraceDrainsQueuedAndRunning) {
 }
 
 TEST(Scheduler, ManyClientsOnTwoWorkersGetTheSameGreedyText) {
-  CpuServeOptions o;
+  EngineServeOptions o;
   o.n_workers = 2;
   o.queue_capacity = 64;
   auto s = make(o);
@@ -320,7 +320,7 @@ TEST(Scheduler, ManyClientsOnTwoWorkersGetTheSameGreedyText) {
 }
 
 TEST(Scheduler, SmallKvPoolFailsRequestsCleanly) {
-  CpuServeOptions o;
+  EngineServeOptions o;
   o.kv_blocks = 1;  // 16 positions for everyone
   auto s = make(o);
   ASSERT_NE(s, nullptr);
@@ -343,17 +343,17 @@ TEST(Scheduler, SmallKvPoolFailsRequestsCleanly) {
 TEST(Scheduler, RejectsBadOptions) {
   auto model = stories();
   ASSERT_NE(model, nullptr);
-  CpuServeOptions o;
+  EngineServeOptions o;
   o.n_ctx = 100000;
-  auto r = make_cpu_scheduler(Env::default_env(), model, o);
+  auto r = make_engine_scheduler(Env::default_env(), model, o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--ctx"), std::string::npos);
   o = {};
   o.n_workers = 0;
-  EXPECT_EQ(make_cpu_scheduler(Env::default_env(), model, o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(make_engine_scheduler(Env::default_env(), model, o).status().code(), StatusCode::kInvalidArgument);
   o = {};
   o.queue_capacity = -1;
-  EXPECT_EQ(make_cpu_scheduler(Env::default_env(), model, o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(make_engine_scheduler(Env::default_env(), model, o).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -19,11 +19,33 @@
 #include <thread>
 #include <vector>
 
+#include "backend/vulkan/vulkan_backend.h"
+
 namespace {
 
 using nlohmann::json;
 
 const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+
+// Runs a command to its end; its stdout and stderr, and its exit status.
+std::pair<int, std::string> run_to_end(const std::string& cmd) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
+}
+
+// Vulkan placements need a device (lavapipe in CI); the reason otherwise.
+std::optional<std::string> no_vulkan() {
+  auto d = spw::list_vulkan_devices();
+  if (!d.ok()) return d.status().to_string();
+  if (d->empty()) return std::string("no Vulkan device");
+  return std::nullopt;
+}
 
 class ServeProcess {
  public:
@@ -147,17 +169,9 @@ TEST(ServeCli, SigintLetsAnInFlightStreamFinish) {
 // budget below the estimate refuses to start, naming what the plan needs and
 // which limit bound; a budget above it starts and says what was reserved.
 TEST(ServeCli, PlanAboveTheHostBudgetRefusesToStart) {
-  const std::string cmd = std::string(SPILLWAY_BINARY) + " serve --model " + kStories +
-                          " --port 0 --threads 1 --ctx 2048 --host-budget 2MiB 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  char buf[512];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  const int status = pclose(f);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  const auto [status, out] = run_to_end(std::string(SPILLWAY_BINARY) + " serve --model " + kStories +
+                                        " --port 0 --threads 1 --ctx 2048 --host-budget 2MiB");
+  EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("does not fit in host memory"), std::string::npos) << out;
   EXPECT_NE(out.find("KV 2.50 MiB"), std::string::npos) << out;  // 5 layers x 2 x 32 x 4 B x 2048 positions
   EXPECT_NE(out.find("bound by cap"), std::string::npos) << out;
@@ -180,6 +194,102 @@ TEST(ServeCli, PlanAboveTheHostBudgetRefusesToStart) {
   EXPECT_GT(m["rss_bytes"].get<uint64_t>(), m["rss_file_bytes"].get<uint64_t>()) << h->body;
   ok.signal(SIGTERM);
   EXPECT_EQ(ok.wait_exit(std::chrono::seconds(20)), 0);
+}
+
+// --device vulkan: the same greedy text as the CPU server, every response
+// saying where it ran, and /health's device_memory showing the device ledger
+// (capacity, headroom, the declared co-tenant, the plan) and the allocator.
+TEST(ServeCli, VulkanPlacementAnswersAsTheCpuDoesAndShowsDeviceMemory) {
+  if (auto why = no_vulkan()) GTEST_SKIP() << *why;
+  const std::string body = R"({"prompt":"Once upon a time","temperature":0,"max_tokens":24})";
+  std::string cpu_text;
+  {
+    ServeProcess cpu({"--ctx", "256"});
+    ASSERT_GT(cpu.port(), 0) << cpu.ready_line();
+    httplib::Client c("127.0.0.1", cpu.port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    cpu_text = json::parse(r->body)["choices"][0]["text"];
+    EXPECT_EQ(json::parse(r->body)["spillway"]["placement"], "cpu");
+    EXPECT_FALSE(json::parse(c.Get("/health")->body).contains("device_memory"));
+    cpu.signal(SIGTERM);
+    EXPECT_EQ(cpu.wait_exit(std::chrono::seconds(20)), 0);
+  }
+  for (const std::string device : {"vulkan", "hybrid:2"}) {
+    SCOPED_TRACE(device);
+    ServeProcess p({"--ctx", "256", "--parallel", "2", "--device", device, "--device-memory", "64MiB",
+                    "--device-headroom", "4MiB", "--co-tenant", "whisper=16MiB"});
+    ASSERT_GT(p.port(), 0) << p.ready_line();
+    const std::string short_name = device == "vulkan" ? "vulkan" : "hybrid:2";
+    EXPECT_NE(p.ready_line().find("placement=" + short_name), std::string::npos) << p.ready_line();
+    httplib::Client c("127.0.0.1", p.port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["choices"][0]["text"], cpu_text);
+    EXPECT_EQ(j["spillway"]["placement"], short_name);
+    EXPECT_EQ(r->get_header_value("X-Spillway-Placement"), short_name);
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    const json health = json::parse(h->body);
+    EXPECT_EQ(health["backend"], short_name);
+    const json d = health["device_memory"];
+    ASSERT_TRUE(d.is_object()) << h->body;
+    EXPECT_EQ(d["healthy"], true);
+    EXPECT_EQ(d["capacity_bytes"].get<uint64_t>(), 64u << 20);
+    // 4 MiB + 5% of 64 MiB
+    EXPECT_EQ(d["headroom_bytes"].get<uint64_t>(), (4u << 20) + 3355444u) << h->body;
+    EXPECT_EQ(d["co_tenant_reserved_bytes"].get<uint64_t>(), 16u << 20);
+    const uint64_t reserved = d["reserved_bytes"].get<uint64_t>();
+    EXPECT_GE(reserved, d["allocated_bytes"].get<uint64_t>()) << "the plan covers what the allocator holds";
+    EXPECT_GT(d["allocated_by_category"]["weights"].get<uint64_t>(), 0u);
+    EXPECT_GT(d["allocated_by_category"]["kv"].get<uint64_t>(), 0u);
+    // lavapipe has no VK_EXT_memory_budget: nothing observed, and it says so.
+    if (d["observed_heap_used_bytes"].is_null()) {
+      EXPECT_NE(d["observed_unknown"].get<std::string>().find("VK_EXT_memory_budget"), std::string::npos);
+      EXPECT_EQ(d["available_bytes"].get<uint64_t>(),
+                (64u << 20) - d["headroom_bytes"].get<uint64_t>() - reserved - (16u << 20)) << h->body;
+    }
+    p.signal(SIGTERM);
+    EXPECT_EQ(p.wait_exit(std::chrono::seconds(20)), 0);
+  }
+}
+
+// A GPU plan over the device ledger's limit refuses to start before the model
+// is loaded, naming the plan and the ledger's figures; so does a co-tenant
+// reservation that takes the room the plan needed.
+TEST(ServeCli, PlanAboveTheDeviceLedgerRefusesToStart) {
+  if (auto why = no_vulkan()) GTEST_SKIP() << *why;
+  const std::string base = std::string(SPILLWAY_BINARY) + " serve --model " + kStories + " --port 0 --threads 1 ";
+  {
+    const auto [status, out] = run_to_end(base + "--device vulkan --ctx 2048 --parallel 2 --device-memory 4MiB");
+    EXPECT_EQ(status, 1) << out;
+    EXPECT_NE(out.find("does not fit in device memory"), std::string::npos) << out;
+    EXPECT_NE(out.find("KV 5.00 MiB (5242880 B) for 2 x ctx 2048"), std::string::npos) << out;  // 2 x 2.5 MiB
+    EXPECT_NE(out.find("headroom"), std::string::npos) << out;
+    EXPECT_EQ(out.find("listening"), std::string::npos) << out;
+  }
+  {
+    const auto [status, out] =
+        run_to_end(base + "--device vulkan --ctx 256 --device-memory 64MiB --co-tenant sd=58MiB");
+    EXPECT_EQ(status, 1) << out;
+    EXPECT_NE(out.find("does not fit in device memory"), std::string::npos) << out;
+    EXPECT_NE(out.find("co-tenant 58.00 MiB"), std::string::npos) << out;
+  }
+  {
+    const auto [status, out] = run_to_end(base + "--device vulkan --co-tenant whisper");
+    EXPECT_EQ(status, 1) << out;
+    EXPECT_NE(out.find("NAME=SIZE"), std::string::npos) << out;
+  }
+  {
+    const auto [status, out] = run_to_end(base + "--device tpu");
+    EXPECT_EQ(status, 1) << out;
+    EXPECT_NE(out.find("--device"), std::string::npos) << out;
+  }
 }
 
 TEST(ServeCli, BadChatTemplateNameFailsAtStart) {

@@ -17,7 +17,7 @@
 #include "engine/engine_test_util.h"
 #include "http/server.h"
 #include "model/model.h"
-#include "serve/cpu_executor.h"
+#include "serve/engine_executor.h"
 
 namespace spw {
 namespace {
@@ -65,7 +65,7 @@ class TestServer {
     auto model = stories();
     if (!model) return;
     gate_.armed = c.gate;
-    serve::CpuServeOptions o;
+    serve::EngineServeOptions o;
     o.n_workers = c.workers;
     o.queue_capacity = c.queue;
     o.hooks.before_run = [this](uint64_t) { gate_.wait(); };
@@ -75,10 +75,10 @@ class TestServer {
         std::this_thread::sleep_for(std::chrono::milliseconds(slow));
       };
     }
-    auto s = serve::make_cpu_scheduler(Env::default_env(), model, o);
+    auto s = serve::make_engine_scheduler(Env::default_env(), model, o);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     if (!s.ok()) return;
-    scheduler_ = std::move(s).value();
+    scheduler_ = std::move(s->scheduler);
     http::HttpServerOptions ho;
     ho.host = "127.0.0.1";
     ho.port = 0;

@@ -1,12 +1,19 @@
 #include "backend/vulkan/device_spec.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
 namespace spw {
 
-// Built in both the real and the stub library, so it is defined once here.
+// Built in both the real and the stub library, so these are defined once here.
+uint64_t largest_buffer_bytes(const VulkanDeviceInfo& info) {
+  uint64_t b = info.max_storage_buffer_range;
+  if (info.max_allocation_bytes > 0) b = std::min<uint64_t>(b, info.max_allocation_bytes);
+  return b & ~uint64_t{3};
+}
+
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
     case MemoryCategory::kWeights: return "weights";

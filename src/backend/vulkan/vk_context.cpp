@@ -279,9 +279,7 @@ Result<std::shared_ptr<VulkanContext>> VulkanContext::create(const VulkanBackend
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   SPW_RETURN_IF_ERROR(c->check(vkCreateFence(c->device_, &fci, nullptr, &c->fence_), "vkCreateFence"));
 
-  uint64_t maxbuf = c->info_.max_storage_buffer_range;
-  if (c->info_.max_allocation_bytes > 0) maxbuf = std::min<uint64_t>(maxbuf, c->info_.max_allocation_bytes);
-  maxbuf &= ~uint64_t{3};  // shaders address 32-bit words
+  const uint64_t maxbuf = largest_buffer_bytes(c->info_);
   c->max_buffer_bytes_ = maxbuf;
   c->weight_chunk_bytes_ = o.max_buffer_bytes > 0 ? std::min<uint64_t>(maxbuf, o.max_buffer_bytes & ~uint64_t{3}) : maxbuf;
   uint64_t budget = o.memory_budget_bytes;

@@ -71,6 +71,11 @@ struct VulkanDeviceInfo {
   uint64_t max_allocation_bytes = 0;  // maxMemoryAllocationSize (Vulkan 1.1)
 };
 
+// The largest buffer the backend makes on this device:
+// min(maxStorageBufferRange, maxMemoryAllocationSize) rounded down to 32-bit
+// words (shaders address words). The estimator's GpuLimits::max_buffer_bytes.
+uint64_t largest_buffer_bytes(const VulkanDeviceInfo& info);
+
 // Every physical device the loader reports. Unavailable when Vulkan is not
 // built in or no loader/driver is present (the message says which); an empty
 // list is returned as Unavailable too ("no Vulkan devices").

@@ -1,6 +1,5 @@
-#include "serve/cpu_executor.h"
+#include "serve/engine_executor.h"
 
-#include "backend/cpu/cpu_backend.h"
 #include "engine/device_session.h"
 #include "engine/generate.h"
 #include "engine/session.h"
@@ -10,8 +9,7 @@ namespace {
 
 class SessionExecutor final : public Executor {
  public:
-  SessionExecutor(std::unique_ptr<Session> session, std::shared_ptr<KvPool> pool, bool keep_kv)
-      : session_(std::move(session)), pool_(std::move(pool)), keep_kv_(keep_kv) {}
+  SessionExecutor(std::unique_ptr<Session> session, bool keep_kv) : session_(std::move(session)), keep_kv_(keep_kv) {}
 
   Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
                           const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
@@ -37,15 +35,21 @@ class SessionExecutor final : public Executor {
   }
 
  private:
-  std::unique_ptr<Session> session_;
-  std::shared_ptr<KvPool> pool_;  // outlives the session's block tables
+  std::unique_ptr<Session> session_;  // holds its stages' pools and backends
   bool keep_kv_;
 };
 
+// The short placement every response names: "cpu", "vulkan" or "hybrid:N".
+std::string placement_name(int32_t n_gpu_layers, int32_t n_layer) {
+  if (n_gpu_layers == 0) return "cpu";
+  if (n_gpu_layers == n_layer) return "vulkan";
+  return "hybrid:" + std::to_string(n_gpu_layers);
+}
+
 }  // namespace
 
-Result<std::unique_ptr<Scheduler>> make_cpu_scheduler(Env& env, std::shared_ptr<const Model> model,
-                                                      const CpuServeOptions& o) {
+Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Model> model,
+                                            const EngineServeOptions& o) {
   if (!model) return Status::invalid_argument("serve: no model");
   const LlamaHparams& hp = model->hparams();
   if (o.n_workers < 1) return Status::invalid_argument("--parallel must be >= 1, got " + std::to_string(o.n_workers));
@@ -62,24 +66,32 @@ Result<std::unique_ptr<Scheduler>> make_cpu_scheduler(Env& env, std::shared_ptr<
     return Status::invalid_argument("--ctx must be in [2, " + std::to_string(hp.n_ctx_train) +
                                     "] (the model's context_length), got " + std::to_string(n_ctx));
   }
-  CpuSessionGroupOptions go;
+  SessionGroupOptions go;
+  go.device = o.device;
+  go.device_memory_bytes = o.device_memory_bytes;
+  go.vulkan = o.vulkan;
   go.n_sessions = o.n_workers;
   go.n_threads = o.n_threads;
   go.n_ctx = n_ctx;
   go.kv_blocks = o.kv_blocks;
   go.kv_block_tokens = o.kv_block_tokens;
-  SPW_ASSIGN_OR_RETURN(CpuSessionGroup group, open_cpu_session_group(model, go));
+  SPW_ASSIGN_OR_RETURN(SessionGroup group, open_session_group(model, go));
   std::vector<std::unique_ptr<Executor>> executors;
   for (auto& s : group.sessions) {
-    executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.pool, group.full_pool));
+    executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.full_pool));
   }
   SchedulerOptions so;
   so.queue_capacity = o.queue_capacity;
   so.n_ctx = n_ctx;
   so.hooks = o.hooks;
+  so.placement = placement_name(group.n_gpu_layers, hp.n_layer);
   // The tokenizer lives inside the model: share the model's lifetime.
   std::shared_ptr<const Tokenizer> tok(model, &model->tokenizer());
-  return Scheduler::create(env, std::move(tok), std::move(executors), std::move(so));
+  EngineServing out;
+  SPW_ASSIGN_OR_RETURN(out.scheduler, Scheduler::create(env, std::move(tok), std::move(executors), std::move(so)));
+  out.vulkan = std::move(group.vulkan);
+  out.placement_detail = std::move(group.placement);
+  return out;
 }
 
 }  // namespace spw::serve

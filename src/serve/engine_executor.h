@@ -1,0 +1,59 @@
+// Engine serving: a Scheduler whose workers run Sessions over one shared Model
+// placed on the CPU, on one Vulkan device, or split (hybrid:N).
+//
+// Contract: make_engine_scheduler() opens the session group of
+// engine/device_session.h (one backend per device shared by every worker, one
+// KvPool per stage of kv_blocks blocks; 0: enough for every worker to hold a
+// full context, n_workers * ceil(n_ctx / block_tokens)), one Session per
+// worker, and the Scheduler over them. n_ctx 0 means the model's
+// context_length; a larger n_ctx than context_length, n_workers < 1,
+// n_threads < 1, a negative kv_blocks or queue is InvalidArgument naming the
+// option; the Vulkan forms fail with the backend's Unavailable / NotFound when
+// no device is there, ResourceExhausted when the weights or the pools exceed
+// its memory budget. Each worker keeps the KV of its last request so that a
+// following request with the same prefix skips that part of the prefill; when
+// a pool is smaller than the default, a worker releases its KV after every
+// request instead, so idle workers never starve busy ones. A request takes the
+// KV for prompt + max_tokens before its first token, and fails with
+// ResourceExhausted there when the pools have not that much left.
+// Thread safety: as Scheduler.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/vulkan/device_spec.h"
+#include "backend/vulkan/vulkan_backend.h"
+#include "core/env.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "serve/scheduler.h"
+
+namespace spw::serve {
+
+struct EngineServeOptions {
+  DeviceSpec device;                 // cpu (default), vulkan[:i], hybrid:N
+  uint64_t device_memory_bytes = 0;  // Vulkan budget; 0 = largest device-local heap
+  std::shared_ptr<VulkanBackend> vulkan;  // an open backend to use instead (see SessionGroupOptions)
+  int32_t n_workers = 1;
+  int32_t n_threads = 1;  // CPU backend threads, shared by all workers
+  int32_t n_ctx = 0;      // 0: the model's context_length
+  int32_t kv_blocks = 0;  // per stage; 0: n_workers full contexts
+  int32_t kv_block_tokens = 16;
+  int32_t queue_capacity = 64;
+  SchedulerHooks hooks;
+};
+
+struct EngineServing {
+  std::unique_ptr<Scheduler> scheduler;
+  // The Vulkan backend every worker shares; null when no layer runs on Vulkan.
+  // For device-memory figures (memory_stats) and health.
+  std::shared_ptr<VulkanBackend> vulkan;
+  // What was built, e.g. "hybrid: layers 0-2 vulkan (llvmpipe ...), 3-4 cpu".
+  std::string placement_detail;
+};
+
+Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Model> model,
+                                            const EngineServeOptions& options);
+
+}  // namespace spw::serve
