@@ -122,6 +122,7 @@ std::vector<Case> matrix(const std::string& which) {
       {"stories260K", "cpu", 512, 64, 4, 2, 16},
       {"stories260K", "vulkan", 512, 64, 1, 1, 16},
       {"stories260K", "hybrid:2", 256, 32, 1, 1, 32},
+      {"stories260K", "vulkan", 256, 32, 3, 1, 16},
       {"15m-q8_0", "cpu", 512, 64, 1, 2, 16},
       {"15m-q8_0", "vulkan", 128, 16, 1, 1, 16},
   };
@@ -132,6 +133,7 @@ std::vector<Case> matrix(const std::string& which) {
       {"15m-f32", "cpu", 256, 32, 2, 2, 16},
       {"15m-f16", "cpu", 1024, 128, 1, 2, 16},
       {"15m-f16", "hybrid:3", 128, 16, 1, 1, 16},
+      {"15m-q8_0", "hybrid:3", 128, 16, 2, 1, 16},
       {"15m-f32", "vulkan", 128, 32, 1, 1, 16},
       {"110m-f32", "cpu", 256, 64, 1, 2, 16},
       {"110m-f16", "cpu", 512, 64, 1, 2, 16},
@@ -177,6 +179,20 @@ Status fill_context(Session& s, int32_t n_ctx, int32_t n_ubatch, int32_t n_vocab
   SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 2)).status());
   SPW_RETURN_IF_ERROR(s.eval(tokens(n_ubatch, n_vocab, salt + 3)).status());
   if (s.n_past() != n_ctx) return Status::internal("session did not reach n_ctx");
+  return Status();
+}
+
+// Fills every session of the group to the context on its own thread, as the
+// server's workers run them.
+Status fill_group(SessionGroup& group, const Case& c, int32_t n_vocab) {
+  std::vector<Status> st(group.sessions.size());
+  std::vector<std::thread> workers;
+  for (size_t i = 0; i < group.sessions.size(); ++i) {
+    workers.emplace_back(
+        [&, i] { st[i] = fill_context(*group.sessions[i], c.ctx, c.ubatch, n_vocab, static_cast<int32_t>(i)); });
+  }
+  for (auto& w : workers) w.join();
+  for (const Status& s : st) SPW_RETURN_IF_ERROR(s);
   return Status();
 }
 
@@ -227,15 +243,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
     const int64_t kv_heap = tracker::live_bytes() - heap_kv0;
     tracker::PeakScope scratch;
     SPW_ASSIGN_OR_RETURN(SessionGroup group, open_session_group(*model, go, pool));
-    std::vector<Status> st(group.sessions.size());
-    std::vector<std::thread> workers;
-    for (size_t i = 0; i < group.sessions.size(); ++i) {
-      workers.emplace_back([&, i] {
-        st[i] = fill_context(*group.sessions[i], c.ctx, c.ubatch, hp.n_vocab, static_cast<int32_t>(i));
-      });
-    }
-    for (auto& w : workers) w.join();
-    for (const Status& s : st) SPW_RETURN_IF_ERROR(s);
+    SPW_RETURN_IF_ERROR(fill_group(group, c, hp.n_vocab));
     // Read before anything else allocates (the probes read files into strings).
     const int64_t scratch_peak = scratch.peak_delta();
     auto mapped = probe.mapped_rss(model_path);
@@ -246,19 +254,21 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
     measured["scratch_logits"] = scratch_peak;
     measured["peak_rss"] = reading(probe.read().process_peak_rss_bytes);
   } else {
-    if (c.parallel != 1) return Status::invalid_argument("GPU cases run one sequence (one backend per session)");
     plan.placement = spec->kind == DeviceSpec::Kind::kVulkan ? admission::Placement::kGpu
                                                              : admission::Placement::kHybrid;
     plan.n_gpu_layers = spec->gpu_layers;
-    DeviceSessionOptions o;
-    o.device = *spec;
-    o.n_threads = c.threads;
-    o.n_ctx = c.ctx;
-    o.n_ubatch = c.ubatch;
-    o.kv_block_tokens = c.kv_block;
-    SPW_ASSIGN_OR_RETURN(DeviceSession ds, open_device_session(*model, o));
+    // The server's layout: `parallel` sessions over one backend per device
+    // and one pool per stage.
+    SessionGroupOptions go;
+    go.device = *spec;
+    go.n_sessions = c.parallel;
+    go.n_threads = c.threads;
+    go.n_ctx = c.ctx;
+    go.n_ubatch = c.ubatch;
+    go.kv_block_tokens = c.kv_block;
+    SPW_ASSIGN_OR_RETURN(SessionGroup ds, open_session_group(*model, go));
     if (!ds.vulkan) return Status::internal("no Vulkan backend in a GPU case");
-    SPW_RETURN_IF_ERROR(fill_context(*ds.session, c.ctx, c.ubatch, hp.n_vocab, 0));
+    SPW_RETURN_IF_ERROR(fill_group(ds, c, hp.n_vocab));
     const VulkanDeviceInfo& info = ds.vulkan->device_info();
     cfg.gpu_limits.max_buffer_bytes = largest_buffer_bytes(info);
     const DeviceMemoryStats ms = ds.vulkan->memory_stats();
