@@ -117,8 +117,11 @@ Result<admission::Estimate> serving_estimate(Env& env, const gguf::GgufFile& fil
   return admission::estimate(file, plan, cfg);
 }
 
+// `device_on_host`: the GPU's memory is host RAM (lavapipe, integrated GPUs
+// share the system's memory), so the GPU part of the plan is host memory too.
 Result<HostPlan> reserve_host_plan(Env& env, const ServeCliOptions& o, const admission::Estimate& est,
-                                   const admission::EstimatorConfig& cfg, std::string& summary) {
+                                   const admission::EstimatorConfig& cfg, bool device_on_host,
+                                   std::string& summary) {
   admission::HostBudgetPolicy pol;
   pol.mem_available_share = o.host_memory_share;
   if (!o.host_budget.empty()) {
@@ -129,7 +132,9 @@ Result<HostPlan> reserve_host_plan(Env& env, const ServeCliOptions& o, const adm
   SPW_ASSIGN_OR_RETURN(admission::HostReadings readings, host_readings(env));
   SPW_ASSIGN_OR_RETURN(auto ledger, admission::HostLedger::create("host", pol, readings));
   const admission::DeviceEstimate& h = est.host();
-  const uint64_t need = h.total() > cfg.host.fixed_overhead ? h.total() - cfg.host.fixed_overhead : 0;
+  const uint64_t gpu_on_host = device_on_host ? est.gpu().total() : 0;
+  const uint64_t need =
+      (h.total() > cfg.host.fixed_overhead ? h.total() - cfg.host.fixed_overhead : 0) + gpu_on_host;
   auto ticket = ledger->reserve({admission::OwnerKind::kModelWeights, model_name_from_path(o.model)}, need);
   if (!ticket.ok()) {
     return Status::resource_exhausted(
@@ -137,12 +142,16 @@ Result<HostPlan> reserve_host_plan(Env& env, const ServeCliOptions& o, const adm
         admission::format_bytes(h.weights.bytes) + ", KV " + admission::format_bytes(h.kv.bytes) + " for " +
         std::to_string(est.plan.n_parallel) + " x ctx " + std::to_string(est.plan.n_ctx) + ", scratch " +
         admission::format_bytes(h.scratch.bytes + h.logits.bytes) + ", allowance " +
-        admission::format_bytes(h.allowance()) + "); " + ticket.status().message() +
+        admission::format_bytes(h.allowance()) +
+        (device_on_host ? ", the GPU's share, which is host memory on this device, " + admission::format_bytes(gpu_on_host)
+                        : std::string()) +
+        "); " + ticket.status().message() +
         ". Lower --ctx, --parallel or --kv-blocks, or raise --host-memory-share / --host-budget");
   }
   const admission::LedgerSnapshot snap = ledger->snapshot();
   summary = "host memory: plan reserves " + admission::format_bytes(need) + " of a " +
-            admission::format_bytes(snap.limit) + " budget (bound by " + ledger->binding_limit() + ")";
+            admission::format_bytes(snap.limit) + " budget (bound by " + ledger->binding_limit() + ")" +
+            (device_on_host ? ", the GPU's share included (its memory is host memory)" : "");
   return HostPlan{std::move(ledger), *ticket, need};
 }
 
@@ -365,7 +374,9 @@ int run_serve(const ServeCliOptions& o) {
   if (!est.ok()) return fail(est.status());
   file->reset();
   std::string memory_summary;
-  auto host_plan = reserve_host_plan(env, o, *est, cfg, memory_summary);
+  const bool device_on_host =
+      vulkan && (vulkan->device_info().type == "cpu" || vulkan->device_info().type == "integrated-gpu");
+  auto host_plan = reserve_host_plan(env, o, *est, cfg, device_on_host, memory_summary);
   if (!host_plan.ok()) return fail(host_plan.status());
   std::fprintf(stderr, "spillway serve: %s\n", memory_summary.c_str());
   std::unique_ptr<DevicePlan> device_plan;

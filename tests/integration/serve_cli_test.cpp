@@ -280,6 +280,19 @@ TEST(ServeCli, PlanAboveTheDeviceLedgerRefusesToStart) {
     EXPECT_NE(out.find("does not fit in device memory"), std::string::npos) << out;
     EXPECT_NE(out.find("co-tenant 58.00 MiB"), std::string::npos) << out;
   }
+  // lavapipe's (and an integrated GPU's) device memory is host memory: the
+  // GPU's share of the plan counts against the host budget too.
+  const auto devices = spw::list_vulkan_devices();
+  if (devices.ok() && (devices->front().type == "cpu" || devices->front().type == "integrated-gpu")) {
+    const auto [status, out] = run_to_end(base + "--device vulkan --ctx 2048 --parallel 2 --host-budget 12MiB");
+    EXPECT_EQ(status, 1) << out;
+    EXPECT_NE(out.find("does not fit in host memory"), std::string::npos) << out;
+    EXPECT_NE(out.find("which is host memory on this device"), std::string::npos) << out;
+    ServeProcess cpu({"--ctx", "2048", "--parallel", "2", "--host-budget", "12MiB"});
+    EXPECT_GT(cpu.port(), 0) << "the same plan on the CPU fits";
+    cpu.signal(SIGTERM);
+    EXPECT_EQ(cpu.wait_exit(std::chrono::seconds(20)), 0);
+  }
   {
     const auto [status, out] = run_to_end(base + "--device vulkan --co-tenant whisper");
     EXPECT_EQ(status, 1) << out;
