@@ -355,9 +355,7 @@ int run_serve(const ServeCliOptions& o) {
   if (!file.ok()) return fail(file.status());
   auto hp = read_llama_hparams(**file);
   if (!hp.ok()) return fail(hp.status());
-  const int32_t n_gpu_layers = spec->kind == DeviceSpec::Kind::kCpu      ? 0
-                               : spec->kind == DeviceSpec::Kind::kVulkan ? hp->n_layer
-                                                                         : std::clamp(spec->gpu_layers, 0, hp->n_layer);
+  const int32_t n_gpu_layers = gpu_layer_count(*spec, hp->n_layer);
   // The device is opened (no model memory yet) before the plan is checked:
   // its budget and buffer limits are part of the estimate.
   std::shared_ptr<VulkanBackend> vulkan;

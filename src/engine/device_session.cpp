@@ -9,16 +9,6 @@ std::string layer_range(int32_t begin, int32_t end) {
   return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
 }
 
-// Layers [0, n) run on Vulkan, the rest on the CPU.
-int32_t gpu_layers(const DeviceSpec& d, int32_t n_layer) {
-  switch (d.kind) {
-    case DeviceSpec::Kind::kCpu: return 0;
-    case DeviceSpec::Kind::kVulkan: return n_layer;
-    case DeviceSpec::Kind::kHybrid: return std::clamp(d.gpu_layers, 0, n_layer);
-  }
-  return 0;
-}
-
 // The checks shared by the pool options and the group; returns n_ctx.
 Result<int32_t> check_group(const Model& model, const SessionGroupOptions& o) {
   auto bad = [](const std::string& what, int64_t v, const std::string& rule) {
@@ -55,7 +45,7 @@ KvPoolOptions stage_pool(const Model& m, const SessionGroupOptions& o, int32_t n
 Result<KvPoolOptions> session_group_host_pool(const Model& model, const SessionGroupOptions& o) {
   SPW_ASSIGN_OR_RETURN(const int32_t n_ctx, check_group(model, o));
   const int32_t n_layer = model.hparams().n_layer;
-  const int32_t n_gpu = gpu_layers(o.device, n_layer);
+  const int32_t n_gpu = gpu_layer_count(o.device, n_layer);
   if (n_gpu == n_layer) return Status::invalid_argument("session group: every layer is on Vulkan, no CPU stage");
   return stage_pool(model, o, n_ctx, n_gpu, n_layer);
 }
@@ -68,7 +58,7 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
   const int32_t n_layer = m.hparams().n_layer;
   SessionGroup g;
   g.n_ctx = n_ctx;
-  g.n_gpu_layers = gpu_layers(o.device, n_layer);
+  g.n_gpu_layers = gpu_layer_count(o.device, n_layer);
 
   std::vector<SessionStage> stages;
   if (g.n_gpu_layers > 0) {

@@ -73,6 +73,15 @@ Result<DeviceSpec> parse_device_spec(const std::string& t) {
   return bad_spec(t);
 }
 
+int32_t gpu_layer_count(const DeviceSpec& spec, int32_t n_layer) {
+  switch (spec.kind) {
+    case DeviceSpec::Kind::kCpu: return 0;
+    case DeviceSpec::Kind::kVulkan: return n_layer;
+    case DeviceSpec::Kind::kHybrid: return std::clamp(spec.gpu_layers, 0, n_layer);
+  }
+  return 0;
+}
+
 Result<uint64_t> parse_memory_size(const std::string& text) {
   auto bad = [&] {
     return Status::invalid_argument("memory size '" + text + "': expected e.g. 512M, 1.5GiB or a byte count");

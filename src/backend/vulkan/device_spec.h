@@ -33,6 +33,10 @@ struct DeviceSpec {
 };
 
 Result<DeviceSpec> parse_device_spec(const std::string& text);
+// How many layers, from layer 0, the spec puts on Vulkan for a model of
+// n_layer layers: 0 for cpu, n_layer for vulkan, hybrid's N clamped to
+// [0, n_layer].
+int32_t gpu_layer_count(const DeviceSpec& spec, int32_t n_layer);
 Result<uint64_t> parse_memory_size(const std::string& text);
 
 // Human-readable lines for `spillway devices` (one block per device: name,

@@ -37,6 +37,18 @@ TEST(DeviceSpec, ParsesAcceptedForms) {
     EXPECT_EQ(parse_device_spec(bad).status().code(), StatusCode::kInvalidArgument) << bad;
 }
 
+TEST(DeviceSpec, GpuLayerCountClampsHybrid) {
+  auto count = [](const std::string& spec, int32_t n_layer) {
+    return gpu_layer_count(parse_device_spec(spec).value(), n_layer);
+  };
+  EXPECT_EQ(count("cpu", 12), 0);
+  EXPECT_EQ(count("vulkan", 12), 12);
+  EXPECT_EQ(count("vulkan:1", 5), 5);
+  EXPECT_EQ(count("hybrid:3", 12), 3);
+  EXPECT_EQ(count("hybrid:0", 12), 0);
+  EXPECT_EQ(count("hybrid:40", 12), 12);
+}
+
 TEST(DeviceSpec, ParsesMemorySizes) {
   EXPECT_EQ(*parse_memory_size("512M"), 512ull << 20);
   EXPECT_EQ(*parse_memory_size("512MiB"), 512ull << 20);
