@@ -261,6 +261,13 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
     // and one pool per stage.
     SessionGroupOptions go;
     go.device = *spec;
+    // lavapipe on two busy cores can take longer than the default 30 s
+    // watchdog for one submission of a 500M model; this measures memory, not
+    // speed, so wait for it.
+    VulkanBackendOptions vo;
+    vo.device = spec->vulkan_device;
+    vo.fence_timeout_ms = 10 * 60 * 1000;
+    SPW_ASSIGN_OR_RETURN(go.vulkan, VulkanBackend::create(vo));
     go.n_sessions = c.parallel;
     go.n_threads = c.threads;
     go.n_ctx = c.ctx;

@@ -132,6 +132,15 @@ Result<DeviceBuffer> DeviceAllocator::allocate(uint64_t size, MemoryCategory cat
 }
 
 void DeviceAllocator::release(DeviceBuffer& b) {
+  if (!ctx_->settle()) {
+    // The device never finished its last submission (fence timeout) and may
+    // still read or write this memory: freeing it would hand the driver's
+    // heap a use-after-free. Leak it, accounted to "abandoned".
+    std::lock_guard<std::mutex> lk(mu_);
+    account(b.alloc_size_, b.category_, b.owner_name_, -1);
+    account(b.alloc_size_, b.category_, kAbandonedOwner, +1);
+    return;
+  }
   VkDevice dev = ctx_->device();
   if (b.mapped_) vkUnmapMemory(dev, b.memory_);
   vkDestroyBuffer(dev, b.buffer_, nullptr);

@@ -8,7 +8,10 @@
 // above max_buffer_bytes is InvalidArgument (callers split tensors first). A
 // driver failure (or an injected one, FaultInjector::fail_allocation) is
 // ResourceExhausted and marks the context unhealthy. Bytes are accounted by
-// category and owner with peaks; a DeviceBuffer frees itself on destruction.
+// category and owner with peaks; a DeviceBuffer frees itself on destruction,
+// after the device finished its last submission; when that never comes (a
+// fence timeout) the memory is leaked instead, still counted, under owner
+// kAbandonedOwner.
 // Budget covers every category, staging included (staging is bounded and freed
 // after each upload).
 // Host-visible buffers are HOST_VISIBLE|HOST_COHERENT and mapped for their
@@ -30,6 +33,8 @@ namespace spw {
 
 class VulkanContext;
 class DeviceAllocator;
+
+inline constexpr const char* kAbandonedOwner = "abandoned";
 
 class DeviceBuffer {
  public:

@@ -365,6 +365,7 @@ Status VulkanContext::submit_and_wait() {
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &cmd_;
+  std::unique_lock<std::mutex> fence_lock(fence_mu_);
   SPW_RETURN_IF_ERROR(check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit"));
   pending_ = true;
   const bool inject_timeout = faults_ && faults_->take_fence_timeout();
@@ -374,6 +375,7 @@ Status VulkanContext::submit_and_wait() {
     pending_ = false;
     r = vkResetFences(device_, 1, &fence_);
   }
+  fence_lock.unlock();
   if (r == VK_SUCCESS && inject_timeout) r = VK_TIMEOUT;  // the real work finished: nothing left in flight
   if (r == VK_TIMEOUT)
     return check(r, ("vkWaitForFences (" + std::to_string(fence_timeout_ms_) + " ms" +
@@ -385,6 +387,8 @@ void VulkanContext::wait_idle() {
   // All work goes through fence_, so waiting on it (with the timeout) is
   // waiting for idle; vkDeviceWaitIdle has no timeout.
   if (device_ == VK_NULL_HANDLE || !pending_) return;
+  std::lock_guard<std::mutex> lk(fence_mu_);
+  if (!pending_) return;
   const uint64_t timeout_ns = static_cast<uint64_t>(fence_timeout_ms_) * 1000000ull;
   const VkResult r = vkWaitForFences(device_, 1, &fence_, VK_TRUE, timeout_ns);
   if (r == VK_SUCCESS) {

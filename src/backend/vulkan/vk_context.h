@@ -67,7 +67,14 @@ class VulkanContext {
   // context is abandoned: its destructor leaks the device instead of
   // destroying objects the GPU may still use.
   void wait_idle();
-  bool in_flight() const { return pending_; }
+  // A submission not yet seen complete (after a fence timeout).
+  bool in_flight() const { return pending_.load(); }
+  // wait_idle(), then whether nothing is in flight: memory may be freed only
+  // then. Called by the allocator before every free, from any thread.
+  bool settle() {
+    wait_idle();
+    return !pending_.load();
+  }
 
  private:
   VulkanContext() = default;
@@ -88,8 +95,12 @@ class VulkanContext {
   uint64_t weight_chunk_bytes_ = 0;
   uint32_t fence_timeout_ms_ = 30000;
   FaultInjector* faults_ = nullptr;
-  bool pending_ = false;    // a submission not yet seen complete
-  bool abandoned_ = false;
+  // The fence's state. Submissions come from the backend (under its mutex);
+  // frees from any thread (a KV pool dies where its last owner lets go):
+  // fence_mu_ orders the fence operations of both.
+  std::mutex fence_mu_;
+  std::atomic<bool> pending_{false};  // a submission not yet seen complete
+  std::atomic<bool> abandoned_{false};
   std::unique_ptr<DeviceAllocator> allocator_;
   std::atomic<bool> healthy_{true};
   mutable std::mutex health_mu_;
