@@ -17,7 +17,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -36,7 +38,9 @@
 #include "gguf/gguf.h"
 #include "http/server.h"
 #include "model/model.h"
+#include "journal/journal.h"
 #include "serve/engine_executor.h"
+#include "serve/journal_observer.h"
 
 namespace spw::app {
 namespace {
@@ -60,7 +64,35 @@ struct ServeCliOptions {
   std::string device_headroom = "0";   // absolute device headroom
   double device_headroom_share = 0.05;  // of the device ledger's capacity
   std::vector<std::string> co_tenants;  // NAME=SIZE: other services' declared device memory
+  std::string journal;                  // SQLite file; "" = the default place; "none" = no journal
+  double journal_retention_hours = 168;
 };
+
+// $XDG_STATE_HOME/spillway/journal.sqlite, else ~/.local/state/spillway/...
+Result<std::string> default_journal_path() {
+  std::string base;
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x != nullptr && x[0] == '/') base = x;
+  else if (const char* h = std::getenv("HOME"); h != nullptr && h[0] == '/') base = std::string(h) + "/.local/state";
+  else return Status::invalid_argument("no HOME or XDG_STATE_HOME to put the journal in: pass --journal PATH or --journal none");
+  return base + "/spillway/journal.sqlite";
+}
+
+// Opens (creating its folder) the request journal; null for "none".
+Result<std::shared_ptr<journal::Journal>> open_journal(Env& env, const ServeCliOptions& o) {
+  if (o.journal == "none") return std::shared_ptr<journal::Journal>();
+  std::string path = o.journal;
+  if (path.empty()) {
+    SPW_ASSIGN_OR_RETURN(path, default_journal_path());
+  }
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) return Status::io_error("journal folder " + parent.string() + ": " + ec.message());
+  journal::JournalOptions jo;
+  jo.retention_ms = static_cast<int64_t>(o.journal_retention_hours * 3600 * 1000);
+  SPW_ASSIGN_OR_RETURN(std::unique_ptr<journal::Journal> j, journal::Journal::open(env, path, jo));
+  return std::shared_ptr<journal::Journal>(std::move(j));
+}
 
 std::string model_name_from_path(const std::string& path);
 
@@ -384,6 +416,12 @@ int run_serve(const ServeCliOptions& o) {
     device_plan = std::move(*d);
     std::fprintf(stderr, "spillway serve: %s\n", memory_summary.c_str());
   }
+  auto journal = open_journal(env, o);
+  if (!journal.ok()) return fail(journal.status(), "--journal: ");
+  if (*journal) {
+    std::fprintf(stderr, "spillway serve: journal %s (%lld interrupted requests from an earlier run marked failed, resumable)\n",
+                 (*journal)->path().c_str(), static_cast<long long>((*journal)->recovered()));
+  }
   auto model = Model::load(env, o.model);
   if (!model.ok()) return fail(model.status());
   auto chat_template = http::resolve_chat_template((*model)->file(), o.chat_template);
@@ -400,6 +438,7 @@ int run_serve(const ServeCliOptions& o) {
   so.n_ctx = o.ctx;
   so.kv_blocks = o.kv_blocks;
   so.queue_capacity = o.queue;
+  if (*journal) so.observer = std::make_shared<serve::JournalObserver>(*journal);
   auto serving = serve::make_engine_scheduler(env, *model, so);
   if (!serving.ok()) return fail(serving.status());
   std::unique_ptr<serve::Scheduler>& scheduler = serving->scheduler;
@@ -418,6 +457,7 @@ int run_serve(const ServeCliOptions& o) {
   http::HttpServerOptions ho;
   ho.host_memory = [&env, &ledger] { return host_memory_status(env, ledger); };
   if (device_plan) ho.device_memory = [d = device_plan.get()] { return device_memory_status(*d); };
+  ho.journal = *journal;
   ho.host = o.host;
   ho.port = o.port;
   ho.model_name = model_name_from_path(o.model);
@@ -511,6 +551,13 @@ void add_serve(CLI::App& app, int& exit_code) {
                   "Share of the device capacity always kept free (kernels, driver, bursts)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.95));
+  sub->add_option("--journal", o->journal,
+                  "SQLite request journal (default $XDG_STATE_HOME or ~/.local/state /spillway/journal.sqlite; "
+                  "'none' for no journal, no Idempotency-Key and no GET /v1/requests/{id})");
+  sub->add_option("--journal-retention-hours", o->journal_retention_hours,
+                  "How long finished requests stay in the journal")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 24.0 * 3650));
   sub->add_option("--co-tenant", o->co_tenants,
                   "Another service's device memory, NAME=SIZE (repeatable), e.g. whisper=3GiB: reserved in the "
                   "device ledger before the plan");

@@ -259,6 +259,7 @@ json spillway_json(const SpillwayInfo& s) {
   j["limits"] = limits_json(s.limits);
   j["queue_ms"] = s.queue_ms;
   j["run_ms"] = s.run_ms;
+  if (s.replayed) j["replayed"] = true;
   return j;
 }
 
@@ -512,6 +513,28 @@ std::string render_health(const HealthInfo& h) {
         {"allocated_peak_bytes", d.allocated_peak},
         {"allocated_by_category", by_cat}};
   }
+  return dump(j);
+}
+
+std::string render_request_record(const journal::Record& r) {
+  json j;
+  j["id"] = r.id;
+  j["object"] = "spillway.request";
+  j["state"] = std::string(journal::state_name(r.state));
+  j["terminal"] = journal::is_terminal(r.state);
+  j["resumable"] = r.outcome.resumable;
+  j["endpoint"] = r.endpoint;
+  j["idempotency_key"] = nullable(r.idempotency_key);
+  j["created_ms"] = r.created_ms;
+  j["updated_ms"] = r.updated_ms;
+  j["attempts"] = r.attempts;
+  j["placement"] = nullable(r.placement);
+  j["finish_reason"] = nullable(r.outcome.finish_reason);
+  j["text"] = r.outcome.text;
+  j["usage"] = usage_json(r.outcome.prompt_tokens, r.outcome.completion_tokens);
+  j["error"] = r.outcome.error_code.empty()
+                   ? json(nullptr)
+                   : json{{"code", r.outcome.error_code}, {"message", r.outcome.error_message}};
   return dump(j);
 }
 

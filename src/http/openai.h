@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "journal/journal.h"
 #include "serve/scheduler.h"
 #include "tokenizer/chat_template.h"
 
@@ -79,6 +80,9 @@ struct SpillwayInfo {
   serve::AppliedLimits limits;
   double queue_ms = 0;
   double run_ms = 0;
+  // A retry with a finished request's Idempotency-Key: the stored result,
+  // nothing ran again ("replayed": true; absent otherwise).
+  bool replayed = false;
 };
 
 struct CompletionResult {
@@ -162,6 +166,10 @@ struct HealthInfo {
   std::optional<HealthDeviceMemory> device_memory;
 };
 std::string render_health(const HealthInfo& h);
+// GET /v1/requests/{id}: {"id","object":"spillway.request","state","resumable",
+// "endpoint","created","updated","attempts","placement","finish_reason",
+// "text","usage",{"error":{"code","message"}|null}}. Times in Unix ms.
+std::string render_request_record(const journal::Record& r);
 std::string render_models(const std::string& model, int64_t created);
 
 // Server-Sent Events framing: "data: <payload>\n\n". The payload must not

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "http/openai.h"
+#include "serve/journal_observer.h"
 
 namespace spw::http {
 
@@ -35,6 +36,7 @@ struct Call {
   bool chat = false;
   bool include_usage = false;
   std::shared_ptr<serve::Ticket> ticket;
+  int64_t record_id = 0;  // the journal's id; 0: not journaled
   std::string id;
   int64_t created = 0;
   std::string model;
@@ -125,6 +127,8 @@ class HttpServer::Impl {
               [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
     svr_.Post("/v1/chat/completions",
               [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
+    svr_.Get(R"(/v1/requests/([^/]+))",
+             [this](const httplib::Request& req, httplib::Response& res) { request_record(req, res); });
 
     svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
@@ -236,29 +240,145 @@ class HttpServer::Impl {
     // As llama.cpp's server: control-token texts in the prompt are those tokens.
     g.parse_special = true;
 
-    Result<std::shared_ptr<serve::Ticket>> ticket = scheduler_.submit(g);
-    if (!ticket.ok()) return set_error(res, api_error_from_status(ticket.status()), options_.model_name);
-
     auto call = std::make_shared<Call>();
     call->chat = chat;
     call->include_usage = sampling.include_usage;
-    call->ticket = *ticket;
-    call->id = std::string(chat ? "chatcmpl-" : "cmpl-") + hex64(env_.random_u64());
-    call->created = env_.wall_time_ms() / 1000;
     call->model = options_.model_name;
     call->info.model = options_.model_name;
+    if (options_.journal) {
+      const std::string key = req.get_header_value("Idempotency-Key");
+      if (key.size() > 255 || std::any_of(key.begin(), key.end(), [](char ch) { return ch < 0x20 || ch > 0x7e; })) {
+        ApiError e;
+        e.param = "Idempotency-Key";
+        e.code = "invalid_value";
+        e.message = "Idempotency-Key: at most 255 printable ASCII characters";
+        return set_error(res, e, options_.model_name);
+      }
+      Result<journal::AcceptResult> acc = options_.journal->accept({key, req.path, req.body});
+      if (!acc.ok()) return set_error(res, journal_error(acc.status()), options_.model_name);
+      call->record_id = acc->record.id;
+      if (acc->replay) return replay(*call, acc->record, sampling.stream, res);
+      g.record_id = call->record_id;
+    }
+    Result<std::shared_ptr<serve::Ticket>> ticket = scheduler_.submit(g);
+    if (!ticket.ok()) {
+      if (call->record_id != 0) {
+        // Refused before it queued: the journal says so, and why.
+        serve::RequestEvent fin;
+        fin.kind = serve::RequestEvent::Kind::kFinished;
+        fin.state = serve::RequestState::kFailed;
+        fin.status = ticket.status();
+        (void)options_.journal->finish(call->record_id, serve::JournalObserver::outcome_of(fin, "", 0));
+      }
+      return set_error(res, api_error_from_status(ticket.status()), options_.model_name);
+    }
+
+    call->ticket = *ticket;
+    call->id = response_id(chat, call->record_id);
+    call->created = env_.wall_time_ms() / 1000;
     call->info.placement = scheduler_.placement();
-    call->info.request_id = call->ticket->id();
+    call->info.request_id = call->record_id != 0 ? static_cast<uint64_t>(call->record_id) : call->ticket->id();
     call->info.seed = call->ticket->seed();
     call->info.limits = call->ticket->limits();
     res.set_header("X-Spillway-Placement", scheduler_.placement());
-    res.set_header("X-Spillway-Request-Id", std::to_string(call->ticket->id()));
+    res.set_header("X-Spillway-Request-Id", std::to_string(call->info.request_id));
 
     if (sampling.stream) {
       stream(call, res);
     } else {
       whole(*call, res);
     }
+  }
+
+  // The OpenAI id: derived from the journal id when there is one, so that a
+  // replay answers with the id of the original response.
+  std::string response_id(bool chat, int64_t record_id) {
+    const uint64_t v = record_id != 0 ? static_cast<uint64_t>(record_id) : env_.random_u64();
+    return std::string(chat ? "chatcmpl-" : "cmpl-") + hex64(v);
+  }
+
+  static ApiError journal_error(const Status& st) {
+    ApiError e;
+    e.message = st.message();
+    if (st.code() == StatusCode::kFailedPrecondition) {
+      e.http_status = 409;
+      e.param = "Idempotency-Key";
+      e.code = "idempotency_conflict";
+    } else {
+      e.http_status = 503;
+      e.type = "server_error";
+      e.code = "journal_unavailable";
+      e.message = "the request journal cannot record the request, so it is not accepted: " + st.to_string();
+    }
+    return e;
+  }
+
+  // A finished request's stored result, as the original response was shaped
+  // (a body, or a stream of one text chunk).
+  void replay(Call& c, const journal::Record& r, bool stream, httplib::Response& res) {
+    c.id = response_id(c.chat, r.id);
+    c.created = r.created_ms / 1000;
+    c.info.placement = r.placement;
+    c.info.request_id = static_cast<uint64_t>(r.id);
+    c.info.limits.n_ctx = scheduler_.n_ctx();
+    c.info.limits.prompt_tokens = r.outcome.prompt_tokens;
+    c.info.limits.max_tokens = r.outcome.completion_tokens;
+    c.info.replayed = true;
+    res.set_header("X-Spillway-Placement", r.placement);
+    res.set_header("X-Spillway-Request-Id", std::to_string(r.id));
+    res.set_header("X-Spillway-Replayed", "true");
+    res.status = 200;
+    if (!stream) {
+      CompletionResult out;
+      out.id = c.id;
+      out.created = c.created;
+      out.model = c.model;
+      out.text = r.outcome.text;
+      out.finish_reason = r.outcome.finish_reason;
+      out.prompt_tokens = r.outcome.prompt_tokens;
+      out.completion_tokens = r.outcome.completion_tokens;
+      out.spillway = c.info;
+      res.set_content(c.chat ? render_chat_completion(out) : render_completion(out), kJson);
+      return;
+    }
+    std::string body = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
+    body += chunk(c, r.outcome.text, "", false, false);
+    body += chunk(c, "", r.outcome.finish_reason, false, true);
+    body += kSseDone;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(body, "text/event-stream");
+  }
+
+  void request_record(const httplib::Request& req, httplib::Response& res) {
+    ApiError e;
+    e.http_status = 404;
+    e.code = "not_found";
+    const std::string text = req.matches[1];
+    int64_t id = 0;
+    const bool numeric = !text.empty() && text.size() <= 18 &&
+                         std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (numeric) id = std::stoll(text);
+    if (!options_.journal) {
+      e.message = "this server keeps no request journal (start it with --journal PATH)";
+      return set_error(res, e);
+    }
+    if (!numeric || id <= 0) {
+      e.http_status = 400;
+      e.code = "invalid_value";
+      e.param = "id";
+      e.message = "request id '" + text + "': expected a positive integer";
+      return set_error(res, e);
+    }
+    Result<journal::Record> r = options_.journal->get(id);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kNotFound) {
+        e.message = r.status().message() + " (never accepted, or older than the journal's retention)";
+        return set_error(res, e);
+      }
+      return set_error(res, journal_error(r.status()));
+    }
+    res.status = 200;
+    res.set_content(render_request_record(*r), kJson);
   }
 
   void fill_times(Call& c) {

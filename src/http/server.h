@@ -7,6 +7,15 @@
 //   POST /v1/chat/completions  messages -> assistant message, through the chat
 //                              template fixed at start (the GGUF's
 //                              tokenizer.chat_template or --chat-template)
+//   GET  /v1/requests/{id}     a journaled request's state and result
+// With a journal, a valid completion request is recorded (state accepted)
+// before it is queued, and its id is the response's request_id. A request
+// whose Idempotency-Key header names a finished request gets that stored
+// result ("replayed": true, nothing runs); one still in flight, or a key
+// reused with another body, gets 409 (idempotency_conflict); a failed or
+// cancelled one runs again under the same id. If the journal cannot record
+// the request it is refused with 503 (journal_unavailable): nothing is
+// accepted that could be lost.
 // Contract: request bodies are validated by http/openai.h (400 with an
 // OpenAI-style error body naming the field); the scheduler's errors map to
 // 400 (limits), 429 (queue full), 503 (shutting down / cancelled) and 500.
@@ -58,6 +67,10 @@ struct HttpServerOptions {
   std::function<HealthMemory()> host_memory;
   // Likewise for device_memory; empty: no device_memory section.
   std::function<HealthDeviceMemory()> device_memory;
+  // Every accepted completion is recorded here before it is queued (the
+  // scheduler's RequestObserver writes its progress); null: no journal, no
+  // Idempotency-Key handling, and GET /v1/requests/{id} answers 404.
+  std::shared_ptr<journal::Journal> journal;
 };
 
 // The template a server should use: `name` (from --chat-template) when given

@@ -84,6 +84,7 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   so.queue_capacity = o.queue_capacity;
   so.n_ctx = n_ctx;
   so.hooks = o.hooks;
+  so.observer = o.observer;
   so.placement = placement_name(group.n_gpu_layers, hp.n_layer);
   // The tokenizer lives inside the model: share the model's lifetime.
   std::shared_ptr<const Tokenizer> tok(model, &model->tokenizer());

@@ -42,6 +42,7 @@ struct EngineServeOptions {
   int32_t kv_block_tokens = 16;
   int32_t queue_capacity = 64;
   SchedulerHooks hooks;
+  std::shared_ptr<RequestObserver> observer;  // e.g. a JournalObserver; null: none
 };
 
 struct EngineServing {

@@ -26,8 +26,8 @@ std::string_view finish_reason_name(FinishReason r) {
   return "";
 }
 
-Ticket::Ticket(Env& env, uint64_t id, ExecJob job, AppliedLimits limits)
-    : env_(env), id_(id), job_(std::move(job)), limits_(limits), submitted_ns_(env.now_ns()) {}
+Ticket::Ticket(Env& env, uint64_t id, int64_t record_id, ExecJob job, AppliedLimits limits)
+    : env_(env), id_(id), record_id_(record_id), job_(std::move(job)), limits_(limits), submitted_ns_(env.now_ns()) {}
 
 int64_t Ticket::queue_ns() const {
   int64_t started = started_ns_.load(std::memory_order_acquire);
@@ -125,7 +125,7 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
                                         " waiting, capacity " + std::to_string(options_.queue_capacity) +
                                         "); retry later");
     }
-    t.reset(new Ticket(env_, next_id_++, std::move(job), limits));
+    t.reset(new Ticket(env_, next_id_++, request.record_id, std::move(job), limits));
     queue_.push_back(t);
     ++stats_.submitted;
   }
@@ -153,7 +153,8 @@ bool Scheduler::cancel(uint64_t request_id) {
   return true;
 }
 
-void Scheduler::finish_locked(Ticket& t, RequestEvent ev) {
+void Scheduler::finish_locked(Ticket& t, RequestEvent ev, bool observed) {
+  if (!observed && options_.observer) options_.observer->on_finish(t, ev, std::string());
   t.finished_ns_.store(env_.now_ns(), std::memory_order_release);
   t.state_.store(ev.state, std::memory_order_release);
   switch (ev.state) {
@@ -178,6 +179,7 @@ void Scheduler::worker_loop(Executor* executor) {
       t->state_.store(RequestState::kRunning, std::memory_order_release);
       running_.emplace(t->id(), t);
     }
+    if (options_.observer) options_.observer->on_start(*t, options_.placement);
     run_one(executor, t);
   }
 }
@@ -188,12 +190,14 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
   RequestEvent fin;
   fin.kind = RequestEvent::Kind::kFinished;
   int32_t n_generated = 0;
+  std::string text_so_far;  // for the observer
   if (t->cancel_.load(std::memory_order_acquire)) {
     fin.state = RequestState::kCancelled;
     fin.status = Status::cancelled("request cancelled before it started");
   } else {
     auto on_text = [&](std::string_view text) {
       if (text.empty()) return;
+      if (options_.observer) text_so_far.append(text);
       RequestEvent ev;
       ev.kind = RequestEvent::Kind::kText;
       ev.text = std::string(text);
@@ -218,10 +222,11 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       fin.completion_tokens = n_generated;
     }
   }
+  if (options_.observer) options_.observer->on_finish(*t, fin, text_so_far);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_.erase(id);
-    finish_locked(*t, std::move(fin));
+    finish_locked(*t, std::move(fin), /*observed=*/true);
   }
   idle_cv_.notify_all();
 }

@@ -66,6 +66,8 @@ struct GenerationRequest {
   SamplerParams sampler;
   std::optional<int32_t> max_tokens;  // nullopt: up to the end of the context
   std::vector<std::string> stop;
+  // The durable id (the journal's) the RequestObserver reports under; 0: none.
+  int64_t record_id = 0;
 };
 
 // The limits submit() applied to one request (reported to the client).
@@ -112,6 +114,22 @@ class Executor {
                                   const std::atomic<bool>& cancel) = 0;
 };
 
+class Ticket;
+
+// Told of every accepted request's progress, e.g. to journal it. on_start runs
+// on the worker's thread as the request starts, with the placement it runs on; on_finish runs once per
+// request with its final event and all the text it emitted, BEFORE the client
+// can see that final event (so a record read after the response is already
+// terminal). Calls may come from any worker thread at once, and on_finish for
+// a request cancelled while queued or at shutdown runs under the scheduler's
+// lock: keep them short and never call back into the Scheduler.
+class RequestObserver {
+ public:
+  virtual ~RequestObserver() = default;
+  virtual void on_start(const Ticket& ticket, const std::string& placement) = 0;
+  virtual void on_finish(const Ticket& ticket, const RequestEvent& final_event, const std::string& text) = 0;
+};
+
 // Instrumentation seams, called on worker threads; tests use them to hold a
 // worker (queue-full, shutdown) or to slow generation (disconnect handling).
 struct SchedulerHooks {
@@ -126,6 +144,7 @@ struct SchedulerOptions {
   // Where the executors run ("cpu", "vulkan", "hybrid:N"): what every
   // response's `placement` says.
   std::string placement = "cpu";
+  std::shared_ptr<RequestObserver> observer;  // null: none
 };
 
 struct SchedulerStats {
@@ -149,6 +168,7 @@ class Ticket {
   uint64_t id() const { return id_; }
   const AppliedLimits& limits() const { return limits_; }
   uint64_t seed() const { return job_.sampler.seed; }
+  int64_t record_id() const { return record_id_; }
   RequestState state() const { return state_.load(std::memory_order_acquire); }
   // Nanoseconds spent queued / running so far (or in total, once finished).
   int64_t queue_ns() const;
@@ -160,10 +180,11 @@ class Ticket {
 
  private:
   friend class Scheduler;
-  Ticket(Env& env, uint64_t id, ExecJob job, AppliedLimits limits);
+  Ticket(Env& env, uint64_t id, int64_t record_id, ExecJob job, AppliedLimits limits);
 
   Env& env_;
   const uint64_t id_;
+  const int64_t record_id_;
   const ExecJob job_;
   const AppliedLimits limits_;
   std::atomic<RequestState> state_{RequestState::kQueued};
@@ -198,8 +219,9 @@ class Scheduler {
   Scheduler(Env& env, std::shared_ptr<const Tokenizer> tokenizer, SchedulerOptions options);
   void worker_loop(Executor* executor);
   void run_one(Executor* executor, const std::shared_ptr<Ticket>& t);
-  // Moves `t` to a terminal state, counts it and closes its stream. mu_ held.
-  void finish_locked(Ticket& t, RequestEvent ev);
+  // Moves `t` to a terminal state, counts it and closes its stream; tells the
+  // observer first unless `observed` (run_one did, outside the lock). mu_ held.
+  void finish_locked(Ticket& t, RequestEvent ev, bool observed = false);
 
   Env& env_;
   std::shared_ptr<const Tokenizer> tokenizer_;

@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -47,12 +49,24 @@ std::optional<std::string> no_vulkan() {
   return std::nullopt;
 }
 
+void remove_journal(const std::string& path) {
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::filesystem::remove(path + suffix);
+}
+
 class ServeProcess {
  public:
   explicit ServeProcess(std::vector<std::string> extra) {
     int out[2];
     if (pipe(out) != 0) return;
     std::vector<std::string> args = {SPILLWAY_BINARY, "serve", "--model", kStories, "--port", "0", "--threads", "1"};
+    // Each server its own journal, unless the test names one.
+    if (std::find(extra.begin(), extra.end(), "--journal") == extra.end()) {
+      static int n = 0;
+      own_journal_ = (std::filesystem::temp_directory_path() /
+                      ("spw-serve-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n) + ".sqlite"))
+                         .string();
+      args.insert(args.end(), {"--journal", own_journal_});
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -90,6 +104,7 @@ class ServeProcess {
       waitpid(pid_, nullptr, 0);
     }
     if (out_fd_ >= 0) close(out_fd_);
+    if (!own_journal_.empty()) remove_journal(own_journal_);
   }
   int port() const { return port_; }
   const std::string& ready_line() const { return ready_line_; }
@@ -115,6 +130,7 @@ class ServeProcess {
   int port_ = 0;
   bool exited_ = false;
   std::string ready_line_;
+  std::string own_journal_;
 };
 
 TEST(ServeCli, PrintsReadyLineServesAndStopsOnSigterm) {
@@ -303,6 +319,77 @@ TEST(ServeCli, PlanAboveTheDeviceLedgerRefusesToStart) {
     EXPECT_EQ(status, 1) << out;
     EXPECT_NE(out.find("--device"), std::string::npos) << out;
   }
+}
+
+// Invariant 1 across a crash: a request accepted by a server that is then
+// killed (SIGKILL, mid-stream) is, after a restart on the same journal, a
+// terminal "failed, resumable" record; the client's retry with the same
+// Idempotency-Key runs it to the end under the same id.
+TEST(ServeCli, RequestInterruptedByACrashIsReadableAfterRestartAndRetryable) {
+  const std::string journal = (std::filesystem::temp_directory_path() /
+                               ("spw-crash-" + std::to_string(getpid()) + ".sqlite")).string();
+  remove_journal(journal);
+  const std::string body = R"({"prompt":"Once upon a time","seed":7,"max_tokens":400,"stream":true})";
+  int64_t id = 0;
+  {
+    ServeProcess p({"--journal", journal});
+    ASSERT_GT(p.port(), 0) << p.ready_line();
+    httplib::Client c("127.0.0.1", p.port());
+    c.set_read_timeout(30, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    req.set_header("Idempotency-Key", "crash-1");
+    std::string got;
+    bool killed = false;
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      got.append(d, n);
+      if (!killed && got.find("\"text\":\" ") != std::string::npos) {  // generating
+        killed = true;
+        p.signal(SIGKILL);
+        return false;
+      }
+      return true;
+    };
+    (void)c.send(req);
+    ASSERT_TRUE(killed) << got;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(got, m, std::regex("\"request_id\":([0-9]+)"))) << got;
+    id = std::stoll(m[1]);
+    EXPECT_EQ(p.wait_exit(std::chrono::seconds(20)), 128 + SIGKILL);
+  }
+  ServeProcess q({"--journal", journal});
+  ASSERT_GT(q.port(), 0) << q.ready_line();
+  httplib::Client c("127.0.0.1", q.port());
+  c.set_read_timeout(60, 0);
+  auto r = c.Get(("/v1/requests/" + std::to_string(id)).c_str());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json rec = json::parse(r->body);
+  EXPECT_EQ(rec["state"], "failed") << r->body;
+  EXPECT_EQ(rec["terminal"], true);
+  EXPECT_EQ(rec["resumable"], true);
+  EXPECT_EQ(rec["error"]["code"], "interrupted");
+  // The retry: same key, same body; runs again and finishes.
+  auto again = c.Post("/v1/completions", httplib::Headers{{"Idempotency-Key", "crash-1"}}, body, "application/json");
+  ASSERT_TRUE(again);
+  ASSERT_EQ(again->status, 200);
+  EXPECT_TRUE(again->body.ends_with("data: [DONE]\n\n"));
+  EXPECT_EQ(again->get_header_value("X-Spillway-Request-Id"), std::to_string(id));
+  rec = json::parse(c.Get(("/v1/requests/" + std::to_string(id)).c_str())->body);
+  EXPECT_EQ(rec["state"], "done");
+  EXPECT_EQ(rec["attempts"], 2);
+  EXPECT_FALSE(rec["text"].get<std::string>().empty());
+  // A second server on the same journal while this one runs is refused.
+  const auto [status, out] = run_to_end(std::string(SPILLWAY_BINARY) + " serve --model " + kStories +
+                                        " --port 0 --threads 1 --journal " + journal);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("in use by another Spillway process"), std::string::npos) << out;
+  q.signal(SIGTERM);
+  EXPECT_EQ(q.wait_exit(std::chrono::seconds(20)), 0);
+  remove_journal(journal);
 }
 
 TEST(ServeCli, BadChatTemplateNameFailsAtStart) {

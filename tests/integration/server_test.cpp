@@ -2,10 +2,12 @@
 // the real CPU engine and models/stories260K.gguf, driven by httplib::Client.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 #include "http/server.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
+#include "serve/journal_observer.h"
 
 namespace spw {
 namespace {
@@ -57,6 +60,7 @@ struct ServerConfig {
   std::optional<ChatTemplateKind> chat_template;
   bool gate = false;
   int slow_token_ms = 0;  // sleep after every token (disconnect tests)
+  std::string journal;    // SQLite file; empty: no journal
 };
 
 class TestServer {
@@ -75,6 +79,13 @@ class TestServer {
         std::this_thread::sleep_for(std::chrono::milliseconds(slow));
       };
     }
+    if (!c.journal.empty()) {
+      auto j = journal::Journal::open(Env::default_env(), c.journal);
+      EXPECT_TRUE(j.ok()) << j.status().to_string();
+      if (!j.ok()) return;
+      journal_ = std::move(*j);
+      o.observer = std::make_shared<serve::JournalObserver>(journal_);
+    }
     auto s = serve::make_engine_scheduler(Env::default_env(), model, o);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     if (!s.ok()) return;
@@ -85,6 +96,7 @@ class TestServer {
     ho.model_name = "stories260K";
     ho.chat_template = c.chat_template;
     ho.keepalive_interval = std::chrono::milliseconds(50);
+    ho.journal = journal_;
     auto h = http::HttpServer::create(Env::default_env(), *scheduler_, ho);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     if (!h.ok()) return;
@@ -111,6 +123,7 @@ class TestServer {
 
  private:
   Gate gate_;
+  std::shared_ptr<journal::Journal> journal_;
   std::unique_ptr<serve::Scheduler> scheduler_;
   std::unique_ptr<http::HttpServer> http_;
 };
@@ -440,6 +453,159 @@ TEST(Server, DisconnectWhileQueuedFreesTheQueueSlot) {
   ta.join();
   ASSERT_TRUE(ra && *ra);
   EXPECT_EQ((*ra)->status, 200);
+}
+
+// A fresh journal file per test, removed afterwards.
+struct TempJournal {
+  std::string path;
+  TempJournal() {
+    path = (std::filesystem::temp_directory_path() /
+            ("spw-server-journal-" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".sqlite"))
+               .string();
+    remove();
+  }
+  ~TempJournal() { remove(); }
+  void remove() {
+    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::filesystem::remove(path + suffix);
+  }
+};
+
+json get_json(const TestServer& s, const std::string& path, int* status = nullptr) {
+  httplib::Client c = s.client();
+  auto r = c.Get(path.c_str());
+  if (!r) return json();
+  if (status) *status = r->status;
+  return json::parse(r->body);
+}
+
+// Every accepted request is in the journal and readable by id; a retry with a
+// finished request's Idempotency-Key gets the stored answer without running
+// again (non-stream and stream), a key reused with another body is a 409.
+TEST(Server, JournalRecordsRequestsAndReplaysIdempotentRetries) {
+  TempJournal tj;
+  ServerConfig cfg;
+  cfg.journal = tj.path;
+  TestServer s(cfg);
+  ASSERT_TRUE(s.ok());
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":24,"temperature":0})";
+  httplib::Client c = s.client();
+  httplib::Headers key{{"Idempotency-Key", "story-1"}};
+  auto first = c.Post("/v1/completions", key, body, "application/json");
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  const json a = json::parse(first->body);
+  const uint64_t id = a["spillway"]["request_id"];
+  EXPECT_EQ(first->get_header_value("X-Spillway-Request-Id"), std::to_string(id));
+  EXPECT_FALSE(a["spillway"].contains("replayed"));
+  int status = 0;
+  const json rec = get_json(s, "/v1/requests/" + std::to_string(id), &status);
+  ASSERT_EQ(status, 200) << rec.dump();
+  EXPECT_EQ(rec["state"], "done");
+  EXPECT_EQ(rec["terminal"], true);
+  EXPECT_EQ(rec["text"], a["choices"][0]["text"]);
+  EXPECT_EQ(rec["finish_reason"], "length");
+  EXPECT_EQ(rec["usage"]["completion_tokens"], 24);
+  EXPECT_EQ(rec["placement"], "cpu");
+  EXPECT_EQ(rec["idempotency_key"], "story-1");
+  EXPECT_EQ(rec["error"], nullptr);
+
+  const uint64_t ran = s.scheduler().stats().submitted;
+  auto again = c.Post("/v1/completions", key, body, "application/json");
+  ASSERT_TRUE(again);
+  ASSERT_EQ(again->status, 200) << again->body;
+  const json b = json::parse(again->body);
+  EXPECT_EQ(b["choices"][0]["text"], a["choices"][0]["text"]);
+  EXPECT_EQ(b["id"], a["id"]) << "the original response's id";
+  EXPECT_EQ(b["spillway"]["replayed"], true);
+  EXPECT_EQ(again->get_header_value("X-Spillway-Replayed"), "true");
+  // The same retry as a stream: the stored text in one chunk, then [DONE].
+  json stream_body = json::parse(body);
+  stream_body["stream"] = true;
+  httplib::Headers key2{{"Idempotency-Key", "story-2"}};
+  auto s1 = c.Post("/v1/completions", key2, stream_body.dump(), "application/json");
+  auto s2 = c.Post("/v1/completions", key2, stream_body.dump(), "application/json");
+  ASSERT_TRUE(s1 && s2);
+  const Sse e1 = parse_sse(s1->body), e2 = parse_sse(s2->body);
+  EXPECT_TRUE(e1.done && e2.done);
+  std::string t1, t2;
+  for (const json& e : e1.events) t1 += e["choices"].empty() ? "" : e["choices"][0]["text"].get<std::string>();
+  for (const json& e : e2.events) t2 += e["choices"].empty() ? "" : e["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(t1, a["choices"][0]["text"].get<std::string>()) << "greedy: the same story";
+  EXPECT_EQ(t2, t1);
+  EXPECT_EQ(e2.events.back()["spillway"]["replayed"], true);
+  EXPECT_EQ(s.scheduler().stats().submitted, ran + 1) << "only story-2's first request ran";
+
+  auto conflict = c.Post("/v1/completions", key, R"({"prompt":"Another story","max_tokens":4})", "application/json");
+  ASSERT_TRUE(conflict);
+  EXPECT_EQ(conflict->status, 409) << conflict->body;
+  EXPECT_EQ(json::parse(conflict->body)["error"]["code"], "idempotency_conflict");
+  httplib::Headers bad_key{{"Idempotency-Key", std::string(300, 'k')}};
+  auto bad = c.Post("/v1/completions", bad_key, body, "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "Idempotency-Key");
+
+  get_json(s, "/v1/requests/999999", &status);
+  EXPECT_EQ(status, 404);
+  get_json(s, "/v1/requests/abc", &status);
+  EXPECT_EQ(status, 400);
+}
+
+// A request the scheduler refuses after the journal accepted it (queue full)
+// ends in the journal as failed, resumable, with the reason.
+TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
+  TempJournal tj;
+  ServerConfig cfg;
+  cfg.journal = tj.path;
+  cfg.queue = 1;
+  cfg.gate = true;
+  TestServer s(cfg);
+  ASSERT_TRUE(s.ok());
+  const json body = json::parse(R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0})");
+  // 1 runs (held at the gate), 2 waits in the queue, 3 finds it full.
+  std::thread running([&] { post(s, "/v1/completions", body); });
+  std::thread queued;
+  struct Release {
+    TestServer& s;
+    std::thread& a;
+    std::thread& b;
+    ~Release() {
+      s.gate().release();
+      if (a.joinable()) a.join();
+      if (b.joinable()) b.join();
+    }
+  } release{s, running, queued};
+  ASSERT_TRUE(s.gate().wait_for_waiters(1));
+  queued = std::thread([&] { post(s, "/v1/completions", body); });
+  for (int i = 0; i < 1000 && s.scheduler().stats().queue_depth < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(s.scheduler().stats().queue_depth, 1);
+  auto r = post(s, "/v1/completions", body);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  int status = 0;
+  const json rec = get_json(s, "/v1/requests/3", &status);
+  ASSERT_EQ(status, 200) << rec.dump();
+  EXPECT_EQ(rec["state"], "failed");
+  EXPECT_EQ(rec["resumable"], true);
+  EXPECT_EQ(rec["error"]["code"], "ResourceExhausted");
+  EXPECT_NE(rec["error"]["message"].get<std::string>().find("queue is full"), std::string::npos);
+  s.gate().release();
+  running.join();
+  queued.join();
+  EXPECT_EQ(get_json(s, "/v1/requests/1")["state"], "done");
+  EXPECT_EQ(get_json(s, "/v1/requests/2")["state"], "done");
+}
+
+TEST(Server, RequestsRouteWithoutJournalSaysSo) {
+  TestServer s({});
+  ASSERT_TRUE(s.ok());
+  int status = 0;
+  const json j = get_json(s, "/v1/requests/1", &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("--journal"), std::string::npos);
 }
 
 }  // namespace

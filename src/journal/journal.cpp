@@ -1,0 +1,321 @@
+#include "journal/journal.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace spw::journal {
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+// One table: a request is one row whose state moves forward; the attempt
+// counter says how often an idempotency key was run.
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS requests (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  idempotency_key TEXT UNIQUE,
+  endpoint TEXT NOT NULL,
+  body TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  placement TEXT NOT NULL DEFAULT '',
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  resumable INTEGER NOT NULL DEFAULT 0,
+  finish_reason TEXT NOT NULL DEFAULT '',
+  text TEXT NOT NULL DEFAULT '',
+  prompt_tokens INTEGER NOT NULL DEFAULT 0,
+  completion_tokens INTEGER NOT NULL DEFAULT 0,
+  error_code TEXT NOT NULL DEFAULT '',
+  error_message TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
+)sql";
+
+constexpr const char* kColumns =
+    "id, idempotency_key, endpoint, body, state, attempts, placement, created_ms, updated_ms, resumable, "
+    "finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message";
+
+std::optional<RequestState> state_from(std::string_view s) {
+  for (RequestState st : {RequestState::kAccepted, RequestState::kRunning, RequestState::kDone,
+                          RequestState::kCancelled, RequestState::kFailed}) {
+    if (state_name(st) == s) return st;
+  }
+  return std::nullopt;
+}
+
+// A prepared statement that finalizes itself.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr); }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  bool ok() const { return rc_ == SQLITE_OK; }
+  Stmt& text(int i, std::string_view v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& null(int i) {
+    sqlite3_bind_null(s_, i);
+    return *this;
+  }
+  Stmt& i64(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  int step() { return sqlite3_step(s_); }
+  std::string col_text(int i) const {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, i));
+    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, i))) : std::string();
+  }
+  int64_t col_i64(int i) const { return sqlite3_column_int64(s_, i); }
+
+ private:
+  sqlite3_stmt* s_ = nullptr;
+  int rc_ = SQLITE_ERROR;
+};
+
+Result<Record> read_row(const Stmt& q) {
+  Record r;
+  r.id = q.col_i64(0);
+  r.idempotency_key = q.col_text(1);
+  r.endpoint = q.col_text(2);
+  r.body = q.col_text(3);
+  const std::string st = q.col_text(4);
+  auto state = state_from(st);
+  if (!state) return Status::corruption("journal row " + std::to_string(r.id) + ": unknown state '" + st + "'");
+  r.state = *state;
+  r.attempts = static_cast<int32_t>(q.col_i64(5));
+  r.placement = q.col_text(6);
+  r.created_ms = q.col_i64(7);
+  r.updated_ms = q.col_i64(8);
+  r.outcome.state = r.state;
+  r.outcome.resumable = q.col_i64(9) != 0;
+  r.outcome.finish_reason = q.col_text(10);
+  r.outcome.text = q.col_text(11);
+  r.outcome.prompt_tokens = static_cast<int32_t>(q.col_i64(12));
+  r.outcome.completion_tokens = static_cast<int32_t>(q.col_i64(13));
+  r.outcome.error_code = q.col_text(14);
+  r.outcome.error_message = q.col_text(15);
+  return r;
+}
+
+}  // namespace
+
+std::string_view state_name(RequestState s) {
+  switch (s) {
+    case RequestState::kAccepted: return "accepted";
+    case RequestState::kRunning: return "running";
+    case RequestState::kDone: return "done";
+    case RequestState::kCancelled: return "cancelled";
+    case RequestState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+Journal::Journal(Env& env, std::string path, JournalOptions options)
+    : env_(env), path_(std::move(path)), options_(options) {}
+
+Journal::~Journal() {
+  if (db_ != nullptr) sqlite3_close_v2(db_);
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
+}
+
+Status Journal::error_locked(const std::string& what) const {
+  return Status::io_error("journal " + path_ + ": " + what + ": " + sqlite3_errmsg(db_));
+}
+
+Status Journal::exec_locked(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string m = err ? err : "unknown error";
+    sqlite3_free(err);
+    return Status::io_error("journal " + path_ + ": " + m);
+  }
+  return Status();
+}
+
+Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path, JournalOptions options) {
+  if (options.retention_ms <= 0 || options.prune_every <= 0) {
+    return Status::invalid_argument("journal: retention_ms and prune_every must be > 0");
+  }
+  std::unique_ptr<Journal> j(new Journal(env, path, options));
+  // One process per journal: open() fails the previous owner's unfinished
+  // requests, which must not happen to a live server's.
+  const std::string lock_path = path + ".lock";
+  j->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (j->lock_fd_ < 0) return Status::io_error("journal " + lock_path + ": " + std::strerror(errno));
+  if (flock(j->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return Status::unavailable("journal " + path + " is in use by another Spillway process (" + lock_path +
+                                 " is locked); give this server its own --journal");
+    }
+    return Status::io_error("journal " + lock_path + ": flock: " + std::strerror(errno));
+  }
+  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
+  if (sqlite3_open_v2(path.c_str(), &j->db_, flags, nullptr) != SQLITE_OK) {
+    const std::string m = j->db_ ? sqlite3_errmsg(j->db_) : "out of memory";
+    return Status::io_error("journal " + path + ": cannot open: " + m);
+  }
+  std::lock_guard<std::mutex> lk(j->mu_);
+  sqlite3_busy_timeout(j->db_, 5000);
+  // WAL: readers never block the writer; FULL: a commit is on disk when it returns.
+  SPW_RETURN_IF_ERROR(j->exec_locked("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
+  int64_t version = 0;
+  {
+    Stmt q(j->db_, "PRAGMA user_version");
+    if (!q.ok() || q.step() != SQLITE_ROW) return j->error_locked("reading user_version");
+    version = q.col_i64(0);
+  }
+  if (version != 0 && version != kSchemaVersion) {
+    return Status::corruption("journal " + path + ": schema version " + std::to_string(version) + ", expected " +
+                              std::to_string(kSchemaVersion) + " (written by another Spillway version)");
+  }
+  SPW_RETURN_IF_ERROR(j->exec_locked("BEGIN IMMEDIATE"));
+  Status st = j->exec_locked(kSchema);
+  if (st.ok()) st = j->exec_locked(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
+  // Whatever a previous process left running was interrupted: it ends here,
+  // resumable (no result reached the journal, so a retry cannot duplicate one).
+  if (st.ok()) {
+    Stmt u(j->db_,
+           "UPDATE requests SET state='failed', resumable=1, updated_ms=?1, error_code='interrupted', "
+           "error_message='interrupted: the gateway stopped (crash or kill) before the request finished; "
+           "retry with the same Idempotency-Key' WHERE state IN ('accepted','running')");
+    if (!u.ok() || u.i64(1, env.wall_time_ms()).step() != SQLITE_DONE) st = j->error_locked("recovering");
+    j->recovered_ = sqlite3_changes(j->db_);
+  }
+  if (st.ok()) st = j->prune_locked();
+  if (!st.ok()) {
+    (void)j->exec_locked("ROLLBACK");
+    return st;
+  }
+  SPW_RETURN_IF_ERROR(j->exec_locked("COMMIT"));
+  return j;
+}
+
+Status Journal::prune_locked() {
+  Stmt d(db_, "DELETE FROM requests WHERE state IN ('done','cancelled','failed') AND updated_ms < ?1");
+  if (!d.ok() || d.i64(1, env_.wall_time_ms() - options_.retention_ms).step() != SQLITE_DONE) {
+    return error_locked("pruning");
+  }
+  accepts_since_prune_ = 0;
+  return Status();
+}
+
+Result<std::optional<Record>> Journal::find_locked(const char* where_sql, const std::string& key, int64_t id) {
+  const std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE " + where_sql;
+  Stmt q(db_, sql.c_str());
+  if (!q.ok()) return error_locked("preparing a lookup");
+  if (key.empty()) q.i64(1, id);
+  else q.text(1, key);
+  const int rc = q.step();
+  if (rc == SQLITE_DONE) return std::optional<Record>();
+  if (rc != SQLITE_ROW) return error_locked("reading a request");
+  SPW_ASSIGN_OR_RETURN(Record r, read_row(q));
+  return std::optional<Record>(std::move(r));
+}
+
+Result<AcceptResult> Journal::accept(const NewRequest& req) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t now = env_.wall_time_ms();
+  SPW_RETURN_IF_ERROR(exec_locked("BEGIN IMMEDIATE"));
+  auto body = [&]() -> Result<AcceptResult> {
+    if (!req.idempotency_key.empty()) {
+      SPW_ASSIGN_OR_RETURN(std::optional<Record> old, find_locked("idempotency_key = ?1", req.idempotency_key, 0));
+      if (old) {
+        const std::string which = "Idempotency-Key '" + req.idempotency_key + "' (request " +
+                                  std::to_string(old->id) + ")";
+        if (old->body != req.body || old->endpoint != req.endpoint) {
+          return Status::failed_precondition(which + " was already used with a different body or endpoint; "
+                                             "use a new key for a new request");
+        }
+        if (old->state == RequestState::kDone) return AcceptResult{std::move(*old), true};
+        if (!is_terminal(old->state)) {
+          return Status::failed_precondition(which + " is still in progress (" +
+                                             std::string(state_name(old->state)) + "); poll GET /v1/requests/" +
+                                             std::to_string(old->id));
+        }
+        // Failed or cancelled: nothing was delivered as complete; run it again.
+        Stmt u(db_,
+               "UPDATE requests SET state='accepted', attempts=attempts+1, updated_ms=?1, resumable=0, "
+               "finish_reason='', text='', prompt_tokens=0, completion_tokens=0, error_code='', error_message='', "
+               "placement='' WHERE id=?2");
+        if (!u.ok() || u.i64(1, now).i64(2, old->id).step() != SQLITE_DONE) return error_locked("retrying");
+        SPW_ASSIGN_OR_RETURN(std::optional<Record> again, find_locked("id = ?1", "", old->id));
+        return AcceptResult{std::move(*again), false};
+      }
+    }
+    Stmt ins(db_,
+             "INSERT INTO requests (idempotency_key, endpoint, body, state, created_ms, updated_ms) "
+             "VALUES (?1, ?2, ?3, 'accepted', ?4, ?4)");
+    if (!ins.ok()) return error_locked("preparing insert");
+    if (req.idempotency_key.empty()) ins.null(1);
+    else ins.text(1, req.idempotency_key);
+    ins.text(2, req.endpoint).text(3, req.body).i64(4, now);
+    if (ins.step() != SQLITE_DONE) return error_locked("recording a request");
+    const int64_t id = sqlite3_last_insert_rowid(db_);
+    if (++accepts_since_prune_ >= options_.prune_every) SPW_RETURN_IF_ERROR(prune_locked());
+    SPW_ASSIGN_OR_RETURN(std::optional<Record> rec, find_locked("id = ?1", "", id));
+    return AcceptResult{std::move(*rec), false};
+  }();
+  if (!body.ok()) {
+    (void)exec_locked("ROLLBACK");
+    return body.status();
+  }
+  SPW_RETURN_IF_ERROR(exec_locked("COMMIT"));
+  return body;
+}
+
+Status Journal::mark_running(int64_t id, const std::string& placement) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt u(db_, "UPDATE requests SET state='running', placement=?1, updated_ms=?2 WHERE id=?3 AND state='accepted'");
+  if (!u.ok() || u.text(1, placement).i64(2, env_.wall_time_ms()).i64(3, id).step() != SQLITE_DONE) {
+    return error_locked("marking request " + std::to_string(id) + " running");
+  }
+  if (sqlite3_changes(db_) == 0) {
+    return Status::failed_precondition("journal: request " + std::to_string(id) + " is not waiting to run");
+  }
+  return Status();
+}
+
+Status Journal::finish(int64_t id, const Outcome& o) {
+  if (!is_terminal(o.state)) return Status::invalid_argument("journal finish: state must be terminal");
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt u(db_,
+         "UPDATE requests SET state=?1, resumable=?2, finish_reason=?3, text=?4, prompt_tokens=?5, "
+         "completion_tokens=?6, error_code=?7, error_message=?8, updated_ms=?9 "
+         "WHERE id=?10 AND state IN ('accepted','running')");
+  if (!u.ok()) return error_locked("preparing finish");
+  u.text(1, state_name(o.state))
+      .i64(2, o.resumable ? 1 : 0)
+      .text(3, o.finish_reason)
+      .text(4, o.text)
+      .i64(5, o.prompt_tokens)
+      .i64(6, o.completion_tokens)
+      .text(7, o.error_code)
+      .text(8, o.error_message)
+      .i64(9, env_.wall_time_ms())
+      .i64(10, id);
+  if (u.step() != SQLITE_DONE) return error_locked("finishing request " + std::to_string(id));
+  if (sqlite3_changes(db_) == 0) {
+    return Status::failed_precondition("journal: request " + std::to_string(id) +
+                                       " is unknown or already terminal");
+  }
+  return Status();
+}
+
+Result<Record> Journal::get(int64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  SPW_ASSIGN_OR_RETURN(std::optional<Record> r, find_locked("id = ?1", "", id));
+  if (!r) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
+  return std::move(*r);
+}
+
+}  // namespace spw::journal

@@ -1,0 +1,132 @@
+// Journal: the durable record of every request the gateway accepted, in one
+// SQLite file, so that an accepted request always reaches a terminal state a
+// client can read (GET /v1/requests/{id}), across crashes and restarts
+// (invariant 1), and so that a retry carrying the same Idempotency-Key never
+// runs a finished generation twice.
+//
+// Contract:
+//   open(env, path)  takes PATH.lock (flock, exclusive, for the Journal's
+//       life: Unavailable when another process holds it, since recovery below
+//       would fail that process's requests), creates the file and schema when
+//       missing (parent folder must exist), WAL mode, synchronous=FULL: a row written by accept() or
+//       finish() survives a crash of the process or of the machine once the
+//       call returned. Rows left non-terminal by a previous process (it
+//       crashed or was killed mid-request) become kFailed with resumable =
+//       true and an error naming the interruption; recovered() says how many.
+//       Terminal rows older than options.retention_ms are deleted then (and
+//       on every options.prune_every-th accept). IOError naming the path when
+//       the file cannot be opened or is not a journal; Corruption when its
+//       schema version is not ours.
+//   accept(req)      records a new request as kAccepted with id > 0 (ids are
+//       never reused, also across restarts). With an idempotency key already
+//       in the journal:
+//         - a different body (compared byte for byte): FailedPrecondition
+//           ("reused ... with a different body"); nothing changes;
+//         - kDone: the stored record, replay = true (serve it, do not run);
+//         - kAccepted / kRunning: FailedPrecondition naming the id ("still in
+//           progress"): the client should poll it;
+//         - kFailed / kCancelled: a new attempt under the same id (attempts +
+//           1, result and error cleared, state kAccepted), replay = false.
+//   mark_running(id, placement)  kAccepted -> kRunning.
+//   finish(id, outcome)  -> kDone / kCancelled / kFailed with the result or
+//       the error; FailedPrecondition when the row is already terminal (a
+//       terminal state is written once per attempt).
+//   get(id)          the record, or NotFound.
+// Times are Env::wall_time_ms(). Every write is one transaction.
+// Thread safety: all methods may be called from any thread (one connection,
+// serialised by a mutex).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/env.h"
+#include "core/status.h"
+
+struct sqlite3;
+
+namespace spw::journal {
+
+enum class RequestState { kAccepted, kRunning, kDone, kCancelled, kFailed };
+std::string_view state_name(RequestState s);  // "accepted", "running", "done", "cancelled", "failed"
+inline bool is_terminal(RequestState s) {
+  return s == RequestState::kDone || s == RequestState::kCancelled || s == RequestState::kFailed;
+}
+
+struct NewRequest {
+  std::string idempotency_key;  // empty: none
+  std::string endpoint;         // "/v1/completions", "/v1/chat/completions"
+  std::string body;             // the request body as received
+};
+
+struct Outcome {
+  RequestState state = RequestState::kDone;  // kDone, kCancelled or kFailed
+  bool resumable = false;        // a retry with the same key may run it again with the same result
+  std::string finish_reason;     // kDone: "stop" | "length"
+  std::string text;              // what was generated (all of it for kDone)
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  std::string error_code;        // kFailed / kCancelled: e.g. "queue_full", "cancelled"
+  std::string error_message;
+};
+
+struct Record {
+  int64_t id = 0;
+  std::string idempotency_key;
+  std::string endpoint;
+  std::string body;
+  RequestState state = RequestState::kAccepted;
+  int32_t attempts = 1;
+  std::string placement;
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+  Outcome outcome;  // meaningful once terminal
+};
+
+struct AcceptResult {
+  Record record;
+  bool replay = false;  // a finished request for this key: serve record, run nothing
+};
+
+struct JournalOptions {
+  int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // terminal rows kept this long
+  int64_t prune_every = 1000;                     // accepts between prunes
+};
+
+class Journal {
+ public:
+  static Result<std::unique_ptr<Journal>> open(Env& env, const std::string& path, JournalOptions options = {});
+  ~Journal();
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  Result<AcceptResult> accept(const NewRequest& request);
+  Status mark_running(int64_t id, const std::string& placement);
+  Status finish(int64_t id, const Outcome& outcome);
+  Result<Record> get(int64_t id);
+
+  int64_t recovered() const { return recovered_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  Journal(Env& env, std::string path, JournalOptions options);
+  Status exec_locked(const char* sql);
+  Status prune_locked();
+  Result<std::optional<Record>> find_locked(const char* where_sql, const std::string& key, int64_t id);
+  Status error_locked(const std::string& what) const;
+
+  Env& env_;
+  const std::string path_;
+  const JournalOptions options_;
+  std::mutex mu_;
+  sqlite3* db_ = nullptr;
+  int lock_fd_ = -1;
+  int64_t recovered_ = 0;
+  int64_t accepts_since_prune_ = 0;
+};
+
+}  // namespace spw::journal

@@ -1,0 +1,45 @@
+#include "serve/journal_observer.h"
+
+#include <cstdio>
+
+namespace spw::serve {
+
+journal::Outcome JournalObserver::outcome_of(const RequestEvent& fin, const std::string& text, int32_t prompt_tokens) {
+  journal::Outcome o;
+  o.text = text;
+  o.prompt_tokens = prompt_tokens;
+  o.completion_tokens = fin.completion_tokens;
+  switch (fin.state) {
+    case RequestState::kDone:
+      o.state = journal::RequestState::kDone;
+      o.finish_reason = std::string(finish_reason_name(fin.finish));
+      return o;
+    case RequestState::kCancelled: o.state = journal::RequestState::kCancelled; break;
+    default: o.state = journal::RequestState::kFailed; break;
+  }
+  const StatusCode c = fin.status.code();
+  o.resumable = c == StatusCode::kCancelled || c == StatusCode::kResourceExhausted || c == StatusCode::kUnavailable ||
+                c == StatusCode::kDeviceLost || c == StatusCode::kDeadlineExceeded;
+  o.error_code = std::string(status_code_name(c));
+  o.error_message = fin.status.message();
+  return o;
+}
+
+void JournalObserver::check(const Status& st, const Ticket& t, const char* what) {
+  if (st.ok()) return;
+  write_errors_.fetch_add(1);
+  std::fprintf(stderr, "spillway: journal: %s request %lld: %s\n", what, static_cast<long long>(t.record_id()),
+               st.to_string().c_str());
+}
+
+void JournalObserver::on_start(const Ticket& t, const std::string& placement) {
+  if (t.record_id() == 0) return;
+  check(journal_->mark_running(t.record_id(), placement), t, "marking running");
+}
+
+void JournalObserver::on_finish(const Ticket& t, const RequestEvent& fin, const std::string& text) {
+  if (t.record_id() == 0) return;
+  check(journal_->finish(t.record_id(), outcome_of(fin, text, t.limits().prompt_tokens)), t, "finishing");
+}
+
+}  // namespace spw::serve
