@@ -136,6 +136,8 @@ void DeviceAllocator::release(DeviceBuffer& b) {
     // The device never finished its last submission (fence timeout) and may
     // still read or write this memory: freeing it would hand the driver's
     // heap a use-after-free. Leak it, accounted to "abandoned".
+    keep_forever_vk(b.buffer_);
+    keep_forever_vk(b.memory_);
     std::lock_guard<std::mutex> lk(mu_);
     account(b.alloc_size_, b.category_, b.owner_name_, -1);
     account(b.alloc_size_, b.category_, kAbandonedOwner, +1);

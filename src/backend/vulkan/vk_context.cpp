@@ -292,12 +292,42 @@ Result<std::shared_ptr<VulkanContext>> VulkanContext::create(const VulkanBackend
   return c;
 }
 
+namespace {
+struct Graveyard {
+  std::mutex mu;
+  std::vector<std::shared_ptr<void>> objects;
+  std::vector<const void*> handles;
+};
+Graveyard& graveyard() {
+  static Graveyard* g = new Graveyard();  // never destroyed: it outlives every exit path
+  return *g;
+}
+}  // namespace
+
+void keep_forever(std::shared_ptr<void> object) {
+  Graveyard& g = graveyard();
+  std::lock_guard<std::mutex> lk(g.mu);
+  g.objects.push_back(std::move(object));
+}
+
+void keep_forever_handle(const void* driver_object) {
+  Graveyard& g = graveyard();
+  std::lock_guard<std::mutex> lk(g.mu);
+  g.handles.push_back(driver_object);
+}
+
 VulkanContext::~VulkanContext() {
   if (device_ != VK_NULL_HANDLE) {
     wait_idle();
     if (abandoned_) {
       // The GPU may still use these objects: leaking them is the only safe choice.
-      (void)allocator_.release();
+      keep_forever(std::shared_ptr<DeviceAllocator>(allocator_.release()));
+      keep_forever_vk(fence_);
+      keep_forever_vk(cmd_);
+      keep_forever_vk(cmd_pool_);
+      keep_forever_vk(queue_);
+      keep_forever_vk(device_);
+      keep_forever_vk(instance_);
       return;
     }
     allocator_.reset();

@@ -16,6 +16,7 @@
 #include <vulkan/vulkan.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,17 @@
 #include "core/status.h"
 
 namespace spw {
+
+// The graveyard: what a device that never finished its work may still use
+// (after a fence timeout) is kept here for the rest of the process. Never
+// freed, since freeing would hand the driver a use-after-free, and reachable,
+// so that LeakSanitizer does not report the deliberate leak. Thread-safe.
+void keep_forever(std::shared_ptr<void> object);
+void keep_forever_handle(const void* driver_object);
+template <typename Handle>
+void keep_forever_vk(Handle h) {
+  if (h != VK_NULL_HANDLE) keep_forever_handle((const void*)(uintptr_t)h);  // pointer or 64-bit handle
+}
 
 class DeviceAllocator;
 

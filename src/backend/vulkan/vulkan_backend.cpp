@@ -144,11 +144,18 @@ struct VulkanBackend::Impl {
     if (ctx->in_flight()) {
       // The GPU never finished: keep every object alive (leaked with the
       // abandoned context) rather than free memory it may still use.
-      for (auto& [m, w] : models) (void)w.release();
+      for (auto& [m, w] : models) keep_forever(std::shared_ptr<ModelWeights>(w.release()));
       models.clear();
-      new Scratch(std::move(scratch));
-      new DeviceBuffer(std::move(staging));
+      keep_forever(std::make_shared<Scratch>(std::move(scratch)));
+      keep_forever(std::make_shared<DeviceBuffer>(std::move(staging)));
+      for (auto& [n, p] : pipes) {
+        keep_forever_vk(p.pipe);
+        keep_forever_vk(p.layout);
+        keep_forever_vk(p.dsl);
+        keep_forever_vk(p.module);
+      }
       pipes.clear();
+      keep_forever_vk(dpool);
       dpool = VK_NULL_HANDLE;
       ctx.reset();
       return;
