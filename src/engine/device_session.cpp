@@ -114,14 +114,11 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
 }
 
 Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, const DeviceSessionOptions& o) {
-  SessionGroupOptions go;
-  go.device = o.device;
-  go.device_memory_bytes = o.device_memory_bytes;
-  go.n_threads = o.n_threads;
-  go.n_ctx = o.n_ctx;
-  go.n_ubatch = o.n_ubatch;
-  go.kv_block_tokens = o.kv_block_tokens;
-  SPW_ASSIGN_OR_RETURN(SessionGroup g, open_session_group(std::move(model), go));
+  if (o.n_sessions != 1) {
+    return Status::invalid_argument("open_device_session: n_sessions must be 1, got " + std::to_string(o.n_sessions) +
+                                    " (use open_session_group)");
+  }
+  SPW_ASSIGN_OR_RETURN(SessionGroup g, open_session_group(std::move(model), o));
   DeviceSession ds;
   ds.cpu = std::move(g.cpu);
   ds.vulkan = std::move(g.vulkan);

@@ -31,14 +31,23 @@
 
 namespace spw {
 
-struct DeviceSessionOptions {
-  DeviceSpec device;
+struct SessionGroupOptions {
+  DeviceSpec device;                 // cpu (default), vulkan[:i], hybrid:N
   uint64_t device_memory_bytes = 0;  // Vulkan budget; 0 = largest device-local heap
-  int n_threads = 1;                 // CPU backend threads
-  int32_t n_ctx = 0;                 // 0 = the model's context_length
+  // An open backend to place the Vulkan layers on (its device and budget
+  // win over device.vulkan_device and device_memory_bytes); null: open one.
+  std::shared_ptr<VulkanBackend> vulkan;
+  int32_t n_sessions = 1;
+  int n_threads = 1;
+  int32_t n_ctx = 0;
   int32_t n_ubatch = 64;
+  int32_t kv_blocks = 0;
   int32_t kv_block_tokens = 16;
 };
+
+// One session's options are a group's with n_sessions = 1 (anything else is
+// InvalidArgument); kv_blocks 0 sizes its pools for one full context.
+using DeviceSessionOptions = SessionGroupOptions;
 
 struct DeviceSession {
   std::shared_ptr<CpuBackend> cpu;        // null when no layer runs on the CPU
@@ -60,21 +69,7 @@ Result<DeviceSession> open_device_session(std::shared_ptr<const Model> model, co
 // kv_block_tokens or n_ctx < 1 and kv_blocks < 0;
 // the Vulkan forms fail as open_device_session does; ResourceExhausted when a
 // pool cannot be allocated. Sessions may run concurrently on different threads
-// (each Session on one thread at a time).
-struct SessionGroupOptions {
-  DeviceSpec device;                 // cpu (default), vulkan[:i], hybrid:N
-  uint64_t device_memory_bytes = 0;  // Vulkan budget; 0 = largest device-local heap
-  // An open backend to place the Vulkan layers on (its device and budget
-  // win over device.vulkan_device and device_memory_bytes); null: open one.
-  std::shared_ptr<VulkanBackend> vulkan;
-  int32_t n_sessions = 1;
-  int n_threads = 1;
-  int32_t n_ctx = 0;
-  int32_t n_ubatch = 64;
-  int32_t kv_blocks = 0;
-  int32_t kv_block_tokens = 16;
-};
-
+// (each Session on one thread at a time). Options: SessionGroupOptions above.
 struct SessionGroup {
   std::shared_ptr<CpuBackend> cpu;        // null when no layer runs on the CPU
   std::shared_ptr<VulkanBackend> vulkan;  // null when no layer runs on Vulkan

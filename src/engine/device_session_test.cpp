@@ -119,6 +119,8 @@ TEST(DeviceSessionTest, GroupSharesOneBackendAndPoolPerStageAcrossThreads) {
   SessionGroupOptions bad;
   bad.n_sessions = 0;
   EXPECT_EQ(open_session_group(model, bad).status().code(), StatusCode::kInvalidArgument);
+  bad.n_sessions = 2;
+  EXPECT_EQ(open_device_session(model, bad).status().code(), StatusCode::kInvalidArgument) << "one session only";
   bad = {};
   bad.device = parse_device_spec("vulkan").value();
   EXPECT_EQ(session_group_host_pool(*model, bad).status().code(), StatusCode::kInvalidArgument)
