@@ -60,6 +60,7 @@
 #include "admission/estimator.h"
 #include "backend/vulkan/device_spec.h"
 #include "core/env.h"
+#include "core/placement.h"
 #include "device/host_memory.h"
 #include "engine/device_session.h"
 #include "model/model.h"
@@ -215,9 +216,10 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
   const int64_t model_heap = tracker::live_bytes() - heap0;
   const LlamaHparams& hp = (*model)->hparams();
 
-  auto spec = parse_device_spec(c.device);
+  auto spec = Placement::parse(c.device);
   if (!spec.ok()) return spec.status();
   admission::Plan plan;
+  plan.placement = *spec;
   plan.n_ctx = c.ctx;
   plan.n_batch = c.ctx;
   plan.n_ubatch = c.ubatch;
@@ -229,8 +231,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
 
   const auto t0 = std::chrono::steady_clock::now();
   json measured;
-  if (spec->kind == DeviceSpec::Kind::kCpu) {
-    plan.placement = admission::Placement::kCpu;
+  if (!spec->on_gpu()) {
     SessionGroupOptions go;
     go.n_sessions = c.parallel;
     go.n_threads = c.threads;
@@ -254,9 +255,6 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
     measured["scratch_logits"] = scratch_peak;
     measured["peak_rss"] = reading(probe.read().process_peak_rss_bytes);
   } else {
-    plan.placement = spec->kind == DeviceSpec::Kind::kVulkan ? admission::Placement::kGpu
-                                                             : admission::Placement::kHybrid;
-    plan.n_gpu_layers = spec->gpu_layers;
     // The server's layout: `parallel` sessions over one backend per device
     // and one pool per stage.
     SessionGroupOptions go;
@@ -309,7 +307,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
         {"staging", amount(g.overhead)},
         {"total", amount(Amount{g.bytes(), g.allowance()})}}}};
   out["measured"] = measured;
-  out["gpu"] = spec->kind != DeviceSpec::Kind::kCpu;
+  out["gpu"] = spec->on_gpu();
   out["params"] = (*model)->n_params();
   return out;
 }

@@ -245,15 +245,6 @@ Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sess
 
 }  // namespace
 
-std::string_view placement_name(Placement p) {
-  switch (p) {
-    case Placement::kCpu: return "cpu";
-    case Placement::kGpu: return "gpu";
-    case Placement::kHybrid: return "hybrid";
-  }
-  return "?";
-}
-
 std::string_view kv_type_name(KvType t) { return t == KvType::kF16 ? "F16" : "F32"; }
 std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "host"; }
 size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
@@ -304,21 +295,19 @@ uint64_t rounding_allowance(const DeviceCosts& c, uint64_t bytes) {
 
 Result<std::vector<StageLayout>> plan_stages(const Plan& plan, int32_t n_layer) {
   std::vector<StageLayout> st;
-  switch (plan.placement) {
-    case Placement::kCpu:
-    case Placement::kGpu: {
-      const DeviceKind d = plan.placement == Placement::kCpu ? DeviceKind::kHost : DeviceKind::kGpu;
+  const Placement placement = plan.placement.resolved(n_layer);
+  switch (placement.kind) {
+    case Placement::Kind::kCpu:
+    case Placement::Kind::kVulkan: {
+      const DeviceKind d = placement.kind == Placement::Kind::kCpu ? DeviceKind::kHost : DeviceKind::kGpu;
       st.push_back({d, 0, n_layer, true, true});
       break;
     }
-    case Placement::kHybrid: {
-      if (plan.n_gpu_layers < 1 || plan.n_gpu_layers > n_layer - 1)
-        return bad_plan("n_gpu_layers", plan.n_gpu_layers,
-                        "hybrid needs 1.." + std::to_string(n_layer - 1) + " GPU layers for a " +
-                            std::to_string(n_layer) + "-layer model (use cpu or gpu otherwise)");
+    case Placement::Kind::kHybrid: {
       // The engine's hybrid split (engine/device_session.h): the embedding and
       // layers [0, N) on the GPU, the rest and the output head on the host.
-      const int32_t split = plan.n_gpu_layers;
+      // Resolved, so 1 <= N <= n_layer - 1.
+      const int32_t split = placement.gpu_layers;
       st.push_back({DeviceKind::kGpu, 0, split, true, false});
       st.push_back({DeviceKind::kHost, split, n_layer, false, true});
       break;
@@ -368,6 +357,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(f));
 
   Plan plan = plan_in;
+  plan.placement = plan.placement.resolved(hp.n_layer);  // as the engine runs it
   if (plan.n_ctx == 0) plan.n_ctx = hp.n_ctx_train;
   if (plan.n_ctx <= 0 || plan.n_ctx > kMaxCtx) return bad_plan("n_ctx", plan.n_ctx, "must be in 1..2^24");
   if (plan.n_ubatch <= 0) return bad_plan("n_ubatch", plan.n_ubatch, "must be > 0");
@@ -381,10 +371,6 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   if (plan.n_threads < 1 || plan.n_threads > 1024) return bad_plan("n_threads", plan.n_threads, "must be 1..1024");
   if (plan.kv_block_tokens <= 0 || plan.kv_block_tokens > plan.n_ctx)
     return bad_plan("kv_block_tokens", plan.kv_block_tokens, "must be in 1..n_ctx");
-  if (plan.placement != Placement::kHybrid && plan.n_gpu_layers != 0)
-    return bad_plan("n_gpu_layers", plan.n_gpu_layers,
-                    "is only meaningful for hybrid placement (got " + std::string(placement_name(plan.placement)) +
-                        ")");
 
   Estimate est;
   est.plan = plan;

@@ -53,11 +53,15 @@
 // staging peaks), checked on lavapipe by estimator_vulkan_test. Driver-internal
 // objects (pipelines, descriptor pool, command buffer) do not go through the
 // allocator and are only covered by DeviceCosts::fixed_overhead.
+// Placement: Plan::placement is resolved for the model (Placement::resolved)
+// before anything is sized, as the engine runs it: hybrid:0 is estimated as
+// cpu, hybrid:N with N >= n_layer as vulkan; Estimate::plan holds the
+// resolved placement, so its name() is what serve reports.
 // Errors: general.architecture other than "llama" -> InvalidArgument naming it;
 // missing/invalid hparams -> the hparams reader's error; a bad plan value
 // (n_ctx <= 0 after defaulting or > 1<<24, n_ubatch > n_batch, n_parallel < 1,
-// hybrid layers outside [1, n_layer-1], a request longer than n_ctx, ...) ->
-// InvalidArgument naming the field and value.
+// a request longer than n_ctx, ...) -> InvalidArgument naming the field and
+// value.
 // Thread safety: pure functions over immutable inputs; Estimate is a value.
 #pragma once
 
@@ -67,29 +71,28 @@
 #include <string_view>
 #include <vector>
 
+#include "core/placement.h"
 #include "core/status.h"
 #include "gguf/gguf.h"
 #include "model/hparams.h"
 
 namespace spw::admission {
 
-enum class Placement { kCpu, kGpu, kHybrid };
 enum class KvType { kF32, kF16 };
 enum class DeviceKind { kHost = 0, kGpu = 1 };
 inline constexpr int kNumDeviceKinds = 2;
 
-std::string_view placement_name(Placement p);
 std::string_view kv_type_name(KvType t);
 std::string_view device_kind_name(DeviceKind d);
 size_t kv_type_size(KvType t);  // bytes per K or V element
 
 struct Plan {
-  Placement placement = Placement::kCpu;
-  // Hybrid only: the embedding and the first n_gpu_layers layers run on the
-  // GPU, the remaining layers and the output head on the host, as the
-  // engine's `--device hybrid:N` places them (engine/device_session.h).
-  // 1 <= n_gpu_layers <= n_layer - 1.
-  int32_t n_gpu_layers = 0;
+  // Where the layers run, as `--device` says (core/placement.h): cpu; vulkan
+  // (everything on the GPU); hybrid:N, the embedding and the first N layers
+  // on the GPU, the remaining layers and the output head on the host, as the
+  // engine places them (engine/device_session.h). Resolved for the model
+  // (see Placement above); the Vulkan device selector is not used.
+  spw::Placement placement = spw::Placement::cpu();
   int32_t n_ctx = 0;         // positions per sequence; 0 = the model's context_length
   int32_t n_batch = 512;     // tokens per eval call (rows of logits when logits_all)
   int32_t n_ubatch = 64;     // tokens per forward pass (Session's n_ubatch)
@@ -299,7 +302,7 @@ struct RequestEstimate {
 };
 
 struct Estimate {
-  Plan plan;  // with n_ctx defaulted
+  Plan plan;  // with n_ctx defaulted and the placement resolved
   LlamaHparams hparams;
   EstimatorConfig config;
   std::vector<StageLayout> stages;
@@ -318,8 +321,8 @@ struct Estimate {
 // The allowance rule above, for `bytes` in allocations of the given sizes.
 uint64_t rounding_allowance(const DeviceCosts& costs, uint64_t allocation_bytes);
 
-// Stage layout of a plan for a model with n_layer layers (InvalidArgument for a
-// bad n_gpu_layers).
+// Stage layout of a plan for a model with n_layer layers, its placement
+// resolved first (so hybrid:0 is one host stage). Never fails today.
 Result<std::vector<StageLayout>> plan_stages(const Plan& plan, int32_t n_layer);
 
 Result<Estimate> estimate(const gguf::GgufFile& file, const Plan& plan, const EstimatorConfig& config = {});

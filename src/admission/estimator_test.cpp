@@ -60,7 +60,7 @@ std::vector<TokenId> tokens(int n, int n_vocab) {
 
 Plan cpu_plan(int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, int32_t block_tokens = 16) {
   Plan p;
-  p.placement = Placement::kCpu;
+  p.placement = Placement::cpu();
   p.n_ctx = n_ctx;
   p.n_batch = n_ctx;
   p.n_ubatch = n_ubatch;
@@ -114,7 +114,7 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
 
     // GPU: the same bytes, each tensor rounded to 256.
     Plan g = c;
-    g.placement = Placement::kGpu;
+    g.placement = Placement::vulkan();
     auto eg = estimate(f, g);
     ASSERT_TRUE(eg.ok());
     EXPECT_EQ(eg->gpu().weights.bytes, table);
@@ -122,7 +122,7 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     for (const auto& t : f.tensors()) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
     EXPECT_EQ(eg->gpu().weights.allowance, rounding);
     EXPECT_EQ(eg->host().weights.bytes, 0u);
-    for (Placement pl : {Placement::kCpu, Placement::kGpu}) {
+    for (const Placement& pl : {Placement::cpu(), Placement::vulkan()}) {
       Plan pf = g;
       pf.placement = pl;
       pf.prefault = true;
@@ -130,15 +130,14 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
       ASSERT_TRUE(ep.ok());
       const uint64_t mapped = (f.file_size() + 4095) / 4096 * 4096;
       EXPECT_EQ(ep->host().weights.bytes, mapped) << tm.name;
-      EXPECT_EQ(ep->host().mapped_other, pl == Placement::kCpu ? mapped - table : mapped) << tm.name;
+      EXPECT_EQ(ep->host().mapped_other, pl == Placement::cpu() ? mapped - table : mapped) << tm.name;
     }
 
     // Hybrid: split by layer; embedding and first layers on the GPU, head on the host.
     const int32_t nl = tm.model->hparams().n_layer;
     for (int32_t ngl = 1; ngl < nl; ++ngl) {
       Plan h = g;
-      h.placement = Placement::kHybrid;
-      h.n_gpu_layers = ngl;
+      h.placement = Placement::hybrid(ngl);
       auto eh = estimate(f, h);
       ASSERT_TRUE(eh.ok()) << eh.status().to_string();
       uint64_t gpu = 0, host = 0;
@@ -425,9 +424,6 @@ TEST(Estimator, Errors) {
   q = p; q.n_parallel = 0; expect_bad(q, "n_parallel = 0");
   q = p; q.n_ctx = -5; expect_bad(q, "n_ctx = -5");
   q = p; q.kv_block_tokens = 0; expect_bad(q, "kv_block_tokens = 0");
-  q = p; q.n_gpu_layers = 2; expect_bad(q, "only meaningful for hybrid");
-  q = p; q.placement = Placement::kHybrid; q.n_gpu_layers = m->hparams().n_layer; expect_bad(q, "n_gpu_layers");
-  q = p; q.placement = Placement::kHybrid; q.n_gpu_layers = 0; expect_bad(q, "n_gpu_layers = 0");
   q = p; q.n_threads = 0; expect_bad(q, "n_threads");
 
   auto e = estimate(f, p);
@@ -464,6 +460,55 @@ TEST(Estimator, Errors) {
   auto eh = estimate(**f2, p);
   ASSERT_FALSE(eh.ok());
   EXPECT_NE(eh.status().message().find("llama.context_length"), std::string::npos) << eh.status().to_string();
+}
+
+// The plan's placement is estimated as the engine runs it (serve and
+// generate take the same --device text): hybrid:0 is cpu, hybrid:N with
+// N >= n_layer is vulkan, and Estimate::plan says so by its canonical name.
+TEST(Estimator, PlacementIsResolvedAsTheEngineRunsIt) {
+  auto m = load_stories();
+  ASSERT_NE(m, nullptr);
+  const gguf::GgufFile& f = m->file();
+  const int32_t nl = m->hparams().n_layer;
+  auto est = [&](const Placement& pl) {
+    Plan p = cpu_plan(128, 16, 1);
+    p.placement = pl;
+    auto e = estimate(f, p);
+    EXPECT_TRUE(e.ok()) << pl.spec() << ": " << e.status().to_string();
+    return e;
+  };
+  auto cpu = est(Placement::cpu());
+  auto vk = est(Placement::vulkan("1"));
+  ASSERT_TRUE(cpu.ok() && vk.ok());
+  EXPECT_EQ(cpu->plan.placement.name(), "cpu");
+  EXPECT_EQ(vk->plan.placement.name(), "vulkan");
+  for (const Placement& pl : {Placement::hybrid(0), Placement::hybrid(0, "1")}) {
+    auto e = est(pl);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->plan.placement, Placement::cpu()) << pl.spec();
+    EXPECT_EQ(e->total(), cpu->total()) << pl.spec();
+    EXPECT_FALSE(e->gpu().used);
+  }
+  for (int32_t n : {nl, nl + 1, 999999}) {
+    auto e = est(Placement::hybrid(n, "1"));
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->plan.placement, Placement::vulkan("1")) << n;
+    EXPECT_EQ(e->plan.placement.name(), "vulkan");
+    EXPECT_EQ(e->total(), vk->total()) << n;
+    ASSERT_EQ(e->stages.size(), 1u);
+    EXPECT_EQ(e->stages[0].device, DeviceKind::kGpu);
+  }
+  auto h = est(Placement::hybrid(2));
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->plan.placement.name(), "hybrid:2");
+  ASSERT_EQ(h->stages.size(), 2u);
+  // plan_stages resolves too.
+  Plan p = cpu_plan(128, 16, 1);
+  p.placement = Placement::hybrid(nl + 3);
+  auto st = plan_stages(p, nl);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->size(), 1u);
+  EXPECT_EQ((*st)[0].device, DeviceKind::kGpu);
 }
 
 // serve --kv-blocks N: the pool holds N blocks whatever n_parallel is, as

@@ -76,7 +76,7 @@ void run_case(const std::string& name, const std::shared_ptr<const Model>& model
                            " bt=" + std::to_string(c.block_tokens) + (c.logits_all ? " all-logits" : "");
   SCOPED_TRACE(what);
   DeviceSessionOptions o;
-  auto spec = parse_device_spec(c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan");
+  auto spec = Placement::parse(c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan");
   ASSERT_TRUE(spec.ok()) << spec.status().to_string();
   o.device = *spec;
   o.n_ctx = c.n_ctx;
@@ -106,8 +106,7 @@ void run_case(const std::string& name, const std::shared_ptr<const Model>& model
   const auto peak = [&](MemoryCategory k) { return ms.peak_by_category[static_cast<size_t>(k)]; };
 
   Plan p;
-  p.placement = c.gpu_layers > 0 ? Placement::kHybrid : Placement::kGpu;
-  p.n_gpu_layers = c.gpu_layers;
+  p.placement = *spec;  // the placement the session ran on, as parsed
   p.n_ctx = c.n_ctx;
   p.n_batch = c.n_ctx;
   p.n_ubatch = c.n_ubatch;

@@ -95,6 +95,19 @@ Result<Ticket> MemoryLedger::reserve(const Owner& owner, uint64_t bytes) {
   return Ticket{id};
 }
 
+Result<Ticket> MemoryLedger::declare(const Owner& owner, uint64_t bytes) {
+  if (bytes == 0) return Status::invalid_argument("ledger '" + name_ + "': declaration of 0 bytes for " + owner_str(owner));
+  if (owner.kind != OwnerKind::kCoTenant) {
+    return Status::invalid_argument("ledger '" + name_ + "': only a co-tenant's memory is declared, not " +
+                                    owner_str(owner) + "'s");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  const uint64_t id = next_id_++;
+  entries_.emplace(id, Entry{owner, bytes, false});
+  reserved_[static_cast<int>(owner.kind)] += bytes;
+  return Ticket{id};
+}
+
 Status MemoryLedger::commit(Ticket t, uint64_t actual) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = entries_.find(t.id);

@@ -106,6 +106,12 @@ class MemoryLedger {
   MemoryLedger& operator=(const MemoryLedger&) = delete;
 
   Result<Ticket> reserve(const Owner& owner, uint64_t bytes);
+  // Records memory that someone else uses or is about to use (a co-tenant's
+  // declared reservation): unlike reserve() it never refuses for lack of
+  // room, because refusing would not stop the other process; afterwards
+  // used may exceed the limit and available() is 0 until it is released.
+  // InvalidArgument for bytes == 0 or an owner kind other than kCoTenant.
+  Result<Ticket> declare(const Owner& owner, uint64_t bytes);
   Status commit(Ticket ticket, uint64_t actual_bytes);
   Status release(Ticket ticket);
 

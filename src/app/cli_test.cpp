@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "core/env.h"
 #include "gguf/gguf.h"
@@ -137,9 +138,29 @@ TEST(CliTest, EstimateBreaksDownMemoryByCategory) {
   EXPECT_TRUE(j.is_object());
   // stories260K: 5 layers x 2 (K and V) x 4 KV heads x head dim 8 x 4 bytes.
   EXPECT_NE(r.out.find("\"kv_bytes_per_token\": 1280"), std::string::npos) << r.out;
-  CmdResult bad = run("estimate --model " + kStories + " --device hybrid:9");
+  EXPECT_EQ(j["plan"]["placement"], "cpu");
+  CmdResult bad = run("estimate --model " + kStories + " --device hybrid:x");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.err.find("hybrid"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--device"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("'hybrid:x'"), std::string::npos) << bad.err;
+}
+
+// --device takes what serve and generate take (plus gpu, the older spelling
+// of vulkan) and the plan names the placement as it would run: stories260K
+// has 5 layers, so hybrid:9 runs (and is estimated) as vulkan.
+TEST(CliTest, EstimateSpellsPlacementsAsServeDoes) {
+  const std::string base = "estimate --json --model " + kStories + " --ctx 256 --ubatch 32 --device ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"cpu", "cpu"},           {"hybrid:0", "cpu"},   {"vulkan", "vulkan"}, {"vulkan:0", "vulkan"},
+      {"gpu", "vulkan"},        {"hybrid:9", "vulkan"}, {"hybrid:2", "hybrid:2"}, {"hybrid:2:0", "hybrid:2"}};
+  for (const auto& [device, placement] : cases) {
+    CmdResult r = run(base + device);
+    ASSERT_EQ(r.exit_code, 0) << device << ": " << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["plan"]["placement"], placement) << device;
+    const int n_gpu = placement == "cpu" ? 0 : placement == "vulkan" ? 5 : 2;
+    EXPECT_EQ(j["plan"]["n_gpu_layers"], n_gpu) << device;
+  }
 }
 
 // The estimate's host baseline is this binary's own RSS before it opens a

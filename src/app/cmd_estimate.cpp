@@ -1,7 +1,6 @@
 // `spillway estimate`: memory a model + serving plan needs, by category and
 // device (admission/estimator.h), from the GGUF header only.
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,6 +11,7 @@
 #include "app/commands.h"
 #include "backend/vulkan/device_spec.h"
 #include "core/env.h"
+#include "core/placement.h"
 #include "device/host_memory.h"
 #include "gguf/gguf.h"
 
@@ -61,24 +61,12 @@ Status host_baseline(Env& env, const std::string& spec, admission::DeviceCosts& 
   return Status();
 }
 
-// "cpu", "gpu", "hybrid:N".
-Status parse_device(const std::string& s, admission::Plan& plan) {
-  if (s == "cpu") {
-    plan.placement = admission::Placement::kCpu;
-  } else if (s == "gpu") {
-    plan.placement = admission::Placement::kGpu;
-  } else if (s.rfind("hybrid:", 0) == 0) {
-    plan.placement = admission::Placement::kHybrid;
-    const std::string n = s.substr(7);
-    int32_t v = -1;
-    auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
-    if (n.empty() || ec != std::errc() || p != n.data() + n.size() || v < 0)
-      return Status::invalid_argument("--device " + s + ": N in hybrid:N must be a layer count");
-    plan.n_gpu_layers = v;
-  } else {
-    return Status::invalid_argument("--device " + s + ": expected cpu, gpu or hybrid:N");
-  }
-  return Status();
+// --device: what serve and generate accept (Placement::parse), plus "gpu",
+// this command's older spelling of "vulkan", kept as a synonym.
+Result<Placement> parse_device(const std::string& s) {
+  auto p = Placement::parse(s == "gpu" ? std::string("vulkan") : s);
+  if (!p.ok()) return p.status().with_context("--device");
+  return p;
 }
 
 nlohmann::json amount_json(const Amount& a) {
@@ -157,8 +145,10 @@ int run_estimate(const EstimateOptions& o) {
     std::fprintf(stderr, "spillway estimate: --kv-type %s: expected f32 or f16\n", o.kv_type.c_str());
     return 1;
   }
-  if (Status st = parse_device(o.device, plan); !st.ok()) {
-    std::fprintf(stderr, "spillway estimate: %s\n", st.to_string().c_str());
+  if (auto placement = parse_device(o.device); placement.ok()) {
+    plan.placement = *placement;
+  } else {
+    std::fprintf(stderr, "spillway estimate: %s\n", placement.status().to_string().c_str());
     return 1;
   }
   Env& env = Env::default_env();
@@ -189,14 +179,16 @@ int run_estimate(const EstimateOptions& o) {
     req = *r;
   }
   const bool gpu = e.gpu().used;
+  // e.plan.placement is resolved for the model: the placement serve would run.
+  const Placement& placement = e.plan.placement;
 
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.model;
     j["host_baseline"] = {{"bytes", e.config.host.fixed_overhead}, {"source", baseline_source}};
-    j["plan"] = {{"device", o.device},
-                 {"placement", std::string(admission::placement_name(e.plan.placement))},
-                 {"n_gpu_layers", e.plan.n_gpu_layers},
+    j["plan"] = {{"device", placement.spec()},
+                 {"placement", placement.name()},
+                 {"n_gpu_layers", placement.gpu_layer_count(e.hparams.n_layer)},
                  {"n_ctx", e.plan.n_ctx},
                  {"n_batch", e.plan.n_batch},
                  {"n_ubatch", e.plan.n_ubatch},
@@ -241,8 +233,9 @@ int run_estimate(const EstimateOptions& o) {
 
   std::printf("model     %s\n", o.model.c_str());
   std::printf("hparams   %s\n", e.hparams.to_string().c_str());
-  std::printf("plan      device %s, ctx %d, batch %d, ubatch %d, parallel %d, threads %d, KV %s in blocks of %d\n",
-              o.device.c_str(), e.plan.n_ctx, e.plan.n_batch, e.plan.n_ubatch, e.plan.n_parallel, e.plan.n_threads,
+  std::printf("plan      placement %s, ctx %d, batch %d, ubatch %d, parallel %d, threads %d, KV %s in blocks of %d\n",
+              placement.name().c_str(), e.plan.n_ctx, e.plan.n_batch, e.plan.n_ubatch, e.plan.n_parallel,
+              e.plan.n_threads,
               std::string(admission::kv_type_name(e.plan.kv_type)).c_str(), e.plan.kv_block_tokens);
   std::printf("baseline  %llu bytes host runtime overhead (%s)\n",
               static_cast<unsigned long long>(e.config.host.fixed_overhead), baseline_source.c_str());
@@ -297,7 +290,9 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--parallel", o->parallel, "Concurrent sequences");
   sub->add_option("--threads", o->threads, "CPU backend threads");
   sub->add_option("--block-tokens", o->block_tokens, "KV block size in tokens");
-  sub->add_option("--device", o->device, "cpu, gpu or hybrid:N (embedding and first N layers on the GPU)");
+  sub->add_option("--device", o->device,
+                  "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] as for serve and generate (embedding and first N "
+                  "layers on Vulkan; hybrid:0 is cpu, N >= the layer count is vulkan); gpu = vulkan (older spelling)");
   sub->add_option("--kv-type", o->kv_type, "f32 or f16");
   sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");

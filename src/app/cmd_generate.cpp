@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "backend/vulkan/device_spec.h"
 #include "core/env.h"
+#include "core/placement.h"
 #include "device/host_memory.h"
 #include "engine/device_session.h"
 #include "engine/generate.h"
@@ -62,10 +64,12 @@ int run_generate(GenerateCliOptions o) {
 
   DeviceSessionOptions dso;
   {
-    auto spec = parse_device_spec(o.device);
-    if (!spec.ok()) return fail(spec.status());
-    dso.device = *spec;
+    auto placement = Placement::parse(o.device);
+    if (!placement.ok()) return fail(placement.status().with_context("--device"));
+    dso.device = *placement;
   }
+  // What runs, by the name serve's responses and journal use.
+  const std::string placement_name = dso.device.resolved(m.hparams().n_layer).name();
   if (!o.device_memory.empty()) {
     auto bytes = parse_memory_size(o.device_memory);
     if (!bytes.ok()) return fail(bytes.status());
@@ -78,7 +82,7 @@ int run_generate(GenerateCliOptions o) {
   auto placed = open_device_session(*model, dso);
   if (!placed.ok()) {
     Status s = placed.status();
-    if (dso.device.kind != DeviceSpec::Kind::kCpu) {
+    if (dso.device.on_gpu()) {
       s = s.with_context("cannot use --device " + o.device + " (use --device cpu, or see `spillway devices`)");
     }
     return fail(s);
@@ -111,10 +115,13 @@ int run_generate(GenerateCliOptions o) {
   const GenerateResult& r = *result;
 
   if (!o.json) {
+    // The short name, then what was built when it says more.
+    const std::string where =
+        ds.placement == placement_name ? placement_name : placement_name + " [" + ds.placement + "]";
     std::printf("\n");
     std::fprintf(stderr,
                  "spillway: on %s: %zu prompt tokens %.1f tok/s, %zu generated %.1f tok/s, finish=%s, load %.1f ms\n",
-                 ds.placement.c_str(), r.prompt_tokens.size(),
+                 where.c_str(), r.prompt_tokens.size(),
                  per_second(static_cast<int64_t>(r.prompt_tokens.size()), r.prefill_ns), r.tokens.size(),
                  per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns), r.finish_reason.c_str(),
                  load_ns / 1e6);
@@ -131,8 +138,9 @@ int run_generate(GenerateCliOptions o) {
   j["finish_reason"] = r.finish_reason;
   j["seed"] = o.sampler.seed;
   j["threads"] = o.threads;
-  j["device"] = o.device;
-  j["placement"] = ds.placement;
+  j["device"] = dso.device.spec();     // the --device given, canonical
+  j["placement"] = placement_name;     // what ran: "cpu", "vulkan", "hybrid:N"
+  j["placement_detail"] = ds.placement;  // e.g. "hybrid: layers 0-2 vulkan (llvmpipe), 3-4 cpu"
   if (ds.vulkan) {
     // Every device byte went through the backend's allocator: report its books.
     const DeviceMemoryStats st = ds.vulkan->memory_stats();

@@ -62,6 +62,18 @@ class PosixEnv final : public Env {
   void sleep_for_ns(int64_t ns) override {
     if (ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
   }
+  // now_ns() is steady_clock's count since its epoch, so the deadline is a
+  // steady_clock time point as it stands: one absolute wait, no drift from
+  // converting to a relative timeout.
+  bool wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, int64_t deadline_ns) override {
+    if (now_ns() >= deadline_ns) return false;
+    const std::chrono::steady_clock::time_point deadline(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::nanoseconds(deadline_ns)));
+    cv.wait_until(lock, deadline);
+    // Judged on the clock, not on cv_status, so "false" means exactly that
+    // now_ns() reached the deadline.
+    return now_ns() < deadline_ns;
+  }
   uint64_t random_u64() override {
     std::random_device rd;
     return (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -137,6 +149,22 @@ class PosixEnv final : public Env {
 };
 
 }  // namespace
+
+bool Env::wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, int64_t deadline_ns) {
+  // Loops when the real-time wait ended before this Env's clock reached the
+  // deadline (its clock ran slower than steady_clock): wait for the rest.
+  // Each wait is capped at a day: wait_for adds it to steady_clock::now(),
+  // which a far deadline on a clock with another origin would overflow.
+  constexpr int64_t kMaxWaitNs = int64_t{86'400} * 1'000'000'000;
+  for (;;) {
+    const int64_t now = now_ns();
+    if (now >= deadline_ns) return false;
+    const int64_t wait_ns = deadline_ns - now < kMaxWaitNs ? deadline_ns - now : kMaxWaitNs;
+    if (cv.wait_for(lock, std::chrono::nanoseconds(wait_ns)) == std::cv_status::no_timeout) {
+      return now_ns() < deadline_ns;
+    }
+  }
+}
 
 Env& Env::default_env() {
   static PosixEnv* env = new PosixEnv();  // never destroyed: used by static teardown

@@ -4,13 +4,18 @@
 // an Env& so that failover and scheduling logic can run under a simulated clock
 // in tests. Env::default_env() is the real one (monotonic clock, /dev/urandom,
 // POSIX files, mmap) and lives for the whole process.
+// Timed waits (wait_until_ns) are measured on the Env's own clock, so code
+// that waits for work or a deadline through its Env runs unchanged under
+// core/sim_env.h's simulated clock.
 // Thread safety: all methods of the default Env are safe to call concurrently;
 // test Envs document their own rules.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -44,6 +49,29 @@ class Env {
   // Wall-clock milliseconds since the Unix epoch (for logs and journals only).
   virtual int64_t wall_time_ms() = 0;
   virtual void sleep_for_ns(int64_t ns) = 0;
+
+  // Waits on `cv` until notified or until now_ns() reaches `deadline_ns`.
+  // `lock` (on the mutex that guards the caller's state) is held on entry and
+  // on return, and released while waiting as by std::condition_variable::wait.
+  // Returns false when the clock has reached deadline_ns (at once if it
+  // already has), true when woken before that; wake-ups may be spurious, so
+  // callers loop on their predicate (or use the overload below).
+  // The default implementation waits in real time for what remains on this
+  // Env's clock and rechecks, which fits any clock that runs at real speed; an
+  // Env whose clock runs otherwise must override it (SimEnv does).
+  virtual bool wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, int64_t deadline_ns);
+  // Waits until pred() holds or the deadline passes; returns pred()'s final
+  // value (as std::condition_variable::wait_until with a predicate). pred runs
+  // with `lock` held.
+  template <class Pred>
+  bool wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, int64_t deadline_ns,
+                     Pred pred) {
+    while (!pred()) {
+      if (!wait_until_ns(lock, cv, deadline_ns)) return pred();
+    }
+    return true;
+  }
+
   // A seed-quality random 64-bit value (not for cryptography).
   virtual uint64_t random_u64() = 0;
 

@@ -21,6 +21,35 @@ std::string_view status_code_name(StatusCode code) {
   return "Unknown";
 }
 
+std::string_view failure_reason_name(FailureReason r) {
+  switch (r) {
+    case FailureReason::kNone: return "none";
+    case FailureReason::kInvalidField: return "invalid_value";
+    case FailureReason::kContextFull: return "context_length_exceeded";
+    case FailureReason::kQueueFull: return "queue_full";
+    case FailureReason::kKvExhausted: return "kv_exhausted";
+    case FailureReason::kDeviceOutOfMemory: return "device_out_of_memory";
+    case FailureReason::kHostMemoryExhausted: return "host_memory_exhausted";
+    case FailureReason::kNoPath: return "no_path";
+    case FailureReason::kShuttingDown: return "shutting_down";
+    case FailureReason::kDeviceLost: return "device_lost";
+    case FailureReason::kTimeout: return "timeout";
+    case FailureReason::kCancelled: return "cancelled";
+    case FailureReason::kJournalUnavailable: return "journal_unavailable";
+    case FailureReason::kIdempotencyConflict: return "idempotency_conflict";
+    case FailureReason::kUnhealthy: return "unhealthy";
+  }
+  return "unknown";
+}
+
+Status Status::with_reason(FailureReason reason, std::string field) const {
+  if (ok()) return *this;
+  Status s = *this;
+  s.reason_ = reason;
+  s.field_ = std::move(field);
+  return s;
+}
+
 std::string Status::to_string() const {
   if (ok()) return "OK";
   std::string s(status_code_name(code_));
@@ -34,7 +63,7 @@ Status Status::with_context(std::string_view context) const {
   std::string m(context);
   m += ": ";
   m += message_;
-  return Status(code_, std::move(m));
+  return Status(code_, std::move(m), reason_, field_);
 }
 
 }  // namespace spw

@@ -1,7 +1,11 @@
 // Status and Result<T>: errors as values.
 //
 // Contract: a Status is either OK (no message) or carries a code and a
-// human-readable message naming what failed (field, offset, value). Result<T>
+// human-readable message naming what failed (field, offset, value). A Status
+// may also carry a typed FailureReason and the request field it concerns:
+// that, not the message text, is what other layers act on (core/failure.h
+// classifies it once for HTTP, the journal and the breaker). The message is
+// for people only; no code may search it. Result<T>
 // holds either a T or a non-OK Status. Neither throws; accessing value() of an
 // error Result is a programming error (asserts in debug builds).
 // Thread safety: immutable values; safe to copy across threads.
@@ -33,10 +37,35 @@ enum class StatusCode {
 
 std::string_view status_code_name(StatusCode code);
 
+// Why a request could not be served, beyond the generic code. kNone: the code
+// alone says it (a library error with no request meaning). Stable names
+// (failure_reason_name) appear in HTTP error codes and journal records.
+enum class FailureReason : uint8_t {
+  kNone = 0,
+  kInvalidField,         // a request field is wrong; field() names it
+  kContextFull,          // the prompt does not fit the context limit
+  kQueueFull,            // the chosen path's queue is full
+  kKvExhausted,          // the KV pool has not the blocks for prompt + max_tokens
+  kDeviceOutOfMemory,    // the device (or its budget) refused an allocation
+  kHostMemoryExhausted,  // the host budget cannot hold the request
+  kNoPath,               // no execution path can serve the request now
+  kShuttingDown,         // the server stops accepting
+  kDeviceLost,           // driver reset / device lost
+  kTimeout,              // a device wait or a deadline ran out
+  kCancelled,            // the client or an operator cancelled
+  kJournalUnavailable,   // the request journal could not record it
+  kIdempotencyConflict,  // the Idempotency-Key is in flight or bound to another body
+  kUnhealthy,            // a health check failed
+};
+inline constexpr int kNumFailureReasons = 15;
+std::string_view failure_reason_name(FailureReason r);  // "queue_full", "kv_exhausted", ...
+
 class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message, FailureReason reason, std::string field = {})
+      : code_(code), message_(std::move(message)), reason_(reason), field_(std::move(field)) {}
 
   static Status ok_status() { return Status(); }
   static Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
@@ -55,6 +84,11 @@ class [[nodiscard]] Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  FailureReason reason() const { return reason_; }
+  // The request field the failure concerns ("max_tokens", "prompt"); empty: none.
+  const std::string& field() const { return field_; }
+  // A copy with the typed reason (and field) set; OK stays OK.
+  Status with_reason(FailureReason reason, std::string field = {}) const;
   // "Corruption: tensor 'x' data ends past file end (offset 123)".
   std::string to_string() const;
 
@@ -64,7 +98,14 @@ class [[nodiscard]] Status {
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  FailureReason reason_ = FailureReason::kNone;
+  std::string field_;
 };
+
+// InvalidArgument about one request field: reason kInvalidField, field set.
+inline Status invalid_field(std::string field, std::string message) {
+  return Status(StatusCode::kInvalidArgument, std::move(message), FailureReason::kInvalidField, std::move(field));
+}
 
 template <typename T>
 class [[nodiscard]] Result {

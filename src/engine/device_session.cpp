@@ -45,7 +45,7 @@ KvPoolOptions stage_pool(const Model& m, const SessionGroupOptions& o, int32_t n
 Result<KvPoolOptions> session_group_host_pool(const Model& model, const SessionGroupOptions& o) {
   SPW_ASSIGN_OR_RETURN(const int32_t n_ctx, check_group(model, o));
   const int32_t n_layer = model.hparams().n_layer;
-  const int32_t n_gpu = gpu_layer_count(o.device, n_layer);
+  const int32_t n_gpu = o.device.gpu_layer_count(n_layer);
   if (n_gpu == n_layer) return Status::invalid_argument("session group: every layer is on Vulkan, no CPU stage");
   return stage_pool(model, o, n_ctx, n_gpu, n_layer);
 }
@@ -58,7 +58,7 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
   const int32_t n_layer = m.hparams().n_layer;
   SessionGroup g;
   g.n_ctx = n_ctx;
-  g.n_gpu_layers = gpu_layer_count(o.device, n_layer);
+  g.n_gpu_layers = o.device.gpu_layer_count(n_layer);
 
   std::vector<SessionStage> stages;
   if (g.n_gpu_layers > 0) {

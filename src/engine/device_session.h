@@ -1,4 +1,5 @@
-// DeviceSession: a Session placed on the device a `--device` spec names.
+// DeviceSession: a Session placed where a `--device` placement says
+// (core/placement.h).
 //
 // Contract: open_device_session() builds the backends and KV pools for
 //   cpu          all layers on a CpuBackend, KV in host memory;
@@ -6,7 +7,9 @@
 //                every device byte through its allocator (budget =
 //                device_memory_bytes, 0 = the largest device-local heap);
 //   hybrid:N     layers [0, N) on Vulkan, [N, n_layer) on the CPU (N clamped
-//                to n_layer; N = 0 is all-CPU, N = n_layer all-Vulkan),
+//                to n_layer; N = 0 is all-CPU, N = n_layer all-Vulkan:
+//                what runs is device.resolved(n_layer), whose name() is the
+//                short placement name),
 // sized for n_ctx positions of one sequence, and a Session over them (the
 // session group below with one session). Without
 // a Vulkan build or device the Vulkan forms fail with the backend's Unavailable
@@ -23,8 +26,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "core/placement.h"
 #include "core/status.h"
 #include "engine/session.h"
 #include "model/model.h"
@@ -32,7 +35,7 @@
 namespace spw {
 
 struct SessionGroupOptions {
-  DeviceSpec device;                 // cpu (default), vulkan[:i], hybrid:N
+  Placement device;                  // cpu (default), vulkan[:i], hybrid:N[:i]
   uint64_t device_memory_bytes = 0;  // Vulkan budget; 0 = largest device-local heap
   // An open backend to place the Vulkan layers on (its device and budget
   // win over device.vulkan_device and device_memory_bytes); null: open one.

@@ -36,7 +36,7 @@ bool vulkan_available(std::string* why) {
 
 DeviceSessionOptions options_for(const std::string& spec, uint64_t budget = 0) {
   DeviceSessionOptions o;
-  o.device = parse_device_spec(spec).value();
+  o.device = Placement::parse(spec).value();
   o.device_memory_bytes = budget;
   o.n_ctx = 128;
   return o;
@@ -95,7 +95,7 @@ TEST(DeviceSessionTest, GroupSharesOneBackendAndPoolPerStageAcrossThreads) {
   for (const std::string spec : {"vulkan", "hybrid:3"}) {
     SCOPED_TRACE(spec);
     SessionGroupOptions o;
-    o.device = parse_device_spec(spec).value();
+    o.device = Placement::parse(spec).value();
     o.n_sessions = 3;
     o.n_ctx = 64;
     auto g = open_session_group(model, o);
@@ -122,7 +122,7 @@ TEST(DeviceSessionTest, GroupSharesOneBackendAndPoolPerStageAcrossThreads) {
   bad.n_sessions = 2;
   EXPECT_EQ(open_device_session(model, bad).status().code(), StatusCode::kInvalidArgument) << "one session only";
   bad = {};
-  bad.device = parse_device_spec("vulkan").value();
+  bad.device = Placement::parse("vulkan").value();
   EXPECT_EQ(session_group_host_pool(*model, bad).status().code(), StatusCode::kInvalidArgument)
       << "all layers on Vulkan: no host stage";
 }

@@ -42,7 +42,7 @@ TEST(EquivalenceProbeTest, CpuAndVulkanAndHybridAreEquivalent) {
   auto cpu = cpu_session(m, 1);
   for (const std::string spec : {"vulkan", "hybrid:2"}) {
     DeviceSessionOptions o;
-    o.device = parse_device_spec(spec).value();
+    o.device = Placement::parse(spec).value();
     o.n_ctx = 256;
     auto ds = open_device_session(m, o);
     ASSERT_TRUE(ds.ok()) << ds.status().to_string();

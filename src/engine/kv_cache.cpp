@@ -71,10 +71,10 @@ Status KvPool::reserve(BlockTable& table, int32_t n_tokens) {
   if (need <= 0) return Status();
   std::lock_guard<std::mutex> lk(mu_);
   if (static_cast<int32_t>(free_.size()) < need) {
-    return Status::resource_exhausted("KV pool exhausted: need " + std::to_string(need) + " more blocks of " +
+    return Status(StatusCode::kResourceExhausted, "KV pool exhausted: need " + std::to_string(need) + " more blocks of " +
                                       std::to_string(opts_.block_tokens) + " tokens, " +
                                       std::to_string(free_.size()) + " of " + std::to_string(opts_.n_blocks) +
-                                      " free");
+                                      " free", FailureReason::kKvExhausted);
   }
   table.blocks_.reserve(table.blocks_.size() + static_cast<size_t>(need));
   for (int32_t i = 0; i < need; ++i) {

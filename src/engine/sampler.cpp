@@ -13,8 +13,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 Status check_finite(float v, const char* field) {
   if (!std::isfinite(v)) {
-    return Status::invalid_argument(std::string("sampler param ") + field + " must be finite, got " +
-                                    std::to_string(v));
+    return invalid_field(field, std::string("sampler param ") + field + " must be finite, got " + std::to_string(v));
   }
   return Status::ok_status();
 }
@@ -27,21 +26,21 @@ Status validate_sampler_params(const SamplerParams& p) {
   SPW_RETURN_IF_ERROR(check_finite(p.min_p, "min_p"));
   SPW_RETURN_IF_ERROR(check_finite(p.repeat_penalty, "repeat_penalty"));
   if (p.temperature < 0.0f) {
-    return Status::invalid_argument("sampler param temperature must be >= 0 (0 = greedy), got " +
+    return invalid_field("temperature", "sampler param temperature must be >= 0 (0 = greedy), got " +
                                     std::to_string(p.temperature));
   }
   if (p.top_p < 0.0f) {
-    return Status::invalid_argument("sampler param top_p must be >= 0, got " + std::to_string(p.top_p));
+    return invalid_field("top_p", "sampler param top_p must be >= 0, got " + std::to_string(p.top_p));
   }
   if (p.min_p < 0.0f || p.min_p > 1.0f) {
-    return Status::invalid_argument("sampler param min_p must be in [0, 1], got " + std::to_string(p.min_p));
+    return invalid_field("min_p", "sampler param min_p must be in [0, 1], got " + std::to_string(p.min_p));
   }
   if (p.repeat_penalty <= 0.0f) {
-    return Status::invalid_argument("sampler param repeat_penalty must be > 0, got " +
+    return invalid_field("repeat_penalty", "sampler param repeat_penalty must be > 0, got " +
                                     std::to_string(p.repeat_penalty));
   }
   if (p.repeat_last_n < 0) {
-    return Status::invalid_argument("sampler param repeat_last_n must be >= 0, got " +
+    return invalid_field("repeat_last_n", "sampler param repeat_last_n must be >= 0, got " +
                                     std::to_string(p.repeat_last_n));
   }
   return Status::ok_status();

@@ -77,8 +77,8 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
   const int32_t n = static_cast<int32_t>(tokens.size());
   const int32_t n0 = n_past();
   if (static_cast<int64_t>(n0) + n > n_ctx_)
-    return Status::resource_exhausted("context full: " + std::to_string(n0) + " + " + std::to_string(n) +
-                                      " tokens exceed n_ctx = " + std::to_string(n_ctx_));
+    return Status(StatusCode::kResourceExhausted, "context full: " + std::to_string(n0) + " + " + std::to_string(n) +
+                  " tokens exceed n_ctx = " + std::to_string(n_ctx_), FailureReason::kContextFull);
   // Reserve KV in every stage first: all-or-nothing.
   for (size_t i = 0; i < stages_.size(); ++i) {
     Status st = stages_[i].pool->reserve(tables_[i], n0 + n);

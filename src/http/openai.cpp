@@ -1,5 +1,8 @@
 #include "http/openai.h"
 
+#include "backend/vulkan/device_spec.h"
+#include "core/failure.h"
+
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -239,6 +242,8 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   return std::nullopt;
 }
 
+json nullable(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+
 json limits_json(const serve::AppliedLimits& l) {
   json j;
   j["n_ctx"] = l.n_ctx;
@@ -252,8 +257,16 @@ json limits_json(const serve::AppliedLimits& l) {
 json spillway_json(const SpillwayInfo& s) {
   json j;
   j["placement"] = s.placement;
+  j["path"] = nullable(s.path);
   j["model"] = s.model;
-  j["degraded"] = false;
+  j["fallback_model"] = s.fallback_model;
+  j["decision"] = nullable(s.decision);
+  j["reason"] = nullable(s.reason);
+  j["degraded"] = s.degraded;
+  j["shrunk"] = s.shrunk;
+  j["queue_position"] = s.queue_position;
+  j["estimated_delay_ms"] = s.estimated_delay_ms;
+  j["quote"] = {{"ttft_ms", s.predicted_ttft_ms}, {"total_ms", s.predicted_total_ms}};
   j["request_id"] = s.request_id;
   j["seed"] = s.seed;
   j["limits"] = limits_json(s.limits);
@@ -267,7 +280,6 @@ json usage_json(int32_t prompt, int32_t completion) {
   return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
-json nullable(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
 
 // Generated text is valid UTF-8 (Utf8Stream), but never let a stray byte throw.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -275,55 +287,14 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 }  // namespace
 
 ApiError api_error_from_status(const Status& s) {
+  const FailureClass fc = classify(s);
   ApiError e;
-  e.message = s.message();
-  switch (s.code()) {
-    case StatusCode::kInvalidArgument: {
-      e.http_status = 400;
-      e.type = "invalid_request_error";
-      e.code = "invalid_value";
-      // Scheduler and sampler messages start with the field they name.
-      for (const char* field : {"prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-                                "repeat_penalty", "repeat_last_n", "messages", "stop"}) {
-        std::string_view m = s.message();
-        if (m.starts_with("sampler param ")) m.remove_prefix(14);
-        if (m.starts_with(field)) {
-          e.param = field;
-          break;
-        }
-      }
-      if (e.param == "prompt" && s.message().find("context") != std::string::npos) {
-        e.code = "context_length_exceeded";
-      }
-      break;
-    }
-    case StatusCode::kResourceExhausted:
-      e.http_status = 429;
-      e.type = "rate_limit_error";
-      e.code = s.message().find("queue") != std::string::npos ? "queue_full" : "resource_exhausted";
-      break;
-    case StatusCode::kUnavailable:
-      e.http_status = 503;
-      e.type = "server_error";
-      e.code = "unavailable";
-      break;
-    case StatusCode::kCancelled:
-      e.http_status = 503;
-      e.type = "server_error";
-      e.code = "cancelled";
-      break;
-    case StatusCode::kDeadlineExceeded:
-      e.http_status = 504;
-      e.type = "server_error";
-      e.code = "deadline_exceeded";
-      break;
-    default:
-      e.http_status = 500;
-      e.type = "server_error";
-      e.code = "internal_error";
-      e.message = s.to_string();
-      break;
-  }
+  e.http_status = fc.http_status;
+  e.type = std::string(fc.type);
+  e.code = std::string(fc.code);
+  e.param = s.field();
+  // An internal error keeps its code name: it is a bug report.
+  e.message = fc.http_status == 500 ? s.to_string() : s.message();
   return e;
 }
 
@@ -543,6 +514,198 @@ std::string render_models(const std::string& model, int64_t created) {
   j["object"] = "list";
   j["data"] = json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "spillway"}}});
   return dump(j);
+}
+
+namespace {
+
+// Seconds to milliseconds for JSON; an unknown (infinite) time is null.
+json ms(double seconds) { return std::isfinite(seconds) ? json(seconds * 1000.0) : json(nullptr); }
+
+json verdicts_json(const admission::Decision& d) {
+  json a = json::array();
+  for (const admission::PathVerdict& v : d.verdicts) {
+    a.push_back({{"path", v.path}, {"eligible", v.eligible}, {"reason", v.reason}});
+  }
+  return a;
+}
+
+json ledger_json(const admission::LedgerSnapshot& l) {
+  json by = json::object();
+  for (int k = 0; k < admission::kNumOwnerKinds; ++k) {
+    by[std::string(admission::owner_kind_name(static_cast<admission::OwnerKind>(k)))] = l.reserved[k];
+  }
+  return {{"name", l.name},       {"capacity_bytes", l.capacity}, {"headroom_bytes", l.headroom},
+          {"limit_bytes", l.limit}, {"reserved_bytes", by},       {"observed_bytes", l.observed},
+          {"others_bytes", l.others}, {"used_bytes", l.used},     {"available_bytes", l.available},
+          {"pressure", l.limit > 0 ? static_cast<double>(l.used) / static_cast<double>(l.limit) : 0.0}};
+}
+
+json reservation_json(const gateway::ReservationInfo& r) {
+  return {{"id", r.id},
+          {"object", "spillway.reservation"},
+          {"name", r.name},
+          {"ledger", r.ledger},
+          {"bytes", r.bytes},
+          {"ttl_s", r.ttl_s},
+          {"expires_in_s", r.expires_in_s},
+          {"fits", r.fits},
+          {"note", r.fits ? "counted by admission from now on"
+                          : "accepted, but it leaves Spillway no room under its safe limit: new requests go to "
+                            "other paths until it is released"},
+          {"ledger_after", ledger_json(r.after)}};
+}
+
+json rates_json(const admission::PathRates& r) {
+  return {{"prefill_tokens_per_s", r.prefill_tps},
+          {"decode_tokens_per_s", r.decode_tps},
+          {"completion_share", r.completion_share},
+          {"samples", r.samples},
+          {"measured", r.measured}};
+}
+
+}  // namespace
+
+std::string render_refusal(const ApiError& e, const std::string& model, const admission::Decision& d) {
+  json j = {{"error", {{"message", e.message}, {"type", e.type}, {"param", nullable(e.param)}, {"code", nullable(e.code)}}}};
+  json s = {{"model", model.empty() ? json(nullptr) : json(model)}, {"placement", nullptr}, {"decision", "reject"},
+            {"reason", d.reason}, {"paths", verdicts_json(d)}};
+  if (d.http_status == 429) s["retry_after_s"] = d.retry_after_s;
+  j["spillway"] = s;
+  return dump(j);
+}
+
+std::string render_queued_chunk(const std::string& id, int64_t created, const std::string& model, bool chat,
+                                const std::string& path, int32_t position, double estimated_delay_ms) {
+  json j = {{"id", id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", json::array()},
+            {"spillway",
+             {{"state", "queued"}, {"path", path}, {"queue_position", position}, {"estimated_delay_ms", estimated_delay_ms}}}};
+  return dump(j);
+}
+
+std::string render_quote(const gateway::Quote& q) {
+  const admission::Decision& d = q.decision;
+  json paths = json::array();
+  for (const gateway::PathQuote& p : q.paths) {
+    paths.push_back({{"path", p.path},
+                     {"placement", p.placement},
+                     {"model", p.model},
+                     {"can_serve", p.eligible},
+                     {"reason", p.reason},
+                     {"estimated_delay_ms", ms(p.timing.delay_s)},
+                     {"predicted_ttft_ms", ms(p.timing.ttft_s)},
+                     {"predicted_total_ms", ms(p.timing.total_s)},
+                     {"prefill_tokens_per_s", p.prefill_tps},
+                     {"decode_tokens_per_s", p.decode_tps},
+                     {"rates_measured", p.rates_measured}});
+  }
+  json j = {{"object", "spillway.quote"},
+            {"decision", std::string(admission::decision_kind_name(d.kind))},
+            {"reason", d.reason},
+            {"path", nullable(d.path)},
+            {"placement", nullable(q.placement)},
+            {"model", nullable(q.model)},
+            {"fallback_model", q.fallback_model},
+            {"degraded", d.degraded()},
+            {"limits",
+             {{"n_ctx", d.n_ctx},
+              {"prompt_tokens", d.prompt_tokens},
+              {"max_tokens", d.max_tokens},
+              {"max_tokens_requested", d.max_tokens_requested ? json(*d.max_tokens_requested) : json(nullptr)},
+              {"max_tokens_clamped", d.max_tokens_clamped},
+              {"shrunk", d.shrunk},
+              {"kv_blocks", d.kv_blocks}}},
+            {"queue_position", d.queue_position},
+            {"estimated_delay_ms", ms(d.timing.delay_s)},
+            {"predicted_ttft_ms", ms(d.timing.ttft_s)},
+            {"predicted_total_ms", ms(d.timing.total_s)},
+            {"http_status", d.kind == admission::DecisionKind::kReject ? d.http_status : 200},
+            {"verdicts", verdicts_json(d)},
+            {"paths", paths}};
+  return dump(j);
+}
+
+std::string render_status(const gateway::GatewayStatus& s) {
+  json paths = json::array();
+  for (const gateway::PathStatus& p : s.paths) {
+    paths.push_back({{"name", p.name},
+                     {"placement", p.placement},
+                     {"model", p.model},
+                     {"fallback_model", p.fallback_model},
+                     {"role", p.role},
+                     {"replica", p.replica},
+                     {"recovery_ms", p.recovery_ms},
+                     {"workers", p.workers},
+                     {"running", p.running},
+                     {"queue_depth", p.queue_depth},
+                     {"queue_capacity", p.queue_capacity},
+                     {"oldest_queued_s", p.oldest_queued_s},
+                     {"n_ctx", p.n_ctx},
+                     {"kv", {{"block_tokens", p.kv_block_tokens}, {"blocks_total", p.kv_blocks_total}, {"blocks_free", p.kv_blocks_free}}},
+                     {"rates", rates_json(p.rates)},
+                     {"requests",
+                      {{"submitted", p.stats.submitted},
+                       {"rejected", p.stats.rejected},
+                       {"done", p.stats.done},
+                       {"cancelled", p.stats.cancelled},
+                       {"failed", p.stats.failed}}}});
+  }
+  json not_built = json::array();
+  for (const auto& n : s.not_built) not_built.push_back({{"path", n.name}, {"reason", n.reason}});
+  json ledgers = json::array();
+  for (const auto& l : s.ledgers) ledgers.push_back(ledger_json(l));
+  json decisions = json::object();
+  for (const char* k : {"admit", "delay", "shrink", "offload", "redirect", "reject"}) decisions[k] = 0;
+  for (const auto& [k, v] : s.decisions) decisions[k] = v;
+  json j = {{"object", "spillway.status"}, {"ready", s.ready},       {"paths", paths},
+            {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", json::parse(render_reservations(s.reservations))},
+            {"decisions", decisions}};
+  return dump(j);
+}
+
+std::string render_reservation(const gateway::ReservationInfo& r) { return dump(reservation_json(r)); }
+
+std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs) {
+  json a = json::array();
+  for (const auto& r : rs) a.push_back(reservation_json(r));
+  return dump(a);
+}
+
+std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state) {
+  return dump({{"id", request_id}, {"object", "spillway.request"}, {"cancelled", cancelled}, {"state", state}});
+}
+
+std::optional<ApiError> parse_reservation_request(std::string_view body, ReservationRequest& out) {
+  json obj;
+  SPW_TRY_FIELD(parse_object(body, obj));
+  auto n = obj.find("name");
+  if (n == obj.end() || !n->is_string() || n->get<std::string>().empty() || n->get<std::string>().size() > 64) {
+    return bad("name", "'name' is required: a string of 1 to 64 characters naming the service", "invalid_value");
+  }
+  out.name = n->get<std::string>();
+  auto b = obj.find("bytes");
+  if (b == obj.end()) return bad("bytes", "'bytes' is required (an integer, or a size such as \"2GiB\")", "missing_required_parameter");
+  if (b->is_number_unsigned()) {
+    out.bytes = b->get<uint64_t>();
+  } else if (b->is_string()) {
+    auto v = parse_memory_size(b->get<std::string>());
+    if (!v.ok()) return bad("bytes", "'bytes': " + v.status().message(), "invalid_value");
+    out.bytes = *v;
+  } else {
+    return bad("bytes", "'bytes' must be a positive integer or a size string such as \"2GiB\"", "invalid_value");
+  }
+  if (out.bytes == 0) return bad("bytes", "'bytes' must be > 0", "invalid_value");
+  auto t = obj.find("ttl_s");
+  if (t != obj.end() && !t->is_null()) {
+    if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400) {
+      return bad("ttl_s", "'ttl_s' must be a number of seconds in (0, 86400]", "invalid_value");
+    }
+    out.ttl_s = t->get<double>();
+  }
+  return std::nullopt;
 }
 
 std::string sse_data(std::string_view payload) {

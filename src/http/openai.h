@@ -24,6 +24,7 @@
 
 #include "core/status.h"
 #include "journal/journal.h"
+#include "gateway/gateway.h"
 #include "serve/scheduler.h"
 #include "tokenizer/chat_template.h"
 
@@ -74,7 +75,19 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
 // What every response reports about where and how it ran.
 struct SpillwayInfo {
   std::string placement = "cpu";
+  std::string path;           // execution path ("gpu", "cpu", ...); empty for replays
   std::string model;
+  bool fallback_model = false;  // a different model than the one asked for
+  // The admission decision and its reason ("admit", "delay", "shrink",
+  // "offload", "redirect"); degraded when not on the first-choice path.
+  std::string decision;
+  std::string reason;
+  bool degraded = false;
+  bool shrunk = false;
+  int32_t queue_position = 0;       // at acceptance (0: started at once)
+  double estimated_delay_ms = 0;    // predicted wait at acceptance
+  double predicted_ttft_ms = 0;     // the quote it was admitted under
+  double predicted_total_ms = 0;
   uint64_t request_id = 0;
   uint64_t seed = 0;
   serve::AppliedLimits limits;
@@ -121,6 +134,30 @@ std::string render_chat_chunk(const ChunkFields& c);
 // {"error":{...}}; with a model name, also "spillway":{"model","placement":null}
 // (the request was not placed anywhere).
 std::string render_error(const ApiError& e, const std::string& model = "");
+// An error that admission decided (429/503): the error body plus
+// "spillway":{"decision":"reject","reason",...,"paths":[verdicts]}.
+std::string render_refusal(const ApiError& e, const std::string& model, const admission::Decision& d);
+// A stream chunk while the request waits in a queue: "choices":[] (which
+// OpenAI clients accept, as for usage chunks) and
+// "spillway":{"state":"queued","queue_position","estimated_delay_ms","path"}.
+std::string render_queued_chunk(const std::string& id, int64_t created, const std::string& model, bool chat,
+                                const std::string& path, int32_t position, double estimated_delay_ms);
+// POST /v1/quote.
+std::string render_quote(const gateway::Quote& q);
+// GET /v1/status.
+std::string render_status(const gateway::GatewayStatus& s);
+std::string render_reservation(const gateway::ReservationInfo& r);
+std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs);
+// DELETE /v1/requests/{id}.
+std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state);
+// POST /v1/reservations body: {"name","bytes","ttl_s"} (bytes: integer or
+// "2GiB"-style string); nullopt on success.
+struct ReservationRequest {
+  std::string name;
+  uint64_t bytes = 0;
+  double ttl_s = 30;
+};
+std::optional<ApiError> parse_reservation_request(std::string_view body, ReservationRequest& out);
 
 // Host memory as the server's ledger and probes see it (all bytes). Absent
 // from /health when the server was built without a ledger (tests).

@@ -148,16 +148,26 @@ TEST(OpenAiParse, BadChatMessages) {
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})").param, "max_tokens");
 }
 
-TEST(OpenAiStatus, MapsCodesToHttp) {
-  EXPECT_EQ(api_error_from_status(Status::resource_exhausted("request queue is full")).http_status, 429);
-  EXPECT_EQ(api_error_from_status(Status::resource_exhausted("request queue is full")).code, "queue_full");
+// The mapping follows the typed reason and field, never the message text.
+TEST(OpenAiStatus, MapsReasonsToHttp) {
+  const Status queue_full(StatusCode::kResourceExhausted, "anything", FailureReason::kQueueFull);
+  EXPECT_EQ(api_error_from_status(queue_full).http_status, 429);
+  EXPECT_EQ(api_error_from_status(queue_full).code, "queue_full");
+  // Same words, no reason: the generic code, not a guess from the text.
+  EXPECT_EQ(api_error_from_status(Status::resource_exhausted("request queue is full")).code, "resource_exhausted");
   EXPECT_EQ(api_error_from_status(Status::unavailable("x")).http_status, 503);
   EXPECT_EQ(api_error_from_status(Status::internal("x")).http_status, 500);
-  ApiError e = api_error_from_status(Status::invalid_argument("prompt: 900 tokens does not fit the context of 512"));
+  ApiError e = api_error_from_status(
+      Status(StatusCode::kInvalidArgument, "900 tokens is too long", FailureReason::kContextFull, "prompt"));
   EXPECT_EQ(e.http_status, 400);
   EXPECT_EQ(e.param, "prompt");
   EXPECT_EQ(e.code, "context_length_exceeded");
-  EXPECT_EQ(api_error_from_status(Status::invalid_argument("sampler param top_p must be >= 0")).param, "top_p");
+  EXPECT_EQ(api_error_from_status(invalid_field("top_p", "top_p must be >= 0")).param, "top_p");
+  const Status no_path(StatusCode::kUnavailable, "no path", FailureReason::kNoPath);
+  EXPECT_EQ(api_error_from_status(no_path).http_status, 503);
+  EXPECT_EQ(api_error_from_status(no_path).code, "no_path");
+  // Cancelled is 499: not a status OpenAI clients retry on their own.
+  EXPECT_EQ(api_error_from_status(Status(StatusCode::kCancelled, "x", FailureReason::kCancelled)).http_status, 499);
 }
 
 TEST(OpenAiRender, ErrorShape) {

@@ -3,6 +3,9 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <optional>
 #include <csignal>
 #include <cstdio>
 #include <mutex>
@@ -46,6 +49,36 @@ struct Call {
   bool finished = false;
 };
 
+bool header_true(const httplib::Request& req, const char* name) {
+  std::string v = req.get_header_value(name);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return v == "true" || v == "1" || v == "yes";
+}
+
+double finite_ms(double seconds) { return std::isfinite(seconds) ? seconds * 1000.0 : -1.0; }
+
+// A request id from the path: the journal's number, or the OpenAI id of a
+// response ("cmpl-<16 hex>" / "chatcmpl-<16 hex>", the number in hex).
+std::optional<int64_t> parse_request_id(const std::string& text) {
+  auto digits = [](const std::string& s, int base) -> std::optional<int64_t> {
+    if (s.empty() || s.size() > (base == 10 ? 18u : 16u)) return std::nullopt;
+    uint64_t v = 0;
+    for (char ch : s) {
+      int d = -1;
+      if (ch >= '0' && ch <= '9') d = ch - '0';
+      else if (base == 16 && ch >= 'a' && ch <= 'f') d = ch - 'a' + 10;
+      if (d < 0) return std::nullopt;
+      v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
+    }
+    if (v == 0 || v > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+    return static_cast<int64_t>(v);
+  };
+  for (const char* prefix : {"chatcmpl-", "cmpl-"}) {
+    if (text.starts_with(prefix)) return digits(text.substr(std::string_view(prefix).size()), 16);
+  }
+  return digits(text, 10);
+}
+
 std::vector<const char*> turn_end_markers(ChatTemplateKind kind) {
   switch (kind) {
     case ChatTemplateKind::kChatML: return {"<|im_end|>", "<|im_start|>"};
@@ -72,8 +105,8 @@ Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFi
 
 class HttpServer::Impl {
  public:
-  Impl(Env& env, serve::Scheduler& scheduler, HttpServerOptions options)
-      : env_(env), scheduler_(scheduler), options_(std::move(options)) {}
+  Impl(Env& env, gateway::Gateway& gateway, HttpServerOptions options)
+      : env_(env), gateway_(gateway), options_(std::move(options)) {}
 
   ~Impl() { stop(); }
 
@@ -111,10 +144,12 @@ class HttpServer::Impl {
 
  private:
   void routes() {
-    const serve::SchedulerStats st = scheduler_.stats();
-    size_t threads = options_.http_threads > 0
-                         ? static_cast<size_t>(options_.http_threads)
-                         : std::min<size_t>(static_cast<size_t>(st.n_workers + st.queue_capacity + 4), 512);
+    size_t capacity = 4;
+    for (const gateway::ExecutionPath& p : gateway_.paths()) {
+      const serve::SchedulerStats st = p.scheduler->stats();
+      capacity += static_cast<size_t>(st.n_workers + st.queue_capacity);
+    }
+    size_t threads = options_.http_threads > 0 ? static_cast<size_t>(options_.http_threads) : std::min<size_t>(capacity, 512);
     svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     svr_.set_payload_max_length(size_t{16} << 20);
     svr_.set_tcp_nodelay(true);
@@ -129,6 +164,35 @@ class HttpServer::Impl {
               [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
     svr_.Get(R"(/v1/requests/([^/]+))",
              [this](const httplib::Request& req, httplib::Response& res) { request_record(req, res); });
+    svr_.Delete(R"(/v1/requests/([^/]+))",
+                [this](const httplib::Request& req, httplib::Response& res) { cancel_request(req, res); });
+    svr_.Post("/v1/quote", [this](const httplib::Request& req, httplib::Response& res) { quote(req, res); });
+    svr_.Get("/v1/status", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(render_status(gateway_.status()), kJson);
+    });
+    svr_.Post("/v1/reservations",
+              [this](const httplib::Request& req, httplib::Response& res) { reserve(req, res); });
+    svr_.Get("/v1/reservations", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(render_reservations(gateway_.reservations()), kJson);
+    });
+    svr_.Post(R"(/v1/reservations/(\d{1,18})/renew)", [this](const httplib::Request& req, httplib::Response& res) {
+      auto r = gateway_.renew(std::stoull(req.matches[1].str()));
+      if (!r.ok()) return set_error(res, reservation_error(r.status()));
+      res.set_content(render_reservation(*r), kJson);
+    });
+    svr_.Delete(R"(/v1/reservations/(\d{1,18}))", [this](const httplib::Request& req, httplib::Response& res) {
+      Status st = gateway_.release(std::stoull(req.matches[1].str()));
+      if (!st.ok()) return set_error(res, reservation_error(st));
+      res.set_content(R"({"released":true})", kJson);
+    });
+    svr_.Get("/health/live", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status":"live"})", kJson);
+    });
+    svr_.Get("/health/ready", [this](const httplib::Request&, httplib::Response& res) {
+      const bool ready = gateway_.ready();
+      res.status = ready ? 200 : 503;
+      res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", kJson);
+    });
 
     svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
@@ -161,15 +225,16 @@ class HttpServer::Impl {
   }
 
   void health(httplib::Response& res) {
-    const serve::SchedulerStats st = scheduler_.stats();
+    const serve::Scheduler& primary = *gateway_.primary().scheduler;
+    const serve::SchedulerStats st = primary.stats();
     HealthInfo h;
     h.model = options_.model_name;
     h.queue_depth = st.queue_depth;
     h.queue_capacity = st.queue_capacity;
     h.running = st.running;
     h.workers = st.n_workers;
-    h.n_ctx = scheduler_.n_ctx();
-    h.backend = scheduler_.placement();
+    h.n_ctx = primary.n_ctx();
+    h.backend = primary.placement();
     if (options_.chat_template) h.chat_template = std::string(chat_template_name(*options_.chat_template));
     if (options_.host_memory) h.memory = options_.host_memory();
     if (options_.device_memory) h.device_memory = options_.device_memory();
@@ -211,7 +276,7 @@ class HttpServer::Impl {
       }
       // The template writes BOS itself where its reference does, with the
       // vocabulary's own BOS/EOS texts; so the tokenizer must not add another.
-      const Tokenizer& tok = scheduler_.tokenizer();
+      const Tokenizer& tok = gateway_.tokenizer();
       ChatSpecialTexts special;
       if (tok.bos_id() >= 0) special.bos = tok.token_text(tok.bos_id());
       if (tok.eos_id() >= 0) special.eos = tok.token_text(tok.eos_id());
@@ -260,27 +325,64 @@ class HttpServer::Impl {
       if (acc->replay) return replay(*call, acc->record, sampling.stream, res);
       g.record_id = call->record_id;
     }
-    Result<std::shared_ptr<serve::Ticket>> ticket = scheduler_.submit(g);
-    if (!ticket.ok()) {
+    gateway::RouteRequest route;
+    route.generation = std::move(g);
+    route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
+    gateway::Refusal refusal;
+    Result<gateway::Admitted> admitted = gateway_.submit(route, &refusal);
+    if (!admitted.ok()) {
       if (call->record_id != 0) {
-        // Refused before it queued: the journal says so, and why.
+        // Refused before it queued: the journal says so, why, and whether a
+        // retry may succeed.
         serve::RequestEvent fin;
         fin.kind = serve::RequestEvent::Kind::kFinished;
         fin.state = serve::RequestState::kFailed;
-        fin.status = ticket.status();
+        fin.status = admitted.status();
         (void)options_.journal->finish(call->record_id, serve::JournalObserver::outcome_of(fin, "", 0));
       }
-      return set_error(res, api_error_from_status(ticket.status()), options_.model_name);
+      const ApiError e = api_error_from_status(admitted.status());
+      if (refusal.decision.kind != admission::DecisionKind::kReject || refusal.decision.verdicts.empty()) {
+        return set_error(res, e, options_.model_name);
+      }
+      res.status = e.http_status;
+      const double retry = refusal.decision.http_status == 429 ? refusal.decision.retry_after_s : 1.0;
+      res.set_header("Retry-After", std::to_string(static_cast<int>(std::ceil(std::max(1.0, retry)))));
+      res.set_header("X-Spillway-Decision", "reject");
+      res.set_content(render_refusal(e, options_.model_name, refusal.decision), kJson);
+      return;
     }
 
-    call->ticket = *ticket;
+    call->ticket = admitted->ticket;
     call->id = response_id(chat, call->record_id);
     call->created = env_.wall_time_ms() / 1000;
-    call->info.placement = scheduler_.placement();
+    const gateway::ExecutionPath& path = *admitted->path;
+    const admission::Decision& d = call->ticket->decision();
+    call->model = path.model.empty() ? options_.model_name : path.model;
+    call->info.model = call->model;
+    call->info.placement = path.placement;
+    call->info.path = path.name;
+    call->info.fallback_model = path.fallback_model;
+    call->info.decision = std::string(admission::decision_kind_name(d.kind));
+    call->info.reason = d.reason;
+    call->info.degraded = d.degraded();
+    call->info.shrunk = d.shrunk;
+    call->info.queue_position = d.queue_position;
+    call->info.estimated_delay_ms = finite_ms(d.timing.delay_s);
+    call->info.predicted_ttft_ms = finite_ms(d.timing.ttft_s);
+    call->info.predicted_total_ms = finite_ms(d.timing.total_s);
     call->info.request_id = call->record_id != 0 ? static_cast<uint64_t>(call->record_id) : call->ticket->id();
     call->info.seed = call->ticket->seed();
     call->info.limits = call->ticket->limits();
-    res.set_header("X-Spillway-Placement", scheduler_.placement());
+    res.set_header("X-Spillway-Placement", path.placement);
+    res.set_header("X-Spillway-Path", path.name);
+    res.set_header("X-Spillway-Model", call->model);
+    res.set_header("X-Spillway-Fallback-Model", path.fallback_model ? "true" : "false");
+    res.set_header("X-Spillway-Decision", call->info.decision);
+    res.set_header("X-Spillway-Degraded", call->info.degraded ? "true" : "false");
+    res.set_header("X-Spillway-Queue-Position", std::to_string(d.queue_position));
+    res.set_header("X-Spillway-Estimated-Delay-Ms", std::to_string(static_cast<int64_t>(call->info.estimated_delay_ms)));
+    res.set_header("X-Spillway-Max-Tokens", std::to_string(call->info.limits.max_tokens));
+    res.set_header("X-Spillway-Context", std::to_string(call->info.limits.n_ctx));
     res.set_header("X-Spillway-Request-Id", std::to_string(call->info.request_id));
 
     if (sampling.stream) {
@@ -300,7 +402,7 @@ class HttpServer::Impl {
   static ApiError journal_error(const Status& st) {
     ApiError e;
     e.message = st.message();
-    if (st.code() == StatusCode::kFailedPrecondition) {
+    if (st.reason() == FailureReason::kIdempotencyConflict) {
       e.http_status = 409;
       e.param = "Idempotency-Key";
       e.code = "idempotency_conflict";
@@ -320,7 +422,7 @@ class HttpServer::Impl {
     c.created = r.created_ms / 1000;
     c.info.placement = r.placement;
     c.info.request_id = static_cast<uint64_t>(r.id);
-    c.info.limits.n_ctx = scheduler_.n_ctx();
+    c.info.limits.n_ctx = gateway_.primary().scheduler->n_ctx();
     c.info.limits.prompt_tokens = r.outcome.prompt_tokens;
     c.info.limits.max_tokens = r.outcome.completion_tokens;
     c.info.replayed = true;
@@ -354,21 +456,19 @@ class HttpServer::Impl {
     e.http_status = 404;
     e.code = "not_found";
     const std::string text = req.matches[1];
-    int64_t id = 0;
-    const bool numeric = !text.empty() && text.size() <= 18 &&
-                         std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-    if (numeric) id = std::stoll(text);
+    const std::optional<int64_t> parsed = parse_request_id(text);
     if (!options_.journal) {
       e.message = "this server keeps no request journal (start it with --journal PATH)";
       return set_error(res, e);
     }
-    if (!numeric || id <= 0) {
+    if (!parsed) {
       e.http_status = 400;
       e.code = "invalid_value";
       e.param = "id";
-      e.message = "request id '" + text + "': expected a positive integer";
+      e.message = "request id '" + text + "': expected a positive integer or a response id (cmpl-<hex>, chatcmpl-<hex>)";
       return set_error(res, e);
     }
+    const int64_t id = *parsed;
     Result<journal::Record> r = options_.journal->get(id);
     if (!r.ok()) {
       if (r.status().code() == StatusCode::kNotFound) {
@@ -379,6 +479,85 @@ class HttpServer::Impl {
     }
     res.status = 200;
     res.set_content(render_request_record(*r), kJson);
+  }
+
+  // DELETE /v1/requests/{id}: the id is the journal's (or, without a journal,
+  // the ticket's), as the response's spillway.request_id says.
+  void cancel_request(const httplib::Request& req, httplib::Response& res) {
+    const std::string text = req.matches[1];
+    const std::optional<int64_t> id = parse_request_id(text);
+    if (!id) {
+      ApiError e;
+      e.param = "id";
+      e.message = "request id '" + text + "': expected a positive integer or a response id (cmpl-<hex>, chatcmpl-<hex>)";
+      return set_error(res, e);
+    }
+    std::shared_ptr<serve::Ticket> t = options_.journal ? gateway_.find_by_record(*id)
+                                                        : gateway_.find(static_cast<uint64_t>(*id));
+    if (!t || serve::is_terminal(t->state())) {
+      ApiError e;
+      e.http_status = 404;
+      e.code = "not_found";
+      e.message = "request " + text + " is not in flight (finished, never accepted, or unknown)";
+      return set_error(res, e);
+    }
+    const bool cancelled = gateway_.cancel(t->id());
+    res.set_content(render_cancel(static_cast<uint64_t>(*id), cancelled, std::string(serve::request_state_name(t->state()))),
+                    kJson);
+  }
+
+  static ApiError reservation_error(const Status& st) {
+    ApiError e = api_error_from_status(st);
+    if (st.code() == StatusCode::kNotFound) {
+      e.http_status = 404;
+      e.code = "not_found";
+    }
+    return e;
+  }
+
+  void reserve(const httplib::Request& req, httplib::Response& res) {
+    ReservationRequest r;
+    if (auto e = parse_reservation_request(req.body, r)) return set_error(res, *e);
+    auto info = gateway_.reserve_cotenant(r.name, r.bytes, r.ttl_s);
+    if (!info.ok()) return set_error(res, reservation_error(info.status()));
+    res.status = 201;
+    res.set_content(render_reservation(*info), kJson);
+  }
+
+  // POST /v1/quote: a completion body (or a chat body: "messages") priced
+  // without running anything.
+  void quote(const httplib::Request& req, httplib::Response& res) {
+    gateway::RouteRequest route;
+    if (req.body.find("\"messages\"") != std::string::npos) {
+      ChatRequest cr;
+      if (auto e = parse_chat_request(req.body, cr)) return set_error(res, *e, options_.model_name);
+      if (!options_.chat_template) {
+        ApiError e;
+        e.param = "messages";
+        e.code = "chat_template_missing";
+        e.message = "this server has no chat template; quote a /v1/completions body instead";
+        return set_error(res, e, options_.model_name);
+      }
+      const Tokenizer& tok = gateway_.tokenizer();
+      ChatSpecialTexts special;
+      if (tok.bos_id() >= 0) special.bos = tok.token_text(tok.bos_id());
+      if (tok.eos_id() >= 0) special.eos = tok.token_text(tok.eos_id());
+      Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true, special);
+      if (!prompt.ok()) return set_error(res, api_error_from_status(prompt.status()), options_.model_name);
+      route.generation = to_generation(cr.sampling);
+      route.generation.prompt = std::move(prompt).value();
+      route.generation.add_bos = false;
+    } else {
+      CompletionRequest cr;
+      if (auto e = parse_completion_request(req.body, cr)) return set_error(res, *e, options_.model_name);
+      if (!cr.sampling.max_tokens) cr.sampling.max_tokens = options_.completion_default_max_tokens;
+      route.generation = to_generation(cr.sampling);
+      route.generation.prompt = std::move(cr.prompt);
+    }
+    route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
+    auto q = gateway_.quote(route);
+    if (!q.ok()) return set_error(res, api_error_from_status(q.status()), options_.model_name);
+    res.set_content(render_quote(*q), kJson);
   }
 
   void fill_times(Call& c) {
@@ -448,7 +627,7 @@ class HttpServer::Impl {
           }
           auto fail = [&] {
             // The client went away: free the worker at its next token.
-            scheduler_.cancel(c.ticket->id());
+            gateway_.cancel(c.ticket->id());
             return false;
           };
           std::string out;
@@ -460,6 +639,14 @@ class HttpServer::Impl {
           serve::RequestEvent ev;
           serve::PopResult r = c.ticket->next_event(ev, keepalive);
           if (r == serve::PopResult::kTimeout) {
+            if (c.ticket->state() == serve::RequestState::kQueued) {
+              // Still waiting: where it stands and how long it may take.
+              const gateway::Progress p = gateway_.progress(*c.ticket);
+              if (p.queue_position > 0) {
+                out += sse_data(render_queued_chunk(c.id, c.created, c.model, c.chat, c.ticket->path(),
+                                                    p.queue_position, finite_ms(p.estimated_delay_s)));
+              }
+            }
             if (out.empty()) out = std::string(kSseKeepAlive);
             return sink.write(out.data(), out.size()) ? true : fail();
           }
@@ -500,12 +687,12 @@ class HttpServer::Impl {
           return true;
         },
         [this, call](bool /*success*/) {
-          if (!serve::is_terminal(call->ticket->state())) scheduler_.cancel(call->ticket->id());
+          if (!serve::is_terminal(call->ticket->state())) gateway_.cancel(call->ticket->id());
         });
   }
 
   Env& env_;
-  serve::Scheduler& scheduler_;
+  gateway::Gateway& gateway_;
   const HttpServerOptions options_;
   httplib::Server svr_;
   std::mutex mu_;
@@ -513,7 +700,7 @@ class HttpServer::Impl {
   int port_ = 0;
 };
 
-Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, serve::Scheduler& scheduler,
+Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, gateway::Gateway& gateway,
                                                        HttpServerOptions options) {
   static std::once_flag sigpipe_once;
   std::call_once(sigpipe_once, [] { std::signal(SIGPIPE, SIG_IGN); });
@@ -523,7 +710,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, serve::Schedule
   if (options.keepalive_interval.count() <= 0) {
     return Status::invalid_argument("keepalive_interval must be > 0");
   }
-  return std::unique_ptr<HttpServer>(new HttpServer(std::make_unique<Impl>(env, scheduler, std::move(options))));
+  return std::unique_ptr<HttpServer>(new HttpServer(std::make_unique<Impl>(env, gateway, std::move(options))));
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

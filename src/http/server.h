@@ -7,7 +7,33 @@
 //   POST /v1/chat/completions  messages -> assistant message, through the chat
 //                              template fixed at start (the GGUF's
 //                              tokenizer.chat_template or --chat-template)
-//   GET  /v1/requests/{id}     a journaled request's state and result
+//   GET  /v1/requests/{id}     a journaled request's state and result; {id}
+//                              is the number or the OpenAI id a response
+//                              carried ("cmpl-<16 hex>", "chatcmpl-<16 hex>")
+//   DELETE /v1/requests/{id}   cancels an in-flight request: a queued one at
+//                              once (its KV blocks and reservations freed
+//                              before the answer), a running one at its next
+//                              token boundary; 404 when none is in flight
+//   POST /v1/quote             a completion or chat body -> the decision
+//                              admission would take now, per-path predictions
+//   GET  /v1/status            paths, ledgers, reservations, decision counts
+//   POST /v1/reservations      {"name","bytes","ttl_s"}: a co-tenant's memory
+//   GET  /v1/reservations      the live reservations
+//   POST /v1/reservations/{id}/renew   heartbeat: extends the lease by ttl_s
+//   DELETE /v1/reservations/{id}       releases it
+//   GET  /health/live          200 while the process serves HTTP
+//   GET  /health/ready         200 while some path accepts work, else 503
+// Every completion goes through the Gateway: admission decides its path
+// (admit / delay / shrink / offload / redirect) before anything runs, or
+// refuses it (429 with Retry-After when the queues are full, 503 when no path
+// can serve it) with the decision's reason in the body's "spillway" object and
+// the refusal journaled as resumable. A request may ask to be shrunk to fit
+// with the header X-Spillway-Allow-Shrink: true. Responses carry the path,
+// placement, model, decision, reason, degraded flag, limits, queue position
+// and estimated delay in the body's "spillway" object (every stream chunk
+// that has one) and in X-Spillway-* headers; while a streamed request waits in
+// a queue it gets a chunk with "choices":[] and its position and estimated
+// delay at least every keepalive_interval.
 // With a journal, a valid completion request is recorded (state accepted)
 // before it is queued, and its id is the response's request_id. A request
 // whose Idempotency-Key header names a finished request gets that stored
@@ -31,7 +57,7 @@
 // ignores SIGPIPE process-wide, so that writing to a closed socket is an
 // error return and not a signal.
 // Thread safety: start/stop/port may be called from any thread; handlers run on
-// the server's own thread pool. The Scheduler must outlive the HttpServer.
+// the server's own thread pool. The Gateway must outlive the HttpServer.
 #pragma once
 
 #include <chrono>
@@ -45,6 +71,7 @@
 #include "core/status.h"
 #include "gguf/gguf.h"
 #include "http/openai.h"
+#include "gateway/gateway.h"
 #include "serve/scheduler.h"
 #include "tokenizer/chat_template.h"
 
@@ -81,7 +108,7 @@ Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFi
 
 class HttpServer {
  public:
-  static Result<std::unique_ptr<HttpServer>> create(Env& env, serve::Scheduler& scheduler,
+  static Result<std::unique_ptr<HttpServer>> create(Env& env, gateway::Gateway& gateway,
                                                     HttpServerOptions options);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;

@@ -233,14 +233,16 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
         const std::string which = "Idempotency-Key '" + req.idempotency_key + "' (request " +
                                   std::to_string(old->id) + ")";
         if (old->body != req.body || old->endpoint != req.endpoint) {
-          return Status::failed_precondition(which + " was already used with a different body or endpoint; "
-                                             "use a new key for a new request");
+          return Status(StatusCode::kFailedPrecondition,
+                        which + " was already used with a different body or endpoint; use a new key for a new request",
+                        FailureReason::kIdempotencyConflict, "Idempotency-Key");
         }
         if (old->state == RequestState::kDone) return AcceptResult{std::move(*old), true};
         if (!is_terminal(old->state)) {
-          return Status::failed_precondition(which + " is still in progress (" +
-                                             std::string(state_name(old->state)) + "); poll GET /v1/requests/" +
-                                             std::to_string(old->id));
+          return Status(StatusCode::kFailedPrecondition,
+                        which + " is still in progress (" + std::string(state_name(old->state)) +
+                            "); poll GET /v1/requests/" + std::to_string(old->id),
+                        FailureReason::kIdempotencyConflict, "Idempotency-Key");
         }
         // Failed or cancelled: nothing was delivered as complete; run it again.
         Stmt u(db_,

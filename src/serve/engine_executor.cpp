@@ -86,6 +86,10 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   so.hooks = o.hooks;
   so.observer = o.observer;
   so.placement = placement_name(group.n_gpu_layers, hp.n_layer);
+  so.path = o.path_name;
+  so.kv_block_tokens = o.kv_block_tokens;
+  if (o.kv_gate && !group.pools.empty()) so.kv_blocks_total = group.pools.front()->n_blocks();
+  so.prior_rates = o.prior_rates;
   // The tokenizer lives inside the model: share the model's lifetime.
   std::shared_ptr<const Tokenizer> tok(model, &model->tokenizer());
   EngineServing out;

@@ -43,6 +43,12 @@ struct EngineServeOptions {
   int32_t queue_capacity = 64;
   SchedulerHooks hooks;
   std::shared_ptr<RequestObserver> observer;  // e.g. a JournalObserver; null: none
+  std::string path_name = "default";          // SchedulerOptions::path
+  // Gate the queue on the pool's blocks (SchedulerOptions::kv_blocks_total =
+  // the pool's n_blocks): requests start only when their KV is free, so a
+  // pool smaller than workers x context is shared by short requests.
+  bool kv_gate = false;
+  admission::PathRates prior_rates{200.0, 20.0, 1.0, 0, false};
 };
 
 struct EngineServing {

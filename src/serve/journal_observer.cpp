@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "core/failure.h"
+
 namespace spw::serve {
 
 journal::Outcome JournalObserver::outcome_of(const RequestEvent& fin, const std::string& text, int32_t prompt_tokens) {
@@ -17,10 +19,9 @@ journal::Outcome JournalObserver::outcome_of(const RequestEvent& fin, const std:
     case RequestState::kCancelled: o.state = journal::RequestState::kCancelled; break;
     default: o.state = journal::RequestState::kFailed; break;
   }
-  const StatusCode c = fin.status.code();
-  o.resumable = c == StatusCode::kCancelled || c == StatusCode::kResourceExhausted || c == StatusCode::kUnavailable ||
-                c == StatusCode::kDeviceLost || c == StatusCode::kDeadlineExceeded;
-  o.error_code = std::string(status_code_name(c));
+  const FailureClass fc = classify(fin.status);
+  o.resumable = fc.resumable;
+  o.error_code = std::string(fc.code);
   o.error_message = fin.status.message();
   return o;
 }

@@ -26,8 +26,17 @@ std::string_view finish_reason_name(FinishReason r) {
   return "";
 }
 
-Ticket::Ticket(Env& env, uint64_t id, int64_t record_id, ExecJob job, AppliedLimits limits)
-    : env_(env), id_(id), record_id_(record_id), job_(std::move(job)), limits_(limits), submitted_ns_(env.now_ns()) {}
+Ticket::Ticket(Env& env, PreparedRequest p, std::string path)
+    : env_(env),
+      id_(p.id),
+      record_id_(p.record_id),
+      job_(std::move(p.job)),
+      limits_(p.limits),
+      path_(std::move(path)),
+      decision_(std::move(p.decision)),
+      kv_blocks_(p.kv_blocks),
+      on_release_(std::move(p.on_release)),
+      submitted_ns_(env.now_ns()) {}
 
 int64_t Ticket::queue_ns() const {
   int64_t started = started_ns_.load(std::memory_order_acquire);
@@ -55,6 +64,9 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Env& env, std::shared_ptr<c
     return Status::invalid_argument("scheduler: queue_capacity must be >= 0, got " +
                                     std::to_string(options.queue_capacity));
   }
+  if (options.kv_blocks_total < 0 || options.kv_block_tokens < 1) {
+    return Status::invalid_argument("scheduler: kv_blocks_total must be >= 0 and kv_block_tokens >= 1");
+  }
   if (options.n_ctx <= 1) {
     return Status::invalid_argument("scheduler: n_ctx must be > 1, got " + std::to_string(options.n_ctx));
   }
@@ -62,6 +74,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Env& env, std::shared_ptr<c
   s->executors_ = std::move(executors);
   s->stats_.n_workers = static_cast<int32_t>(s->executors_.size());
   s->stats_.queue_capacity = s->options_.queue_capacity;
+  s->kv_blocks_free_ = s->options_.kv_blocks_total;
+  s->rates_ = s->options_.prior_rates;
   for (auto& e : s->executors_) {
     Executor* ex = e.get();
     s->workers_.emplace_back([sp = s.get(), ex] { sp->worker_loop(ex); });
@@ -75,31 +89,32 @@ Scheduler::Scheduler(Env& env, std::shared_ptr<const Tokenizer> tokenizer, Sched
 Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
 
 Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& request) {
-  if (request.prompt.empty()) return Status::invalid_argument("prompt: must not be empty");
+  if (request.prompt.empty()) return invalid_field("prompt", "prompt: must not be empty");
   SPW_RETURN_IF_ERROR(validate_sampler_params(request.sampler));
   if (request.max_tokens && *request.max_tokens <= 0) {
-    return Status::invalid_argument("max_tokens: must be >= 1, got " + std::to_string(*request.max_tokens));
+    return invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*request.max_tokens));
   }
   {
     // Cheap early rejection: do not tokenize for a request that cannot queue.
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
       ++stats_.rejected;
-      return Status::unavailable("server is shutting down");
+      return Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown);
     }
   }
 
   ExecJob job;
   job.prompt = tokenizer_->encode(request.prompt, request.add_bos && tokenizer_->add_bos_default(),
                                   request.parse_special);
-  if (job.prompt.empty()) return Status::invalid_argument("prompt: tokenizes to no tokens");
+  if (job.prompt.empty()) return invalid_field("prompt", "prompt: tokenizes to no tokens");
   const int32_t n_ctx = options_.n_ctx;
   const auto n_prompt = static_cast<int64_t>(job.prompt.size());
   if (n_prompt >= n_ctx) {
-    return Status::invalid_argument("prompt: " + std::to_string(n_prompt) +
-                                    " tokens does not fit the context of " + std::to_string(n_ctx) +
-                                    " tokens (at most " + std::to_string(n_ctx - 1) +
-                                    " prompt tokens; the server's --ctx sets the limit)");
+    return Status(StatusCode::kInvalidArgument,
+                  "prompt: " + std::to_string(n_prompt) + " tokens does not fit the context of " +
+                      std::to_string(n_ctx) + " tokens (at most " + std::to_string(n_ctx - 1) +
+                      " prompt tokens; the server's --ctx sets the limit)",
+                  FailureReason::kContextFull, "prompt");
   }
   AppliedLimits limits;
   limits.n_ctx = n_ctx;
@@ -111,26 +126,105 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   job.sampler = request.sampler;
   job.max_tokens = limits.max_tokens;
   job.stop = request.stop;
+  PreparedRequest p;
+  p.record_id = request.record_id;
+  p.kv_blocks = admission::kv_blocks_for(limits.prompt_tokens + limits.max_tokens, options_.kv_block_tokens);
+  p.job = std::move(job);
+  p.limits = limits;
+  return submit_prepared(std::move(p));
+}
 
+Result<std::shared_ptr<Ticket>> Scheduler::submit_prepared(PreparedRequest request) {
   std::shared_ptr<Ticket> t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    Status refused;
     if (stopping_) {
-      ++stats_.rejected;
-      return Status::unavailable("server is shutting down");
+      refused = Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown);
+    } else if (static_cast<int32_t>(queue_.size()) >= options_.queue_capacity) {
+      refused = Status(StatusCode::kResourceExhausted,
+                       "request queue of path " + options_.path + " is full (" + std::to_string(queue_.size()) +
+                           " waiting, capacity " + std::to_string(options_.queue_capacity) + "); retry later",
+                       FailureReason::kQueueFull);
     }
-    if (static_cast<int32_t>(queue_.size()) >= options_.queue_capacity) {
+    if (!refused.ok()) {
       ++stats_.rejected;
-      return Status::resource_exhausted("request queue is full (" + std::to_string(queue_.size()) +
-                                        " waiting, capacity " + std::to_string(options_.queue_capacity) +
-                                        "); retry later");
+      lock.unlock();
+      if (request.on_release) request.on_release();
+      return refused;
     }
-    t.reset(new Ticket(env_, next_id_++, request.record_id, std::move(job), limits));
+    if (request.id == 0) request.id = next_id_++;
+    t.reset(new Ticket(env_, std::move(request), options_.path));
     queue_.push_back(t);
     ++stats_.submitted;
   }
   work_cv_.notify_one();
   return t;
+}
+
+bool Scheduler::stopping() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_;
+}
+
+int32_t Scheduler::queue_position(uint64_t request_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    if (queue_[i]->id() == request_id) return static_cast<int32_t>(i) + 1;
+  }
+  return 0;
+}
+
+admission::PathRates Scheduler::rates() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rates_;
+}
+
+LoadSnapshot Scheduler::load() const {
+  const int64_t now = env_.now_ns();
+  std::lock_guard<std::mutex> lock(mu_);
+  LoadSnapshot s;
+  s.kv_blocks_total = options_.kv_blocks_total;
+  s.kv_blocks_free = kv_blocks_free_;
+  s.rates = rates_;
+  auto item = [&](const Ticket& t) {
+    admission::WorkItem w;
+    w.prompt_tokens = t.limits_.prompt_tokens;
+    w.max_tokens = t.limits_.max_tokens;
+    w.generated = t.generated();
+    w.kv_blocks = t.kv_blocks_;
+    const int64_t started = t.started_ns_.load(std::memory_order_acquire);
+    w.elapsed_s = started != 0 ? static_cast<double>(now - started) / 1e9 : 0.0;
+    return w;
+  };
+  for (const auto& [id, t] : running_) s.running.push_back(item(*t));
+  for (const auto& t : queue_) s.queued.push_back(item(*t));
+  if (!queue_.empty()) s.oldest_queued_s = static_cast<double>(now - queue_.front()->submitted_ns_) / 1e9;
+  return s;
+}
+
+bool Scheduler::head_fits_locked() const {
+  if (queue_.empty()) return false;
+  if (options_.kv_blocks_total == 0) return true;
+  const int32_t need = queue_.front()->kv_blocks_;
+  return need <= kv_blocks_free_ || need > options_.kv_blocks_total;
+}
+
+void Scheduler::record_rates_locked(const Ticket& t, int64_t first_token_ns, int32_t completion_tokens,
+                                    int64_t end_ns) {
+  const int64_t started = t.started_ns_.load(std::memory_order_acquire);
+  if (started == 0 || first_token_ns <= started || completion_tokens < 1) return;
+  const double a = rates_.measured ? options_.rate_ewma_alpha : 1.0;
+  auto fold = [a](double& v, double x) { v = a * x + (1.0 - a) * v; };
+  fold(rates_.prefill_tps, static_cast<double>(t.limits_.prompt_tokens) / (static_cast<double>(first_token_ns - started) / 1e9));
+  if (completion_tokens > 1 && end_ns > first_token_ns) {
+    fold(rates_.decode_tps, static_cast<double>(completion_tokens - 1) / (static_cast<double>(end_ns - first_token_ns) / 1e9));
+  }
+  if (t.limits_.max_tokens > 0) {
+    fold(rates_.completion_share, static_cast<double>(completion_tokens) / static_cast<double>(t.limits_.max_tokens));
+  }
+  ++rates_.samples;
+  rates_.measured = true;
 }
 
 bool Scheduler::cancel(uint64_t request_id) {
@@ -140,10 +234,11 @@ bool Scheduler::cancel(uint64_t request_id) {
   if (it != queue_.end()) {
     std::shared_ptr<Ticket> t = *it;
     queue_.erase(it);
+    work_cv_.notify_all();  // a new head of the queue may fit the KV gate
     RequestEvent ev;
     ev.kind = RequestEvent::Kind::kFinished;
     ev.state = RequestState::kCancelled;
-    ev.status = Status::cancelled("request cancelled while queued");
+    ev.status = Status(StatusCode::kCancelled, "request cancelled while queued", FailureReason::kCancelled);
     finish_locked(*t, std::move(ev));
     return true;
   }
@@ -155,6 +250,16 @@ bool Scheduler::cancel(uint64_t request_id) {
 
 void Scheduler::finish_locked(Ticket& t, RequestEvent ev, bool observed) {
   if (!observed && options_.observer) options_.observer->on_finish(t, ev, std::string());
+  if (t.holds_kv_) {
+    kv_blocks_free_ += t.kv_blocks_;
+    t.holds_kv_ = false;
+    work_cv_.notify_all();  // the head of the queue may fit now
+  }
+  if (t.on_release_) {
+    auto release = std::move(t.on_release_);
+    t.on_release_ = nullptr;
+    release();
+  }
   t.finished_ns_.store(env_.now_ns(), std::memory_order_release);
   t.state_.store(ev.state, std::memory_order_release);
   switch (ev.state) {
@@ -171,10 +276,15 @@ void Scheduler::worker_loop(Executor* executor) {
     std::shared_ptr<Ticket> t;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      work_cv_.wait(lock, [&] { return (stopping_ && queue_.empty()) || head_fits_locked(); });
       if (queue_.empty()) return;  // stopping and nothing left
       t = std::move(queue_.front());
       queue_.pop_front();
+      if (options_.kv_blocks_total > 0 && t->kv_blocks_ <= kv_blocks_free_) {
+        kv_blocks_free_ -= t->kv_blocks_;
+        t->holds_kv_ = true;
+      }
+      if (head_fits_locked()) work_cv_.notify_one();  // the next one may fit as well
       t->started_ns_.store(env_.now_ns(), std::memory_order_release);
       t->state_.store(RequestState::kRunning, std::memory_order_release);
       running_.emplace(t->id(), t);
@@ -190,10 +300,11 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
   RequestEvent fin;
   fin.kind = RequestEvent::Kind::kFinished;
   int32_t n_generated = 0;
+  int64_t first_token_ns = 0;
   std::string text_so_far;  // for the observer
   if (t->cancel_.load(std::memory_order_acquire)) {
     fin.state = RequestState::kCancelled;
-    fin.status = Status::cancelled("request cancelled before it started");
+    fin.status = Status(StatusCode::kCancelled, "request cancelled before it started", FailureReason::kCancelled);
   } else {
     auto on_text = [&](std::string_view text) {
       if (text.empty()) return;
@@ -205,6 +316,8 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
     };
     auto on_token = [&](int32_t n) {
       n_generated = n;
+      if (n == 1) first_token_ns = env_.now_ns();
+      t->generated_.store(n, std::memory_order_release);
       if (options_.hooks.after_token) options_.hooks.after_token(id, n);
     };
     Result<ExecOutcome> r = executor->run(t->job_, on_text, on_token, t->cancel_);
@@ -226,6 +339,7 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_.erase(id);
+    if (fin.state == RequestState::kDone) record_rates_locked(*t, first_token_ns, fin.completion_tokens, env_.now_ns());
     finish_locked(*t, std::move(fin), /*observed=*/true);
   }
   idle_cv_.notify_all();
@@ -249,7 +363,7 @@ void Scheduler::shutdown(std::chrono::milliseconds grace) {
       RequestEvent ev;
       ev.kind = RequestEvent::Kind::kFinished;
       ev.state = RequestState::kCancelled;
-      ev.status = Status::cancelled("server shut down before the request started");
+      ev.status = Status(StatusCode::kCancelled, "server shut down before the request started", FailureReason::kShuttingDown);
       finish_locked(*t, std::move(ev));
     }
     for (auto& [id, t] : running_) t->cancel_.store(true, std::memory_order_release);

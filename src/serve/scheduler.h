@@ -20,6 +20,18 @@
 // at once, running ones at their next token boundary) and joins the workers;
 // the destructor does shutdown(0).
 // Times (queue wait, run time) come from the Env's monotonic clock.
+// Execution paths (the gateway's): submit_prepared() takes a request already
+// tokenized and decided by admission (limits, KV blocks, the Decision it was
+// admitted under, a release callback for its reservations). With
+// kv_blocks_total > 0 the queue is KV-gated: a worker starts the request at
+// the head of the queue only once its kv_blocks are free in the path's budget
+// (FIFO, so a long request is not overtaken forever), takes them, and gives
+// them back when the request finishes; a request needing more than the whole
+// budget is started anyway and fails at its KV reservation (admission never
+// sends one). on_release runs once per request, when it reaches its terminal
+// state (queued ones included). Measured rates (prefill and decode tokens/s,
+// the share of max_tokens really generated) are an EWMA over finished
+// requests, starting from SchedulerOptions::prior_rates.
 // Thread safety: all public methods may be called from any thread. Each worker
 // owns one Executor and uses it from its own thread only.
 #pragma once
@@ -40,6 +52,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "admission/controller.h"
 #include "core/status.h"
 #include "engine/sampler.h"
 #include "serve/channel.h"
@@ -145,6 +158,35 @@ struct SchedulerOptions {
   // response's `placement` says.
   std::string placement = "cpu";
   std::shared_ptr<RequestObserver> observer;  // null: none
+  // The execution path's name ("gpu", "cpu", ...) for responses and logs.
+  std::string path = "default";
+  // KV gate: the path's KV budget in blocks (0: no gate) of kv_block_tokens.
+  int32_t kv_blocks_total = 0;
+  int32_t kv_block_tokens = 16;
+  // What the ETA uses before any request finished here (see PathRates).
+  admission::PathRates prior_rates{200.0, 20.0, 1.0, 0, false};
+  double rate_ewma_alpha = 0.3;  // weight of the newest finished request
+};
+
+// A request tokenized and decided by admission (see the contract above).
+struct PreparedRequest {
+  uint64_t id = 0;           // unique across paths (the gateway's); 0: the scheduler numbers it
+  int64_t record_id = 0;     // the journal's id; 0: none
+  ExecJob job;               // prompt tokens, sampler, max_tokens (already limited), stop
+  AppliedLimits limits;
+  int32_t kv_blocks = 0;     // blocks for prompt + max_tokens (the KV gate's need)
+  admission::Decision decision;
+  std::function<void()> on_release;  // reservations to give back at the terminal state
+};
+
+// A path's load at one instant, for admission and status.
+struct LoadSnapshot {
+  std::vector<admission::WorkItem> running;
+  std::vector<admission::WorkItem> queued;  // in queue order
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_free = 0;
+  admission::PathRates rates;
+  double oldest_queued_s = 0;
 };
 
 struct SchedulerStats {
@@ -168,6 +210,11 @@ class Ticket {
   uint64_t id() const { return id_; }
   const AppliedLimits& limits() const { return limits_; }
   uint64_t seed() const { return job_.sampler.seed; }
+  const std::string& path() const { return path_; }
+  // The admission decision it was accepted under (default for submit()).
+  const admission::Decision& decision() const { return decision_; }
+  int32_t kv_blocks() const { return kv_blocks_; }
+  int32_t generated() const { return generated_.load(std::memory_order_acquire); }
   int64_t record_id() const { return record_id_; }
   RequestState state() const { return state_.load(std::memory_order_acquire); }
   // Nanoseconds spent queued / running so far (or in total, once finished).
@@ -180,13 +227,19 @@ class Ticket {
 
  private:
   friend class Scheduler;
-  Ticket(Env& env, uint64_t id, int64_t record_id, ExecJob job, AppliedLimits limits);
+  Ticket(Env& env, PreparedRequest prepared, std::string path);
 
   Env& env_;
   const uint64_t id_;
   const int64_t record_id_;
   const ExecJob job_;
   const AppliedLimits limits_;
+  const std::string path_;
+  const admission::Decision decision_;
+  const int32_t kv_blocks_;
+  std::function<void()> on_release_;  // under the scheduler's mutex
+  bool holds_kv_ = false;             // under the scheduler's mutex
+  std::atomic<int32_t> generated_{0};
   std::atomic<RequestState> state_{RequestState::kQueued};
   std::atomic<bool> cancel_{false};
   const int64_t submitted_ns_;
@@ -206,6 +259,14 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   Result<std::shared_ptr<Ticket>> submit(const GenerationRequest& request);
+  // A request already tokenized and limited (see the contract). Unavailable
+  // (kShuttingDown) after shutdown began, ResourceExhausted (kQueueFull) when
+  // the queue is full; on_release runs before either returns.
+  Result<std::shared_ptr<Ticket>> submit_prepared(PreparedRequest request);
+  // 1-based position in the queue, 0 when not queued (running or finished).
+  int32_t queue_position(uint64_t request_id) const;
+  LoadSnapshot load() const;
+  admission::PathRates rates() const;
   // Returns false when no live request has this id (unknown or already finished).
   bool cancel(uint64_t request_id);
   void shutdown(std::chrono::milliseconds grace);
@@ -213,6 +274,12 @@ class Scheduler {
   SchedulerStats stats() const;
   int32_t n_ctx() const { return options_.n_ctx; }
   const std::string& placement() const { return options_.placement; }
+  const std::string& path() const { return options_.path; }
+  int32_t queue_capacity() const { return options_.queue_capacity; }
+  int32_t kv_block_tokens() const { return options_.kv_block_tokens; }
+  // shutdown() has begun: new requests are refused.
+  bool stopping() const;
+  int32_t n_workers() const { return static_cast<int32_t>(executors_.size()); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
  private:
@@ -222,6 +289,10 @@ class Scheduler {
   // Moves `t` to a terminal state, counts it and closes its stream; tells the
   // observer first unless `observed` (run_one did, outside the lock). mu_ held.
   void finish_locked(Ticket& t, RequestEvent ev, bool observed = false);
+  // The head of the queue may start now (KV gate). mu_ held.
+  bool head_fits_locked() const;
+  // Folds one finished request into the rates. mu_ held.
+  void record_rates_locked(const Ticket& t, int64_t first_token_ns, int32_t completion_tokens, int64_t end_ns);
 
   Env& env_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -238,6 +309,8 @@ class Scheduler {
   bool joined_ = false;
   uint64_t next_id_ = 1;
   SchedulerStats stats_;
+  int32_t kv_blocks_free_ = 0;
+  admission::PathRates rates_;
 };
 
 }  // namespace spw::serve

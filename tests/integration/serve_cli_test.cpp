@@ -188,8 +188,11 @@ TEST(ServeCli, PlanAboveTheHostBudgetRefusesToStart) {
   const auto [status, out] = run_to_end(std::string(SPILLWAY_BINARY) + " serve --model " + kStories +
                                         " --port 0 --threads 1 --ctx 2048 --host-budget 2MiB");
   EXPECT_EQ(status, 1) << out;
-  EXPECT_NE(out.find("does not fit in host memory"), std::string::npos) << out;
-  EXPECT_NE(out.find("KV 2.50 MiB"), std::string::npos) << out;  // 5 layers x 2 x 32 x 4 B x 2048 positions
+  // The only path (cpu) does not fit, so no path is built; the message names
+  // the plan's host figure and what to lower.
+  EXPECT_NE(out.find("no execution path fits: cpu: its plan needs"), std::string::npos) << out;
+  EXPECT_NE(out.find("of host memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("Lower --cpu-ctx"), std::string::npos) << out;
   EXPECT_NE(out.find("bound by cap"), std::string::npos) << out;
   EXPECT_EQ(out.find("listening"), std::string::npos) << out;
 

@@ -17,6 +17,7 @@
 
 #include "core/env.h"
 #include "engine/engine_test_util.h"
+#include "gateway/gateway.h"
 #include "http/server.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
@@ -89,7 +90,19 @@ class TestServer {
     auto s = serve::make_engine_scheduler(Env::default_env(), model, o);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     if (!s.ok()) return;
-    scheduler_ = std::move(s->scheduler);
+    // One path, as `serve --device cpu` builds it, behind the gateway.
+    gateway::ExecutionPath path;
+    path.name = "cpu";
+    path.placement = s->scheduler->placement();
+    path.model = "stories260K";
+    path.scheduler = std::move(s->scheduler);
+    path.tokenizer = std::shared_ptr<const Tokenizer>(model, &model->tokenizer());
+    std::vector<gateway::ExecutionPath> paths;
+    paths.push_back(std::move(path));
+    auto g = gateway::Gateway::create(Env::default_env(), std::move(paths), {}, {});
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    if (!g.ok()) return;
+    gateway_ = std::move(*g);
     http::HttpServerOptions ho;
     ho.host = "127.0.0.1";
     ho.port = 0;
@@ -97,7 +110,7 @@ class TestServer {
     ho.chat_template = c.chat_template;
     ho.keepalive_interval = std::chrono::milliseconds(50);
     ho.journal = journal_;
-    auto h = http::HttpServer::create(Env::default_env(), *scheduler_, ho);
+    auto h = http::HttpServer::create(Env::default_env(), *gateway_, ho);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     if (!h.ok()) return;
     http_ = std::move(h).value();
@@ -107,7 +120,7 @@ class TestServer {
   }
   ~TestServer() {
     gate_.release();
-    if (scheduler_) scheduler_->shutdown(std::chrono::milliseconds(0));
+    if (gateway_) gateway_->shutdown(std::chrono::milliseconds(0));
     if (http_) http_->stop();
   }
   bool ok() const { return http_ != nullptr; }
@@ -118,13 +131,14 @@ class TestServer {
     c.set_connection_timeout(5, 0);
     return c;
   }
-  serve::Scheduler& scheduler() { return *scheduler_; }
+  serve::Scheduler& scheduler() { return *gateway_->primary().scheduler; }
+  gateway::Gateway& gateway() { return *gateway_; }
   Gate& gate() { return gate_; }
 
  private:
   Gate gate_;
   std::shared_ptr<journal::Journal> journal_;
-  std::unique_ptr<serve::Scheduler> scheduler_;
+  std::unique_ptr<gateway::Gateway> gateway_;
   std::unique_ptr<http::HttpServer> http_;
 };
 
@@ -372,7 +386,9 @@ TEST(Server, FullQueueIs429) {
     auto rc = post(s, "/v1/completions", body);
     expect_error_shape(rc, 429, "");
     EXPECT_EQ(json::parse(rc->body)["error"]["code"], "queue_full");
-    EXPECT_EQ(rc->get_header_value("Retry-After"), "1");
+    // Retry-After is the path's estimated wait, in whole seconds (>= 1).
+    EXPECT_GE(std::stoi(rc->get_header_value("Retry-After")), 1);
+    EXPECT_EQ(json::parse(rc->body)["spillway"]["decision"], "reject");
   }
   httplib::Client hc = s.client();
   auto h = hc.Get("/health");
@@ -385,7 +401,8 @@ TEST(Server, FullQueueIs429) {
   ASSERT_TRUE(rb && *rb);
   EXPECT_EQ((*ra)->status, 200) << (*ra)->body;
   EXPECT_EQ((*rb)->status, 200) << (*rb)->body;
-  EXPECT_EQ(s.scheduler().stats().rejected, 2u);
+  // Admission refused C and D before they reached the path's queue.
+  EXPECT_EQ(s.gateway().status().decisions["reject"], 2u);
 }
 
 // Streams a completion and hangs up after the first chunk that carries text.
@@ -590,8 +607,8 @@ TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
   ASSERT_EQ(status, 200) << rec.dump();
   EXPECT_EQ(rec["state"], "failed");
   EXPECT_EQ(rec["resumable"], true);
-  EXPECT_EQ(rec["error"]["code"], "ResourceExhausted");
-  EXPECT_NE(rec["error"]["message"].get<std::string>().find("queue is full"), std::string::npos);
+  EXPECT_EQ(rec["error"]["code"], "queue_full");
+  EXPECT_NE(rec["error"]["message"].get<std::string>().find("queue full"), std::string::npos);
   s.gate().release();
   running.join();
   queued.join();

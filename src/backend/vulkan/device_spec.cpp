@@ -25,15 +25,6 @@ const char* memory_category_name(MemoryCategory c) {
 }
 
 namespace {
-bool all_digits(const std::string& s) {
-  if (s.empty()) return false;
-  for (char c : s)
-    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
-  return true;
-}
-Status bad_spec(const std::string& t) {
-  return Status::invalid_argument("--device '" + t + "': expected cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX");
-}
 std::string human(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b);
@@ -47,40 +38,6 @@ std::string human(uint64_t b) {
   return buf;
 }
 }  // namespace
-
-Result<DeviceSpec> parse_device_spec(const std::string& t) {
-  DeviceSpec d;
-  if (t == "cpu") return d;
-  if (t == "vulkan" || t.rfind("vulkan:", 0) == 0) {
-    d.kind = DeviceSpec::Kind::kVulkan;
-    if (t.size() > 7) d.vulkan_device = t.substr(7);
-    if (t.size() == 7) return bad_spec(t);  // "vulkan:"
-    return d;
-  }
-  if (t.rfind("hybrid:", 0) == 0) {
-    d.kind = DeviceSpec::Kind::kHybrid;
-    std::string rest = t.substr(7);
-    const size_t colon = rest.find(':');
-    const std::string n = rest.substr(0, colon);
-    if (!all_digits(n) || n.size() > 6) return bad_spec(t);
-    d.gpu_layers = static_cast<int32_t>(std::strtol(n.c_str(), nullptr, 10));
-    if (colon != std::string::npos) {
-      d.vulkan_device = rest.substr(colon + 1);
-      if (d.vulkan_device.empty()) return bad_spec(t);
-    }
-    return d;
-  }
-  return bad_spec(t);
-}
-
-int32_t gpu_layer_count(const DeviceSpec& spec, int32_t n_layer) {
-  switch (spec.kind) {
-    case DeviceSpec::Kind::kCpu: return 0;
-    case DeviceSpec::Kind::kVulkan: return n_layer;
-    case DeviceSpec::Kind::kHybrid: return std::clamp(spec.gpu_layers, 0, n_layer);
-  }
-  return 0;
-}
 
 Result<uint64_t> parse_memory_size(const std::string& text) {
   auto bad = [&] {

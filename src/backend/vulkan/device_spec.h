@@ -1,18 +1,13 @@
-// DeviceSpec: the CLI's `--device cpu | vulkan[:i|:name] | hybrid:N[:i]` and
-// `--device-memory SIZE`, parsed, plus the text block `spillway devices`
-// prints for Vulkan. No Vulkan headers; works in builds without Vulkan.
+// The CLI's `--device-memory SIZE`, parsed, and the text block `spillway
+// devices` prints for Vulkan; plus, transitionally, the old spelling of the
+// `--device` placement (core/placement.h is the one type now). No Vulkan
+// headers; works in builds without Vulkan.
 //
-// Contract: parse_device_spec() accepts
-//   "cpu"                 everything on the CPU backend;
-//   "vulkan" / "vulkan:I" / "vulkan:NAME"  everything on one Vulkan device
-//                         (I = index, NAME = case-insensitive name substring);
-//   "hybrid:N" / "hybrid:N:I"  layers [0, N) on Vulkan device I (default the
-//                         first), the rest on the CPU (N >= 0; N is clamped
-//                         to n_layer by the caller).
-// Anything else is InvalidArgument naming the accepted forms.
-// parse_memory_size() accepts a byte count with an optional K/M/G/T suffix
-// (powers of 1024, optional trailing "iB"/"B"): "512M", "1.5GiB", "1048576";
-// InvalidArgument otherwise, or for 0.
+// Contract: parse_memory_size() accepts a byte count with an optional K/M/G/T
+// suffix (powers of 1024, optional trailing "iB"/"B"): "512M", "1.5GiB",
+// "1048576"; InvalidArgument otherwise, or for 0.
+// DeviceSpec, parse_device_spec() and gpu_layer_count() are Placement,
+// Placement::parse() and Placement::gpu_layer_count() under their old names.
 // Thread safety: pure functions.
 #pragma once
 
@@ -21,22 +16,20 @@
 #include <vector>
 
 #include "backend/vulkan/vulkan_backend.h"
+#include "core/placement.h"
 #include "core/status.h"
 
 namespace spw {
 
-struct DeviceSpec {
-  enum class Kind { kCpu, kVulkan, kHybrid };
-  Kind kind = Kind::kCpu;
-  std::string vulkan_device;  // VulkanBackendOptions::device ("" = first)
-  int32_t gpu_layers = 0;     // hybrid: layers [0, gpu_layers) on Vulkan
-};
+// TRANSITIONAL: src/app/cmd_serve.cpp and src/serve/ (owned elsewhere) still
+// say DeviceSpec / parse_device_spec / gpu_layer_count. New code uses
+// Placement directly; delete these three once those files have moved over.
+using DeviceSpec = Placement;
+inline Result<Placement> parse_device_spec(const std::string& text) { return Placement::parse(text); }
+inline int32_t gpu_layer_count(const Placement& placement, int32_t n_layer) {
+  return placement.gpu_layer_count(n_layer);
+}
 
-Result<DeviceSpec> parse_device_spec(const std::string& text);
-// How many layers, from layer 0, the spec puts on Vulkan for a model of
-// n_layer layers: 0 for cpu, n_layer for vulkan, hybrid's N clamped to
-// [0, n_layer].
-int32_t gpu_layer_count(const DeviceSpec& spec, int32_t n_layer);
 Result<uint64_t> parse_memory_size(const std::string& text);
 
 // Human-readable lines for `spillway devices` (one block per device: name,

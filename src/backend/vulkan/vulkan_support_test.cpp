@@ -1,5 +1,5 @@
 // Parts of the Vulkan backend that need no device (built with or without
-// Vulkan): --device / --device-memory parsing, the fault injector, device-
+// Vulkan): --device-memory parsing, the fault injector, device-
 // resident KV pools (through a fake storage) and the stub's behaviour.
 #include <gtest/gtest.h>
 
@@ -11,42 +11,14 @@
 namespace spw {
 namespace {
 
-TEST(DeviceSpec, ParsesAcceptedForms) {
-  auto cpu = parse_device_spec("cpu");
-  ASSERT_TRUE(cpu.ok());
-  EXPECT_EQ(cpu->kind, DeviceSpec::Kind::kCpu);
-  auto vk = parse_device_spec("vulkan");
-  ASSERT_TRUE(vk.ok());
-  EXPECT_EQ(vk->kind, DeviceSpec::Kind::kVulkan);
-  EXPECT_EQ(vk->vulkan_device, "");
-  auto vk1 = parse_device_spec("vulkan:1");
-  ASSERT_TRUE(vk1.ok());
-  EXPECT_EQ(vk1->vulkan_device, "1");
-  auto vkn = parse_device_spec("vulkan:llvmpipe");
-  ASSERT_TRUE(vkn.ok());
-  EXPECT_EQ(vkn->vulkan_device, "llvmpipe");
-  auto h = parse_device_spec("hybrid:12");
+// The transitional names of core/placement.h (placement_test covers the type).
+TEST(DeviceSpec, OldNamesAreThePlacementType) {
+  auto h = parse_device_spec("hybrid:3:1");
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->kind, DeviceSpec::Kind::kHybrid);
-  EXPECT_EQ(h->gpu_layers, 12);
-  auto h2 = parse_device_spec("hybrid:3:1");
-  ASSERT_TRUE(h2.ok());
-  EXPECT_EQ(h2->gpu_layers, 3);
-  EXPECT_EQ(h2->vulkan_device, "1");
-  for (const char* bad : {"", "gpu", "vulkan:", "hybrid:", "hybrid:x", "hybrid:-1", "hybrid:2:", "CPU"})
-    EXPECT_EQ(parse_device_spec(bad).status().code(), StatusCode::kInvalidArgument) << bad;
-}
-
-TEST(DeviceSpec, GpuLayerCountClampsHybrid) {
-  auto count = [](const std::string& spec, int32_t n_layer) {
-    return gpu_layer_count(parse_device_spec(spec).value(), n_layer);
-  };
-  EXPECT_EQ(count("cpu", 12), 0);
-  EXPECT_EQ(count("vulkan", 12), 12);
-  EXPECT_EQ(count("vulkan:1", 5), 5);
-  EXPECT_EQ(count("hybrid:3", 12), 3);
-  EXPECT_EQ(count("hybrid:0", 12), 0);
-  EXPECT_EQ(count("hybrid:40", 12), 12);
+  EXPECT_TRUE(*h == Placement::hybrid(3, "1"));
+  EXPECT_EQ(gpu_layer_count(*h, 12), 3);
+  EXPECT_EQ(gpu_layer_count(parse_device_spec("hybrid:40").value(), 12), 12);
+  EXPECT_EQ(parse_device_spec("gpu").status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(DeviceSpec, ParsesMemorySizes) {

@@ -1,0 +1,276 @@
+#include "admission/controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <queue>
+
+#include "admission/ledger.h"
+
+namespace spw::admission {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string fmt_s(double s) {
+  if (!std::isfinite(s)) return "unknown";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
+}
+
+std::string fmt_pct(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f%%", x * 100.0);
+  return buf;
+}
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+double expected_tokens(const PathRates& r, int32_t max_tokens) {
+  const double share = std::clamp(r.completion_share, 0.0, 1.0);
+  return std::max(1.0, share * static_cast<double>(max_tokens));
+}
+
+double remaining_s(const PathRates& r, const WorkItem& w) {
+  if (r.decode_tps <= 0 || r.prefill_tps <= 0) return kInf;
+  const double left = std::max(1.0, expected_tokens(r, w.max_tokens) - static_cast<double>(w.generated));
+  double t = left / r.decode_tps;
+  if (w.generated == 0) t += std::max(0.0, static_cast<double>(w.prompt_tokens) / r.prefill_tps - w.elapsed_s);
+  return t;
+}
+
+}  // namespace
+
+std::string_view decision_kind_name(DecisionKind k) {
+  switch (k) {
+    case DecisionKind::kAdmit: return "admit";
+    case DecisionKind::kDelay: return "delay";
+    case DecisionKind::kShrink: return "shrink";
+    case DecisionKind::kOffload: return "offload";
+    case DecisionKind::kRedirect: return "redirect";
+    case DecisionKind::kReject: return "reject";
+  }
+  return "unknown";
+}
+
+std::string_view path_role_name(PathRole r) {
+  switch (r) {
+    case PathRole::kPrimary: return "primary";
+    case PathRole::kOffload: return "offload";
+    case PathRole::kFallback: return "fallback";
+  }
+  return "unknown";
+}
+
+int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens) {
+  if (block_tokens <= 0) return 0;
+  return (std::max(0, n_tokens) + block_tokens - 1) / block_tokens;
+}
+
+double estimate_run_s(const PathRates& r, int32_t prompt_tokens, int32_t max_tokens) {
+  if (r.decode_tps <= 0 || r.prefill_tps <= 0) return kInf;
+  return static_cast<double>(prompt_tokens) / r.prefill_tps + expected_tokens(r, max_tokens) / r.decode_tps;
+}
+
+double estimate_start_delay(const PathSnapshot& p, int32_t kv_blocks) {
+  const size_t slots = static_cast<size_t>(std::max(1, p.workers));
+  const bool limited = p.kv_blocks_total > 0;
+  if (limited && kv_blocks > p.kv_blocks_total) return kInf;
+  // Active items as (finish time, blocks), earliest first.
+  using Active = std::pair<double, int32_t>;
+  std::priority_queue<Active, std::vector<Active>, std::greater<>> active;
+  int64_t free_blocks = limited ? p.kv_blocks_free : std::numeric_limits<int32_t>::max();
+  for (const WorkItem& w : p.running) active.emplace(remaining_s(p.rates, w), w.kv_blocks);
+  double t = 0;
+  // Starts an item needing `blocks` at the earliest time a slot and the
+  // blocks are free (FIFO: never before the previous start); returns it.
+  auto start = [&](int32_t blocks, double duration) {
+    for (;;) {
+      if (active.size() < slots && (!limited || free_blocks >= blocks)) {
+        active.emplace(t + duration, blocks);
+        free_blocks -= blocks;
+        return t;
+      }
+      if (active.empty()) return kInf;
+      const Active a = active.top();
+      active.pop();
+      t = std::max(t, a.first);
+      free_blocks += a.second;
+      if (!std::isfinite(t)) return kInf;
+    }
+  };
+  for (const WorkItem& q : p.queued) {
+    if (!std::isfinite(start(q.kv_blocks, estimate_run_s(p.rates, q.prompt_tokens, q.max_tokens)))) return kInf;
+  }
+  return start(kv_blocks, 0);
+}
+
+Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy) {
+  Decision d;
+  d.prompt_tokens = req.prompt_tokens;
+  d.max_tokens_requested = req.max_tokens;
+  const bool may_shrink = req.allow_shrink || policy.allow_shrink;
+  bool queue_full_somewhere = false;
+  double retry_after = kInf;
+  // A path passed over only because its wait is long: used when no other
+  // path can take the request (queueing beats refusing).
+  int32_t wait_fallback = -1;
+  Decision wait_fallback_d;
+
+  auto fill = [&](Decision& out, int32_t i, DecisionKind kind, int32_t n_ctx, int32_t max_tokens, int32_t blocks,
+                  double delay, double pressure) {
+    const PathSnapshot& p = paths[static_cast<size_t>(i)];
+    out.kind = kind;
+    out.path_index = i;
+    out.path = p.name;
+    out.n_ctx = n_ctx;
+    out.max_tokens = max_tokens;
+    out.kv_blocks = blocks;
+    out.pressure = pressure;
+    out.timing.delay_s = delay;
+    out.timing.ttft_s = delay + (p.rates.prefill_tps > 0 ? req.prompt_tokens / p.rates.prefill_tps : kInf);
+    out.timing.total_s = delay + estimate_run_s(p.rates, req.prompt_tokens, max_tokens);
+    const bool waits = !p.queued.empty() || static_cast<int32_t>(p.running.size()) >= p.workers ||
+                       (p.kv_blocks_total > 0 && blocks > p.kv_blocks_free);
+    out.queue_position = waits ? static_cast<int32_t>(p.queued.size()) + 1 : 0;
+    out.http_status = 200;
+  };
+
+  for (size_t idx = 0; idx < paths.size(); ++idx) {
+    const int32_t i = static_cast<int32_t>(idx);
+    const PathSnapshot& p = paths[idx];
+    PathVerdict v;
+    v.path = p.name;
+    auto skip = [&](std::string why) {
+      v.reason = std::move(why);
+      d.verdicts.push_back(v);
+    };
+    if (!p.usable) {
+      skip("out of service (" + p.unusable_reason + ")");
+      continue;
+    }
+    if (req.prompt_tokens >= p.n_ctx) {
+      skip("prompt of " + std::to_string(req.prompt_tokens) + " tokens does not fit its context of " +
+           std::to_string(p.n_ctx));
+      continue;
+    }
+    const int32_t room = p.n_ctx - req.prompt_tokens;
+    const int32_t max_tokens = req.max_tokens ? std::min(*req.max_tokens, room) : room;
+    const int32_t blocks = kv_blocks_for(req.prompt_tokens + max_tokens, p.kv_block_tokens);
+    const bool primary = p.role == PathRole::kPrimary;
+    const double pressure = p.ledger_limit > 0 ? static_cast<double>(p.ledger_used + p.request_extra_bytes) /
+                                                     static_cast<double>(p.ledger_limit)
+                                               : 0.0;
+    const bool pressure_ok = p.ledger_limit == 0 || pressure <= policy.pressure_threshold;
+    const bool queue_ok = static_cast<int32_t>(p.queued.size()) < p.queue_capacity;
+
+    // Shrink on the first-choice path: the largest max_tokens whose blocks
+    // are free now (so it starts without waiting on KV).
+    auto try_shrink = [&]() -> bool {
+      if (!primary || !may_shrink || !pressure_ok || !queue_ok || p.kv_blocks_total <= 0) return false;
+      const int32_t fit_blocks = std::min(p.kv_blocks_total, p.kv_blocks_free);
+      const int32_t fit_tokens = fit_blocks * p.kv_block_tokens - req.prompt_tokens;
+      if (fit_tokens < policy.min_shrink_tokens || fit_tokens >= max_tokens) return false;
+      const int32_t b = kv_blocks_for(req.prompt_tokens + fit_tokens, p.kv_block_tokens);
+      const double delay = estimate_start_delay(p, b);
+      if (!(delay <= policy.max_delay_s)) return false;
+      fill(d, i, DecisionKind::kShrink, p.n_ctx, fit_tokens, b, delay, pressure);
+      d.shrunk = true;
+      d.max_tokens_clamped = req.max_tokens && *req.max_tokens > room;
+      v.eligible = true;
+      v.reason = "shrunk max_tokens " + std::to_string(max_tokens) + " -> " + std::to_string(fit_tokens) +
+                 " to fit the " + std::to_string(fit_blocks) + " free KV blocks";
+      v.timing = d.timing;
+      d.verdicts.push_back(v);
+      return true;
+    };
+
+    if (p.kv_blocks_total > 0 && blocks > p.kv_blocks_total) {
+      if (try_shrink()) break;
+      skip("needs " + std::to_string(blocks) + " KV blocks for " + std::to_string(req.prompt_tokens) + " + " +
+           std::to_string(max_tokens) + " tokens, its whole KV budget is " + std::to_string(p.kv_blocks_total));
+      continue;
+    }
+    if (!pressure_ok) {
+      skip("memory pressure on " + p.ledger + ": " + fmt_pct(pressure) + " of the safe limit " +
+           mib(p.ledger_limit) + " (used " + mib(p.ledger_used) + ", co-tenants " + mib(p.ledger_cotenants) +
+           ", this request " + mib(p.request_extra_bytes) + "), threshold " + fmt_pct(policy.pressure_threshold));
+      continue;
+    }
+    if (!queue_ok) {
+      queue_full_somewhere = true;
+      retry_after = std::min(retry_after, estimate_start_delay(p, blocks));
+      skip("queue full (" + std::to_string(p.queued.size()) + " of " + std::to_string(p.queue_capacity) + ")");
+      continue;
+    }
+    const double delay = estimate_start_delay(p, blocks);
+    if (primary && !(delay <= policy.max_delay_s)) {
+      if (try_shrink()) break;
+      v.timing.delay_s = delay;
+      if (wait_fallback < 0) {
+        wait_fallback = i;
+        wait_fallback_d = d;
+        fill(wait_fallback_d, i, DecisionKind::kDelay, p.n_ctx, max_tokens, blocks, delay, pressure);
+      }
+      skip("estimated wait " + fmt_s(delay) + " exceeds max_delay " + fmt_s(policy.max_delay_s));
+      continue;
+    }
+    DecisionKind kind = DecisionKind::kRedirect;
+    if (primary) kind = delay <= policy.admit_delay_s ? DecisionKind::kAdmit : DecisionKind::kDelay;
+    else if (p.role == PathRole::kOffload) kind = DecisionKind::kOffload;
+    fill(d, i, kind, p.n_ctx, max_tokens, blocks, delay, pressure);
+    d.max_tokens_clamped = req.max_tokens && *req.max_tokens > room;
+    v.eligible = true;
+    v.timing = d.timing;
+    v.reason = "fits: " + std::to_string(blocks) + " KV blocks" +
+               (p.kv_blocks_total > 0 ? " (" + std::to_string(p.kv_blocks_free) + " of " +
+                                            std::to_string(p.kv_blocks_total) + " free)"
+                                      : std::string()) +
+               (p.ledger_limit > 0 ? ", pressure " + fmt_pct(pressure) : std::string()) + ", estimated wait " +
+               fmt_s(delay);
+    d.verdicts.push_back(v);
+    break;
+  }
+
+  if (d.path_index < 0 && wait_fallback >= 0) {
+    std::vector<PathVerdict> verdicts = std::move(d.verdicts);
+    d = wait_fallback_d;
+    d.verdicts = std::move(verdicts);
+    d.max_tokens_clamped = req.max_tokens && *req.max_tokens > d.max_tokens && !d.shrunk;
+  }
+
+  // One sentence: why each earlier path was passed over, then the choice.
+  std::string reason;
+  for (const PathVerdict& v : d.verdicts) {
+    if (!reason.empty()) reason += "; ";
+    reason += v.path + ": " + v.reason;
+  }
+  if (d.path_index >= 0) {
+    if (d.kind == DecisionKind::kDelay && wait_fallback == d.path_index) {
+      reason += "; no other path can take it, so it waits on " + d.path;
+    }
+    d.reason = std::string(decision_kind_name(d.kind)) + " on " + d.path + " (" + reason + ")";
+    return d;
+  }
+  d.kind = DecisionKind::kReject;
+  if (paths.empty()) reason = "the server has no execution path";
+  if (queue_full_somewhere) {
+    d.http_status = 429;
+    d.failure = FailureReason::kQueueFull;
+    d.retry_after_s = std::isfinite(retry_after) ? std::clamp(retry_after, 1.0, 60.0) : 1.0;
+    d.reason = "every path that could serve it has a full queue (" + reason + ")";
+  } else {
+    d.http_status = 503;
+    d.failure = FailureReason::kNoPath;
+    d.reason = "no path can serve it (" + reason + ")";
+  }
+  return d;
+}
+
+}  // namespace spw::admission

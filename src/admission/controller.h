@@ -1,0 +1,167 @@
+// Admission controller: the per-request decision over a server's execution
+// paths, as a pure function of (request shape, path snapshots, policy).
+//
+// Contract: decide(request, paths, policy) never allocates device memory,
+// never blocks and reads no clock; the same inputs give the same Decision.
+// `paths` are in preference order: the first-choice path first (the GPU path
+// when there is one), then offload paths (hybrid), then the CPU path. For each
+// path it checks, in order, and records why a path was passed over:
+//   1. usable: the path is up (not out of service);
+//   2. context: prompt_tokens < n_ctx (else the path cannot serve the prompt);
+//      max_tokens is clamped to the room left (n_ctx - prompt_tokens);
+//   3. KV blocks: blocks(prompt + max_tokens) <= the path's whole KV budget
+//      (a prompt that can never fit there is sent elsewhere BEFORE it is
+//      accepted, never failed mid-generation);
+//   4. memory pressure: the path's ledger used / limit <= policy threshold,
+//      with the request's own extra bytes (memory not already in the plan)
+//      added to used; over it the path is skipped (co-tenants grew, observed
+//      use rose): later decisions move, running requests are untouched;
+//   5. queue room: queued < queue_capacity;
+//   6. wait: the estimated start delay (see estimate_start_delay) must be
+//      <= policy.max_delay_s on the first-choice path; a path that can start
+//      within it is taken (admit when the delay is ~0, delay otherwise).
+// The first path passing all checks wins: kAdmit/kDelay on the first path,
+// kOffload on a hybrid path, kRedirect on a CPU path. Before leaving the first
+// path for a KV reason, when shrinking is allowed (request or policy) and the
+// path could run at least policy.min_shrink_tokens, max_tokens is lowered to
+// what fits now: kShrink. When no path passes: kReject with 429 (every path
+// that could serve it has a full queue; retry_after_s from the queue's ETA)
+// or 503 (no path can serve it: context, KV, pressure or out of service),
+// reason naming each path's refusal.
+// Estimated times come from each path's measured rates: prefill tokens/s,
+// decode tokens/s and the mean share of max_tokens requests really generate.
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace spw::admission {
+
+enum class DecisionKind { kAdmit, kDelay, kShrink, kOffload, kRedirect, kReject };
+std::string_view decision_kind_name(DecisionKind k);  // "admit", "delay", ...
+
+enum class PathRole { kPrimary, kOffload, kFallback };
+std::string_view path_role_name(PathRole r);
+
+// What the request asks for, after tokenization.
+struct RequestShape {
+  int32_t prompt_tokens = 0;
+  std::optional<int32_t> max_tokens;  // nullopt: up to the end of the context
+  bool allow_shrink = false;          // X-Spillway-Allow-Shrink: true
+};
+
+// A unit of work a path already holds (for the ETA).
+struct WorkItem {
+  int32_t prompt_tokens = 0;
+  int32_t max_tokens = 0;
+  int32_t generated = 0;   // tokens so far (running)
+  int32_t kv_blocks = 0;   // blocks it holds (running) or will take (queued)
+  double elapsed_s = 0;    // running: time since it started
+};
+
+// Measured speeds of a path (EWMA of finished requests; `measured` false while
+// only the configured prior is known).
+struct PathRates {
+  double prefill_tps = 0;     // prompt tokens per second
+  double decode_tps = 0;      // generated tokens per second, per request
+  double completion_share = 1.0;  // mean completion_tokens / max_tokens
+  uint64_t samples = 0;
+  bool measured = false;
+};
+
+// One path as admission sees it at one instant.
+struct PathSnapshot {
+  std::string name;          // "gpu", "hybrid", "cpu"
+  std::string placement;     // "vulkan", "hybrid:2", "cpu"
+  std::string model;         // the model that serves on this path
+  bool fallback_model = false;  // a different (smaller) model than the first path's
+  PathRole role = PathRole::kPrimary;
+  bool usable = true;
+  std::string unusable_reason;
+  int32_t n_ctx = 0;
+  int32_t workers = 1;
+  int32_t queue_capacity = 0;
+  int32_t kv_block_tokens = 16;
+  int32_t kv_blocks_total = 0;   // the path's whole KV budget (0: unlimited)
+  int32_t kv_blocks_free = 0;    // not held by running requests
+  std::vector<WorkItem> running;
+  std::vector<WorkItem> queued;  // in queue order
+  // Memory ledger of the path's device (the GPU's, or the host's for CPU).
+  std::string ledger;            // "vulkan:0", "host"
+  uint64_t ledger_limit = 0;     // capacity - headroom (0: no ledger)
+  uint64_t ledger_used = 0;      // ours + max(co-tenants, observed others)
+  uint64_t ledger_cotenants = 0;
+  uint64_t request_extra_bytes = 0;  // a request's memory beyond the plan
+  PathRates rates;
+};
+
+struct AdmissionPolicy {
+  // Largest used/limit a path may be at (with the request) to take new work.
+  double pressure_threshold = 1.0;
+  // Longest estimated wait for the first-choice path before leaving it.
+  double max_delay_s = 2.0;
+  // A wait below this is "admit" rather than "delay".
+  double admit_delay_s = 0.05;
+  bool allow_shrink = false;     // shrink without the request asking
+  int32_t min_shrink_tokens = 16;
+};
+
+// Predicted timings of a request on one path.
+struct Timing {
+  double delay_s = 0;  // until a worker starts it
+  double ttft_s = 0;   // delay + prefill
+  double total_s = 0;  // ttft + expected decode
+};
+
+struct PathVerdict {
+  std::string path;
+  bool eligible = false;
+  std::string reason;  // why not (or "fits")
+  Timing timing;
+};
+
+struct Decision {
+  DecisionKind kind = DecisionKind::kReject;
+  int32_t path_index = -1;   // into the `paths` given; -1 for reject
+  std::string path;          // its name
+  std::string reason;        // one sentence with the figures
+  FailureReason failure = FailureReason::kNone;  // reject: kQueueFull or kNoPath ...
+  int http_status = 200;     // reject: 429 or 503
+  double retry_after_s = 0;  // reject 429
+  // Limits applied (on the chosen path).
+  int32_t n_ctx = 0;
+  int32_t prompt_tokens = 0;
+  int32_t max_tokens = 0;
+  std::optional<int32_t> max_tokens_requested;
+  bool max_tokens_clamped = false;  // requested more than the context leaves
+  bool shrunk = false;              // lowered to fit memory (kShrink)
+  int32_t kv_blocks = 0;            // blocks for prompt + max_tokens
+  int32_t queue_position = 0;       // 1-based position at acceptance (0: starts at once)
+  Timing timing;
+  double pressure = 0;              // chosen path's ledger used / limit with the request
+  std::vector<PathVerdict> verdicts;  // every path considered, in order
+  bool degraded() const { return kind == DecisionKind::kRedirect || kind == DecisionKind::kOffload; }
+};
+
+Decision decide(const RequestShape& request, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy);
+
+// Blocks for n_tokens positions.
+int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens);
+
+// When a request needing `kv_blocks` would start on `path` if queued behind
+// its current work: an event simulation of the path's FIFO queue with
+// `workers` slots and the KV budget, each item lasting prompt / prefill_tps +
+// expected tokens / decode_tps (expected = max_tokens * completion_share;
+// running items count what is left). Seconds from now; infinity when the
+// rates are unknown (0) and there is work ahead.
+double estimate_start_delay(const PathSnapshot& path, int32_t kv_blocks);
+// Prefill + expected decode of a request on the path, seconds.
+double estimate_run_s(const PathRates& rates, int32_t prompt_tokens, int32_t max_tokens);
+
+}  // namespace spw::admission

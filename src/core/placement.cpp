@@ -1,0 +1,85 @@
+#include "core/placement.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace spw {
+namespace {
+
+bool all_digits(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+Status bad_placement(std::string_view text) {
+  return Status::invalid_argument("placement '" + std::string(text) +
+                                  "': expected cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX");
+}
+
+}  // namespace
+
+Result<Placement> Placement::parse(std::string_view t) {
+  constexpr std::string_view kVulkan = "vulkan";
+  constexpr std::string_view kHybrid = "hybrid:";
+  if (t == "cpu") return cpu();
+  if (t == kVulkan) return vulkan();
+  if (t.substr(0, kVulkan.size() + 1) == "vulkan:") {
+    const std::string_view dev = t.substr(kVulkan.size() + 1);
+    if (dev.empty()) return bad_placement(t);  // "vulkan:"
+    return vulkan(std::string(dev));
+  }
+  if (t.substr(0, kHybrid.size()) == kHybrid) {
+    const std::string_view rest = t.substr(kHybrid.size());
+    const size_t colon = rest.find(':');
+    const std::string_view n = rest.substr(0, colon);
+    if (!all_digits(n) || n.size() > 6) return bad_placement(t);
+    std::string dev;
+    if (colon != std::string_view::npos) {
+      dev = std::string(rest.substr(colon + 1));
+      if (dev.empty()) return bad_placement(t);  // "hybrid:N:"
+    }
+    return hybrid(static_cast<int32_t>(std::strtol(std::string(n).c_str(), nullptr, 10)), std::move(dev));
+  }
+  return bad_placement(t);
+}
+
+std::string Placement::name() const {
+  switch (kind) {
+    case Kind::kCpu: return "cpu";
+    case Kind::kVulkan: return "vulkan";
+    case Kind::kHybrid: return "hybrid:" + std::to_string(gpu_layers);
+  }
+  return "?";
+}
+
+std::string Placement::spec() const {
+  if (kind == Kind::kCpu || vulkan_device.empty()) return name();
+  return name() + ":" + vulkan_device;
+}
+
+int32_t Placement::gpu_layer_count(int32_t n_layer) const {
+  switch (kind) {
+    case Kind::kCpu: return 0;
+    case Kind::kVulkan: return n_layer;
+    case Kind::kHybrid: return std::clamp(gpu_layers, 0, std::max(n_layer, 0));
+  }
+  return 0;
+}
+
+Placement Placement::resolved(int32_t n_layer) const {
+  if (kind != Kind::kHybrid) return kind == Kind::kCpu ? cpu() : vulkan(vulkan_device);
+  const int32_t n = gpu_layer_count(n_layer);
+  if (n == 0) return cpu();
+  if (n >= n_layer) return vulkan(vulkan_device);
+  return hybrid(n, vulkan_device);
+}
+
+bool operator==(const Placement& a, const Placement& b) {
+  if (a.kind != b.kind) return false;
+  if (a.kind == Placement::Kind::kCpu) return true;
+  return a.vulkan_device == b.vulkan_device && (a.kind != Placement::Kind::kHybrid || a.gpu_layers == b.gpu_layers);
+}
+
+}  // namespace spw

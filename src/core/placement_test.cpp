@@ -1,0 +1,129 @@
+#include "core/placement.h"
+
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+
+namespace spw {
+
+// gtest prints a Placement as its spec.
+void PrintTo(const Placement& p, std::ostream* os) { *os << p.spec(); }
+
+namespace {
+
+using Kind = Placement::Kind;
+
+TEST(Placement, ParsesAcceptedForms) {
+  auto cpu = Placement::parse("cpu");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(*cpu, Placement::cpu());
+  EXPECT_EQ(cpu->kind, Kind::kCpu);
+  EXPECT_FALSE(cpu->on_gpu());
+
+  auto vk = Placement::parse("vulkan");
+  ASSERT_TRUE(vk.ok());
+  EXPECT_EQ(*vk, Placement::vulkan());
+  EXPECT_EQ(vk->vulkan_device, "");
+  EXPECT_TRUE(vk->on_gpu());
+  EXPECT_EQ(Placement::parse("vulkan:1").value(), Placement::vulkan("1"));
+  EXPECT_EQ(Placement::parse("vulkan:llvmpipe").value().vulkan_device, "llvmpipe");
+
+  auto h = Placement::parse("hybrid:12");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->kind, Kind::kHybrid);
+  EXPECT_EQ(h->gpu_layers, 12);
+  EXPECT_EQ(h->vulkan_device, "");
+  EXPECT_TRUE(h->on_gpu());
+  EXPECT_EQ(Placement::parse("hybrid:3:1").value(), Placement::hybrid(3, "1"));
+  EXPECT_EQ(Placement::parse("hybrid:007").value(), Placement::hybrid(7));
+  EXPECT_FALSE(Placement::parse("hybrid:0").value().on_gpu());
+}
+
+TEST(Placement, ErrorsNameTheTextAndTheAcceptedForms) {
+  for (const char* bad : {"", "gpu", "tpu", "CPU", "vulkan:", "vulkan1", "hybrid", "hybrid:", "hybrid:x", "hybrid:-1",
+                          "hybrid:1:", "hybrid:1234567", " cpu", "cpu "}) {
+    auto p = Placement::parse(bad);
+    ASSERT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(p.status().message().find("'" + std::string(bad) + "'"), std::string::npos) << p.status().to_string();
+    EXPECT_NE(p.status().message().find("cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX"),
+              std::string::npos)
+        << p.status().to_string();
+  }
+}
+
+TEST(Placement, SpecRoundTripsThroughParse) {
+  for (const char* text : {"cpu", "vulkan", "vulkan:0", "vulkan:NVIDIA H200", "vulkan:a:b", "hybrid:0", "hybrid:12",
+                           "hybrid:3:1", "hybrid:3:llvmpipe", "hybrid:999999"}) {
+    auto p = Placement::parse(text);
+    ASSERT_TRUE(p.ok()) << text << ": " << p.status().to_string();
+    EXPECT_EQ(p->spec(), text);
+    auto again = Placement::parse(p->spec());
+    ASSERT_TRUE(again.ok()) << p->spec();
+    EXPECT_EQ(*again, *p) << text;
+  }
+  for (const Placement& p : {Placement::cpu(), Placement::vulkan(), Placement::vulkan("2"), Placement::hybrid(4),
+                             Placement::hybrid(4, "igpu")}) {
+    EXPECT_EQ(Placement::parse(p.spec()).value(), p) << p.spec();
+  }
+  EXPECT_EQ(Placement::parse("hybrid:007").value().spec(), "hybrid:7");
+}
+
+TEST(Placement, NamesAreShortAndCanonical) {
+  EXPECT_EQ(Placement::cpu().name(), "cpu");
+  EXPECT_EQ(Placement::vulkan().name(), "vulkan");
+  EXPECT_EQ(Placement::vulkan("1").name(), "vulkan");  // no selector
+  EXPECT_EQ(Placement::hybrid(3).name(), "hybrid:3");
+  EXPECT_EQ(Placement::hybrid(3, "1").name(), "hybrid:3");
+
+  // As they run on a 5-layer model: one layout, one name.
+  const int32_t n_layer = 5;
+  auto run_name = [&](const char* text) { return Placement::parse(text).value().resolved(n_layer).name(); };
+  EXPECT_EQ(run_name("cpu"), "cpu");
+  EXPECT_EQ(run_name("hybrid:0"), "cpu");
+  EXPECT_EQ(run_name("hybrid:0:1"), "cpu");
+  EXPECT_EQ(run_name("hybrid:2"), "hybrid:2");
+  EXPECT_EQ(run_name("hybrid:4:1"), "hybrid:4");
+  EXPECT_EQ(run_name("hybrid:5"), "vulkan");
+  EXPECT_EQ(run_name("hybrid:9"), "vulkan");
+  EXPECT_EQ(run_name("vulkan:1"), "vulkan");
+}
+
+TEST(Placement, ResolvedKeepsTheDeviceAndIsIdempotent) {
+  EXPECT_EQ(Placement::hybrid(0, "1").resolved(5), Placement::cpu());
+  EXPECT_EQ(Placement::hybrid(9, "1").resolved(5), Placement::vulkan("1"));
+  EXPECT_EQ(Placement::hybrid(2, "1").resolved(5), Placement::hybrid(2, "1"));
+  EXPECT_EQ(Placement::vulkan("x").resolved(5), Placement::vulkan("x"));
+  EXPECT_EQ(Placement::cpu().resolved(5), Placement::cpu());
+  for (int32_t n = 0; n <= 7; ++n) {
+    const Placement r = Placement::hybrid(n, "0").resolved(5);
+    EXPECT_EQ(r.resolved(5), r) << n;
+    EXPECT_EQ(r.gpu_layer_count(5), Placement::hybrid(n).gpu_layer_count(5)) << n;
+  }
+}
+
+TEST(Placement, GpuLayerCountClampsHybrid) {
+  EXPECT_EQ(Placement::cpu().gpu_layer_count(5), 0);
+  EXPECT_EQ(Placement::vulkan().gpu_layer_count(5), 5);
+  EXPECT_EQ(Placement::vulkan("1").gpu_layer_count(32), 32);
+  EXPECT_EQ(Placement::hybrid(0).gpu_layer_count(5), 0);
+  EXPECT_EQ(Placement::hybrid(3).gpu_layer_count(5), 3);
+  EXPECT_EQ(Placement::hybrid(5).gpu_layer_count(5), 5);
+  EXPECT_EQ(Placement::hybrid(99).gpu_layer_count(5), 5);
+  EXPECT_EQ(Placement::hybrid(-2).gpu_layer_count(5), 0);
+  EXPECT_EQ(Placement::hybrid(3).gpu_layer_count(0), 0);
+}
+
+TEST(Placement, EqualityComparesMeaningfulFieldsOnly) {
+  EXPECT_EQ(Placement::cpu(), (Placement{Placement::Kind::kCpu, "1", 3}));
+  EXPECT_EQ(Placement::vulkan("1"), (Placement{Placement::Kind::kVulkan, "1", 3}));
+  EXPECT_NE(Placement::vulkan("1"), Placement::vulkan("0"));
+  EXPECT_NE(Placement::vulkan(), Placement::cpu());
+  EXPECT_NE(Placement::hybrid(2), Placement::hybrid(3));
+  EXPECT_NE(Placement::hybrid(2, "1"), Placement::hybrid(2));
+  EXPECT_NE(Placement::hybrid(0), Placement::cpu());  // resolved() makes them equal
+}
+
+}  // namespace
+}  // namespace spw

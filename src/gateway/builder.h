@@ -1,0 +1,109 @@
+// GatewayOptions and build_gateway(): the composition `spillway serve`, the
+// drill and integration tests all use, from a model file to a running set of
+// execution paths.
+//
+// Contract: build_gateway(env, options) opens the journal, reads the host's
+// memory (MemAvailable, cgroup, --host-budget) into a HostLedger, and builds:
+//   the first-choice path from `device` (cpu, vulkan[:i], hybrid:N[:i]):
+//     for a GPU placement it opens the device, makes a DeviceLedger (capacity
+//     = device_memory or the largest device-local heap, headroom, co-tenants
+//     declared with --co-tenant, the heap reading where the driver has
+//     VK_EXT_memory_budget) and sizes the KV pool to what the ledger has left
+//     after weights and scratch: min(kv_blocks, or workers x ctx when 0,
+//     what fits). Requests then take their blocks from that pool one request
+//     at a time (KV gate), so short requests share it. If not even the
+//     weights and a minimal pool fit, the GPU path is not built and the
+//     reason is kept (the server starts with the paths that fit);
+//   the CPU fallback path (unless cpu_fallback is false or the first path is
+//     already the CPU): the same model file and mapping (replica "shared"),
+//     cpu_parallel workers, its own queue of cpu_queue and a context of
+//     cpu_ctx (0: the first path's), its KV pool and scratch reserved in the
+//     host ledger; when the host cannot hold it, it is not built (reason kept).
+// The ledgers hold each path's plan as committed; observed usage is re-read
+// (host readings, the device heap) at most every observe_interval_s by the
+// gateway. Errors: a bad option is InvalidArgument naming the flag; no path
+// that fits is ResourceExhausted naming every path's reason; a model that
+// does not load is its loader's error.
+// Thread safety: build_gateway is called once; the result is used as Gateway.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "admission/ledger.h"
+#include "core/env.h"
+#include "core/status.h"
+#include "gateway/gateway.h"
+#include "journal/journal.h"
+#include "backend/vulkan/vulkan_backend.h"
+#include "model/model.h"
+
+namespace spw::gateway {
+
+// Every key is also a `spillway serve` flag of the same name (with dashes);
+// the defaults here are the documented ones (`spillway serve --dump-config`
+// prints them as TOML with their descriptions).
+struct GatewayOptions {
+  std::string model;
+  std::string chat_template;
+  // First-choice path.
+  std::string device = "cpu";   // cpu | vulkan[:i] | hybrid:N[:i]
+  int32_t parallel = 1;         // its workers (concurrent requests)
+  int32_t queue = 64;           // its waiting requests
+  int32_t ctx = 0;              // its context (0: the model's)
+  int32_t kv_blocks = 0;        // its KV pool in blocks of 16 (0: what fits, up to parallel x ctx)
+  int threads = 0;              // CPU threads (0: all)
+  // CPU fallback path (with a GPU first path).
+  bool cpu_fallback = true;
+  int32_t cpu_parallel = 1;
+  int32_t cpu_queue = 8;
+  int32_t cpu_ctx = 0;          // 0: the first path's context
+  // Memory.
+  double host_memory_share = 0.5;
+  std::string host_budget;      // e.g. "2GiB"; empty: none
+  std::string device_memory;    // e.g. "8GiB"; empty: the largest device-local heap
+  std::string device_headroom = "0";
+  double device_headroom_share = 0.05;
+  std::vector<std::string> co_tenants;  // NAME=SIZE
+  // Admission.
+  double pressure_threshold = 1.0;
+  double max_delay_s = 2.0;
+  bool allow_shrink = false;
+  int32_t min_shrink_tokens = 16;
+  double observe_interval_s = 1.0;
+  // Journal.
+  std::string journal;          // "" = default place, "none" = no journal
+  double journal_retention_hours = 168;
+  // Warm-up: one tiny generation per path at start (JITs shaders, measures
+  // first rates and the time to make the path ready).
+  bool warmup = true;
+};
+
+struct BuiltGateway {
+  std::unique_ptr<Gateway> gateway;
+  std::shared_ptr<journal::Journal> journal;  // null with journal = "none"
+  std::shared_ptr<const Model> model;
+  std::string model_name;
+  std::string chat_template;  // resolved name ("" = none)
+  std::vector<std::string> log;  // what was built and why (one line each)
+  // The ledgers and the device, for /health (thread-safe objects).
+  std::shared_ptr<admission::HostLedger> host_ledger;
+  std::shared_ptr<admission::DeviceLedger> device_ledger;  // null without a GPU path
+  std::shared_ptr<VulkanBackend> vulkan;                    // null without a GPU path
+  // Re-reads observed usage into the ledgers now (what the gateway calls on
+  // its schedule); fills the device heap reading or why there is none.
+  std::function<void(std::optional<uint64_t>& heap_used, std::string& heap_unknown)> observe;
+};
+
+// The default journal place: $XDG_STATE_HOME/spillway/journal.sqlite, else
+// ~/.local/state/spillway/journal.sqlite.
+Result<std::string> default_journal_path();
+std::string model_name_from_path(const std::string& path);
+
+Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& options);
+
+}  // namespace spw::gateway

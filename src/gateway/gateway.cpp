@@ -1,0 +1,421 @@
+#include "gateway/gateway.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "engine/sampler.h"
+
+namespace spw::gateway {
+namespace {
+
+admission::RequestShape shape_of(const RouteRequest& r, int32_t prompt_tokens) {
+  admission::RequestShape s;
+  s.prompt_tokens = prompt_tokens;
+  s.max_tokens = r.generation.max_tokens;
+  s.allow_shrink = r.allow_shrink;
+  return s;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Gateway>> Gateway::create(Env& env, std::vector<ExecutionPath> paths,
+                                                 std::vector<PathNotBuilt> not_built, GatewayPolicy policy) {
+  if (paths.empty()) return Status::invalid_argument("gateway: no execution path");
+  std::set<std::string> names;
+  for (const ExecutionPath& p : paths) {
+    if (!p.scheduler || !p.tokenizer) {
+      return Status::invalid_argument("gateway: path '" + p.name + "' has no scheduler or tokenizer");
+    }
+    if (!names.insert(p.name).second) return Status::invalid_argument("gateway: two paths named '" + p.name + "'");
+  }
+  if (policy.observe_interval_s < 0) return Status::invalid_argument("gateway: observe_interval_s must be >= 0");
+  return std::unique_ptr<Gateway>(new Gateway(env, std::move(paths), std::move(not_built), std::move(policy)));
+}
+
+Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNotBuilt> not_built,
+                 GatewayPolicy policy)
+    : env_(env), paths_(std::move(paths)), not_built_(std::move(not_built)), policy_(std::move(policy)) {}
+
+Gateway::~Gateway() {
+  shutdown(std::chrono::milliseconds(0));
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [id, l] : leases_) (void)l.ledger->release(l.ticket);
+  leases_.clear();
+}
+
+void Gateway::shutdown(std::chrono::milliseconds grace) {
+  // Paths drain side by side: each gets the whole grace.
+  std::vector<std::thread> drains;
+  for (ExecutionPath& p : paths_) {
+    serve::Scheduler* s = p.scheduler.get();
+    drains.emplace_back([s, grace] { s->shutdown(grace); });
+  }
+  for (auto& t : drains) t.join();
+}
+
+void Gateway::expire_locked(int64_t now) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expires_ns <= now) {
+      (void)it->second.ledger->release(it->second.ticket);
+      it = leases_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Gateway::refresh() {
+  const int64_t now = env_.now_ns();
+  bool observe = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    expire_locked(now);
+    const auto interval = static_cast<int64_t>(policy_.observe_interval_s * 1e9);
+    if (last_observe_ns_ == 0 || now - last_observe_ns_ >= interval) {
+      last_observe_ns_ = now;
+      observe = true;
+    }
+  }
+  if (observe && policy_.observe) policy_.observe();
+}
+
+std::vector<admission::PathSnapshot> Gateway::snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens) {
+  std::vector<admission::PathSnapshot> out;
+  out.reserve(paths_.size());
+  for (const ExecutionPath& p : paths_) {
+    const serve::Scheduler& s = *p.scheduler;
+    admission::PathSnapshot snap;
+    snap.name = p.name;
+    snap.placement = p.placement;
+    snap.model = p.model;
+    snap.fallback_model = p.fallback_model;
+    snap.role = p.role;
+    snap.n_ctx = s.n_ctx();
+    if (s.stopping()) {
+      snap.usable = false;
+      snap.unusable_reason = "shutting down";
+    }
+    snap.workers = s.n_workers();
+    snap.queue_capacity = s.queue_capacity();
+    serve::LoadSnapshot load = s.load();
+    snap.kv_block_tokens = s.kv_block_tokens();
+    snap.kv_blocks_total = load.kv_blocks_total;
+    snap.kv_blocks_free = load.kv_blocks_free;
+    snap.running = std::move(load.running);
+    snap.queued = std::move(load.queued);
+    snap.rates = load.rates;
+    if (p.ledger) {
+      const admission::LedgerSnapshot l = p.ledger->snapshot();
+      snap.ledger = l.name;
+      snap.ledger_limit = l.limit;
+      snap.ledger_used = l.used;
+      snap.ledger_cotenants = l.reserved[static_cast<int>(admission::OwnerKind::kCoTenant)];
+    }
+    if (p.request_bytes && prompt_tokens < snap.n_ctx) {
+      const int32_t room = snap.n_ctx - prompt_tokens;
+      snap.request_extra_bytes = p.request_bytes(prompt_tokens, max_tokens ? std::min(*max_tokens, room) : room);
+    }
+    out.push_back(std::move(snap));
+  }
+  return out;
+}
+
+Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) {
+  const serve::GenerationRequest& g = request.generation;
+  auto refuse = [&](Status st, admission::Decision d) -> Result<Admitted> {
+    if (refusal) refusal->decision = std::move(d);
+    if (refusal) refusal->status = st;
+    return st;
+  };
+  if (g.prompt.empty()) return refuse(invalid_field("prompt", "prompt: must not be empty"), {});
+  if (Status st = validate_sampler_params(g.sampler); !st.ok()) return refuse(st, {});
+  if (g.max_tokens && *g.max_tokens <= 0) {
+    return refuse(invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*g.max_tokens)), {});
+  }
+  refresh();
+  const Tokenizer& tok = tokenizer();
+  std::vector<TokenId> prompt = tok.encode(g.prompt, g.add_bos && tok.add_bos_default(), g.parse_special);
+  if (prompt.empty()) return refuse(invalid_field("prompt", "prompt: tokenizes to no tokens"), {});
+  const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
+
+  // A path can fill between the decision and the submit (other threads):
+  // decide again with fresh snapshots, a bounded number of times.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::vector<admission::PathSnapshot> snaps = snapshots(n_prompt, g.max_tokens);
+    admission::Decision d = admission::decide(shape_of(request, n_prompt), snaps, policy_.admission);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++decisions_[std::string(admission::decision_kind_name(d.kind))];
+    }
+    if (d.kind == admission::DecisionKind::kReject) {
+      if (std::all_of(paths_.begin(), paths_.end(), [](const ExecutionPath& p) { return p.scheduler->stopping(); })) {
+        return refuse(Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown),
+                      std::move(d));
+      }
+      // A prompt no path's context can hold is the client's to fix: 400.
+      const bool too_long = std::all_of(snaps.begin(), snaps.end(), [&](const admission::PathSnapshot& p) {
+        return !p.usable || n_prompt >= p.n_ctx;
+      });
+      if (too_long) {
+        int32_t max_ctx = 0;
+        for (const auto& p : snaps) max_ctx = std::max(max_ctx, p.n_ctx);
+        return refuse(Status(StatusCode::kInvalidArgument,
+                             "prompt: " + std::to_string(n_prompt) + " tokens does not fit the context of " +
+                                 std::to_string(max_ctx) + " tokens of any path (at most " +
+                                 std::to_string(max_ctx - 1) + " prompt tokens; the server's --ctx sets the limit)",
+                             FailureReason::kContextFull, "prompt"),
+                      std::move(d));
+      }
+      const StatusCode code =
+          d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
+      Status st(code, d.reason, d.failure);  // before d is moved from
+      return refuse(std::move(st), std::move(d));
+    }
+    const ExecutionPath& path = paths_[static_cast<size_t>(d.path_index)];
+    serve::PreparedRequest p;
+    p.id = next_ticket_id_.fetch_add(1);
+    p.record_id = g.record_id;
+    p.job.prompt = prompt;
+    p.job.sampler = g.sampler;
+    p.job.max_tokens = d.max_tokens;
+    p.job.stop = g.stop;
+    p.limits.n_ctx = d.n_ctx;
+    p.limits.prompt_tokens = n_prompt;
+    p.limits.max_tokens = d.max_tokens;
+    p.limits.max_tokens_requested = g.max_tokens;
+    p.limits.max_tokens_clamped = d.max_tokens_clamped;
+    p.kv_blocks = d.kv_blocks;
+    p.decision = d;
+    Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
+    if (t.ok()) {
+      track(*t);
+      return Admitted{*t, &path};
+    }
+    if (t.status().reason() != FailureReason::kQueueFull) {
+      Status st = t.status();
+      return refuse(std::move(st), std::move(d));
+    }
+  }
+  return refuse(Status(StatusCode::kResourceExhausted, "every path's queue filled while the request was being placed",
+                       FailureReason::kQueueFull),
+                {});
+}
+
+void Gateway::track(const std::shared_ptr<serve::Ticket>& t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // Forget finished tickets as new ones come (bounded by what is in flight).
+  for (auto it = live_.begin(); it != live_.end();) {
+    auto sp = it->second.lock();
+    if (!sp || serve::is_terminal(sp->state())) it = live_.erase(it);
+    else ++it;
+  }
+  live_[t->id()] = t;
+}
+
+std::shared_ptr<serve::Ticket> Gateway::find(uint64_t ticket_id) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = live_.find(ticket_id);
+  return it == live_.end() ? nullptr : it->second.lock();
+}
+
+bool Gateway::cancel(uint64_t ticket_id) {
+  for (ExecutionPath& p : paths_) {
+    if (p.scheduler->cancel(ticket_id)) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<serve::Ticket> Gateway::find_by_record(int64_t record_id) const {
+  if (record_id <= 0) return nullptr;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [id, w] : live_) {
+    auto t = w.lock();
+    if (t && t->record_id() == record_id) return t;
+  }
+  return nullptr;
+}
+
+Progress Gateway::progress(const serve::Ticket& t) {
+  Progress out;
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    if (paths_[i].name != t.path()) continue;
+    out.queue_position = paths_[i].scheduler->queue_position(t.id());
+    if (out.queue_position == 0) return out;
+    std::vector<admission::PathSnapshot> snaps = snapshots(t.limits().prompt_tokens, t.limits().max_tokens);
+    admission::PathSnapshot& s = snaps[i];
+    // Only the work ahead of it counts.
+    if (static_cast<size_t>(out.queue_position - 1) < s.queued.size()) s.queued.resize(static_cast<size_t>(out.queue_position - 1));
+    out.estimated_delay_s = admission::estimate_start_delay(s, t.kv_blocks());
+    return out;
+  }
+  return out;
+}
+
+int32_t Gateway::in_flight() const {
+  int32_t n = 0;
+  for (const ExecutionPath& p : paths_) {
+    const serve::SchedulerStats st = p.scheduler->stats();
+    n += st.running + st.queue_depth;
+  }
+  return n;
+}
+
+Result<Quote> Gateway::quote(const RouteRequest& request) {
+  const serve::GenerationRequest& g = request.generation;
+  if (g.prompt.empty()) return invalid_field("prompt", "prompt: must not be empty");
+  SPW_RETURN_IF_ERROR(validate_sampler_params(g.sampler));
+  if (g.max_tokens && *g.max_tokens <= 0) {
+    return invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*g.max_tokens));
+  }
+  refresh();
+  const Tokenizer& tok = tokenizer();
+  const auto n_prompt = static_cast<int32_t>(
+      std::min<size_t>(tok.encode(g.prompt, g.add_bos && tok.add_bos_default(), g.parse_special).size(), INT32_MAX));
+  if (n_prompt == 0) return invalid_field("prompt", "prompt: tokenizes to no tokens");
+  std::vector<admission::PathSnapshot> snaps = snapshots(n_prompt, g.max_tokens);
+  Quote q;
+  q.decision = admission::decide(shape_of(request, n_prompt), snaps, policy_.admission);
+  if (q.decision.path_index >= 0) {
+    const ExecutionPath& p = paths_[static_cast<size_t>(q.decision.path_index)];
+    q.placement = p.placement;
+    q.model = p.model;
+    q.fallback_model = p.fallback_model;
+  }
+  // Each path on its own: what it would predict if the request went there.
+  for (size_t i = 0; i < snaps.size(); ++i) {
+    const admission::PathSnapshot& s = snaps[i];
+    std::vector<admission::PathSnapshot> one{s};
+    one[0].role = admission::PathRole::kPrimary;
+    admission::AdmissionPolicy pol = policy_.admission;
+    pol.max_delay_s = std::numeric_limits<double>::infinity();
+    const admission::Decision alone = admission::decide(shape_of(request, n_prompt), one, pol);
+    PathQuote pq;
+    pq.path = s.name;
+    pq.placement = s.placement;
+    pq.model = s.model;
+    pq.eligible = alone.path_index == 0;
+    pq.reason = alone.verdicts.empty() ? alone.reason : alone.verdicts.back().reason;
+    pq.timing = alone.timing;
+    pq.decode_tps = s.rates.decode_tps;
+    pq.prefill_tps = s.rates.prefill_tps;
+    pq.rates_measured = s.rates.measured;
+    q.paths.push_back(std::move(pq));
+  }
+  return q;
+}
+
+admission::MemoryLedger* Gateway::cotenant_ledger() const {
+  // The first path's ledger is the first-choice device's (the GPU's when
+  // there is one): co-tenants compete for that memory.
+  for (const ExecutionPath& p : paths_)
+    if (p.ledger) return p.ledger.get();
+  return nullptr;
+}
+
+ReservationInfo Gateway::info_locked(uint64_t id, int64_t now) const {
+  const Lease& l = leases_.at(id);
+  ReservationInfo r;
+  r.id = id;
+  r.name = l.name;
+  r.ledger = l.ledger->name();
+  r.bytes = l.bytes;
+  r.ttl_s = l.ttl_s;
+  r.expires_in_s = static_cast<double>(l.expires_ns - now) / 1e9;
+  r.after = l.ledger->snapshot();
+  r.fits = r.after.used <= r.after.limit;
+  return r;
+}
+
+Result<ReservationInfo> Gateway::reserve_cotenant(const std::string& name, uint64_t bytes, double ttl_s) {
+  if (name.empty() || name.size() > 64) return invalid_field("name", "name: 1 to 64 characters");
+  if (bytes == 0) return invalid_field("bytes", "bytes: must be > 0");
+  if (!(ttl_s > 0) || ttl_s > 86400.0) return invalid_field("ttl_s", "ttl_s: must be in (0, 86400]");
+  admission::MemoryLedger* ledger = cotenant_ledger();
+  if (!ledger) return Status::failed_precondition("this server keeps no memory ledger to reserve in");
+  refresh();
+  const int64_t now = env_.now_ns();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (leases_.size() >= 256) return Status::resource_exhausted("too many reservations (256); release some first");
+  SPW_ASSIGN_OR_RETURN(admission::Ticket t, ledger->declare({admission::OwnerKind::kCoTenant, name}, bytes));
+  const uint64_t id = next_lease_id_++;
+  leases_[id] = Lease{name, ledger, t, bytes, ttl_s, now + static_cast<int64_t>(ttl_s * 1e9)};
+  return info_locked(id, now);
+}
+
+Result<ReservationInfo> Gateway::renew(uint64_t id) {
+  refresh();
+  const int64_t now = env_.now_ns();
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return Status::not_found("reservation " + std::to_string(id) + " (released or expired)");
+  it->second.expires_ns = now + static_cast<int64_t>(it->second.ttl_s * 1e9);
+  return info_locked(id, now);
+}
+
+Status Gateway::release(uint64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return Status::not_found("reservation " + std::to_string(id) + " (released or expired)");
+  Status st = it->second.ledger->release(it->second.ticket);
+  leases_.erase(it);
+  return st;
+}
+
+std::vector<ReservationInfo> Gateway::reservations() {
+  refresh();
+  const int64_t now = env_.now_ns();
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<ReservationInfo> out;
+  for (const auto& [id, l] : leases_) out.push_back(info_locked(id, now));
+  return out;
+}
+
+bool Gateway::ready() const {
+  // Ready while some path is accepting (not shutting down, queue not full).
+  for (const ExecutionPath& p : paths_) {
+    const serve::SchedulerStats st = p.scheduler->stats();
+    if (!p.scheduler->stopping() && st.queue_depth < st.queue_capacity) return true;
+  }
+  return false;
+}
+
+GatewayStatus Gateway::status() {
+  GatewayStatus out;
+  out.reservations = reservations();
+  std::set<const admission::MemoryLedger*> seen;
+  for (const ExecutionPath& p : paths_) {
+    const serve::Scheduler& s = *p.scheduler;
+    PathStatus ps;
+    ps.name = p.name;
+    ps.placement = p.placement;
+    ps.model = p.model;
+    ps.replica = p.replica;
+    ps.fallback_model = p.fallback_model;
+    ps.role = std::string(admission::path_role_name(p.role));
+    ps.recovery_ms = p.recovery_ms;
+    ps.stats = s.stats();
+    ps.workers = ps.stats.n_workers;
+    ps.running = ps.stats.running;
+    ps.queue_depth = ps.stats.queue_depth;
+    ps.queue_capacity = ps.stats.queue_capacity;
+    ps.n_ctx = s.n_ctx();
+    const serve::LoadSnapshot load = s.load();
+    ps.oldest_queued_s = load.oldest_queued_s;
+    ps.kv_block_tokens = s.kv_block_tokens();
+    ps.kv_blocks_total = load.kv_blocks_total;
+    ps.kv_blocks_free = load.kv_blocks_free;
+    ps.rates = load.rates;
+    out.paths.push_back(std::move(ps));
+    if (p.ledger && seen.insert(p.ledger.get()).second) out.ledgers.push_back(p.ledger->snapshot());
+  }
+  out.not_built = not_built_;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    out.decisions = decisions_;
+  }
+  out.ready = ready();
+  return out;
+}
+
+}  // namespace spw::gateway

@@ -1,0 +1,226 @@
+// Gateway: a server's execution paths behind one per-request router.
+//
+// Contract: a Gateway owns one or more execution paths (each an ExecutionPath:
+// a Scheduler = its own bounded queue and workers, plus its placement, model,
+// context limit, KV budget, memory ledger and replica mode), the memory
+// ledgers, the co-tenants' reservations and the admission policy. Paths are
+// in preference order: the first is the first-choice path.
+//   submit()  tokenizes the prompt once, refreshes the ledgers' observed usage
+//             when it is older than policy.observe_interval_s, expires lapsed
+//             reservations, takes admission::decide() over every path's
+//             snapshot and submits to the chosen path; a path whose queue
+//             filled in between is retried with the next decision. Returns the
+//             Ticket (which carries its Decision), or the refusal Status with
+//             its typed reason (kQueueFull -> 429, kNoPath /
+//             kHostMemoryExhausted -> 503, kInvalidField / kContextFull ->
+//             400) and the Decision it was refused under (for Retry-After and
+//             the journal). Nothing touches a device before the decision.
+//   quote()   the same decision without submitting, plus each path's own
+//             predicted start delay, time to first token and decode rate.
+//   cancel()  by ticket id, on whichever path holds it: queued requests end at
+//             once (their KV gate blocks and reservations are released before
+//             cancel returns), running ones at their next token boundary.
+//   reserve_cotenant() declares another process's memory on a ledger (the GPU
+//             ledger when there is one): accepted even when it leaves Spillway
+//             no room (`fits` says so) and counted by the next decision;
+//             renew() extends its lease, release() ends it, and a lease not
+//             renewed within its ttl is released by the next call that
+//             refreshes (submit, quote, status, reservations()).
+//   status()  paths, ledgers, reservations and decision counters.
+// All times come from the injected Env, so a SimEnv drives leases, refresh
+// and ETAs deterministically.
+// Thread safety: every public method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "admission/controller.h"
+#include "admission/ledger.h"
+#include "core/env.h"
+#include "core/status.h"
+#include "serve/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spw::gateway {
+
+struct ExecutionPath {
+  std::string name;        // "gpu", "hybrid", "cpu"
+  std::string placement;   // "vulkan", "hybrid:2", "cpu"
+  std::string model;       // model name served on this path
+  bool fallback_model = false;
+  admission::PathRole role = admission::PathRole::kPrimary;
+  // How its model is held in host memory: "shared" (the first path's
+  // mapping, same file), "warm" (loaded and prefaulted at start), "mmap"
+  // (mapped, paged in on first use).
+  std::string replica = "shared";
+  double recovery_ms = 0;          // measured time to make this path ready
+  std::unique_ptr<serve::Scheduler> scheduler;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  // The ledger of the memory this path's plan lives in (null: none).
+  std::shared_ptr<admission::MemoryLedger> ledger;
+  // Memory a request adds beyond the path's committed plan (0 when the KV
+  // pool and scratch are allocated up front).
+  std::function<uint64_t(int32_t prompt_tokens, int32_t max_tokens)> request_bytes;
+};
+
+// A path that could not be built at start, and why (shown in status).
+struct PathNotBuilt {
+  std::string name;
+  std::string reason;
+};
+
+struct GatewayPolicy {
+  admission::AdmissionPolicy admission;
+  double observe_interval_s = 1.0;  // re-read observed memory at most this often
+  // Called (under no gateway lock) to re-read observed usage into the ledgers.
+  std::function<void()> observe;
+};
+
+// What the HTTP layer asks for, after parsing.
+struct RouteRequest {
+  serve::GenerationRequest generation;  // prompt text, sampler, max_tokens, stop, record_id
+  bool allow_shrink = false;
+};
+
+struct Admitted {
+  std::shared_ptr<serve::Ticket> ticket;
+  const ExecutionPath* path = nullptr;
+};
+
+struct Refusal {
+  Status status;
+  admission::Decision decision;  // kReject with http status and Retry-After; empty for 400s
+};
+
+// Where a queued request stands now.
+struct Progress {
+  int32_t queue_position = 0;    // 1-based; 0 when not queued
+  double estimated_delay_s = 0;  // until it starts, from the path's rates
+};
+
+struct PathQuote {
+  std::string path;
+  std::string placement;
+  std::string model;
+  bool eligible = false;
+  std::string reason;
+  admission::Timing timing;
+  double decode_tps = 0;
+  double prefill_tps = 0;
+  bool rates_measured = false;
+};
+
+struct Quote {
+  admission::Decision decision;
+  std::string placement;  // of the chosen path ("" on reject)
+  std::string model;
+  bool fallback_model = false;
+  std::vector<PathQuote> paths;
+};
+
+struct ReservationInfo {
+  uint64_t id = 0;
+  std::string name;
+  std::string ledger;
+  uint64_t bytes = 0;
+  double ttl_s = 0;
+  double expires_in_s = 0;
+  bool fits = true;  // Spillway still has room under its safe limit
+  admission::LedgerSnapshot after;
+};
+
+struct PathStatus {
+  std::string name, placement, model, replica;
+  bool fallback_model = false;
+  std::string role;
+  double recovery_ms = 0;
+  int32_t workers = 0, running = 0, queue_depth = 0, queue_capacity = 0, n_ctx = 0;
+  double oldest_queued_s = 0;
+  int32_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_free = 0;
+  admission::PathRates rates;
+  serve::SchedulerStats stats;
+};
+
+struct GatewayStatus {
+  std::vector<PathStatus> paths;
+  std::vector<PathNotBuilt> not_built;
+  std::vector<admission::LedgerSnapshot> ledgers;
+  std::vector<ReservationInfo> reservations;
+  std::map<std::string, uint64_t> decisions;  // by kind name
+  bool ready = false;                          // some path can take work
+};
+
+class Gateway {
+ public:
+  // At least one path, each with a scheduler and a tokenizer; InvalidArgument
+  // otherwise. Ledgers shared by several paths are listed once in status.
+  static Result<std::unique_ptr<Gateway>> create(Env& env, std::vector<ExecutionPath> paths,
+                                                 std::vector<PathNotBuilt> not_built, GatewayPolicy policy);
+  ~Gateway();
+
+  Result<Admitted> submit(const RouteRequest& request, Refusal* refusal = nullptr);
+  Result<Quote> quote(const RouteRequest& request);
+  bool cancel(uint64_t ticket_id);
+  // The live ticket with this id, or null.
+  std::shared_ptr<serve::Ticket> find(uint64_t ticket_id) const;
+  // The live ticket whose journal record id this is, or null.
+  std::shared_ptr<serve::Ticket> find_by_record(int64_t record_id) const;
+  // Position of a queued ticket on its path and its current estimated delay.
+  Progress progress(const serve::Ticket& ticket);
+
+  Result<ReservationInfo> reserve_cotenant(const std::string& name, uint64_t bytes, double ttl_s);
+  Result<ReservationInfo> renew(uint64_t reservation_id);
+  Status release(uint64_t reservation_id);
+  std::vector<ReservationInfo> reservations();
+
+  GatewayStatus status();
+  bool ready() const;
+  void shutdown(std::chrono::milliseconds grace);
+
+  const std::vector<ExecutionPath>& paths() const { return paths_; }
+  const ExecutionPath& primary() const { return paths_.front(); }
+  const Tokenizer& tokenizer() const { return *paths_.front().tokenizer; }
+  // Running + queued on every path.
+  int32_t in_flight() const;
+
+ private:
+  Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNotBuilt> not_built, GatewayPolicy policy);
+  void refresh();  // observed usage + lease expiry, on the policy's schedule
+  void expire_locked(int64_t now);
+  std::vector<admission::PathSnapshot> snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens);
+  admission::MemoryLedger* cotenant_ledger() const;
+  ReservationInfo info_locked(uint64_t id, int64_t now) const;
+  void track(const std::shared_ptr<serve::Ticket>& t);
+
+  Env& env_;
+  std::vector<ExecutionPath> paths_;
+  std::vector<PathNotBuilt> not_built_;
+  GatewayPolicy policy_;
+  std::atomic<uint64_t> next_ticket_id_{1};
+
+  mutable std::mutex mu_;
+  int64_t last_observe_ns_ = 0;
+  struct Lease {
+    std::string name;
+    admission::MemoryLedger* ledger = nullptr;
+    admission::Ticket ticket;
+    uint64_t bytes = 0;
+    double ttl_s = 0;
+    int64_t expires_ns = 0;
+  };
+  std::map<uint64_t, Lease> leases_;
+  uint64_t next_lease_id_ = 1;
+  std::map<std::string, uint64_t> decisions_;
+  std::map<uint64_t, std::weak_ptr<serve::Ticket>> live_;
+};
+
+}  // namespace spw::gateway
