@@ -14,5 +14,6 @@ void add_generate(CLI::App& app, int& exit_code);
 void add_serve(CLI::App& app, int& exit_code);
 void add_devices(CLI::App& app, int& exit_code);
 void add_estimate(CLI::App& app, int& exit_code);
+void add_reserve(CLI::App& app, int& exit_code);
 
 }  // namespace spw::app

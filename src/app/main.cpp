@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   spw::app::add_serve(app, exit_code);
   spw::app::add_devices(app, exit_code);
   spw::app::add_estimate(app, exit_code);
+  spw::app::add_reserve(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }
