@@ -92,6 +92,9 @@ class FakeExecutor final : public Executor {
   FakeExecutor(Env& env, FakeSpeed speed, std::shared_ptr<FakeFaults> faults = nullptr)
       : env_(env), speed_(speed), faults_(faults ? std::move(faults) : std::make_shared<FakeFaults>()) {}
 
+  // Explicit test fault injection (see FakeFaults::fail_next): shared with
+  // every executor built on the same FakeFaults.
+  void fail_next(Status status) { faults_->fail_next(std::move(status)); }
   FakeFaults& faults() { return *faults_; }
   const FakeSpeed& speed() const { return speed_; }
 

@@ -1,0 +1,955 @@
+// Gateway tests under a simulated clock: real Schedulers, real memory ledgers
+// and the real tokenizer of models/stories260K.gguf, with FakeExecutors doing
+// the "generation" in simulated time, so every timing below is exact.
+#include "gateway/gateway.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "admission/controller.h"
+#include "admission/ledger.h"
+#include "core/sim_env.h"
+#include "gguf/gguf.h"
+#include "serve/scheduler.h"
+#include "serve/testing/fake_executor.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spw::gateway {
+namespace {
+
+using namespace std::chrono_literals;
+using admission::DecisionKind;
+using admission::PathRates;
+using admission::PathRole;
+using serve::RequestEvent;
+using serve::RequestState;
+using serve::Ticket;
+using serve::testing::FakeFaults;
+using serve::testing::FakeSpeed;
+
+// Real-time bound on every wait: a correct run never comes near it; it turns
+// a lost wake-up or a stuck worker into a failure instead of a hang.
+constexpr std::chrono::milliseconds kRealTimeout = 10s;
+constexpr uint64_t kMiB = 1024 * 1024;
+
+int64_t ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
+
+// The tokenizer of the tiny stories model (the gateway tokenizes once, with
+// the first path's tokenizer).
+std::shared_ptr<const Tokenizer> tiny_tokenizer() {
+  static const std::shared_ptr<const Tokenizer> tok = []() -> std::shared_ptr<const Tokenizer> {
+    auto file = gguf::GgufFile::open(Env::default_env(), std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf");
+    if (!file.ok()) return nullptr;
+    auto t = Tokenizer::from_gguf(**file);
+    if (!t.ok()) return nullptr;
+    return std::shared_ptr<const Tokenizer>(std::move(*t));
+  }();
+  return tok;
+}
+
+int32_t count_tokens(const std::string& text) {
+  const auto& tok = *tiny_tokenizer();
+  return static_cast<int32_t>(tok.encode(text, tok.add_bos_default(), true).size());
+}
+
+// A prompt of exactly n tokens (BOS included), as the gateway will count it.
+std::string prompt_of(int32_t n) {
+  static std::mutex mu;
+  static std::map<int32_t, std::string> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(n); it != cache.end()) return it->second;
+  std::string text = "a";
+  while (count_tokens(text) < n) text += " a";
+  EXPECT_EQ(count_tokens(text), n) << "cannot build a prompt of " << n << " tokens";
+  cache[n] = text;
+  return text;
+}
+
+serve::testing::FakeSpeed speed(double prefill_tps, double decode_tps) {
+  FakeSpeed s;
+  s.prefill_tps = prefill_tps;
+  s.decode_tps = decode_tps;
+  return s;
+}
+
+// One execution path to build. Defaults: the GPU path of the brief (context
+// 256, blocks of 16, a 64-block budget, 4 workers) at 1000 prompt tokens/s
+// and 100 tokens/s (10 ms a token).
+struct PathSpec {
+  std::string name = "gpu";
+  std::string placement = "vulkan";
+  PathRole role = PathRole::kPrimary;
+  int workers = 4;
+  int32_t n_ctx = 256;
+  int32_t queue_capacity = 16;
+  int32_t kv_blocks_total = 64;
+  int32_t kv_block_tokens = 16;
+  FakeSpeed speed = FakeSpeed{1000.0, 100.0, 0};
+  // What the ETA starts from; default: the fake's true speeds.
+  std::optional<PathRates> prior;
+  std::shared_ptr<admission::MemoryLedger> ledger;
+};
+
+PathSpec cpu_spec() {
+  PathSpec s;
+  s.name = "cpu";
+  s.placement = "cpu";
+  s.role = PathRole::kFallback;
+  s.workers = 2;
+  s.kv_blocks_total = 0;  // KV in host memory, bounded by the ledger only
+  s.speed = speed(200.0, 20.0);
+  return s;
+}
+
+struct Collected {
+  std::string text;
+  RequestEvent fin;
+  int n_finished = 0;
+};
+
+// Drains the events of a ticket that has reached (or is about to reach) its
+// terminal state; bounded in real time.
+Collected collect(Ticket& t) {
+  Collected c;
+  const auto until = std::chrono::steady_clock::now() + kRealTimeout;
+  while (std::chrono::steady_clock::now() < until) {
+    RequestEvent ev;
+    const serve::PopResult r = t.next_event(ev, 20ms);
+    if (r == serve::PopResult::kClosed) return c;
+    if (r == serve::PopResult::kTimeout) continue;
+    if (ev.kind == RequestEvent::Kind::kText) {
+      EXPECT_EQ(c.n_finished, 0) << "text after the finished event";
+      c.text += ev.text;
+    } else {
+      ++c.n_finished;
+      c.fin = ev;
+    }
+  }
+  ADD_FAILURE() << "request " << t.id() << " did not finish";
+  return c;
+}
+
+std::string fake_text(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    s += 't';
+    s += std::to_string(i);
+    s += ' ';
+  }
+  return s;
+}
+
+RouteRequest request(int32_t prompt_tokens, std::optional<int32_t> max_tokens, bool allow_shrink = false) {
+  RouteRequest r;
+  r.generation.prompt = prompt_of(prompt_tokens);
+  r.generation.sampler.temperature = 0;
+  r.generation.max_tokens = max_tokens;
+  r.allow_shrink = allow_shrink;
+  return r;
+}
+
+// A Gateway over FakeExecutor paths on a SimEnv, with helpers to move the
+// simulated clock only while every worker is parked on it.
+class Harness {
+ public:
+  explicit Harness(std::vector<PathSpec> specs, admission::AdmissionPolicy policy = {},
+                   std::vector<PathNotBuilt> not_built = {}) {
+    std::vector<ExecutionPath> paths;
+    for (const PathSpec& s : specs) {
+      auto f = std::make_shared<FakeFaults>();
+      faults.push_back(f);
+      serve::SchedulerOptions o;
+      o.queue_capacity = s.queue_capacity;
+      o.n_ctx = s.n_ctx;
+      o.placement = s.placement;
+      o.path = s.name;
+      o.kv_blocks_total = s.kv_blocks_total;
+      o.kv_block_tokens = s.kv_block_tokens;
+      o.prior_rates = s.prior ? *s.prior : PathRates{s.speed.prefill_tps, s.speed.decode_tps, 1.0, 0, false};
+      auto sched = serve::Scheduler::create(env, tiny_tokenizer(),
+                                            serve::testing::make_fake_executors(env, s.workers, s.speed, f), o);
+      EXPECT_TRUE(sched.ok()) << sched.status().to_string();
+      if (!sched.ok()) return;
+      ExecutionPath p;
+      p.name = s.name;
+      p.placement = s.placement;
+      p.model = "stories260K";
+      p.role = s.role;
+      p.scheduler = std::move(*sched);
+      p.tokenizer = tiny_tokenizer();
+      p.ledger = s.ledger;
+      paths.push_back(std::move(p));
+    }
+    GatewayPolicy gp;
+    gp.admission = policy;
+    auto g = Gateway::create(env, std::move(paths), std::move(not_built), gp);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    if (g.ok()) gw = std::move(*g);
+  }
+
+  // Shuts the gateway down while driving the clock, so that running requests
+  // (parked in simulated sleeps) reach the token boundary where they see the
+  // cancel. A shutdown that does not finish in real time aborts: a hung
+  // worker cannot be joined and the suite must not hang.
+  ~Harness() {
+    if (!gw) return;
+    std::promise<void> done;
+    std::future<void> finished = done.get_future();
+    std::thread stopper([&] {
+      gw->shutdown(0ms);
+      done.set_value();
+    });
+    const auto until = std::chrono::steady_clock::now() + kRealTimeout;
+    while (finished.wait_for(100us) != std::future_status::ready) {
+      if (std::chrono::steady_clock::now() > until) {
+        std::fprintf(stderr, "gateway_test: shutdown hung\n");
+        std::abort();
+      }
+      env.advance_to_next();
+    }
+    stopper.join();
+    gw.reset();
+  }
+
+  Harness(const Harness&) = delete;
+  Harness& operator=(const Harness&) = delete;
+
+  // Waits (real time) until the system is quiescent: every running request's
+  // worker is parked on the simulated clock and no queued request could start
+  // (no idle worker, or the head of the queue does not fit the free blocks).
+  // The picture is read twice around the waiter count so that a change in
+  // between is seen. Only then is advancing the clock exact.
+  bool settle() {
+    const auto until = std::chrono::steady_clock::now() + kRealTimeout;
+    while (std::chrono::steady_clock::now() < until) {
+      const Picture a = picture();
+      const int w1 = env.waiters();
+      const Picture b = picture();
+      const int w2 = env.waiters();
+      if (a == b && w1 == w2 && w1 == a.running && !a.startable) return true;
+      std::this_thread::sleep_for(50us);
+    }
+    ADD_FAILURE() << "the gateway's workers did not settle";
+    return false;
+  }
+
+  // Moves the clock to `t`, stopping at every deadline on the way (a token,
+  // a prefill) and settling there, so each step happens at its exact instant.
+  void run_until(int64_t t) {
+    for (int i = 0; i < 1'000'000; ++i) {
+      if (!settle()) return;
+      const int64_t next = env.next_deadline_ns();
+      if (next < 0 || next > t) break;
+      env.advance_to(next);
+    }
+    env.advance_to(t);
+    settle();
+  }
+  void run_for(double s) { run_until(env.now_ns() + ns(s)); }
+
+  // Runs until nothing is running or queued on any path.
+  void run_to_idle() {
+    for (int i = 0; i < 1'000'000; ++i) {
+      if (!settle()) return;
+      if (gw->in_flight() == 0) return;
+      if (!env.advance_to_next()) break;
+    }
+    EXPECT_EQ(gw->in_flight(), 0) << "requests are stuck with no deadline ahead";
+  }
+
+  // Submits, expecting acceptance; then waits for the workers to take it.
+  std::shared_ptr<Ticket> submit(const RouteRequest& r) {
+    Refusal refusal;
+    Result<Admitted> a = gw->submit(r, &refusal);
+    EXPECT_TRUE(a.ok()) << a.status().to_string();
+    if (!a.ok()) return nullptr;
+    settle();
+    return a->ticket;
+  }
+
+  serve::Scheduler& sched(size_t i) { return *gw->paths()[i].scheduler; }
+  double since(int64_t t0) { return static_cast<double>(env.now_ns() - t0) / 1e9; }
+
+  SimEnv env;  // declared before gw: outlives it
+  std::vector<std::shared_ptr<FakeFaults>> faults;
+  std::unique_ptr<Gateway> gw;
+
+ private:
+  struct Picture {
+    std::vector<std::array<int64_t, 3>> paths;  // running, queued, free blocks
+    int running = 0;
+    bool startable = false;
+    bool operator==(const Picture&) const = default;
+  };
+  Picture picture() const {
+    Picture p;
+    for (const ExecutionPath& path : gw->paths()) {
+      const serve::LoadSnapshot l = path.scheduler->load();
+      p.paths.push_back({static_cast<int64_t>(l.running.size()), static_cast<int64_t>(l.queued.size()),
+                         l.kv_blocks_free});
+      p.running += static_cast<int>(l.running.size());
+      if (!l.queued.empty() && static_cast<int>(l.running.size()) < path.scheduler->n_workers()) {
+        const int32_t need = l.queued.front().kv_blocks;
+        if (l.kv_blocks_total == 0 || need <= l.kv_blocks_free || need > l.kv_blocks_total) p.startable = true;
+      }
+    }
+    return p;
+  }
+};
+
+TEST(GatewayTest, PromptHelperCountsTokensLikeTheGateway) {
+  ASSERT_NE(tiny_tokenizer(), nullptr) << "models/stories260K.gguf";
+  for (int32_t n : {2, 20, 56, 100, 150, 250}) EXPECT_EQ(count_tokens(prompt_of(n)), n);
+}
+
+TEST(GatewayTest, ShortRequestsStayOnGpuAndALongPromptGoesToCpuBeforeRunning) {
+  PathSpec gpu;
+  gpu.kv_blocks_total = 8;  // 128 positions: less than one full context
+  Harness h({gpu, cpu_spec()});
+  ASSERT_NE(h.gw, nullptr);
+
+  std::vector<std::shared_ptr<Ticket>> shorts;
+  for (int i = 0; i < 3; ++i) {
+    auto t = h.submit(request(20, 20));  // 40 tokens: 3 blocks
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->path(), "gpu");
+    EXPECT_EQ(t->decision().kind, i < 2 ? DecisionKind::kAdmit : DecisionKind::kDelay);
+    EXPECT_FALSE(t->decision().degraded());
+    shorts.push_back(t);
+  }
+  // 150 + 20 tokens need 11 blocks, more than the gpu's whole budget of 8:
+  // decided for the cpu before any worker touches it.
+  const int64_t gpu_runs = h.faults[0]->runs();
+  const uint64_t gpu_submitted = h.sched(0).stats().submitted;
+  Refusal refusal;
+  Result<Admitted> a = h.gw->submit(request(150, 20), &refusal);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  std::shared_ptr<Ticket> longer = a->ticket;
+  EXPECT_EQ(a->path->name, "cpu");
+  EXPECT_EQ(longer->path(), "cpu");
+  const admission::Decision& d = longer->decision();
+  EXPECT_EQ(d.kind, DecisionKind::kRedirect);
+  EXPECT_TRUE(d.degraded());
+  EXPECT_EQ(d.path, "cpu");
+  EXPECT_EQ(d.kv_blocks, 11);
+  EXPECT_NE(d.reason.find("gpu: needs 11 KV blocks"), std::string::npos) << d.reason;
+  EXPECT_EQ(h.faults[0]->runs(), gpu_runs);
+  EXPECT_EQ(h.sched(0).stats().submitted, gpu_submitted);
+  EXPECT_EQ(longer->limits().max_tokens, 20);
+
+  h.run_to_idle();
+  for (auto& t : shorts) {
+    Collected c = collect(*t);
+    EXPECT_EQ(c.fin.state, RequestState::kDone);
+    EXPECT_EQ(c.fin.finish, serve::FinishReason::kLength);
+    EXPECT_EQ(c.text, fake_text(20));
+  }
+  Collected c = collect(*longer);
+  EXPECT_EQ(c.fin.state, RequestState::kDone);
+  EXPECT_EQ(c.fin.completion_tokens, 20);
+  EXPECT_EQ(h.faults[1]->runs(), 1);
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 8);
+}
+
+// A 40-block budget, 4 workers, one path. A (16 blocks) and B (16) run; C
+// needs 10 of the 8 left, so it waits at the head of the queue with two
+// workers idle, and D (2 blocks) waits behind it (FIFO). B ends first, at
+// 0.1 s prefill + 156 tokens * 10 ms = 1.66 s: C and D start at that instant.
+TEST(GatewayTest, KvGateHoldsARequestUntilAnEarlierOneFinishes) {
+  PathSpec gpu;
+  gpu.kv_blocks_total = 40;
+  admission::AdmissionPolicy policy;
+  policy.max_delay_s = 100;  // this test is about waiting on the gpu
+  Harness h({gpu}, policy);
+  ASSERT_NE(h.gw, nullptr);
+  const int64_t t0 = h.env.now_ns();
+
+  auto a = h.submit(request(56, 200));   // 256 tokens: 16 blocks, 2.056 s
+  auto b = h.submit(request(100, 156));  // 16 blocks, 1.66 s
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->state(), RequestState::kRunning);
+  EXPECT_EQ(b->state(), RequestState::kRunning);
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 8);
+
+  auto c = h.submit(request(60, 100));  // 160 tokens: 10 blocks
+  auto d = h.submit(request(20, 12));   // 32 tokens: 2 blocks
+  ASSERT_TRUE(c && d);
+  EXPECT_EQ(c->state(), RequestState::kQueued);
+  EXPECT_EQ(d->state(), RequestState::kQueued);
+  EXPECT_EQ(c->decision().kind, DecisionKind::kDelay);
+  EXPECT_EQ(c->decision().queue_position, 1);
+  EXPECT_EQ(d->decision().queue_position, 2);
+  EXPECT_EQ(h.gw->progress(*c).queue_position, 1);
+  EXPECT_EQ(h.sched(0).stats().running, 2);  // two workers idle: KV is the limit
+  // The estimate at acceptance is B's end, worked out the same way.
+  EXPECT_NEAR(c->decision().timing.delay_s, 1.66, 1e-9);
+  EXPECT_NEAR(d->decision().timing.delay_s, 1.66, 1e-9);
+
+  // One nanosecond before B's end nothing has moved.
+  h.run_until(t0 + ns(1.66) - 1);
+  EXPECT_EQ(b->state(), RequestState::kRunning);
+  EXPECT_EQ(c->state(), RequestState::kQueued);
+  EXPECT_EQ(h.sched(0).queue_position(c->id()), 1);
+  EXPECT_EQ(h.sched(0).queue_position(d->id()), 2);
+
+  h.run_until(t0 + ns(1.66));
+  EXPECT_EQ(b->state(), RequestState::kDone);
+  EXPECT_EQ(c->state(), RequestState::kRunning);
+  EXPECT_EQ(d->state(), RequestState::kRunning);
+  EXPECT_EQ(c->queue_ns(), ns(1.66));
+  EXPECT_EQ(d->queue_ns(), ns(1.66));
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 40 - 16 - 10 - 2);
+  EXPECT_EQ(b->run_ns(), ns(1.66));
+
+  h.run_to_idle();
+  EXPECT_EQ(collect(*c).fin.completion_tokens, 100);
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 40);
+}
+
+// Concurrency on one fixed budget: ctx 256, blocks of 16, 64 blocks. Sized
+// per request (prompt + max_tokens), a 32-token request takes 2 blocks and
+// 32 of them run at once (given workers enough: 40 here); a full context per
+// request (the "worker holds n_ctx" plan) takes 16 blocks, so 4 fit.
+TEST(GatewayTest, PerRequestKvBlocksRunMoreConcurrentRequestsThanFullContextSizing) {
+  PathSpec gpu;
+  gpu.workers = 40;
+  gpu.kv_blocks_total = 64;
+  gpu.queue_capacity = 64;
+  admission::AdmissionPolicy policy;
+  policy.max_delay_s = 100;
+  auto concurrent = [&](std::optional<int32_t> max_tokens, int32_t* blocks) {
+    Harness h({gpu}, policy);
+    if (!h.gw) return -1;
+    for (int i = 0; i < 40; ++i) {
+      auto t = h.submit(request(16, max_tokens));
+      if (!t) return -1;
+      *blocks = t->kv_blocks();
+    }
+    return h.sched(0).stats().running;
+  };
+  int32_t short_blocks = 0, full_blocks = 0;
+  const int per_request = concurrent(16, &short_blocks);  // 16 + 16 tokens
+  const int full_context = concurrent(std::nullopt, &full_blocks);
+  EXPECT_EQ(short_blocks, 2);
+  EXPECT_EQ(full_blocks, 16);
+  EXPECT_EQ(per_request, 32);
+  EXPECT_EQ(full_context, 4);
+  EXPECT_GT(per_request, full_context);
+  std::printf("[ measure  ] KV budget 64 blocks x 16 tokens, ctx 256, 40 workers: %d concurrent 32-token requests "
+              "with per-request blocks (%d blocks each) vs %d with the full-context plan (%d blocks each)\n",
+              per_request, short_blocks, full_context, full_blocks);
+  RecordProperty("concurrent_per_request_blocks", per_request);
+  RecordProperty("concurrent_full_context_plan", full_context);
+}
+
+// Two workers; R1 (1.05 s) and R2 (0.6 s) run; Q1, Q2, Q3 queue. The ETA at
+// acceptance and the progress() estimate while queued are compared with the
+// real simulated wait, first with the prior rates (the fake's true speeds),
+// then again once the rates are measured from finished requests.
+TEST(GatewayTest, EstimatedDelayOfAQueuedRequestMatchesTheSimulatedWait) {
+  PathSpec gpu;
+  gpu.workers = 2;
+  admission::AdmissionPolicy policy;
+  policy.max_delay_s = 100;
+  Harness h({gpu}, policy);
+  ASSERT_NE(h.gw, nullptr);
+
+  for (int round = 0; round < 2; ++round) {
+    const int64_t t0 = h.env.now_ns();
+    auto r1 = h.submit(request(50, 100));
+    auto r2 = h.submit(request(100, 50));
+    std::vector<std::shared_ptr<Ticket>> queued{h.submit(request(30, 80)), h.submit(request(40, 40)),
+                                                h.submit(request(20, 20))};
+    ASSERT_TRUE(r1 && r2 && queued[0] && queued[1] && queued[2]);
+    std::vector<double> at_acceptance, progress_est;
+    std::vector<int64_t> progress_at;
+    for (auto& q : queued) {
+      EXPECT_EQ(q->state(), RequestState::kQueued);
+      EXPECT_EQ(q->decision().kind, DecisionKind::kDelay);
+      at_acceptance.push_back(q->decision().timing.delay_s);
+    }
+    // Mid-way, between two token boundaries: what progress() says is left.
+    h.run_for(0.305);
+    for (auto& q : queued) {
+      const Progress p = h.gw->progress(*q);
+      EXPECT_GE(p.queue_position, 1);
+      progress_est.push_back(p.estimated_delay_s);
+      progress_at.push_back(h.env.now_ns());
+    }
+    h.run_to_idle();
+    for (size_t i = 0; i < queued.size(); ++i) {
+      const double real = static_cast<double>(queued[i]->queue_ns()) / 1e9;
+      const double left = real - static_cast<double>(progress_at[i] - t0) / 1e9;
+      const double r_acc = at_acceptance[i] / real;
+      const double r_prog = progress_est[i] / left;
+      std::printf("[ measure  ] round %d (%s rates) Q%zu: ETA at acceptance %.3f s, progress() at +0.305 s "
+                  "%.3f s left; real wait %.3f s (%.3f s left); ratios %.3f, %.3f\n",
+                  round, round == 0 ? "prior" : "measured", i + 1, at_acceptance[i], progress_est[i], real, left,
+                  r_acc, r_prog);
+      EXPECT_GT(real, 0.0);
+      EXPECT_GE(r_acc, 0.5);
+      EXPECT_LE(r_acc, 2.0);
+      EXPECT_GE(r_prog, 0.5);
+      EXPECT_LE(r_prog, 2.0);
+      if (round == 0) {
+        EXPECT_NEAR(r_acc, 1.0, 1e-6) << "prior = true speeds: the simulation is exact";
+      }
+    }
+    // Hand check of round 0: Q1 starts when R2 ends (0.1 + 0.5), Q2 when R1
+    // ends (0.05 + 1.0), Q3 when Q1 ends (0.6 + 0.03 + 0.8).
+    if (round == 0) {
+      EXPECT_EQ(queued[0]->queue_ns(), ns(0.6));
+      EXPECT_EQ(queued[1]->queue_ns(), ns(1.05));
+      EXPECT_EQ(queued[2]->queue_ns(), ns(1.43));
+    }
+  }
+}
+
+struct Ledgers {
+  std::shared_ptr<admission::MemoryLedger> gpu, host;
+  admission::Ticket weights;
+};
+
+// A 1000 MiB device with 600 MiB of model weights on it, and a host ledger
+// with a fixed 4 GiB cap.
+Ledgers make_ledgers() {
+  Ledgers l;
+  auto dev = admission::DeviceLedger::create("vulkan:0", 1000 * kMiB);
+  EXPECT_TRUE(dev.ok());
+  l.gpu = std::shared_ptr<admission::MemoryLedger>(std::move(*dev));
+  auto w = l.gpu->reserve({admission::OwnerKind::kModelWeights, "stories260K"}, 600 * kMiB);
+  EXPECT_TRUE(w.ok());
+  l.weights = *w;
+  admission::HostBudgetPolicy hp;
+  hp.cap_bytes = 4096 * kMiB;
+  admission::HostReadings readings;
+  readings.mem_available = 64 * 1024 * kMiB;
+  auto host = admission::HostLedger::create("host", hp, readings);
+  EXPECT_TRUE(host.ok());
+  l.host = std::shared_ptr<admission::MemoryLedger>(std::move(*host));
+  return l;
+}
+
+TEST(GatewayTest, CoTenantReservationMovesNewRequestsToCpuUntilReleasedOrExpired) {
+  Ledgers l = make_ledgers();
+  PathSpec gpu;
+  gpu.ledger = l.gpu;
+  PathSpec cpu = cpu_spec();
+  cpu.ledger = l.host;
+  Harness h({gpu, cpu});
+  ASSERT_NE(h.gw, nullptr);
+
+  auto running = h.submit(request(20, 100));  // 1.02 s on the gpu
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->path(), "gpu");
+
+  // A reservation that still fits leaves routing alone.
+  auto small = h.gw->reserve_cotenant("indexer", 100 * kMiB, 60);
+  ASSERT_TRUE(small.ok()) << small.status().to_string();
+  EXPECT_TRUE(small->fits);
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
+  ASSERT_TRUE(h.gw->release(small->id).ok());
+
+  // 600 + 500 MiB > 1000 MiB: accepted (it cannot be refused) but it does not fit.
+  auto big = h.gw->reserve_cotenant("trainer", 500 * kMiB, 60);
+  ASSERT_TRUE(big.ok()) << big.status().to_string();
+  EXPECT_FALSE(big->fits);
+  EXPECT_EQ(big->after.used, 1100 * kMiB);
+  EXPECT_EQ(big->ledger, "vulkan:0");
+  auto moved = h.submit(request(20, 10));
+  ASSERT_NE(moved, nullptr);
+  EXPECT_EQ(moved->path(), "cpu");
+  EXPECT_EQ(moved->decision().kind, DecisionKind::kRedirect);
+  EXPECT_NE(moved->decision().reason.find("memory pressure on vulkan:0"), std::string::npos)
+      << moved->decision().reason;
+  // The request already running on the gpu is untouched.
+  EXPECT_EQ(running->state(), RequestState::kRunning);
+  h.run_for(0.5);
+  EXPECT_EQ(running->state(), RequestState::kRunning);
+
+  // Released: back to the gpu. Releasing twice is NotFound.
+  ASSERT_TRUE(h.gw->release(big->id).ok());
+  EXPECT_EQ(h.gw->release(big->id).code(), StatusCode::kNotFound);
+  auto back = h.submit(request(20, 10));
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->path(), "gpu");
+  h.run_to_idle();
+  Collected c = collect(*running);
+  EXPECT_EQ(c.fin.state, RequestState::kDone);
+  EXPECT_EQ(c.fin.completion_tokens, 100);
+
+  // Lease expiry: not renewed within 5 s, the next call that refreshes drops it.
+  auto lapsing = h.gw->reserve_cotenant("trainer", 500 * kMiB, 5);
+  ASSERT_TRUE(lapsing.ok());
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "cpu");
+  h.run_for(4.999);
+  EXPECT_EQ(h.gw->reservations().size(), 1u);
+  h.run_for(0.001);
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
+  EXPECT_TRUE(h.gw->reservations().empty());
+  EXPECT_EQ(h.gw->renew(lapsing->id).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(l.gpu->snapshot().used, 600 * kMiB);
+
+  // renew() extends the lease by its ttl from now.
+  auto renewed = h.gw->reserve_cotenant("trainer", 500 * kMiB, 5);
+  ASSERT_TRUE(renewed.ok());
+  h.run_for(3);
+  auto r = h.gw->renew(renewed->id);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NEAR(r->expires_in_s, 5.0, 1e-9);
+  h.run_for(3);  // 6 s after the reservation: alive only thanks to the renew
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "cpu");
+  auto listed = h.gw->reservations();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_NEAR(listed[0].expires_in_s, 2.0, 1e-9);
+  h.run_for(2);
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
+  h.run_to_idle();
+}
+
+// Same shape as the KV-gate test: A and B run (16 blocks each of 40), C (10
+// blocks) is the blocked head of the queue, D (2 blocks) waits behind it.
+TEST(GatewayTest, CancelEndsQueuedAtOnceAndRunningAtTheNextTokenBoundary) {
+  PathSpec gpu;
+  gpu.kv_blocks_total = 40;
+  admission::AdmissionPolicy policy;
+  policy.max_delay_s = 100;
+  Harness h({gpu}, policy);
+  ASSERT_NE(h.gw, nullptr);
+  const int64_t t0 = h.env.now_ns();
+  auto a = h.submit(request(56, 200));
+  auto b = h.submit(request(100, 156));
+  auto c = h.submit(request(60, 100));
+  auto d = h.submit(request(20, 12));
+  ASSERT_TRUE(a && b && c && d);
+  ASSERT_EQ(c->state(), RequestState::kQueued);
+  ASSERT_EQ(d->state(), RequestState::kQueued);
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 8);
+
+  // Queued C: ends at once, and its place at the head no longer holds D back:
+  // D starts at the same simulated instant.
+  h.run_until(t0 + ns(0.2));
+  EXPECT_TRUE(h.gw->cancel(c->id()));
+  EXPECT_EQ(c->state(), RequestState::kCancelled);
+  Collected cc = collect(*c);
+  EXPECT_EQ(cc.n_finished, 1);
+  EXPECT_EQ(cc.fin.state, RequestState::kCancelled);
+  EXPECT_EQ(cc.fin.status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(cc.fin.status.reason(), FailureReason::kCancelled);
+  EXPECT_TRUE(cc.text.empty());
+  EXPECT_EQ(c->run_ns(), 0);
+  h.settle();
+  EXPECT_EQ(d->state(), RequestState::kRunning);
+  EXPECT_EQ(d->queue_ns(), ns(0.2));
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 8 - 2);
+  EXPECT_FALSE(h.gw->cancel(c->id()));  // already finished
+
+  // Running A, cancelled at 0.505 s, between tokens 45 (0.506 s: 0.056 s of
+  // prefill + 45 x 10 ms) and 44: it finishes the token it is computing and
+  // stops at that boundary, giving its 16 blocks back.
+  h.run_until(t0 + ns(0.505));
+  EXPECT_TRUE(h.gw->cancel(a->id()));
+  h.settle();
+  EXPECT_EQ(a->state(), RequestState::kRunning);
+  h.run_until(t0 + ns(0.506));
+  EXPECT_EQ(a->state(), RequestState::kCancelled);
+  Collected ca = collect(*a);
+  EXPECT_EQ(ca.fin.state, RequestState::kCancelled);
+  EXPECT_EQ(ca.fin.status.reason(), FailureReason::kCancelled);
+  EXPECT_EQ(ca.fin.completion_tokens, 45);
+  EXPECT_EQ(ca.text, fake_text(45));
+  EXPECT_EQ(a->run_ns(), ns(0.506));
+  // D (0.02 + 0.12 s from 0.2 s) is done by now; only B holds blocks.
+  EXPECT_EQ(d->state(), RequestState::kDone);
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 40 - 16);
+  EXPECT_FALSE(h.gw->cancel(999'999));
+  h.run_to_idle();
+  EXPECT_EQ(b->state(), RequestState::kDone);
+  const serve::SchedulerStats st = h.sched(0).stats();
+  EXPECT_EQ(st.cancelled, 2u);
+  EXPECT_EQ(st.done, 2u);
+}
+
+TEST(GatewayTest, QuoteAgreesWithTheDecisionSubmitTakes) {
+  Ledgers l = make_ledgers();
+  PathSpec gpu;
+  gpu.workers = 1;
+  gpu.kv_blocks_total = 8;
+  gpu.ledger = l.gpu;
+  PathSpec cpu = cpu_spec();
+  cpu.ledger = l.host;
+  Harness h({gpu, cpu});
+  ASSERT_NE(h.gw, nullptr);
+
+  auto check = [&](const RouteRequest& r, DecisionKind want, const std::string& want_path) {
+    auto q = h.gw->quote(r);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    auto a = h.gw->submit(r);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    const admission::Decision& d = a->ticket->decision();
+    EXPECT_EQ(q->decision.kind, want) << q->decision.reason;
+    EXPECT_EQ(d.kind, q->decision.kind);
+    EXPECT_EQ(d.path, q->decision.path);
+    EXPECT_EQ(d.path, want_path);
+    EXPECT_EQ(q->placement, want_path == "gpu" ? "vulkan" : "cpu");
+    EXPECT_EQ(d.max_tokens, q->decision.max_tokens);
+    EXPECT_EQ(d.kv_blocks, q->decision.kv_blocks);
+    EXPECT_EQ(d.queue_position, q->decision.queue_position);
+    EXPECT_DOUBLE_EQ(d.timing.delay_s, q->decision.timing.delay_s);
+    EXPECT_EQ(d.reason, q->decision.reason);
+    // Each path's own prediction is listed too.
+    ASSERT_EQ(q->paths.size(), 2u);
+    EXPECT_EQ(q->paths[0].path, "gpu");
+    EXPECT_EQ(q->paths[1].path, "cpu");
+    EXPECT_DOUBLE_EQ(q->paths[1].decode_tps, 20.0);
+    h.settle();
+  };
+  check(request(20, 20), DecisionKind::kAdmit, "gpu");      // idle gpu
+  check(request(20, 20), DecisionKind::kDelay, "gpu");      // behind it (0.22 s)
+  check(request(150, 20), DecisionKind::kRedirect, "cpu");  // 11 blocks > 8
+  check(request(100, 500), DecisionKind::kRedirect, "cpu");  // clamped to 156; 16 blocks > 8
+  auto clamped = h.gw->quote(request(100, 500));
+  ASSERT_TRUE(clamped.ok());
+  EXPECT_TRUE(clamped->decision.max_tokens_clamped);
+  EXPECT_EQ(clamped->decision.max_tokens, 156);
+  check(request(50, 200, /*allow_shrink=*/true), DecisionKind::kShrink, "gpu");
+  auto big = h.gw->reserve_cotenant("trainer", 500 * kMiB, 60);
+  ASSERT_TRUE(big.ok());
+  check(request(20, 20), DecisionKind::kRedirect, "cpu");  // memory pressure
+  h.run_to_idle();
+}
+
+TEST(GatewayTest, StatusReportsQueuesKvDecisionsAndReservations) {
+  Ledgers l = make_ledgers();
+  PathSpec gpu;
+  gpu.workers = 1;
+  gpu.queue_capacity = 4;
+  gpu.kv_blocks_total = 8;
+  gpu.ledger = l.gpu;
+  PathSpec cpu = cpu_spec();
+  cpu.ledger = l.host;
+  cpu.queue_capacity = 2;
+  Harness h({gpu, cpu}, {}, {PathNotBuilt{"hybrid", "no Vulkan device"}});
+  ASSERT_NE(h.gw, nullptr);
+  EXPECT_TRUE(h.gw->ready());
+
+  auto r = h.submit(request(20, 60));  // 5 blocks, 0.62 s
+  auto q1 = h.submit(request(20, 20));
+  auto q2 = h.submit(request(20, 20));
+  auto red = h.submit(request(150, 20));
+  ASSERT_TRUE(r && q1 && q2 && red);
+  auto res = h.gw->reserve_cotenant("indexer", 100 * kMiB, 60);
+  ASSERT_TRUE(res.ok());
+  h.run_for(0.25);
+
+  const GatewayStatus st = h.gw->status();
+  EXPECT_TRUE(st.ready);
+  ASSERT_EQ(st.paths.size(), 2u);
+  const PathStatus& g = st.paths[0];
+  EXPECT_EQ(g.name, "gpu");
+  EXPECT_EQ(g.placement, "vulkan");
+  EXPECT_EQ(g.role, "primary");
+  EXPECT_EQ(g.workers, 1);
+  EXPECT_EQ(g.running, 1);
+  EXPECT_EQ(g.queue_depth, 2);
+  EXPECT_EQ(g.queue_capacity, 4);
+  EXPECT_NEAR(g.oldest_queued_s, 0.25, 1e-9);
+  EXPECT_EQ(g.kv_blocks_total, 8);
+  EXPECT_EQ(g.kv_blocks_free, 8 - 5);
+  EXPECT_EQ(g.kv_block_tokens, 16);
+  EXPECT_EQ(g.n_ctx, 256);
+  EXPECT_EQ(st.paths[1].name, "cpu");
+  EXPECT_EQ(st.paths[1].role, "fallback");
+  EXPECT_EQ(st.paths[1].running, 1);
+  EXPECT_EQ(st.paths[1].queue_depth, 0);
+  EXPECT_EQ(st.decisions.at("admit"), 1u);
+  EXPECT_EQ(st.decisions.at("delay"), 2u);
+  EXPECT_EQ(st.decisions.at("redirect"), 1u);
+  EXPECT_EQ(st.decisions.count("reject"), 0u);
+  ASSERT_EQ(st.reservations.size(), 1u);
+  EXPECT_EQ(st.reservations[0].name, "indexer");
+  EXPECT_EQ(st.reservations[0].bytes, 100 * kMiB);
+  EXPECT_EQ(st.reservations[0].ledger, "vulkan:0");
+  EXPECT_NEAR(st.reservations[0].expires_in_s, 60 - 0.25, 1e-9);
+  EXPECT_TRUE(st.reservations[0].fits);
+  ASSERT_EQ(st.ledgers.size(), 2u);
+  EXPECT_EQ(st.ledgers[0].name, "vulkan:0");
+  EXPECT_EQ(st.ledgers[0].used, 700 * kMiB);
+  ASSERT_EQ(st.not_built.size(), 1u);
+  EXPECT_EQ(st.not_built[0].name, "hybrid");
+
+  // Fill the gpu queue (4) and the cpu's (2), then one more: refused with
+  // 429 and counted as a reject.
+  h.submit(request(20, 20));
+  h.submit(request(20, 20));
+  ASSERT_EQ(h.sched(0).stats().queue_depth, 4);
+  for (int i = 0; i < 3; ++i) h.submit(request(150, 20));  // one runs, two queue
+  ASSERT_EQ(h.sched(1).stats().queue_depth, 2);
+  Refusal refusal;
+  Result<Admitted> refused = h.gw->submit(request(20, 20), &refusal);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().reason(), FailureReason::kQueueFull);
+  EXPECT_EQ(refusal.decision.http_status, 429);
+  EXPECT_GE(refusal.decision.retry_after_s, 1.0);
+  EXPECT_GE(h.gw->status().decisions.at("reject"), 1u);
+  h.run_to_idle();
+}
+
+// Rates start from a deliberately wrong prior and are measured from finished
+// requests: prefill from start to the first token (which includes that
+// token's 10 ms here, so a long prompt keeps the bias small), decode from the
+// first token to the last.
+TEST(GatewayTest, MeasuredRatesApproachTheExecutorsSpeeds) {
+  PathSpec gpu;
+  gpu.speed = speed(500.0, 100.0);
+  gpu.prior = PathRates{100.0, 10.0, 1.0, 0, false};
+  Harness h({gpu, cpu_spec()});
+  ASSERT_NE(h.gw, nullptr);
+  EXPECT_FALSE(h.sched(0).rates().measured);
+  for (int i = 0; i < 4; ++i) h.submit(request(200, 50));
+  h.run_to_idle();
+  const PathRates r = h.sched(0).rates();
+  EXPECT_TRUE(r.measured);
+  EXPECT_EQ(r.samples, 4u);
+  std::printf("[ measure  ] measured rates: prefill %.1f tok/s (true 500), decode %.1f tok/s (true 100), share %.2f\n",
+              r.prefill_tps, r.decode_tps, r.completion_share);
+  EXPECT_NEAR(r.prefill_tps, 500.0, 50.0);
+  EXPECT_NEAR(r.decode_tps, 100.0, 10.0);
+  EXPECT_NEAR(r.completion_share, 1.0, 1e-9);
+  // The status shows the same; the idle cpu path still has its prior.
+  const GatewayStatus st = h.gw->status();
+  EXPECT_DOUBLE_EQ(st.paths[0].rates.decode_tps, r.decode_tps);
+  EXPECT_FALSE(st.paths[1].rates.measured);
+}
+
+// Explicit test fault injection: a scripted failure ends the next run before
+// its first token, at once, with that Status; the blocks come back and the
+// path serves the next request normally.
+TEST(GatewayTest, InjectedFaultFailsTheNextRunBeforeItsFirstToken) {
+  Harness h({PathSpec{}});
+  ASSERT_NE(h.gw, nullptr);
+  h.faults[0]->fail_next(Status(StatusCode::kDeviceLost, "injected device loss", FailureReason::kDeviceLost));
+  const int64_t t0 = h.env.now_ns();
+  auto failed = h.submit(request(20, 20));
+  ASSERT_NE(failed, nullptr);
+  Collected c = collect(*failed);
+  EXPECT_EQ(c.fin.state, RequestState::kFailed);
+  EXPECT_EQ(c.fin.status.code(), StatusCode::kDeviceLost);
+  EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost);
+  EXPECT_EQ(c.fin.completion_tokens, 0);
+  EXPECT_TRUE(c.text.empty());
+  EXPECT_EQ(h.env.now_ns(), t0);  // no simulated time passed
+  EXPECT_EQ(h.faults[0]->pending(), 0u);
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 64);
+  auto ok = h.submit(request(20, 20));
+  ASSERT_NE(ok, nullptr);
+  h.run_to_idle();
+  EXPECT_EQ(collect(*ok).fin.state, RequestState::kDone);
+  EXPECT_EQ(h.faults[0]->runs(), 2);
+  EXPECT_EQ(h.sched(0).stats().failed, 1u);
+}
+
+// Real threads: 4 submitters x 25 requests (some long, redirected to the cpu;
+// every fifth cancelled; quotes and status in between) while a driver thread
+// moves the clock. Every accepted ticket ends, and each path's KV gate has
+// its whole budget back. Bounded in real time; meant for TSan.
+TEST(GatewayTest, ConcurrentSubmittersAllFinishAndTheKvGateIsWhole) {
+  PathSpec gpu;
+  gpu.kv_blocks_total = 12;  // 192 positions: a 200-token prompt goes to the cpu
+  gpu.queue_capacity = 8;
+  PathSpec cpu = cpu_spec();
+  cpu.kv_blocks_total = 48;
+  cpu.queue_capacity = 8;
+  Harness h({gpu, cpu});
+  ASSERT_NE(h.gw, nullptr);
+  // Warm the prompt cache on this thread (the helper is shared).
+  for (int n : {10, 30, 200}) prompt_of(n);
+
+  std::atomic<bool> stop{false};
+  std::thread driver([&] {
+    while (!stop.load()) {
+      if (!h.env.advance_to_next()) std::this_thread::sleep_for(20us);
+    }
+  });
+  std::mutex mu;
+  std::vector<std::shared_ptr<Ticket>> accepted;
+  std::atomic<int> refused{0};
+  std::vector<std::thread> submitters;
+  for (int s = 0; s < 4; ++s) {
+    submitters.emplace_back([&, s] {
+      for (int i = 0; i < 25; ++i) {
+        const int32_t prompt = (i % 7 == 3) ? 200 : (i % 2 ? 10 : 30);
+        RouteRequest r = request(prompt, 8 + (i + s) % 17);
+        if (i % 10 == 0) (void)h.gw->quote(r);
+        if (i % 12 == 0) (void)h.gw->status();
+        Result<Admitted> a = h.gw->submit(r);
+        if (!a.ok()) {
+          EXPECT_EQ(a.status().reason(), FailureReason::kQueueFull) << a.status().to_string();
+          refused.fetch_add(1);
+          std::this_thread::sleep_for(200us);
+          continue;
+        }
+        if (i % 5 == 4) h.gw->cancel(a->ticket->id());
+        std::lock_guard<std::mutex> lock(mu);
+        accepted.push_back(a->ticket);
+      }
+    });
+  }
+  for (auto& t : submitters) t.join();
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  auto all_done = [&] {
+    for (auto& t : accepted) {
+      if (!serve::is_terminal(t->state())) return false;
+    }
+    return true;
+  };
+  while (!all_done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  stop.store(true);
+  driver.join();
+  ASSERT_TRUE(all_done()) << "some accepted requests never finished";
+  EXPECT_GT(accepted.size(), 20u);
+  std::printf("[ measure  ] concurrent: %zu accepted, %d refused (queue full)\n", accepted.size(), refused.load());
+  uint64_t done = 0, cancelled = 0;
+  for (auto& t : accepted) {
+    Collected c = collect(*t);
+    EXPECT_EQ(c.n_finished, 1);
+    EXPECT_TRUE(c.fin.state == RequestState::kDone || c.fin.state == RequestState::kCancelled)
+        << serve::request_state_name(c.fin.state);
+    if (c.fin.state == RequestState::kDone) {
+      ++done;
+      EXPECT_EQ(c.text, fake_text(t->limits().max_tokens));
+    } else {
+      ++cancelled;
+    }
+  }
+  EXPECT_EQ(done + cancelled, accepted.size());
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 12);
+  EXPECT_EQ(h.sched(1).load().kv_blocks_free, 48);
+  uint64_t submitted = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const serve::SchedulerStats st = h.sched(i).stats();
+    submitted += st.submitted;
+    EXPECT_EQ(st.done + st.cancelled + st.failed, st.submitted);
+    EXPECT_EQ(st.running, 0);
+    EXPECT_EQ(st.queue_depth, 0);
+  }
+  EXPECT_EQ(submitted, accepted.size());
+  EXPECT_EQ(h.gw->in_flight(), 0);
+}
+
+}  // namespace
+}  // namespace spw::gateway
