@@ -154,9 +154,11 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
                       std::move(d));
       }
       // A prompt no path's context can hold is the client's to fix: 400.
-      const bool too_long = std::all_of(snaps.begin(), snaps.end(), [&](const admission::PathSnapshot& p) {
-        return !p.usable || n_prompt >= p.n_ctx;
-      });
+      // Only paths that are up count: a stopping path says nothing about length.
+      const bool any_usable = std::any_of(snaps.begin(), snaps.end(), [](const auto& p) { return p.usable; });
+      const bool too_long = any_usable && std::all_of(snaps.begin(), snaps.end(), [&](const admission::PathSnapshot& p) {
+                              return !p.usable || n_prompt >= p.n_ctx;
+                            });
       if (too_long) {
         int32_t max_ctx = 0;
         for (const auto& p : snaps) max_ctx = std::max(max_ctx, p.n_ctx);
