@@ -150,22 +150,6 @@ class PosixEnv final : public Env {
 
 }  // namespace
 
-bool Env::wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, int64_t deadline_ns) {
-  // Loops when the real-time wait ended before this Env's clock reached the
-  // deadline (its clock ran slower than steady_clock): wait for the rest.
-  // Each wait is capped at a day: wait_for adds it to steady_clock::now(),
-  // which a far deadline on a clock with another origin would overflow.
-  constexpr int64_t kMaxWaitNs = int64_t{86'400} * 1'000'000'000;
-  for (;;) {
-    const int64_t now = now_ns();
-    if (now >= deadline_ns) return false;
-    const int64_t wait_ns = deadline_ns - now < kMaxWaitNs ? deadline_ns - now : kMaxWaitNs;
-    if (cv.wait_for(lock, std::chrono::nanoseconds(wait_ns)) == std::cv_status::no_timeout) {
-      return now_ns() < deadline_ns;
-    }
-  }
-}
-
 Env& Env::default_env() {
   static PosixEnv* env = new PosixEnv();  // never destroyed: used by static teardown
   return *env;

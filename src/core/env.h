@@ -56,10 +56,9 @@ class Env {
   // Returns false when the clock has reached deadline_ns (at once if it
   // already has), true when woken before that; wake-ups may be spurious, so
   // callers loop on their predicate (or use the overload below).
-  // The default implementation waits in real time for what remains on this
-  // Env's clock and rechecks, which fits any clock that runs at real speed; an
-  // Env whose clock runs otherwise must override it (SimEnv does).
-  virtual bool wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, int64_t deadline_ns);
+  // The real Env waits on steady_clock; SimEnv on its simulated clock.
+  virtual bool wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                             int64_t deadline_ns) = 0;
   // Waits until pred() holds or the deadline passes; returns pred()'s final
   // value (as std::condition_variable::wait_until with a predicate). pred runs
   // with `lock` held.

@@ -14,29 +14,14 @@
 #include <thread>
 #include <vector>
 
+#include "core/sim_env.h"
+
 namespace spw::journal {
 namespace {
 
+constexpr int64_t kNsPerMs = 1'000'000;
+
 namespace fs = std::filesystem;
-
-// The real Env with a wall clock the test sets.
-class ClockEnv final : public Env {
- public:
-  int64_t now_ns() override { return base_.now_ns(); }
-  int64_t wall_time_ms() override { return wall_ms.load(); }
-  void sleep_for_ns(int64_t ns) override { base_.sleep_for_ns(ns); }
-  uint64_t random_u64() override { return base_.random_u64(); }
-  Result<std::unique_ptr<MappedFile>> map_file(const std::string& p, const MapOptions& o) override {
-    return base_.map_file(p, o);
-  }
-  Result<std::string> read_file(const std::string& p) override { return base_.read_file(p); }
-  Status write_file(const std::string& p, std::string_view d) override { return base_.write_file(p, d); }
-  bool file_exists(const std::string& p) override { return base_.file_exists(p); }
-  std::atomic<int64_t> wall_ms{1'800'000'000'000};
-
- private:
-  Env& base_ = Env::default_env();
-};
 
 class JournalTest : public ::testing::Test {
  protected:
@@ -55,7 +40,8 @@ class JournalTest : public ::testing::Test {
   }
   fs::path dir_;
   std::string path_;
-  ClockEnv env_;
+  // The journal reads only the wall clock; the test moves it with advance().
+  SimEnv env_;
 };
 
 NewRequest req(const std::string& key, const std::string& body = R"({"prompt":"Once"})") {
@@ -83,10 +69,10 @@ TEST_F(JournalTest, LifecycleIsDurableAcrossReopen) {
     id = a->record.id;
     EXPECT_GT(id, 0);
     EXPECT_EQ(a->record.state, RequestState::kAccepted);
-    EXPECT_EQ(a->record.created_ms, env_.wall_ms.load());
+    EXPECT_EQ(a->record.created_ms, env_.wall_time_ms());
     ASSERT_TRUE(j->mark_running(id, "vulkan").ok());
     EXPECT_EQ(j->mark_running(id, "cpu").code(), StatusCode::kFailedPrecondition) << "already running";
-    env_.wall_ms += 250;
+    env_.advance(250 * kNsPerMs);
     ASSERT_TRUE(j->finish(id, done(" there was a girl")).ok());
     EXPECT_EQ(j->finish(id, done("again")).code(), StatusCode::kFailedPrecondition) << "terminal once";
     Outcome not_terminal;
@@ -197,7 +183,7 @@ TEST_F(JournalTest, RetentionDropsOldTerminalRowsOnly) {
   const int64_t old_done = j->accept(req("old"))->record.id;
   ASSERT_TRUE(j->finish(old_done, done("x")).ok());
   const int64_t old_running = j->accept(req("slow"))->record.id;  // prune counter at 2: pruned nothing yet
-  env_.wall_ms += 61'000;
+  env_.advance(61'000 * kNsPerMs);
   ASSERT_TRUE(j->accept(req("new")).ok());
   ASSERT_TRUE(j->accept(req("new2")).ok());  // second accept since the last prune: prunes
   EXPECT_EQ(j->get(old_done).status().code(), StatusCode::kNotFound);
