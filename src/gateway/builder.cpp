@@ -138,7 +138,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                          "--pressure-threshold must be > 0, --max-delay-s and --observe-interval-s >= 0, "
                          "--min-shrink-tokens >= 1");
   }
-  auto spec = parse_device_spec(o.device);
+  auto spec = Placement::parse(o.device);
   if (!spec.ok()) return spec.status().with_context("--device");
   uint64_t device_memory = 0;
   if (!o.device_memory.empty()) {
@@ -160,7 +160,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   }
   const int32_t cpu_ctx = std::min(o.cpu_ctx > 0 ? o.cpu_ctx : n_ctx, hp.n_ctx_train);
   constexpr int32_t kBlockTokens = 16;
-  const int32_t n_gpu_layers = gpu_layer_count(*spec, hp.n_layer);
+  const int32_t n_gpu_layers = spec->gpu_layer_count(hp.n_layer);
 
   // Host ledger: everything this server holds in host memory.
   admission::HostBudgetPolicy hpol;
@@ -320,7 +320,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   std::shared_ptr<const Tokenizer> tok(out.model, &out.model->tokenizer());
 
   std::vector<ExecutionPath> paths;
-  auto make_path = [&](const std::string& name, DeviceSpec where, int32_t workers, int32_t queue, int32_t ctx,
+  auto make_path = [&](const std::string& name, Placement where, int32_t workers, int32_t queue, int32_t ctx,
                        int32_t blocks, admission::PathRole role,
                        std::shared_ptr<admission::MemoryLedger> ledger) -> Status {
     serve::EngineServeOptions so;
@@ -362,9 +362,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     SPW_RETURN_IF_ERROR(out.host_ledger->commit(gpu.host_ticket, std::max<uint64_t>(1, gpu.host_bytes)));
   }
   if (cpu.built) {
-    DeviceSpec cpu_spec;
-    cpu_spec.kind = DeviceSpec::Kind::kCpu;
-    SPW_RETURN_IF_ERROR(make_path("cpu", cpu_spec, cpu_workers, cpu_primary ? o.queue : o.cpu_queue, cpu_n_ctx,
+    SPW_RETURN_IF_ERROR(make_path("cpu", Placement::cpu(), cpu_workers, cpu_primary ? o.queue : o.cpu_queue, cpu_n_ctx,
                                   cpu.kv_blocks, gpu.built ? admission::PathRole::kFallback : admission::PathRole::kPrimary,
                                   out.host_ledger));
     SPW_RETURN_IF_ERROR(out.host_ledger->commit(cpu.host_ticket, std::max<uint64_t>(1, cpu.host_bytes)));

@@ -39,13 +39,6 @@ class SessionExecutor final : public Executor {
   bool keep_kv_;
 };
 
-// The short placement every response names: "cpu", "vulkan" or "hybrid:N".
-std::string placement_name(int32_t n_gpu_layers, int32_t n_layer) {
-  if (n_gpu_layers == 0) return "cpu";
-  if (n_gpu_layers == n_layer) return "vulkan";
-  return "hybrid:" + std::to_string(n_gpu_layers);
-}
-
 }  // namespace
 
 Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Model> model,
@@ -85,7 +78,7 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   so.n_ctx = n_ctx;
   so.hooks = o.hooks;
   so.observer = o.observer;
-  so.placement = placement_name(group.n_gpu_layers, hp.n_layer);
+  so.placement = o.device.resolved(hp.n_layer).name();  // as the group clamps it
   so.path = o.path_name;
   so.kv_block_tokens = o.kv_block_tokens;
   if (o.kv_gate && !group.pools.empty()) so.kv_blocks_total = group.pools.front()->n_blocks();

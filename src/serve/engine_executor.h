@@ -25,6 +25,7 @@
 #include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
+#include "core/placement.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "serve/scheduler.h"
@@ -32,7 +33,7 @@
 namespace spw::serve {
 
 struct EngineServeOptions {
-  DeviceSpec device;                 // cpu (default), vulkan[:i], hybrid:N
+  Placement device;                  // cpu (default), vulkan[:i], hybrid:N
   uint64_t device_memory_bytes = 0;  // Vulkan budget; 0 = largest device-local heap
   std::shared_ptr<VulkanBackend> vulkan;  // an open backend to use instead (see SessionGroupOptions)
   int32_t n_workers = 1;

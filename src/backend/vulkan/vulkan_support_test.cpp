@@ -11,16 +11,6 @@
 namespace spw {
 namespace {
 
-// The transitional names of core/placement.h (placement_test covers the type).
-TEST(DeviceSpec, OldNamesAreThePlacementType) {
-  auto h = parse_device_spec("hybrid:3:1");
-  ASSERT_TRUE(h.ok());
-  EXPECT_TRUE(*h == Placement::hybrid(3, "1"));
-  EXPECT_EQ(gpu_layer_count(*h, 12), 3);
-  EXPECT_EQ(gpu_layer_count(parse_device_spec("hybrid:40").value(), 12), 12);
-  EXPECT_EQ(parse_device_spec("gpu").status().code(), StatusCode::kInvalidArgument);
-}
-
 TEST(DeviceSpec, ParsesMemorySizes) {
   EXPECT_EQ(*parse_memory_size("512M"), 512ull << 20);
   EXPECT_EQ(*parse_memory_size("512MiB"), 512ull << 20);
