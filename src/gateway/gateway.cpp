@@ -4,7 +4,6 @@
 #include <cmath>
 #include <set>
 
-#include "engine/sampler.h"
 
 namespace spw::gateway {
 namespace {
@@ -80,45 +79,54 @@ void Gateway::refresh() {
   if (observe && policy_.observe) policy_.observe();
 }
 
-std::vector<admission::PathSnapshot> Gateway::snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens) {
+admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p, int32_t prompt_tokens,
+                                             std::optional<int32_t> max_tokens) const {
+  const serve::Scheduler& s = *p.scheduler;
+  admission::PathSnapshot snap;
+  snap.name = p.name;
+  snap.placement = p.placement;
+  snap.model = p.model;
+  snap.fallback_model = p.fallback_model;
+  snap.role = p.role;
+  snap.n_ctx = s.n_ctx();
+  if (s.stopping()) {
+    snap.usable = false;
+    snap.unusable_reason = "shutting down";
+  }
+  snap.workers = s.n_workers();
+  snap.queue_capacity = s.queue_capacity();
+  serve::LoadSnapshot load = s.load();
+  snap.kv_block_tokens = s.kv_block_tokens();
+  snap.kv_blocks_total = load.kv_blocks_total;
+  snap.kv_blocks_free = load.kv_blocks_free;
+  snap.running = std::move(load.running);
+  snap.queued = std::move(load.queued);
+  snap.rates = load.rates;
+  if (p.ledger) {
+    const admission::LedgerSnapshot l = p.ledger->snapshot();
+    snap.ledger = l.name;
+    snap.ledger_limit = l.limit;
+    snap.ledger_used = l.used;
+    snap.ledger_cotenants = l.reserved[static_cast<int>(admission::OwnerKind::kCoTenant)];
+  }
+  if (p.request_bytes && prompt_tokens < snap.n_ctx) {
+    const int32_t room = snap.n_ctx - prompt_tokens;
+    snap.request_extra_bytes = p.request_bytes(prompt_tokens, max_tokens ? std::min(*max_tokens, room) : room);
+  }
+  return snap;
+}
+
+std::vector<admission::PathSnapshot> Gateway::snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens) const {
   std::vector<admission::PathSnapshot> out;
   out.reserve(paths_.size());
-  for (const ExecutionPath& p : paths_) {
-    const serve::Scheduler& s = *p.scheduler;
-    admission::PathSnapshot snap;
-    snap.name = p.name;
-    snap.placement = p.placement;
-    snap.model = p.model;
-    snap.fallback_model = p.fallback_model;
-    snap.role = p.role;
-    snap.n_ctx = s.n_ctx();
-    if (s.stopping()) {
-      snap.usable = false;
-      snap.unusable_reason = "shutting down";
-    }
-    snap.workers = s.n_workers();
-    snap.queue_capacity = s.queue_capacity();
-    serve::LoadSnapshot load = s.load();
-    snap.kv_block_tokens = s.kv_block_tokens();
-    snap.kv_blocks_total = load.kv_blocks_total;
-    snap.kv_blocks_free = load.kv_blocks_free;
-    snap.running = std::move(load.running);
-    snap.queued = std::move(load.queued);
-    snap.rates = load.rates;
-    if (p.ledger) {
-      const admission::LedgerSnapshot l = p.ledger->snapshot();
-      snap.ledger = l.name;
-      snap.ledger_limit = l.limit;
-      snap.ledger_used = l.used;
-      snap.ledger_cotenants = l.reserved[static_cast<int>(admission::OwnerKind::kCoTenant)];
-    }
-    if (p.request_bytes && prompt_tokens < snap.n_ctx) {
-      const int32_t room = snap.n_ctx - prompt_tokens;
-      snap.request_extra_bytes = p.request_bytes(prompt_tokens, max_tokens ? std::min(*max_tokens, room) : room);
-    }
-    out.push_back(std::move(snap));
-  }
+  for (const ExecutionPath& p : paths_) out.push_back(snapshot_of(p, prompt_tokens, max_tokens));
   return out;
+}
+
+Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g) {
+  SPW_RETURN_IF_ERROR(serve::validate_generation_request(g));
+  refresh();
+  return serve::encode_prompt(tokenizer(), g);
 }
 
 Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) {
@@ -128,15 +136,9 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     if (refusal) refusal->status = st;
     return st;
   };
-  if (g.prompt.empty()) return refuse(invalid_field("prompt", "prompt: must not be empty"), {});
-  if (Status st = validate_sampler_params(g.sampler); !st.ok()) return refuse(st, {});
-  if (g.max_tokens && *g.max_tokens <= 0) {
-    return refuse(invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*g.max_tokens)), {});
-  }
-  refresh();
-  const Tokenizer& tok = tokenizer();
-  std::vector<TokenId> prompt = tok.encode(g.prompt, g.add_bos && tok.add_bos_default(), g.parse_special);
-  if (prompt.empty()) return refuse(invalid_field("prompt", "prompt: tokenizes to no tokens"), {});
+  Result<std::vector<TokenId>> prepared = prepare(g);
+  if (!prepared.ok()) return refuse(prepared.status(), {});
+  const std::vector<TokenId>& prompt = *prepared;
   const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
 
   // A path can fill between the decision and the submit (other threads):
@@ -240,12 +242,12 @@ std::shared_ptr<serve::Ticket> Gateway::find_by_record(int64_t record_id) const 
 
 Progress Gateway::progress(const serve::Ticket& t) {
   Progress out;
-  for (size_t i = 0; i < paths_.size(); ++i) {
-    if (paths_[i].name != t.path()) continue;
-    out.queue_position = paths_[i].scheduler->queue_position(t.id());
+  for (const ExecutionPath& p : paths_) {
+    if (p.name != t.path()) continue;
+    out.queue_position = p.scheduler->queue_position(t.id());
     if (out.queue_position == 0) return out;
-    std::vector<admission::PathSnapshot> snaps = snapshots(t.limits().prompt_tokens, t.limits().max_tokens);
-    admission::PathSnapshot& s = snaps[i];
+    // Only its own path matters (this runs every second per queued stream).
+    admission::PathSnapshot s = snapshot_of(p, t.limits().prompt_tokens, t.limits().max_tokens);
     // Only the work ahead of it counts.
     if (static_cast<size_t>(out.queue_position - 1) < s.queued.size()) s.queued.resize(static_cast<size_t>(out.queue_position - 1));
     out.estimated_delay_s = admission::estimate_start_delay(s, t.kv_blocks());
@@ -265,16 +267,8 @@ int32_t Gateway::in_flight() const {
 
 Result<Quote> Gateway::quote(const RouteRequest& request) {
   const serve::GenerationRequest& g = request.generation;
-  if (g.prompt.empty()) return invalid_field("prompt", "prompt: must not be empty");
-  SPW_RETURN_IF_ERROR(validate_sampler_params(g.sampler));
-  if (g.max_tokens && *g.max_tokens <= 0) {
-    return invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*g.max_tokens));
-  }
-  refresh();
-  const Tokenizer& tok = tokenizer();
-  const auto n_prompt = static_cast<int32_t>(
-      std::min<size_t>(tok.encode(g.prompt, g.add_bos && tok.add_bos_default(), g.parse_special).size(), INT32_MAX));
-  if (n_prompt == 0) return invalid_field("prompt", "prompt: tokenizes to no tokens");
+  SPW_ASSIGN_OR_RETURN(const std::vector<TokenId> prompt, prepare(g));
+  const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
   std::vector<admission::PathSnapshot> snaps = snapshots(n_prompt, g.max_tokens);
   Quote q;
   q.decision = admission::decide(shape_of(request, n_prompt), snaps, policy_.admission);

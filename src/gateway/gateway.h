@@ -196,7 +196,12 @@ class Gateway {
   Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNotBuilt> not_built, GatewayPolicy policy);
   void refresh();  // observed usage + lease expiry, on the policy's schedule
   void expire_locked(int64_t now);
-  std::vector<admission::PathSnapshot> snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens);
+  // Validation, observed-memory refresh and tokenization: what submit and
+  // quote both do before deciding.
+  Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request);
+  admission::PathSnapshot snapshot_of(const ExecutionPath& path, int32_t prompt_tokens,
+                                      std::optional<int32_t> max_tokens) const;
+  std::vector<admission::PathSnapshot> snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens) const;
   admission::MemoryLedger* cotenant_ledger() const;
   ReservationInfo info_locked(uint64_t id, int64_t now) const;
   void track(const std::shared_ptr<serve::Ticket>& t);

@@ -88,12 +88,24 @@ Scheduler::Scheduler(Env& env, std::shared_ptr<const Tokenizer> tokenizer, Sched
 
 Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
 
-Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& request) {
+Status validate_generation_request(const GenerationRequest& request) {
   if (request.prompt.empty()) return invalid_field("prompt", "prompt: must not be empty");
   SPW_RETURN_IF_ERROR(validate_sampler_params(request.sampler));
   if (request.max_tokens && *request.max_tokens <= 0) {
     return invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*request.max_tokens));
   }
+  return Status::ok_status();
+}
+
+Result<std::vector<TokenId>> encode_prompt(const Tokenizer& tokenizer, const GenerationRequest& request) {
+  std::vector<TokenId> tokens =
+      tokenizer.encode(request.prompt, request.add_bos && tokenizer.add_bos_default(), request.parse_special);
+  if (tokens.empty()) return invalid_field("prompt", "prompt: tokenizes to no tokens");
+  return tokens;
+}
+
+Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& request) {
+  SPW_RETURN_IF_ERROR(validate_generation_request(request));
   {
     // Cheap early rejection: do not tokenize for a request that cannot queue.
     std::lock_guard<std::mutex> lock(mu_);
@@ -104,9 +116,7 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   }
 
   ExecJob job;
-  job.prompt = tokenizer_->encode(request.prompt, request.add_bos && tokenizer_->add_bos_default(),
-                                  request.parse_special);
-  if (job.prompt.empty()) return invalid_field("prompt", "prompt: tokenizes to no tokens");
+  SPW_ASSIGN_OR_RETURN(job.prompt, encode_prompt(*tokenizer_, request));
   const int32_t n_ctx = options_.n_ctx;
   const auto n_prompt = static_cast<int64_t>(job.prompt.size());
   if (n_prompt >= n_ctx) {

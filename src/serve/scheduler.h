@@ -83,6 +83,14 @@ struct GenerationRequest {
   int64_t record_id = 0;
 };
 
+// The checks every submitter makes before tokenizing: a non-empty prompt,
+// valid sampler parameters, max_tokens >= 1 when given; InvalidArgument
+// (kInvalidField) naming the field otherwise.
+Status validate_generation_request(const GenerationRequest& request);
+// The request's prompt tokens (BOS as the request and the vocabulary say);
+// InvalidArgument (kInvalidField "prompt") when it tokenizes to nothing.
+Result<std::vector<TokenId>> encode_prompt(const Tokenizer& tokenizer, const GenerationRequest& request);
+
 // The limits submit() applied to one request (reported to the client).
 struct AppliedLimits {
   int32_t n_ctx = 0;
