@@ -4,7 +4,6 @@
 #include <cmath>
 #include <set>
 
-
 namespace spw::gateway {
 namespace {
 
