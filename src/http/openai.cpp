@@ -678,6 +678,11 @@ std::string render_cancel(uint64_t request_id, bool cancelled, const std::string
   return dump({{"id", request_id}, {"object", "spillway.request"}, {"cancelled", cancelled}, {"state", state}});
 }
 
+bool is_chat_body(std::string_view body) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("messages");
+}
+
 std::optional<ApiError> parse_reservation_request(std::string_view body, ReservationRequest& out) {
   json obj;
   SPW_TRY_FIELD(parse_object(body, obj));

@@ -68,6 +68,9 @@ struct ChatRequest {
   SamplingFields sampling;
 };
 
+// A JSON object with a "messages" field (a chat body, e.g. for /v1/quote).
+bool is_chat_body(std::string_view body);
+
 // Return nullopt on success (out filled), else the error.
 std::optional<ApiError> parse_completion_request(std::string_view body, CompletionRequest& out);
 std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& out);

@@ -256,13 +256,13 @@ class HttpServer::Impl {
     return g;
   }
 
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
-    serve::GenerationRequest g;
-    SamplingFields sampling;
-    std::string model_field;
+  // A completion or chat body -> the engine's request (chat: through the
+  // template, with its end-of-turn stops); nullopt on success, else the error.
+  std::optional<ApiError> generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g,
+                                               SamplingFields& sampling) {
     if (chat) {
       ChatRequest cr;
-      if (auto e = parse_chat_request(req.body, cr)) return set_error(res, *e, options_.model_name);
+      if (auto e = parse_chat_request(body, cr)) return e;
       if (!options_.chat_template) {
         ApiError e;
         e.param = "messages";
@@ -272,7 +272,7 @@ class HttpServer::Impl {
             "' has no chat template that Spillway recognises (tokenizer.chat_template is missing or of an "
             "unknown family); start the server with --chat-template NAME (e.g. chatml, llama2, llama3, "
             "mistral, zephyr, gemma), or use /v1/completions";
-        return set_error(res, e, options_.model_name);
+        return e;
       }
       // The template writes BOS itself where its reference does, with the
       // vocabulary's own BOS/EOS texts; so the tokenizer must not add another.
@@ -284,7 +284,7 @@ class HttpServer::Impl {
       if (!prompt.ok()) {
         ApiError e = api_error_from_status(prompt.status());
         if (e.http_status == 400 && e.param.empty()) e.param = "messages";
-        return set_error(res, e, options_.model_name);
+        return e;
       }
       sampling = cr.sampling;
       g = to_generation(sampling);
@@ -295,7 +295,7 @@ class HttpServer::Impl {
       for (const char* marker : turn_end_markers(*options_.chat_template)) g.stop.emplace_back(marker);
     } else {
       CompletionRequest cr;
-      if (auto e = parse_completion_request(req.body, cr)) return set_error(res, *e, options_.model_name);
+      if (auto e = parse_completion_request(body, cr)) return e;
       sampling = cr.sampling;
       if (!sampling.max_tokens) sampling.max_tokens = options_.completion_default_max_tokens;
       g = to_generation(sampling);
@@ -304,6 +304,13 @@ class HttpServer::Impl {
     }
     // As llama.cpp's server: control-token texts in the prompt are those tokens.
     g.parse_special = true;
+    return std::nullopt;
+  }
+
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    serve::GenerationRequest g;
+    SamplingFields sampling;
+    if (auto e = generation_from_body(req.body, chat, g, sampling)) return set_error(res, *e, options_.model_name);
 
     auto call = std::make_shared<Call>();
     call->chat = chat;
@@ -528,31 +535,9 @@ class HttpServer::Impl {
   // without running anything.
   void quote(const httplib::Request& req, httplib::Response& res) {
     gateway::RouteRequest route;
-    if (req.body.find("\"messages\"") != std::string::npos) {
-      ChatRequest cr;
-      if (auto e = parse_chat_request(req.body, cr)) return set_error(res, *e, options_.model_name);
-      if (!options_.chat_template) {
-        ApiError e;
-        e.param = "messages";
-        e.code = "chat_template_missing";
-        e.message = "this server has no chat template; quote a /v1/completions body instead";
-        return set_error(res, e, options_.model_name);
-      }
-      const Tokenizer& tok = gateway_.tokenizer();
-      ChatSpecialTexts special;
-      if (tok.bos_id() >= 0) special.bos = tok.token_text(tok.bos_id());
-      if (tok.eos_id() >= 0) special.eos = tok.token_text(tok.eos_id());
-      Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true, special);
-      if (!prompt.ok()) return set_error(res, api_error_from_status(prompt.status()), options_.model_name);
-      route.generation = to_generation(cr.sampling);
-      route.generation.prompt = std::move(prompt).value();
-      route.generation.add_bos = false;
-    } else {
-      CompletionRequest cr;
-      if (auto e = parse_completion_request(req.body, cr)) return set_error(res, *e, options_.model_name);
-      if (!cr.sampling.max_tokens) cr.sampling.max_tokens = options_.completion_default_max_tokens;
-      route.generation = to_generation(cr.sampling);
-      route.generation.prompt = std::move(cr.prompt);
+    SamplingFields sampling;
+    if (auto e = generation_from_body(req.body, is_chat_body(req.body), route.generation, sampling)) {
+      return set_error(res, *e, options_.model_name);
     }
     route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
     auto q = gateway_.quote(route);
