@@ -25,6 +25,7 @@
 #include "core/sim_env.h"
 #include "gguf/gguf.h"
 #include "serve/scheduler.h"
+#include "serve/testing/collect.h"
 #include "serve/testing/fake_executor.h"
 #include "tokenizer/tokenizer.h"
 
@@ -38,6 +39,8 @@ using admission::PathRole;
 using serve::RequestEvent;
 using serve::RequestState;
 using serve::Ticket;
+using serve::testing::Collected;
+using serve::testing::collect;
 using serve::testing::FakeFaults;
 using serve::testing::FakeSpeed;
 
@@ -115,33 +118,6 @@ PathSpec cpu_spec() {
   return s;
 }
 
-struct Collected {
-  std::string text;
-  RequestEvent fin;
-  int n_finished = 0;
-};
-
-// Drains the events of a ticket that has reached (or is about to reach) its
-// terminal state; bounded in real time.
-Collected collect(Ticket& t) {
-  Collected c;
-  const auto until = std::chrono::steady_clock::now() + kRealTimeout;
-  while (std::chrono::steady_clock::now() < until) {
-    RequestEvent ev;
-    const serve::PopResult r = t.next_event(ev, 20ms);
-    if (r == serve::PopResult::kClosed) return c;
-    if (r == serve::PopResult::kTimeout) continue;
-    if (ev.kind == RequestEvent::Kind::kText) {
-      EXPECT_EQ(c.n_finished, 0) << "text after the finished event";
-      c.text += ev.text;
-    } else {
-      ++c.n_finished;
-      c.fin = ev;
-    }
-  }
-  ADD_FAILURE() << "request " << t.id() << " did not finish";
-  return c;
-}
 
 std::string fake_text(int n) {
   std::string s;
@@ -353,12 +329,12 @@ TEST(GatewayTest, ShortRequestsStayOnGpuAndALongPromptGoesToCpuBeforeRunning) {
 
   h.run_to_idle();
   for (auto& t : shorts) {
-    Collected c = collect(*t);
+    Collected c = collect(*t, kRealTimeout);
     EXPECT_EQ(c.fin.state, RequestState::kDone);
     EXPECT_EQ(c.fin.finish, serve::FinishReason::kLength);
     EXPECT_EQ(c.text, fake_text(20));
   }
-  Collected c = collect(*longer);
+  Collected c = collect(*longer, kRealTimeout);
   EXPECT_EQ(c.fin.state, RequestState::kDone);
   EXPECT_EQ(c.fin.completion_tokens, 20);
   EXPECT_EQ(h.faults[1]->runs(), 1);
@@ -416,7 +392,7 @@ TEST(GatewayTest, KvGateHoldsARequestUntilAnEarlierOneFinishes) {
   EXPECT_EQ(b->run_ns(), ns(1.66));
 
   h.run_to_idle();
-  EXPECT_EQ(collect(*c).fin.completion_tokens, 100);
+  EXPECT_EQ(collect(*c, kRealTimeout).fin.completion_tokens, 100);
   EXPECT_EQ(h.sched(0).load().kv_blocks_free, 40);
 }
 
@@ -588,7 +564,7 @@ TEST(GatewayTest, CoTenantReservationMovesNewRequestsToCpuUntilReleasedOrExpired
   ASSERT_NE(back, nullptr);
   EXPECT_EQ(back->path(), "gpu");
   h.run_to_idle();
-  Collected c = collect(*running);
+  Collected c = collect(*running, kRealTimeout);
   EXPECT_EQ(c.fin.state, RequestState::kDone);
   EXPECT_EQ(c.fin.completion_tokens, 100);
 
@@ -645,7 +621,7 @@ TEST(GatewayTest, CancelEndsQueuedAtOnceAndRunningAtTheNextTokenBoundary) {
   h.run_until(t0 + ns(0.2));
   EXPECT_TRUE(h.gw->cancel(c->id()));
   EXPECT_EQ(c->state(), RequestState::kCancelled);
-  Collected cc = collect(*c);
+  Collected cc = collect(*c, kRealTimeout);
   EXPECT_EQ(cc.n_finished, 1);
   EXPECT_EQ(cc.fin.state, RequestState::kCancelled);
   EXPECT_EQ(cc.fin.status.code(), StatusCode::kCancelled);
@@ -667,7 +643,7 @@ TEST(GatewayTest, CancelEndsQueuedAtOnceAndRunningAtTheNextTokenBoundary) {
   EXPECT_EQ(a->state(), RequestState::kRunning);
   h.run_until(t0 + ns(0.506));
   EXPECT_EQ(a->state(), RequestState::kCancelled);
-  Collected ca = collect(*a);
+  Collected ca = collect(*a, kRealTimeout);
   EXPECT_EQ(ca.fin.state, RequestState::kCancelled);
   EXPECT_EQ(ca.fin.status.reason(), FailureReason::kCancelled);
   EXPECT_EQ(ca.fin.completion_tokens, 45);
@@ -846,7 +822,7 @@ TEST(GatewayTest, InjectedFaultFailsTheNextRunBeforeItsFirstToken) {
   const int64_t t0 = h.env.now_ns();
   auto failed = h.submit(request(20, 20));
   ASSERT_NE(failed, nullptr);
-  Collected c = collect(*failed);
+  Collected c = collect(*failed, kRealTimeout);
   EXPECT_EQ(c.fin.state, RequestState::kFailed);
   EXPECT_EQ(c.fin.status.code(), StatusCode::kDeviceLost);
   EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost);
@@ -858,7 +834,7 @@ TEST(GatewayTest, InjectedFaultFailsTheNextRunBeforeItsFirstToken) {
   auto ok = h.submit(request(20, 20));
   ASSERT_NE(ok, nullptr);
   h.run_to_idle();
-  EXPECT_EQ(collect(*ok).fin.state, RequestState::kDone);
+  EXPECT_EQ(collect(*ok, kRealTimeout).fin.state, RequestState::kDone);
   EXPECT_EQ(h.faults[0]->runs(), 2);
   EXPECT_EQ(h.sched(0).stats().failed, 1u);
 }
@@ -925,7 +901,7 @@ TEST(GatewayTest, ConcurrentSubmittersAllFinishAndTheKvGateIsWhole) {
   std::printf("[ measure  ] concurrent: %zu accepted, %d refused (queue full)\n", accepted.size(), refused.load());
   uint64_t done = 0, cancelled = 0;
   for (auto& t : accepted) {
-    Collected c = collect(*t);
+    Collected c = collect(*t, kRealTimeout);
     EXPECT_EQ(c.n_finished, 1);
     EXPECT_TRUE(c.fin.state == RequestState::kDone || c.fin.state == RequestState::kCancelled)
         << serve::request_state_name(c.fin.state);

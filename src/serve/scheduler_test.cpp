@@ -12,11 +12,14 @@
 #include "engine/engine_test_util.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
+#include "serve/testing/collect.h"
 
 namespace spw::serve {
 namespace {
 
 using spw::testing::stories;  // engine/engine_test_util.h
+using spw::serve::testing::Collected;  // serve/testing/collect.h
+using spw::serve::testing::collect;
 
 GenerationRequest greedy(std::string prompt, int32_t max_tokens) {
   GenerationRequest g;
@@ -26,31 +29,6 @@ GenerationRequest greedy(std::string prompt, int32_t max_tokens) {
   return g;
 }
 
-struct Collected {
-  std::string text;
-  RequestEvent fin;
-  int n_finished = 0;
-};
-
-// Drains a ticket's events until its stream closes (bounded: 30 s).
-Collected collect(Ticket& t) {
-  Collected c;
-  for (int spins = 0; spins < 300; ++spins) {
-    RequestEvent ev;
-    PopResult r = t.next_event(ev, std::chrono::milliseconds(100));
-    if (r == PopResult::kClosed) return c;
-    if (r == PopResult::kTimeout) continue;
-    if (ev.kind == RequestEvent::Kind::kText) {
-      EXPECT_EQ(c.n_finished, 0) << "text after the finished event";
-      c.text += ev.text;
-    } else {
-      ++c.n_finished;
-      c.fin = ev;
-    }
-  }
-  ADD_FAILURE() << "request " << t.id() << " did not finish";
-  return c;
-}
 
 // A gate that holds workers in before_run until opened.
 struct Gate {
