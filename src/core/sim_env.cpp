@@ -5,7 +5,6 @@
 #include <limits>
 #include <utility>
 
-#include "core/hash.h"
 
 namespace spw {
 namespace {
@@ -15,16 +14,10 @@ constexpr int64_t kMaxNs = std::numeric_limits<int64_t>::max();
 // a + b for b > 0, pinned at the largest time instead of overflowing.
 int64_t saturating_add(int64_t a, int64_t b) { return a > kMaxNs - b ? kMaxNs : a + b; }
 
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 }  // namespace
 
-SimEnv::SimEnv(const SimEnvOptions& options) : wall_epoch_ms_(options.wall_epoch_ms), now_ns_(options.start_ns) {
-  // SplitMix64 expands the seed, as the xoshiro authors recommend; it never
-  // yields the all-zero state xoshiro cannot leave.
-  uint64_t state = options.seed;
-  for (uint64_t& s : rng_) s = splitmix64(state);
-}
+SimEnv::SimEnv(const SimEnvOptions& options)
+    : wall_epoch_ms_(options.wall_epoch_ms), now_ns_(options.start_ns), rng_(options.seed) {}
 
 SimEnv::~SimEnv() {
   std::lock_guard<std::mutex> g(mu_);
@@ -78,16 +71,7 @@ bool SimEnv::wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_va
 
 uint64_t SimEnv::random_u64() {
   std::lock_guard<std::mutex> g(mu_);
-  // xoshiro256** (Blackman and Vigna).
-  const uint64_t result = rotl(rng_[1] * 5, 7) * 9;
-  const uint64_t t = rng_[1] << 17;
-  rng_[2] ^= rng_[0];
-  rng_[3] ^= rng_[1];
-  rng_[1] ^= rng_[2];
-  rng_[0] ^= rng_[3];
-  rng_[2] ^= t;
-  rng_[3] = rotl(rng_[3], 45);
-  return result;
+  return rng_.next_u64();
 }
 
 Result<std::unique_ptr<MappedFile>> SimEnv::map_file(const std::string& path, const MapOptions& options) {

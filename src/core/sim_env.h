@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/rng.h"
 
 namespace spw {
 
@@ -120,7 +121,7 @@ class SimEnv final : public Env {
   std::mutex notify_mu_;
   mutable std::mutex mu_;  // guards everything below
   int64_t now_ns_;
-  uint64_t rng_[4];
+  Rng rng_;  // xoshiro256** seeded by SplitMix64 (core/rng.h)
   std::vector<Waiter*> waiters_;        // blocked threads (their stack entries)
   std::condition_variable sleep_cv_;    // sleepers wait here on mu_
   std::condition_variable waiters_cv_;  // waiters_ grew (wait_for_waiters)

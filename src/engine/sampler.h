@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/rng.h"
+#include "core/rng.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spw {

@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/rng.h"
+#include "core/rng.h"
 
 namespace spw {
 namespace {

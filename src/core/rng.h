@@ -1,4 +1,5 @@
-// Rng: portable, seedable PRNG whose whole state can be saved and restored.
+// Rng: portable, seedable PRNG whose whole state can be saved and restored
+// (the sampler's, and SimEnv's random_u64).
 //
 // Contract: xoshiro256** (Blackman & Vigna) with its 256-bit state filled from
 // the seed by splitmix64, as the xoshiro authors recommend. The sequence for a
