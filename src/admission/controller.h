@@ -97,7 +97,10 @@ struct PathSnapshot {
   uint64_t ledger_limit = 0;     // capacity - headroom (0: no ledger)
   uint64_t ledger_used = 0;      // ours + max(co-tenants, observed others)
   uint64_t ledger_cotenants = 0;
-  uint64_t request_extra_bytes = 0;  // a request's memory beyond the plan
+  // A request's memory beyond the path's committed plan. 0 for the gateway's
+  // paths today: their KV pools and scratch are allocated at start, and a
+  // request's KV is the KV gate's business (kv_blocks_*).
+  uint64_t request_extra_bytes = 0;
   PathRates rates;
 };
 

@@ -78,8 +78,7 @@ void Gateway::refresh() {
   if (observe && policy_.observe) policy_.observe();
 }
 
-admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p, int32_t prompt_tokens,
-                                             std::optional<int32_t> max_tokens) const {
+admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p) const {
   const serve::Scheduler& s = *p.scheduler;
   admission::PathSnapshot snap;
   snap.name = p.name;
@@ -108,17 +107,13 @@ admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p, int32_t pro
     snap.ledger_used = l.used;
     snap.ledger_cotenants = l.reserved[static_cast<int>(admission::OwnerKind::kCoTenant)];
   }
-  if (p.request_bytes && prompt_tokens < snap.n_ctx) {
-    const int32_t room = snap.n_ctx - prompt_tokens;
-    snap.request_extra_bytes = p.request_bytes(prompt_tokens, max_tokens ? std::min(*max_tokens, room) : room);
-  }
   return snap;
 }
 
-std::vector<admission::PathSnapshot> Gateway::snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens) const {
+std::vector<admission::PathSnapshot> Gateway::snapshots() const {
   std::vector<admission::PathSnapshot> out;
   out.reserve(paths_.size());
-  for (const ExecutionPath& p : paths_) out.push_back(snapshot_of(p, prompt_tokens, max_tokens));
+  for (const ExecutionPath& p : paths_) out.push_back(snapshot_of(p));
   return out;
 }
 
@@ -143,7 +138,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
   // A path can fill between the decision and the submit (other threads):
   // decide again with fresh snapshots, a bounded number of times.
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::vector<admission::PathSnapshot> snaps = snapshots(n_prompt, g.max_tokens);
+    std::vector<admission::PathSnapshot> snaps = snapshots();
     admission::Decision d = admission::decide(shape_of(request, n_prompt), snaps, policy_.admission);
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -246,7 +241,7 @@ Progress Gateway::progress(const serve::Ticket& t) {
     out.queue_position = p.scheduler->queue_position(t.id());
     if (out.queue_position == 0) return out;
     // Only its own path matters (this runs every second per queued stream).
-    admission::PathSnapshot s = snapshot_of(p, t.limits().prompt_tokens, t.limits().max_tokens);
+    admission::PathSnapshot s = snapshot_of(p);
     // Only the work ahead of it counts.
     if (static_cast<size_t>(out.queue_position - 1) < s.queued.size()) s.queued.resize(static_cast<size_t>(out.queue_position - 1));
     out.estimated_delay_s = admission::estimate_start_delay(s, t.kv_blocks());
@@ -268,7 +263,7 @@ Result<Quote> Gateway::quote(const RouteRequest& request) {
   const serve::GenerationRequest& g = request.generation;
   SPW_ASSIGN_OR_RETURN(const std::vector<TokenId> prompt, prepare(g));
   const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
-  std::vector<admission::PathSnapshot> snaps = snapshots(n_prompt, g.max_tokens);
+  std::vector<admission::PathSnapshot> snaps = snapshots();
   Quote q;
   q.decision = admission::decide(shape_of(request, n_prompt), snaps, policy_.admission);
   if (q.decision.path_index >= 0) {

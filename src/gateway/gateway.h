@@ -67,9 +67,6 @@ struct ExecutionPath {
   std::shared_ptr<const Tokenizer> tokenizer;
   // The ledger of the memory this path's plan lives in (null: none).
   std::shared_ptr<admission::MemoryLedger> ledger;
-  // Memory a request adds beyond the path's committed plan (0 when the KV
-  // pool and scratch are allocated up front).
-  std::function<uint64_t(int32_t prompt_tokens, int32_t max_tokens)> request_bytes;
 };
 
 // A path that could not be built at start, and why (shown in status).
@@ -199,9 +196,8 @@ class Gateway {
   // Validation, observed-memory refresh and tokenization: what submit and
   // quote both do before deciding.
   Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request);
-  admission::PathSnapshot snapshot_of(const ExecutionPath& path, int32_t prompt_tokens,
-                                      std::optional<int32_t> max_tokens) const;
-  std::vector<admission::PathSnapshot> snapshots(int32_t prompt_tokens, std::optional<int32_t> max_tokens) const;
+  admission::PathSnapshot snapshot_of(const ExecutionPath& path) const;
+  std::vector<admission::PathSnapshot> snapshots() const;
   admission::MemoryLedger* cotenant_ledger() const;
   ReservationInfo info_locked(uint64_t id, int64_t now) const;
   void track(const std::shared_ptr<serve::Ticket>& t);

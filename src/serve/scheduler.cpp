@@ -35,7 +35,6 @@ Ticket::Ticket(Env& env, PreparedRequest p, std::string path)
       path_(std::move(path)),
       decision_(std::move(p.decision)),
       kv_blocks_(p.kv_blocks),
-      on_release_(std::move(p.on_release)),
       submitted_ns_(env.now_ns()) {}
 
 int64_t Ticket::queue_ns() const {
@@ -147,21 +146,17 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
 Result<std::shared_ptr<Ticket>> Scheduler::submit_prepared(PreparedRequest request) {
   std::shared_ptr<Ticket> t;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    Status refused;
+    std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
-      refused = Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown);
-    } else if (static_cast<int32_t>(queue_.size()) >= options_.queue_capacity) {
-      refused = Status(StatusCode::kResourceExhausted,
-                       "request queue of path " + options_.path + " is full (" + std::to_string(queue_.size()) +
-                           " waiting, capacity " + std::to_string(options_.queue_capacity) + "); retry later",
-                       FailureReason::kQueueFull);
-    }
-    if (!refused.ok()) {
       ++stats_.rejected;
-      lock.unlock();
-      if (request.on_release) request.on_release();
-      return refused;
+      return Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown);
+    }
+    if (static_cast<int32_t>(queue_.size()) >= options_.queue_capacity) {
+      ++stats_.rejected;
+      return Status(StatusCode::kResourceExhausted,
+                    "request queue of path " + options_.path + " is full (" + std::to_string(queue_.size()) +
+                        " waiting, capacity " + std::to_string(options_.queue_capacity) + "); retry later",
+                    FailureReason::kQueueFull);
     }
     if (request.id == 0) request.id = next_id_++;
     t.reset(new Ticket(env_, std::move(request), options_.path));
@@ -264,11 +259,6 @@ void Scheduler::finish_locked(Ticket& t, RequestEvent ev, bool observed) {
     kv_blocks_free_ += t.kv_blocks_;
     t.holds_kv_ = false;
     work_cv_.notify_all();  // the head of the queue may fit now
-  }
-  if (t.on_release_) {
-    auto release = std::move(t.on_release_);
-    t.on_release_ = nullptr;
-    release();
   }
   t.finished_ns_.store(env_.now_ns(), std::memory_order_release);
   t.state_.store(ev.state, std::memory_order_release);

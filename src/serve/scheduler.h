@@ -22,14 +22,13 @@
 // Times (queue wait, run time) come from the Env's monotonic clock.
 // Execution paths (the gateway's): submit_prepared() takes a request already
 // tokenized and decided by admission (limits, KV blocks, the Decision it was
-// admitted under, a release callback for its reservations). With
+// admitted under). With
 // kv_blocks_total > 0 the queue is KV-gated: a worker starts the request at
 // the head of the queue only once its kv_blocks are free in the path's budget
 // (FIFO, so a long request is not overtaken forever), takes them, and gives
 // them back when the request finishes; a request needing more than the whole
 // budget is started anyway and fails at its KV reservation (admission never
-// sends one). on_release runs once per request, when it reaches its terminal
-// state (queued ones included). Measured rates (prefill and decode tokens/s,
+// sends one). Measured rates (prefill and decode tokens/s,
 // the share of max_tokens really generated) are an EWMA over finished
 // requests, starting from SchedulerOptions::prior_rates.
 // Thread safety: all public methods may be called from any thread. Each worker
@@ -184,7 +183,6 @@ struct PreparedRequest {
   AppliedLimits limits;
   int32_t kv_blocks = 0;     // blocks for prompt + max_tokens (the KV gate's need)
   admission::Decision decision;
-  std::function<void()> on_release;  // reservations to give back at the terminal state
 };
 
 // A path's load at one instant, for admission and status.
@@ -245,7 +243,6 @@ class Ticket {
   const std::string path_;
   const admission::Decision decision_;
   const int32_t kv_blocks_;
-  std::function<void()> on_release_;  // under the scheduler's mutex
   bool holds_kv_ = false;             // under the scheduler's mutex
   std::atomic<int32_t> generated_{0};
   std::atomic<RequestState> state_{RequestState::kQueued};
@@ -269,7 +266,7 @@ class Scheduler {
   Result<std::shared_ptr<Ticket>> submit(const GenerationRequest& request);
   // A request already tokenized and limited (see the contract). Unavailable
   // (kShuttingDown) after shutdown began, ResourceExhausted (kQueueFull) when
-  // the queue is full; on_release runs before either returns.
+  // the queue is full.
   Result<std::shared_ptr<Ticket>> submit_prepared(PreparedRequest request);
   // 1-based position in the queue, 0 when not queued (running or finished).
   int32_t queue_position(uint64_t request_id) const;
