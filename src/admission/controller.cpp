@@ -260,7 +260,16 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
   }
   d.kind = DecisionKind::kReject;
   if (paths.empty()) reason = "the server has no execution path";
-  if (queue_full_somewhere) {
+  int32_t max_ctx = 0;
+  for (const PathSnapshot& p : paths) max_ctx = std::max(max_ctx, p.n_ctx);
+  if (!paths.empty() && req.prompt_tokens >= max_ctx) {
+    // No path's context holds it, out of service or not: the client's to fix.
+    d.http_status = 400;
+    d.failure = FailureReason::kContextFull;
+    d.reason = "prompt: " + std::to_string(req.prompt_tokens) + " tokens does not fit the context of " +
+               std::to_string(max_ctx) + " tokens of any path (at most " + std::to_string(max_ctx - 1) +
+               " prompt tokens; the server's --ctx sets the limit)";
+  } else if (queue_full_somewhere) {
     d.http_status = 429;
     d.failure = FailureReason::kQueueFull;
     d.retry_after_s = std::isfinite(retry_after) ? std::clamp(retry_after, 1.0, 60.0) : 1.0;

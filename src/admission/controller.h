@@ -27,7 +27,8 @@
 // what fits now: kShrink. When no path passes: kReject with 429 (every path
 // that could serve it has a full queue; retry_after_s from the queue's ETA)
 // or 503 (no path can serve it: context, KV, pressure or out of service),
-// reason naming each path's refusal.
+// reason naming each path's refusal; but a prompt that no path's context
+// can hold (out of service or not) is 400 kContextFull: no retry helps.
 // Estimated times come from each path's measured rates: prefill tokens/s,
 // decode tokens/s and the mean share of max_tokens requests really generate.
 // Thread safety: pure functions over values.
@@ -134,8 +135,8 @@ struct Decision {
   int32_t path_index = -1;   // into the `paths` given; -1 for reject
   std::string path;          // its name
   std::string reason;        // one sentence with the figures
-  FailureReason failure = FailureReason::kNone;  // reject: kQueueFull or kNoPath ...
-  int http_status = 200;     // reject: 429 or 503
+  FailureReason failure = FailureReason::kNone;  // reject: kQueueFull, kNoPath or kContextFull
+  int http_status = 200;     // reject: 429, 503 or 400
   double retry_after_s = 0;  // reject 429
   // Limits applied (on the chosen path).
   int32_t n_ctx = 0;

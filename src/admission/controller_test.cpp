@@ -294,6 +294,25 @@ TEST(AdmissionController, RejectsWith503WhenNoPathCanServeIt) {
   EXPECT_TRUE(contains(d.reason, "no execution path")) << d.reason;
 }
 
+// A prompt longer than every path's context (out of service or not) can
+// never be served: 400, not a retryable 503. Longer only than the usable
+// paths' contexts is a 503: the other path may come back.
+TEST(AdmissionController, RejectsWith400WhenNoPathsContextHoldsThePrompt) {
+  PathSnapshot gpu = make_path("gpu");  // n_ctx 256
+  gpu.usable = false;
+  gpu.unusable_reason = "device lost";
+  PathSnapshot cpu = make_path("cpu", PathRole::kFallback);
+  cpu.n_ctx = 64;
+  Decision d = decide(shape(300, 10), {gpu, cpu}, {});
+  EXPECT_EQ(d.kind, DecisionKind::kReject);
+  EXPECT_EQ(d.http_status, 400);
+  EXPECT_EQ(d.failure, FailureReason::kContextFull);
+  EXPECT_TRUE(contains(d.reason, "300 tokens does not fit the context of 256 tokens of any path")) << d.reason;
+  d = decide(shape(100, 10), {gpu, cpu}, {});
+  EXPECT_EQ(d.http_status, 503);
+  EXPECT_EQ(d.failure, FailureReason::kNoPath);
+}
+
 TEST(AdmissionController, ClampsMaxTokensToTheContext) {
   const std::vector<PathSnapshot> paths{make_path("gpu")};
   Decision d = decide(shape(200, 100), paths, {});
@@ -464,7 +483,15 @@ TEST(AdmissionController, ChosenPathAlwaysSatisfiesItsLimits) {
       if (d.kind == DecisionKind::kReject) {
         ++rejected;
         ASSERT_EQ(d.path_index, -1) << where;
-        ASSERT_TRUE(d.http_status == 429 || d.http_status == 503) << where;
+        // 400 exactly when no path's context holds the prompt; else retryable.
+        const bool fits_some_context = std::any_of(paths.begin(), paths.end(),
+                                                   [&](const PathSnapshot& p) { return r.prompt_tokens < p.n_ctx; });
+        if (fits_some_context) {
+          ASSERT_TRUE(d.http_status == 429 || d.http_status == 503) << where;
+        } else {
+          ASSERT_EQ(d.http_status, 400) << where;
+          ASSERT_EQ(d.failure, FailureReason::kContextFull) << where;
+        }
         continue;
       }
       ++chosen;

@@ -145,29 +145,19 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
       ++decisions_[std::string(admission::decision_kind_name(d.kind))];
     }
     if (d.kind == admission::DecisionKind::kReject) {
-      if (std::all_of(paths_.begin(), paths_.end(), [](const ExecutionPath& p) { return p.scheduler->stopping(); })) {
+      // Every path is unusable only while the server stops.
+      if (std::none_of(snaps.begin(), snaps.end(), [](const admission::PathSnapshot& p) { return p.usable; })) {
         return refuse(Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown),
                       std::move(d));
       }
-      // A prompt no path's context can hold is the client's to fix: 400.
-      // Only paths that are up count: a stopping path says nothing about length.
-      const bool any_usable = std::any_of(snaps.begin(), snaps.end(), [](const auto& p) { return p.usable; });
-      const bool too_long = any_usable && std::all_of(snaps.begin(), snaps.end(), [&](const admission::PathSnapshot& p) {
-                              return !p.usable || n_prompt >= p.n_ctx;
-                            });
-      if (too_long) {
-        int32_t max_ctx = 0;
-        for (const auto& p : snaps) max_ctx = std::max(max_ctx, p.n_ctx);
-        return refuse(Status(StatusCode::kInvalidArgument,
-                             "prompt: " + std::to_string(n_prompt) + " tokens does not fit the context of " +
-                                 std::to_string(max_ctx) + " tokens of any path (at most " +
-                                 std::to_string(max_ctx - 1) + " prompt tokens; the server's --ctx sets the limit)",
-                             FailureReason::kContextFull, "prompt"),
-                      std::move(d));
+      Status st;  // built before d is moved from
+      if (d.failure == FailureReason::kContextFull) {
+        st = Status(StatusCode::kInvalidArgument, d.reason, d.failure, "prompt");
+      } else {
+        const StatusCode code =
+            d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
+        st = Status(code, d.reason, d.failure);
       }
-      const StatusCode code =
-          d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
-      Status st(code, d.reason, d.failure);  // before d is moved from
       return refuse(std::move(st), std::move(d));
     }
     const ExecutionPath& path = paths_[static_cast<size_t>(d.path_index)];

@@ -352,8 +352,10 @@ class HttpServer::Impl {
         return set_error(res, e, options_.model_name);
       }
       res.status = e.http_status;
-      const double retry = refusal.decision.http_status == 429 ? refusal.decision.retry_after_s : 1.0;
-      res.set_header("Retry-After", std::to_string(static_cast<int>(std::ceil(std::max(1.0, retry)))));
+      if (e.http_status == 429 || e.http_status == 503) {  // worth retrying: say when
+        const double retry = refusal.decision.http_status == 429 ? refusal.decision.retry_after_s : 1.0;
+        res.set_header("Retry-After", std::to_string(static_cast<int>(std::ceil(std::max(1.0, retry)))));
+      }
       res.set_header("X-Spillway-Decision", "reject");
       res.set_content(render_refusal(e, options_.model_name, refusal.decision), kJson);
       return;
