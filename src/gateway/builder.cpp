@@ -52,10 +52,10 @@ Result<std::shared_ptr<journal::Journal>> open_journal(Env& env, const GatewayOp
 
 // The estimator's plan for one path of the serving layout (ubatch 64 or the
 // context when smaller; last row of logits per eval).
-admission::Plan path_plan(const LlamaHparams& hp, int32_t n_gpu_layers, int32_t n_ctx, int32_t workers,
-                          int32_t kv_blocks, int n_threads) {
+// estimate() resolves the placement for the model, as the engine runs it.
+admission::Plan path_plan(const Placement& where, int32_t n_ctx, int32_t workers, int32_t kv_blocks, int n_threads) {
   admission::Plan plan;
-  plan.placement = Placement::hybrid(n_gpu_layers).resolved(hp.n_layer);
+  plan.placement = where;
   plan.n_ctx = n_ctx;
   plan.n_parallel = workers;
   plan.n_threads = n_threads;
@@ -63,6 +63,13 @@ admission::Plan path_plan(const LlamaHparams& hp, int32_t n_gpu_layers, int32_t 
   plan.n_batch = n_ctx;
   plan.n_ubatch = std::min(64, n_ctx);
   return plan;
+}
+
+// The host bytes an estimate adds to what the process already holds (the
+// estimate's overhead starts from the observed RSS, already in the readings).
+uint64_t host_bytes_beyond_baseline(const admission::Estimate& e, const admission::EstimatorConfig& cfg) {
+  const uint64_t h = e.host().total();
+  return h > cfg.host.fixed_overhead ? h - cfg.host.fixed_overhead : 0;
 }
 
 // Observed device heap into the ledger (VK_EXT_memory_budget: the budget is
@@ -228,13 +235,13 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       observe_device(*out.vulkan, *out.device_ledger, heap_used, heap_unknown);
       // Size the pool to what the device has left after weights and scratch.
       SPW_ASSIGN_OR_RETURN(admission::Estimate e1,
-                           admission::estimate(*file, path_plan(hp, n_gpu_layers, n_ctx, o.parallel, 1, n_threads), cfg));
+                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 1, n_threads), cfg));
       SPW_ASSIGN_OR_RETURN(admission::Estimate e2,
-                           admission::estimate(*file, path_plan(hp, n_gpu_layers, n_ctx, o.parallel, 2, n_threads), cfg));
+                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 2, n_threads), cfg));
       const uint64_t per_block = std::max<uint64_t>(1, e2.gpu().total() - e1.gpu().total());
       const uint64_t fixed = e1.gpu().total() - std::min(e1.gpu().total(), per_block);
       const uint64_t available = out.device_ledger->available();
-      const int32_t want = o.kv_blocks > 0 ? o.kv_blocks : o.parallel * ((n_ctx + kBlockTokens - 1) / kBlockTokens);
+      const int32_t want = o.kv_blocks > 0 ? o.kv_blocks : o.parallel * admission::kv_blocks_for(n_ctx, kBlockTokens);
       const int64_t fit = available > fixed ? static_cast<int64_t>((available - fixed) / per_block) : 0;
       const int32_t blocks = static_cast<int32_t>(std::min<int64_t>(want, fit));
       if (blocks < 2) {
@@ -243,9 +250,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                         " per KV block; the device ledger has " + format_bytes(available) + " available (" +
                         out.device_ledger->name() + ", --device-memory / --device-headroom / co-tenants)"});
       } else {
-        SPW_ASSIGN_OR_RETURN(admission::Estimate e, admission::estimate(*file, path_plan(hp, n_gpu_layers, n_ctx,
-                                                                                         o.parallel, blocks, n_threads),
-                                                                        cfg));
+        SPW_ASSIGN_OR_RETURN(admission::Estimate e,
+                             admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, blocks, n_threads), cfg));
         auto t = out.device_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, e.gpu().total());
         if (!t.ok()) {
           not_built.push_back({"gpu", t.status().message()});
@@ -254,9 +260,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
           gpu.kv_blocks = blocks;
           gpu.device_ticket = *t;
           gpu.device_bytes = e.gpu().total();
-          const uint64_t h = e.host().total();
-          gpu.host_bytes = (h > cfg.host.fixed_overhead ? h - cfg.host.fixed_overhead : 0) +
-                           (device_on_host ? e.gpu().total() : 0);
+          gpu.host_bytes = host_bytes_beyond_baseline(e, cfg) + (device_on_host ? e.gpu().total() : 0);
           out.log.push_back("gpu path: " + std::to_string(blocks) + " KV blocks of " + std::to_string(kBlockTokens) +
                             " tokens (" + (blocks < want ? "bounded by device memory, " : "") + "wanted " +
                             std::to_string(want) + "), device plan " + format_bytes(gpu.device_bytes) + " of " +
@@ -265,7 +269,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       }
     }
   }
-  if (n_gpu_layers > 0 && gpu.built) {
+  if (gpu.built) {
     auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, std::max<uint64_t>(1, gpu.host_bytes));
     if (!t.ok()) {
       not_built.push_back({"gpu", "host side of the GPU plan: " + t.status().message()});
@@ -284,11 +288,11 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   const int32_t cpu_n_ctx = cpu_primary ? n_ctx : cpu_ctx;
   if (want_cpu) {
     const int32_t blocks = cpu_primary && o.kv_blocks > 0 ? o.kv_blocks
-                                                          : cpu_workers * ((cpu_n_ctx + kBlockTokens - 1) / kBlockTokens);
-    SPW_ASSIGN_OR_RETURN(admission::Estimate e,
-                         admission::estimate(*file, path_plan(hp, 0, cpu_n_ctx, cpu_workers, blocks, n_threads), cfg));
-    const uint64_t h = e.host().total();
-    uint64_t need = h > cfg.host.fixed_overhead ? h - cfg.host.fixed_overhead : 0;
+                                                          : cpu_workers * admission::kv_blocks_for(cpu_n_ctx, kBlockTokens);
+    SPW_ASSIGN_OR_RETURN(
+        admission::Estimate e,
+        admission::estimate(*file, path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads), cfg));
+    uint64_t need = host_bytes_beyond_baseline(e, cfg);
     // The mapping is shared with the GPU path: counted there already.
     if (gpu.built) need -= std::min(need, e.host().weights.bytes);
     auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner + (cpu_primary ? "" : " (cpu path)")},
