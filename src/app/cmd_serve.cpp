@@ -49,9 +49,7 @@ struct ServeCliOptions {
 // /health's device_memory: a fresh heap reading into the ledger, its figures
 // and the allocator's.
 http::HealthDeviceMemory device_memory_status(const gateway::BuiltGateway& b) {
-  std::optional<uint64_t> heap_used;
-  std::string heap_unknown;
-  b.observe(heap_used, heap_unknown);
+  const gateway::HeapReading heap = b.observe_device();
   const admission::LedgerSnapshot snap = b.device_ledger->snapshot();
   const DeviceMemoryStats ms = b.vulkan->memory_stats();
   http::HealthDeviceMemory m;
@@ -64,8 +62,8 @@ http::HealthDeviceMemory device_memory_status(const gateway::BuiltGateway& b) {
   m.co_tenant_reserved = snap.reserved[static_cast<int>(admission::OwnerKind::kCoTenant)];
   m.others_observed = snap.others;
   m.available = snap.available;
-  m.observed_heap_used = heap_used;
-  m.observed_unknown = heap_unknown;
+  m.observed_heap_used = heap.used;
+  m.observed_unknown = heap.unknown;
   m.allocated = ms.used_bytes;
   m.allocated_peak = ms.peak_bytes;
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
@@ -76,9 +74,7 @@ http::HealthDeviceMemory device_memory_status(const gateway::BuiltGateway& b) {
 
 // /health's host_memory: the ledger's figures and the process's own RSS.
 http::HealthMemory host_memory_status(Env& env, const gateway::BuiltGateway& b) {
-  std::optional<uint64_t> heap_used;
-  std::string heap_unknown;
-  b.observe(heap_used, heap_unknown);
+  b.observe_host();
   const admission::LedgerSnapshot snap = b.host_ledger->snapshot();
   http::HealthMemory m;
   m.budget = snap.limit;
@@ -158,7 +154,7 @@ int run_serve(const ServeCliOptions& o) {
 
   http::HttpServerOptions ho;
   ho.host_memory = [&env, &b] { return host_memory_status(env, b); };
-  if (b.vulkan && b.device_ledger) ho.device_memory = [&b] { return device_memory_status(b); };
+  if (b.observe_device) ho.device_memory = [&b] { return device_memory_status(b); };
   ho.journal = b.journal;
   ho.host = o.host;
   ho.port = o.port;

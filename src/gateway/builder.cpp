@@ -74,23 +74,20 @@ uint64_t host_bytes_beyond_baseline(const admission::Estimate& e, const admissio
 
 // Observed device heap into the ledger (VK_EXT_memory_budget: the budget is
 // what this process may still reach, so used = size - budget + our usage).
-void observe_device(VulkanBackend& vk, admission::DeviceLedger& ledger, std::optional<uint64_t>& heap_used,
-                    std::string& heap_unknown) {
+HeapReading observe_device(VulkanBackend& vk, admission::DeviceLedger& ledger) {
   const DeviceMemoryStats ms = vk.memory_stats();
   const VulkanHeapInfo* heap = nullptr;
   for (const auto& h : ms.heaps)
     if (h.device_local && (!heap || h.size_bytes > heap->size_bytes)) heap = &h;
   if (!heap || heap->budget_bytes < 0 || heap->usage_bytes < 0) {
-    heap_used.reset();
-    heap_unknown = !heap ? "no device-local heap" : "VK_EXT_memory_budget not supported by " + vk.device_info().driver;
-    return;
+    return {std::nullopt,
+            !heap ? "no device-local heap" : "VK_EXT_memory_budget not supported by " + vk.device_info().driver};
   }
   const auto budget = static_cast<uint64_t>(heap->budget_bytes);
   const auto usage = static_cast<uint64_t>(heap->usage_bytes);
   const uint64_t used = std::min((heap->size_bytes > budget ? heap->size_bytes - budget : 0) + usage, heap->size_bytes);
-  heap_used = used;
-  heap_unknown.clear();
   ledger.observe_heap(heap->size_bytes, used);
+  return {used, ""};
 }
 
 // Runs one tiny greedy request through a path and waits for it: shaders are
@@ -198,8 +195,6 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     admission::Ticket host_ticket, device_ticket;
   };
   PathPlan gpu;
-  std::optional<uint64_t> heap_used;
-  std::string heap_unknown;
   bool device_on_host = false;
   if (n_gpu_layers > 0) {
     VulkanBackendOptions vo;
@@ -232,7 +227,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
         auto t = out.device_ledger->declare({admission::OwnerKind::kCoTenant, ct.substr(0, eq)}, *bytes);
         if (!t.ok()) return t.status().with_context("--co-tenant " + ct);
       }
-      observe_device(*out.vulkan, *out.device_ledger, heap_used, heap_unknown);
+      (void)observe_device(*out.vulkan, *out.device_ledger);
       // Size the pool to what the device has left after weights and scratch.
       SPW_ASSIGN_OR_RETURN(admission::Estimate e1,
                            admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 1, n_threads), cfg));
@@ -381,14 +376,15 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   auto host_ledger = out.host_ledger;
   auto device_ledger = out.device_ledger;
   auto vulkan = out.vulkan;
-  out.observe = [&env, host_ledger, device_ledger, vulkan](std::optional<uint64_t>& used, std::string& unknown) {
+  out.observe_host = [&env, host_ledger] {
     if (auto r = host_readings(env); r.ok()) host_ledger->update(*r);
-    if (vulkan && device_ledger) observe_device(*vulkan, *device_ledger, used, unknown);
   };
-  policy.observe = [observe = out.observe] {
-    std::optional<uint64_t> used;
-    std::string unknown;
-    observe(used, unknown);
+  if (vulkan && device_ledger) {
+    out.observe_device = [device_ledger, vulkan] { return observe_device(*vulkan, *device_ledger); };
+  }
+  policy.observe = [observe_host = out.observe_host, observe_device = out.observe_device] {
+    observe_host();
+    if (observe_device) (void)observe_device();
   };
   for (const auto& n : not_built) out.log.push_back(n.name + " path not built: " + n.reason);
   SPW_ASSIGN_OR_RETURN(out.gateway, Gateway::create(env, std::move(paths), std::move(not_built), std::move(policy)));

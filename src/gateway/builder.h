@@ -83,6 +83,12 @@ struct GatewayOptions {
   bool warmup = true;
 };
 
+// A reading of the device-local heap: everyone's use of it, or why unknown.
+struct HeapReading {
+  std::optional<uint64_t> used;
+  std::string unknown;
+};
+
 struct BuiltGateway {
   std::unique_ptr<Gateway> gateway;
   std::shared_ptr<journal::Journal> journal;  // null with journal = "none"
@@ -94,9 +100,10 @@ struct BuiltGateway {
   std::shared_ptr<admission::HostLedger> host_ledger;
   std::shared_ptr<admission::DeviceLedger> device_ledger;  // null without a GPU path
   std::shared_ptr<VulkanBackend> vulkan;                    // null without a GPU path
-  // Re-reads observed usage into the ledgers now (what the gateway calls on
-  // its schedule); fills the device heap reading or why there is none.
-  std::function<void(std::optional<uint64_t>& heap_used, std::string& heap_unknown)> observe;
+  // Re-read observed usage into the host / device ledger now (the gateway
+  // calls both on its schedule; /health each for its own section).
+  std::function<void()> observe_host;
+  std::function<HeapReading()> observe_device;  // null without a GPU path
 };
 
 // The default journal place: $XDG_STATE_HOME/spillway/journal.sqlite, else
