@@ -118,10 +118,12 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
   const bool may_shrink = req.allow_shrink || policy.allow_shrink;
   bool queue_full_somewhere = false;
   double retry_after = kInf;
-  // A path passed over only because its wait is long: used when no other
-  // path can take the request (queueing beats refusing).
-  int32_t wait_fallback = -1;
-  Decision wait_fallback_d;
+  // The first path passed over only because its wait is long: the request
+  // waits there when no other path can take it (queueing beats refusing).
+  struct Waiting {
+    int32_t i = -1, n_ctx = 0, max_tokens = 0, blocks = 0;
+    double delay = 0, pressure = 0;
+  } waiting;
 
   auto fill = [&](Decision& out, int32_t i, DecisionKind kind, int32_t n_ctx, int32_t max_tokens, int32_t blocks,
                   double delay, double pressure) {
@@ -139,6 +141,7 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     const bool waits = !p.queued.empty() || static_cast<int32_t>(p.running.size()) >= p.workers ||
                        (p.kv_blocks_total > 0 && blocks > p.kv_blocks_free);
     out.queue_position = waits ? static_cast<int32_t>(p.queued.size()) + 1 : 0;
+    out.max_tokens_clamped = req.max_tokens && *req.max_tokens > n_ctx - req.prompt_tokens;
     out.http_status = 200;
   };
 
@@ -182,7 +185,6 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
       if (!(delay <= policy.max_delay_s)) return false;
       fill(d, i, DecisionKind::kShrink, p.n_ctx, fit_tokens, b, delay, pressure);
       d.shrunk = true;
-      d.max_tokens_clamped = req.max_tokens && *req.max_tokens > room;
       v.eligible = true;
       v.reason = "shrunk max_tokens " + std::to_string(max_tokens) + " -> " + std::to_string(fit_tokens) +
                  " to fit the " + std::to_string(fit_blocks) + " free KV blocks";
@@ -213,11 +215,7 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     if (primary && !(delay <= policy.max_delay_s)) {
       if (try_shrink()) break;
       v.timing.delay_s = delay;
-      if (wait_fallback < 0) {
-        wait_fallback = i;
-        wait_fallback_d = d;
-        fill(wait_fallback_d, i, DecisionKind::kDelay, p.n_ctx, max_tokens, blocks, delay, pressure);
-      }
+      if (waiting.i < 0) waiting = {i, p.n_ctx, max_tokens, blocks, delay, pressure};
       skip("estimated wait " + fmt_s(delay) + " exceeds max_delay " + fmt_s(policy.max_delay_s));
       continue;
     }
@@ -225,7 +223,6 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     if (primary) kind = delay <= policy.admit_delay_s ? DecisionKind::kAdmit : DecisionKind::kDelay;
     else if (p.role == PathRole::kOffload) kind = DecisionKind::kOffload;
     fill(d, i, kind, p.n_ctx, max_tokens, blocks, delay, pressure);
-    d.max_tokens_clamped = req.max_tokens && *req.max_tokens > room;
     v.eligible = true;
     v.timing = d.timing;
     v.reason = "fits: " + std::to_string(blocks) + " KV blocks" +
@@ -238,11 +235,9 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     break;
   }
 
-  if (d.path_index < 0 && wait_fallback >= 0) {
-    std::vector<PathVerdict> verdicts = std::move(d.verdicts);
-    d = wait_fallback_d;
-    d.verdicts = std::move(verdicts);
-    d.max_tokens_clamped = req.max_tokens && *req.max_tokens > d.max_tokens && !d.shrunk;
+  if (d.path_index < 0 && waiting.i >= 0) {
+    fill(d, waiting.i, DecisionKind::kDelay, waiting.n_ctx, waiting.max_tokens, waiting.blocks, waiting.delay,
+         waiting.pressure);
   }
 
   // One sentence: why each earlier path was passed over, then the choice.
@@ -252,7 +247,7 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     reason += v.path + ": " + v.reason;
   }
   if (d.path_index >= 0) {
-    if (d.kind == DecisionKind::kDelay && wait_fallback == d.path_index) {
+    if (d.kind == DecisionKind::kDelay && waiting.i == d.path_index) {
       reason += "; no other path can take it, so it waits on " + d.path;
     }
     d.reason = std::string(decision_kind_name(d.kind)) + " on " + d.path + " (" + reason + ")";
