@@ -440,9 +440,17 @@ std::string render_chat_chunk(const ChunkFields& c) {
                        {"finish_reason", nullable(c.finish_reason)}});
 }
 
+namespace {
+
+json error_json(const ApiError& e) {
+  return {{"message", e.message}, {"type", e.type}, {"param", nullable(e.param)}, {"code", nullable(e.code)}};
+}
+
+}  // namespace
+
 std::string render_error(const ApiError& e, const std::string& model) {
   json j;
-  j["error"] = {{"message", e.message}, {"type", e.type}, {"param", nullable(e.param)}, {"code", nullable(e.code)}};
+  j["error"] = error_json(e);
   if (!model.empty()) j["spillway"] = {{"model", model}, {"placement", nullptr}};
   return dump(j);
 }
@@ -555,6 +563,12 @@ json reservation_json(const gateway::ReservationInfo& r) {
           {"ledger_after", ledger_json(r.after)}};
 }
 
+json reservations_json(const std::vector<gateway::ReservationInfo>& rs) {
+  json a = json::array();
+  for (const auto& r : rs) a.push_back(reservation_json(r));
+  return a;
+}
+
 json rates_json(const admission::PathRates& r) {
   return {{"prefill_tokens_per_s", r.prefill_tps},
           {"decode_tokens_per_s", r.decode_tps},
@@ -566,7 +580,7 @@ json rates_json(const admission::PathRates& r) {
 }  // namespace
 
 std::string render_refusal(const ApiError& e, const std::string& model, const admission::Decision& d) {
-  json j = {{"error", {{"message", e.message}, {"type", e.type}, {"param", nullable(e.param)}, {"code", nullable(e.code)}}}};
+  json j = {{"error", error_json(e)}};
   json s = {{"model", model.empty() ? json(nullptr) : json(model)}, {"placement", nullptr}, {"decision", "reject"},
             {"reason", d.reason}, {"paths", verdicts_json(d)}};
   if (d.http_status == 429) s["retry_after_s"] = d.retry_after_s;
@@ -661,18 +675,14 @@ std::string render_status(const gateway::GatewayStatus& s) {
   for (const char* k : {"admit", "delay", "shrink", "offload", "redirect", "reject"}) decisions[k] = 0;
   for (const auto& [k, v] : s.decisions) decisions[k] = v;
   json j = {{"object", "spillway.status"}, {"ready", s.ready},       {"paths", paths},
-            {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", json::parse(render_reservations(s.reservations))},
+            {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", reservations_json(s.reservations)},
             {"decisions", decisions}};
   return dump(j);
 }
 
 std::string render_reservation(const gateway::ReservationInfo& r) { return dump(reservation_json(r)); }
 
-std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs) {
-  json a = json::array();
-  for (const auto& r : rs) a.push_back(reservation_json(r));
-  return dump(a);
-}
+std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs) { return dump(reservations_json(rs)); }
 
 std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state) {
   return dump({{"id", request_id}, {"object", "spillway.request"}, {"cancelled", cancelled}, {"state", state}});
