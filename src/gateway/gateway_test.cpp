@@ -23,6 +23,7 @@
 #include "admission/controller.h"
 #include "admission/ledger.h"
 #include "core/sim_env.h"
+#include "engine/engine_test_util.h"
 #include "gguf/gguf.h"
 #include "serve/scheduler.h"
 #include "serve/testing/collect.h"
@@ -55,7 +56,7 @@ int64_t ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 // the first path's tokenizer).
 std::shared_ptr<const Tokenizer> tiny_tokenizer() {
   static const std::shared_ptr<const Tokenizer> tok = []() -> std::shared_ptr<const Tokenizer> {
-    auto file = gguf::GgufFile::open(Env::default_env(), std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf");
+    auto file = gguf::GgufFile::open(Env::default_env(), spw::testing::stories_path());
     if (!file.ok()) return nullptr;
     auto t = Tokenizer::from_gguf(**file);
     if (!t.ok()) return nullptr;
