@@ -44,6 +44,9 @@ try {
 // generation keeps its single worker busy for seconds (CPU decodes thousands
 // of tokens a second on this 260K model, so with ctx 512 a request ends in
 // ~50 ms, too soon to queue and cancel another behind it).
+// Under a sanitizer the engine is far slower (the 1500-token CPU generation
+// below takes ~67 s under TSan against ~3 s in release): its wait scales.
+const SLOWDOWN = process.env.SPILLWAY_SANITIZE ? 4 : 1;
 const DEVICE_MEMORY = '3.6MiB';
 const CTX = 512;
 const CPU_CTX = 2048;
@@ -249,7 +252,8 @@ describe('spillway serve through the openai client', () => {
 
   it('DELETE /v1/requests/{id} cancels a queued cpu request', async () => {
     // A long generation occupies the cpu path's only worker (seconds).
-    const busy = client.completions.create({ model: 'stories260K', prompt: LONG_PROMPT, temperature: 0, max_tokens: 1500 });
+    const busy = client.completions.create({ model: 'stories260K', prompt: LONG_PROMPT, temperature: 0, max_tokens: 1500 },
+      { timeout: 60_000 * SLOWDOWN });
     busy.catch(() => {}); // awaited below
     const deadline = Date.now() + 20_000;
     for (;;) {
@@ -336,7 +340,7 @@ describe('spillway serve through the openai client', () => {
     } finally {
       controller.abort();
     }
-    const done = await bounded(busy, 60_000, 'the long cpu request');
+    const done = await bounded(busy, 60_000 * SLOWDOWN, 'the long cpu request');
     remember(done.spillway, done.id);
     assert.equal(done.spillway.path, 'cpu');
     assert.equal(done.usage.completion_tokens, 1500);
