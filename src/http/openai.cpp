@@ -243,6 +243,7 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
 }
 
 json nullable(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+json optional_json(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 json limits_json(const serve::AppliedLimits& l) {
   json j;
@@ -265,8 +266,8 @@ json spillway_json(const SpillwayInfo& s) {
   j["degraded"] = s.degraded;
   j["shrunk"] = s.shrunk;
   j["queue_position"] = s.queue_position;
-  j["estimated_delay_ms"] = s.estimated_delay_ms;
-  j["quote"] = {{"ttft_ms", s.predicted_ttft_ms}, {"total_ms", s.predicted_total_ms}};
+  j["estimated_delay_ms"] = optional_json(s.estimated_delay_ms);
+  j["quote"] = {{"ttft_ms", optional_json(s.predicted_ttft_ms)}, {"total_ms", optional_json(s.predicted_total_ms)}};
   j["request_id"] = s.request_id;
   j["seed"] = s.seed;
   j["limits"] = limits_json(s.limits);
@@ -495,6 +496,63 @@ std::string render_health(const HealthInfo& h) {
   return dump(j);
 }
 
+namespace {
+
+// Seconds to milliseconds for JSON; an unknown (infinite) time is null.
+json ms(double seconds) { return std::isfinite(seconds) ? json(seconds * 1000.0) : json(nullptr); }
+
+json verdicts_json(const admission::Decision& d) {
+  json a = json::array();
+  for (const admission::PathVerdict& v : d.verdicts) {
+    a.push_back({{"path", v.path}, {"eligible", v.eligible}, {"reason", v.reason}});
+  }
+  return a;
+}
+
+// The limits a decision applied (on its path): shared by the quote and the
+// journal's admission record.
+json decision_limits_json(const admission::Decision& d) {
+  return {{"n_ctx", d.n_ctx},
+          {"prompt_tokens", d.prompt_tokens},
+          {"max_tokens", d.max_tokens},
+          {"max_tokens_requested", d.max_tokens_requested ? json(*d.max_tokens_requested) : json(nullptr)},
+          {"max_tokens_clamped", d.max_tokens_clamped},
+          {"shrunk", d.shrunk},
+          {"kv_blocks", d.kv_blocks}};
+}
+
+// The status a decision answers with (a decision's http_status is only set
+// on reject).
+int decision_http_status(const admission::Decision& d) {
+  return d.kind == admission::DecisionKind::kReject ? d.http_status : 200;
+}
+
+// A decision with everything it was made from, in the names /v1/quote uses.
+json decision_json(const admission::Decision& d) {
+  const bool reject = d.kind == admission::DecisionKind::kReject;
+  json j = {{"kind", std::string(admission::decision_kind_name(d.kind))},
+            {"path", nullable(d.path)},
+            {"reason", d.reason},
+            {"failure", d.failure == FailureReason::kNone ? json(nullptr)
+                                                          : json(std::string(failure_reason_name(d.failure)))},
+            {"http_status", decision_http_status(d)},
+            {"degraded", d.degraded()},
+            {"limits", decision_limits_json(d)},
+            {"queue_position", d.queue_position},
+            {"estimated_delay_ms", ms(d.timing.delay_s)},
+            {"predicted_ttft_ms", ms(d.timing.ttft_s)},
+            {"predicted_total_ms", ms(d.timing.total_s)},
+            {"pressure", std::isfinite(d.pressure) ? json(d.pressure) : json(nullptr)},
+            {"verdicts", verdicts_json(d)}};
+  // Only a queue-full refusal has an estimate of when to come back.
+  if (reject) j["retry_after_s"] = d.http_status == 429 ? json(d.retry_after_s) : json(nullptr);
+  return j;
+}
+
+}  // namespace
+
+std::string render_decision(const admission::Decision& d) { return dump(decision_json(d)); }
+
 std::string render_request_record(const journal::Record& r) {
   json j;
   j["id"] = r.id;
@@ -514,6 +572,10 @@ std::string render_request_record(const journal::Record& r) {
   j["error"] = r.outcome.error_code.empty()
                    ? json(nullptr)
                    : json{{"code", r.outcome.error_code}, {"message", r.outcome.error_message}};
+  // Stored by us as a JSON object (the journal checks it); anything else
+  // (a hand-edited file) shows as null rather than failing the read.
+  json admission = r.admission.empty() ? json(nullptr) : json::parse(r.admission, nullptr, /*allow_exceptions=*/false);
+  j["admission"] = admission.is_object() ? std::move(admission) : json(nullptr);
   return dump(j);
 }
 
@@ -525,17 +587,6 @@ std::string render_models(const std::string& model, int64_t created) {
 }
 
 namespace {
-
-// Seconds to milliseconds for JSON; an unknown (infinite) time is null.
-json ms(double seconds) { return std::isfinite(seconds) ? json(seconds * 1000.0) : json(nullptr); }
-
-json verdicts_json(const admission::Decision& d) {
-  json a = json::array();
-  for (const admission::PathVerdict& v : d.verdicts) {
-    a.push_back({{"path", v.path}, {"eligible", v.eligible}, {"reason", v.reason}});
-  }
-  return a;
-}
 
 json ledger_json(const admission::LedgerSnapshot& l) {
   json by = json::object();
@@ -577,6 +628,17 @@ json rates_json(const admission::PathRates& r) {
           {"measured", r.measured}};
 }
 
+json replica_json(const gateway::ReplicaInfo& r) {
+  auto measured = [](double ms) { return ms < 0 ? json(nullptr) : json(ms); };
+  return {{"mode", r.mode},
+          {"why", r.why},
+          {"loaded", r.loaded},
+          {"load_ms", measured(r.load_ms)},
+          {"page_in_ms", measured(r.page_in_ms)},
+          {"recovery_ms", r.recovery_ms},
+          {"loaded_in_ms", measured(r.loaded_in_ms)}};
+}
+
 }  // namespace
 
 std::string render_refusal(const ApiError& e, const std::string& model, const admission::Decision& d) {
@@ -589,14 +651,15 @@ std::string render_refusal(const ApiError& e, const std::string& model, const ad
 }
 
 std::string render_queued_chunk(const std::string& id, int64_t created, const std::string& model, bool chat,
-                                const std::string& path, int32_t position, double estimated_delay_ms) {
+                                const std::string& path, int32_t position,
+                                std::optional<double> estimated_delay_ms) {
   json j = {{"id", id},
             {"object", chat ? "chat.completion.chunk" : "text_completion"},
             {"created", created},
             {"model", model},
             {"choices", json::array()},
             {"spillway",
-             {{"state", "queued"}, {"path", path}, {"queue_position", position}, {"estimated_delay_ms", estimated_delay_ms}}}};
+             {{"state", "queued"}, {"path", path}, {"queue_position", position}, {"estimated_delay_ms", optional_json(estimated_delay_ms)}}}};
   return dump(j);
 }
 
@@ -624,19 +687,12 @@ std::string render_quote(const gateway::Quote& q) {
             {"model", nullable(q.model)},
             {"fallback_model", q.fallback_model},
             {"degraded", d.degraded()},
-            {"limits",
-             {{"n_ctx", d.n_ctx},
-              {"prompt_tokens", d.prompt_tokens},
-              {"max_tokens", d.max_tokens},
-              {"max_tokens_requested", d.max_tokens_requested ? json(*d.max_tokens_requested) : json(nullptr)},
-              {"max_tokens_clamped", d.max_tokens_clamped},
-              {"shrunk", d.shrunk},
-              {"kv_blocks", d.kv_blocks}}},
+            {"limits", decision_limits_json(d)},
             {"queue_position", d.queue_position},
             {"estimated_delay_ms", ms(d.timing.delay_s)},
             {"predicted_ttft_ms", ms(d.timing.ttft_s)},
             {"predicted_total_ms", ms(d.timing.total_s)},
-            {"http_status", d.kind == admission::DecisionKind::kReject ? d.http_status : 200},
+            {"http_status", decision_http_status(d)},
             {"verdicts", verdicts_json(d)},
             {"paths", paths}};
   return dump(j);
@@ -650,8 +706,8 @@ std::string render_status(const gateway::GatewayStatus& s) {
                      {"model", p.model},
                      {"fallback_model", p.fallback_model},
                      {"role", p.role},
-                     {"replica", p.replica},
-                     {"recovery_ms", p.recovery_ms},
+                     {"replica", replica_json(p.replica)},
+                     {"startup_ms", p.startup_ms},
                      {"workers", p.workers},
                      {"running", p.running},
                      {"queue_depth", p.queue_depth},

@@ -88,9 +88,11 @@ struct SpillwayInfo {
   bool degraded = false;
   bool shrunk = false;
   int32_t queue_position = 0;       // at acceptance (0: started at once)
-  double estimated_delay_ms = 0;    // predicted wait at acceptance
-  double predicted_ttft_ms = 0;     // the quote it was admitted under
-  double predicted_total_ms = 0;
+  // Predicted wait at acceptance and the quote it was admitted under;
+  // nullopt (JSON null, header absent) while the path's rates cannot say.
+  std::optional<double> estimated_delay_ms;
+  std::optional<double> predicted_ttft_ms;
+  std::optional<double> predicted_total_ms;
   uint64_t request_id = 0;
   uint64_t seed = 0;
   serve::AppliedLimits limits;
@@ -144,7 +146,8 @@ std::string render_refusal(const ApiError& e, const std::string& model, const ad
 // OpenAI clients accept, as for usage chunks) and
 // "spillway":{"state":"queued","queue_position","estimated_delay_ms","path"}.
 std::string render_queued_chunk(const std::string& id, int64_t created, const std::string& model, bool chat,
-                                const std::string& path, int32_t position, double estimated_delay_ms);
+                                const std::string& path, int32_t position,
+                                std::optional<double> estimated_delay_ms);
 // POST /v1/quote.
 std::string render_quote(const gateway::Quote& q);
 // GET /v1/status.
@@ -206,9 +209,21 @@ struct HealthInfo {
   std::optional<HealthDeviceMemory> device_memory;
 };
 std::string render_health(const HealthInfo& h);
-// GET /v1/requests/{id}: {"id","object":"spillway.request","state","resumable",
-// "endpoint","created","updated","attempts","placement","finish_reason",
-// "text","usage",{"error":{"code","message"}|null}}. Times in Unix ms.
+// The admission decision as the journal stores it (Journal::set_admission)
+// and GET /v1/requests/{id} shows it: a JSON object {"kind","path"|null,
+// "reason","failure" (failure_reason_name)|null,"http_status","degraded",
+// "limits":{"n_ctx","prompt_tokens","max_tokens","max_tokens_requested",
+// "max_tokens_clamped","shrunk","kv_blocks"},"queue_position",
+// "estimated_delay_ms","predicted_ttft_ms","predicted_total_ms" (null when
+// unknown),"pressure","verdicts":[{"path","eligible","reason"}]}, plus
+// "retry_after_s" on a reject (null unless 429). Field names as /v1/quote's.
+// A string, so that no JSON type escapes this library.
+std::string render_decision(const admission::Decision& d);
+// GET /v1/requests/{id}: {"id","object":"spillway.request","state","terminal",
+// "resumable","endpoint","idempotency_key","created_ms","updated_ms",
+// "attempts","placement","finish_reason","text","usage",
+// "error":{"code","message"}|null,"admission":render_decision's object|null}.
+// Times in Unix ms.
 std::string render_request_record(const journal::Record& r);
 std::string render_models(const std::string& model, int64_t created);
 

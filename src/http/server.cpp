@@ -55,7 +55,10 @@ bool header_true(const httplib::Request& req, const char* name) {
   return v == "true" || v == "1" || v == "yes";
 }
 
-double finite_ms(double seconds) { return std::isfinite(seconds) ? seconds * 1000.0 : -1.0; }
+// Milliseconds of a predicted time; nullopt when the rates cannot say (infinite).
+std::optional<double> finite_ms(double seconds) {
+  return std::isfinite(seconds) ? std::optional<double>(seconds * 1000.0) : std::nullopt;
+}
 
 // A request id from the path: the journal's number, or the OpenAI id of a
 // response ("cmpl-<16 hex>" / "chatcmpl-<16 hex>", the number in hex).
@@ -337,6 +340,14 @@ class HttpServer::Impl {
     route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
     gateway::Refusal refusal;
     Result<gateway::Admitted> admitted = gateway_.submit(route, &refusal);
+    // The decision goes into the journal before any response is written, so
+    // that a GET /v1/requests/{id} after the response sees why it went where
+    // it went (or was refused). No verdicts: refused before any decision (a
+    // field or the tokenizer), nothing to record.
+    if (call->record_id != 0) {
+      const admission::Decision& d = admitted.ok() ? admitted->ticket->decision() : refusal.decision;
+      if (!d.verdicts.empty()) record_admission(call->record_id, d);
+    }
     if (!admitted.ok()) {
       if (call->record_id != 0) {
         // Refused before it queued: the journal says so, why, and whether a
@@ -389,7 +400,9 @@ class HttpServer::Impl {
     res.set_header("X-Spillway-Decision", call->info.decision);
     res.set_header("X-Spillway-Degraded", call->info.degraded ? "true" : "false");
     res.set_header("X-Spillway-Queue-Position", std::to_string(d.queue_position));
-    res.set_header("X-Spillway-Estimated-Delay-Ms", std::to_string(static_cast<int64_t>(call->info.estimated_delay_ms)));
+    if (call->info.estimated_delay_ms) {
+      res.set_header("X-Spillway-Estimated-Delay-Ms", std::to_string(static_cast<int64_t>(*call->info.estimated_delay_ms)));
+    }
     res.set_header("X-Spillway-Max-Tokens", std::to_string(call->info.limits.max_tokens));
     res.set_header("X-Spillway-Context", std::to_string(call->info.limits.n_ctx));
     res.set_header("X-Spillway-Request-Id", std::to_string(call->info.request_id));
@@ -406,6 +419,16 @@ class HttpServer::Impl {
   std::string response_id(bool chat, int64_t record_id) {
     const uint64_t v = record_id != 0 ? static_cast<uint64_t>(record_id) : env_.random_u64();
     return std::string(chat ? "chatcmpl-" : "cmpl-") + hex64(v);
+  }
+
+  // A failed write is logged and the request goes on (as JournalObserver's):
+  // the decision is an explanation, the request's own record is already safe.
+  void record_admission(int64_t record_id, const admission::Decision& d) {
+    const Status st = options_.journal->set_admission(record_id, render_decision(d));
+    if (!st.ok()) {
+      std::fprintf(stderr, "spillway: journal: recording the admission of request %lld: %s\n",
+                   static_cast<long long>(record_id), st.to_string().c_str());
+    }
   }
 
   static ApiError journal_error(const Status& st) {

@@ -41,7 +41,10 @@
 // reused with another body, gets 409 (idempotency_conflict); a failed or
 // cancelled one runs again under the same id. If the journal cannot record
 // the request it is refused with 503 (journal_unavailable): nothing is
-// accepted that could be lost.
+// accepted that could be lost. The admission decision (admitted or refused:
+// kind, path, reason, limits, predictions, per-path verdicts) is written to
+// the record before the response, and GET /v1/requests/{id} shows it as
+// "admission"; a failed write of it is logged, not fatal.
 // Contract: request bodies are validated by http/openai.h (400 with an
 // OpenAI-style error body naming the field); the scheduler's errors map to
 // 400 (limits), 429 (queue full), 503 (shutting down / cancelled) and 500.

@@ -7,12 +7,14 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 namespace spw::journal {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 2: `admission`, the admission decision as a JSON document (NULL: none).
+constexpr int kSchemaVersion = 2;
 
 // One table: a request is one row whose state moves forward; the attempt
 // counter says how often an idempotency key was run.
@@ -33,14 +35,24 @@ CREATE TABLE IF NOT EXISTS requests (
   prompt_tokens INTEGER NOT NULL DEFAULT 0,
   completion_tokens INTEGER NOT NULL DEFAULT 0,
   error_code TEXT NOT NULL DEFAULT '',
-  error_message TEXT NOT NULL DEFAULT ''
+  error_message TEXT NOT NULL DEFAULT '',
+  admission TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
 )sql";
 
+// kMigrations[v - 1] turns a version-v journal into version v + 1, in place:
+// a user upgrading Spillway keeps their journal (and its idempotency keys).
+// Run inside open()'s transaction, so a failed step leaves the file as it was.
+constexpr const char* kMigrations[] = {
+    // 1 -> 2: existing rows have no recorded decision.
+    "ALTER TABLE requests ADD COLUMN admission TEXT",
+};
+static_assert(std::size(kMigrations) == kSchemaVersion - 1, "one migration per older schema version");
+
 constexpr const char* kColumns =
     "id, idempotency_key, endpoint, body, state, attempts, placement, created_ms, updated_ms, resumable, "
-    "finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message";
+    "finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message, admission";
 
 std::optional<RequestState> state_from(std::string_view s) {
   for (RequestState st : {RequestState::kAccepted, RequestState::kRunning, RequestState::kDone,
@@ -104,6 +116,7 @@ Result<Record> read_row(const Stmt& q) {
   r.outcome.completion_tokens = static_cast<int32_t>(q.col_i64(13));
   r.outcome.error_code = q.col_text(14);
   r.outcome.error_message = q.col_text(15);
+  r.admission = q.col_text(16);  // NULL reads as ""
   return r;
 }
 
@@ -174,12 +187,23 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
     if (!q.ok() || q.step() != SQLITE_ROW) return j->error_locked("reading user_version");
     version = q.col_i64(0);
   }
-  if (version != 0 && version != kSchemaVersion) {
+  // 0: a new file. Older versions are migrated below; a newer (or foreign)
+  // one is refused rather than reinterpreted.
+  if (version < 0 || version > kSchemaVersion) {
     return Status::corruption("journal " + path + ": schema version " + std::to_string(version) + ", expected " +
-                              std::to_string(kSchemaVersion) + " (written by another Spillway version)");
+                              std::to_string(kSchemaVersion) + " or older (written by another Spillway version)");
   }
   SPW_RETURN_IF_ERROR(j->exec_locked("BEGIN IMMEDIATE"));
-  Status st = j->exec_locked(kSchema);
+  Status st;
+  for (int64_t v = version; st.ok() && v >= 1 && v < kSchemaVersion; ++v) {
+    st = j->exec_locked(kMigrations[static_cast<size_t>(v - 1)]);
+    if (!st.ok()) {
+      st = Status::io_error(st.message() + " (migrating schema version " + std::to_string(v) + " to " +
+                            std::to_string(v + 1) + ")");
+    }
+  }
+  if (st.ok()) st = j->exec_locked(kSchema);  // a new file; no-op for a migrated one
+  // Set in the same transaction as the migration: both land, or neither.
   if (st.ok()) st = j->exec_locked(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
   // Whatever a previous process left running was interrupted: it ends here,
   // resumable (no result reached the journal, so a retry cannot duplicate one).
@@ -248,7 +272,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
         Stmt u(db_,
                "UPDATE requests SET state='accepted', attempts=attempts+1, updated_ms=?1, resumable=0, "
                "finish_reason='', text='', prompt_tokens=0, completion_tokens=0, error_code='', error_message='', "
-               "placement='' WHERE id=?2");
+               "placement='', admission=NULL WHERE id=?2");
         if (!u.ok() || u.i64(1, now).i64(2, old->id).step() != SQLITE_DONE) return error_locked("retrying");
         SPW_ASSIGN_OR_RETURN(std::optional<Record> again, find_locked("id = ?1", "", old->id));
         return AcceptResult{std::move(*again), false};
@@ -310,6 +334,27 @@ Status Journal::finish(int64_t id, const Outcome& o) {
     return Status::failed_precondition("journal: request " + std::to_string(id) +
                                        " is unknown or already terminal");
   }
+  return Status();
+}
+
+Status Journal::set_admission(int64_t id, std::string_view admission_json) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!admission_json.empty()) {
+    // Readers parse it back (GET /v1/requests/{id}): only an object goes in.
+    Stmt q(db_, "SELECT CASE WHEN json_valid(?1) THEN json_type(?1) END");
+    if (!q.ok() || q.text(1, admission_json).step() != SQLITE_ROW) return error_locked("checking an admission");
+    if (q.col_text(0) != "object") {
+      return Status::invalid_argument("journal: the admission of request " + std::to_string(id) +
+                                      " must be a JSON object");
+    }
+  }
+  // updated_ms is left alone: it dates the request's state, which this does not change.
+  Stmt u(db_, "UPDATE requests SET admission=?1 WHERE id=?2");
+  if (!u.ok()) return error_locked("preparing set_admission");
+  if (admission_json.empty()) u.null(1);
+  else u.text(1, admission_json);
+  if (u.i64(2, id).step() != SQLITE_DONE) return error_locked("recording the admission of request " + std::to_string(id));
+  if (sqlite3_changes(db_) == 0) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
   return Status();
 }
 

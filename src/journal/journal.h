@@ -15,8 +15,10 @@
 //       true and an error naming the interruption; recovered() says how many.
 //       Terminal rows older than options.retention_ms are deleted then (and
 //       on every options.prune_every-th accept). IOError naming the path when
-//       the file cannot be opened or is not a journal; Corruption when its
-//       schema version is not ours.
+//       the file cannot be opened or is not a journal. A journal of an older
+//       schema version is migrated in place (one transaction: it keeps every
+//       row, or the file stays as it was and open() fails); Corruption when
+//       its schema version is newer than ours or unknown.
 //   accept(req)      records a new request as kAccepted with id > 0 (ids are
 //       never reused, also across restarts). With an idempotency key already
 //       in the journal:
@@ -26,11 +28,20 @@
 //         - kAccepted / kRunning: FailedPrecondition naming the id ("still in
 //           progress"): the client should poll it;
 //         - kFailed / kCancelled: a new attempt under the same id (attempts +
-//           1, result and error cleared, state kAccepted), replay = false.
+//           1, result, error and admission cleared, state kAccepted),
+//           replay = false.
 //   mark_running(id, placement)  kAccepted -> kRunning.
 //   finish(id, outcome)  -> kDone / kCancelled / kFailed with the result or
 //       the error; FailedPrecondition when the row is already terminal (a
 //       terminal state is written once per attempt).
+//   set_admission(id, json)  records the admission decision the request was
+//       admitted or refused under (a JSON object, as the HTTP layer renders
+//       it; written before the client's response, so a GET after it sees
+//       it), replacing the previous one: each attempt under an idempotency
+//       key is decided anew. Allowed in any state, since a request may
+//       already have finished when it is written; updated_ms is unchanged.
+//       Empty json clears it. NotFound for an unknown id; InvalidArgument
+//       when the text is not a JSON object.
 //   get(id)          the record, or NotFound.
 // Times are Env::wall_time_ms(). Every write is one transaction.
 // Thread safety: all methods may be called from any thread (one connection,
@@ -85,6 +96,7 @@ struct Record {
   int64_t created_ms = 0;
   int64_t updated_ms = 0;
   Outcome outcome;  // meaningful once terminal
+  std::string admission;  // the admission decision, a JSON object; empty: none recorded
 };
 
 struct AcceptResult {
@@ -107,6 +119,7 @@ class Journal {
   Result<AcceptResult> accept(const NewRequest& request);
   Status mark_running(int64_t id, const std::string& placement);
   Status finish(int64_t id, const Outcome& outcome);
+  Status set_admission(int64_t id, std::string_view admission_json);
   Result<Record> get(int64_t id);
 
   int64_t recovered() const { return recovered_; }

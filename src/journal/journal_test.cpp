@@ -1,7 +1,8 @@
 // Journal against a real SQLite file in a temporary folder: the request
 // lifecycle, idempotency rules, recovery after a process that died mid-request
 // (simulated by reopening a file whose rows were left non-terminal), retention
-// under a controlled wall clock, and concurrent writers.
+// under a controlled wall clock, concurrent writers, the admission decision
+// and the migration of a journal written with the previous schema.
 #include "journal/journal.h"
 
 #include <gtest/gtest.h>
@@ -234,6 +235,169 @@ TEST_F(JournalTest, OneOwnerAtATime) {
   EXPECT_EQ(third->recovered(), 1) << "request " << id << " was left accepted";
 }
 
+TEST_F(JournalTest, AdmissionIsStoredReplacedAndSurvivesReopen) {
+  const std::string admit = R"({"kind":"admit","path":"gpu","reason":"fits"})";
+  const std::string shrink = R"({"kind":"shrink","path":"gpu","reason":"shrunk to 64 tokens"})";
+  int64_t id = 0;
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    id = j->accept(req(""))->record.id;
+    EXPECT_TRUE(j->get(id)->admission.empty()) << "none until the gateway decided";
+    env_.advance(5 * kNsPerMs);
+    ASSERT_TRUE(j->set_admission(id, admit).ok());
+    auto r = j->get(id);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->admission, admit);
+    EXPECT_EQ(r->state, RequestState::kAccepted) << "the state does not move";
+    EXPECT_EQ(r->updated_ms, r->created_ms) << "updated_ms dates the state";
+    // Any state: the request may have finished before the decision was written.
+    ASSERT_TRUE(j->mark_running(id, "vulkan").ok());
+    ASSERT_TRUE(j->finish(id, done("x")).ok());
+    ASSERT_TRUE(j->set_admission(id, shrink).ok());
+    EXPECT_EQ(j->get(id)->admission, shrink) << "replaced, not appended";
+    EXPECT_EQ(j->get(id)->outcome.text, "x") << "the result is untouched";
+    // Unknown ids and documents that are not JSON objects change nothing.
+    const Status missing = j->set_admission(id + 100, admit);
+    EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.to_string();
+    EXPECT_NE(missing.message().find(std::to_string(id + 100)), std::string::npos) << missing.to_string();
+    EXPECT_EQ(j->set_admission(id, "{not json").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(j->set_admission(id, "[1,2]").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(j->get(id)->admission, shrink);
+  }
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->get(id)->admission, shrink) << "durable across a restart";
+  ASSERT_TRUE(j->set_admission(id, "").ok());
+  EXPECT_TRUE(j->get(id)->admission.empty()) << "empty clears it";
+}
+
+TEST_F(JournalTest, ARetryAttemptGetsItsOwnAdmission) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const int64_t id = j->accept(req("k1"))->record.id;
+  ASSERT_TRUE(j->set_admission(id, R"({"kind":"reject","failure":"queue_full"})").ok());
+  Outcome refused;
+  refused.state = RequestState::kFailed;
+  refused.resumable = true;
+  refused.error_code = "queue_full";
+  ASSERT_TRUE(j->finish(id, refused).ok());
+  auto retry = j->accept(req("k1"));
+  ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+  EXPECT_EQ(retry->record.id, id);
+  EXPECT_EQ(retry->record.attempts, 2);
+  EXPECT_TRUE(retry->record.admission.empty()) << "the first attempt's refusal is not this attempt's decision";
+  ASSERT_TRUE(j->set_admission(id, R"({"kind":"admit"})").ok());
+  ASSERT_TRUE(j->finish(id, done(" Lily")).ok());
+  // A replay serves the finished attempt: its decision stays with it.
+  auto replay = j->accept(req("k1"));
+  ASSERT_TRUE(replay.ok());
+  EXPECT_TRUE(replay->replay);
+  EXPECT_EQ(replay->record.admission, R"({"kind":"admit"})");
+}
+
+// The schema of version 1 (before `admission`), verbatim: what a journal
+// written by the previous Spillway holds.
+constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE IF NOT EXISTS requests (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  idempotency_key TEXT UNIQUE,
+  endpoint TEXT NOT NULL,
+  body TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  placement TEXT NOT NULL DEFAULT '',
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  resumable INTEGER NOT NULL DEFAULT 0,
+  finish_reason TEXT NOT NULL DEFAULT '',
+  text TEXT NOT NULL DEFAULT '',
+  prompt_tokens INTEGER NOT NULL DEFAULT 0,
+  completion_tokens INTEGER NOT NULL DEFAULT 0,
+  error_code TEXT NOT NULL DEFAULT '',
+  error_message TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
+PRAGMA user_version=1;
+)sql";
+
+// Runs SQL on the journal file with a plain connection (no Journal open).
+void raw_sql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "") << "\n" << sql;
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+int64_t user_version(const std::string& path) {
+  sqlite3* db = nullptr;
+  int64_t v = -1;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, nullptr) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW) {
+      v = sqlite3_column_int64(q, 0);
+    }
+    sqlite3_finalize(q);
+  }
+  sqlite3_close(db);
+  return v;
+}
+
+TEST_F(JournalTest, AJournalOfThePreviousSchemaIsMigratedKeepingItsRows) {
+  raw_sql(path_, kSchemaV1);
+  // Written a minute ago (within retention, so open() keeps them).
+  const std::string then = std::to_string(env_.wall_time_ms() - 60'000);
+  raw_sql(path_,
+          "INSERT INTO requests (id, idempotency_key, endpoint, body, state, placement, created_ms, updated_ms, "
+          "finish_reason, text, prompt_tokens, completion_tokens) VALUES "
+          "(7, 'old-done', '/v1/completions', '{\"prompt\":\"Once\"}', 'done', 'cpu', " + then + ", " + then +
+              ", 'length', ' there was', 2, 3);"
+              "INSERT INTO requests (id, idempotency_key, endpoint, body, state, created_ms, updated_ms) VALUES "
+              "(8, 'old-running', '/v1/completions', '{\"prompt\":\"Once\"}', 'running', " + then + ", " + then +
+              ");");
+  ASSERT_EQ(user_version(path_), 1);
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    auto finished = j->get(7);
+    ASSERT_TRUE(finished.ok()) << finished.status().to_string();
+    EXPECT_EQ(finished->state, RequestState::kDone);
+    EXPECT_EQ(finished->outcome.text, " there was");
+    EXPECT_EQ(finished->placement, "cpu");
+    EXPECT_TRUE(finished->admission.empty()) << "decided before decisions were recorded";
+    // Recovery runs on migrated rows as on any others.
+    EXPECT_EQ(j->recovered(), 1);
+    EXPECT_EQ(j->get(8)->outcome.error_code, "interrupted");
+    // The old keys still replay and retry; ids continue after the old ones.
+    auto replay = j->accept({"old-done", "/v1/completions", R"({"prompt":"Once"})"});
+    ASSERT_TRUE(replay.ok()) << replay.status().to_string();
+    EXPECT_TRUE(replay->replay);
+    EXPECT_EQ(replay->record.id, 7);
+    auto fresh = j->accept(req(""));
+    ASSERT_TRUE(fresh.ok());
+    EXPECT_GT(fresh->record.id, 8);
+    ASSERT_TRUE(j->set_admission(7, R"({"kind":"admit"})").ok());
+  }
+  EXPECT_EQ(user_version(path_), 2);
+  auto j = open();  // and it opens again as a current journal
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->get(7)->admission, R"({"kind":"admit"})");
+}
+
+TEST_F(JournalTest, AFailedMigrationLeavesTheFileAsItWas) {
+  // Says version 1 but has no requests table: the ALTER TABLE fails.
+  raw_sql(path_, "CREATE TABLE other (x INTEGER); PRAGMA user_version=1;");
+  auto j = Journal::open(env_, path_);
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), StatusCode::kIOError);
+  EXPECT_NE(j.status().message().find("migrating schema version 1 to 2"), std::string::npos) << j.status().to_string();
+  EXPECT_NE(j.status().message().find(path_), std::string::npos) << j.status().to_string();
+  EXPECT_EQ(user_version(path_), 1) << "rolled back with the migration";
+}
+
 TEST_F(JournalTest, BadFilesAreErrorsNamingThePath) {
   {
     std::ofstream f(path_);
@@ -246,7 +410,7 @@ TEST_F(JournalTest, BadFilesAreErrorsNamingThePath) {
   auto missing_dir = Journal::open(env_, (dir_ / "no" / "such" / "dir" / "j.sqlite").string());
   ASSERT_FALSE(missing_dir.ok());
   EXPECT_EQ(missing_dir.status().code(), StatusCode::kIOError);
-  // Another schema version: refused, not reinterpreted.
+  // A newer (or foreign) schema version: refused, not reinterpreted.
   fs::remove(path_);
   {
     sqlite3* db = nullptr;

@@ -526,6 +526,24 @@ TEST(Server, JournalRecordsRequestsAndReplaysIdempotentRetries) {
   EXPECT_EQ(rec["placement"], "cpu");
   EXPECT_EQ(rec["idempotency_key"], "story-1");
   EXPECT_EQ(rec["error"], nullptr);
+  // The decision it ran under, with its reason and figures.
+  const json& adm = rec["admission"];
+  ASSERT_TRUE(adm.is_object()) << rec.dump();
+  EXPECT_EQ(adm["kind"], "admit") << adm.dump();
+  EXPECT_EQ(adm["kind"], a["spillway"]["decision"]);
+  EXPECT_EQ(adm["path"], "cpu");
+  EXPECT_FALSE(adm["reason"].get<std::string>().empty());
+  EXPECT_EQ(adm["reason"], a["spillway"]["reason"]);
+  EXPECT_EQ(adm["failure"], nullptr);
+  EXPECT_EQ(adm["http_status"], 200);
+  EXPECT_EQ(adm["limits"]["max_tokens"], 24);
+  EXPECT_EQ(adm["limits"]["max_tokens_requested"], 24);
+  EXPECT_EQ(adm["limits"]["prompt_tokens"], a["usage"]["prompt_tokens"]);
+  EXPECT_GT(adm["limits"]["kv_blocks"].get<int>(), 0);
+  EXPECT_EQ(adm["queue_position"], 0);
+  ASSERT_EQ(adm["verdicts"].size(), 1u);
+  EXPECT_EQ(adm["verdicts"][0]["path"], "cpu");
+  EXPECT_EQ(adm["verdicts"][0]["eligible"], true);
 
   const uint64_t ran = s.scheduler().stats().submitted;
   auto again = c.Post("/v1/completions", key, body, "application/json");
@@ -536,6 +554,7 @@ TEST(Server, JournalRecordsRequestsAndReplaysIdempotentRetries) {
   EXPECT_EQ(b["id"], a["id"]) << "the original response's id";
   EXPECT_EQ(b["spillway"]["replayed"], true);
   EXPECT_EQ(again->get_header_value("X-Spillway-Replayed"), "true");
+  EXPECT_EQ(get_json(s, "/v1/requests/" + std::to_string(id))["admission"], adm) << "a replay decides nothing";
   // The same retry as a stream: the stored text in one chunk, then [DONE].
   json stream_body = json::parse(body);
   stream_body["stream"] = true;
@@ -570,7 +589,8 @@ TEST(Server, JournalRecordsRequestsAndReplaysIdempotentRetries) {
 }
 
 // A request the scheduler refuses after the journal accepted it (queue full)
-// ends in the journal as failed, resumable, with the reason.
+// ends in the journal as failed, resumable, with the reason and the decision;
+// its retry under the same Idempotency-Key is decided (and recorded) anew.
 TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
   TempJournal tj;
   ServerConfig cfg;
@@ -599,7 +619,9 @@ TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_EQ(s.scheduler().stats().queue_depth, 1);
-  auto r = post(s, "/v1/completions", body);
+  httplib::Client c = s.client();
+  const httplib::Headers key{{"Idempotency-Key", "third"}};
+  auto r = c.Post("/v1/completions", key, body.dump(), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 429) << r->body;
   int status = 0;
@@ -609,11 +631,67 @@ TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
   EXPECT_EQ(rec["resumable"], true);
   EXPECT_EQ(rec["error"]["code"], "queue_full");
   EXPECT_NE(rec["error"]["message"].get<std::string>().find("queue full"), std::string::npos);
+  // Why, and with which figures: the same decision the 429 body carried.
+  const json& adm = rec["admission"];
+  ASSERT_TRUE(adm.is_object()) << rec.dump();
+  EXPECT_EQ(adm["kind"], "reject") << adm.dump();
+  EXPECT_EQ(adm["failure"], "queue_full");
+  EXPECT_EQ(adm["http_status"], 429);
+  EXPECT_EQ(adm["path"], nullptr);
+  EXPECT_EQ(adm["reason"], json::parse(r->body)["spillway"]["reason"]);
+  EXPECT_GT(adm["retry_after_s"].get<double>(), 0.0);
+  ASSERT_EQ(adm["verdicts"].size(), 1u);
+  EXPECT_EQ(adm["verdicts"][0]["path"], "cpu");
+  EXPECT_EQ(adm["verdicts"][0]["eligible"], false);
+  EXPECT_EQ(adm["verdicts"][0]["reason"], json::parse(r->body)["spillway"]["paths"][0]["reason"]);
+  // The queued one was admitted behind the running one.
+  const json queued_adm = get_json(s, "/v1/requests/2")["admission"];
+  EXPECT_EQ(queued_adm["path"], "cpu") << queued_adm.dump();
+  EXPECT_EQ(queued_adm["queue_position"], 1) << queued_adm.dump();
   s.gate().release();
   running.join();
   queued.join();
   EXPECT_EQ(get_json(s, "/v1/requests/1")["state"], "done");
   EXPECT_EQ(get_json(s, "/v1/requests/2")["state"], "done");
+  // The retry runs under the same id with its own decision, not the refusal.
+  auto retry = c.Post("/v1/completions", key, body.dump(), "application/json");
+  ASSERT_TRUE(retry);
+  ASSERT_EQ(retry->status, 200) << retry->body;
+  const json again = get_json(s, "/v1/requests/3");
+  EXPECT_EQ(again["state"], "done");
+  EXPECT_EQ(again["attempts"], 2);
+  EXPECT_EQ(again["admission"]["kind"], json::parse(retry->body)["spillway"]["decision"]) << again.dump();
+  EXPECT_EQ(again["admission"]["path"], "cpu");
+  EXPECT_EQ(again["admission"]["failure"], nullptr);
+}
+
+// A prompt no path's context can hold: refused by admission with 400, and the
+// record says so (no retry helps: no retry_after_s).
+TEST(Server, JournalRecordsTheDecisionOfAPromptTooLong) {
+  TempJournal tj;
+  ServerConfig cfg;
+  cfg.journal = tj.path;
+  TestServer s(cfg);
+  ASSERT_TRUE(s.ok());
+  std::string p;
+  for (int i = 0; i < 700; ++i) p += "Once upon a time ";
+  auto r = post(s, "/v1/completions", {{"prompt", p}, {"max_tokens", 4}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 400) << r->body;
+  const json rec = get_json(s, "/v1/requests/1");
+  EXPECT_EQ(rec["state"], "failed");
+  EXPECT_EQ(rec["resumable"], false);
+  const json& adm = rec["admission"];
+  ASSERT_TRUE(adm.is_object()) << rec.dump();
+  EXPECT_EQ(adm["kind"], "reject");
+  EXPECT_EQ(adm["failure"], "context_length_exceeded");
+  EXPECT_EQ(adm["http_status"], 400);
+  EXPECT_EQ(adm["retry_after_s"], nullptr);
+  EXPECT_GT(adm["limits"]["prompt_tokens"].get<int>(), 700) << adm.dump();
+  ASSERT_EQ(adm["verdicts"].size(), 1u);
+  EXPECT_EQ(adm["verdicts"][0]["eligible"], false);
+  EXPECT_NE(adm["verdicts"][0]["reason"].get<std::string>().find("does not fit its context"), std::string::npos)
+      << adm.dump();
 }
 
 TEST(Server, RequestsRouteWithoutJournalSaysSo) {
