@@ -108,7 +108,8 @@ double estimate_start_delay(const PathSnapshot& p, int32_t kv_blocks) {
   for (const WorkItem& q : p.queued) {
     if (!std::isfinite(start(q.kv_blocks, estimate_run_s(p.rates, q.prompt_tokens, q.max_tokens)))) return kInf;
   }
-  return start(kv_blocks, 0);
+  // A replica still to load delays everything on the path by its load time.
+  return std::max(0.0, p.startup_s) + start(kv_blocks, 0);
 }
 
 Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy) {

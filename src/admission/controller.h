@@ -103,6 +103,9 @@ struct PathSnapshot {
   // request's KV is the KV gate's business (kv_blocks_*).
   uint64_t request_extra_bytes = 0;
   PathRates rates;
+  // Seconds until the path can start any work: the predicted load time of an
+  // on-demand replica that is not loaded yet (0: ready). Added to every wait.
+  double startup_s = 0;
 };
 
 struct AdmissionPolicy {
@@ -162,8 +165,8 @@ int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens);
 // its current work: an event simulation of the path's FIFO queue with
 // `workers` slots and the KV budget, each item lasting prompt / prefill_tps +
 // expected tokens / decode_tps (expected = max_tokens * completion_share;
-// running items count what is left). Seconds from now; infinity when the
-// rates are unknown (0) and there is work ahead.
+// running items count what is left), plus the path's startup_s. Seconds from
+// now; infinity when the rates are unknown (0) and there is work ahead.
 double estimate_start_delay(const PathSnapshot& path, int32_t kv_blocks);
 // Prefill + expected decode of a request on the path, seconds.
 double estimate_run_s(const PathRates& rates, int32_t prompt_tokens, int32_t max_tokens);

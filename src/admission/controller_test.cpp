@@ -401,6 +401,25 @@ TEST(AdmissionController, StartDelayFollowsTheFifoQueueWorkersAndKvBudget) {
   EXPECT_NEAR(estimate_run_s(PathRates{100.0, 10.0, 0.5, 1, true}, 50, 40), 0.5 + 2.0, kEps);
 }
 
+TEST(AdmissionController, AnUnloadedReplicaAddsItsLoadTimeToTheWaitAndTheQuote) {
+  // GPU path over pressure: the request goes to the CPU path, whose
+  // on-demand replica must load first (2.5 s predicted).
+  PathSnapshot gpu = make_path("gpu");
+  gpu.ledger_limit = 100;
+  gpu.ledger_used = 120;
+  PathSnapshot cpu = make_path("cpu", PathRole::kFallback);
+  cpu.startup_s = 2.5;
+  EXPECT_NEAR(estimate_start_delay(cpu, 2), 2.5, kEps);
+  const Decision d = decide(shape(100, 50), {gpu, cpu}, AdmissionPolicy{});
+  ASSERT_EQ(d.kind, DecisionKind::kRedirect);
+  EXPECT_NEAR(d.timing.delay_s, 2.5, kEps);
+  EXPECT_NEAR(d.timing.ttft_s, 2.5 + 0.1, kEps);
+  EXPECT_NEAR(d.timing.total_s, 2.5 + 0.1 + 1.0, kEps);
+  // Work already queued behind the load waits for it too.
+  cpu.queued.push_back(item(100, 50, 0, 10));
+  EXPECT_NEAR(estimate_start_delay(cpu, 2), 2.5 + 1.1, kEps);
+}
+
 TEST(AdmissionController, SameInputsGiveTheSameDecision) {
   PathSnapshot gpu = make_path("gpu");
   gpu.workers = 2;

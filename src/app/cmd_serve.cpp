@@ -282,6 +282,28 @@ void add_serve(CLI::App& app, int& exit_code) {
   fb->add_option("--cpu-ctx", g.cpu_ctx, "Context of the CPU path (0 = the first path's)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  fb->add_option("--fallback-model", g.fallback_model,
+                 "A smaller GGUF the CPU path serves instead of the model (same tokenizer; always shown as a "
+                 "different model)");
+  fb->add_option("--replica", g.replica,
+                 "How the CPU path holds its model: warm (read in at start), mmap (read in by its first request), "
+                 "on-demand (loaded by its first request) or auto (the lightest that fits --recovery-budget-ms)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "warm", "mmap", "on-demand"}));
+  fb->add_option("--recovery-budget-ms", g.recovery_budget_ms,
+                 "auto replica: the longest measured load + page-in time the CPU path's first request may wait")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+
+  CLI::Option_group* off = section("offload path");
+  off->add_option("--offload-layers", g.offload_layers,
+                  "With --device vulkan: also serve a hybrid path with this many layers on the GPU (sharing the "
+                  "GPU path's weights) for prompts the GPU path's KV cannot hold (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  off->add_option("--offload-queue", g.offload_queue, "Requests that may wait on the offload path")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 
   CLI::Option_group* mem = section("memory");
   mem->add_option("--host-memory-share", g.host_memory_share,

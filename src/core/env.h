@@ -30,6 +30,14 @@ class MappedFile {
   virtual const uint8_t* data() const = 0;
   virtual size_t size() const = 0;
   virtual const std::string& path() const = 0;
+  // Residency of the bytes (not their content, hence const). page_in() asks
+  // the kernel to read the whole range ahead and touches every page, so that
+  // it is mapped when the call returns (the time it takes is the page-in cost
+  // a first use would pay); page_out() drops this mapping's pages (they fault
+  // in again from the page cache or the file on next use). Files that are
+  // not kernel mappings (in-memory test files) are always resident: no-ops.
+  virtual Status page_in() const { return Status::ok_status(); }
+  virtual Status page_out() const { return Status::ok_status(); }
 };
 
 // How map_file maps. prefault: populate the page tables now (MAP_POPULATE:

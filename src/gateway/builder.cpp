@@ -1,6 +1,7 @@
 #include "gateway/builder.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -72,6 +73,36 @@ uint64_t host_bytes_beyond_baseline(const admission::Estimate& e, const admissio
   return h > cfg.host.fixed_overhead ? h - cfg.host.fixed_overhead : 0;
 }
 
+// One path's memory plan as the builder sizes it.
+struct PathPlan {
+  bool built = false;
+  int32_t kv_blocks = 0;
+  uint64_t host_bytes = 0;
+  uint64_t device_bytes = 0;
+  admission::Ticket host_ticket, device_ticket;
+};
+
+// The offload path's plan beside a full-GPU path: one worker, one full
+// context, layers [0, n) on the GPU. The GPU path's uploaded weights and the
+// backend's scratch are shared (same model, same backend), so its device cost
+// is its KV: the estimate's difference over its blocks. Its host cost is the
+// CPU layers' KV and scratch; their weights are the shared mapping.
+Result<PathPlan> plan_offload(const gguf::GgufFile& file, const Placement& gpu, int32_t n, int32_t n_ctx,
+                              int32_t block_tokens, int n_threads, const admission::EstimatorConfig& cfg) {
+  const Placement where = Placement::hybrid(n, gpu.vulkan_device);
+  const int32_t blocks = admission::kv_blocks_for(n_ctx, block_tokens);
+  SPW_ASSIGN_OR_RETURN(admission::Estimate e0,
+                       admission::estimate(file, path_plan(where, n_ctx, 1, 1, n_threads), cfg));
+  SPW_ASSIGN_OR_RETURN(admission::Estimate e,
+                       admission::estimate(file, path_plan(where, n_ctx, 1, blocks + 1, n_threads), cfg));
+  PathPlan p;
+  p.kv_blocks = blocks;
+  p.device_bytes = e.gpu().total() - std::min(e.gpu().total(), e0.gpu().total());
+  const uint64_t host = host_bytes_beyond_baseline(e, cfg);
+  p.host_bytes = host - std::min(host, e.host().weights.bytes);
+  return p;
+}
+
 // Observed device heap into the ledger (VK_EXT_memory_budget: the budget is
 // what this process may still reach, so used = size - budget + our usage).
 HeapReading observe_device(VulkanBackend& vk, admission::DeviceLedger& ledger) {
@@ -109,6 +140,64 @@ double warm_up(Env& env, serve::Scheduler& s) {
   return static_cast<double>(env.now_ns() - t0) / 1e6;
 }
 
+// The CPU fallback's replica: how its model is held and what making it
+// ready costs. Measures, on the file as the page cache holds it now, the
+// load (map, parse, bind) and the page-in (read every page) of a fresh
+// mapping; `requested` auto takes the lightest mode whose recovery fits
+// budget_ms: on-demand (load + page-in), else mmap (page-in), else warm.
+// With `same_file` (the first path's model, whose host pages a full-GPU path
+// does not need) that model is used and its pages are dropped for mmap and
+// on-demand; on-demand then loads a model of its own at the first request.
+struct ReplicaChoice {
+  ReplicaInfo info;
+  std::shared_ptr<const Model> model;  // null: on demand
+  std::shared_ptr<const Tokenizer> tokenizer;
+  LlamaHparams hparams;
+};
+
+Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, const std::string& requested,
+                                     double budget_ms, std::shared_ptr<const Model> same_file) {
+  ReplicaChoice c;
+  const int64_t t0 = env.now_ns();
+  SPW_ASSIGN_OR_RETURN(std::shared_ptr<const Model> probe, Model::load(env, path, ModelLoadOptions{false}));
+  const int64_t t1 = env.now_ns();
+  SPW_RETURN_IF_ERROR(probe->file().page_in());
+  const int64_t t2 = env.now_ns();
+  ReplicaInfo& r = c.info;
+  r.load_ms = static_cast<double>(t1 - t0) / 1e6;
+  r.page_in_ms = static_cast<double>(t2 - t1) / 1e6;
+  char figures[160];
+  std::snprintf(figures, sizeof figures, "load %.0f ms + page-in %.0f ms measured, recovery budget %.0f ms",
+                r.load_ms, r.page_in_ms, budget_ms);
+  r.mode = requested;
+  if (requested == "auto") {
+    r.mode = r.load_ms + r.page_in_ms <= budget_ms ? "on-demand" : r.page_in_ms <= budget_ms ? "mmap" : "warm";
+    r.why = "auto: " + std::string(figures);
+  } else {
+    r.why = "--replica " + requested + " (" + figures + ")";
+  }
+  r.recovery_ms = r.mode == "on-demand" ? r.load_ms + r.page_in_ms : r.mode == "mmap" ? r.page_in_ms : 0.0;
+  r.loaded = r.mode != "on-demand";
+  c.hparams = probe->hparams();
+  if (same_file) {
+    probe.reset();
+    c.tokenizer = std::shared_ptr<const Tokenizer>(same_file, &same_file->tokenizer());
+    if (r.mode != "warm") SPW_RETURN_IF_ERROR(same_file->file().page_out());
+    if (r.mode != "on-demand") c.model = std::move(same_file);
+    return c;
+  }
+  if (r.mode == "on-demand") {
+    // A tokenizer of its own (it copies the vocabulary): the mapping goes.
+    SPW_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::from_gguf(probe->file()));
+    c.tokenizer = std::shared_ptr<const Tokenizer>(std::move(tok));
+    return c;
+  }
+  if (r.mode == "mmap") SPW_RETURN_IF_ERROR(probe->file().page_out());
+  c.tokenizer = std::shared_ptr<const Tokenizer>(probe, &probe->tokenizer());
+  c.model = std::move(probe);
+  return c;
+}
+
 }  // namespace
 
 Result<std::string> default_journal_path() {
@@ -142,6 +231,13 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                          "--pressure-threshold must be > 0, --max-delay-s and --observe-interval-s >= 0, "
                          "--min-shrink-tokens >= 1");
   }
+  if (o.replica != "auto" && o.replica != "warm" && o.replica != "mmap" && o.replica != "on-demand") {
+    return invalid_field("replica", "--replica must be auto, warm, mmap or on-demand, got '" + o.replica + "'");
+  }
+  if (!(o.recovery_budget_ms >= 0)) return invalid_field("recovery-budget-ms", "--recovery-budget-ms must be >= 0");
+  if (o.offload_layers < 0 || o.offload_queue < 0) {
+    return invalid_field("offload-layers", "--offload-layers and --offload-queue must be >= 0");
+  }
   auto spec = Placement::parse(o.device);
   if (!spec.ok()) return spec.status().with_context("--device");
   uint64_t device_memory = 0;
@@ -162,9 +258,40 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     return invalid_field("ctx", "--ctx must be in [2, " + std::to_string(hp.n_ctx_train) +
                                     "] (the model's context_length), got " + std::to_string(n_ctx));
   }
-  const int32_t cpu_ctx = std::min(o.cpu_ctx > 0 ? o.cpu_ctx : n_ctx, hp.n_ctx_train);
   constexpr int32_t kBlockTokens = 16;
   const int32_t n_gpu_layers = spec->gpu_layer_count(hp.n_layer);
+  if (!o.fallback_model.empty() && n_gpu_layers == 0) {
+    return invalid_field("fallback-model", "--fallback-model serves the CPU fallback of a GPU path; with --device " +
+                                               o.device + " the model itself is served on the CPU");
+  }
+  if (o.offload_layers > 0 && (n_gpu_layers != hp.n_layer || o.offload_layers >= hp.n_layer)) {
+    return invalid_field("offload-layers", "--offload-layers N needs a full-GPU --device (vulkan) and N in [1, " +
+                                               std::to_string(hp.n_layer - 1) + "] (the model has " +
+                                               std::to_string(hp.n_layer) + " layers), got " +
+                                               std::to_string(o.offload_layers) + " with --device " + o.device);
+  }
+  // The CPU path's model file: the fallback model, or the same file.
+  std::unique_ptr<gguf::GgufFile> fallback_file;
+  LlamaHparams cpu_hp = hp;
+  if (!o.fallback_model.empty()) {
+    auto f = gguf::GgufFile::open(env, o.fallback_model);
+    if (!f.ok()) return f.status().with_context("--fallback-model");
+    fallback_file = std::move(*f);
+    auto fhp = read_llama_hparams(*fallback_file);
+    if (!fhp.ok()) return fhp.status().with_context("--fallback-model " + o.fallback_model);
+    cpu_hp = *fhp;
+    SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(*file));
+    auto ftok = Tokenizer::from_gguf(*fallback_file);
+    if (!ftok.ok()) return ftok.status().with_context("--fallback-model " + o.fallback_model);
+    if ((*ftok)->fingerprint() != tok->fingerprint()) {
+      return invalid_field("fallback-model",
+                           "--fallback-model " + o.fallback_model + ": its tokenizer differs from " + o.model +
+                               "'s; a fallback model must share the tokenizer (same prompt tokens, template and "
+                               "stop rules), e.g. a smaller model of the same family");
+    }
+  }
+  const int32_t cpu_ctx = std::min(o.cpu_ctx > 0 ? o.cpu_ctx : n_ctx, cpu_hp.n_ctx_train);
+  const gguf::GgufFile& cpu_file = fallback_file ? *fallback_file : *file;
 
   // Host ledger: everything this server holds in host memory.
   admission::HostBudgetPolicy hpol;
@@ -187,14 +314,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   std::vector<PathNotBuilt> not_built;
 
   // --- The first-choice path's memory plan.
-  struct PathPlan {
-    bool built = false;
-    int32_t kv_blocks = 0;
-    uint64_t host_bytes = 0;
-    uint64_t device_bytes = 0;
-    admission::Ticket host_ticket, device_ticket;
-  };
   PathPlan gpu;
+  PathPlan offload;  // the hybrid path beside a full-GPU path (offload_layers)
   bool device_on_host = false;
   if (n_gpu_layers > 0) {
     VulkanBackendOptions vo;
@@ -235,10 +356,28 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                            admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 2, n_threads), cfg));
       const uint64_t per_block = std::max<uint64_t>(1, e2.gpu().total() - e1.gpu().total());
       const uint64_t fixed = e1.gpu().total() - std::min(e1.gpu().total(), per_block);
-      const uint64_t available = out.device_ledger->available();
+      const uint64_t available_all = out.device_ledger->available();
       const int32_t want = o.kv_blocks > 0 ? o.kv_blocks : o.parallel * admission::kv_blocks_for(n_ctx, kBlockTokens);
-      const int64_t fit = available > fixed ? static_cast<int64_t>((available - fixed) / per_block) : 0;
-      const int32_t blocks = static_cast<int32_t>(std::min<int64_t>(want, fit));
+      auto fit_in = [&](uint64_t available) {
+        const int64_t fit = available > fixed ? static_cast<int64_t>((available - fixed) / per_block) : 0;
+        return static_cast<int32_t>(std::min<int64_t>(want, fit));
+      };
+      // The offload path's device KV comes out of the budget first: it is
+      // what serves the prompts the GPU pool cannot hold.
+      if (o.offload_layers > 0) {
+        SPW_ASSIGN_OR_RETURN(offload, plan_offload(*file, *spec, o.offload_layers, n_ctx, kBlockTokens, n_threads, cfg));
+        if (fit_in(available_all > offload.device_bytes ? available_all - offload.device_bytes : 0) < 2) {
+          not_built.push_back({"hybrid", "its KV for one full context on " + std::to_string(o.offload_layers) +
+                                             " GPU layers (" + format_bytes(offload.device_bytes) +
+                                             ") would leave the GPU path no room for its KV pool"});
+          offload = PathPlan{};
+        } else {
+          offload.built = true;
+        }
+      }
+      const uint64_t available =
+          available_all > offload.device_bytes ? available_all - offload.device_bytes : 0;
+      const int32_t blocks = fit_in(available);
       if (blocks < 2) {
         not_built.push_back(
             {"gpu", "weights and scratch need " + format_bytes(fixed) + " plus " + format_bytes(per_block) +
@@ -247,15 +386,19 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       } else {
         SPW_ASSIGN_OR_RETURN(admission::Estimate e,
                              admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, blocks, n_threads), cfg));
-        auto t = out.device_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, e.gpu().total());
+        // One device ticket for the GPU path and the offload path beside it.
+        const uint64_t device_bytes = e.gpu().total() + offload.device_bytes;
+        auto t = out.device_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, device_bytes);
         if (!t.ok()) {
           not_built.push_back({"gpu", t.status().message()});
+          offload = PathPlan{};
         } else {
           gpu.built = true;
           gpu.kv_blocks = blocks;
           gpu.device_ticket = *t;
-          gpu.device_bytes = e.gpu().total();
-          gpu.host_bytes = host_bytes_beyond_baseline(e, cfg) + (device_on_host ? e.gpu().total() : 0);
+          gpu.device_bytes = device_bytes;
+          gpu.host_bytes = host_bytes_beyond_baseline(e, cfg) + offload.host_bytes +
+                           (device_on_host ? device_bytes : 0);
           out.log.push_back("gpu path: " + std::to_string(blocks) + " KV blocks of " + std::to_string(kBlockTokens) +
                             " tokens (" + (blocks < want ? "bounded by device memory, " : "") + "wanted " +
                             std::to_string(want) + "), device plan " + format_bytes(gpu.device_bytes) + " of " +
@@ -270,6 +413,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       not_built.push_back({"gpu", "host side of the GPU plan: " + t.status().message()});
       (void)out.device_ledger->release(gpu.device_ticket);
       gpu.built = false;
+      offload = PathPlan{};
     } else {
       gpu.host_ticket = *t;
     }
@@ -284,14 +428,18 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   if (want_cpu) {
     const int32_t blocks = cpu_primary && o.kv_blocks > 0 ? o.kv_blocks
                                                           : cpu_workers * admission::kv_blocks_for(cpu_n_ctx, kBlockTokens);
-    SPW_ASSIGN_OR_RETURN(
-        admission::Estimate e,
-        admission::estimate(*file, path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads), cfg));
+    SPW_ASSIGN_OR_RETURN(admission::Estimate e,
+                         admission::estimate(cpu_primary ? *file : cpu_file,
+                                             path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads), cfg));
     uint64_t need = host_bytes_beyond_baseline(e, cfg);
-    // The mapping is shared with the GPU path: counted there already.
-    if (gpu.built) need -= std::min(need, e.host().weights.bytes);
-    auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner + (cpu_primary ? "" : " (cpu path)")},
-                                      std::max<uint64_t>(1, need));
+    // The same file's mapping is shared with the GPU path: counted there
+    // already. A fallback model's weights are its own, whatever its replica
+    // mode: the path must be able to run when work is sent to it.
+    if (gpu.built && !fallback_file) need -= std::min(need, e.host().weights.bytes);
+    const std::string owner = cpu_primary ? model_owner
+                              : fallback_file ? model_name_from_path(o.fallback_model) + " (cpu path)"
+                                              : model_owner + " (cpu path)";
+    auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, owner}, std::max<uint64_t>(1, need));
     if (!t.ok()) {
       not_built.push_back({"cpu", "its plan needs " + format_bytes(need) + " of host memory: " + t.status().message() +
                                       ". Lower --cpu-ctx or --cpu-parallel, or raise --host-memory-share / --host-budget"});
@@ -308,6 +456,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     return Status(StatusCode::kResourceExhausted, "no execution path fits: " + why, FailureReason::kNoPath);
   }
   file.reset();
+  fallback_file.reset();
 
   SPW_ASSIGN_OR_RETURN(out.journal, open_journal(env, o));
   {
@@ -319,51 +468,138 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   std::shared_ptr<const Tokenizer> tok(out.model, &out.model->tokenizer());
 
   std::vector<ExecutionPath> paths;
-  auto make_path = [&](const std::string& name, Placement where, int32_t workers, int32_t queue, int32_t ctx,
-                       int32_t blocks, admission::PathRole role,
-                       std::shared_ptr<admission::MemoryLedger> ledger) -> Status {
+  // One path: its scheduler over `model` (or, with on_demand, over a model
+  // loaded by its first request), warmed up when it is loaded.
+  struct PathSpec {
+    std::string name;
+    Placement where;
+    int32_t workers = 1, queue = 0, ctx = 0, blocks = 0;
+    admission::PathRole role = admission::PathRole::kPrimary;
+    std::shared_ptr<admission::MemoryLedger> ledger;
+    std::shared_ptr<const Model> model;  // null: on demand
+    std::shared_ptr<const Tokenizer> tokenizer;
+    std::string model_name;
+    bool fallback_model = false;
+    ReplicaInfo replica;
+    std::function<Result<std::shared_ptr<const Model>>()> load;  // on demand
+    LlamaHparams hparams;                                         // on demand
+  };
+  auto make_path = [&](PathSpec ps) -> Status {
     serve::EngineServeOptions so;
-    so.device = std::move(where);
+    so.device = ps.where;
     so.vulkan = out.vulkan;
-    so.n_workers = workers;
+    so.n_workers = ps.workers;
     so.n_threads = n_threads;
-    so.n_ctx = ctx;
-    so.kv_blocks = blocks;
+    so.n_ctx = ps.ctx;
+    so.kv_blocks = ps.blocks;
     so.kv_block_tokens = kBlockTokens;
-    so.queue_capacity = queue;
+    so.queue_capacity = ps.queue;
     so.observer = observer;
-    so.path_name = name;
+    so.path_name = ps.name;
     so.kv_gate = true;
     const int64_t t0 = env.now_ns();
-    SPW_ASSIGN_OR_RETURN(serve::EngineServing serving, serve::make_engine_scheduler(env, out.model, so));
+    auto replica = std::make_shared<Replica>(ps.replica);
+    serve::EngineServing serving;
+    if (ps.model) {
+      SPW_ASSIGN_OR_RETURN(serving, serve::make_engine_scheduler(env, ps.model, so));
+    } else {
+      serve::OnDemandModel odm;
+      odm.load = ps.load;
+      odm.tokenizer = ps.tokenizer;
+      odm.hparams = ps.hparams;
+      odm.on_loaded = [replica](double ms) { replica->mark_loaded(ms); };
+      SPW_ASSIGN_OR_RETURN(serving, serve::make_on_demand_scheduler(env, std::move(odm), so));
+    }
     ExecutionPath p;
-    p.name = name;
+    p.name = ps.name;
     p.placement = serving.scheduler->placement();
-    p.model = out.model_name;
-    p.role = role;
-    p.replica = "shared";
-    p.tokenizer = tok;
-    p.ledger = std::move(ledger);
+    p.model = ps.model_name;
+    p.fallback_model = ps.fallback_model;
+    p.role = ps.role;
+    p.replica = replica;
+    p.tokenizer = ps.tokenizer;
+    p.ledger = std::move(ps.ledger);
     p.scheduler = std::move(serving.scheduler);
-    if (o.warmup) warm_up(env, *p.scheduler);
-    p.recovery_ms = static_cast<double>(env.now_ns() - t0) / 1e6;
-    out.log.push_back(name + " path: " + serving.placement_detail + ", " + std::to_string(workers) + " workers, queue " +
-                      std::to_string(queue) + ", ctx " + std::to_string(ctx) + ", " + std::to_string(blocks) +
-                      " KV blocks, ready in " + std::to_string(static_cast<int64_t>(p.recovery_ms)) + " ms");
+    // An on-demand path is not warmed up: that would load it.
+    if (o.warmup && ps.model) warm_up(env, *p.scheduler);
+    p.startup_ms = static_cast<double>(env.now_ns() - t0) / 1e6;
+    out.log.push_back(ps.name + " path: " + serving.placement_detail + ", model " + ps.model_name + ", " +
+                      std::to_string(ps.workers) + " workers, queue " + std::to_string(ps.queue) + ", ctx " +
+                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks, replica " +
+                      ps.replica.mode + (ps.replica.why.empty() ? "" : " (" + ps.replica.why + ")") + ", ready in " +
+                      std::to_string(static_cast<int64_t>(p.startup_ms)) + " ms");
     paths.push_back(std::move(p));
     return Status::ok_status();
   };
+  auto primary_spec = [&](std::string name, Placement where) {
+    PathSpec ps;
+    ps.name = std::move(name);
+    ps.where = std::move(where);
+    ps.model = out.model;
+    ps.tokenizer = tok;
+    ps.model_name = out.model_name;
+    return ps;
+  };
   if (gpu.built) {
-    SPW_RETURN_IF_ERROR(make_path(n_gpu_layers == hp.n_layer ? "gpu" : "hybrid", *spec, o.parallel, o.queue, n_ctx,
-                                  gpu.kv_blocks, admission::PathRole::kPrimary, out.device_ledger));
+    PathSpec ps = primary_spec(n_gpu_layers == hp.n_layer ? "gpu" : "hybrid", *spec);
+    ps.workers = o.parallel;
+    ps.queue = o.queue;
+    ps.ctx = n_ctx;
+    ps.blocks = gpu.kv_blocks;
+    ps.ledger = out.device_ledger;
+    ps.replica.mode = "warm";
+    ps.replica.why = "the first-choice path: its layers' weights uploaded at start";
+    SPW_RETURN_IF_ERROR(make_path(std::move(ps)));
+    if (offload.built) {
+      PathSpec hs = primary_spec("hybrid", Placement::hybrid(o.offload_layers, spec->vulkan_device));
+      hs.workers = 1;
+      hs.queue = o.offload_queue;
+      hs.ctx = n_ctx;
+      hs.blocks = offload.kv_blocks;
+      hs.role = admission::PathRole::kOffload;
+      hs.ledger = out.device_ledger;
+      hs.replica.why = "the GPU path's model: its first " + std::to_string(o.offload_layers) +
+                       " layers' uploaded weights and the mapping for the rest";
+      SPW_RETURN_IF_ERROR(make_path(std::move(hs)));
+    }
     const uint64_t held = std::max(gpu.device_bytes, out.vulkan->memory_stats().used_bytes);
     SPW_RETURN_IF_ERROR(out.device_ledger->commit(gpu.device_ticket, held));
     SPW_RETURN_IF_ERROR(out.host_ledger->commit(gpu.host_ticket, std::max<uint64_t>(1, gpu.host_bytes)));
   }
   if (cpu.built) {
-    SPW_RETURN_IF_ERROR(make_path("cpu", Placement::cpu(), cpu_workers, cpu_primary ? o.queue : o.cpu_queue, cpu_n_ctx,
-                                  cpu.kv_blocks, gpu.built ? admission::PathRole::kFallback : admission::PathRole::kPrimary,
-                                  out.host_ledger));
+    PathSpec cs = primary_spec("cpu", Placement::cpu());
+    cs.workers = cpu_workers;
+    cs.queue = cpu_primary ? o.queue : o.cpu_queue;
+    cs.ctx = cpu_n_ctx;
+    cs.blocks = cpu.kv_blocks;
+    cs.role = gpu.built ? admission::PathRole::kFallback : admission::PathRole::kPrimary;
+    cs.ledger = out.host_ledger;
+    if (cpu_primary) {
+      cs.replica.mode = "warm";
+      cs.replica.why = "the first-choice path: mapped and read in at start";
+    } else if (!o.fallback_model.empty() || (gpu.built && n_gpu_layers == hp.n_layer && !offload.built)) {
+      // A replica of its own, or the same file whose host pages a full-GPU
+      // path does not need: the mode decides what stays resident.
+      const bool same_file = o.fallback_model.empty();
+      SPW_ASSIGN_OR_RETURN(ReplicaChoice rc,
+                           choose_replica(env, same_file ? o.model : o.fallback_model, o.replica,
+                                          o.recovery_budget_ms, same_file ? out.model : nullptr));
+      cs.replica = rc.info;
+      cs.model = rc.model;
+      cs.tokenizer = rc.tokenizer;
+      cs.hparams = rc.hparams;
+      const std::string file = same_file ? o.model : o.fallback_model;
+      cs.load = [&env, file]() { return Model::load(env, file); };
+      if (!same_file) {
+        cs.model_name = model_name_from_path(o.fallback_model);
+        cs.fallback_model = true;
+      }
+    } else {
+      cs.replica.mode = "shared";
+      cs.replica.why = gpu.built ? "the GPU-side paths run CPU layers from the same mapping, resident for them"
+                                 : "the model's mapping (no GPU path was built)";
+    }
+    SPW_RETURN_IF_ERROR(make_path(std::move(cs)));
     SPW_RETURN_IF_ERROR(out.host_ledger->commit(cpu.host_ticket, std::max<uint64_t>(1, cpu.host_bytes)));
   }
 

@@ -14,11 +14,20 @@
 //     at a time (KV gate), so short requests share it. If not even the
 //     weights and a minimal pool fit, the GPU path is not built and the
 //     reason is kept (the server starts with the paths that fit);
+//   the offload path (offload_layers > 0, full-GPU first path): hybrid:N on
+//     the same device and model (the GPU path's uploaded weights are shared:
+//     its device cost is its KV for N layers), one worker, one full context;
+//     its device KV is set aside before the GPU pool is sized;
 //   the CPU fallback path (unless cpu_fallback is false or the first path is
-//     already the CPU): the same model file and mapping (replica "shared"),
-//     cpu_parallel workers, its own queue of cpu_queue and a context of
-//     cpu_ctx (0: the first path's), its KV pool and scratch reserved in the
-//     host ledger; when the host cannot hold it, it is not built (reason kept).
+//     already the CPU): fallback_model or the same model file, cpu_parallel
+//     workers, its own queue of cpu_queue and a context of cpu_ctx (0: the
+//     first path's), its KV pool and scratch (and a fallback model's weights)
+//     reserved in the host ledger; when the host cannot hold it, it is not
+//     built (reason kept). Its replica (warm / mmap / on-demand, or shared
+//     when the first path runs CPU layers from the same mapping) is chosen
+//     as `replica` says, from the load and page-in times measured at start;
+//     with mmap or on-demand on the same file as a full-GPU first path, that
+//     path's host pages are dropped after its weights are on the device.
 // The ledgers hold each path's plan as committed; observed usage is re-read
 // (host readings, the device heap) at most every observe_interval_s by the
 // gateway. Errors: a bad option is InvalidArgument naming the flag; no path
@@ -62,6 +71,23 @@ struct GatewayOptions {
   int32_t cpu_parallel = 1;
   int32_t cpu_queue = 8;
   int32_t cpu_ctx = 0;          // 0: the first path's context
+  // A smaller model for the CPU path ("" = the first path's model). It must
+  // share the model's tokenizer (so the prompt, template and stop rules mean
+  // the same); it is always labelled as a different model.
+  std::string fallback_model;
+  // How the CPU fallback path holds its model: warm (mapped and read in at
+  // start), mmap (mapped, read in by its first request), on-demand (loaded by
+  // its first request) or auto: the lightest mode whose measured recovery
+  // (load + page-in time) fits recovery_budget_ms.
+  std::string replica = "auto";
+  double recovery_budget_ms = 2000;
+  // Offload path (with a full-GPU first path): N > 0 builds a hybrid:N path
+  // (layers [0, N) on the GPU, sharing the GPU path's uploaded weights, the
+  // rest on the CPU) with one worker and one full context, for prompts the
+  // GPU path's KV cannot hold; its device KV is set aside before the GPU
+  // path's pool is sized.
+  int32_t offload_layers = 0;
+  int32_t offload_queue = 8;
   // Memory.
   double host_memory_share = 0.5;
   std::string host_budget;      // e.g. "2GiB"; empty: none

@@ -22,8 +22,8 @@ Result<std::unique_ptr<Gateway>> Gateway::create(Env& env, std::vector<Execution
   if (paths.empty()) return Status::invalid_argument("gateway: no execution path");
   std::set<std::string> names;
   for (const ExecutionPath& p : paths) {
-    if (!p.scheduler || !p.tokenizer) {
-      return Status::invalid_argument("gateway: path '" + p.name + "' has no scheduler or tokenizer");
+    if (!p.scheduler || !p.tokenizer || !p.replica) {
+      return Status::invalid_argument("gateway: path '" + p.name + "' has no scheduler, tokenizer or replica");
     }
     if (!names.insert(p.name).second) return Status::invalid_argument("gateway: two paths named '" + p.name + "'");
   }
@@ -100,6 +100,7 @@ admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p) const {
   snap.running = std::move(load.running);
   snap.queued = std::move(load.queued);
   snap.rates = load.rates;
+  snap.startup_s = p.replica->startup_s();
   if (p.ledger) {
     const admission::LedgerSnapshot l = p.ledger->snapshot();
     snap.ledger = l.name;
@@ -370,10 +371,10 @@ GatewayStatus Gateway::status() {
     ps.name = p.name;
     ps.placement = p.placement;
     ps.model = p.model;
-    ps.replica = p.replica;
+    ps.replica = p.replica->info();
     ps.fallback_model = p.fallback_model;
     ps.role = std::string(admission::path_role_name(p.role));
-    ps.recovery_ms = p.recovery_ms;
+    ps.startup_ms = p.startup_ms;
     ps.stats = s.stats();
     ps.workers = ps.stats.n_workers;
     ps.running = ps.stats.running;

@@ -52,17 +52,54 @@
 
 namespace spw::gateway {
 
+// How a path's model is held in host memory, and what making the path ready
+// from there costs (see builder.h for how the mode is chosen).
+struct ReplicaInfo {
+  // shared: the first path's mapping of the same file (resident for it);
+  // warm: its own mapping, every page read in at start; mmap: mapped at
+  // start, pages read in by the first request; on-demand: nothing mapped
+  // until the first request loads it.
+  std::string mode = "shared";
+  std::string why;            // the choice and the figures behind it
+  double load_ms = -1;        // measured at start: map, parse, bind (-1: not measured)
+  double page_in_ms = -1;     // measured at start: read every page of the file
+  double recovery_ms = 0;     // predicted: from the first request to running on it
+  bool loaded = true;         // false: on-demand and not loaded yet
+  double loaded_in_ms = -1;   // on-demand: how long its load took when it came
+};
+
+// A path's replica as it changes (an on-demand load completes on a worker).
+class Replica {
+ public:
+  explicit Replica(ReplicaInfo info) : info_(std::move(info)) {}
+  ReplicaInfo info() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return info_;
+  }
+  void mark_loaded(double ms) {
+    std::lock_guard<std::mutex> lk(mu_);
+    info_.loaded = true;
+    info_.loaded_in_ms = ms;
+  }
+  // Seconds before the path can start any work (admission's startup_s).
+  double startup_s() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return info_.loaded ? 0.0 : info_.recovery_ms / 1e3;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  ReplicaInfo info_;
+};
+
 struct ExecutionPath {
   std::string name;        // "gpu", "hybrid", "cpu"
   std::string placement;   // "vulkan", "hybrid:2", "cpu"
   std::string model;       // model name served on this path
   bool fallback_model = false;
   admission::PathRole role = admission::PathRole::kPrimary;
-  // How its model is held in host memory: "shared" (the first path's
-  // mapping, same file), "warm" (loaded and prefaulted at start), "mmap"
-  // (mapped, paged in on first use).
-  std::string replica = "shared";
-  double recovery_ms = 0;          // measured time to make this path ready
+  std::shared_ptr<Replica> replica = std::make_shared<Replica>(ReplicaInfo{});
+  double startup_ms = 0;           // measured at start: build + warm-up
   std::unique_ptr<serve::Scheduler> scheduler;
   std::shared_ptr<const Tokenizer> tokenizer;
   // The ledger of the memory this path's plan lives in (null: none).
@@ -136,10 +173,11 @@ struct ReservationInfo {
 };
 
 struct PathStatus {
-  std::string name, placement, model, replica;
+  std::string name, placement, model;
   bool fallback_model = false;
   std::string role;
-  double recovery_ms = 0;
+  ReplicaInfo replica;
+  double startup_ms = 0;
   int32_t workers = 0, running = 0, queue_depth = 0, queue_capacity = 0, n_ctx = 0;
   double oldest_queued_s = 0;
   int32_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_free = 0;

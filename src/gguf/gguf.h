@@ -130,6 +130,9 @@ class GgufFile {
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return file_->size(); }
   const std::string& path() const { return file_->path(); }
+  // Residency of the mapping (MappedFile::page_in / page_out).
+  Status page_in() const { return file_->page_in(); }
+  Status page_out() const { return file_->page_out(); }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }

@@ -19,6 +19,7 @@
 // Thread safety: as Scheduler.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,5 +64,23 @@ struct EngineServing {
 
 Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Model> model,
                                             const EngineServeOptions& options);
+
+// A path whose model is loaded at its first request (replica "on-demand"):
+// nothing of the weights is mapped until a worker takes the path's first
+// request; that worker calls `load`, opens the session group as
+// make_engine_scheduler would, and runs the request (which waits in the
+// meantime, as running). A failed load fails that request with the loader's
+// status and is tried again by the next one. Admission and the KV gate work
+// from the start: the tokenizer and hparams are the file's, read at start,
+// and the KV gate's budget is options.kv_blocks (0: n_workers full contexts).
+// Only the CPU placement (an on-demand replica is a host copy).
+struct OnDemandModel {
+  std::function<Result<std::shared_ptr<const Model>>()> load;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  LlamaHparams hparams;
+  // Told once, on the loading worker's thread, how long the load took.
+  std::function<void(double load_ms)> on_loaded;
+};
+Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, const EngineServeOptions& options);
 
 }  // namespace spw::serve

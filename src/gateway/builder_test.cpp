@@ -1,0 +1,295 @@
+// build_gateway() end to end on real components: the bundled model, a
+// generated fallback model sharing its tokenizer, the CPU engine and Vulkan on
+// lavapipe (tests needing Vulkan skip without a device). Covers what the
+// composition decides at start (which paths, replica modes, the offload
+// path's share of the device) and that the decisions then use them.
+#include "gateway/builder.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include "backend/vulkan/vulkan_backend.h"
+#include "serve/testing/collect.h"
+#include "tools/modelgen/random_llama.h"
+
+namespace spw::gateway {
+namespace {
+
+using admission::DecisionKind;
+using serve::testing::collect;
+using serve::testing::Collected;
+
+std::string src(const std::string& rel) { return std::string(SPILLWAY_SOURCE_DIR) + "/" + rel; }
+std::string stories() { return src("models/stories260K.gguf"); }
+
+std::string vulkan_missing() {
+  auto devs = list_vulkan_devices();
+  if (!devs.ok()) return devs.status().to_string();
+  if (devs->empty()) return "no Vulkan device";
+  return "";
+}
+
+class BuilderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("spw_builder_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A smaller random model; with the bundled model's vocabulary by default.
+  std::string fallback(const std::string& vocab = "models/stories260K.gguf") {
+    modelgen::RandomLlamaSpec s;
+    s.n_embd = 32;
+    s.n_layer = 2;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ff = 64;
+    s.n_ctx = 2048;
+    s.vocab_path = src(vocab);
+    const std::string path = (dir_ / "fallback.gguf").string();
+    const Status st = modelgen::write_random_llama(Env::default_env(), path, s);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return path;
+  }
+
+  // The GPU path of the integration test: 3.6 MiB of lavapipe for the
+  // bundled model leaves a handful of KV blocks.
+  GatewayOptions gpu_options() const {
+    GatewayOptions o;
+    o.model = stories();
+    o.device = "vulkan";
+    o.device_memory = "3.6MiB";
+    o.ctx = 512;
+    o.cpu_ctx = 2048;
+    o.journal = "none";
+    o.threads = 1;
+    return o;
+  }
+
+  static RouteRequest request(const std::string& prompt, int32_t max_tokens) {
+    RouteRequest r;
+    r.generation.prompt = prompt;
+    r.generation.max_tokens = max_tokens;
+    r.generation.sampler.temperature = 0;
+    return r;
+  }
+
+  // Points into `s`: keep the status alive while using it.
+  static const PathStatus* path_status(const GatewayStatus& s, const std::string& name) {
+    for (const PathStatus& p : s.paths)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
+
+  std::filesystem::path dir_;
+};
+
+std::string long_prompt() {
+  std::string p;
+  for (int i = 0; i < 20; ++i) p += "Once upon a time there was a little girl. ";
+  return p;
+}
+
+TEST_F(BuilderTest, AFallbackModelWithAnotherTokenizerIsRefusedNamingTheFlag) {
+  GatewayOptions o;
+  o.model = stories();
+  o.device = "vulkan";
+  o.journal = "none";
+  o.fallback_model = fallback("tests/data/ggml-vocab-llama-spm.gguf");
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().reason(), FailureReason::kInvalidField);
+  EXPECT_EQ(b.status().field(), "fallback-model");
+  EXPECT_NE(b.status().message().find("tokenizer differs"), std::string::npos) << b.status().to_string();
+
+  // With a CPU first path there is no fallback to serve it on.
+  o.device = "cpu";
+  o.fallback_model = fallback();
+  b = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().field(), "fallback-model");
+}
+
+TEST_F(BuilderTest, BadReplicaAndOffloadOptionsNameTheirFlag) {
+  GatewayOptions o;
+  o.model = stories();
+  o.journal = "none";
+  o.replica = "lazy";
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().field(), "replica");
+  o.replica = "auto";
+  o.offload_layers = 2;  // with --device cpu
+  b = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().field(), "offload-layers");
+  o.device = "vulkan";
+  o.offload_layers = 5;  // the model has 5 layers: nothing would be offloaded
+  b = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().field(), "offload-layers");
+  EXPECT_NE(b.status().message().find("[1, 4]"), std::string::npos) << b.status().to_string();
+}
+
+TEST_F(BuilderTest, AutoReplicaFollowsTheRecoveryBudgetAndShowsItsFigures) {
+  // CPU first path with a fallback needs a GPU path; without Vulkan the CPU
+  // path is built alone and its replica is still chosen.
+  GatewayOptions o = gpu_options();
+  o.fallback_model = fallback();
+  o.warmup = false;
+  o.recovery_budget_ms = 0;  // nothing can be made ready in no time: warm
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  GatewayStatus st = b->gateway->status();
+  const PathStatus* cpu = path_status(st, "cpu");
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->replica.mode, "warm");
+  EXPECT_TRUE(cpu->replica.loaded);
+  EXPECT_GE(cpu->replica.load_ms, 0);
+  EXPECT_GE(cpu->replica.page_in_ms, 0);
+  EXPECT_EQ(cpu->replica.recovery_ms, 0);
+  EXPECT_NE(cpu->replica.why.find("auto: load"), std::string::npos) << cpu->replica.why;
+  EXPECT_NE(cpu->replica.why.find("recovery budget 0 ms"), std::string::npos) << cpu->replica.why;
+  EXPECT_TRUE(cpu->fallback_model);
+  EXPECT_EQ(cpu->model, "fallback");
+  b->gateway->shutdown(std::chrono::milliseconds(0));
+
+  // A 0.2 MiB model maps and reads in far within a minute: on-demand.
+  o.recovery_budget_ms = 60000;
+  b = build_gateway(Env::default_env(), o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  st = b->gateway->status();
+  cpu = path_status(st, "cpu");
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->replica.mode, "on-demand");
+  EXPECT_FALSE(cpu->replica.loaded);
+  EXPECT_NEAR(cpu->replica.recovery_ms, cpu->replica.load_ms + cpu->replica.page_in_ms, 1e-9);
+}
+
+TEST_F(BuilderTest, OnDemandFallbackModelLoadsAtTheFirstRedirectAndIsLabelled) {
+  const std::string why = vulkan_missing();
+  if (!why.empty()) GTEST_SKIP() << why;
+  GatewayOptions o = gpu_options();
+  o.fallback_model = fallback();
+  o.replica = "on-demand";
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  Gateway& gw = *b->gateway;
+  ASSERT_EQ(gw.paths().size(), 2u);
+  ASSERT_EQ(gw.paths()[0].name, "gpu");
+  {
+    const GatewayStatus st = gw.status();
+    const PathStatus* cpu = path_status(st, "cpu");
+    ASSERT_NE(cpu, nullptr);
+    EXPECT_EQ(cpu->replica.mode, "on-demand");
+    EXPECT_FALSE(cpu->replica.loaded);
+    EXPECT_EQ(cpu->stats.done, 0u) << "an on-demand path is not warmed up (that would load it)";
+  }
+  // Short requests stay on the GPU with the model itself.
+  auto a = gw.submit(request("Once upon a time", 8));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->path->name, "gpu");
+  EXPECT_FALSE(a->path->fallback_model);
+  EXPECT_EQ(collect(*a->ticket).fin.state, serve::RequestState::kDone);
+
+  // A co-tenant takes the device: the next request goes to the CPU path,
+  // whose quote includes loading its replica first.
+  ASSERT_TRUE(gw.reserve_cotenant("whisper", 4u << 20, 60).ok());
+  Result<Quote> q = gw.quote(request("Once upon a time", 8));
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->decision.kind, DecisionKind::kRedirect);
+  EXPECT_EQ(q->model, "fallback");
+  EXPECT_TRUE(q->fallback_model);
+  const double recovery_s = gw.paths()[1].replica->info().recovery_ms / 1e3;
+  EXPECT_GE(q->decision.timing.delay_s, recovery_s);
+
+  a = gw.submit(request("Once upon a time", 8));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->path->name, "cpu");
+  EXPECT_EQ(a->path->model, "fallback");
+  EXPECT_TRUE(a->path->fallback_model);
+  EXPECT_EQ(a->ticket->decision().kind, DecisionKind::kRedirect);
+  const Collected c = collect(*a->ticket);
+  EXPECT_EQ(c.fin.state, serve::RequestState::kDone) << c.fin.status.to_string();
+  EXPECT_EQ(c.fin.completion_tokens, 8);
+  const GatewayStatus st = gw.status();
+  const PathStatus* cpu = path_status(st, "cpu");
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_TRUE(cpu->replica.loaded);
+  EXPECT_GE(cpu->replica.loaded_in_ms, 0);
+  // Loaded: later requests no longer wait for it.
+  EXPECT_EQ(gw.paths()[1].replica->startup_s(), 0);
+}
+
+TEST_F(BuilderTest, OffloadPathTakesALongPromptTheGpuPoolCannotHold) {
+  const std::string why = vulkan_missing();
+  if (!why.empty()) GTEST_SKIP() << why;
+  GatewayOptions o = gpu_options();
+  o.offload_layers = 1;
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  Gateway& gw = *b->gateway;
+  ASSERT_EQ(gw.paths().size(), 3u);
+  EXPECT_EQ(gw.paths()[1].name, "hybrid");
+  EXPECT_EQ(gw.paths()[1].placement, "hybrid:1");
+  EXPECT_EQ(gw.paths()[1].role, admission::PathRole::kOffload);
+  const GatewayStatus st = gw.status();
+  const PathStatus* gpu = path_status(st, "gpu");
+  const PathStatus* hybrid = path_status(st, "hybrid");
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(hybrid, nullptr);
+  EXPECT_EQ(hybrid->kv_blocks_total, 32) << "one full context of 512 positions";
+  EXPECT_LT(gpu->kv_blocks_total, 17) << "the long prompt below must not fit the GPU pool";
+  EXPECT_EQ(hybrid->replica.mode, "shared");
+  // The same file on the CPU path: the hybrid path runs CPU layers from the
+  // mapping, so it stays shared and resident.
+  EXPECT_EQ(path_status(st, "cpu")->replica.mode, "shared");
+
+  auto a = gw.submit(request(long_prompt(), 16));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->path->name, "hybrid");
+  EXPECT_EQ(a->ticket->decision().kind, DecisionKind::kOffload);
+  EXPECT_TRUE(a->ticket->decision().degraded());
+  EXPECT_NE(a->ticket->decision().reason.find("its whole KV budget is"), std::string::npos)
+      << a->ticket->decision().reason;
+  const Collected c = collect(*a->ticket);
+  EXPECT_EQ(c.fin.state, serve::RequestState::kDone) << c.fin.status.to_string();
+  EXPECT_EQ(c.fin.completion_tokens, 16);
+
+  // The device plan holds both paths' KV: the ledger never went over.
+  ASSERT_NE(b->device_ledger, nullptr);
+  const admission::LedgerSnapshot l = b->device_ledger->snapshot();
+  EXPECT_LE(l.used, l.limit);
+}
+
+TEST_F(BuilderTest, MmapReplicaOfTheSameFileServesTheRedirect) {
+  const std::string why = vulkan_missing();
+  if (!why.empty()) GTEST_SKIP() << why;
+  GatewayOptions o = gpu_options();
+  o.replica = "mmap";
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  Gateway& gw = *b->gateway;
+  const GatewayStatus st = gw.status();
+  const PathStatus* cpu = path_status(st, "cpu");
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->replica.mode, "mmap");
+  EXPECT_FALSE(cpu->fallback_model);
+  EXPECT_EQ(cpu->replica.recovery_ms, cpu->replica.page_in_ms);
+  // Both paths serve the same model: greedy text agrees across them up to
+  // the backends' float tolerance, so only the path and the label differ.
+  auto a = gw.submit(request(long_prompt(), 8));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->path->name, "cpu");
+  EXPECT_EQ(a->path->model, "stories260K");
+  EXPECT_EQ(collect(*a->ticket).fin.state, serve::RequestState::kDone);
+}
+
+}  // namespace
+}  // namespace spw::gateway
