@@ -343,6 +343,37 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
 
+  CLI::Option_group* cb = section("circuit breaker");
+  cb->add_option("--breaker-consecutive-failures", g.breaker_consecutive_failures,
+                 "Device faults in a row (device lost, device out of memory, timeouts, failed health checks) "
+                 "that take the GPU out of service")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cb->add_option("--breaker-failure-share", g.breaker_failure_share,
+                 "Or: share of device faults among the outcomes within --breaker-window-s that does")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
+  cb->add_option("--breaker-min-requests", g.breaker_min_requests,
+                 "Outcomes within the window before --breaker-failure-share counts")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cb->add_option("--breaker-window-s", g.breaker_window_s, "Time window of --breaker-failure-share, in seconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cb->add_option("--breaker-cooldown-s", g.breaker_cooldown_s,
+                 "Seconds out of service before the first probe; doubled on each consecutive trip")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cb->add_option("--breaker-max-cooldown-s", g.breaker_max_cooldown_s,
+                 "Longest cooldown; a device that stays in service this long starts again from --breaker-cooldown-s")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cb->add_option("--breaker-probes", g.breaker_probes,
+                 "Probe generations (greedy, their text checked against the CPU path's) that must pass to put the "
+                 "GPU back in service")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
   CLI::Option_group* jr = section("journal");
   jr->add_option("--journal", g.journal,
                  "SQLite request journal (default $XDG_STATE_HOME or ~/.local/state /spillway/journal.sqlite; "

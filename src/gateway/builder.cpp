@@ -13,6 +13,7 @@
 #include "device/host_memory.h"
 #include "gguf/gguf.h"
 #include "serve/engine_executor.h"
+#include "serve/fan_out_observer.h"
 #include "serve/journal_observer.h"
 
 namespace spw::gateway {
@@ -198,6 +199,31 @@ Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, const st
   return c;
 }
 
+// The GPU device's breaker options from the serve flags; InvalidArgument
+// naming the flag when one is out of range.
+Result<BreakerOptions> breaker_options(const GatewayOptions& o) {
+  BreakerOptions b;
+  b.consecutive_failures = o.breaker_consecutive_failures;
+  b.failure_share = o.breaker_failure_share;
+  b.min_requests = o.breaker_min_requests;
+  b.window_s = o.breaker_window_s;
+  b.base_cooldown_s = o.breaker_cooldown_s;
+  b.max_cooldown_s = o.breaker_max_cooldown_s;
+  b.probes = o.breaker_probes;
+  const Status st = validate_breaker_options(b);
+  if (st.ok()) return b;
+  const std::string& f = st.field();
+  const std::string flag = f == "consecutive_failures" ? "breaker-consecutive-failures"
+                           : f == "failure_share"      ? "breaker-failure-share"
+                           : f == "min_requests"       ? "breaker-min-requests"
+                           : f == "window_s"           ? "breaker-window-s"
+                           : f == "base_cooldown_s"    ? "breaker-cooldown-s"
+                           : f == "max_cooldown_s"     ? "breaker-max-cooldown-s"
+                           : f == "probes"             ? "breaker-probes"
+                                                       : "breaker-" + f;
+  return invalid_field(flag, "--" + flag + ": " + st.message());
+}
+
 }  // namespace
 
 Result<std::string> default_journal_path() {
@@ -238,6 +264,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   if (o.offload_layers < 0 || o.offload_queue < 0) {
     return invalid_field("offload-layers", "--offload-layers and --offload-queue must be >= 0");
   }
+  SPW_ASSIGN_OR_RETURN(const BreakerOptions breaker_opts, breaker_options(o));
   auto spec = Placement::parse(o.device);
   if (!spec.ok()) return spec.status().with_context("--device");
   uint64_t device_memory = 0;
@@ -483,6 +510,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     ReplicaInfo replica;
     std::function<Result<std::shared_ptr<const Model>>()> load;  // on demand
     LlamaHparams hparams;                                         // on demand
+    std::shared_ptr<CircuitBreaker> breaker;                      // GPU-side paths: the device's
   };
   auto make_path = [&](PathSpec ps) -> Status {
     serve::EngineServeOptions so;
@@ -494,7 +522,10 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     so.kv_blocks = ps.blocks;
     so.kv_block_tokens = kBlockTokens;
     so.queue_capacity = ps.queue;
-    so.observer = observer;
+    // The journal and, on a GPU-side path, the device's breaker hear every
+    // request's outcome.
+    so.observer = serve::FanOutObserver::make(
+        {observer, ps.breaker ? std::make_shared<BreakerObserver>(ps.breaker) : nullptr});
     so.path_name = ps.name;
     so.kv_gate = true;
     const int64_t t0 = env.now_ns();
@@ -519,6 +550,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.replica = replica;
     p.tokenizer = ps.tokenizer;
     p.ledger = std::move(ps.ledger);
+    p.breaker = ps.breaker;
     p.scheduler = std::move(serving.scheduler);
     // An on-demand path is not warmed up: that would load it.
     if (o.warmup && ps.model) warm_up(env, *p.scheduler);
@@ -541,7 +573,12 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     return ps;
   };
   if (gpu.built) {
+    // One breaker per device: the GPU path and the offload path beside it
+    // fail together (same device, same uploaded weights).
+    SPW_ASSIGN_OR_RETURN(std::shared_ptr<CircuitBreaker> breaker,
+                         CircuitBreaker::create(env, out.vulkan->name(), breaker_opts));
     PathSpec ps = primary_spec(n_gpu_layers == hp.n_layer ? "gpu" : "hybrid", *spec);
+    ps.breaker = breaker;
     ps.workers = o.parallel;
     ps.queue = o.queue;
     ps.ctx = n_ctx;
@@ -558,6 +595,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       hs.blocks = offload.kv_blocks;
       hs.role = admission::PathRole::kOffload;
       hs.ledger = out.device_ledger;
+      hs.breaker = breaker;
       hs.replica.why = "the GPU path's model: its first " + std::to_string(o.offload_layers) +
                        " layers' uploaded weights and the mapping for the rest";
       SPW_RETURN_IF_ERROR(make_path(std::move(hs)));
@@ -609,6 +647,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   policy.admission.allow_shrink = o.allow_shrink;
   policy.admission.min_shrink_tokens = o.min_shrink_tokens;
   policy.observe_interval_s = o.observe_interval_s;
+  policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
   auto host_ledger = out.host_ledger;
   auto device_ledger = out.device_ledger;
   auto vulkan = out.vulkan;

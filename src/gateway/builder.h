@@ -28,6 +28,10 @@
 //     as `replica` says, from the load and page-in times measured at start;
 //     with mmap or on-demand on the same file as a full-GPU first path, that
 //     path's host pages are dropped after its weights are on the device.
+// The GPU-side paths (gpu, and hybrid beside it) share one CircuitBreaker for
+// their device (breaker_* options), fed by their observers alongside the
+// journal; the gateway probes it back (gateway.h). A breaker option out of
+// range is InvalidArgument naming its flag.
 // The ledgers hold each path's plan as committed; observed usage is re-read
 // (host readings, the device heap) at most every observe_interval_s by the
 // gateway. Errors: a bad option is InvalidArgument naming the flag; no path
@@ -101,6 +105,16 @@ struct GatewayOptions {
   bool allow_shrink = false;
   int32_t min_shrink_tokens = 16;
   double observe_interval_s = 1.0;
+  // Circuit breaker, one per GPU device (the GPU and offload paths share it;
+  // the CPU path has none). The contract, and why these defaults differ from
+  // resilience4j's, Envoy's and LiteLLM's, is in gateway/breaker.h.
+  int32_t breaker_consecutive_failures = 3;  // device faults in a row that trip it
+  double breaker_failure_share = 0.5;        // or this share of device faults ...
+  int32_t breaker_min_requests = 10;         // ... among at least this many outcomes ...
+  double breaker_window_s = 30;              // ... within this window
+  double breaker_cooldown_s = 5;             // first cooldown; doubled on each consecutive trip
+  double breaker_max_cooldown_s = 300;       // cap of the cooldown
+  int32_t breaker_probes = 2;                // probe generations that must pass to close it
   // Journal.
   std::string journal;          // "" = default place, "none" = no journal
   double journal_retention_hours = 168;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 namespace spw::gateway {
@@ -28,21 +29,291 @@ Result<std::unique_ptr<Gateway>> Gateway::create(Env& env, std::vector<Execution
     if (!names.insert(p.name).second) return Status::invalid_argument("gateway: two paths named '" + p.name + "'");
   }
   if (policy.observe_interval_s < 0) return Status::invalid_argument("gateway: observe_interval_s must be >= 0");
+  if (std::any_of(paths.begin(), paths.end(), [](const ExecutionPath& p) { return p.breaker != nullptr; })) {
+    if (policy.probe_prompt.empty() || policy.probe_tokens < 1 || !(policy.probe_timeout_s > 0) ||
+        !(policy.probe_retry_s > 0)) {
+      return Status::invalid_argument(
+          "gateway: breaker probes need a prompt, probe_tokens >= 1, probe_timeout_s > 0 and probe_retry_s > 0");
+    }
+  }
   return std::unique_ptr<Gateway>(new Gateway(env, std::move(paths), std::move(not_built), std::move(policy)));
 }
 
 Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNotBuilt> not_built,
                  GatewayPolicy policy)
-    : env_(env), paths_(std::move(paths)), not_built_(std::move(not_built)), policy_(std::move(policy)) {}
+    : env_(env), paths_(std::move(paths)), not_built_(std::move(not_built)), policy_(std::move(policy)) {
+  std::set<const CircuitBreaker*> seen;
+  for (const ExecutionPath& p : paths_) {
+    if (!p.breaker || !seen.insert(p.breaker.get()).second) continue;
+    has_prober_ = true;
+    // Wakes the prober on a trip or a close (it waits for those off the
+    // clock); captures no Gateway pointer, as the breaker may outlive it.
+    std::weak_ptr<CircuitBreaker> weak = p.breaker;
+    p.breaker->set_listener([sync = prober_sync_, log = policy_.log, weak](BreakerState s) {
+      {
+        std::lock_guard<std::mutex> lk(sync->mu);
+        sync->kick = true;
+      }
+      sync->cv.notify_all();
+      auto b = weak.lock();
+      if (log && b) {
+        const BreakerSnapshot snap = b->snapshot();
+        std::string line = "circuit breaker " + snap.name + ": " + std::string(breaker_state_name(s));
+        if (s != BreakerState::kClosed && !snap.recent_trips.empty()) {
+          const BreakerTrip& t = snap.recent_trips.back();
+          char cd[32];
+          std::snprintf(cd, sizeof cd, "%.1f", t.cooldown_s);
+          line += " after " + t.reason + " (" + t.failure + ": " + t.detail + "), next probe in " + cd + " s";
+        }
+        log(line);
+      }
+    });
+  }
+  if (has_prober_) prober_ = std::thread([this] { prober_loop(); });
+}
 
 Gateway::~Gateway() {
   shutdown(std::chrono::milliseconds(0));
+  for (const ExecutionPath& p : paths_)
+    if (p.breaker) p.breaker->set_listener(nullptr);
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [id, l] : leases_) (void)l.ledger->release(l.ticket);
   leases_.clear();
 }
 
+void Gateway::stop_prober() {
+  {
+    std::lock_guard<std::mutex> lk(prober_sync_->mu);
+    prober_sync_->stop = true;
+  }
+  prober_sync_->cv.notify_all();
+  // A second shutdown (a second signal) waits here for the first's join.
+  std::lock_guard<std::mutex> j(prober_join_mu_);
+  if (prober_.joinable()) prober_.join();
+}
+
+Gateway::ProberPark Gateway::prober_park() const {
+  if (!has_prober_) return {};
+  ProberSync& ps = *prober_sync_;
+  std::lock_guard<std::mutex> lk(ps.mu);
+  ProberPark out;
+  out.on_clock = ps.phase == ProberSync::Phase::kClock || ps.phase == ProberSync::Phase::kProbe;
+  out.parked = ps.phase != ProberSync::Phase::kBusy && !ps.stop;
+  if (ps.phase != ProberSync::Phase::kProbe && ps.kick) out.parked = false;
+  if (ps.phase == ProberSync::Phase::kProbe && ps.probe_settled && ps.probe_settled()) out.parked = false;
+  return out;
+}
+
+void Gateway::prober_loop() {
+  ProberSync& ps = *prober_sync_;
+  const auto retry_ns = static_cast<int64_t>(std::llround(policy_.probe_retry_s * 1e9));
+  int64_t retry_at = 0;  // a probe that could not run waits until then
+  std::unique_lock<std::mutex> lk(ps.mu);
+  for (;;) {
+    ps.phase = ProberSync::Phase::kBusy;
+    if (ps.stop) return;
+    ps.kick = false;
+    lk.unlock();
+    // The first half-open breaker's probe is due; else wait for the earliest
+    // probe time of an open one (or for a trip, off the clock).
+    const int64_t now = env_.now_ns();
+    int64_t wake = -1;
+    auto sooner = [&](int64_t t) { wake = wake < 0 ? t : std::min(wake, t); };
+    const ExecutionPath* probe_path = nullptr;
+    uint64_t episode = 0;
+    std::set<const CircuitBreaker*> seen;
+    for (const ExecutionPath& p : paths_) {
+      if (!p.breaker || !seen.insert(p.breaker.get()).second) continue;  // the device's first path probes
+      const uint64_t e = p.breaker->probe_episode();
+      if (e != 0) {
+        if (now >= retry_at) {
+          probe_path = &p;
+          episode = e;
+          break;
+        }
+        sooner(retry_at);
+        continue;
+      }
+      const BreakerSnapshot snap = p.breaker->snapshot();
+      if (snap.state == BreakerState::kOpen) sooner(snap.next_probe_ns);
+    }
+    if (probe_path) {
+      if (!run_probe(*probe_path, episode)) retry_at = env_.now_ns() + retry_ns;
+      lk.lock();
+      continue;
+    }
+    lk.lock();
+    if (ps.stop || ps.kick) continue;
+    if (wake >= 0) {
+      ps.phase = ProberSync::Phase::kClock;
+      (void)env_.wait_until_ns(lk, ps.cv, wake);
+    } else {
+      ps.phase = ProberSync::Phase::kIdle;
+      ps.cv.wait(lk);
+    }
+  }
+}
+
+bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
+  ProberSync& ps = *prober_sync_;
+  CircuitBreaker& breaker = *path.breaker;
+  auto log = [&](const std::string& line) {
+    if (policy_.log) policy_.log("circuit breaker " + breaker.name() + ": " + line);
+  };
+  // The reference: the CPU path (the first path without a breaker), when it
+  // serves the same model; a fallback model's text is expected to differ.
+  const ExecutionPath* ref = nullptr;
+  for (const ExecutionPath& p : paths_) {
+    if (!p.breaker) {
+      ref = &p;
+      break;
+    }
+  }
+  const bool compare = ref && !ref->fallback_model && ref->model == path.model;
+  serve::GenerationRequest g;
+  g.prompt = policy_.probe_prompt;
+  g.sampler.temperature = 0;  // greedy: the text is a function of the model
+  Result<std::vector<TokenId>> prompt = serve::encode_prompt(*path.tokenizer, g);
+  if (!prompt.ok()) {
+    breaker.record_probe(episode, prompt.status().with_context("probe prompt"));
+    return true;
+  }
+  const auto n_prompt = static_cast<int32_t>(prompt->size());
+  int32_t room = path.scheduler->n_ctx() - n_prompt;
+  if (compare) room = std::min(room, ref->scheduler->n_ctx() - n_prompt);
+  const int32_t max_tokens = std::min(policy_.probe_tokens, room);
+  if (max_tokens < 1) {
+    breaker.record_probe(episode, Status(StatusCode::kInvalidArgument, "the probe prompt does not fit the context",
+                                         FailureReason::kContextFull));
+    return true;
+  }
+  auto wake = [sync = prober_sync_](const serve::Ticket&) {
+    {
+      std::lock_guard<std::mutex> lk(sync->mu);
+      sync->kick = true;
+    }
+    sync->cv.notify_all();
+  };
+  // Drains a finished ticket: its text and final event.
+  auto drain = [](serve::Ticket& tk, std::string& text) {
+    serve::RequestEvent fin;
+    serve::RequestEvent ev;
+    while (tk.next_event(ev, std::chrono::milliseconds(0)) == serve::PopResult::kItem) {
+      if (ev.kind == serve::RequestEvent::Kind::kText) text += ev.text;
+      else fin = ev;
+    }
+    return fin;
+  };
+  auto prepared = [&](const serve::Scheduler& s) {
+    serve::PreparedRequest p;
+    p.id = next_ticket_id_.fetch_add(1);
+    p.internal = true;
+    p.on_finished = wake;
+    p.job.prompt = *prompt;
+    p.job.sampler = g.sampler;
+    p.job.max_tokens = max_tokens;
+    p.limits.n_ctx = s.n_ctx();
+    p.limits.prompt_tokens = n_prompt;
+    p.limits.max_tokens = max_tokens;
+    p.kv_blocks = admission::kv_blocks_for(n_prompt + max_tokens, s.kv_block_tokens());
+    p.decision.path = s.path();
+    p.decision.reason = "circuit breaker probe";
+    return p;
+  };
+  // The reference run: submitted once and kept across rounds (a probe that
+  // fails at once does not wait for it), until its text is cached.
+  if (compare && !probe_reference_ && ref_pending_ && serve::is_terminal(ref_pending_->state())) {
+    std::string ref_text;
+    if (drain(*ref_pending_, ref_text).state == serve::RequestState::kDone) probe_reference_ = std::move(ref_text);
+    ref_pending_.reset();
+  }
+  if (compare && !probe_reference_ && !ref_pending_) {
+    auto t = ref->scheduler->submit_prepared(prepared(*ref->scheduler));
+    if (!t.ok()) {
+      log("probe postponed: the " + ref->name + " path cannot run the reference now (" + t.status().message() + ")");
+      return false;
+    }
+    ref_pending_ = *t;
+  }
+  const std::shared_ptr<serve::Ticket> ref_ticket = compare && !probe_reference_ ? ref_pending_ : nullptr;
+  auto t = path.scheduler->submit_prepared(prepared(*path.scheduler));
+  if (!t.ok()) {
+    log("probe postponed: " + t.status().message());
+    return false;
+  }
+  const std::shared_ptr<serve::Ticket> probe = *t;
+  // Done waiting: the probe ended, and either it failed or the reference
+  // (when one is still needed) ended too.
+  auto settled = [probe, ref_ticket] {
+    if (!serve::is_terminal(probe->state())) return false;
+    return !ref_ticket || probe->state() != serve::RequestState::kDone || serve::is_terminal(ref_ticket->state());
+  };
+  const int64_t deadline = env_.now_ns() + static_cast<int64_t>(std::llround(policy_.probe_timeout_s * 1e9));
+  bool stopped = false;
+  {
+    std::unique_lock<std::mutex> lk(ps.mu);
+    ps.phase = ProberSync::Phase::kProbe;
+    ps.probe_settled = settled;
+    (void)env_.wait_until_ns(lk, ps.cv, deadline, [&] { return ps.stop || settled(); });
+    ps.phase = ProberSync::Phase::kBusy;
+    ps.probe_settled = nullptr;
+    stopped = ps.stop;
+  }
+  if (stopped) {
+    (void)path.scheduler->cancel(probe->id());
+    if (ref_pending_) (void)ref->scheduler->cancel(ref_pending_->id());
+    return true;
+  }
+  if (!serve::is_terminal(probe->state())) {
+    (void)path.scheduler->cancel(probe->id());
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "the probe did not finish within %.1f s", policy_.probe_timeout_s);
+    log(std::string("probe failed: ") + buf);
+    breaker.record_probe(episode, Status(StatusCode::kDeadlineExceeded, buf, FailureReason::kTimeout));
+    return true;
+  }
+  std::string text;
+  const serve::RequestEvent fin = drain(*probe, text);
+  if (fin.state == serve::RequestState::kCancelled) return true;  // shutting down: says nothing
+  if (fin.state != serve::RequestState::kDone) {
+    const Status st = fin.status.ok() ? Status(StatusCode::kInternal, "probe failed", FailureReason::kUnhealthy)
+                                      : fin.status;
+    log("probe failed: " + st.to_string());
+    breaker.record_probe(episode, st);
+    return true;
+  }
+  if (ref_ticket) {
+    std::string ref_text;
+    const bool ended = serve::is_terminal(ref_ticket->state());
+    const bool done = ended && drain(*ref_ticket, ref_text).state == serve::RequestState::kDone;
+    if (!ended) (void)ref->scheduler->cancel(ref_ticket->id());
+    ref_pending_.reset();
+    if (!done) {
+      log("probe postponed: the " + ref->name + " path's reference run did not complete");
+      return false;
+    }
+    probe_reference_ = std::move(ref_text);
+  }
+  if (compare && text != *probe_reference_) {
+    const Status st(StatusCode::kInternal,
+                    "probe text differs from the " + ref->name + " path's: \"" + text + "\" vs \"" +
+                        *probe_reference_ + "\"",
+                    FailureReason::kUnhealthy);
+    log("probe failed: " + st.message());
+    breaker.record_probe(episode, st);
+    return true;
+  }
+  std::string how;
+  if (compare) how = " (text equals the " + ref->name + " path's)";
+  else if (ref) how = " (text not compared: the " + ref->name + " path serves another model)";
+  else how = " (text not compared: no CPU path)";
+  log("probe passed" + how);
+  breaker.record_probe(episode, Status::ok_status());
+  return true;
+}
+
 void Gateway::shutdown(std::chrono::milliseconds grace) {
+  stop_prober();
   // Paths drain side by side: each gets the whole grace.
   std::vector<std::thread> drains;
   for (ExecutionPath& p : paths_) {
@@ -90,6 +361,12 @@ admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p) const {
   if (s.stopping()) {
     snap.usable = false;
     snap.unusable_reason = "shutting down";
+  } else if (p.breaker) {
+    const BreakerSnapshot b = p.breaker->snapshot();
+    if (b.state != BreakerState::kClosed) {
+      snap.usable = false;
+      snap.unusable_reason = breaker_unavailable_reason(b);
+    }
   }
   snap.workers = s.n_workers();
   snap.queue_capacity = s.queue_capacity();
@@ -146,8 +423,10 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
       ++decisions_[std::string(admission::decision_kind_name(d.kind))];
     }
     if (d.kind == admission::DecisionKind::kReject) {
-      // Every path is unusable only while the server stops.
-      if (std::none_of(snaps.begin(), snaps.end(), [](const admission::PathSnapshot& p) { return p.usable; })) {
+      // Every path unusable and one of them stopping: the server stops. (A
+      // breaker alone leaves decide()'s 503 kNoPath with its reason.)
+      if (std::none_of(snaps.begin(), snaps.end(), [](const admission::PathSnapshot& p) { return p.usable; }) &&
+          std::any_of(paths_.begin(), paths_.end(), [](const ExecutionPath& p) { return p.scheduler->stopping(); })) {
         return refuse(Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown),
                       std::move(d));
       }
@@ -355,6 +634,7 @@ std::vector<ReservationInfo> Gateway::reservations() {
 bool Gateway::ready() const {
   // Ready while some path is accepting (not shutting down, queue not full).
   for (const ExecutionPath& p : paths_) {
+    if (p.breaker && !p.breaker->closed()) continue;
     const serve::SchedulerStats st = p.scheduler->stats();
     if (!p.scheduler->stopping() && st.queue_depth < st.queue_capacity) return true;
   }
@@ -387,6 +667,7 @@ GatewayStatus Gateway::status() {
     ps.kv_blocks_total = load.kv_blocks_total;
     ps.kv_blocks_free = load.kv_blocks_free;
     ps.rates = load.rates;
+    if (p.breaker) ps.breaker = p.breaker->snapshot();
     out.paths.push_back(std::move(ps));
     if (p.ledger && seen.insert(p.ledger.get()).second) out.ledgers.push_back(p.ledger->snapshot());
   }

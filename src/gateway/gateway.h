@@ -26,14 +26,42 @@
 //             renew() extends its lease, release() ends it, and a lease not
 //             renewed within its ttl is released by the next call that
 //             refreshes (submit, quote, status, reservations()).
-//   status()  paths, ledgers, reservations and decision counters.
-// All times come from the injected Env, so a SimEnv drives leases, refresh
-// and ETAs deterministically.
+//   status()  paths (each with its breaker's snapshot), ledgers,
+//             reservations and decision counters.
+// Circuit breakers (gateway/breaker.h): a path may carry its device's breaker
+// (the GPU and hybrid paths share one; the CPU path has none). Outcomes reach
+// it through the path's observer (BreakerObserver, set up by the builder).
+// While it is open or half-open every path on that device is unusable to
+// admission, with the reason "gpu_unavailable: circuit breaker open since ...
+// after <trip reason>; next probe in N s", so decide() redirects (the reason
+// is in the Decision, hence in every response) or, with no other path,
+// refuses with 503 kNoPath (no new FailureReason: the refusal means "no path
+// can serve it now", which kNoPath already says, resumable; the breaker's
+// reason is in the message). ready() counts only paths whose breaker is
+// closed.
+// Probing: a prober thread (started when some path has a breaker, stopped
+// and joined by shutdown) waits on the Env's clock for a breaker's next probe
+// time; when it is half-open it runs policy.probe_prompt (greedy,
+// probe_tokens) on the breaker's first path as an internal request (not
+// journaled, not tracked, not counted as a decision, never sent to a client),
+// one probe at a time, and reports each result to the breaker. A probe passes
+// when it generates and, where the CPU path serves the same model (not a
+// --fallback-model of another name, whose text is expected to differ: then
+// success alone counts), when its text equals that path's text for the same
+// prompt (run once, also as an internal request, and cached). A probe enters
+// the path's queue like any request, but only while the breaker keeps every
+// client off that path, so it never takes a slot a client could have had; a
+// full queue, or a reference that cannot run, postpones it by
+// probe_retry_s without counting. A probe that does not end within
+// probe_timeout_s is cancelled and fails (kTimeout).
+// All times come from the injected Env, so a SimEnv drives leases, refresh,
+// ETAs, breakers and the prober deterministically.
 // Thread safety: every public method may be called from any thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -41,11 +69,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "admission/controller.h"
 #include "admission/ledger.h"
 #include "core/env.h"
+#include "gateway/breaker.h"
 #include "core/status.h"
 #include "serve/scheduler.h"
 #include "tokenizer/tokenizer.h"
@@ -104,6 +134,9 @@ struct ExecutionPath {
   std::shared_ptr<const Tokenizer> tokenizer;
   // The ledger of the memory this path's plan lives in (null: none).
   std::shared_ptr<admission::MemoryLedger> ledger;
+  // The circuit breaker of the device this path runs on (null: none, as for
+  // the CPU path). Paths on one device share one.
+  std::shared_ptr<CircuitBreaker> breaker;
 };
 
 // A path that could not be built at start, and why (shown in status).
@@ -117,6 +150,13 @@ struct GatewayPolicy {
   double observe_interval_s = 1.0;  // re-read observed memory at most this often
   // Called (under no gateway lock) to re-read observed usage into the ledgers.
   std::function<void()> observe;
+  // Breaker probes (see the contract): the prompt, greedy, and its tokens.
+  std::string probe_prompt = "Once upon a time";
+  int32_t probe_tokens = 8;
+  double probe_timeout_s = 30;  // a probe not done by then fails (kTimeout)
+  double probe_retry_s = 1;     // a probe that could not run now tries again after this
+  // One line per breaker transition and probe result (null: silent).
+  std::function<void(const std::string&)> log;
 };
 
 // What the HTTP layer asks for, after parsing.
@@ -182,7 +222,8 @@ struct PathStatus {
   double oldest_queued_s = 0;
   int32_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_free = 0;
   admission::PathRates rates;
-  serve::SchedulerStats stats;
+  serve::SchedulerStats stats;  // probes included
+  std::optional<BreakerSnapshot> breaker;  // the path's device breaker; none on the CPU path
 };
 
 struct GatewayStatus {
@@ -218,8 +259,20 @@ class Gateway {
   std::vector<ReservationInfo> reservations();
 
   GatewayStatus status();
+  // Some path can take work: not shutting down, queue not full, breaker closed.
   bool ready() const;
+  // Stops the prober (joined), then drains the paths side by side.
   void shutdown(std::chrono::milliseconds grace);
+
+  // For tests under a SimEnv: whether the prober thread is parked (waiting
+  // for a trip, a probe time or a probe's end, with nothing it has not seen
+  // yet) and whether that wait is on the Env's clock (it then counts among
+  // SimEnv::waiters()). Without a prober: parked, off the clock.
+  struct ProberPark {
+    bool parked = true;
+    bool on_clock = false;
+  };
+  ProberPark prober_park() const;
 
   const std::vector<ExecutionPath>& paths() const { return paths_; }
   const ExecutionPath& primary() const { return paths_.front(); }
@@ -239,6 +292,11 @@ class Gateway {
   admission::MemoryLedger* cotenant_ledger() const;
   ReservationInfo info_locked(uint64_t id, int64_t now) const;
   void track(const std::shared_ptr<serve::Ticket>& t);
+  void prober_loop();
+  // One probe of `path`'s breaker in half-open `episode`, reported to it.
+  // False when it could not run now (queue full, no reference yet): retry.
+  bool run_probe(const ExecutionPath& path, uint64_t episode);
+  void stop_prober();
 
   Env& env_;
   std::vector<ExecutionPath> paths_;
@@ -260,6 +318,26 @@ class Gateway {
   uint64_t next_lease_id_ = 1;
   std::map<std::string, uint64_t> decisions_;
   std::map<uint64_t, std::weak_ptr<serve::Ticket>> live_;
+
+  // The prober's state, shared with the callbacks that wake it (breaker
+  // listeners, probe tickets' on_finished), which may outlive the Gateway.
+  struct ProberSync {
+    enum class Phase { kBusy, kIdle, kClock, kProbe };
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;
+    bool kick = false;  // something changed since the prober last looked
+    Phase phase = Phase::kBusy;
+    std::function<bool()> probe_settled;  // kProbe: the probe's wait is over
+  };
+  const std::shared_ptr<ProberSync> prober_sync_ = std::make_shared<ProberSync>();
+  bool has_prober_ = false;
+  std::mutex prober_join_mu_;
+  std::thread prober_;
+  // Prober thread only: the CPU path's probe text once known, and its run
+  // while it is under way.
+  std::optional<std::string> probe_reference_;
+  std::shared_ptr<serve::Ticket> ref_pending_;
 };
 
 }  // namespace spw::gateway

@@ -22,6 +22,7 @@
 
 #include "admission/controller.h"
 #include "admission/ledger.h"
+#include "core/failure.h"
 #include "core/sim_env.h"
 #include "engine/engine_test_util.h"
 #include "gguf/gguf.h"
@@ -106,6 +107,10 @@ struct PathSpec {
   // What the ETA starts from; default: the fake's true speeds.
   std::optional<PathRates> prior;
   std::shared_ptr<admission::MemoryLedger> ledger;
+  // Paths with the same breaker_group share one CircuitBreaker (a device);
+  // empty: none.
+  std::string breaker_group;
+  BreakerOptions breaker_options;
 };
 
 PathSpec cpu_spec() {
@@ -149,6 +154,16 @@ class Harness {
     for (const PathSpec& s : specs) {
       auto f = std::make_shared<FakeFaults>();
       faults.push_back(f);
+      std::shared_ptr<CircuitBreaker> breaker;
+      if (!s.breaker_group.empty()) {
+        auto& b = breakers[s.breaker_group];
+        if (!b) {
+          auto created = CircuitBreaker::create(env, "vulkan:0", s.breaker_options);
+          EXPECT_TRUE(created.ok()) << created.status().to_string();
+          if (created.ok()) b = *created;
+        }
+        breaker = b;
+      }
       serve::SchedulerOptions o;
       o.queue_capacity = s.queue_capacity;
       o.n_ctx = s.n_ctx;
@@ -157,6 +172,7 @@ class Harness {
       o.kv_blocks_total = s.kv_blocks_total;
       o.kv_block_tokens = s.kv_block_tokens;
       o.prior_rates = s.prior ? *s.prior : PathRates{s.speed.prefill_tps, s.speed.decode_tps, 1.0, 0, false};
+      if (breaker) o.observer = std::make_shared<BreakerObserver>(breaker);
       auto sched = serve::Scheduler::create(env, tiny_tokenizer(),
                                             serve::testing::make_fake_executors(env, s.workers, s.speed, f), o);
       EXPECT_TRUE(sched.ok()) << sched.status().to_string();
@@ -169,10 +185,15 @@ class Harness {
       p.scheduler = std::move(*sched);
       p.tokenizer = tiny_tokenizer();
       p.ledger = s.ledger;
+      p.breaker = breaker;
       paths.push_back(std::move(p));
     }
     GatewayPolicy gp;
     gp.admission = policy;
+    gp.log = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(log_mu);
+      log.push_back(line);
+    };
     auto g = Gateway::create(env, std::move(paths), std::move(not_built), gp);
     EXPECT_TRUE(g.ok()) << g.status().to_string();
     if (g.ok()) gw = std::move(*g);
@@ -206,10 +227,11 @@ class Harness {
   Harness& operator=(const Harness&) = delete;
 
   // Waits (real time) until the system is quiescent: every running request's
-  // worker is parked on the simulated clock and no queued request could start
-  // (no idle worker, or the head of the queue does not fit the free blocks).
-  // The picture is read twice around the waiter count so that a change in
-  // between is seen. Only then is advancing the clock exact.
+  // worker is parked on the simulated clock, no queued request could start
+  // (no idle worker, or the head of the queue does not fit the free blocks),
+  // and the gateway's prober (with breakers) is parked too, on the clock or
+  // off it. The picture is read twice around the waiter count so that a
+  // change in between is seen. Only then is advancing the clock exact.
   bool settle() {
     const auto until = std::chrono::steady_clock::now() + kRealTimeout;
     while (std::chrono::steady_clock::now() < until) {
@@ -217,7 +239,8 @@ class Harness {
       const int w1 = env.waiters();
       const Picture b = picture();
       const int w2 = env.waiters();
-      if (a == b && w1 == w2 && w1 == a.running && !a.startable) return true;
+      const int expected = a.running + (a.prober_on_clock ? 1 : 0);
+      if (a == b && w1 == w2 && w1 == expected && !a.startable && a.prober_parked) return true;
       std::this_thread::sleep_for(50us);
     }
     ADD_FAILURE() << "the gateway's workers did not settle";
@@ -261,8 +284,16 @@ class Harness {
   serve::Scheduler& sched(size_t i) { return *gw->paths()[i].scheduler; }
   double since(int64_t t0) { return static_cast<double>(env.now_ns() - t0) / 1e9; }
 
+  std::vector<std::string> logged() {
+    std::lock_guard<std::mutex> lock(log_mu);
+    return log;
+  }
+
   SimEnv env;  // declared before gw: outlives it
   std::vector<std::shared_ptr<FakeFaults>> faults;
+  std::map<std::string, std::shared_ptr<CircuitBreaker>> breakers;  // by breaker_group
+  std::mutex log_mu;
+  std::vector<std::string> log;  // the gateway's breaker lines
   std::unique_ptr<Gateway> gw;
 
  private:
@@ -270,10 +301,15 @@ class Harness {
     std::vector<std::array<int64_t, 3>> paths;  // running, queued, free blocks
     int running = 0;
     bool startable = false;
+    bool prober_parked = true;
+    bool prober_on_clock = false;
     bool operator==(const Picture&) const = default;
   };
   Picture picture() const {
     Picture p;
+    const Gateway::ProberPark park = gw->prober_park();
+    p.prober_parked = park.parked;
+    p.prober_on_clock = park.on_clock;
     for (const ExecutionPath& path : gw->paths()) {
       const serve::LoadSnapshot l = path.scheduler->load();
       p.paths.push_back({static_cast<int64_t>(l.running.size()), static_cast<int64_t>(l.queued.size()),
@@ -926,6 +962,203 @@ TEST(GatewayTest, ConcurrentSubmittersAllFinishAndTheKvGateIsWhole) {
   }
   EXPECT_EQ(submitted, accepted.size());
   EXPECT_EQ(h.gw->in_flight(), 0);
+}
+
+
+// ---- Circuit breaker in the request path (gateway/breaker.h) ----
+
+Status injected_device_loss() {
+  return Status(StatusCode::kDeviceLost, "injected device loss", FailureReason::kDeviceLost);
+}
+
+// The breaker probe's simulated durations on the fake paths: the probe
+// prompt's prefill plus 8 tokens, as FakeExecutor spends them.
+struct ProbeTimes {
+  int64_t gpu_ns = 0;  // PathSpec{} speeds: 1000 prompt tokens/s, 100 tokens/s
+  int64_t cpu_ns = 0;  // cpu_spec() speeds: 200 and 20
+};
+ProbeTimes probe_times() {
+  using serve::testing::FakeExecutor;
+  const double p = count_tokens("Once upon a time");
+  ProbeTimes t;
+  t.gpu_ns = FakeExecutor::ns_for(p, 1000.0) + 8 * FakeExecutor::ns_for(1.0, 100.0);
+  t.cpu_ns = FakeExecutor::ns_for(p, 200.0) + 8 * FakeExecutor::ns_for(1.0, 20.0);
+  return t;
+}
+
+// Three scripted device losses on the GPU path trip its breaker; returns
+// the instant of the trip.
+int64_t trip_gpu(Harness& h) {
+  for (int i = 0; i < 3; ++i) {
+    h.faults[0]->fail_next(injected_device_loss());
+    auto t = h.submit(request(20, 10));
+    EXPECT_NE(t, nullptr);
+    if (!t) return 0;
+    EXPECT_EQ(t->path(), "gpu");
+    Collected c = collect(*t, kRealTimeout);
+    EXPECT_EQ(c.fin.state, RequestState::kFailed);
+    EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost);
+    h.settle();
+  }
+  return h.env.now_ns();
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesCloseIt) {
+  PathSpec gpu;
+  gpu.breaker_group = "vulkan:0";
+  Harness h({gpu, cpu_spec()});
+  ASSERT_NE(h.gw, nullptr);
+  CircuitBreaker& b = *h.breakers.at("vulkan:0");
+  const ProbeTimes pt = probe_times();
+
+  const int64_t t_trip = trip_gpu(h);
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_TRUE(h.gw->ready()) << "the CPU path can serve";
+  // The next requests go to the CPU path, with the breaker's reason.
+  auto redirected = h.submit(request(20, 10));
+  ASSERT_NE(redirected, nullptr);
+  EXPECT_EQ(redirected->path(), "cpu");
+  EXPECT_EQ(redirected->decision().kind, DecisionKind::kRedirect);
+  EXPECT_TRUE(contains(redirected->decision().reason,
+                       "gpu: out of service (gpu_unavailable: circuit breaker open since 0.0 s ago after 3 "
+                       "consecutive device faults (device_lost: injected device loss); next probe in 5.0 s)"))
+      << redirected->decision().reason;
+  auto q = h.gw->quote(request(20, 10));
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->decision.path, "cpu");
+  EXPECT_TRUE(contains(q->decision.reason, "gpu_unavailable")) << q->decision.reason;
+  GatewayStatus st = h.gw->status();
+  ASSERT_TRUE(st.paths[0].breaker.has_value());
+  EXPECT_EQ(st.paths[0].breaker->state, BreakerState::kOpen);
+  EXPECT_EQ(st.paths[0].breaker->trips, 1u);
+  EXPECT_EQ(st.paths[0].breaker->next_probe_ns, t_trip + ns(5));
+  EXPECT_EQ(st.paths[0].breaker->recent_trips.back().failure, "device_lost");
+  EXPECT_FALSE(st.paths[1].breaker.has_value());
+  EXPECT_TRUE(st.ready);
+  h.run_to_idle();
+  EXPECT_EQ(collect(*redirected, kRealTimeout).fin.state, RequestState::kDone);
+
+  // Nothing touches the GPU before the cooldown ends ...
+  h.run_until(t_trip + ns(5) - 1);
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_EQ(h.faults[0]->runs(), 3);
+  // ... then the prober runs probe 1 on the GPU path and the reference on
+  // the CPU path (same model: the texts must agree).
+  h.run_until(t_trip + ns(5));
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  EXPECT_EQ(h.faults[0]->runs(), 4);
+  EXPECT_EQ(h.faults[1]->runs(), 2);
+  // Half-open still keeps clients off the GPU.
+  auto during = h.submit(request(20, 10));
+  ASSERT_NE(during, nullptr);
+  EXPECT_EQ(during->path(), "cpu");
+  EXPECT_TRUE(contains(during->decision().reason, "circuit breaker half-open (probing)")) << during->decision().reason;
+  // Probe 1 is judged when the reference is done too; probe 2 (reference
+  // cached) closes it.
+  const int64_t t_closed = t_trip + ns(5) + pt.cpu_ns + pt.gpu_ns;
+  h.run_until(t_closed - 1);
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  EXPECT_EQ(b.snapshot().probes_passed, 1);
+  EXPECT_EQ(h.faults[0]->runs(), 5);
+  h.run_until(t_closed);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().since_ns, t_closed);
+  EXPECT_EQ(b.snapshot().probes_run, 2u);
+  EXPECT_EQ(h.faults[0]->runs(), 5);
+  EXPECT_EQ(h.faults[1]->runs(), 3);  // the redirected request, the reference, `during`
+  // Probes are not client requests: no decision was counted for them.
+  EXPECT_EQ(h.gw->status().decisions.at("redirect"), 2u);
+  // New requests are admitted on the GPU again.
+  auto back = h.submit(request(20, 10));
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->path(), "gpu");
+  EXPECT_EQ(back->decision().kind, DecisionKind::kAdmit);
+  h.run_to_idle();
+  EXPECT_EQ(collect(*back, kRealTimeout).fin.state, RequestState::kDone);
+  const std::vector<std::string> log = h.logged();
+  ASSERT_GE(log.size(), 4u);
+  EXPECT_TRUE(contains(log.front(), "circuit breaker vulkan:0: open after 3 consecutive device faults")) << log.front();
+  EXPECT_TRUE(contains(log[log.size() - 2], "probe passed (text equals the cpu path's)")) << log[log.size() - 2];
+  EXPECT_TRUE(contains(log.back(), "circuit breaker vulkan:0: closed")) << log.back();
+}
+
+TEST(GatewayBreakerTest, AFailedProbeKeepsItOpenWithALongerCooldown) {
+  PathSpec gpu;
+  gpu.breaker_group = "vulkan:0";
+  Harness h({gpu, cpu_spec()});
+  ASSERT_NE(h.gw, nullptr);
+  CircuitBreaker& b = *h.breakers.at("vulkan:0");
+  const ProbeTimes pt = probe_times();
+  const int64_t t_trip = trip_gpu(h);
+  ASSERT_EQ(b.state(), BreakerState::kOpen);
+
+  // The device is still sick when the first probe runs: it fails at once,
+  // without waiting for the CPU path's reference run.
+  h.faults[0]->fail_next(injected_device_loss());
+  h.run_until(t_trip + ns(5));
+  BreakerSnapshot s = b.snapshot();
+  EXPECT_EQ(s.state, BreakerState::kOpen);
+  EXPECT_EQ(s.trips, 2u);
+  EXPECT_DOUBLE_EQ(s.cooldown_s, 10);
+  EXPECT_EQ(s.since_ns, t_trip + ns(5));
+  EXPECT_EQ(s.next_probe_ns, t_trip + ns(15));
+  EXPECT_EQ(s.recent_trips.back().reason, "probe 1 of 2 failed");
+  EXPECT_EQ(s.recent_trips.back().failure, "device_lost");
+  EXPECT_EQ(h.faults[0]->runs(), 4);
+  auto r = h.submit(request(20, 10));
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->path(), "cpu");
+  EXPECT_TRUE(contains(r->decision().reason, "after probe 1 of 2 failed (device_lost: injected device loss); next "
+                                             "probe in 10.0 s"))
+      << r->decision().reason;
+
+  // The reference finished meanwhile and is kept: at the next probe time
+  // only the GPU runs, two probes back to back.
+  h.run_until(t_trip + ns(15) - 1);
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_EQ(h.faults[0]->runs(), 4);
+  const int64_t t_closed = t_trip + ns(15) + 2 * pt.gpu_ns;
+  h.run_until(t_closed - 1);
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  h.run_until(t_closed);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(h.faults[0]->runs(), 6);
+  EXPECT_EQ(h.faults[1]->runs(), 2);  // the reference (once) and the redirected request
+  EXPECT_GE(pt.cpu_ns, pt.gpu_ns);
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
+  h.run_to_idle();
+}
+
+// With no other path, an open breaker refuses with 503 no_path and the
+// breaker's reason; /health/ready is false; probes judge success alone.
+TEST(GatewayBreakerTest, WithoutACpuPathAnOpenBreakerRefusesAndProbesCountSuccessAlone) {
+  PathSpec gpu;
+  gpu.breaker_group = "vulkan:0";
+  Harness h({gpu});
+  ASSERT_NE(h.gw, nullptr);
+  CircuitBreaker& b = *h.breakers.at("vulkan:0");
+  const int64_t t_trip = trip_gpu(h);
+  ASSERT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_FALSE(h.gw->ready());
+  Refusal refusal;
+  Result<Admitted> a = h.gw->submit(request(20, 10), &refusal);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(a.status().reason(), FailureReason::kNoPath);
+  EXPECT_TRUE(contains(a.status().message(), "gpu_unavailable: circuit breaker open")) << a.status().message();
+  EXPECT_EQ(refusal.decision.http_status, 503);
+  EXPECT_FALSE(classify(a.status()).device_fault) << "a refusal never feeds the breaker";
+
+  h.run_until(t_trip + ns(5) + 2 * probe_times().gpu_ns);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_TRUE(h.gw->ready());
+  const std::vector<std::string> log = h.logged();
+  ASSERT_GE(log.size(), 2u);
+  EXPECT_TRUE(contains(log[log.size() - 2], "probe passed (text not compared: no CPU path)")) << log[log.size() - 2];
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
+  h.run_to_idle();
 }
 
 }  // namespace

@@ -639,6 +639,33 @@ json replica_json(const gateway::ReplicaInfo& r) {
           {"loaded_in_ms", measured(r.loaded_in_ms)}};
 }
 
+// A path's device breaker (null on a path without one). Times are seconds
+// relative to the snapshot (the breaker runs on the monotonic clock).
+json breaker_json(const std::optional<gateway::BreakerSnapshot>& b) {
+  if (!b) return nullptr;
+  json trips = json::array();
+  for (const gateway::BreakerTrip& t : b->recent_trips) {
+    trips.push_back({{"ago_s", static_cast<double>(b->now_ns - t.at_ns) / 1e9},
+                     {"reason", t.reason},
+                     {"failure", t.failure},
+                     {"detail", t.detail},
+                     {"cooldown_s", t.cooldown_s}});
+  }
+  const bool open = b->state == gateway::BreakerState::kOpen;
+  return {{"device", b->name},
+          {"state", std::string(gateway::breaker_state_name(b->state))},
+          {"since_s", b->since_s()},
+          {"reason", gateway::breaker_unavailable_reason(*b)},
+          {"trips", b->trips},
+          {"last_trips", trips},
+          {"cooldown_s", b->cooldown_s},
+          {"next_probe_in_s", open ? json(b->next_probe_in_s()) : json(nullptr)},
+          {"probes", {{"needed", b->probes_needed}, {"passed", b->probes_passed}, {"run", b->probes_run}}},
+          {"window", {{"outcomes", b->window_outcomes}, {"device_faults", b->window_faults}}},
+          {"consecutive_device_faults", b->consecutive_faults},
+          {"counts", {{"device_faults", b->faults}, {"successes", b->successes}, {"ignored", b->ignored}}}};
+}
+
 }  // namespace
 
 std::string render_refusal(const ApiError& e, const std::string& model, const admission::Decision& d) {
@@ -716,6 +743,7 @@ std::string render_status(const gateway::GatewayStatus& s) {
                      {"n_ctx", p.n_ctx},
                      {"kv", {{"block_tokens", p.kv_block_tokens}, {"blocks_total", p.kv_blocks_total}, {"blocks_free", p.kv_blocks_free}}},
                      {"rates", rates_json(p.rates)},
+                     {"breaker", breaker_json(p.breaker)},
                      {"requests",
                       {{"submitted", p.stats.submitted},
                        {"rejected", p.stats.rejected},

@@ -35,6 +35,8 @@ Ticket::Ticket(Env& env, PreparedRequest p, std::string path)
       path_(std::move(path)),
       decision_(std::move(p.decision)),
       kv_blocks_(p.kv_blocks),
+      internal_(p.internal),
+      on_finished_(std::move(p.on_finished)),
       submitted_ns_(env.now_ns()) {}
 
 int64_t Ticket::queue_ns() const {
@@ -269,6 +271,11 @@ void Scheduler::finish_locked(Ticket& t, RequestEvent ev, bool observed) {
   }
   t.events_.push(std::move(ev));
   t.events_.close();
+  if (t.on_finished_) {
+    auto f = std::move(t.on_finished_);
+    t.on_finished_ = nullptr;
+    f(t);
+  }
 }
 
 void Scheduler::worker_loop(Executor* executor) {

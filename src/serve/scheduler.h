@@ -183,6 +183,14 @@ struct PreparedRequest {
   AppliedLimits limits;
   int32_t kv_blocks = 0;     // blocks for prompt + max_tokens (the KV gate's need)
   admission::Decision decision;
+  // A request the server runs for itself (a circuit breaker's probe), not a
+  // client's: observers that count client outcomes skip it (Ticket::internal).
+  bool internal = false;
+  // Called once when the request reaches its terminal state, after its final
+  // event is queued and its KV blocks are back, on the thread that finished
+  // it and under the scheduler's lock: keep it short and never call back into
+  // the Scheduler (it is how a waiter on another clock learns of the end).
+  std::function<void(const Ticket&)> on_finished;
 };
 
 // A path's load at one instant, for admission and status.
@@ -222,6 +230,8 @@ class Ticket {
   int32_t kv_blocks() const { return kv_blocks_; }
   int32_t generated() const { return generated_.load(std::memory_order_acquire); }
   int64_t record_id() const { return record_id_; }
+  // The server's own request (see PreparedRequest::internal).
+  bool internal() const { return internal_; }
   RequestState state() const { return state_.load(std::memory_order_acquire); }
   // Nanoseconds spent queued / running so far (or in total, once finished).
   int64_t queue_ns() const;
@@ -243,6 +253,8 @@ class Ticket {
   const std::string path_;
   const admission::Decision decision_;
   const int32_t kv_blocks_;
+  const bool internal_;
+  std::function<void(const Ticket&)> on_finished_;  // called once, by finish_locked
   bool holds_kv_ = false;             // under the scheduler's mutex
   std::atomic<int32_t> generated_{0};
   std::atomic<RequestState> state_{RequestState::kQueued};
