@@ -39,9 +39,10 @@ double expected_tokens(const PathRates& r, int32_t max_tokens) {
 
 double remaining_s(const PathRates& r, const WorkItem& w) {
   if (r.decode_tps <= 0 || r.prefill_tps <= 0) return kInf;
-  const double left = std::max(1.0, expected_tokens(r, w.max_tokens) - static_cast<double>(w.generated));
-  double t = left / r.decode_tps;
-  if (w.generated == 0) t += std::max(0.0, static_cast<double>(w.prompt_tokens) / r.prefill_tps - w.elapsed_s);
+  const double expected = expected_tokens(r, w.max_tokens);
+  const double from = std::min(static_cast<double>(w.generated), expected - 1.0);
+  double t = decode_s(r, w.prompt_tokens, from, expected);
+  if (w.generated == 0) t += std::max(0.0, prefill_s(r, w.prompt_tokens) - w.elapsed_s);
   return t;
 }
 
@@ -73,9 +74,55 @@ int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens) {
   return (std::max(0, n_tokens) + block_tokens - 1) / block_tokens;
 }
 
+double prefill_s(const PathRates& r, int32_t prompt_tokens) {
+  if (r.prefill_tps <= 0) return kInf;
+  const double p = std::max(0, prompt_tokens);
+  return p / r.prefill_tps + std::max(0.0, r.prefill_s_per_pos) * p * (p - 1.0) / 2.0;
+}
+
+double decode_s(const PathRates& r, int32_t prompt_tokens, double from, double tokens) {
+  if (r.decode_tps <= 0) return kInf;
+  const double n = std::max(0.0, tokens - from);
+  // Positions P+from .. P+tokens-1: their sum is n * (first + last) / 2.
+  const double first = static_cast<double>(std::max(0, prompt_tokens)) + from;
+  return n / r.decode_tps + std::max(0.0, r.decode_s_per_pos) * n * (2.0 * first + n - 1.0) / 2.0;
+}
+
+void CostFit::add(double n, double s, double t, double alpha) {
+  if (!(n > 0) || !(t >= 0) || !(s >= 0)) return;
+  const double keep = empty() ? 0.0 : 1.0 - std::clamp(alpha, 0.0, 1.0);
+  snn_ = keep * snn_ + n * n;
+  sns_ = keep * sns_ + n * s;
+  sss_ = keep * sss_ + s * s;
+  snt_ = keep * snt_ + n * t;
+  sst_ = keep * sst_ + s * t;
+}
+
+bool CostFit::solve(double& tps, double& s_per_pos) const {
+  if (empty()) return false;
+  // Ridge on d: 1% of its own scale, so that samples all at one position
+  // (collinear n and s) still give a finite, mostly flat line.
+  const double sss = sss_ * 1.01;
+  const double det = snn_ * sss - sns_ * sns_;
+  double c = snt_ / snn_;
+  double d = 0;
+  if (det > 0 && sss_ > 0) {
+    const double c2 = (snt_ * sss - sns_ * sst_) / det;
+    const double d2 = (snn_ * sst_ - sns_ * snt_) / det;
+    if (d2 >= 0 && c2 > 0) {
+      c = c2;
+      d = d2;
+    }
+  }
+  if (!(c > 0)) return false;
+  tps = 1.0 / c;
+  s_per_pos = d;
+  return true;
+}
+
 double estimate_run_s(const PathRates& r, int32_t prompt_tokens, int32_t max_tokens) {
   if (r.decode_tps <= 0 || r.prefill_tps <= 0) return kInf;
-  return static_cast<double>(prompt_tokens) / r.prefill_tps + expected_tokens(r, max_tokens) / r.decode_tps;
+  return prefill_s(r, prompt_tokens) + decode_s(r, prompt_tokens, 0, expected_tokens(r, max_tokens));
 }
 
 double estimate_start_delay(const PathSnapshot& p, int32_t kv_blocks) {
@@ -137,7 +184,7 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     out.kv_blocks = blocks;
     out.pressure = pressure;
     out.timing.delay_s = delay;
-    out.timing.ttft_s = delay + (p.rates.prefill_tps > 0 ? req.prompt_tokens / p.rates.prefill_tps : kInf);
+    out.timing.ttft_s = delay + prefill_s(p.rates, req.prompt_tokens);
     out.timing.total_s = delay + estimate_run_s(p.rates, req.prompt_tokens, max_tokens);
     const bool waits = !p.queued.empty() || static_cast<int32_t>(p.running.size()) >= p.workers ||
                        (p.kv_blocks_total > 0 && blocks > p.kv_blocks_free);

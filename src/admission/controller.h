@@ -66,14 +66,44 @@ struct WorkItem {
   double elapsed_s = 0;    // running: time since it started
 };
 
-// Measured speeds of a path (EWMA of finished requests; `measured` false while
-// only the configured prior is known).
+// Measured speeds of a path (fitted over recent finished requests; `measured`
+// false while only the configured prior is known). A token's cost grows with
+// its position (attention reads every earlier position's K/V), so a path's
+// speed is a line, not a number: a token at position p costs
+//   1 / tps + s_per_pos * p   seconds,
+// for prefill and decode separately. With s_per_pos 0 it is a flat rate.
 struct PathRates {
-  double prefill_tps = 0;     // prompt tokens per second
-  double decode_tps = 0;      // generated tokens per second, per request
+  double prefill_tps = 0;     // prompt tokens per second at the start of the context
+  double decode_tps = 0;      // generated tokens per second, per request, at position 0
   double completion_share = 1.0;  // mean completion_tokens / max_tokens
   uint64_t samples = 0;
   bool measured = false;
+  double prefill_s_per_pos = 0;  // seconds added per prompt token per earlier position
+  double decode_s_per_pos = 0;   // seconds added per generated token per earlier position
+};
+
+// Seconds to prefill `prompt_tokens` (positions 0..P-1) and to generate
+// `tokens` tokens after a prompt of `prompt_tokens`, starting at the
+// `from`-th generated token (positions P+from..P+tokens-1). Infinity when the
+// rates are unknown (<= 0).
+double prefill_s(const PathRates& r, int32_t prompt_tokens);
+double decode_s(const PathRates& r, int32_t prompt_tokens, double from, double tokens);
+
+// The fit behind PathRates: seconds t of a run of n tokens whose positions
+// sum to s, modelled as t = n * c + s * d (c = 1 / tps, d = s_per_pos), by
+// least squares over the samples with exponentially decaying weights (each
+// add() multiplies the older samples' weight by 1 - alpha). A light ridge on
+// d keeps the line sane when every sample sat at about the same position;
+// d < 0 (noise) falls back to a flat rate.
+class CostFit {
+ public:
+  void add(double n, double s, double t, double alpha);
+  bool empty() const { return snn_ <= 0; }
+  // tps = 1 / c and s_per_pos = d; false while empty.
+  bool solve(double& tps, double& s_per_pos) const;
+
+ private:
+  double snn_ = 0, sns_ = 0, sss_ = 0, snt_ = 0, sst_ = 0;
 };
 
 // One path as admission sees it at one instant.

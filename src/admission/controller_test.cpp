@@ -420,6 +420,75 @@ TEST(AdmissionController, AnUnloadedReplicaAddsItsLoadTimeToTheWaitAndTheQuote) 
   EXPECT_NEAR(estimate_start_delay(cpu, 2), 2.5 + 1.1, kEps);
 }
 
+TEST(AdmissionController, TimesGrowWithPositionWhenTheRatesSaySo) {
+  PathRates r{100.0, 10.0, 1.0, 5, true};
+  // Flat: the old arithmetic.
+  EXPECT_NEAR(prefill_s(r, 50), 0.5, kEps);
+  EXPECT_NEAR(decode_s(r, 50, 0, 20), 2.0, kEps);
+  // 1 ms per token per earlier position while decoding: tokens at
+  // positions 50..69 add 1e-3 * (50 + ... + 69) = 1.19 s.
+  r.decode_s_per_pos = 1e-3;
+  EXPECT_NEAR(decode_s(r, 50, 0, 20), 2.0 + 1.19, 1e-9);
+  // From the 10th token on: positions 60..69.
+  EXPECT_NEAR(decode_s(r, 50, 10, 20), 1.0 + 1e-3 * 645, 1e-9);
+  r.prefill_s_per_pos = 1e-4;  // positions 0..49: 1e-4 * 1225
+  EXPECT_NEAR(prefill_s(r, 50), 0.5 + 0.1225, 1e-9);
+  EXPECT_NEAR(estimate_run_s(r, 50, 20), 0.5 + 0.1225 + 2.0 + 1.19, 1e-9);
+  // A running request's remaining time counts its own positions.
+  PathSnapshot p = make_path("gpu");
+  p.rates = r;
+  run_on(p, item(50, 20, 10, 5, 1.0));
+  EXPECT_NEAR(estimate_start_delay(p, 2), 1.0 + 1e-3 * 645, 1e-9);
+}
+
+TEST(AdmissionController, CostFitRecoversTheLineFromRunsAtDifferentPositions) {
+  // Runs of a path whose token costs 20 ms + 0.05 ms per position.
+  const double c = 0.02, d = 5e-5;
+  auto run = [&](double n, double first_pos) {
+    const double s = n * first_pos + n * (n - 1) / 2;
+    return std::pair<double, double>{s, n * c + s * d};
+  };
+  CostFit fit;
+  double tps = 0, slope = 0;
+  EXPECT_FALSE(fit.solve(tps, slope));
+  for (const auto& [n, pos] : std::vector<std::pair<double, double>>{{10, 5}, {50, 400}, {20, 1500}, {30, 60}}) {
+    const auto [s, t] = run(n, pos);
+    fit.add(n, s, t, 0.3);
+  }
+  ASSERT_TRUE(fit.solve(tps, slope));
+  // The ridge pulls the slope a little toward flat; the predictions stay
+  // within a few percent where the samples were.
+  EXPECT_NEAR(tps, 1 / c, 0.05 * (1 / c));
+  EXPECT_NEAR(slope, d, 0.05 * d);
+  PathRates r{1000.0, tps, 1.0, 4, true};
+  r.decode_s_per_pos = slope;
+  const auto [s, t] = run(40, 1000);
+  EXPECT_NEAR(decode_s(r, 1000, 0, 40), t, 0.03 * t);
+  (void)s;
+
+  // Every run at the same positions: no slope can be told apart, so the line
+  // is (nearly) flat and still right at those positions.
+  CostFit same;
+  for (int i = 0; i < 5; ++i) {
+    const auto [s1, t1] = run(20, 100);
+    same.add(20, s1, t1, 0.3);
+  }
+  ASSERT_TRUE(same.solve(tps, slope));
+  PathRates flat{1000.0, tps, 1.0, 5, true};
+  flat.decode_s_per_pos = slope;
+  EXPECT_NEAR(decode_s(flat, 100, 0, 20), run(20, 100).second, 0.02 * run(20, 100).second);
+
+  // Noise that makes later positions look cheaper gives a flat rate, never a
+  // negative slope.
+  CostFit noisy;
+  noisy.add(10, 100, 0.5, 0.3);
+  noisy.add(10, 10000, 0.3, 0.3);
+  ASSERT_TRUE(noisy.solve(tps, slope));
+  EXPECT_EQ(slope, 0);
+  // The flat rate is the weighted mean: the older run weighs 1 - alpha.
+  EXPECT_NEAR(tps, (0.7 * 100 + 100) / (0.7 * 10 * 0.5 + 10 * 0.3), 1e-9);
+}
+
 TEST(AdmissionController, SameInputsGiveTheSameDecision) {
   PathSnapshot gpu = make_path("gpu");
   gpu.workers = 2;

@@ -222,13 +222,19 @@ void Scheduler::record_rates_locked(const Ticket& t, int64_t first_token_ns, int
   const int64_t started = t.started_ns_.load(std::memory_order_acquire);
   if (started == 0 || first_token_ns <= started || completion_tokens < 1) return;
   const double a = rates_.measured ? options_.rate_ewma_alpha : 1.0;
-  auto fold = [a](double& v, double x) { v = a * x + (1.0 - a) * v; };
-  fold(rates_.prefill_tps, static_cast<double>(t.limits_.prompt_tokens) / (static_cast<double>(first_token_ns - started) / 1e9));
+  // Prefill: P tokens at positions 0..P-1 from start to the first token.
+  const double p = t.limits_.prompt_tokens;
+  prefill_fit_.add(p, p * (p - 1.0) / 2.0, static_cast<double>(first_token_ns - started) / 1e9, a);
+  (void)prefill_fit_.solve(rates_.prefill_tps, rates_.prefill_s_per_pos);
+  // Decode: the tokens after the first, one step each at positions P..P+n-1.
   if (completion_tokens > 1 && end_ns > first_token_ns) {
-    fold(rates_.decode_tps, static_cast<double>(completion_tokens - 1) / (static_cast<double>(end_ns - first_token_ns) / 1e9));
+    const double n = completion_tokens - 1;
+    decode_fit_.add(n, n * p + n * (n - 1.0) / 2.0, static_cast<double>(end_ns - first_token_ns) / 1e9, a);
+    (void)decode_fit_.solve(rates_.decode_tps, rates_.decode_s_per_pos);
   }
   if (t.limits_.max_tokens > 0) {
-    fold(rates_.completion_share, static_cast<double>(completion_tokens) / static_cast<double>(t.limits_.max_tokens));
+    rates_.completion_share = a * (static_cast<double>(completion_tokens) / static_cast<double>(t.limits_.max_tokens)) +
+                              (1.0 - a) * rates_.completion_share;
   }
   ++rates_.samples;
   rates_.measured = true;

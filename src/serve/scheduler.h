@@ -28,9 +28,10 @@
 // (FIFO, so a long request is not overtaken forever), takes them, and gives
 // them back when the request finishes; a request needing more than the whole
 // budget is started anyway and fails at its KV reservation (admission never
-// sends one). Measured rates (prefill and decode tokens/s,
-// the share of max_tokens really generated) are an EWMA over finished
-// requests, starting from SchedulerOptions::prior_rates.
+// sends one). Measured rates (prefill and decode tokens/s and their growth
+// with position, the share of max_tokens really generated) are fitted over
+// finished requests with decaying weights (admission::CostFit, the newest
+// weighing rate_ewma_alpha), starting from SchedulerOptions::prior_rates.
 // Thread safety: all public methods may be called from any thread. Each worker
 // owns one Executor and uses it from its own thread only.
 #pragma once
@@ -328,6 +329,7 @@ class Scheduler {
   SchedulerStats stats_;
   int32_t kv_blocks_free_ = 0;
   admission::PathRates rates_;
+  admission::CostFit prefill_fit_, decode_fit_;  // behind rates_ (see PathRates)
 };
 
 }  // namespace spw::serve
