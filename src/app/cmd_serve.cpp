@@ -44,6 +44,7 @@ struct ServeCliOptions {
   int port = 8080;
   double grace_s = 10;
   bool log_requests = false;
+  std::string admin_token;  // "" = no admin API
 };
 
 // /health's device_memory: a fresh heap reading into the ledger, its figures
@@ -161,6 +162,7 @@ int run_serve(const ServeCliOptions& o) {
   ho.model_name = b.model_name;
   ho.chat_template = *chat_template;
   ho.log_requests = o.log_requests;
+  ho.admin_token = o.admin_token;
   auto server = http::HttpServer::create(env, gw, ho);
   if (!server.ok()) return fail(server.status());
   Status started = (*server)->start();
@@ -247,6 +249,9 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   srv->add_flag("--log-requests", o->log_requests, "Log one line per HTTP request to stderr");
+  srv->add_option("--admin-token", o->admin_token,
+                  "Enables the admin API (POST/GET/DELETE /v1/admin/faults: arm faults on the GPU for drills) "
+                  "for loopback clients sending 'Authorization: Bearer TOKEN'; off when empty");
   srv->add_flag_function(
       "--no-warmup", [o](int64_t) { o->g.warmup = false; },
       "Skip the one tiny request per path at start (it compiles shaders and measures first rates)");
@@ -371,6 +376,16 @@ void add_serve(CLI::App& app, int& exit_code) {
   cb->add_option("--breaker-probes", g.breaker_probes,
                  "Probe generations (greedy, their text checked against the CPU path's) that must pass to put the "
                  "GPU back in service")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
+  cb->add_option("--health-interval-s", g.health_interval_s,
+                 "Seconds between health checks of each GPU device (a tiny real device operation; a failure "
+                 "counts as a device fault); 0 = off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cb->add_option("--health-timeout-s", g.health_timeout_s,
+                 "A health check that has not answered after this many seconds fails")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
 

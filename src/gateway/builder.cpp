@@ -265,6 +265,13 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     return invalid_field("offload-layers", "--offload-layers and --offload-queue must be >= 0");
   }
   SPW_ASSIGN_OR_RETURN(const BreakerOptions breaker_opts, breaker_options(o));
+  if (!(o.health_interval_s >= 0)) {
+    return invalid_field("health-interval-s", "--health-interval-s must be >= 0 (0: off), got " +
+                                                  std::to_string(o.health_interval_s));
+  }
+  if (!(o.health_timeout_s > 0)) {
+    return invalid_field("health-timeout-s", "--health-timeout-s must be > 0, got " + std::to_string(o.health_timeout_s));
+  }
   auto spec = Placement::parse(o.device);
   if (!spec.ok()) return spec.status().with_context("--device");
   uint64_t device_memory = 0;
@@ -511,6 +518,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     std::function<Result<std::shared_ptr<const Model>>()> load;  // on demand
     LlamaHparams hparams;                                         // on demand
     std::shared_ptr<CircuitBreaker> breaker;                      // GPU-side paths: the device's
+    std::shared_ptr<DeviceControl> device;                        // GPU-side paths: the device's
   };
   auto make_path = [&](PathSpec ps) -> Status {
     serve::EngineServeOptions so;
@@ -528,6 +536,13 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
         {observer, ps.breaker ? std::make_shared<BreakerObserver>(ps.breaker) : nullptr});
     so.path_name = ps.name;
     so.kv_gate = true;
+    if (ps.device) {
+      // The session group re-opens itself after the device was
+      // re-initialised; its time is part of the recovery shown in status.
+      so.on_reopened = [device = ps.device, name = ps.name](const Status& st, double ms) {
+        device->record_reopen(name, st, ms);
+      };
+    }
     const int64_t t0 = env.now_ns();
     auto replica = std::make_shared<Replica>(ps.replica);
     serve::EngineServing serving;
@@ -551,6 +566,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.tokenizer = ps.tokenizer;
     p.ledger = std::move(ps.ledger);
     p.breaker = ps.breaker;
+    p.device = ps.device;
     p.scheduler = std::move(serving.scheduler);
     // An on-demand path is not warmed up: that would load it.
     if (o.warmup && ps.model) warm_up(env, *p.scheduler);
@@ -577,8 +593,29 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     // fail together (same device, same uploaded weights).
     SPW_ASSIGN_OR_RETURN(std::shared_ptr<CircuitBreaker> breaker,
                          CircuitBreaker::create(env, out.vulkan->name(), breaker_opts));
+    // What the gateway may do to the device: its health probe, re-initialising
+    // it after a fault (before the breaker's probes) and the admin API's
+    // armed faults. Weak: the paths' session groups hold the backend.
+    DeviceHooks hooks;
+    hooks.name = out.vulkan->name();
+    std::weak_ptr<VulkanBackend> weak_vk = out.vulkan;
+    hooks.health_check = [weak_vk] {
+      auto vk = weak_vk.lock();
+      return vk ? vk->health_check() : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
+    };
+    hooks.healthy = [weak_vk] {
+      auto vk = weak_vk.lock();
+      return vk && vk->healthy();
+    };
+    hooks.reinitialize = [weak_vk] {
+      auto vk = weak_vk.lock();
+      return vk ? vk->reinitialize() : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
+    };
+    hooks.faults = &out.vulkan->faults();
+    auto device = std::make_shared<DeviceControl>(env, std::move(hooks));
     PathSpec ps = primary_spec(n_gpu_layers == hp.n_layer ? "gpu" : "hybrid", *spec);
     ps.breaker = breaker;
+    ps.device = device;
     ps.workers = o.parallel;
     ps.queue = o.queue;
     ps.ctx = n_ctx;
@@ -596,6 +633,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       hs.role = admission::PathRole::kOffload;
       hs.ledger = out.device_ledger;
       hs.breaker = breaker;
+      hs.device = device;
       hs.replica.why = "the GPU path's model: its first " + std::to_string(o.offload_layers) +
                        " layers' uploaded weights and the mapping for the rest";
       SPW_RETURN_IF_ERROR(make_path(std::move(hs)));
@@ -647,6 +685,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   policy.admission.allow_shrink = o.allow_shrink;
   policy.admission.min_shrink_tokens = o.min_shrink_tokens;
   policy.observe_interval_s = o.observe_interval_s;
+  policy.health_interval_s = o.health_interval_s;
+  policy.health_timeout_s = o.health_timeout_s;
   policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
   auto host_ledger = out.host_ledger;
   auto device_ledger = out.device_ledger;

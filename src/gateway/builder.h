@@ -30,8 +30,13 @@
 //     path's host pages are dropped after its weights are on the device.
 // The GPU-side paths (gpu, and hybrid beside it) share one CircuitBreaker for
 // their device (breaker_* options), fed by their observers alongside the
-// journal; the gateway probes it back (gateway.h). A breaker option out of
-// range is InvalidArgument naming its flag.
+// journal; the gateway probes it back (gateway.h). They also share one
+// DeviceControl (device_control.h) bound to the VulkanBackend: its health
+// check for the gateway's health prober (health_interval_s,
+// health_timeout_s), its re-initialisation for recovery before the breaker's
+// probes (each path's session group then re-opens itself: on_reopened counts
+// it), and its FaultInjector for the admin API. A breaker or health option
+// out of range is InvalidArgument naming its flag.
 // The ledgers hold each path's plan as committed; observed usage is re-read
 // (host readings, the device heap) at most every observe_interval_s by the
 // gateway. Errors: a bad option is InvalidArgument naming the flag; no path
@@ -115,6 +120,12 @@ struct GatewayOptions {
   double breaker_cooldown_s = 5;             // first cooldown; doubled on each consecutive trip
   double breaker_max_cooldown_s = 300;       // cap of the cooldown
   int32_t breaker_probes = 2;                // probe generations that must pass to close it
+  // Health prober, per GPU device (gateway.h): a tiny real device operation
+  // (VulkanBackend::health_check) every health_interval_s (0: off) while the
+  // breaker is closed; a failure, or no answer within health_timeout_s, is a
+  // device fault for the breaker.
+  double health_interval_s = 5;
+  double health_timeout_s = 10;
   // Journal.
   std::string journal;          // "" = default place, "none" = no journal
   double journal_retention_hours = 168;

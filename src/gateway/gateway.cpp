@@ -29,6 +29,10 @@ Result<std::unique_ptr<Gateway>> Gateway::create(Env& env, std::vector<Execution
     if (!names.insert(p.name).second) return Status::invalid_argument("gateway: two paths named '" + p.name + "'");
   }
   if (policy.observe_interval_s < 0) return Status::invalid_argument("gateway: observe_interval_s must be >= 0");
+  if (!(policy.health_interval_s >= 0) || !(policy.health_timeout_s > 0)) {
+    return invalid_field("health_interval_s",
+                         "gateway: health_interval_s must be >= 0 (0: off) and health_timeout_s > 0");
+  }
   if (std::any_of(paths.begin(), paths.end(), [](const ExecutionPath& p) { return p.breaker != nullptr; })) {
     if (policy.probe_prompt.empty() || policy.probe_tokens < 1 || !(policy.probe_timeout_s > 0) ||
         !(policy.probe_retry_s > 0)) {
@@ -70,6 +74,18 @@ Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNot
     });
   }
   if (has_prober_) prober_ = std::thread([this] { prober_loop(); });
+  // The health prober: one runner per device that has a check and a breaker
+  // to tell.
+  std::set<const DeviceControl*> devices;
+  for (const ExecutionPath& p : paths_) {
+    if (!p.device || !p.breaker || !p.device->has_health_check() || !devices.insert(p.device.get()).second) continue;
+    HealthRunner r;
+    r.device = p.device;
+    r.breaker = p.breaker;
+    health_runners_.push_back(std::move(r));
+  }
+  has_health_ = !health_runners_.empty() && policy_.health_interval_s > 0;
+  if (has_health_) health_ = std::thread([this] { health_loop(); });
 }
 
 Gateway::~Gateway() {
@@ -79,6 +95,104 @@ Gateway::~Gateway() {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [id, l] : leases_) (void)l.ledger->release(l.ticket);
   leases_.clear();
+}
+
+void Gateway::stop_health() {
+  {
+    std::lock_guard<std::mutex> lk(health_sync_->mu);
+    health_sync_->stop = true;
+  }
+  health_sync_->cv.notify_all();
+  std::lock_guard<std::mutex> j(health_join_mu_);
+  if (health_.joinable()) health_.join();
+  // A check still running is bounded by the device's own finite waits.
+  for (HealthRunner& r : health_runners_)
+    if (r.thread.joinable()) r.thread.join();
+}
+
+Gateway::HealthPark Gateway::health_park() const {
+  if (!has_health_) return {};
+  std::lock_guard<std::mutex> lk(health_sync_->mu);
+  const bool parked = health_sync_->parked && !health_sync_->stop;
+  return {parked, parked};
+}
+
+void Gateway::health_loop() {
+  HealthSync& hs = *health_sync_;
+  const auto interval = static_cast<int64_t>(std::llround(policy_.health_interval_s * 1e9));
+  int64_t next = env_.now_ns() + interval;
+  std::unique_lock<std::mutex> lk(hs.mu);
+  for (;;) {
+    if (hs.stop) return;
+    if (env_.now_ns() < next) {
+      hs.parked = true;
+      (void)env_.wait_until_ns(lk, hs.cv, next);
+      hs.parked = false;
+      continue;
+    }
+    lk.unlock();
+    check_health_round();
+    next = env_.now_ns() + interval;
+    lk.lock();
+  }
+}
+
+void Gateway::check_health_round() {
+  HealthSync& hs = *health_sync_;
+  const auto timeout = static_cast<int64_t>(std::llround(policy_.health_timeout_s * 1e9));
+  for (HealthRunner& r : health_runners_) {
+    // Only a device in service: an open breaker keeps clients off it already
+    // and its recovery has probes of its own.
+    if (!r.breaker->closed()) continue;
+    auto fail = [&](const Status& st) {
+      if (policy_.log) policy_.log("health check of " + r.device->name() + " failed: " + st.to_string());
+      r.breaker->record_health_failure(st);
+    };
+    {
+      std::lock_guard<std::mutex> lk(hs.mu);
+      if (r.run && !r.run->done) {
+        // The last check never answered: the device is still not answering.
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "the health check started %.1f s ago has not answered",
+                      static_cast<double>(env_.now_ns() - r.run->started_ns) / 1e9);
+        const Status st(StatusCode::kDeadlineExceeded, buf, FailureReason::kTimeout);
+        r.device->record_health_timeout(st);
+        fail(st);
+        continue;
+      }
+    }
+    if (r.thread.joinable()) r.thread.join();
+    auto run = std::make_shared<HealthRun>();
+    run->started_ns = env_.now_ns();
+    r.run = run;
+    r.thread = std::thread([run, device = r.device, sync = health_sync_] {
+      Status st = device->health_check();
+      {
+        std::lock_guard<std::mutex> lk(sync->mu);
+        run->status = std::move(st);
+        run->done = true;
+      }
+      sync->cv.notify_all();
+    });
+    Status result;
+    bool answered = false;
+    {
+      std::unique_lock<std::mutex> lk(hs.mu);
+      (void)env_.wait_until_ns(lk, hs.cv, run->started_ns + timeout, [&] { return hs.stop || run->done; });
+      if (hs.stop) return;
+      answered = run->done;
+      if (answered) result = run->status;
+    }
+    if (!answered) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "the health check did not answer within %.1f s", policy_.health_timeout_s);
+      const Status st(StatusCode::kDeadlineExceeded, buf, FailureReason::kTimeout);
+      r.device->record_health_timeout(st);
+      fail(st);
+    } else if (!result.ok()) {
+      fail(result);
+    }
+  }
 }
 
 void Gateway::stop_prober() {
@@ -136,6 +250,27 @@ void Gateway::prober_loop() {
       }
       const BreakerSnapshot snap = p.breaker->snapshot();
       if (snap.state == BreakerState::kOpen) sooner(snap.next_probe_ns);
+    }
+    if (probe_path && probe_path->device && recovered_episode_[probe_path->breaker.get()] != episode) {
+      // Before the episode's first probe: bring the device back if a fault
+      // left it unhealthy (re-initialised; the paths re-open their session
+      // groups on their next run, which is the probe).
+      recovered_episode_[probe_path->breaker.get()] = episode;
+      const uint64_t before = probe_path->device->status().reinitializations;
+      const Status st = probe_path->device->recover();
+      const DeviceStatus ds = probe_path->device->status();
+      if (!st.ok()) {
+        if (policy_.log) policy_.log("device " + ds.name + ": re-initialisation failed: " + st.to_string());
+        probe_path->breaker->record_probe(episode, st);
+        lk.lock();
+        continue;
+      }
+      if (policy_.log && ds.reinitializations > before) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%.1f", ds.last_recovery_ms);
+        policy_.log("device " + ds.name + ": re-initialised in " + buf + " ms (" +
+                    std::to_string(ds.reinitializations) + " so far); probing it");
+      }
     }
     if (probe_path) {
       if (!run_probe(*probe_path, episode)) retry_at = env_.now_ns() + retry_ns;
@@ -313,6 +448,7 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
 }
 
 void Gateway::shutdown(std::chrono::milliseconds grace) {
+  stop_health();
   stop_prober();
   // Paths drain side by side: each gets the whole grace.
   std::vector<std::thread> drains;
@@ -668,6 +804,7 @@ GatewayStatus Gateway::status() {
     ps.kv_blocks_free = load.kv_blocks_free;
     ps.rates = load.rates;
     if (p.breaker) ps.breaker = p.breaker->snapshot();
+    if (p.device) ps.device = p.device->status();
     out.paths.push_back(std::move(ps));
     if (p.ledger && seen.insert(p.ledger.get()).second) out.ledgers.push_back(p.ledger->snapshot());
   }

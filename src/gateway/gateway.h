@@ -54,8 +54,23 @@
 // full queue, or a reference that cannot run, postpones it by
 // probe_retry_s without counting. A probe that does not end within
 // probe_timeout_s is cancelled and fails (kTimeout).
+// Recovery: a path may carry its device's DeviceControl (device_control.h;
+// shared like the breaker). When the prober finds a breaker half-open, before
+// the episode's first probe it calls the device's recover(): an unhealthy
+// backend is re-initialised there (timed; shown in status), and the paths'
+// session groups re-open themselves on their next run, which is the probe
+// (serve/engine_executor.h). A failed re-initialisation fails the episode's
+// probe (-> open again, with the grown cooldown).
+// Health prober: a thread of its own (started when some path's device has a
+// health check and policy.health_interval_s > 0; stopped and joined by
+// shutdown) runs each device's health_check() every health_interval_s while
+// its breaker is closed (an open breaker already keeps clients off it, and
+// recovery has its own probes), each on a helper thread that it waits for at
+// most health_timeout_s on the Env's clock: a failed check, or one that did not
+// answer in time (kTimeout; a check still running at the next round counts
+// again, and no second one is started), is breaker->record_health_failure().
 // All times come from the injected Env, so a SimEnv drives leases, refresh,
-// ETAs, breakers and the prober deterministically.
+// ETAs, breakers, the prober and the health prober deterministically.
 // Thread safety: every public method may be called from any thread.
 #pragma once
 
@@ -76,6 +91,7 @@
 #include "admission/ledger.h"
 #include "core/env.h"
 #include "gateway/breaker.h"
+#include "gateway/device_control.h"
 #include "core/status.h"
 #include "serve/scheduler.h"
 #include "tokenizer/tokenizer.h"
@@ -137,6 +153,10 @@ struct ExecutionPath {
   // The circuit breaker of the device this path runs on (null: none, as for
   // the CPU path). Paths on one device share one.
   std::shared_ptr<CircuitBreaker> breaker;
+  // What can be done to that device besides running work (health checks,
+  // re-initialisation, armed faults); null: nothing (the CPU path). Paths on
+  // one device share one.
+  std::shared_ptr<DeviceControl> device;
 };
 
 // A path that could not be built at start, and why (shown in status).
@@ -155,6 +175,10 @@ struct GatewayPolicy {
   int32_t probe_tokens = 8;
   double probe_timeout_s = 30;  // a probe not done by then fails (kTimeout)
   double probe_retry_s = 1;     // a probe that could not run now tries again after this
+  // Health prober (see the contract): every this often per device (0: off),
+  // a check not answered within health_timeout_s fails (kTimeout).
+  double health_interval_s = 5;
+  double health_timeout_s = 10;
   // One line per breaker transition and probe result (null: silent).
   std::function<void(const std::string&)> log;
 };
@@ -224,6 +248,7 @@ struct PathStatus {
   admission::PathRates rates;
   serve::SchedulerStats stats;  // probes included
   std::optional<BreakerSnapshot> breaker;  // the path's device breaker; none on the CPU path
+  std::optional<DeviceStatus> device;      // its device's health and recovery; none on the CPU path
 };
 
 struct GatewayStatus {
@@ -273,6 +298,13 @@ class Gateway {
     bool on_clock = false;
   };
   ProberPark prober_park() const;
+  // Likewise for the health prober: parked = waiting on the clock for its
+  // next round (not while a round runs). Without one: parked, off the clock.
+  struct HealthPark {
+    bool parked = true;
+    bool on_clock = false;
+  };
+  HealthPark health_park() const;
 
   const std::vector<ExecutionPath>& paths() const { return paths_; }
   const ExecutionPath& primary() const { return paths_.front(); }
@@ -297,6 +329,9 @@ class Gateway {
   // False when it could not run now (queue full, no reference yet): retry.
   bool run_probe(const ExecutionPath& path, uint64_t episode);
   void stop_prober();
+  void health_loop();
+  void check_health_round();
+  void stop_health();
 
   Env& env_;
   std::vector<ExecutionPath> paths_;
@@ -338,6 +373,34 @@ class Gateway {
   // while it is under way.
   std::optional<std::string> probe_reference_;
   std::shared_ptr<serve::Ticket> ref_pending_;
+  // Prober thread only: the half-open episode each device was last recovered
+  // for (recover() runs once per episode, before its first probe).
+  std::map<const CircuitBreaker*, uint64_t> recovered_episode_;
+
+  // The health prober's state; a check's helper thread may outlive a round
+  // (it timed out), so its result lives in shared state.
+  struct HealthRun {
+    bool done = false;
+    Status status;
+    int64_t started_ns = 0;
+  };
+  struct HealthSync {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;
+    bool parked = false;
+  };
+  const std::shared_ptr<HealthSync> health_sync_ = std::make_shared<HealthSync>();
+  struct HealthRunner {
+    std::shared_ptr<DeviceControl> device;
+    std::shared_ptr<CircuitBreaker> breaker;
+    std::shared_ptr<HealthRun> run;  // the last check (null: none yet)
+    std::thread thread;
+  };
+  std::vector<HealthRunner> health_runners_;  // health thread only (joined by stop_health)
+  bool has_health_ = false;
+  std::mutex health_join_mu_;
+  std::thread health_;
 };
 
 }  // namespace spw::gateway

@@ -621,8 +621,12 @@ json reservations_json(const std::vector<gateway::ReservationInfo>& rs) {
 }
 
 json rates_json(const admission::PathRates& r) {
+  // Speeds at position 0 and what each earlier position adds to a token
+  // (attention): the line admission predicts times with.
   return {{"prefill_tokens_per_s", r.prefill_tps},
           {"decode_tokens_per_s", r.decode_tps},
+          {"prefill_us_per_token_per_position", r.prefill_s_per_pos * 1e6},
+          {"decode_us_per_token_per_position", r.decode_s_per_pos * 1e6},
           {"completion_share", r.completion_share},
           {"samples", r.samples},
           {"measured", r.measured}};
@@ -664,6 +668,31 @@ json breaker_json(const std::optional<gateway::BreakerSnapshot>& b) {
           {"window", {{"outcomes", b->window_outcomes}, {"device_faults", b->window_faults}}},
           {"consecutive_device_faults", b->consecutive_faults},
           {"counts", {{"device_faults", b->faults}, {"successes", b->successes}, {"ignored", b->ignored}}}};
+}
+
+// A path's device: health checks and recovery after faults (null on a path
+// without a device). reopen_ms: this path's last session-group re-open.
+json device_json(const std::optional<gateway::DeviceStatus>& d, const std::string& path) {
+  if (!d) return nullptr;
+  auto measured = [](double ms) { return ms < 0 ? json(nullptr) : json(ms); };
+  json reopen = nullptr;
+  if (auto it = d->reopens.find(path); it != d->reopens.end()) {
+    reopen = {{"reopens", it->second.reopens},
+              {"failed", it->second.failed},
+              {"last_ms", measured(it->second.last_ms)},
+              {"last_error", nullable(it->second.last_error)}};
+  }
+  return {{"name", d->name},
+          {"healthy", d->healthy},
+          {"reinitializations", d->reinitializations},
+          {"failed_reinitializations", d->failed_reinitializations},
+          {"last_recovery_ms", measured(d->last_recovery_ms)},
+          {"last_recovery_error", nullable(d->last_recovery_error)},
+          {"session_group", reopen},
+          {"health_checks", d->health_checks},
+          {"health_failures", d->health_failures},
+          {"last_health_check_ms", measured(d->last_health_check_ms)},
+          {"last_health_failure", nullable(d->last_health_failure)}};
 }
 
 }  // namespace
@@ -744,6 +773,7 @@ std::string render_status(const gateway::GatewayStatus& s) {
                      {"kv", {{"block_tokens", p.kv_block_tokens}, {"blocks_total", p.kv_blocks_total}, {"blocks_free", p.kv_blocks_free}}},
                      {"rates", rates_json(p.rates)},
                      {"breaker", breaker_json(p.breaker)},
+                     {"device", device_json(p.device, p.name)},
                      {"requests",
                       {{"submitted", p.stats.submitted},
                        {"rejected", p.stats.rejected},
@@ -806,6 +836,70 @@ std::optional<ApiError> parse_reservation_request(std::string_view body, Reserva
   }
   return std::nullopt;
 }
+
+std::optional<ApiError> parse_fault_request(std::string_view body, FaultRequest& out) {
+  json obj;
+  SPW_TRY_FIELD(parse_object(body, obj));
+  auto k = obj.find("kind");
+  std::string names;
+  for (int i = 0; i < kNumFaultKinds; ++i) {
+    names += (i ? ", " : "") + std::string(fault_kind_name(static_cast<FaultKind>(i)));
+  }
+  if (k == obj.end() || k->is_null()) return bad("kind", "'kind' is required: one of " + names, "missing_required_parameter");
+  if (!k->is_string()) return wrong_type("kind", "a string", *k);
+  const std::optional<FaultKind> kind = fault_kind_from_name(k->get<std::string>());
+  if (!kind) return bad("kind", "'kind' must be one of " + names + ", got \"" + k->get<std::string>() + "\"");
+  out.spec.kind = *kind;
+  std::optional<std::string> path;
+  SPW_TRY_FIELD(get_string(obj, "path", path));
+  out.path = path.value_or("");
+  std::optional<int64_t> after, count;
+  SPW_TRY_FIELD(get_int(obj, "after_submits", after));
+  if (after && *after < 0) return bad("after_submits", "'after_submits' must be >= 0");
+  out.spec.after = after.value_or(0);
+  SPW_TRY_FIELD(get_int(obj, "count", count));
+  if (count && *count < 0) return bad("count", "'count' must be >= 0 (0: until disarmed)");
+  out.spec.count = count.value_or(1);
+  std::optional<double> factor;
+  SPW_TRY_FIELD(get_number(obj, "factor", factor));
+  if (*kind == FaultKind::kSlow) {
+    if (!factor) return bad("factor", "'factor' is required for a slow fault: a number in (1, 1000]", "missing_required_parameter");
+    SPW_TRY_FIELD(in_range("factor", *factor, 1.0, 1000.0, true));
+    out.spec.factor = *factor;
+  } else if (factor) {
+    return bad("factor", "'factor' applies to slow faults only");
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+json fault_json(const FaultView& f) {
+  const FaultSpec& s = f.fault.spec;
+  return {{"id", f.fault.id},
+          {"object", "spillway.fault"},
+          {"kind", std::string(fault_kind_name(s.kind))},
+          {"path", f.path},
+          {"device", f.device},
+          {"after_submits", s.after},
+          {"count", s.count},
+          {"factor", s.kind == FaultKind::kSlow ? json(s.factor) : json(nullptr)},
+          {"seen", f.fault.seen},
+          {"fired", f.fault.fired},
+          {"spent", f.fault.spent()}};
+}
+
+}  // namespace
+
+std::string render_fault(const FaultView& f) { return dump(fault_json(f)); }
+
+std::string render_faults(const std::vector<FaultView>& fs) {
+  json data = json::array();
+  for (const FaultView& f : fs) data.push_back(fault_json(f));
+  return dump(json{{"object", "list"}, {"data", data}});
+}
+
+std::string render_disarmed(size_t n) { return dump(json{{"disarmed", n}}); }
 
 std::string sse_data(std::string_view payload) {
   std::string s;

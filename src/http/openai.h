@@ -165,6 +165,29 @@ struct ReservationRequest {
 };
 std::optional<ApiError> parse_reservation_request(std::string_view body, ReservationRequest& out);
 
+// POST /v1/admin/faults body: {"kind", "path", "after_submits", "count",
+// "factor"}. kind is required and one of fault_kind_name()'s names; path
+// (default: empty = the first path) a string; after_submits and count
+// integers >= 0 (defaults 0 and 1; count 0 = until disarmed); factor a number
+// in (1, 1000], required for "slow" and refused for the other kinds. A 400
+// names the field in `param`.
+struct FaultRequest {
+  FaultSpec spec;
+  std::string path;  // "" = the first path
+};
+std::optional<ApiError> parse_fault_request(std::string_view body, FaultRequest& out);
+// One armed fault as the admin API shows it, with the path and device it is
+// armed on.
+struct FaultView {
+  std::string path;
+  std::string device;
+  ArmedFault fault;
+};
+std::string render_fault(const FaultView& f);
+// GET: {"object":"list","data":[fault...]}; DELETE: {"disarmed": n}.
+std::string render_faults(const std::vector<FaultView>& fs);
+std::string render_disarmed(size_t n);
+
 // Host memory as the server's ledger and probes see it (all bytes). Absent
 // from /health when the server was built without a ledger (tests).
 struct HealthMemory {

@@ -92,6 +92,32 @@ std::vector<const char*> turn_end_markers(ChatTemplateKind kind) {
   }
 }
 
+// The peer is this host: 127.0.0.0/8, ::1, or IPv4-mapped 127.x.
+bool loopback_peer(const std::string& addr) {
+  return addr.starts_with("127.") || addr == "::1" || addr.starts_with("::ffff:127.");
+}
+
+// Equal strings, in a time that depends only on the lengths (the admin token
+// must not leak through how soon a wrong guess is refused).
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
+  }
+  return diff == 0;
+}
+
+ApiError no_route(const httplib::Request& req) {
+  ApiError e;
+  e.http_status = 404;
+  e.code = "not_found";
+  e.message = "no route for " + req.method + " " + req.path;
+  return e;
+}
+
 }  // namespace
 
 Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFile& file, const std::string& name) {
@@ -197,6 +223,18 @@ class HttpServer::Impl {
       res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", kJson);
     });
 
+    if (!options_.admin_token.empty()) {
+      svr_.Post("/v1/admin/faults", [this](const httplib::Request& req, httplib::Response& res) {
+        if (admin_allowed(req, res)) arm_fault(req, res);
+      });
+      svr_.Get("/v1/admin/faults", [this](const httplib::Request& req, httplib::Response& res) {
+        if (admin_allowed(req, res)) res.set_content(render_faults(armed_faults()), kJson);
+      });
+      svr_.Delete("/v1/admin/faults", [this](const httplib::Request& req, httplib::Response& res) {
+        if (admin_allowed(req, res)) disarm_faults(res);
+      });
+    }
+
     svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       ApiError e;
@@ -225,6 +263,85 @@ class HttpServer::Impl {
         std::fprintf(stderr, "spillway: %s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
       });
     }
+  }
+
+  // The admin API: as if absent (404) for a peer that is not this host; 401
+  // without the bearer token.
+  bool admin_allowed(const httplib::Request& req, httplib::Response& res) {
+    if (!loopback_peer(req.remote_addr)) {
+      set_error(res, no_route(req));
+      return false;
+    }
+    const std::string auth = req.get_header_value("Authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    const bool ok = auth.size() > kBearer.size() && std::string_view(auth).substr(0, kBearer.size()) == kBearer &&
+                    constant_time_equal(std::string_view(auth).substr(kBearer.size()), options_.admin_token);
+    if (!ok) {
+      ApiError e;
+      e.http_status = 401;
+      e.code = "invalid_api_key";
+      e.message = "the admin API needs the header Authorization: Bearer <the --admin-token of this server>";
+      res.set_header("WWW-Authenticate", "Bearer");
+      set_error(res, e);
+    }
+    return ok;
+  }
+
+  void arm_fault(const httplib::Request& req, httplib::Response& res) {
+    FaultRequest fr;
+    if (auto err = parse_fault_request(req.body, fr)) return set_error(res, *err);
+    const gateway::ExecutionPath* path = fr.path.empty() ? &gateway_.primary() : nullptr;
+    std::string names;
+    for (const gateway::ExecutionPath& p : gateway_.paths()) {
+      names += (names.empty() ? "" : ", ") + p.name;
+      if (p.name == fr.path) path = &p;
+    }
+    if (path == nullptr) {
+      ApiError e;
+      e.param = "path";
+      e.code = "invalid_value";
+      e.message = "no path named \"" + fr.path + "\" (paths: " + names + ")";
+      return set_error(res, e);
+    }
+    FaultInjector* faults = path->device ? path->device->faults() : nullptr;
+    if (faults == nullptr) {
+      ApiError e;
+      e.param = "path";
+      e.code = "invalid_value";
+      e.message = "a " + std::string(fault_kind_name(fr.spec.kind)) + " fault needs a device; the " + path->name +
+                  " path (" + path->placement + ") runs on none";
+      return set_error(res, e);
+    }
+    Result<ArmedFault> armed = faults->arm(fr.spec);
+    if (!armed.ok()) return set_error(res, api_error_from_status(armed.status()));
+    std::fprintf(stderr, "spillway: admin: armed fault %llu: %s on %s (after %lld, count %lld)\n",
+                 static_cast<unsigned long long>(armed->id), std::string(fault_kind_name(fr.spec.kind)).c_str(),
+                 path->device->name().c_str(), static_cast<long long>(fr.spec.after),
+                 static_cast<long long>(fr.spec.count));
+    res.status = 201;
+    res.set_content(render_fault({path->name, path->device->name(), *armed}), kJson);
+  }
+
+  // Every device's faults once, labelled with the first path on it.
+  std::vector<FaultView> armed_faults() {
+    std::vector<FaultView> out;
+    std::vector<const FaultInjector*> seen;
+    for (const gateway::ExecutionPath& p : gateway_.paths()) {
+      FaultInjector* f = p.device ? p.device->faults() : nullptr;
+      if (f == nullptr || std::find(seen.begin(), seen.end(), f) != seen.end()) continue;
+      seen.push_back(f);
+      for (const ArmedFault& a : f->list()) out.push_back({p.name, p.device->name(), a});
+    }
+    return out;
+  }
+
+  void disarm_faults(httplib::Response& res) {
+    const size_t n = armed_faults().size();
+    for (const gateway::ExecutionPath& p : gateway_.paths()) {
+      if (FaultInjector* f = p.device ? p.device->faults() : nullptr) f->disarm();
+    }
+    std::fprintf(stderr, "spillway: admin: disarmed %zu faults\n", n);
+    res.set_content(render_disarmed(n), kJson);
   }
 
   void health(httplib::Response& res) {

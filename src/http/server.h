@@ -23,6 +23,18 @@
 //   DELETE /v1/reservations/{id}       releases it
 //   GET  /health/live          200 while the process serves HTTP
 //   GET  /health/ready         200 while some path accepts work, else 503
+//   POST /v1/admin/faults      (only with options.admin_token) arms a fault on
+//                              a path's device: {"kind", "path",
+//                              "after_submits", "count", "factor"} -> 201
+//                              with the armed fault and its id
+//   GET  /v1/admin/faults      the armed faults (and spent ones) with counts
+//   DELETE /v1/admin/faults    disarms every fault: {"disarmed": n}
+// The admin API is off by default: without admin_token, or for a peer that is
+// not a loopback address, its routes answer 404 exactly as unknown paths do;
+// a missing or wrong bearer token is 401 (compared in constant time); a bad
+// body is 400 naming the field (`param`), and a path without a device (the
+// CPU path) is 400 naming `path`. Armed faults act inside the backend, where
+// real ones happen (backend/vulkan/fault_injector.h).
 // Every completion goes through the Gateway: admission decides its path
 // (admit / delay / shrink / offload / redirect) before anything runs, or
 // refuses it (429 with Retry-After when the queues are full, 503 when no path
@@ -101,6 +113,9 @@ struct HttpServerOptions {
   // scheduler's RequestObserver writes its progress); null: no journal, no
   // Idempotency-Key handling, and GET /v1/requests/{id} answers 404.
   std::shared_ptr<journal::Journal> journal;
+  // Enables the admin API (/v1/admin/faults) for requests from this host
+  // carrying "Authorization: Bearer <admin_token>"; empty: no admin API.
+  std::string admin_token;
 };
 
 // The template a server should use: `name` (from --chat-template) when given

@@ -9,36 +9,135 @@
 namespace spw::serve {
 namespace {
 
+// One request on one session of a group.
+Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, const ExecJob& job,
+                                   const std::function<void(std::string_view)>& on_text,
+                                   const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) {
+  GenerateOptions o;
+  o.max_tokens = job.max_tokens;
+  o.sampler = job.sampler;
+  o.stop = job.stop;
+  o.reserve_kv = true;  // fail at the request boundary, never mid-stream
+  int32_t n = 0;
+  auto cb = [&](std::string_view text, TokenId id) {
+    if (!text.empty()) on_text(text);
+    if (id >= 0) on_token(++n);
+    return !cancel.load(std::memory_order_acquire);
+  };
+  Result<GenerateResult> r = generate(session, job.prompt, o, cb, &cancel);
+  if (!keep_kv) (void)session.truncate(0);
+  if (!r.ok()) return r.status();
+  if (r->finish_reason == "cancelled") return Status::cancelled("request cancelled");
+  ExecOutcome out;
+  out.finish = r->finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
+  out.completion_tokens = static_cast<int32_t>(r->tokens.size());
+  return out;
+}
+
 class SessionExecutor final : public Executor {
  public:
   SessionExecutor(std::unique_ptr<Session> session, bool keep_kv) : session_(std::move(session)), keep_kv_(keep_kv) {}
 
   Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
                           const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
-    GenerateOptions o;
-    o.max_tokens = job.max_tokens;
-    o.sampler = job.sampler;
-    o.stop = job.stop;
-    o.reserve_kv = true;  // fail at the request boundary, never mid-stream
-    int32_t n = 0;
-    auto cb = [&](std::string_view text, TokenId id) {
-      if (!text.empty()) on_text(text);
-      if (id >= 0) on_token(++n);
-      return !cancel.load(std::memory_order_acquire);
-    };
-    Result<GenerateResult> r = generate(*session_, job.prompt, o, cb, &cancel);
-    if (!keep_kv_) (void)session_->truncate(0);
-    if (!r.ok()) return r.status();
-    if (r->finish_reason == "cancelled") return Status::cancelled("request cancelled");
-    ExecOutcome out;
-    out.finish = r->finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
-    out.completion_tokens = static_cast<int32_t>(r->tokens.size());
-    return out;
+    return run_on_session(*session_, keep_kv_, job, on_text, on_token, cancel);
   }
 
  private:
   std::unique_ptr<Session> session_;  // holds its stages' pools and backends
   bool keep_kv_;
+};
+
+// The session group of a path with layers on a Vulkan device, shared by its
+// workers, which re-opens itself after the device was re-initialised: the
+// backend then no longer accepts the group's device pool (accepts_kv), its
+// uploaded weights are gone, and every session of the group is useless. The
+// first worker to start a run while no other worker of the group is mid-run
+// drops the old group (so its memory is free again) and opens it anew, same
+// options: weights uploaded again, pools of the same sizes (the KV gate's
+// budget stays right). A run that finds the group stale while another worker
+// runs or rebuilds fails with Unavailable (no typed reason: the device is
+// not known to be bad, it is being brought back), as does one after a
+// re-open that failed (with that failure's status, typed by the backend);
+// the next run tries again.
+class DeviceGroup {
+ public:
+  DeviceGroup(Env& env, std::shared_ptr<const Model> model, SessionGroupOptions options, SessionGroup group,
+              std::function<void(const Status&, double)> on_reopened)
+      : env_(env),
+        model_(std::move(model)),
+        options_(std::move(options)),
+        group_(std::move(group)),
+        on_reopened_(std::move(on_reopened)) {
+    // Re-opens use the same backend, whoever opened it first.
+    options_.vulkan = group_.vulkan;
+    keep_kv_ = group_.full_pool;
+  }
+
+  // The worker's session for one run, counted as running until end().
+  Result<Session*> begin(size_t worker) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (rebuilding_ || (stale_locked() && running_ > 0)) {
+      return Status::unavailable("the " + options_.device.name() +
+                                 " session group is being re-opened after the device was re-initialised");
+    }
+    if (stale_locked()) {
+      rebuilding_ = true;
+      SessionGroup old = std::move(group_);
+      group_ = SessionGroup{};
+      lk.unlock();
+      const int64_t t0 = env_.now_ns();
+      old = SessionGroup{};  // sessions, then pools: their device memory is free before the new ones
+      Result<SessionGroup> g = open_session_group(model_, options_);
+      const double ms = static_cast<double>(env_.now_ns() - t0) / 1e6;
+      if (on_reopened_) on_reopened_(g.ok() ? Status() : g.status(), ms);
+      lk.lock();
+      rebuilding_ = false;
+      if (!g.ok()) return g.status().with_context("re-opening the session group");
+      group_ = std::move(*g);
+      keep_kv_ = group_.full_pool;
+    }
+    ++running_;
+    return group_.sessions.at(worker).get();
+  }
+  void end() {
+    std::lock_guard<std::mutex> lk(mu_);
+    --running_;
+  }
+  bool keep_kv() const { return keep_kv_; }
+
+ private:
+  bool stale_locked() const {
+    if (group_.sessions.empty()) return true;  // a re-open failed: try again
+    return group_.vulkan && group_.n_gpu_layers > 0 && !group_.pools.empty() &&
+           !group_.vulkan->accepts_kv(*group_.pools.front());
+  }
+
+  Env& env_;
+  const std::shared_ptr<const Model> model_;
+  SessionGroupOptions options_;
+  std::mutex mu_;
+  SessionGroup group_;
+  int32_t running_ = 0;
+  bool rebuilding_ = false;
+  bool keep_kv_ = false;  // written under mu_ with no worker running
+  const std::function<void(const Status&, double)> on_reopened_;
+};
+
+class DeviceGroupExecutor final : public Executor {
+ public:
+  DeviceGroupExecutor(std::shared_ptr<DeviceGroup> group, size_t worker) : group_(std::move(group)), worker_(worker) {}
+  Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
+                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
+    SPW_ASSIGN_OR_RETURN(Session * s, group_->begin(worker_));
+    Result<ExecOutcome> r = run_on_session(*s, group_->keep_kv(), job, on_text, on_token, cancel);
+    group_->end();
+    return r;
+  }
+
+ private:
+  std::shared_ptr<DeviceGroup> group_;
+  size_t worker_;
 };
 
 // The options' checks and the n_ctx they resolve to (0: the model's).
@@ -142,19 +241,28 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   if (!model) return Status::invalid_argument("serve: no model");
   const LlamaHparams& hp = model->hparams();
   SPW_ASSIGN_OR_RETURN(const int32_t n_ctx, check_options(hp, o));
-  SPW_ASSIGN_OR_RETURN(SessionGroup group, open_session_group(model, group_options(o, n_ctx)));
-  std::vector<std::unique_ptr<Executor>> executors;
-  for (auto& s : group.sessions) {
-    executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.full_pool));
-  }
+  const SessionGroupOptions go = group_options(o, n_ctx);
+  SPW_ASSIGN_OR_RETURN(SessionGroup group, open_session_group(model, go));
   SchedulerOptions so = scheduler_options(o, hp, n_ctx);
   if (o.kv_gate && !group.pools.empty()) so.kv_blocks_total = group.pools.front()->n_blocks();
+  EngineServing out;
+  out.vulkan = group.vulkan;
+  out.placement_detail = group.placement;
+  std::vector<std::unique_ptr<Executor>> executors;
+  if (group.vulkan && group.n_gpu_layers > 0) {
+    // Layers on a device: a group that can re-open itself after the device
+    // is re-initialised.
+    const size_t n = group.sessions.size();
+    auto shared = std::make_shared<DeviceGroup>(env, model, go, std::move(group), o.on_reopened);
+    for (size_t i = 0; i < n; ++i) executors.push_back(std::make_unique<DeviceGroupExecutor>(shared, i));
+  } else {
+    for (auto& s : group.sessions) {
+      executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.full_pool));
+    }
+  }
   // The tokenizer lives inside the model: share the model's lifetime.
   std::shared_ptr<const Tokenizer> tok(model, &model->tokenizer());
-  EngineServing out;
   SPW_ASSIGN_OR_RETURN(out.scheduler, Scheduler::create(env, std::move(tok), std::move(executors), std::move(so)));
-  out.vulkan = std::move(group.vulkan);
-  out.placement_detail = std::move(group.placement);
   return out;
 }
 

@@ -16,6 +16,16 @@
 // request instead, so idle workers never starve busy ones. A request takes the
 // KV for prompt + max_tokens before its first token, and fails with
 // ResourceExhausted there when the pools have not that much left.
+// Recovery: with layers on a Vulkan device the workers share their session
+// group, which re-opens itself once the backend was re-initialised (after a
+// device fault: VulkanBackend::reinitialize drops the uploaded weights and
+// rejects the old KV pools). The first run that starts while no other worker
+// of the group is mid-run drops the old group and opens it again with the
+// same options (weights uploaded again, pools of the same sizes; on_reopened
+// hears the outcome and its time). A run that finds the group stale while
+// another worker is mid-run or re-opening it fails with Unavailable (no typed
+// reason: it says nothing about the device); a failed re-open fails that run
+// with the open's status (typed by the backend) and the next run tries again.
 // Thread safety: as Scheduler.
 #pragma once
 
@@ -51,6 +61,10 @@ struct EngineServeOptions {
   // pool smaller than workers x context is shared by short requests.
   bool kv_gate = false;
   admission::PathRates prior_rates{200.0, 20.0, 1.0, 0, false};
+  // With layers on Vulkan: told (on the worker's thread) after the session
+  // group re-opened itself following a re-initialisation of the device, with
+  // the outcome and how long it took (weights upload and pools). Null: none.
+  std::function<void(const Status& outcome, double ms)> on_reopened;
 };
 
 struct EngineServing {

@@ -1,24 +1,86 @@
 #include "backend/vulkan/fault_injector.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+
 namespace spw {
 
-void FaultInjector::disarm() {
-  alloc_countdown_.store(-1);
-  device_lost_.store(false);
-  fence_timeout_.store(false);
-}
-
-bool FaultInjector::armed() const {
-  return alloc_countdown_.load() >= 0 || device_lost_.load() || fence_timeout_.load();
-}
-
-bool FaultInjector::take_allocation_failure() {
-  int32_t c = alloc_countdown_.load();
-  while (c >= 0) {
-    // Count down; the call that sees 0 fires and disarms (-1).
-    if (alloc_countdown_.compare_exchange_weak(c, c - 1)) return c == 0;
+std::string_view fault_kind_name(FaultKind k) {
+  switch (k) {
+    case FaultKind::kAllocFail: return "alloc_fail";
+    case FaultKind::kDeviceLost: return "device_lost";
+    case FaultKind::kFenceTimeout: return "fence_timeout";
+    case FaultKind::kSlow: return "slow";
+    case FaultKind::kHealthFail: return "health_fail";
   }
-  return false;
+  return "unknown";
+}
+
+std::optional<FaultKind> fault_kind_from_name(std::string_view name) {
+  for (int i = 0; i < kNumFaultKinds; ++i) {
+    const auto k = static_cast<FaultKind>(i);
+    if (fault_kind_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+Result<ArmedFault> FaultInjector::arm(const FaultSpec& spec) {
+  if (spec.after < 0) return invalid_field("after", "'after' must be >= 0, got " + std::to_string(spec.after));
+  if (spec.count < 0) return invalid_field("count", "'count' must be >= 0 (0: until disarmed), got " + std::to_string(spec.count));
+  if (spec.kind == FaultKind::kSlow) {
+    if (!std::isfinite(spec.factor) || spec.factor <= 1 || spec.factor > 1000) {
+      return invalid_field("factor", "'factor' of a slow fault must be in (1, 1000], got " + std::to_string(spec.factor));
+    }
+  } else if (spec.factor != 1.0) {
+    return invalid_field("factor", "'factor' applies to slow faults only");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  ArmedFault f;
+  f.id = next_id_++;
+  f.spec = spec;
+  faults_.push_back(f);
+  live_.fetch_add(1);
+  // Bound the list: drop the oldest spent faults beyond kMaxKept.
+  size_t spent = 0;
+  for (const ArmedFault& a : faults_) spent += a.spent() ? 1 : 0;
+  for (auto it = faults_.begin(); spent > kMaxKept && it != faults_.end();) {
+    if (it->spent()) {
+      it = faults_.erase(it);
+      --spent;
+    } else {
+      ++it;
+    }
+  }
+  return f;
+}
+
+std::vector<ArmedFault> FaultInjector::list() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return faults_;
+}
+
+void FaultInjector::disarm() {
+  std::lock_guard<std::mutex> lk(mu_);
+  faults_.clear();
+  live_.store(0);
+}
+
+bool FaultInjector::armed() const { return live_.load() > 0; }
+
+double FaultInjector::take(FaultKind kind) {
+  if (live_.load(std::memory_order_acquire) == 0) return 0;
+  std::lock_guard<std::mutex> lk(mu_);
+  double fire = 0;
+  for (ArmedFault& f : faults_) {
+    if (f.spec.kind != kind || f.spent()) continue;
+    ++f.seen;
+    if (f.seen <= f.spec.after) continue;
+    ++f.fired;
+    fire = std::max(fire, f.spec.factor);
+    if (f.spent()) live_.fetch_sub(1);
+  }
+  return fire;
 }
 
 }  // namespace spw

@@ -1,5 +1,8 @@
 #include "backend/vulkan/vk_context.h"
 
+#include <chrono>
+#include <thread>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -357,9 +360,12 @@ std::vector<VulkanHeapInfo> VulkanContext::heap_budgets() const {
   return out;
 }
 
-void VulkanContext::mark_unhealthy(const std::string& reason) {
+void VulkanContext::mark_unhealthy(const std::string& reason, FailureReason failure) {
   std::lock_guard<std::mutex> lk(health_mu_);
-  if (healthy_.exchange(false)) health_reason_ = reason;
+  if (healthy_.exchange(false)) {
+    health_reason_ = reason;
+    health_failure_ = failure;
+  }
 }
 
 std::string VulkanContext::health_reason() const {
@@ -369,22 +375,34 @@ std::string VulkanContext::health_reason() const {
 
 Status VulkanContext::require_healthy() const {
   if (healthy()) return Status();
-  return Status::unavailable("Vulkan device " + info_.name + " is unhealthy (" + health_reason() +
-                             "); reinitialize it");
+  // The fault that made it unhealthy is still the device's state (a lost
+  // device stays lost until re-initialised), so the typed reason is that
+  // fault's: the breaker and HTTP classify every later refusal like it.
+  FailureReason why;
+  {
+    std::lock_guard<std::mutex> lk(health_mu_);
+    why = health_failure_;
+  }
+  return Status(StatusCode::kUnavailable,
+                "Vulkan device " + info_.name + " is unhealthy (" + health_reason() + "); reinitialize it", why);
 }
 
 Status VulkanContext::check(VkResult r, const char* what) {
   if (r == VK_SUCCESS) return Status();
   const std::string msg = std::string(what) + ": " + vk_result_name(r);
+  // Typed at the source: the breaker counts these as device faults
+  // (core/failure.h), never by their text.
   Status st;
   switch (r) {
-    case VK_TIMEOUT: st = Status::deadline_exceeded(msg); break;
-    case VK_ERROR_DEVICE_LOST: st = Status::device_lost(msg); break;
+    case VK_TIMEOUT: st = Status(StatusCode::kDeadlineExceeded, msg, FailureReason::kTimeout); break;
+    case VK_ERROR_DEVICE_LOST: st = Status(StatusCode::kDeviceLost, msg, FailureReason::kDeviceLost); break;
     case VK_ERROR_OUT_OF_DEVICE_MEMORY:
-    case VK_ERROR_OUT_OF_HOST_MEMORY: st = Status::resource_exhausted(msg); break;
-    default: st = Status::internal(msg); break;
+    case VK_ERROR_OUT_OF_HOST_MEMORY:
+      st = Status(StatusCode::kResourceExhausted, msg, FailureReason::kDeviceOutOfMemory);
+      break;
+    default: st = Status(StatusCode::kInternal, msg, FailureReason::kUnhealthy); break;
   }
-  mark_unhealthy(msg);
+  mark_unhealthy(msg, st.reason());
   return st;
 }
 
@@ -395,6 +413,10 @@ Status VulkanContext::submit_and_wait() {
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &cmd_;
+  const double slow = faults_ ? faults_->take_slow_factor() : 1.0;
+  // Real time on purpose: the slowness stands in for a device's own work,
+  // which runs on the wall clock whatever Env the server was given.
+  const auto t_submit = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> fence_lock(fence_mu_);
   SPW_RETURN_IF_ERROR(check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit"));
   pending_ = true;
@@ -406,6 +428,12 @@ Status VulkanContext::submit_and_wait() {
     r = vkResetFences(device_, 1, &fence_);
   }
   fence_lock.unlock();
+  if (r == VK_SUCCESS && slow > 1.0) {
+    // The submission takes `slow` times its real time (FaultKind::kSlow);
+    // the queue stays busy meanwhile, as a slow device's would.
+    const auto gpu = std::chrono::steady_clock::now() - t_submit;
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(gpu * (slow - 1.0)));
+  }
   if (r == VK_SUCCESS && inject_timeout) r = VK_TIMEOUT;  // the real work finished: nothing left in flight
   if (r == VK_TIMEOUT)
     return check(r, ("vkWaitForFences (" + std::to_string(fence_timeout_ms_) + " ms" +

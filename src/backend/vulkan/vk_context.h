@@ -4,11 +4,13 @@
 //
 // Contract: create() opens the device chosen by options.device (see
 // VulkanBackendOptions). check(r, what) turns a VkResult into a Status:
-// VK_TIMEOUT -> DeadlineExceeded, VK_ERROR_DEVICE_LOST -> DeviceLost,
-// VK_ERROR_OUT_OF_{DEVICE,HOST}_MEMORY -> ResourceExhausted, others ->
-// Internal; any of these marks the context unhealthy (sticky until a new
-// context is made). submit_and_wait() submits one command buffer and waits on
-// the fence with the configured timeout; it consults the FaultInjector first.
+// VK_TIMEOUT -> DeadlineExceeded (kTimeout), VK_ERROR_DEVICE_LOST ->
+// DeviceLost (kDeviceLost), VK_ERROR_OUT_OF_{DEVICE,HOST}_MEMORY ->
+// ResourceExhausted (kDeviceOutOfMemory), others -> Internal (kUnhealthy);
+// any of these marks the context unhealthy (sticky until a new context is
+// made). submit_and_wait() submits one command buffer and waits on the fence
+// with the configured timeout; it consults the FaultInjector at the submit
+// (device_lost, slow) and at the fence wait (fence_timeout).
 // Thread safety: submit_and_wait and the command pool are used under the
 // backend's mutex; healthy()/health_reason() may be read from any thread.
 #pragma once
@@ -67,10 +69,13 @@ class VulkanContext {
   std::vector<VulkanHeapInfo> heap_budgets() const;
 
   Status check(VkResult r, const char* what);
-  void mark_unhealthy(const std::string& reason);
+  // `failure`: the typed reason later refusals carry (require_healthy).
+  void mark_unhealthy(const std::string& reason, FailureReason failure = FailureReason::kUnhealthy);
   bool healthy() const { return healthy_.load(); }
   std::string health_reason() const;
-  Status require_healthy() const;  // Unavailable naming the reason when unhealthy
+  // Unavailable naming the reason when unhealthy, typed with the fault that
+  // made it so (kDeviceLost, kTimeout, kDeviceOutOfMemory; else kUnhealthy).
+  Status require_healthy() const;
 
   VkCommandBuffer command_buffer() const { return cmd_; }
   // Ends nothing: the caller has ended recording. Submits cmd_, waits.
@@ -117,6 +122,7 @@ class VulkanContext {
   std::atomic<bool> healthy_{true};
   mutable std::mutex health_mu_;
   std::string health_reason_;
+  FailureReason health_failure_ = FailureReason::kUnhealthy;
 };
 
 }  // namespace spw

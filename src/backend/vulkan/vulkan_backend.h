@@ -16,10 +16,12 @@
 // results are bitwise independent of batch size and ubatch split; they agree
 // with the CPU backend within float tolerance, not bitwise.
 // Errors: every device wait has a finite timeout (options.fence_timeout_ms).
-// VK_TIMEOUT -> DeadlineExceeded, VK_ERROR_DEVICE_LOST -> DeviceLost,
-// VK_ERROR_OUT_OF_{DEVICE,HOST}_MEMORY -> ResourceExhausted; after any of these
-// the backend is unhealthy (healthy() false, health_reason() says why) and every
-// call returns Unavailable until reinitialize() succeeds (which drops uploaded
+// VK_TIMEOUT -> DeadlineExceeded (FailureReason kTimeout), VK_ERROR_DEVICE_LOST
+// -> DeviceLost (kDeviceLost), VK_ERROR_OUT_OF_{DEVICE,HOST}_MEMORY ->
+// ResourceExhausted (kDeviceOutOfMemory); after any of these the backend is
+// unhealthy (healthy() false, health_reason() says why) and every call returns
+// Unavailable, typed with the reason of the fault that made it so (so that
+// classify() counts it as a device fault), until reinitialize() succeeds (which drops uploaded
 // weights; prepare again; KV pools made before it are rejected). A request that
 // would exceed the memory budget is ResourceExhausted with the numbers, before
 // any driver call, and leaves the backend healthy. Nothing here crashes on a
@@ -144,8 +146,20 @@ class VulkanBackend final : public Backend {
   FaultInjector& faults();
   bool healthy() const;
   std::string health_reason() const;  // empty when healthy
-  // Tears down the device and everything on it and opens it again.
+  // Tears down the device and everything on it and opens it again (the
+  // FaultInjector and its armed faults stay).
   Status reinitialize();
+  // A tiny real device operation (two 256-byte scratch buffers, one add
+  // dispatch, a submission and a fence wait with the fence timeout, the
+  // result checked; an empty submission when the budget has no room for the
+  // buffers). OK when the device answered right; an armed health_fail
+  // (FaultInjector) fails it with Unavailable (kUnhealthy) without touching
+  // the device; an unhealthy backend answers its typed Unavailable; a device
+  // error is the typed error of that call (and leaves the backend
+  // unhealthy, as any call would); a wrong result is Internal (kUnhealthy)
+  // and marks it unhealthy. Its allocations and submission count as events
+  // for the armed faults.
+  Status health_check();
 
   // Single ops on host data, for conformance tests and diagnostics. The weight
   // is uploaded to a temporary buffer (category scratch, owner "op").

@@ -1,0 +1,307 @@
+// Integration: operator-armed faults through the admin API of the real
+// `spillway serve` binary, and what the gateway does about them: the circuit
+// breaker opens on the faults they cause, new work goes to the CPU path with
+// gpu_unavailable, the device is re-initialised before the breaker's probes,
+// and the GPU serves again. The device tests run on lavapipe and skip without
+// a Vulkan device; every wait polls /v1/status against a deadline.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/vulkan/vulkan_backend.h"
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+constexpr const char* kToken = "drill-token-1";
+
+std::optional<std::string> no_vulkan() {
+  auto d = spw::list_vulkan_devices();
+  if (!d.ok()) return d.status().to_string();
+  if (d->empty()) return std::string("no Vulkan device");
+  return std::nullopt;
+}
+
+// `spillway serve` on 127.0.0.1, a free port, no journal; killed at the end.
+class Server {
+ public:
+  explicit Server(std::vector<std::string> extra) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    std::vector<std::string> args = {SPILLWAY_BINARY, "serve",     "--model", kStories, "--port", "0",
+                                     "--threads",     "1",         "--journal", "none"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      close(out[1]);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    fd_ = out[0];
+    std::string line;
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (line.find('\n') == std::string::npos && Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[256];
+      const ssize_t n = read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    ready_ = line.substr(0, line.find('\n'));
+    std::smatch m;
+    if (std::regex_search(ready_, m, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+) "))) port_ = std::stoi(m[1]);
+  }
+  ~Server() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+  const std::string& ready_line() const { return ready_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  int port_ = 0;
+  std::string ready_;
+};
+
+httplib::Headers bearer(const std::string& token) { return {{"Authorization", "Bearer " + token}}; }
+
+json status_of(httplib::Client& c) {
+  auto r = c.Get("/v1/status");
+  if (!r || r->status != 200) return json::object();
+  return json::parse(r->body);
+}
+
+json path_status(httplib::Client& c, const std::string& name) {
+  const json s = status_of(c);
+  if (s.contains("paths")) {
+    for (const json& p : s["paths"])
+      if (p["name"] == name) return p;
+  }
+  return json::object();
+}
+
+// Polls until `ok` holds for the GPU path's status or the deadline passes.
+bool wait_gpu(httplib::Client& c, std::chrono::seconds limit, const std::function<bool(const json&)>& ok, json* last) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    *last = path_status(c, "gpu");
+    if (!last->empty() && ok(*last)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+httplib::Result complete(httplib::Client& c) {
+  return c.Post("/v1/completions", R"({"prompt":"Once upon a time","temperature":0,"max_tokens":4})",
+                "application/json");
+}
+
+TEST(FaultAdmin, EndpointsDoNotExistWithoutTheToken) {
+  Server s({"--device", "cpu"});
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(30, 0);
+  for (const char* method : {"POST", "GET", "DELETE"}) {
+    httplib::Request req;
+    req.method = method;
+    req.path = "/v1/admin/faults";
+    req.headers = bearer(kToken);
+    if (std::string(method) == "POST") req.body = R"({"kind":"device_lost"})";
+    auto r = c.send(req);
+    ASSERT_TRUE(r) << method;
+    EXPECT_EQ(r->status, 404) << method << " " << r->body;
+    const json e = json::parse(r->body);
+    EXPECT_EQ(e["error"]["code"], "not_found") << r->body;
+  }
+}
+
+TEST(FaultAdmin, BearerAndBodyAreChecked) {
+  Server s({"--device", "cpu", "--admin-token", kToken});
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(30, 0);
+  auto r = c.Post("/v1/admin/faults", bearer("drill-token-2"), R"({"kind":"device_lost"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401) << r->body;
+  r = c.Get("/v1/admin/faults");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401) << r->body;
+  r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"meteor"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "kind") << r->body;
+  r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"slow"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "factor") << r->body;
+  r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"device_lost","count":-1})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "count") << r->body;
+  // The only path is the CPU's: no device to fault.
+  r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"device_lost"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "path") << r->body;
+  r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"device_lost","path":"nowhere"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "path") << r->body;
+  r = c.Get("/v1/admin/faults", bearer(kToken));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_TRUE(json::parse(r->body)["data"].empty()) << r->body;
+}
+
+// device_lost x3: the GPU requests fail, the breaker opens (device_lost), new
+// work is redirected to the CPU path with gpu_unavailable; after the cooldown
+// the device is re-initialised before the probes (the remaining armed faults
+// fire during the session group's re-open and re-trip it), and once they are
+// spent the probes pass, the breaker closes and the GPU serves again.
+TEST(FaultAdmin, DeviceLostOpensTheBreakerAndTheGpuRecovers) {
+  if (auto why = no_vulkan()) GTEST_SKIP() << *why;
+  Server s({"--device", "vulkan", "--ctx", "256", "--admin-token", kToken, "--breaker-cooldown-s", "1",
+            "--breaker-max-cooldown-s", "1", "--health-interval-s", "0"});
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(60, 0);
+  auto r = complete(c);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  ASSERT_EQ(json::parse(r->body)["spillway"]["path"], "gpu") << r->body;
+
+  r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"device_lost","path":"gpu","count":3})",
+             "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  const json armed = json::parse(r->body);
+  EXPECT_EQ(armed["kind"], "device_lost");
+  EXPECT_EQ(armed["count"], 3);
+  EXPECT_GE(armed["id"].get<int>(), 1);
+
+  // Requests on the GPU now fail (the device is lost, then unhealthy) until
+  // the breaker takes it out of service.
+  json gpu;
+  int failed = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline) {
+    gpu = path_status(c, "gpu");
+    if (gpu["breaker"]["state"] != "closed") break;
+    r = complete(c);
+    ASSERT_TRUE(r);
+    if (r->status != 200) {
+      ++failed;
+      EXPECT_EQ(r->status, 503) << r->body;
+      EXPECT_EQ(json::parse(r->body)["error"]["code"], "device_lost") << r->body;
+    }
+  }
+  ASSERT_NE(gpu["breaker"]["state"], "closed") << gpu.dump();
+  EXPECT_GE(failed, 3);
+  ASSERT_FALSE(gpu["breaker"]["last_trips"].empty()) << gpu.dump();
+  EXPECT_EQ(gpu["breaker"]["last_trips"][0]["failure"], "device_lost") << gpu.dump();
+
+  // While it is out of service, work goes to the CPU path, and says why.
+  r = complete(c);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json redirected = json::parse(r->body);
+  EXPECT_EQ(redirected["spillway"]["path"], "cpu") << r->body;
+  EXPECT_NE(redirected["spillway"]["reason"].get<std::string>().find("gpu_unavailable"), std::string::npos) << r->body;
+  auto ready = c.Get("/health/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 200);
+
+  // Recovery: re-initialised, probes pass, closed (bounded).
+  ASSERT_TRUE(wait_gpu(c, std::chrono::seconds(90),
+                       [](const json& p) { return p["breaker"]["state"] == "closed"; }, &gpu))
+      << gpu.dump();
+  EXPECT_GE(gpu["device"]["reinitializations"].get<int>(), 1) << gpu.dump();
+  EXPECT_TRUE(gpu["device"]["last_recovery_ms"].is_number()) << gpu.dump();
+  EXPECT_TRUE(gpu["device"]["healthy"].get<bool>()) << gpu.dump();
+  EXPECT_GE(gpu["device"]["session_group"]["reopens"].get<int>(), 1) << gpu.dump();
+  std::printf("re-initialisation: %s ms (%d times); session group re-open: %s ms\n",
+              gpu["device"]["last_recovery_ms"].dump().c_str(), gpu["device"]["reinitializations"].get<int>(),
+              gpu["device"]["session_group"]["last_ms"].dump().c_str());
+  auto listed = c.Get("/v1/admin/faults", bearer(kToken));
+  ASSERT_TRUE(listed);
+  const json faults = json::parse(listed->body)["data"];
+  ASSERT_EQ(faults.size(), 1u) << listed->body;
+  EXPECT_EQ(faults[0]["fired"], 3) << listed->body;
+  EXPECT_TRUE(faults[0]["spent"].get<bool>()) << listed->body;
+
+  r = complete(c);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["spillway"]["path"], "gpu") << r->body;
+
+  auto del = c.Delete("/v1/admin/faults", bearer(kToken));
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 200);
+  EXPECT_EQ(json::parse(del->body)["disarmed"], 1) << del->body;
+}
+
+// health_fail x3 with a short health interval: three failed checks in a row
+// open the breaker (the device itself stays healthy, so no re-initialisation
+// is needed), and the probes close it again.
+TEST(FaultAdmin, FailedHealthChecksOpenTheBreaker) {
+  if (auto why = no_vulkan()) GTEST_SKIP() << *why;
+  Server s({"--device", "vulkan", "--ctx", "256", "--admin-token", kToken, "--breaker-cooldown-s", "1",
+            "--health-interval-s", "0.1"});
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(60, 0);
+  json gpu;
+  // Real checks pass first.
+  ASSERT_TRUE(wait_gpu(c, std::chrono::seconds(30), [](const json& p) { return p["device"]["health_checks"] >= 2; },
+                       &gpu))
+      << gpu.dump();
+  EXPECT_EQ(gpu["device"]["health_failures"], 0) << gpu.dump();
+  EXPECT_EQ(gpu["breaker"]["state"], "closed");
+  auto r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"health_fail","count":3})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  ASSERT_TRUE(wait_gpu(c, std::chrono::seconds(30), [](const json& p) { return p["breaker"]["trips"] >= 1; }, &gpu))
+      << gpu.dump();
+  EXPECT_EQ(gpu["breaker"]["last_trips"][0]["failure"], "unhealthy") << gpu.dump();
+  EXPECT_GE(gpu["device"]["health_failures"].get<int>(), 3) << gpu.dump();
+  ASSERT_TRUE(wait_gpu(c, std::chrono::seconds(60), [](const json& p) { return p["breaker"]["state"] == "closed"; },
+                       &gpu))
+      << gpu.dump();
+  EXPECT_EQ(gpu["device"]["reinitializations"], 0) << gpu.dump();
+  r = complete(c);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["spillway"]["path"], "gpu") << r->body;
+}
+
+}  // namespace
