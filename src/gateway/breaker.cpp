@@ -310,4 +310,8 @@ void BreakerObserver::on_finish(const serve::Ticket& ticket, const serve::Reques
   }
 }
 
+void BreakerObserver::on_failover(const serve::Ticket& ticket, const Status& failure) {
+  if (!ticket.internal()) breaker_->record(failure);
+}
+
 }  // namespace spw::gateway

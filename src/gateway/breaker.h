@@ -226,6 +226,9 @@ class BreakerObserver final : public serve::RequestObserver {
   explicit BreakerObserver(std::shared_ptr<CircuitBreaker> breaker) : breaker_(std::move(breaker)) {}
   void on_start(const serve::Ticket&, const std::string&) override {}
   void on_finish(const serve::Ticket& ticket, const serve::RequestEvent& final_event, const std::string& text) override;
+  // A request that failed here before its first token and moved on: the
+  // device fault counts like any other.
+  void on_failover(const serve::Ticket& ticket, const Status& failure) override;
 
  private:
   std::shared_ptr<CircuitBreaker> breaker_;

@@ -86,6 +86,51 @@ Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNot
   }
   has_health_ = !health_runners_.empty() && policy_.health_interval_s > 0;
   if (has_health_) health_ = std::thread([this] { health_loop(); });
+  // Failover before the first token: a path's scheduler hands a request that
+  // failed on its device back here to be placed on another path.
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    paths_[i].scheduler->set_failover(
+        [this, i](const std::shared_ptr<serve::Ticket>& t, const Status& failure) { return failover(i, t, failure); });
+  }
+}
+
+bool Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure) {
+  std::vector<admission::PathSnapshot> snaps = snapshots();
+  // Never back to the path that just failed it, whatever its breaker says.
+  snaps[from].usable = false;
+  snaps[from].unusable_reason = "failed this request before its first token (" +
+                                std::string(failure_reason_name(failure.reason())) + ")";
+  const serve::AppliedLimits was = t->limits();
+  admission::RequestShape shape;
+  shape.prompt_tokens = was.prompt_tokens;
+  shape.max_tokens = was.max_tokens_requested;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    admission::Decision d = admission::decide(shape, snaps, policy_.admission);
+    if (d.kind == admission::DecisionKind::kReject) return false;
+    d.reason = "failover from " + paths_[from].name + " after " + std::string(failure_reason_name(failure.reason())) +
+               " before the first token: " + d.reason;
+    serve::PreparedRequest p;
+    p.job.max_tokens = d.max_tokens;
+    p.limits.n_ctx = d.n_ctx;
+    p.limits.prompt_tokens = was.prompt_tokens;
+    p.limits.max_tokens = d.max_tokens;
+    p.limits.max_tokens_requested = was.max_tokens_requested;
+    p.limits.max_tokens_clamped = d.max_tokens_clamped;
+    p.kv_blocks = d.kv_blocks;
+    const size_t to = static_cast<size_t>(d.path_index);
+    p.decision = std::move(d);
+    const Status st = paths_[to].scheduler->adopt(t, p);
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++decisions_["failover"];
+      return true;
+    }
+    if (st.reason() != FailureReason::kQueueFull) return false;
+    snaps = snapshots();  // that queue filled meanwhile: decide again
+    snaps[from].usable = false;
+    snaps[from].unusable_reason = "failed this request before its first token";
+  }
+  return false;
 }
 
 Gateway::~Gateway() {

@@ -15,6 +15,14 @@
 //             kHostMemoryExhausted -> 503, kInvalidField / kContextFull ->
 //             400) and the Decision it was refused under (for Retry-After and
 //             the journal). Nothing touches a device before the decision.
+//   failover  a request that fails on a path with a device fault before its
+//             first token or text (serve::Scheduler::set_failover) is decided
+//             again without that path and adopted by the chosen one under the
+//             same ticket, id and stream (nothing was streamed, so nothing
+//             repeats); its decision's reason starts "failover from <path>
+//             after <failure>", decisions["failover"] counts it, and the
+//             device fault reaches the breaker. With no other path able to
+//             take it now, it fails with its own error.
 //   quote()   the same decision without submitting, plus each path's own
 //             predicted start delay, time to first token and decode rate.
 //   cancel()  by ticket id, on whichever path holds it: queued requests end at
@@ -324,6 +332,10 @@ class Gateway {
   admission::MemoryLedger* cotenant_ledger() const;
   ReservationInfo info_locked(uint64_t id, int64_t now) const;
   void track(const std::shared_ptr<serve::Ticket>& t);
+  // A request that failed on paths_[from] before its first token: decided
+  // again without that path and adopted by the chosen one (same ticket, id
+  // and stream). False when no other path can take it now.
+  bool failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure);
   void prober_loop();
   // One probe of `path`'s breaker in half-open `episode`, reported to it.
   // False when it could not run now (queue full, no reference yet): retry.

@@ -987,23 +987,139 @@ ProbeTimes probe_times() {
 }
 
 // Three scripted device losses on the GPU path trip its breaker; returns
-// the instant of the trip.
-int64_t trip_gpu(Harness& h) {
+// the instant of the trip. Each request fails before its first token, so with
+// a CPU path it fails over there under the same ticket (queued, run when the
+// test advances the clock; kept in `moved`); without one it fails.
+int64_t trip_gpu(Harness& h, std::vector<std::shared_ptr<Ticket>>* moved = nullptr) {
   for (int i = 0; i < 3; ++i) {
     h.faults[0]->fail_next(injected_device_loss());
     auto t = h.submit(request(20, 10));
     EXPECT_NE(t, nullptr);
     if (!t) return 0;
-    EXPECT_EQ(t->path(), "gpu");
-    Collected c = collect(*t, kRealTimeout);
-    EXPECT_EQ(c.fin.state, RequestState::kFailed);
-    EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost);
-    h.settle();
+    h.settle();  // the GPU worker fails it at once (no simulated time passes)
+    if (moved) {
+      EXPECT_EQ(t->path(), "cpu");
+      EXPECT_EQ(t->attempts(), 1);
+      EXPECT_TRUE(t->decision().reason.starts_with("failover from gpu after device_lost before the first token"))
+          << t->decision().reason;
+      moved->push_back(t);
+    } else {
+      Collected c = collect(*t, kRealTimeout);
+      EXPECT_EQ(c.fin.state, RequestState::kFailed);
+      EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost);
+    }
   }
   return h.env.now_ns();
 }
 
+// What failed over ran on the CPU path to the end: the whole text, once.
+void expect_finished_on_cpu(const std::vector<std::shared_ptr<Ticket>>& moved) {
+  for (const auto& t : moved) {
+    Collected c = collect(*t, kRealTimeout);
+    EXPECT_EQ(c.fin.state, RequestState::kDone) << c.fin.status.to_string();
+    EXPECT_EQ(c.text, fake_text(10));
+    EXPECT_EQ(c.n_finished, 1);
+  }
+}
+
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// ---- Failover before the first token ----
+
+// A device loss before the first token: the request runs on the CPU path
+// under the same ticket, id and stream, with nothing repeated; the GPU path
+// gets its KV blocks back, the breaker counts the fault (and stays closed
+// after one), and the next request is admitted on the GPU again.
+TEST(GatewayFailoverTest, ADeviceLossBeforeTheFirstTokenRunsTheRequestOnTheCpuPath) {
+  PathSpec gpu;
+  gpu.breaker_group = "vulkan:0";
+  Harness h({gpu, cpu_spec()});
+  ASSERT_NE(h.gw, nullptr);
+  CircuitBreaker& b = *h.breakers.at("vulkan:0");
+
+  h.faults[0]->fail_next(injected_device_loss());
+  auto t = h.submit(request(20, 10));
+  ASSERT_NE(t, nullptr);
+  const uint64_t id = t->id();
+  h.settle();
+  EXPECT_EQ(t->path(), "cpu");
+  EXPECT_EQ(t->attempts(), 1);
+  EXPECT_EQ(t->state(), RequestState::kRunning) << "a CPU worker took it; it runs on the simulated clock";
+  const admission::Decision d = t->decision();
+  EXPECT_EQ(d.path, "cpu");
+  EXPECT_EQ(d.kind, DecisionKind::kRedirect);
+  EXPECT_TRUE(d.degraded());
+  EXPECT_TRUE(contains(d.reason, "gpu: out of service (failed this request before its first token (device_lost))"))
+      << d.reason;
+  EXPECT_EQ(h.gw->find(id), t) << "same ticket under the same id";
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 64) << "the GPU path's blocks came back at once";
+  EXPECT_EQ(h.sched(0).stats().failed_over, 1u);
+  EXPECT_EQ(h.sched(0).stats().failed, 0u);
+  EXPECT_EQ(h.sched(1).stats().adopted, 1u);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().consecutive_faults, 1);
+
+  h.run_to_idle();
+  Collected c = collect(*t, kRealTimeout);
+  EXPECT_EQ(c.fin.state, RequestState::kDone);
+  EXPECT_EQ(c.text, fake_text(10)) << "every token once, none before the move";
+  EXPECT_EQ(c.n_finished, 1);
+  EXPECT_EQ(h.faults[0]->runs(), 1);
+  EXPECT_EQ(h.faults[1]->runs(), 1);
+  EXPECT_EQ(h.gw->status().decisions.at("failover"), 1u);
+
+  auto next = h.submit(request(20, 10));
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->path(), "gpu");
+  h.run_to_idle();
+  EXPECT_EQ(collect(*next, kRealTimeout).fin.state, RequestState::kDone);
+  EXPECT_EQ(b.snapshot().consecutive_faults, 0) << "a success ends the run of faults";
+}
+
+// No failover where it cannot help or would repeat: a cancelled request and a
+// client error stay where they are, and with the CPU path's queue full the
+// device loss is the request's answer.
+TEST(GatewayFailoverTest, WithNoRoomElsewhereTheDeviceLossIsTheAnswer) {
+  PathSpec gpu;
+  PathSpec cpu = cpu_spec();
+  cpu.workers = 1;
+  cpu.queue_capacity = 1;
+  Harness h({gpu, cpu});
+  ASSERT_NE(h.gw, nullptr);
+  // Fill the CPU path: one running, one queued (the GPU path is preferred, so
+  // submit straight to the CPU scheduler).
+  std::vector<std::shared_ptr<Ticket>> busy;
+  for (int i = 0; i < 2; ++i) {
+    serve::GenerationRequest g;
+    g.prompt = "Once upon a time";
+    g.max_tokens = 50;
+    auto r = h.sched(1).submit(g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    busy.push_back(*r);
+    h.settle();
+  }
+  h.faults[0]->fail_next(injected_device_loss());
+  auto t = h.submit(request(20, 10));
+  ASSERT_NE(t, nullptr);
+  h.settle();
+  Collected c = collect(*t, kRealTimeout);
+  EXPECT_EQ(c.fin.state, RequestState::kFailed);
+  EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost);
+  EXPECT_EQ(t->path(), "gpu");
+  EXPECT_EQ(t->attempts(), 0);
+  EXPECT_EQ(h.sched(0).stats().failed, 1u);
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 64);
+
+  // A client error is not a device fault: no failover either.
+  h.faults[0]->fail_next(invalid_field("prompt", "scripted client error"));
+  auto e = h.submit(request(20, 10));
+  ASSERT_NE(e, nullptr);
+  h.settle();
+  EXPECT_EQ(collect(*e, kRealTimeout).fin.status.reason(), FailureReason::kInvalidField);
+  EXPECT_EQ(h.sched(0).stats().failed_over, 0u);
+  h.run_to_idle();
+  for (auto& r : busy) EXPECT_EQ(collect(*r, kRealTimeout).fin.state, RequestState::kDone);
+}
 
 TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesCloseIt) {
   PathSpec gpu;
@@ -1013,9 +1129,11 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   CircuitBreaker& b = *h.breakers.at("vulkan:0");
   const ProbeTimes pt = probe_times();
 
-  const int64_t t_trip = trip_gpu(h);
+  std::vector<std::shared_ptr<Ticket>> moved;
+  const int64_t t_trip = trip_gpu(h, &moved);
   EXPECT_EQ(b.state(), BreakerState::kOpen);
   EXPECT_TRUE(h.gw->ready()) << "the CPU path can serve";
+  EXPECT_EQ(h.gw->status().decisions.at("failover"), 3u);
   // The next requests go to the CPU path, with the breaker's reason.
   auto redirected = h.submit(request(20, 10));
   ASSERT_NE(redirected, nullptr);
@@ -1039,6 +1157,7 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   EXPECT_TRUE(st.ready);
   h.run_to_idle();
   EXPECT_EQ(collect(*redirected, kRealTimeout).fin.state, RequestState::kDone);
+  expect_finished_on_cpu(moved);
 
   // Nothing touches the GPU before the cooldown ends ...
   h.run_until(t_trip + ns(5) - 1);
@@ -1049,7 +1168,7 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   h.run_until(t_trip + ns(5));
   EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
   EXPECT_EQ(h.faults[0]->runs(), 4);
-  EXPECT_EQ(h.faults[1]->runs(), 2);
+  EXPECT_EQ(h.faults[1]->runs(), 5);  // 3 failovers, the redirected request, the reference
   // Half-open still keeps clients off the GPU.
   auto during = h.submit(request(20, 10));
   ASSERT_NE(during, nullptr);
@@ -1067,7 +1186,7 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   EXPECT_EQ(b.snapshot().since_ns, t_closed);
   EXPECT_EQ(b.snapshot().probes_run, 2u);
   EXPECT_EQ(h.faults[0]->runs(), 5);
-  EXPECT_EQ(h.faults[1]->runs(), 3);  // the redirected request, the reference, `during`
+  EXPECT_EQ(h.faults[1]->runs(), 6);  // + `during`
   // Probes are not client requests: no decision was counted for them.
   EXPECT_EQ(h.gw->status().decisions.at("redirect"), 2u);
   // New requests are admitted on the GPU again.
@@ -1091,7 +1210,8 @@ TEST(GatewayBreakerTest, AFailedProbeKeepsItOpenWithALongerCooldown) {
   ASSERT_NE(h.gw, nullptr);
   CircuitBreaker& b = *h.breakers.at("vulkan:0");
   const ProbeTimes pt = probe_times();
-  const int64_t t_trip = trip_gpu(h);
+  std::vector<std::shared_ptr<Ticket>> moved;
+  const int64_t t_trip = trip_gpu(h, &moved);
   ASSERT_EQ(b.state(), BreakerState::kOpen);
 
   // The device is still sick when the first probe runs: it fails at once,
@@ -1125,7 +1245,8 @@ TEST(GatewayBreakerTest, AFailedProbeKeepsItOpenWithALongerCooldown) {
   h.run_until(t_closed);
   EXPECT_EQ(b.state(), BreakerState::kClosed);
   EXPECT_EQ(h.faults[0]->runs(), 6);
-  EXPECT_EQ(h.faults[1]->runs(), 2);  // the reference (once) and the redirected request
+  EXPECT_EQ(h.faults[1]->runs(), 5);  // 3 failovers, the reference (once), the redirected request
+  expect_finished_on_cpu(moved);
   EXPECT_GE(pt.cpu_ns, pt.gpu_ns);
   EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
   h.run_to_idle();

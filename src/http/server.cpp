@@ -44,6 +44,7 @@ struct Call {
   int64_t created = 0;
   std::string model;
   SpillwayInfo info;
+  int32_t attempts = 0;  // the ticket's attempts when `info` was filled
   // Stream progress (touched only by the connection's thread).
   bool started = false;
   bool finished = false;
@@ -461,8 +462,10 @@ class HttpServer::Impl {
     // that a GET /v1/requests/{id} after the response sees why it went where
     // it went (or was refused). No verdicts: refused before any decision (a
     // field or the tokenizer), nothing to record.
+    // The attempt whose decision was recorded: a later failover records again.
+    const int32_t recorded_attempts = admitted.ok() ? admitted->ticket->attempts() : 0;
     if (call->record_id != 0) {
-      const admission::Decision& d = admitted.ok() ? admitted->ticket->decision() : refusal.decision;
+      const admission::Decision d = admitted.ok() ? admitted->ticket->decision() : refusal.decision;
       if (!d.verdicts.empty()) record_admission(call->record_id, d);
     }
     if (!admitted.ok()) {
@@ -492,24 +495,12 @@ class HttpServer::Impl {
     call->ticket = admitted->ticket;
     call->id = response_id(chat, call->record_id);
     call->created = env_.wall_time_ms() / 1000;
-    const gateway::ExecutionPath& path = *admitted->path;
-    const admission::Decision& d = call->ticket->decision();
-    call->model = path.model.empty() ? options_.model_name : path.model;
-    call->info.model = call->model;
-    call->info.placement = path.placement;
-    call->info.path = path.name;
-    call->info.fallback_model = path.fallback_model;
-    call->info.decision = std::string(admission::decision_kind_name(d.kind));
-    call->info.reason = d.reason;
-    call->info.degraded = d.degraded();
-    call->info.shrunk = d.shrunk;
-    call->info.queue_position = d.queue_position;
-    call->info.estimated_delay_ms = finite_ms(d.timing.delay_s);
-    call->info.predicted_ttft_ms = finite_ms(d.timing.ttft_s);
-    call->info.predicted_total_ms = finite_ms(d.timing.total_s);
+    fill_route(*call);
+    call->attempts = recorded_attempts;
     call->info.request_id = call->record_id != 0 ? static_cast<uint64_t>(call->record_id) : call->ticket->id();
     call->info.seed = call->ticket->seed();
-    call->info.limits = call->ticket->limits();
+    const gateway::ExecutionPath& path = *route_path(*call);
+    const admission::Decision d = call->ticket->decision();
     res.set_header("X-Spillway-Placement", path.placement);
     res.set_header("X-Spillway-Path", path.name);
     res.set_header("X-Spillway-Model", call->model);
@@ -687,7 +678,43 @@ class HttpServer::Impl {
     res.set_content(render_quote(*q), kJson);
   }
 
+  // The path a request runs on now: the one its ticket names (a failover
+  // before the first token moves it once).
+  const gateway::ExecutionPath* route_path(const Call& c) const {
+    const std::string name = c.ticket->path();
+    for (const gateway::ExecutionPath& p : gateway_.paths())
+      if (p.name == name) return &p;
+    return &gateway_.primary();
+  }
+
+  // The spillway object's route fields from the ticket's path and decision.
+  void fill_route(Call& c) {
+    c.attempts = c.ticket->attempts();
+    const gateway::ExecutionPath& path = *route_path(c);
+    const admission::Decision d = c.ticket->decision();
+    c.model = path.model.empty() ? options_.model_name : path.model;
+    c.info.model = c.model;
+    c.info.placement = path.placement;
+    c.info.path = path.name;
+    c.info.fallback_model = path.fallback_model;
+    c.info.decision = std::string(admission::decision_kind_name(d.kind));
+    c.info.reason = d.reason;
+    c.info.degraded = d.degraded();
+    c.info.shrunk = d.shrunk;
+    c.info.queue_position = d.queue_position;
+    c.info.estimated_delay_ms = finite_ms(d.timing.delay_s);
+    c.info.predicted_ttft_ms = finite_ms(d.timing.ttft_s);
+    c.info.predicted_total_ms = finite_ms(d.timing.total_s);
+    c.info.limits = c.ticket->limits();
+  }
+
   void fill_times(Call& c) {
+    // Failed over since the headers went out: the final object says where it
+    // really ran, and the journal gets the decision it ran under.
+    if (c.ticket->attempts() != c.attempts) {
+      fill_route(c);
+      if (c.record_id != 0 && options_.journal) record_admission(c.record_id, c.ticket->decision());
+    }
     c.info.queue_ms = static_cast<double>(c.ticket->queue_ns()) / 1e6;
     c.info.run_ms = static_cast<double>(c.ticket->run_ns()) / 1e6;
   }

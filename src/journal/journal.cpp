@@ -301,7 +301,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
 
 Status Journal::mark_running(int64_t id, const std::string& placement) {
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt u(db_, "UPDATE requests SET state='running', placement=?1, updated_ms=?2 WHERE id=?3 AND state='accepted'");
+  Stmt u(db_, "UPDATE requests SET state='running', placement=?1, updated_ms=?2 WHERE id=?3 AND state IN ('accepted','running')");
   if (!u.ok() || u.text(1, placement).i64(2, env_.wall_time_ms()).i64(3, id).step() != SQLITE_DONE) {
     return error_locked("marking request " + std::to_string(id) + " running");
   }

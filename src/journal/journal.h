@@ -30,7 +30,9 @@
 //         - kFailed / kCancelled: a new attempt under the same id (attempts +
 //           1, result, error and admission cleared, state kAccepted),
 //           replay = false.
-//   mark_running(id, placement)  kAccepted -> kRunning.
+//   mark_running(id, placement)  kAccepted -> kRunning; on a kRunning row it
+//       records the new placement (a failover before the first token moved
+//       the request to another path). FailedPrecondition when terminal.
 //   finish(id, outcome)  -> kDone / kCancelled / kFailed with the result or
 //       the error; FailedPrecondition when the row is already terminal (a
 //       terminal state is written once per attempt).

@@ -32,6 +32,9 @@ class FanOutObserver final : public RequestObserver {
   void on_finish(const Ticket& ticket, const RequestEvent& final_event, const std::string& text) override {
     for (const auto& o : observers_) o->on_finish(ticket, final_event, text);
   }
+  void on_failover(const Ticket& ticket, const Status& failure) override {
+    for (const auto& o : observers_) o->on_failover(ticket, failure);
+  }
 
  private:
   explicit FanOutObserver(std::vector<std::shared_ptr<RequestObserver>> observers)

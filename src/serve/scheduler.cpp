@@ -1,5 +1,7 @@
 #include "serve/scheduler.h"
 
+#include "core/failure.h"
+
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -38,6 +40,21 @@ Ticket::Ticket(Env& env, PreparedRequest p, std::string path)
       internal_(p.internal),
       on_finished_(std::move(p.on_finished)),
       submitted_ns_(env.now_ns()) {}
+
+AppliedLimits Ticket::limits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limits_;
+}
+
+std::string Ticket::path() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return path_;
+}
+
+admission::Decision Ticket::decision() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decision_;
+}
 
 int64_t Ticket::queue_ns() const {
   int64_t started = started_ns_.load(std::memory_order_acquire);
@@ -169,6 +186,38 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit_prepared(PreparedRequest reque
   return t;
 }
 
+void Scheduler::set_failover(FailoverFn fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failover_ = std::move(fn);
+}
+
+Status Scheduler::adopt(const std::shared_ptr<Ticket>& t, const PreparedRequest& request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown);
+    if (static_cast<int32_t>(queue_.size()) >= options_.queue_capacity) {
+      return Status(StatusCode::kResourceExhausted, "request queue of path " + options_.path + " is full",
+                    FailureReason::kQueueFull);
+    }
+    {
+      std::lock_guard<std::mutex> tl(t->mu_);
+      t->limits_ = request.limits;
+      t->path_ = options_.path;
+      t->decision_ = request.decision;
+    }
+    t->job_.max_tokens = request.job.max_tokens;
+    t->kv_blocks_.store(request.kv_blocks, std::memory_order_release);
+    t->attempts_.fetch_add(1, std::memory_order_acq_rel);
+    t->holds_kv_ = false;
+    t->started_ns_.store(0, std::memory_order_release);
+    t->state_.store(RequestState::kQueued, std::memory_order_release);
+    queue_.push_back(t);
+    ++stats_.adopted;
+  }
+  work_cv_.notify_one();
+  return Status::ok_status();
+}
+
 bool Scheduler::stopping() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stopping_;
@@ -199,7 +248,7 @@ LoadSnapshot Scheduler::load() const {
     w.prompt_tokens = t.limits_.prompt_tokens;
     w.max_tokens = t.limits_.max_tokens;
     w.generated = t.generated();
-    w.kv_blocks = t.kv_blocks_;
+    w.kv_blocks = t.kv_blocks();
     const int64_t started = t.started_ns_.load(std::memory_order_acquire);
     w.elapsed_s = started != 0 ? static_cast<double>(now - started) / 1e9 : 0.0;
     return w;
@@ -213,7 +262,7 @@ LoadSnapshot Scheduler::load() const {
 bool Scheduler::head_fits_locked() const {
   if (queue_.empty()) return false;
   if (options_.kv_blocks_total == 0) return true;
-  const int32_t need = queue_.front()->kv_blocks_;
+  const int32_t need = queue_.front()->kv_blocks();
   return need <= kv_blocks_free_ || need > options_.kv_blocks_total;
 }
 
@@ -293,8 +342,8 @@ void Scheduler::worker_loop(Executor* executor) {
       if (queue_.empty()) return;  // stopping and nothing left
       t = std::move(queue_.front());
       queue_.pop_front();
-      if (options_.kv_blocks_total > 0 && t->kv_blocks_ <= kv_blocks_free_) {
-        kv_blocks_free_ -= t->kv_blocks_;
+      if (options_.kv_blocks_total > 0 && t->kv_blocks() <= kv_blocks_free_) {
+        kv_blocks_free_ -= t->kv_blocks();
         t->holds_kv_ = true;
       }
       if (head_fits_locked()) work_cv_.notify_one();  // the next one may fit as well
@@ -315,12 +364,14 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
   int32_t n_generated = 0;
   int64_t first_token_ns = 0;
   std::string text_so_far;  // for the observer
+  bool any_text = false;     // the client may have seen something: no failover
   if (t->cancel_.load(std::memory_order_acquire)) {
     fin.state = RequestState::kCancelled;
     fin.status = Status(StatusCode::kCancelled, "request cancelled before it started", FailureReason::kCancelled);
   } else {
     auto on_text = [&](std::string_view text) {
       if (text.empty()) return;
+      any_text = true;
       if (options_.observer) text_so_far.append(text);
       RequestEvent ev;
       ev.kind = RequestEvent::Kind::kText;
@@ -348,6 +399,10 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       fin.completion_tokens = n_generated;
     }
   }
+  if (fin.state == RequestState::kFailed && n_generated == 0 && !any_text && !t->internal() &&
+      classify(fin.status).device_fault && try_failover(t, fin.status)) {
+    return;
+  }
   if (options_.observer) options_.observer->on_finish(*t, fin, text_so_far);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -356,6 +411,36 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
     finish_locked(*t, std::move(fin), /*observed=*/true);
   }
   idle_cv_.notify_all();
+}
+
+bool Scheduler::try_failover(const std::shared_ptr<Ticket>& t, const Status& failure) {
+  FailoverFn fn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failover_ || t->cancel_.load(std::memory_order_acquire)) return false;
+    fn = failover_;
+    // Off this path: its blocks come back before another path is chosen.
+    running_.erase(t->id());
+    if (t->holds_kv_) {
+      kv_blocks_free_ += t->kv_blocks();
+      t->holds_kv_ = false;
+      work_cv_.notify_all();
+    }
+    t->state_.store(RequestState::kQueued, std::memory_order_release);
+  }
+  const bool moved = fn(t, failure);
+  if (!moved) {
+    // run_one fails it here; its blocks are already back.
+    t->state_.store(RequestState::kRunning, std::memory_order_release);
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.failed_over;
+  }
+  idle_cv_.notify_all();
+  if (options_.observer) options_.observer->on_failover(*t, failure);
+  return true;
 }
 
 void Scheduler::shutdown(std::chrono::milliseconds grace) {

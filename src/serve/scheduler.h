@@ -149,6 +149,10 @@ class RequestObserver {
   virtual ~RequestObserver() = default;
   virtual void on_start(const Ticket& ticket, const std::string& placement) = 0;
   virtual void on_finish(const Ticket& ticket, const RequestEvent& final_event, const std::string& text) = 0;
+  // The request failed on this path before its first token and moved to
+  // another path (Scheduler::set_failover); it will start there again. Runs
+  // after the move, on the failing worker's thread.
+  virtual void on_failover(const Ticket& /*ticket*/, const Status& /*failure*/) {}
 };
 
 // Instrumentation seams, called on worker threads; tests use them to hold a
@@ -214,21 +218,28 @@ struct SchedulerStats {
   uint64_t done = 0;
   uint64_t cancelled = 0;
   uint64_t failed = 0;
+  uint64_t failed_over = 0;  // moved to another path before the first token
+  uint64_t adopted = 0;      // taken over from another path's failover
 };
 
 class Scheduler;
 
 // The submitter's view of one request. Shared between the scheduler and the
-// submitter; the event stream is single-consumer.
+// submitter; the event stream is single-consumer. A request that failed over
+// before its first token (Scheduler::adopt) keeps its Ticket, id and stream:
+// path(), decision(), limits() and kv_blocks() then say where it runs now and
+// attempts() counts the moves (copies, taken under the ticket's lock).
 class Ticket {
  public:
   uint64_t id() const { return id_; }
-  const AppliedLimits& limits() const { return limits_; }
+  AppliedLimits limits() const;
   uint64_t seed() const { return job_.sampler.seed; }
-  const std::string& path() const { return path_; }
-  // The admission decision it was accepted under (default for submit()).
-  const admission::Decision& decision() const { return decision_; }
-  int32_t kv_blocks() const { return kv_blocks_; }
+  std::string path() const;
+  // The admission decision it runs under (default for submit()).
+  admission::Decision decision() const;
+  int32_t kv_blocks() const { return kv_blocks_.load(std::memory_order_acquire); }
+  // Paths it failed over from before its first token (0: none).
+  int32_t attempts() const { return attempts_.load(std::memory_order_acquire); }
   int32_t generated() const { return generated_.load(std::memory_order_acquire); }
   int64_t record_id() const { return record_id_; }
   // The server's own request (see PreparedRequest::internal).
@@ -249,11 +260,14 @@ class Ticket {
   Env& env_;
   const uint64_t id_;
   const int64_t record_id_;
-  const ExecJob job_;
-  const AppliedLimits limits_;
-  const std::string path_;
-  const admission::Decision decision_;
-  const int32_t kv_blocks_;
+  // The job: written only by Scheduler::adopt while no worker holds it.
+  ExecJob job_;
+  mutable std::mutex mu_;  // guards limits_, path_, decision_
+  AppliedLimits limits_;
+  std::string path_;
+  admission::Decision decision_;
+  std::atomic<int32_t> kv_blocks_;
+  std::atomic<int32_t> attempts_{0};
   const bool internal_;
   std::function<void(const Ticket&)> on_finished_;  // called once, by finish_locked
   bool holds_kv_ = false;             // under the scheduler's mutex
@@ -265,6 +279,11 @@ class Ticket {
   std::atomic<int64_t> finished_ns_{0};
   Channel<RequestEvent> events_;
 };
+
+// Where a request that failed before its first token goes next (see
+// Scheduler::set_failover): called on the failing worker's thread with no
+// scheduler lock held; returns true when another path adopted the ticket.
+using FailoverFn = std::function<bool(const std::shared_ptr<Ticket>& ticket, const Status& failure)>;
 
 class Scheduler {
  public:
@@ -281,6 +300,19 @@ class Scheduler {
   // (kShuttingDown) after shutdown began, ResourceExhausted (kQueueFull) when
   // the queue is full.
   Result<std::shared_ptr<Ticket>> submit_prepared(PreparedRequest request);
+  // Failover before the first token. With a FailoverFn set, a client request
+  // whose run fails with a device fault (classify(status).device_fault)
+  // before any token or text was produced is not finished here: its KV blocks
+  // come back, it leaves this path, and `fn` is asked to place it elsewhere;
+  // if `fn` returns false it fails here as it would have. The observer hears
+  // on_failover (not on_finish) for a ticket that moved. Set before work
+  // arrives (the gateway does it at creation).
+  void set_failover(FailoverFn fn);
+  // Takes over a ticket another path's failover gave up (same id, same event
+  // stream): the new limits, decision and KV need from `request` (its job's
+  // max_tokens too), attempts + 1, queued at the back. Errors as
+  // submit_prepared; the caller keeps the ticket on an error.
+  Status adopt(const std::shared_ptr<Ticket>& ticket, const PreparedRequest& request);
   // 1-based position in the queue, 0 when not queued (running or finished).
   int32_t queue_position(uint64_t request_id) const;
   LoadSnapshot load() const;
@@ -309,6 +341,9 @@ class Scheduler {
   void finish_locked(Ticket& t, RequestEvent ev, bool observed = false);
   // The head of the queue may start now (KV gate). mu_ held.
   bool head_fits_locked() const;
+  // Offers a request that failed before its first token to failover_ (see
+  // set_failover); true when another path took it. mu_ not held.
+  bool try_failover(const std::shared_ptr<Ticket>& t, const Status& failure);
   // Folds one finished request into the rates. mu_ held.
   void record_rates_locked(const Ticket& t, int64_t first_token_ns, int32_t completion_tokens, int64_t end_ns);
 
@@ -329,6 +364,7 @@ class Scheduler {
   SchedulerStats stats_;
   int32_t kv_blocks_free_ = 0;
   admission::PathRates rates_;
+  FailoverFn failover_;
   admission::CostFit prefill_fit_, decode_fit_;  // behind rates_ (see PathRates)
 };
 

@@ -183,7 +183,8 @@ TEST(FaultAdmin, BearerAndBodyAreChecked) {
   EXPECT_TRUE(json::parse(r->body)["data"].empty()) << r->body;
 }
 
-// device_lost x3: the GPU requests fail, the breaker opens (device_lost), new
+// device_lost x3: the GPU requests fail before their first token and fail
+// over to the CPU path (200, same text), the breaker opens (device_lost), new
 // work is redirected to the CPU path with gpu_unavailable; after the cooldown
 // the device is re-initialised before the probes (the remaining armed faults
 // fire during the session group's re-open and re-trip it), and once they are
@@ -199,6 +200,7 @@ TEST(FaultAdmin, DeviceLostOpensTheBreakerAndTheGpuRecovers) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   ASSERT_EQ(json::parse(r->body)["spillway"]["path"], "gpu") << r->body;
+  const std::string gpu_text = json::parse(r->body)["choices"][0]["text"];
 
   r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"device_lost","path":"gpu","count":3})",
              "application/json");
@@ -209,24 +211,33 @@ TEST(FaultAdmin, DeviceLostOpensTheBreakerAndTheGpuRecovers) {
   EXPECT_EQ(armed["count"], 3);
   EXPECT_GE(armed["id"].get<int>(), 1);
 
-  // Requests on the GPU now fail (the device is lost, then unhealthy) until
-  // the breaker takes it out of service.
+  // Requests on the GPU now fail before their first token (the device is
+  // lost, then unhealthy) until the breaker takes it out of service; each one
+  // fails over to the CPU path under the same id and the client gets the
+  // whole answer from there, the same greedy text the GPU gave, once.
   json gpu;
-  int failed = 0;
+  int moved = 0;
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (Clock::now() < deadline) {
     gpu = path_status(c, "gpu");
     if (gpu["breaker"]["state"] != "closed") break;
     r = complete(c);
     ASSERT_TRUE(r);
-    if (r->status != 200) {
-      ++failed;
-      EXPECT_EQ(r->status, 503) << r->body;
-      EXPECT_EQ(json::parse(r->body)["error"]["code"], "device_lost") << r->body;
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json body = json::parse(r->body);
+    if (body["spillway"]["path"] == "cpu") {
+      ++moved;
+      EXPECT_EQ(body["spillway"]["reason"].get<std::string>().rfind("failover from gpu after device_lost", 0), 0u)
+          << r->body;
+      EXPECT_EQ(body["spillway"]["decision"], "redirect") << r->body;
+      EXPECT_EQ(body["choices"][0]["text"], gpu_text) << r->body;
+      EXPECT_EQ(r->get_header_value("X-Spillway-Path").empty(), false);
     }
   }
   ASSERT_NE(gpu["breaker"]["state"], "closed") << gpu.dump();
-  EXPECT_GE(failed, 3);
+  EXPECT_GE(moved, 3);
+  const json status = json::parse(c.Get("/v1/status")->body);
+  EXPECT_GE(status["decisions"]["failover"].get<int>(), 3) << status.dump();
   ASSERT_FALSE(gpu["breaker"]["last_trips"].empty()) << gpu.dump();
   EXPECT_EQ(gpu["breaker"]["last_trips"][0]["failure"], "device_lost") << gpu.dump();
 
