@@ -200,8 +200,12 @@ TEST(HostLedger, BudgetIsTheSmallerShareAndNamesIt) {
   (*l)->update({1000, 700, 900});  // over the cgroup limit: no room, not negative
   EXPECT_EQ((*l)->available(), 0u);
 
-  EXPECT_FALSE(HostLedger::create("h", {0.0, 0.5, {}}, r).ok());
-  EXPECT_FALSE(HostLedger::create("h", {0.5, 1.5, {}}, r).ok());
+  HostBudgetPolicy zero_share;
+  zero_share.mem_available_share = 0.0;
+  EXPECT_FALSE(HostLedger::create("h", zero_share, r).ok());
+  HostBudgetPolicy over_one;
+  over_one.cgroup_share = 1.5;
+  EXPECT_FALSE(HostLedger::create("h", over_one, r).ok());
 }
 
 // ------------------------------------------------------------------ model

@@ -180,7 +180,7 @@ TEST(CliTest, EstimateHostTotalCoversGeneratePeakRss) {
   ASSERT_GT(host_total, baseline);
   CmdResult g = run("generate --json" + plan + " --prompt 'Once upon a time' -n 64 --temp 0");
   ASSERT_EQ(g.exit_code, 0) << g.err;
-  const uint64_t peak = nlohmann::json::parse(g.out)["timings"]["peak_rss_bytes"].get<uint64_t>();
+  [[maybe_unused]] const uint64_t peak = nlohmann::json::parse(g.out)["timings"]["peak_rss_bytes"].get<uint64_t>();
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   // (Sanitizer runtimes add shadow memory the estimate does not model.)
   EXPECT_LE(peak, host_total) << "estimate " << host_total << " below generate's peak RSS " << peak;
