@@ -796,7 +796,10 @@ std::string render_status(const gateway::GatewayStatus& s) {
 
 std::string render_reservation(const gateway::ReservationInfo& r) { return dump(reservation_json(r)); }
 
-std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs) { return dump(reservations_json(rs)); }
+// A list object as OpenAI's list endpoints answer ({"object":"list","data"}).
+std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs) {
+  return dump({{"object", "list"}, {"data", reservations_json(rs)}});
+}
 
 std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state) {
   return dump({{"id", request_id}, {"object", "spillway.request"}, {"cancelled", cancelled}, {"state", state}});

@@ -153,6 +153,7 @@ std::string render_quote(const gateway::Quote& q);
 // GET /v1/status.
 std::string render_status(const gateway::GatewayStatus& s);
 std::string render_reservation(const gateway::ReservationInfo& r);
+// GET /v1/reservations: {"object": "list", "data": [...]}.
 std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs);
 // DELETE /v1/requests/{id}.
 std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state);

@@ -24,13 +24,14 @@
 #include <vector>
 
 #include "backend/vulkan/vulkan_backend.h"
+#include "spillway_process.h"
 
 namespace {
 
 using nlohmann::json;
+using spw::testing::Server;
 using Clock = std::chrono::steady_clock;
 
-const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
 constexpr const char* kToken = "drill-token-1";
 
 std::optional<std::string> no_vulkan() {
@@ -39,59 +40,6 @@ std::optional<std::string> no_vulkan() {
   if (d->empty()) return std::string("no Vulkan device");
   return std::nullopt;
 }
-
-// `spillway serve` on 127.0.0.1, a free port, no journal; killed at the end.
-class Server {
- public:
-  explicit Server(std::vector<std::string> extra) {
-    int out[2];
-    if (pipe(out) != 0) return;
-    std::vector<std::string> args = {SPILLWAY_BINARY, "serve",     "--model", kStories, "--port", "0",
-                                     "--threads",     "1",         "--journal", "none"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      close(out[1]);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    fd_ = out[0];
-    std::string line;
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (line.find('\n') == std::string::npos && Clock::now() < deadline) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buf[256];
-      const ssize_t n = read(fd_, buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    ready_ = line.substr(0, line.find('\n'));
-    std::smatch m;
-    if (std::regex_search(ready_, m, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+) "))) port_ = std::stoi(m[1]);
-  }
-  ~Server() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-  int port() const { return port_; }
-  const std::string& ready_line() const { return ready_; }
-
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  int port_ = 0;
-  std::string ready_;
-};
 
 httplib::Headers bearer(const std::string& token) { return {{"Authorization", "Bearer " + token}}; }
 

@@ -1,0 +1,141 @@
+// SpillwayProcess: the real `spillway` binary as a child process, for
+// integration tests. Test-only, header-only.
+//
+// Server: `spillway serve` on the bundled model, 127.0.0.1, a free port
+// (--port 0, read from the ready line within 60 s), one thread, no journal,
+// plus the given flags; SIGKILLed and reaped by the destructor.
+// run(): any `spillway` verb, waiting for its exit (bounded), with its exit
+// code and stderr.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace spw::testing {
+
+inline const std::string kStoriesModel = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+
+class Server {
+ public:
+  explicit Server(std::vector<std::string> extra) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    std::vector<std::string> args = {SPILLWAY_BINARY, "serve",     "--model", kStoriesModel, "--port", "0",
+                                     "--threads",     "1",         "--journal", "none"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      close(out[1]);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    fd_ = out[0];
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[256];
+      const ssize_t n = read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    ready_ = line.substr(0, line.find('\n'));
+    std::smatch m;
+    if (std::regex_search(ready_, m, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+) "))) {
+      port_ = std::stoi(m[1]);
+    }
+  }
+  ~Server() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  int port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  const std::string& ready_line() const { return ready_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  int port_ = 0;
+  std::string ready_;
+};
+
+struct Finished {
+  int exit_code = -1;  // -1: did not exit within the limit (killed)
+  std::string err;     // stderr
+};
+
+// Starts `spillway ARGS...`; returns its pid and the read end of its stderr.
+inline pid_t start(const std::vector<std::string>& verb_args, int* err_fd) {
+  int err[2];
+  if (pipe(err) != 0) return -1;
+  std::vector<std::string> args = {SPILLWAY_BINARY};
+  args.insert(args.end(), verb_args.begin(), verb_args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(err[1], 2);
+    close(err[0]);
+    close(err[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(err[1]);
+  *err_fd = err[0];
+  return pid;
+}
+
+// Waits (bounded) for a process from start(), reading its stderr meanwhile.
+inline Finished wait_for(pid_t pid, int err_fd, std::chrono::seconds limit) {
+  Finished f;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  for (;;) {
+    pollfd p{err_fd, POLLIN, 0};
+    if (poll(&p, 1, 50) > 0) {
+      char buf[512];
+      const ssize_t n = read(err_fd, buf, sizeof buf);
+      if (n > 0) f.err.append(buf, static_cast<size_t>(n));
+    }
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      close(err_fd);
+      return f;
+    }
+  }
+  for (;;) {  // the rest of stderr
+    char buf[512];
+    const ssize_t n = read(err_fd, buf, sizeof buf);
+    if (n <= 0) break;
+    f.err.append(buf, static_cast<size_t>(n));
+  }
+  close(err_fd);
+  f.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return f;
+}
+
+}  // namespace spw::testing
