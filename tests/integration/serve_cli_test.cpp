@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/vulkan/vulkan_backend.h"
+#include "spillway_process.h"
 
 namespace {
 
@@ -49,89 +50,8 @@ std::optional<std::string> no_vulkan() {
   return std::nullopt;
 }
 
-void remove_journal(const std::string& path) {
-  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::filesystem::remove(path + suffix);
-}
+using ServeProcess = spw::testing::Server;
 
-class ServeProcess {
- public:
-  explicit ServeProcess(std::vector<std::string> extra) {
-    int out[2];
-    if (pipe(out) != 0) return;
-    std::vector<std::string> args = {SPILLWAY_BINARY, "serve", "--model", kStories, "--port", "0", "--threads", "1"};
-    // Each server its own journal, unless the test names one.
-    if (std::find(extra.begin(), extra.end(), "--journal") == extra.end()) {
-      static int n = 0;
-      own_journal_ = (std::filesystem::temp_directory_path() /
-                      ("spw-serve-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n) + ".sqlite"))
-                         .string();
-      args.insert(args.end(), {"--journal", own_journal_});
-    }
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      close(out[1]);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    out_fd_ = out[0];
-    // Wait (bounded) for the ready line.
-    std::string line;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buf[256];
-      ssize_t n = read(out_fd_, buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    ready_line_ = line.substr(0, line.find('\n'));
-    std::smatch m;
-    if (std::regex_search(ready_line_, m, std::regex("^spillway: listening on http://127\\.0\\.0\\.1:([0-9]+) "))) {
-      port_ = std::stoi(m[1]);
-    }
-  }
-  ~ServeProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_fd_ >= 0) close(out_fd_);
-    if (!own_journal_.empty()) remove_journal(own_journal_);
-  }
-  int port() const { return port_; }
-  const std::string& ready_line() const { return ready_line_; }
-  void signal(int sig) { kill(pid_, sig); }
-  // Exit status within `timeout`, or nullopt.
-  std::optional<int> wait_exit(std::chrono::seconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return std::nullopt;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int port_ = 0;
-  bool exited_ = false;
-  std::string ready_line_;
-  std::string own_journal_;
-};
 
 TEST(ServeCli, PrintsReadyLineServesAndStopsOnSigterm) {
   ServeProcess p({"--queue", "4"});
@@ -337,7 +257,7 @@ TEST(ServeCli, PlanAboveTheDeviceLedgerRefusesToStart) {
 TEST(ServeCli, RequestInterruptedByACrashIsReadableAfterRestartAndRetryable) {
   const std::string journal = (std::filesystem::temp_directory_path() /
                                ("spw-crash-" + std::to_string(getpid()) + ".sqlite")).string();
-  remove_journal(journal);
+  ServeProcess::remove_journal(journal);
   const std::string body = R"({"prompt":"Once upon a time","seed":7,"max_tokens":400,"stream":true})";
   int64_t id = 0;
   {
@@ -398,7 +318,7 @@ TEST(ServeCli, RequestInterruptedByACrashIsReadableAfterRestartAndRetryable) {
   EXPECT_NE(out.find("in use by another Spillway process"), std::string::npos) << out;
   q.signal(SIGTERM);
   EXPECT_EQ(q.wait_exit(std::chrono::seconds(20)), 0);
-  remove_journal(journal);
+  ServeProcess::remove_journal(journal);
 }
 
 TEST(ServeCli, BadChatTemplateNameFailsAtStart) {

@@ -2,8 +2,10 @@
 // integration tests. Test-only, header-only.
 //
 // Server: `spillway serve` on the bundled model, 127.0.0.1, a free port
-// (--port 0, read from the ready line within 60 s), one thread, no journal,
-// plus the given flags; SIGKILLed and reaped by the destructor.
+// (--port 0, read from the ready line within 60 s), one thread, a journal of
+// its own in the temp folder (removed at the end) unless the flags name one,
+// plus the given flags; SIGKILLed and reaped by the destructor unless it
+// already exited (signal() + wait_exit()).
 // run(): any `spillway` verb, waiting for its exit (bounded), with its exit
 // code and stderr.
 #pragma once
@@ -14,9 +16,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace spw::testing {
@@ -28,8 +34,15 @@ class Server {
   explicit Server(std::vector<std::string> extra) {
     int out[2];
     if (pipe(out) != 0) return;
-    std::vector<std::string> args = {SPILLWAY_BINARY, "serve",     "--model", kStoriesModel, "--port", "0",
-                                     "--threads",     "1",         "--journal", "none"};
+    std::vector<std::string> args = {SPILLWAY_BINARY, "serve", "--model", kStoriesModel, "--port", "0", "--threads", "1"};
+    // Each server its own journal, unless the test names one (or none).
+    if (std::find(extra.begin(), extra.end(), "--journal") == extra.end()) {
+      static int n = 0;
+      own_journal_ = (std::filesystem::temp_directory_path() /
+                      ("spw-serve-" + std::to_string(getpid()) + "-" + std::to_string(++n) + ".sqlite"))
+                         .string();
+      args.insert(args.end(), {"--journal", own_journal_});
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -56,28 +69,49 @@ class Server {
     }
     ready_ = line.substr(0, line.find('\n'));
     std::smatch m;
-    if (std::regex_search(ready_, m, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+) "))) {
+    if (std::regex_search(ready_, m, std::regex("^spillway: listening on http://127\\.0\\.0\\.1:([0-9]+) "))) {
       port_ = std::stoi(m[1]);
     }
   }
   ~Server() {
-    if (pid_ > 0) {
+    if (pid_ > 0 && !exited_) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
     if (fd_ >= 0) close(fd_);
+    if (!own_journal_.empty()) remove_journal(own_journal_);
   }
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
   int port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   const std::string& ready_line() const { return ready_; }
+  void signal(int sig) { kill(pid_, sig); }
+  // Exit status within `timeout`, or nullopt.
+  std::optional<int> wait_exit(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+
+  static void remove_journal(const std::string& path) {
+    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::filesystem::remove(path + suffix);
+  }
 
  private:
   pid_t pid_ = -1;
   int fd_ = -1;
   int port_ = 0;
+  bool exited_ = false;
   std::string ready_;
+  std::string own_journal_;
 };
 
 struct Finished {
