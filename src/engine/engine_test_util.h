@@ -20,6 +20,19 @@ namespace spw::testing {
 inline std::string source_path(const std::string& rel) { return std::string(SPILLWAY_SOURCE_DIR) + "/" + rel; }
 inline std::string stories_path() { return source_path("models/stories260K.gguf"); }
 
+// The bundled model's tokenizer alone (no weights mapped), loaded once; null
+// when the file cannot be read.
+inline std::shared_ptr<const Tokenizer> stories_tokenizer() {
+  static const std::shared_ptr<const Tokenizer> tok = []() -> std::shared_ptr<const Tokenizer> {
+    auto file = gguf::GgufFile::open(Env::default_env(), stories_path());
+    if (!file.ok()) return nullptr;
+    auto t = Tokenizer::from_gguf(**file);
+    if (!t.ok()) return nullptr;
+    return std::shared_ptr<const Tokenizer>(std::move(*t));
+  }();
+  return tok;
+}
+
 inline modelgen::RandomLlamaSpec small_spec(gguf::GgmlType type = gguf::GgmlType::kF32) {
   modelgen::RandomLlamaSpec s;
   s.n_embd = 64;

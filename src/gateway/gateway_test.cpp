@@ -53,18 +53,7 @@ constexpr uint64_t kMiB = 1024 * 1024;
 
 int64_t ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
-// The tokenizer of the tiny stories model (the gateway tokenizes once, with
-// the first path's tokenizer).
-std::shared_ptr<const Tokenizer> tiny_tokenizer() {
-  static const std::shared_ptr<const Tokenizer> tok = []() -> std::shared_ptr<const Tokenizer> {
-    auto file = gguf::GgufFile::open(Env::default_env(), spw::testing::stories_path());
-    if (!file.ok()) return nullptr;
-    auto t = Tokenizer::from_gguf(**file);
-    if (!t.ok()) return nullptr;
-    return std::shared_ptr<const Tokenizer>(std::move(*t));
-  }();
-  return tok;
-}
+std::shared_ptr<const Tokenizer> tiny_tokenizer() { return spw::testing::stories_tokenizer(); }
 
 int32_t count_tokens(const std::string& text) {
   const auto& tok = *tiny_tokenizer();

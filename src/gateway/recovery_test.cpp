@@ -34,16 +34,7 @@ using serve::testing::FakeFaults;
 constexpr auto kRealTimeout = 10s;
 int64_t ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
-std::shared_ptr<const Tokenizer> tiny_tokenizer() {
-  static const std::shared_ptr<const Tokenizer> tok = []() -> std::shared_ptr<const Tokenizer> {
-    auto file = gguf::GgufFile::open(Env::default_env(), spw::testing::stories_path());
-    if (!file.ok()) return nullptr;
-    auto t = Tokenizer::from_gguf(**file);
-    if (!t.ok()) return nullptr;
-    return std::shared_ptr<const Tokenizer>(std::move(*t));
-  }();
-  return tok;
-}
+std::shared_ptr<const Tokenizer> tiny_tokenizer() { return spw::testing::stories_tokenizer(); }
 
 // A fake device: scripted health results, a healthy flag, and a
 // re-initialisation that takes `reinit_s` of simulated time.
