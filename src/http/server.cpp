@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "http/metrics.h"
 #include "http/openai.h"
 #include "serve/journal_observer.h"
 
@@ -199,6 +200,9 @@ class HttpServer::Impl {
     svr_.Post("/v1/quote", [this](const httplib::Request& req, httplib::Response& res) { quote(req, res); });
     svr_.Get("/v1/status", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(render_status(gateway_.status()), kJson);
+    });
+    svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(render_metrics(gateway_.status()), "text/plain; version=0.0.4; charset=utf-8");
     });
     svr_.Post("/v1/reservations",
               [this](const httplib::Request& req, httplib::Response& res) { reserve(req, res); });

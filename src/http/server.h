@@ -17,6 +17,7 @@
 //   POST /v1/quote             a completion or chat body -> the decision
 //                              admission would take now, per-path predictions
 //   GET  /v1/status            paths, ledgers, reservations, decision counts
+//   GET  /metrics              the same in the Prometheus text format (http/metrics.h)
 //   POST /v1/reservations      {"name","bytes","ttl_s"}: a co-tenant's memory
 //   GET  /v1/reservations      the live reservations
 //   POST /v1/reservations/{id}/renew   heartbeat: extends the lease by ttl_s

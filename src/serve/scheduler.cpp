@@ -102,7 +102,13 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Env& env, std::shared_ptr<c
 }
 
 Scheduler::Scheduler(Env& env, std::shared_ptr<const Tokenizer> tokenizer, SchedulerOptions options)
-    : env_(env), tokenizer_(std::move(tokenizer)), options_(std::move(options)) {}
+    : env_(env), tokenizer_(std::move(tokenizer)), options_(std::move(options)) {
+  // Seconds from 1 ms to ~2 min by factors of 2.5; decode rates from 1 to
+  // ~60k tokens/s: wide enough for a GPU and a 2-core CPU on any model.
+  stats_.queue_wait_s = Histogram(Histogram::exponential(0.001, 2.5, 14));
+  stats_.ttft_s = Histogram(Histogram::exponential(0.001, 2.5, 14));
+  stats_.decode_tps = Histogram(Histogram::exponential(1.0, 2.5, 13));
+}
 
 Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
 
@@ -156,6 +162,7 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   job.stop = request.stop;
   PreparedRequest p;
   p.record_id = request.record_id;
+  p.internal = request.internal;
   p.kv_blocks = admission::kv_blocks_for(limits.prompt_tokens + limits.max_tokens, options_.kv_block_tokens);
   p.job = std::move(job);
   p.limits = limits;
@@ -347,9 +354,11 @@ void Scheduler::worker_loop(Executor* executor) {
         t->holds_kv_ = true;
       }
       if (head_fits_locked()) work_cv_.notify_one();  // the next one may fit as well
-      t->started_ns_.store(env_.now_ns(), std::memory_order_release);
+      const int64_t now = env_.now_ns();
+      t->started_ns_.store(now, std::memory_order_release);
       t->state_.store(RequestState::kRunning, std::memory_order_release);
       running_.emplace(t->id(), t);
+      if (!t->internal()) stats_.queue_wait_s.observe(static_cast<double>(now - t->submitted_ns_) / 1e9);
     }
     if (options_.observer) options_.observer->on_start(*t, options_.placement);
     run_one(executor, t);
@@ -407,7 +416,16 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_.erase(id);
-    if (fin.state == RequestState::kDone) record_rates_locked(*t, first_token_ns, fin.completion_tokens, env_.now_ns());
+    if (fin.state == RequestState::kDone) {
+      const int64_t end_ns = env_.now_ns();
+      record_rates_locked(*t, first_token_ns, fin.completion_tokens, end_ns);
+      if (!t->internal() && first_token_ns > 0) {
+        stats_.ttft_s.observe(static_cast<double>(first_token_ns - t->submitted_ns_) / 1e9);
+        if (fin.completion_tokens > 1 && end_ns > first_token_ns) {
+          stats_.decode_tps.observe((fin.completion_tokens - 1) / (static_cast<double>(end_ns - first_token_ns) / 1e9));
+        }
+      }
+    }
     finish_locked(*t, std::move(fin), /*observed=*/true);
   }
   idle_cv_.notify_all();

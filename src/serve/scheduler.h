@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/histogram.h"
 #include "admission/controller.h"
 #include "core/status.h"
 #include "engine/sampler.h"
@@ -81,6 +82,8 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   // The durable id (the journal's) the RequestObserver reports under; 0: none.
   int64_t record_id = 0;
+  // The server's own request (a warm-up): see PreparedRequest::internal.
+  bool internal = false;
 };
 
 // The checks every submitter makes before tokenizing: a non-empty prompt,
@@ -220,6 +223,12 @@ struct SchedulerStats {
   uint64_t failed = 0;
   uint64_t failed_over = 0;  // moved to another path before the first token
   uint64_t adopted = 0;      // taken over from another path's failover
+  // Latencies on this path (client requests; the server's own are left out):
+  // queue wait of every request that started, and for every finished one
+  // its time to first token from acceptance and its decode rate.
+  Histogram queue_wait_s;
+  Histogram ttft_s;
+  Histogram decode_tps;
 };
 
 class Scheduler;

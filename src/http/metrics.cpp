@@ -1,0 +1,173 @@
+#include "http/metrics.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace spw::http {
+namespace {
+
+std::string escape(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  // The shortest form that reads back as the same double (1.5, not
+  // 1.5000000000000000).
+  char buf[40];
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+std::string labels(const Labels& l) {
+  if (l.empty()) return "";
+  std::string out = "{";
+  for (size_t i = 0; i < l.size(); ++i) {
+    if (i) out += ",";
+    out += l[i].first + "=\"" + escape(l[i].second) + "\"";
+  }
+  return out + "}";
+}
+
+// Families are written whole (HELP, TYPE, samples), in the order declared.
+class Writer {
+ public:
+  void family(const std::string& name, const char* type, const char* help) {
+    name_ = "spillway_" + name;
+    out_ += "# HELP " + name_ + " " + help + "\n# TYPE " + name_ + " " + type + "\n";
+  }
+  void sample(const Labels& l, double v, const std::string& suffix = "") {
+    out_ += name_ + suffix + labels(l) + " " + number(v) + "\n";
+  }
+  void histogram(const Labels& l, const Histogram& h) {
+    const std::vector<uint64_t> cum = h.cumulative();
+    for (size_t i = 0; i < cum.size(); ++i) {
+      Labels with = l;
+      with.emplace_back("le", i < h.bounds().size() ? number(h.bounds()[i]) : "+Inf");
+      sample(with, static_cast<double>(cum[i]), "_bucket");
+    }
+    sample(l, h.sum(), "_sum");
+    sample(l, static_cast<double>(h.count()), "_count");
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string name_;
+  std::string out_;
+};
+
+}  // namespace
+
+std::string render_metrics(const gateway::GatewayStatus& s) {
+  Writer w;
+  const auto& paths = s.paths;
+  w.family("requests_total", "counter",
+           "Requests by path and how they ended (or moved); the server's own (warm-up, breaker probes) included.");
+  for (const auto& p : paths) {
+    const serve::SchedulerStats& st = p.stats;
+    for (const auto& [outcome, n] : std::vector<std::pair<const char*, uint64_t>>{
+             {"done", st.done}, {"cancelled", st.cancelled}, {"failed", st.failed},
+             {"failed_over", st.failed_over}, {"adopted", st.adopted}, {"rejected", st.rejected}}) {
+      w.sample({{"path", p.name}, {"outcome", outcome}}, static_cast<double>(n));
+    }
+  }
+  auto per_path = [&](const char* name, const char* help, auto value) {
+    w.family(name, "gauge", help);
+    for (const auto& p : paths) w.sample({{"path", p.name}}, value(p));
+  };
+  per_path("queue_depth", "Requests waiting in the path's queue.",
+           [](const gateway::PathStatus& p) { return double(p.queue_depth); });
+  per_path("queue_capacity", "Requests the path's queue may hold.",
+           [](const gateway::PathStatus& p) { return double(p.queue_capacity); });
+  per_path("queue_oldest_seconds", "Age of the oldest queued request (0: none).",
+           [](const gateway::PathStatus& p) { return p.oldest_queued_s; });
+  per_path("running", "Requests generating on the path now.",
+           [](const gateway::PathStatus& p) { return double(p.running); });
+  per_path("workers", "Requests the path generates at once at most.",
+           [](const gateway::PathStatus& p) { return double(p.workers); });
+  w.family("kv_blocks", "gauge", "The path's KV pool in blocks (free or total; 0 total: not gated).");
+  for (const auto& p : paths) {
+    w.sample({{"path", p.name}, {"state", "free"}}, p.kv_blocks_free);
+    w.sample({{"path", p.name}, {"state", "total"}}, p.kv_blocks_total);
+  }
+  w.family("queue_wait_seconds", "histogram", "Time from acceptance to a worker starting the request.");
+  for (const auto& p : paths) w.histogram({{"path", p.name}}, p.stats.queue_wait_s);
+  w.family("time_to_first_token_seconds", "histogram", "Time from acceptance to the first token, queue included.");
+  for (const auto& p : paths) w.histogram({{"path", p.name}}, p.stats.ttft_s);
+  w.family("decode_tokens_per_second", "histogram", "Decode rate of each finished request after its first token.");
+  for (const auto& p : paths) w.histogram({{"path", p.name}}, p.stats.decode_tps);
+
+  w.family("decisions_total", "counter", "Admission decisions by kind (failover: re-decided after a device fault).");
+  std::set<std::string> kinds = {"admit", "delay", "shrink", "offload", "redirect", "reject", "failover"};
+  for (const auto& [k, n] : s.decisions) kinds.insert(k);
+  for (const std::string& k : kinds) {
+    auto it = s.decisions.find(k);
+    w.sample({{"kind", k}}, it == s.decisions.end() ? 0.0 : static_cast<double>(it->second));
+  }
+
+  w.family("ledger_bytes", "gauge", "Memory ledgers: capacity, headroom, limit, used, observed, others, reserved by owner.");
+  for (const admission::LedgerSnapshot& l : s.ledgers) {
+    for (const auto& [kind, v] : std::vector<std::pair<std::string, uint64_t>>{
+             {"capacity", l.capacity}, {"headroom", l.headroom}, {"limit", l.limit}, {"used", l.used},
+             {"observed", l.observed}, {"others", l.others}}) {
+      w.sample({{"ledger", l.name}, {"kind", kind}}, static_cast<double>(v));
+    }
+    for (int k = 0; k < admission::kNumOwnerKinds; ++k) {
+      w.sample({{"ledger", l.name},
+                {"kind", "reserved_" + std::string(admission::owner_kind_name(static_cast<admission::OwnerKind>(k)))}},
+               static_cast<double>(l.reserved[k]));
+    }
+  }
+
+  // One breaker and device per device name (the gpu and hybrid paths share them).
+  std::vector<const gateway::PathStatus*> devices;
+  std::set<std::string> seen;
+  for (const auto& p : paths)
+    if (p.breaker && seen.insert(p.breaker->name).second) devices.push_back(&p);
+  w.family("breaker_state", "gauge", "Circuit breaker per device: 1 for its current state.");
+  for (const auto* p : devices) {
+    for (auto st : {gateway::BreakerState::kClosed, gateway::BreakerState::kOpen, gateway::BreakerState::kHalfOpen}) {
+      w.sample({{"device", p->breaker->name}, {"state", std::string(gateway::breaker_state_name(st))}},
+               p->breaker->state == st ? 1.0 : 0.0);
+    }
+  }
+  w.family("breaker_trips_total", "counter", "Times the device's breaker opened.");
+  for (const auto* p : devices) w.sample({{"device", p->breaker->name}}, static_cast<double>(p->breaker->trips));
+  w.family("device_faults_total", "counter", "Device faults the breaker recorded (requests and health checks).");
+  for (const auto* p : devices) w.sample({{"device", p->breaker->name}}, static_cast<double>(p->breaker->faults));
+  w.family("device_reinitializations_total", "counter", "Successful re-initialisations of the device.");
+  for (const auto* p : devices) {
+    w.sample({{"device", p->breaker->name}}, p->device ? static_cast<double>(p->device->reinitializations) : 0.0);
+  }
+  w.family("device_health_failures_total", "counter", "Failed health checks of the device.");
+  for (const auto* p : devices) {
+    w.sample({{"device", p->breaker->name}}, p->device ? static_cast<double>(p->device->health_failures) : 0.0);
+  }
+
+  w.family("reservations", "gauge", "Co-tenant reservations held.");
+  w.sample({}, static_cast<double>(s.reservations.size()));
+  w.family("ready", "gauge", "1 while some path accepts work.");
+  w.sample({}, s.ready ? 1.0 : 0.0);
+  return w.take();
+}
+
+}  // namespace spw::http
