@@ -437,23 +437,20 @@ bool Scheduler::try_failover(const std::shared_ptr<Ticket>& t, const Status& fai
     std::lock_guard<std::mutex> lock(mu_);
     if (!failover_ || t->cancel_.load(std::memory_order_acquire)) return false;
     fn = failover_;
-    // Off this path: its blocks come back before another path is chosen.
-    running_.erase(t->id());
+    // Its blocks come back before another path is chosen. It stays among
+    // this path's running requests until the move is done, so that it is
+    // never in no path at all (cancel() finds it; a snapshot counts it).
     if (t->holds_kv_) {
       kv_blocks_free_ += t->kv_blocks();
       t->holds_kv_ = false;
       work_cv_.notify_all();
     }
-    t->state_.store(RequestState::kQueued, std::memory_order_release);
   }
   const bool moved = fn(t, failure);
-  if (!moved) {
-    // run_one fails it here; its blocks are already back.
-    t->state_.store(RequestState::kRunning, std::memory_order_release);
-    return false;
-  }
+  if (!moved) return false;  // run_one fails it here; its blocks are already back
   {
     std::lock_guard<std::mutex> lock(mu_);
+    running_.erase(t->id());
     ++stats_.failed_over;
   }
   idle_cv_.notify_all();
