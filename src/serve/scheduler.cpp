@@ -252,8 +252,11 @@ LoadSnapshot Scheduler::load() const {
   s.rates = rates_;
   auto item = [&](const Ticket& t) {
     admission::WorkItem w;
-    w.prompt_tokens = t.limits_.prompt_tokens;
-    w.max_tokens = t.limits_.max_tokens;
+    // Under the ticket's lock: a ticket failing over stays listed here while
+    // the next path's adopt() rewrites its limits.
+    const AppliedLimits limits = t.limits();
+    w.prompt_tokens = limits.prompt_tokens;
+    w.max_tokens = limits.max_tokens;
     w.generated = t.generated();
     w.kv_blocks = t.kv_blocks();
     const int64_t started = t.started_ns_.load(std::memory_order_acquire);
@@ -279,7 +282,8 @@ void Scheduler::record_rates_locked(const Ticket& t, int64_t first_token_ns, int
   if (started == 0 || first_token_ns <= started || completion_tokens < 1) return;
   const double a = rates_.measured ? options_.rate_ewma_alpha : 1.0;
   // Prefill: P tokens at positions 0..P-1 from start to the first token.
-  const double p = t.limits_.prompt_tokens;
+  const AppliedLimits limits = t.limits();
+  const double p = limits.prompt_tokens;
   prefill_fit_.add(p, p * (p - 1.0) / 2.0, static_cast<double>(first_token_ns - started) / 1e9, a);
   (void)prefill_fit_.solve(rates_.prefill_tps, rates_.prefill_s_per_pos);
   // Decode: the tokens after the first, one step each at positions P..P+n-1.
@@ -288,8 +292,8 @@ void Scheduler::record_rates_locked(const Ticket& t, int64_t first_token_ns, int
     decode_fit_.add(n, n * p + n * (n - 1.0) / 2.0, static_cast<double>(end_ns - first_token_ns) / 1e9, a);
     (void)decode_fit_.solve(rates_.decode_tps, rates_.decode_s_per_pos);
   }
-  if (t.limits_.max_tokens > 0) {
-    rates_.completion_share = a * (static_cast<double>(completion_tokens) / static_cast<double>(t.limits_.max_tokens)) +
+  if (limits.max_tokens > 0) {
+    rates_.completion_share = a * (static_cast<double>(completion_tokens) / static_cast<double>(limits.max_tokens)) +
                               (1.0 - a) * rates_.completion_share;
   }
   ++rates_.samples;
