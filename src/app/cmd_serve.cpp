@@ -151,6 +151,18 @@ int run_serve(const ServeCliOptions& o) {
     std::fprintf(stderr, "spillway serve: --chat-template: %s\n", chat_template.status().message().c_str());
     return 1;
   }
+  // A model without a recognised template still serves chat clients: ChatML
+  // is the documented default (README), named in every chat response and on
+  // stderr, so the client can tell the prompt was not the model's own format.
+  bool default_template = false;
+  if (!*chat_template) {
+    *chat_template = ChatTemplateKind::kChatML;
+    default_template = true;
+    std::fprintf(stderr,
+                 "spillway serve: %s has no chat template Spillway recognises; /v1/chat/completions uses the "
+                 "default chatml template (choose another with --chat-template NAME)\n",
+                 b.model_name.c_str());
+  }
   gateway::Gateway& gw = *b.gateway;
 
   http::HttpServerOptions ho;
@@ -161,6 +173,7 @@ int run_serve(const ServeCliOptions& o) {
   ho.port = o.port;
   ho.model_name = b.model_name;
   ho.chat_template = *chat_template;
+  ho.chat_template_default = default_template;
   ho.log_requests = o.log_requests;
   ho.admin_token = o.admin_token;
   auto server = http::HttpServer::create(env, gw, ho);
@@ -170,7 +183,7 @@ int run_serve(const ServeCliOptions& o) {
   if (!is_loopback(o.host)) {
     std::fprintf(stderr, "spillway serve: warning: listening on %s without authentication\n", o.host.c_str());
   }
-  const std::string tmpl = *chat_template ? std::string(chat_template_name(**chat_template)) : "none";
+  const std::string tmpl = std::string(chat_template_name(**chat_template)) + (default_template ? "(default)" : "");
   std::string paths;
   for (const gateway::ExecutionPath& p : gw.paths()) {
     paths += (paths.empty() ? "" : ",") + p.name + ":" + p.placement;

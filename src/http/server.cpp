@@ -518,6 +518,10 @@ class HttpServer::Impl {
     res.set_header("X-Spillway-Max-Tokens", std::to_string(call->info.limits.max_tokens));
     res.set_header("X-Spillway-Context", std::to_string(call->info.limits.n_ctx));
     res.set_header("X-Spillway-Request-Id", std::to_string(call->info.request_id));
+    if (chat && options_.chat_template) {
+      res.set_header("X-Spillway-Chat-Template", std::string(chat_template_name(*options_.chat_template)) +
+                                                     (options_.chat_template_default ? "; default" : ""));
+    }
 
     if (sampling.stream) {
       stream(call, res);

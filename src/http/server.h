@@ -98,6 +98,9 @@ struct HttpServerOptions {
   int port = 8080;  // 0: any free port
   std::string model_name;
   std::optional<ChatTemplateKind> chat_template;  // none: chat requests are refused
+  // The template is a default chosen for a model that has none: chat
+  // responses say so (X-Spillway-Chat-Template: NAME; default).
+  bool chat_template_default = false;
   // Server threads (each open connection holds one). 0: workers + queue + 4.
   int32_t http_threads = 0;
   std::chrono::milliseconds keepalive_interval{1000};

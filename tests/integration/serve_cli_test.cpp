@@ -71,6 +71,39 @@ TEST(ServeCli, PrintsReadyLineServesAndStopsOnSigterm) {
   EXPECT_EQ(p.wait_exit(std::chrono::seconds(20)), 0);
 }
 
+// The bundled model has no chat template: the server still answers an
+// OpenAI chat client out of the box, with the documented default (ChatML),
+// and says so in the ready line and in every chat response; --chat-template
+// picks another, not marked default.
+TEST(ServeCli, AModelWithoutAChatTemplateServesChatWithTheDefaultNamed) {
+  ServeProcess p({});
+  ASSERT_GT(p.port(), 0) << "ready line: " << p.ready_line();
+  EXPECT_NE(p.ready_line().find("chat_template=chatml(default)"), std::string::npos) << p.ready_line();
+  httplib::Client c("127.0.0.1", p.port());
+  c.set_read_timeout(30, 0);
+  auto r = c.Post("/v1/chat/completions",
+                  R"({"model":"stories260K","messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":8})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("X-Spillway-Chat-Template"), "chatml; default");
+  const json body = json::parse(r->body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_GT(body["usage"]["completion_tokens"].get<int>(), 0);
+
+  ServeProcess z({"--chat-template", "zephyr"});
+  ASSERT_GT(z.port(), 0) << z.ready_line();
+  EXPECT_NE(z.ready_line().find("chat_template=zephyr "), std::string::npos) << z.ready_line();
+  httplib::Client cz("127.0.0.1", z.port());
+  cz.set_read_timeout(30, 0);
+  r = cz.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":4})",
+              "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("X-Spillway-Chat-Template"), "zephyr");
+}
+
 TEST(ServeCli, SigintLetsAnInFlightStreamFinish) {
   // A grace far longer than the stream needs even in a sanitizer build, so the
   // stream finishes by itself rather than racing the grace timer.
