@@ -16,6 +16,23 @@ admission::RequestShape shape_of(const RouteRequest& r, int32_t prompt_tokens) {
   return s;
 }
 
+// What a decision sets in the request a path runs: its limits, its KV need
+// and the decision itself (submit fills the job's prompt, sampler and stops;
+// a failover keeps the ticket's).
+serve::PreparedRequest prepared_for(admission::Decision d, int32_t prompt_tokens,
+                                    std::optional<int32_t> max_tokens_requested) {
+  serve::PreparedRequest p;
+  p.job.max_tokens = d.max_tokens;
+  p.limits.n_ctx = d.n_ctx;
+  p.limits.prompt_tokens = prompt_tokens;
+  p.limits.max_tokens = d.max_tokens;
+  p.limits.max_tokens_requested = max_tokens_requested;
+  p.limits.max_tokens_clamped = d.max_tokens_clamped;
+  p.kv_blocks = d.kv_blocks;
+  p.decision = std::move(d);
+  return p;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Gateway>> Gateway::create(Env& env, std::vector<ExecutionPath> paths,
@@ -95,40 +112,31 @@ Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNot
 }
 
 bool Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure) {
-  std::vector<admission::PathSnapshot> snaps = snapshots();
+  const std::string failure_name(failure_reason_name(failure.reason()));
   // Never back to the path that just failed it, whatever its breaker says.
-  snaps[from].usable = false;
-  snaps[from].unusable_reason = "failed this request before its first token (" +
-                                std::string(failure_reason_name(failure.reason())) + ")";
+  auto snapshots_without_from = [&] {
+    std::vector<admission::PathSnapshot> snaps = snapshots();
+    snaps[from].usable = false;
+    snaps[from].unusable_reason = "failed this request before its first token (" + failure_name + ")";
+    return snaps;
+  };
   const serve::AppliedLimits was = t->limits();
   admission::RequestShape shape;
   shape.prompt_tokens = was.prompt_tokens;
   shape.max_tokens = was.max_tokens_requested;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    admission::Decision d = admission::decide(shape, snaps, policy_.admission);
+    admission::Decision d = admission::decide(shape, snapshots_without_from(), policy_.admission);
     if (d.kind == admission::DecisionKind::kReject) return false;
-    d.reason = "failover from " + paths_[from].name + " after " + std::string(failure_reason_name(failure.reason())) +
-               " before the first token: " + d.reason;
-    serve::PreparedRequest p;
-    p.job.max_tokens = d.max_tokens;
-    p.limits.n_ctx = d.n_ctx;
-    p.limits.prompt_tokens = was.prompt_tokens;
-    p.limits.max_tokens = d.max_tokens;
-    p.limits.max_tokens_requested = was.max_tokens_requested;
-    p.limits.max_tokens_clamped = d.max_tokens_clamped;
-    p.kv_blocks = d.kv_blocks;
+    d.reason = "failover from " + paths_[from].name + " after " + failure_name + " before the first token: " + d.reason;
     const size_t to = static_cast<size_t>(d.path_index);
-    p.decision = std::move(d);
+    const serve::PreparedRequest p = prepared_for(std::move(d), was.prompt_tokens, was.max_tokens_requested);
     const Status st = paths_[to].scheduler->adopt(t, p);
     if (st.ok()) {
       std::lock_guard<std::mutex> lk(mu_);
       ++decisions_["failover"];
       return true;
     }
-    if (st.reason() != FailureReason::kQueueFull) return false;
-    snaps = snapshots();  // that queue filled meanwhile: decide again
-    snaps[from].usable = false;
-    snaps[from].unusable_reason = "failed this request before its first token";
+    if (st.reason() != FailureReason::kQueueFull) return false;  // else that queue filled meanwhile: again
   }
   return false;
 }
@@ -622,20 +630,12 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
       return refuse(std::move(st), std::move(d));
     }
     const ExecutionPath& path = paths_[static_cast<size_t>(d.path_index)];
-    serve::PreparedRequest p;
+    serve::PreparedRequest p = prepared_for(d, n_prompt, g.max_tokens);
     p.id = next_ticket_id_.fetch_add(1);
     p.record_id = g.record_id;
     p.job.prompt = prompt;
     p.job.sampler = g.sampler;
-    p.job.max_tokens = d.max_tokens;
     p.job.stop = g.stop;
-    p.limits.n_ctx = d.n_ctx;
-    p.limits.prompt_tokens = n_prompt;
-    p.limits.max_tokens = d.max_tokens;
-    p.limits.max_tokens_requested = g.max_tokens;
-    p.limits.max_tokens_clamped = d.max_tokens_clamped;
-    p.kv_blocks = d.kv_blocks;
-    p.decision = d;
     Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
     if (t.ok()) {
       track(*t);

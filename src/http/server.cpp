@@ -503,15 +503,14 @@ class HttpServer::Impl {
     call->attempts = recorded_attempts;
     call->info.request_id = call->record_id != 0 ? static_cast<uint64_t>(call->record_id) : call->ticket->id();
     call->info.seed = call->ticket->seed();
-    const gateway::ExecutionPath& path = *route_path(*call);
-    const admission::Decision d = call->ticket->decision();
-    res.set_header("X-Spillway-Placement", path.placement);
-    res.set_header("X-Spillway-Path", path.name);
+    // The headers say what fill_route read (one reading of the ticket).
+    res.set_header("X-Spillway-Placement", call->info.placement);
+    res.set_header("X-Spillway-Path", call->info.path);
     res.set_header("X-Spillway-Model", call->model);
-    res.set_header("X-Spillway-Fallback-Model", path.fallback_model ? "true" : "false");
+    res.set_header("X-Spillway-Fallback-Model", call->info.fallback_model ? "true" : "false");
     res.set_header("X-Spillway-Decision", call->info.decision);
     res.set_header("X-Spillway-Degraded", call->info.degraded ? "true" : "false");
-    res.set_header("X-Spillway-Queue-Position", std::to_string(d.queue_position));
+    res.set_header("X-Spillway-Queue-Position", std::to_string(call->info.queue_position));
     if (call->info.estimated_delay_ms) {
       res.set_header("X-Spillway-Estimated-Delay-Ms", std::to_string(static_cast<int64_t>(*call->info.estimated_delay_ms)));
     }
@@ -686,20 +685,20 @@ class HttpServer::Impl {
     res.set_content(render_quote(*q), kJson);
   }
 
-  // The path a request runs on now: the one its ticket names (a failover
-  // before the first token moves it once).
-  const gateway::ExecutionPath* route_path(const Call& c) const {
-    const std::string name = c.ticket->path();
+  // The path a decision chose (a failover before the first token moves a
+  // request once, with a new decision).
+  const gateway::ExecutionPath& path_named(const std::string& name) const {
     for (const gateway::ExecutionPath& p : gateway_.paths())
-      if (p.name == name) return &p;
-    return &gateway_.primary();
+      if (p.name == name) return p;
+    return gateway_.primary();
   }
 
-  // The spillway object's route fields from the ticket's path and decision.
+  // The spillway object's route fields from one reading of the ticket's
+  // decision (path and decision change together, under the ticket's lock).
   void fill_route(Call& c) {
     c.attempts = c.ticket->attempts();
-    const gateway::ExecutionPath& path = *route_path(c);
     const admission::Decision d = c.ticket->decision();
+    const gateway::ExecutionPath& path = path_named(d.path);
     c.model = path.model.empty() ? options_.model_name : path.model;
     c.info.model = c.model;
     c.info.placement = path.placement;
