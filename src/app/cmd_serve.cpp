@@ -409,6 +409,11 @@ void add_serve(CLI::App& app, int& exit_code) {
   jr->add_option("--journal-retention-hours", g.journal_retention_hours, "How long finished requests stay in the journal")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 24.0 * 3650));
+  jr->add_option("--checkpoint-every", g.checkpoint_every,
+                 "Write a running request's checkpoint to the journal every N generated tokens (0: only when it is "
+                 "interrupted); a resume after a crash continues from the last one")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   sub->callback([o, &exit_code] { exit_code = run_serve(*o); });
 }
 

@@ -34,6 +34,17 @@ FailureClass by_reason(FailureReason r) {
       return {503, kServer, code, true, false, false};
     case FailureReason::kIdempotencyConflict:
       return {409, kInvalid, code, false, false, false};
+    case FailureReason::kResumable:
+      // Interrupted after text was streamed: POST /v1/requests/{id}/resume
+      // continues it; never a device verdict of its own (the fault that
+      // caused it was counted where it happened).
+      return {503, kServer, code, true, false, false};
+    case FailureReason::kNotSafePoint:
+      return {409, kInvalid, code, true, false, false};
+    case FailureReason::kReplayMismatch:
+      // The regenerated text differs from what the client holds: continuing
+      // would splice two different generations, so it ends here.
+      return {409, kInvalid, code, false, false, false};
     case FailureReason::kNone:
       break;
   }

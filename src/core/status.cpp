@@ -38,6 +38,9 @@ std::string_view failure_reason_name(FailureReason r) {
     case FailureReason::kJournalUnavailable: return "journal_unavailable";
     case FailureReason::kIdempotencyConflict: return "idempotency_conflict";
     case FailureReason::kUnhealthy: return "unhealthy";
+    case FailureReason::kResumable: return "resumable";
+    case FailureReason::kNotSafePoint: return "not_safe_point";
+    case FailureReason::kReplayMismatch: return "replay_mismatch";
   }
   return "unknown";
 }

@@ -56,8 +56,11 @@ enum class FailureReason : uint8_t {
   kJournalUnavailable,   // the request journal could not record it
   kIdempotencyConflict,  // the Idempotency-Key is in flight or bound to another body
   kUnhealthy,            // a health check failed
+  kResumable,            // generation stopped after text was streamed; its checkpoint is kept for a resume
+  kNotSafePoint,         // a checkpoint here could not be migrated or resumed (e.g. inside a tool call)
+  kReplayMismatch,       // a resumed generation regenerated text that differs from what the client has
 };
-inline constexpr int kNumFailureReasons = 15;
+inline constexpr int kNumFailureReasons = 18;
 std::string_view failure_reason_name(FailureReason r);  // "queue_full", "kv_exhausted", ...
 
 class [[nodiscard]] Status {

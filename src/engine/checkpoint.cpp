@@ -211,4 +211,25 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   return c;
 }
 
+Status check_safe_point(const Checkpoint& cp, const SafePointRules& rules) {
+  if (!cp.finish_reason.empty()) {
+    return Status(StatusCode::kFailedPrecondition, "the generation already finished (" + cp.finish_reason + ")",
+                  FailureReason::kNotSafePoint);
+  }
+  // Text the stop matcher holds back is part of the generation too: a marker
+  // may be split between the emitted text and the held part.
+  const std::string text = cp.text + cp.stop_held;
+  for (const SafePointRules::Span& span : rules.spans) {
+    if (span.open.empty()) continue;
+    const size_t open = text.rfind(span.open);
+    if (open == std::string::npos) continue;
+    if (!span.close.empty() && text.find(span.close, open + span.open.size()) != std::string::npos) continue;
+    return Status(StatusCode::kFailedPrecondition,
+                  "not a safe point: token " + std::to_string(cp.n_generated) + " is inside \"" + span.open +
+                      "\" ... \"" + span.close + "\" (opened at byte " + std::to_string(open) + ")",
+                  FailureReason::kNotSafePoint);
+  }
+  return Status::ok_status();
+}
+
 }  // namespace spw

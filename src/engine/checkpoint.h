@@ -13,6 +13,14 @@
 // parse_checkpoint() returns Corruption naming the field for a bad magic,
 // truncation, checksum mismatch, trailing bytes or inconsistent counts, and
 // InvalidArgument for an unknown version.
+// Safe points: a checkpoint is a safe point (check_safe_point OK) unless the
+// generation has already finished (nothing is left to continue) or its text
+// ends inside one of SafePointRules::spans: the last `open` marker in the
+// emitted text is not followed by its `close` (say, inside a tool call, whose
+// arguments must come from one run). Migration and resume only start from a
+// safe point; FailedPrecondition with FailureReason::kNotSafePoint naming the
+// open span otherwise. O(text) per check: callers check at checkpoint
+// intervals and at failures, not per token.
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -43,6 +51,16 @@ struct Checkpoint {
 
   bool operator==(const Checkpoint& o) const;
 };
+
+// Marker pairs inside which a generation must not be split (see above).
+struct SafePointRules {
+  struct Span {
+    std::string open, close;
+  };
+  std::vector<Span> spans;
+  bool empty() const { return spans.empty(); }
+};
+Status check_safe_point(const Checkpoint& checkpoint, const SafePointRules& rules);
 
 std::string serialize_checkpoint(const Checkpoint& checkpoint);
 Result<Checkpoint> parse_checkpoint(std::string_view bytes);

@@ -520,6 +520,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     LlamaHparams hparams;                                         // on demand
     std::shared_ptr<CircuitBreaker> breaker;                      // GPU-side paths: the device's
     std::shared_ptr<DeviceControl> device;                        // GPU-side paths: the device's
+    std::string fingerprint;                                      // "" when not known at start
   };
   auto make_path = [&](PathSpec ps) -> Status {
     serve::EngineServeOptions so;
@@ -537,6 +538,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
         {observer, ps.breaker ? std::make_shared<BreakerObserver>(ps.breaker) : nullptr});
     so.path_name = ps.name;
     so.kv_gate = true;
+    so.checkpoint_every = o.checkpoint_every;
     if (ps.device) {
       // The session group re-opens itself after the device was
       // re-initialised; its time is part of the recovery shown in status.
@@ -568,6 +570,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.ledger = std::move(ps.ledger);
     p.breaker = ps.breaker;
     p.device = ps.device;
+    p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
     p.scheduler = std::move(serving.scheduler);
     // An on-demand path is not warmed up: that would load it.
     if (o.warmup && ps.model) warm_up(env, *p.scheduler);
@@ -667,6 +670,9 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       cs.hparams = rc.hparams;
       const std::string file = same_file ? o.model : o.fallback_model;
       cs.load = [&env, file]() { return Model::load(env, file); };
+      // On demand, the same file is the same model (its load checks the
+      // tokenizer); another file's fingerprint is not known until loaded.
+      if (same_file) cs.fingerprint = out.model->fingerprint();
       if (!same_file) {
         cs.model_name = model_name_from_path(o.fallback_model);
         cs.fallback_model = true;
@@ -704,6 +710,15 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   };
   for (const auto& n : not_built) out.log.push_back(n.name + " path not built: " + n.reason);
   SPW_ASSIGN_OR_RETURN(out.gateway, Gateway::create(env, std::move(paths), std::move(not_built), std::move(policy)));
+  if (o.warmup) {
+    // Migration between the GPU-side and CPU paths needs their equivalence
+    // verified; an on-demand replica is not loaded for it (it is checked
+    // only once loaded, so until then a fault mid-stream ends resumable).
+    for (const EquivalenceInfo& e : out.gateway->verify_equivalence()) {
+      out.log.push_back("equivalence " + e.a + " <-> " + e.b + ": " + (e.passed ? "passed (" : "FAILED (") + e.detail +
+                        ")");
+    }
+  }
   return out;
 }
 

@@ -129,6 +129,11 @@ struct GatewayOptions {
   // Journal.
   std::string journal;          // "" = default place, "none" = no journal
   double journal_retention_hours = 168;
+  // A running journaled request's checkpoint is written every this many
+  // generated tokens (0: only when it is interrupted), so that after a crash
+  // POST /v1/requests/{id}/resume continues from there (one synchronous
+  // SQLite commit each: see docs/PERFORMANCE.md).
+  int32_t checkpoint_every = 32;
   // Warm-up: one tiny generation per path at start (JITs shaders, measures
   // first rates and the time to make the path ready).
   bool warmup = true;

@@ -111,7 +111,8 @@ Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNot
   }
 }
 
-bool Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure) {
+Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure) {
+  if (t->job().resume) return migrate(from, t, failure);
   const std::string failure_name(failure_reason_name(failure.reason()));
   // Never back to the path that just failed it, whatever its breaker says.
   auto snapshots_without_from = [&] {
@@ -126,7 +127,7 @@ bool Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, con
   shape.max_tokens = was.max_tokens_requested;
   for (int attempt = 0; attempt < 3; ++attempt) {
     admission::Decision d = admission::decide(shape, snapshots_without_from(), policy_.admission);
-    if (d.kind == admission::DecisionKind::kReject) return false;
+    if (d.kind == admission::DecisionKind::kReject) return Status(StatusCode::kUnavailable, d.reason, d.failure);
     d.reason = "failover from " + paths_[from].name + " after " + failure_name + " before the first token: " + d.reason;
     const size_t to = static_cast<size_t>(d.path_index);
     const serve::PreparedRequest p = prepared_for(std::move(d), was.prompt_tokens, was.max_tokens_requested);
@@ -134,11 +135,287 @@ bool Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, con
     if (st.ok()) {
       std::lock_guard<std::mutex> lk(mu_);
       ++decisions_["failover"];
-      return true;
+      return st;
     }
-    if (st.reason() != FailureReason::kQueueFull) return false;  // else that queue filled meanwhile: again
+    if (st.reason() != FailureReason::kQueueFull) return st;  // else that queue filled meanwhile: again
   }
-  return false;
+  return Status(StatusCode::kResourceExhausted, "every other path's queue filled meanwhile", FailureReason::kQueueFull);
+}
+
+admission::Decision Gateway::decide_resume(const Checkpoint& cp, std::vector<admission::PathSnapshot> snaps) {
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    if (!snaps[i].usable) continue;
+    if (paths_[i].fingerprint.empty() || paths_[i].fingerprint != cp.model_fingerprint) {
+      snaps[i].usable = false;
+      snaps[i].unusable_reason = "serves another model (" +
+                                 (paths_[i].model.empty() ? std::string("fingerprint unknown") : paths_[i].model) +
+                                 ") than the checkpoint's";
+    }
+  }
+  admission::RequestShape shape;
+  shape.prompt_tokens = static_cast<int32_t>(cp.tokens.size());
+  // What is left of the request's own limit (at least the next token).
+  shape.max_tokens = std::max(1, cp.options.max_tokens - cp.n_generated);
+  return admission::decide(shape, std::move(snaps), policy_.admission);
+}
+
+namespace {
+
+// The request that continues `cp` under decision `d` (which decided the
+// remaining tokens): the limits count the whole generation.
+serve::PreparedRequest resume_prepared(admission::Decision d, const Checkpoint& cp,
+                                       std::optional<int32_t> max_tokens_requested) {
+  const int32_t total = cp.n_generated + d.max_tokens;
+  serve::PreparedRequest p = prepared_for(std::move(d), cp.n_prompt, max_tokens_requested);
+  p.job.max_tokens = total;
+  p.limits.max_tokens = total;
+  return p;
+}
+
+}  // namespace
+
+Status Gateway::migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure) {
+  const std::shared_ptr<const Checkpoint> cp = t->job().resume;
+  const std::string failure_name(failure_reason_name(failure.reason()));
+  if (!t->allow_migration()) {
+    return Status(StatusCode::kFailedPrecondition, "the client asked not to be migrated (X-Spillway-Migrate: never)");
+  }
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::vector<admission::PathSnapshot> snaps = snapshots();
+    snaps[from].usable = false;
+    snaps[from].unusable_reason = "failed this request at token " + std::to_string(cp->n_generated) + " (" +
+                                  failure_name + ")";
+    for (size_t i = 0; i < paths_.size(); ++i) {
+      if (i == from || !snaps[i].usable) continue;
+      if (Status ok = migration_allowed(from, i); !ok.ok()) {
+        snaps[i].usable = false;
+        snaps[i].unusable_reason = ok.message();
+      }
+    }
+    admission::Decision d = decide_resume(*cp, std::move(snaps));
+    if (d.kind == admission::DecisionKind::kReject) return Status(StatusCode::kUnavailable, d.reason, d.failure);
+    d.reason = "migrated from " + paths_[from].name + " after " + failure_name + " at token " +
+               std::to_string(cp->n_generated) + ": " + d.reason;
+    const size_t to = static_cast<size_t>(d.path_index);
+    const serve::PreparedRequest p = resume_prepared(std::move(d), *cp, t->limits().max_tokens_requested);
+    const Status st = paths_[to].scheduler->adopt(t, p);
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++decisions_["migrate"];
+      return st;
+    }
+    if (st.reason() != FailureReason::kQueueFull) return st;
+  }
+  return Status(StatusCode::kResourceExhausted, "every other path's queue filled meanwhile", FailureReason::kQueueFull);
+}
+
+namespace {
+
+std::string equivalence_key(const std::string& fingerprint, std::string a, std::string b) {
+  if (b < a) std::swap(a, b);
+  return fingerprint + "|" + a + "|" + b;
+}
+
+}  // namespace
+
+Status Gateway::migration_allowed(size_t from, size_t to) const {
+  const ExecutionPath& a = paths_[from];
+  const ExecutionPath& b = paths_[to];
+  if (a.fingerprint.empty() || a.fingerprint != b.fingerprint) {
+    return Status::failed_precondition("serves another model than " + a.name + " (compatibility fingerprints differ)");
+  }
+  if (a.placement == b.placement) return Status::ok_status();  // one backend: bitwise by its contract
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = equivalence_.find(equivalence_key(a.fingerprint, a.placement, b.placement));
+  if (it == equivalence_.end()) {
+    return Status::failed_precondition("equivalence with " + a.name + " not verified");
+  }
+  if (!it->second.passed) {
+    return Status::failed_precondition("equivalence check with " + a.name + " failed: " + it->second.detail);
+  }
+  return Status::ok_status();
+}
+
+std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
+  std::lock_guard<std::mutex> one(verify_mu_);
+  // Runs one request on a path as the server's own and returns its text (or
+  // the failure): each side's run is bounded on the Env's clock.
+  struct Run {
+    std::shared_ptr<serve::Ticket> ticket;
+    Status status;
+  };
+  auto start = [&](const ExecutionPath& path, const std::vector<TokenId>& prompt, const SamplerParams& sampler,
+                   int32_t max_tokens) {
+    serve::PreparedRequest p;
+    p.id = next_ticket_id_.fetch_add(1);
+    p.internal = true;
+    p.job.prompt = prompt;
+    p.job.sampler = sampler;
+    p.job.max_tokens = max_tokens;
+    const auto n_prompt = static_cast<int32_t>(prompt.size());
+    p.limits.n_ctx = path.scheduler->n_ctx();
+    p.limits.prompt_tokens = n_prompt;
+    p.limits.max_tokens = max_tokens;
+    p.kv_blocks = admission::kv_blocks_for(n_prompt + max_tokens, path.scheduler->kv_block_tokens());
+    p.decision.path = path.name;
+    p.decision.reason = "equivalence check";
+    Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
+    return t.ok() ? Run{*t, Status()} : Run{nullptr, t.status()};
+  };
+  auto finish = [&](Run& r, const ExecutionPath& path, std::string& text) -> Status {
+    if (!r.ticket) return r.status;
+    const int64_t deadline =
+        env_.now_ns() + static_cast<int64_t>(std::llround(policy_.equivalence_timeout_s * 1e9));
+    serve::RequestEvent ev;
+    for (;;) {
+      const serve::PopResult pr = r.ticket->next_event(ev, std::chrono::milliseconds(20));
+      if (pr == serve::PopResult::kClosed) return Status::internal("equivalence run ended without a result");
+      if (pr == serve::PopResult::kTimeout) {
+        if (env_.now_ns() > deadline) {
+          (void)path.scheduler->cancel(r.ticket->id());
+          return Status(StatusCode::kDeadlineExceeded, "the run did not finish in time", FailureReason::kTimeout);
+        }
+        continue;
+      }
+      if (ev.kind == serve::RequestEvent::Kind::kText) {
+        text += ev.text;
+        continue;
+      }
+      return ev.state == serve::RequestState::kDone ? Status() : ev.status;
+    }
+  };
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    for (size_t j = i + 1; j < paths_.size(); ++j) {
+      const ExecutionPath& a = paths_[i];
+      const ExecutionPath& b = paths_[j];
+      if (a.fingerprint.empty() || a.fingerprint != b.fingerprint || a.placement == b.placement) continue;
+      // Not loaded (on demand): checking would load it; checked once it is.
+      if (!a.replica->info().loaded || !b.replica->info().loaded) continue;
+      const std::string key = equivalence_key(a.fingerprint, a.placement, b.placement);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (equivalence_.count(key) != 0) continue;
+      }
+      EquivalenceInfo info;
+      info.a = a.name;
+      info.b = b.name;
+      info.placement_a = a.placement;
+      info.placement_b = b.placement;
+      info.fingerprint = a.fingerprint;
+      info.passed = true;
+      const int64_t t0 = env_.now_ns();
+      int32_t runs = 0;
+      for (const std::string& prompt_text : policy_.equivalence_prompts) {
+        for (bool seeded : {false, true}) {
+          serve::GenerationRequest g;
+          g.prompt = prompt_text;
+          g.sampler.temperature = seeded ? policy_.equivalence_temperature : 0.0f;
+          g.sampler.seed = policy_.equivalence_seed;
+          Result<std::vector<TokenId>> prompt = serve::encode_prompt(*a.tokenizer, g);
+          const int32_t room = prompt.ok() ? std::min(a.scheduler->n_ctx(), b.scheduler->n_ctx()) -
+                                                 static_cast<int32_t>(prompt->size())
+                                           : 0;
+          const int32_t n = std::min(policy_.equivalence_tokens, room);
+          if (!prompt.ok() || n < 1) continue;
+          Run ra = start(a, *prompt, g.sampler, n);
+          Run rb = start(b, *prompt, g.sampler, n);
+          std::string ta, tb;
+          const Status sa = finish(ra, a, ta);
+          const Status sb = finish(rb, b, tb);
+          const std::string what = std::string(seeded ? "seeded" : "greedy") + " \"" + prompt_text + "\"";
+          if (!sa.ok() || !sb.ok()) {
+            info.passed = false;
+            info.detail = what + " did not run: " + (sa.ok() ? sb : sa).to_string();
+          } else if (ta != tb) {
+            size_t k = 0;
+            while (k < ta.size() && k < tb.size() && ta[k] == tb[k]) ++k;
+            info.passed = false;
+            info.detail = what + ": texts differ at byte " + std::to_string(k) + " (\"" + ta + "\" vs \"" + tb + "\")";
+          }
+          if (!info.passed) break;
+          ++runs;
+        }
+        if (!info.passed) break;
+      }
+      if (info.passed && runs == 0) {
+        info.passed = false;
+        info.detail = "no prompt fits both paths' contexts";
+      } else if (info.passed) {
+        info.detail = std::to_string(runs) + " runs (greedy and seeded) of " + std::to_string(policy_.equivalence_tokens) +
+                      " tokens gave the same text";
+      }
+      info.ms = static_cast<double>(env_.now_ns() - t0) / 1e6;
+      if (policy_.log) policy_.log("equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed, " : "FAILED, ") + info.detail);
+      std::lock_guard<std::mutex> lk(mu_);
+      equivalence_[key] = info;
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<EquivalenceInfo> out;
+  for (const auto& [k, v] : equivalence_) out.push_back(v);
+  return out;
+}
+
+Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) {
+  auto refuse = [&](Status st, admission::Decision d) -> Result<Resumed> {
+    if (refusal) refusal->decision = std::move(d);
+    if (refusal) refusal->status = st;
+    return st;
+  };
+  if (!request.checkpoint) return refuse(Status::invalid_argument("resume: no checkpoint"), {});
+  const Checkpoint& cp = *request.checkpoint;
+  const std::string& have = request.received_text;
+  const size_t common = std::min(have.size(), cp.text.size());
+  size_t k = 0;
+  while (k < common && have[k] == cp.text[k]) ++k;
+  if (k < common) {
+    return refuse(Status(StatusCode::kFailedPrecondition,
+                         "received_text differs from the request's text at byte " + std::to_string(k),
+                         FailureReason::kReplayMismatch, "received_text"),
+                  {});
+  }
+  refresh();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    admission::Decision d = decide_resume(cp, snapshots());
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++decisions_[std::string(admission::decision_kind_name(d.kind))];
+    }
+    if (d.kind == admission::DecisionKind::kReject) {
+      const StatusCode code =
+          d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
+      Status st(code, d.reason, d.failure);
+      return refuse(std::move(st), std::move(d));
+    }
+    d.reason = "resumed at token " + std::to_string(cp.n_generated) + ": " + d.reason;
+    const ExecutionPath& path = paths_[static_cast<size_t>(d.path_index)];
+    serve::PreparedRequest p = resume_prepared(d, cp, request.max_tokens_requested);
+    p.id = next_ticket_id_.fetch_add(1);
+    p.record_id = request.record_id;
+    p.allow_migration = request.allow_migration;
+    p.job.prompt.assign(cp.tokens.begin(), cp.tokens.begin() + cp.n_prompt);
+    p.job.sampler = cp.options.sampler;
+    p.job.stop = cp.options.stop;
+    p.job.resume = request.checkpoint;
+    Resumed out;
+    if (have.size() > cp.text.size()) {
+      p.job.replay = have.substr(cp.text.size());
+      p.text_before = have;
+    } else {
+      out.unsent = cp.text.substr(have.size());
+      p.text_before = cp.text;
+    }
+    Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
+    if (t.ok()) {
+      track(*t);
+      out.admitted = Admitted{*t, &path};
+      return out;
+    }
+    if (t.status().reason() != FailureReason::kQueueFull) return refuse(t.status(), std::move(d));
+  }
+  return refuse(Status(StatusCode::kResourceExhausted, "every path's queue filled while the request was being placed",
+                       FailureReason::kQueueFull),
+                {});
 }
 
 Gateway::~Gateway() {
@@ -633,6 +910,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     serve::PreparedRequest p = prepared_for(d, n_prompt, g.max_tokens);
     p.id = next_ticket_id_.fetch_add(1);
     p.record_id = g.record_id;
+    p.allow_migration = request.allow_migration;
     p.job.prompt = prompt;
     p.job.sampler = g.sampler;
     p.job.stop = g.stop;
@@ -832,6 +1110,7 @@ GatewayStatus Gateway::status() {
     ps.name = p.name;
     ps.placement = p.placement;
     ps.model = p.model;
+    ps.fingerprint = p.fingerprint;
     ps.replica = p.replica->info();
     ps.fallback_model = p.fallback_model;
     ps.role = std::string(admission::path_role_name(p.role));
@@ -859,6 +1138,10 @@ GatewayStatus Gateway::status() {
     out.decisions = decisions_;
   }
   out.ready = ready();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [k, v] : equivalence_) out.equivalence.push_back(v);
+  }
   return out;
 }
 

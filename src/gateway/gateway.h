@@ -101,6 +101,7 @@
 #include "gateway/breaker.h"
 #include "gateway/device_control.h"
 #include "core/status.h"
+#include "engine/checkpoint.h"
 #include "serve/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -165,6 +166,11 @@ struct ExecutionPath {
   // re-initialisation, armed faults); null: nothing (the CPU path). Paths on
   // one device share one.
   std::shared_ptr<DeviceControl> device;
+  // The compatibility fingerprint of the model it serves (Model::
+  // fingerprint(): file identity, every metadata key including the chat
+  // template, tokenizer and tensor types; a checkpoint carries its model's).
+  // Empty: unknown, never migrated to or from.
+  std::string fingerprint;
 };
 
 // A path that could not be built at start, and why (shown in status).
@@ -189,17 +195,54 @@ struct GatewayPolicy {
   double health_timeout_s = 10;
   // One line per breaker transition and probe result (null: silent).
   std::function<void(const std::string&)> log;
+  // Equivalence check between paths of one fingerprint (verify_equivalence):
+  // each prompt greedy and seeded (temperature, seed), tokens each.
+  std::vector<std::string> equivalence_prompts = {"Once upon a time", "The little dog"};
+  int32_t equivalence_tokens = 16;
+  float equivalence_temperature = 0.8f;
+  uint64_t equivalence_seed = 42;
+  double equivalence_timeout_s = 120;  // per run, on the Env's clock
+};
+
+// Whether a request may move between two paths mid-generation: both serve
+// one fingerprint and their runs of the same requests gave the same text.
+struct EquivalenceInfo {
+  std::string a, b;                    // path names
+  std::string placement_a, placement_b;
+  std::string fingerprint;
+  bool passed = false;
+  std::string detail;  // what was compared, or the first difference
+  double ms = 0;       // how long the check took
 };
 
 // What the HTTP layer asks for, after parsing.
 struct RouteRequest {
   serve::GenerationRequest generation;  // prompt text, sampler, max_tokens, stop, record_id
   bool allow_shrink = false;
+  bool allow_migration = true;  // false: X-Spillway-Migrate: never
 };
 
 struct Admitted {
   std::shared_ptr<serve::Ticket> ticket;
   const ExecutionPath* path = nullptr;
+};
+
+// A resume of an interrupted request (POST /v1/requests/{id}/resume).
+struct ResumeRequest {
+  int64_t record_id = 0;
+  std::shared_ptr<const Checkpoint> checkpoint;
+  // The text the client says it has; it must agree with the checkpoint's
+  // text as far as both go (kReplayMismatch otherwise).
+  std::string received_text;
+  bool allow_migration = true;
+  std::optional<int32_t> max_tokens_requested;  // what the original request asked
+};
+
+struct Resumed {
+  Admitted admitted;
+  // Checkpoint text the client does not have yet: the response sends it
+  // before the ticket's stream.
+  std::string unsent;
 };
 
 struct Refusal {
@@ -246,6 +289,7 @@ struct ReservationInfo {
 
 struct PathStatus {
   std::string name, placement, model;
+  std::string fingerprint;  // ExecutionPath::fingerprint
   bool fallback_model = false;
   std::string role;
   ReplicaInfo replica;
@@ -266,6 +310,7 @@ struct GatewayStatus {
   std::vector<ReservationInfo> reservations;
   std::map<std::string, uint64_t> decisions;  // by kind name
   bool ready = false;                          // some path can take work
+  std::vector<EquivalenceInfo> equivalence;    // the checks done so far
 };
 
 class Gateway {
@@ -277,6 +322,27 @@ class Gateway {
   ~Gateway();
 
   Result<Admitted> submit(const RouteRequest& request, Refusal* refusal = nullptr);
+  // Continues an interrupted request from its checkpoint on whichever path
+  // serves its model now (fingerprint equal; any placement), as a new ticket
+  // under the same record id: the received text is checked against the
+  // checkpoint's (FailedPrecondition kReplayMismatch naming the byte where
+  // they differ), what the client lacks of the checkpoint's text is
+  // returned as `unsent`, and what it holds beyond it is regenerated and
+  // compared, not re-sent (ExecJob::replay). Refusals as submit (kNoPath
+  // when no path serves the model).
+  Result<Resumed> resume(const ResumeRequest& request, Refusal* refusal = nullptr);
+  // Runs the equivalence check between every two paths that serve one
+  // fingerprint on different placements and have not been checked yet
+  // (results cached by fingerprint and placements for the Gateway's life),
+  // as internal requests: each of policy.equivalence_prompts greedy and
+  // seeded on both, side by side; equal text everywhere passes. Blocks
+  // until done (each run bounded by equivalence_timeout_s); returns every
+  // result so far. Paths on one placement are equivalent by the backend's
+  // contract (bitwise batch invariance) and are not run.
+  std::vector<EquivalenceInfo> verify_equivalence();
+  // May a request move from paths_[from] to paths_[to] mid-generation?
+  // OK, or why not.
+  Status migration_allowed(size_t from, size_t to) const;
   Result<Quote> quote(const RouteRequest& request);
   bool cancel(uint64_t ticket_id);
   // The live ticket with this id, or null.
@@ -335,7 +401,14 @@ class Gateway {
   // A request that failed on paths_[from] before its first token: decided
   // again without that path and adopted by the chosen one (same ticket, id
   // and stream). False when no other path can take it now.
-  bool failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure);
+  // Returns OK when moved, else why not.
+  Status failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure);
+  // The same for a request that already produced tokens: from its
+  // checkpoint (t->job().resume) to a path migration_allowed() from `from`.
+  Status migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure);
+  // A decision for continuing `cp` (prompt = its tokens, max = what is left)
+  // over `snaps`.
+  admission::Decision decide_resume(const Checkpoint& cp, std::vector<admission::PathSnapshot> snaps);
   void prober_loop();
   // One probe of `path`'s breaker in half-open `episode`, reported to it.
   // False when it could not run now (queue full, no reference yet): retry.
@@ -365,6 +438,10 @@ class Gateway {
   uint64_t next_lease_id_ = 1;
   std::map<std::string, uint64_t> decisions_;
   std::map<uint64_t, std::weak_ptr<serve::Ticket>> live_;
+  // verify_equivalence's results, keyed by fingerprint and the two
+  // placements in order.
+  std::map<std::string, EquivalenceInfo> equivalence_;
+  std::mutex verify_mu_;  // one verify_equivalence at a time
 
   // The prober's state, shared with the callbacks that wake it (breaker
   // listeners, probe tickets' on_finished), which may outlive the Gateway.

@@ -274,6 +274,8 @@ json spillway_json(const SpillwayInfo& s) {
   j["queue_ms"] = s.queue_ms;
   j["run_ms"] = s.run_ms;
   if (s.replayed) j["replayed"] = true;
+  j["migrations"] = s.migrations;
+  if (s.resumed_at_token) j["resumed_at_token"] = *s.resumed_at_token;
   return j;
 }
 
@@ -444,7 +446,12 @@ std::string render_chat_chunk(const ChunkFields& c) {
 namespace {
 
 json error_json(const ApiError& e) {
-  return {{"message", e.message}, {"type", e.type}, {"param", nullable(e.param)}, {"code", nullable(e.code)}};
+  json j = {{"message", e.message}, {"type", e.type}, {"param", nullable(e.param)}, {"code", nullable(e.code)}};
+  if (e.request_id) {
+    j["request_id"] = *e.request_id;
+    j["resume_url"] = "/v1/requests/" + std::to_string(*e.request_id) + "/resume";
+  }
+  return j;
 }
 
 }  // namespace
@@ -760,6 +767,7 @@ std::string render_status(const gateway::GatewayStatus& s) {
     paths.push_back({{"name", p.name},
                      {"placement", p.placement},
                      {"model", p.model},
+                     {"fingerprint", nullable(p.fingerprint)},
                      {"fallback_model", p.fallback_model},
                      {"role", p.role},
                      {"replica", replica_json(p.replica)},
@@ -779,7 +787,9 @@ std::string render_status(const gateway::GatewayStatus& s) {
                        {"rejected", p.stats.rejected},
                        {"done", p.stats.done},
                        {"cancelled", p.stats.cancelled},
-                       {"failed", p.stats.failed}}}});
+                       {"failed", p.stats.failed},
+                       {"failed_over", p.stats.failed_over},
+                       {"adopted", p.stats.adopted}}}});
   }
   json not_built = json::array();
   for (const auto& n : s.not_built) not_built.push_back({{"path", n.name}, {"reason", n.reason}});
@@ -788,9 +798,18 @@ std::string render_status(const gateway::GatewayStatus& s) {
   json decisions = json::object();
   for (const char* k : {"admit", "delay", "shrink", "offload", "redirect", "reject"}) decisions[k] = 0;
   for (const auto& [k, v] : s.decisions) decisions[k] = v;
+  json equivalence = json::array();
+  for (const gateway::EquivalenceInfo& e : s.equivalence) {
+    equivalence.push_back({{"paths", {e.a, e.b}},
+                           {"placements", {e.placement_a, e.placement_b}},
+                           {"fingerprint", e.fingerprint},
+                           {"passed", e.passed},
+                           {"detail", e.detail},
+                           {"ms", e.ms}});
+  }
   json j = {{"object", "spillway.status"}, {"ready", s.ready},       {"paths", paths},
             {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", reservations_json(s.reservations)},
-            {"decisions", decisions}};
+            {"decisions", decisions},       {"equivalence", equivalence}};
   return dump(j);
 }
 
@@ -836,6 +855,24 @@ std::optional<ApiError> parse_reservation_request(std::string_view body, Reserva
       return bad("ttl_s", "'ttl_s' must be a number of seconds in (0, 86400]", "invalid_value");
     }
     out.ttl_s = t->get<double>();
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_resume_request(std::string_view body, ResumeBody& out) {
+  json obj;
+  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return std::nullopt;  // empty: defaults
+  SPW_TRY_FIELD(parse_object(body, obj));
+  for (const auto& [key, value] : obj.items()) {
+    if (key == "received_text") {
+      if (!value.is_string()) return wrong_type("received_text", "a string", value);
+      out.received_text = value.get<std::string>();
+    } else if (key == "stream") {
+      if (!value.is_boolean()) return wrong_type("stream", "a boolean", value);
+      out.stream = value.get<bool>();
+    } else {
+      return bad(key, "unknown field '" + key + "' (a resume takes received_text and stream)", "invalid_value");
+    }
   }
   return std::nullopt;
 }

@@ -36,6 +36,9 @@ struct ApiError {
   std::string type = "invalid_request_error";
   std::string param;  // empty -> null
   std::string code;   // empty -> null
+  // A resumable error (code "resumable"): the request to resume and where
+  // (rendered as "request_id" and "resume_url" in the error object).
+  std::optional<uint64_t> request_id;
 };
 
 // Maps a Status from the scheduler/engine to an HTTP error.
@@ -101,6 +104,11 @@ struct SpillwayInfo {
   // A retry with a finished request's Idempotency-Key: the stored result,
   // nothing ran again ("replayed": true; absent otherwise).
   bool replayed = false;
+  // Moved to another path mid-generation at a checkpoint ("migrations").
+  int32_t migrations = 0;
+  // A POST /v1/requests/{id}/resume response: the token it continued from
+  // ("resumed_at_token"; absent otherwise).
+  std::optional<int32_t> resumed_at_token;
 };
 
 struct CompletionResult {
@@ -165,6 +173,15 @@ struct ReservationRequest {
   double ttl_s = 30;
 };
 std::optional<ApiError> parse_reservation_request(std::string_view body, ReservationRequest& out);
+
+// POST /v1/requests/{id}/resume body: {"received_text": the text the client
+// already has of the request's output (default ""), "stream": bool (default
+// false)}; other fields are refused (400 naming them).
+struct ResumeBody {
+  std::string received_text;
+  bool stream = false;
+};
+std::optional<ApiError> parse_resume_request(std::string_view body, ResumeBody& out);
 
 // POST /v1/admin/faults body: {"kind", "path", "after_submits", "count",
 // "factor"}. kind is required and one of fault_kind_name()'s names; path

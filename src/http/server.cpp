@@ -46,6 +46,8 @@ struct Call {
   std::string model;
   SpillwayInfo info;
   int32_t attempts = 0;  // the ticket's attempts when `info` was filled
+  // A resume: checkpoint text the client lacks, sent before the ticket's.
+  std::string unsent;
   // Stream progress (touched only by the connection's thread).
   bool started = false;
   bool finished = false;
@@ -197,6 +199,8 @@ class HttpServer::Impl {
              [this](const httplib::Request& req, httplib::Response& res) { request_record(req, res); });
     svr_.Delete(R"(/v1/requests/([^/]+))",
                 [this](const httplib::Request& req, httplib::Response& res) { cancel_request(req, res); });
+    svr_.Post(R"(/v1/requests/([^/]+)/resume)",
+              [this](const httplib::Request& req, httplib::Response& res) { resume_request(req, res); });
     svr_.Post("/v1/quote", [this](const httplib::Request& req, httplib::Response& res) { quote(req, res); });
     svr_.Get("/v1/status", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(render_status(gateway_.status()), kJson);
@@ -460,6 +464,12 @@ class HttpServer::Impl {
     gateway::RouteRequest route;
     route.generation = std::move(g);
     route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
+    Result<bool> migrate = allow_migration(req);
+    if (!migrate.ok()) {
+      if (call->record_id != 0) (void)options_.journal->finish(call->record_id, refused_outcome(migrate.status()));
+      return set_error(res, api_error_from_status(migrate.status()), options_.model_name);
+    }
+    route.allow_migration = *migrate;
     gateway::Refusal refusal;
     Result<gateway::Admitted> admitted = gateway_.submit(route, &refusal);
     // The decision goes into the journal before any response is written, so
@@ -476,24 +486,9 @@ class HttpServer::Impl {
       if (call->record_id != 0) {
         // Refused before it queued: the journal says so, why, and whether a
         // retry may succeed.
-        serve::RequestEvent fin;
-        fin.kind = serve::RequestEvent::Kind::kFinished;
-        fin.state = serve::RequestState::kFailed;
-        fin.status = admitted.status();
-        (void)options_.journal->finish(call->record_id, serve::JournalObserver::outcome_of(fin, "", 0));
+        (void)options_.journal->finish(call->record_id, refused_outcome(admitted.status()));
       }
-      const ApiError e = api_error_from_status(admitted.status());
-      if (refusal.decision.kind != admission::DecisionKind::kReject || refusal.decision.verdicts.empty()) {
-        return set_error(res, e, options_.model_name);
-      }
-      res.status = e.http_status;
-      if (e.http_status == 429 || e.http_status == 503) {  // worth retrying: say when
-        const double retry = refusal.decision.http_status == 429 ? refusal.decision.retry_after_s : 1.0;
-        res.set_header("Retry-After", std::to_string(static_cast<int>(std::ceil(std::max(1.0, retry)))));
-      }
-      res.set_header("X-Spillway-Decision", "reject");
-      res.set_content(render_refusal(e, options_.model_name, refusal.decision), kJson);
-      return;
+      return refuse(res, admitted.status(), refusal);
     }
 
     call->ticket = admitted->ticket;
@@ -503,6 +498,47 @@ class HttpServer::Impl {
     call->attempts = recorded_attempts;
     call->info.request_id = call->record_id != 0 ? static_cast<uint64_t>(call->record_id) : call->ticket->id();
     call->info.seed = call->ticket->seed();
+    respond(call, res, sampling.stream);
+  }
+
+  // What the journal records for a request refused before it queued.
+  static journal::Outcome refused_outcome(const Status& st, std::string text = {}) {
+    serve::RequestEvent fin;
+    fin.kind = serve::RequestEvent::Kind::kFinished;
+    fin.state = serve::RequestState::kFailed;
+    fin.status = st;
+    return serve::JournalObserver::outcome_of(fin, text, 0);
+  }
+
+  // X-Spillway-Migrate: "auto" (default) or "never".
+  static Result<bool> allow_migration(const httplib::Request& req) {
+    if (!req.has_header("X-Spillway-Migrate")) return true;
+    std::string v = req.get_header_value("X-Spillway-Migrate");
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    if (v == "auto") return true;
+    if (v == "never") return false;
+    return invalid_field("X-Spillway-Migrate", "X-Spillway-Migrate: expected \"auto\" or \"never\", got \"" +
+                                                   req.get_header_value("X-Spillway-Migrate") + "\"");
+  }
+
+  // A refusal by the gateway: its error, the decision's reason and Retry-After.
+  void refuse(httplib::Response& res, const Status& st, const gateway::Refusal& refusal) {
+    const ApiError e = api_error_from_status(st);
+    if (refusal.decision.kind != admission::DecisionKind::kReject || refusal.decision.verdicts.empty()) {
+      return set_error(res, e, options_.model_name);
+    }
+    res.status = e.http_status;
+    if (e.http_status == 429 || e.http_status == 503) {  // worth retrying: say when
+      const double retry = refusal.decision.http_status == 429 ? refusal.decision.retry_after_s : 1.0;
+      res.set_header("Retry-After", std::to_string(static_cast<int>(std::ceil(std::max(1.0, retry)))));
+    }
+    res.set_header("X-Spillway-Decision", "reject");
+    res.set_content(render_refusal(e, options_.model_name, refusal.decision), kJson);
+  }
+
+  // Headers from the call's route, then the body or the stream.
+  void respond(const std::shared_ptr<Call>& call, httplib::Response& res, bool stream_it) {
+    const bool chat = call->chat;
     // The headers say what fill_route read (one reading of the ticket).
     res.set_header("X-Spillway-Placement", call->info.placement);
     res.set_header("X-Spillway-Path", call->info.path);
@@ -522,11 +558,101 @@ class HttpServer::Impl {
                                                      (options_.chat_template_default ? "; default" : ""));
     }
 
-    if (sampling.stream) {
+    if (stream_it) {
       stream(call, res);
     } else {
       whole(*call, res);
     }
+  }
+
+  // POST /v1/requests/{id}/resume: an interrupted request (a resumable
+  // error, or a server killed mid-request) continues from its journaled
+  // checkpoint, after the text the client says it has.
+  void resume_request(const httplib::Request& req, httplib::Response& res) {
+    const std::string text = req.matches[1];
+    ApiError e;
+    e.http_status = 404;
+    e.code = "not_found";
+    if (!options_.journal) {
+      e.message = "this server keeps no request journal (start it with --journal PATH), so nothing can be resumed";
+      return set_error(res, e);
+    }
+    const std::optional<int64_t> id = parse_request_id(text);
+    if (!id) {
+      e.http_status = 400;
+      e.code = "invalid_value";
+      e.param = "id";
+      e.message = "request id '" + text + "': expected a positive integer or a response id (cmpl-<hex>, chatcmpl-<hex>)";
+      return set_error(res, e);
+    }
+    ResumeBody body;
+    if (auto err = parse_resume_request(req.body, body)) return set_error(res, *err);
+    Result<bool> migrate = allow_migration(req);
+    if (!migrate.ok()) return set_error(res, api_error_from_status(migrate.status()));
+    Result<journal::Record> r = options_.journal->get(*id);
+    if (!r.ok()) {
+      if (r.status().code() != StatusCode::kNotFound) return set_error(res, journal_error(r.status()));
+      e.message = r.status().message() + " (never accepted, or older than the journal's retention)";
+      return set_error(res, e);
+    }
+    auto conflict = [&](const std::string& why) {
+      ApiError c;
+      c.http_status = 409;
+      c.code = "not_resumable";
+      c.message = "request " + text + " cannot be resumed: " + why;
+      set_error(res, c);
+    };
+    if (r->checkpoint.empty() || !r->outcome.resumable || !journal::is_terminal(r->state)) {
+      return conflict(r->checkpoint.empty() ? "it has no checkpoint (state " + std::string(journal::state_name(r->state)) + ")"
+                                            : "it is " + std::string(journal::state_name(r->state)));
+    }
+    Result<Checkpoint> cp = parse_checkpoint(r->checkpoint);
+    if (!cp.ok()) return conflict("its checkpoint is unreadable: " + cp.status().message());
+    // Taken back to running before anything runs: a second resume of the
+    // same id gets 409 from here on.
+    if (Status st = options_.journal->reopen(*id, ""); !st.ok()) {
+      if (st.code() == StatusCode::kFailedPrecondition) return conflict(st.message());
+      return set_error(res, journal_error(st));
+    }
+    auto call = std::make_shared<Call>();
+    call->chat = r->endpoint == "/v1/chat/completions";
+    call->record_id = *id;
+    call->model = options_.model_name;
+    call->info.model = options_.model_name;
+    gateway::ResumeRequest rr;
+    rr.record_id = *id;
+    rr.checkpoint = std::make_shared<const Checkpoint>(std::move(*cp));
+    rr.received_text = body.received_text;
+    rr.allow_migration = *migrate;
+    gateway::Refusal refusal;
+    Result<gateway::Resumed> resumed = gateway_.resume(rr, &refusal);
+    if (!refusal.decision.verdicts.empty()) record_admission(*id, resumed.ok() ? resumed->admitted.ticket->decision() : refusal.decision);
+    if (!resumed.ok()) {
+      // Still resumable from the same checkpoint (the journal keeps it),
+      // unless the client's text disagrees with it.
+      Status st = resumed.status();
+      journal::Outcome o = refused_outcome(st, r->outcome.text);
+      o.error_code = r->outcome.error_code;
+      o.error_message = r->outcome.error_message + " (resume refused: " + st.message() + ")";
+      o.resumable = true;
+      (void)options_.journal->finish(*id, o);
+      if (st.reason() == FailureReason::kReplayMismatch) {
+        ApiError m = api_error_from_status(st);
+        m.param = "received_text";
+        return set_error(res, m);
+      }
+      return refuse(res, st, refusal);
+    }
+    call->ticket = resumed->admitted.ticket;
+    call->unsent = std::move(resumed->unsent);
+    call->id = response_id(call->chat, *id);
+    call->created = env_.wall_time_ms() / 1000;
+    fill_route(*call);
+    call->info.request_id = static_cast<uint64_t>(*id);
+    call->info.seed = call->ticket->seed();
+    call->info.resumed_at_token = rr.checkpoint->n_generated;
+    res.set_header("X-Spillway-Resumed-At-Token", std::to_string(rr.checkpoint->n_generated));
+    respond(call, res, body.stream);
   }
 
   // The OpenAI id: derived from the journal id when there is one, so that a
@@ -713,6 +839,16 @@ class HttpServer::Impl {
     c.info.predicted_ttft_ms = finite_ms(d.timing.ttft_s);
     c.info.predicted_total_ms = finite_ms(d.timing.total_s);
     c.info.limits = c.ticket->limits();
+    c.info.migrations = c.ticket->migrations();
+  }
+
+  // A request's error; a resumable one names the request to resume.
+  ApiError error_for(const Call& c, const Status& st) {
+    ApiError e = api_error_from_status(st);
+    if (st.reason() == FailureReason::kResumable && c.record_id != 0) {
+      e.request_id = static_cast<uint64_t>(c.record_id);
+    }
+    return e;
   }
 
   void fill_times(Call& c) {
@@ -728,7 +864,7 @@ class HttpServer::Impl {
 
   // Non-streaming: collect every event, then answer once.
   void whole(Call& c, httplib::Response& res) {
-    std::string text;
+    std::string text = c.unsent;
     serve::RequestEvent ev;
     for (;;) {
       serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
@@ -744,9 +880,7 @@ class HttpServer::Impl {
       }
       break;
     }
-    if (ev.state != serve::RequestState::kDone) {
-      return set_error(res, api_error_from_status(ev.status), options_.model_name);
-    }
+    if (ev.state != serve::RequestState::kDone) return set_error(res, error_for(c, ev.status), options_.model_name);
     fill_times(c);
     CompletionResult r;
     r.id = c.id;
@@ -796,6 +930,7 @@ class HttpServer::Impl {
             c.started = true;
             fill_times(c);
             out = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
+            if (!c.unsent.empty()) out += chunk(c, std::move(c.unsent), "", false, false);
           }
           serve::RequestEvent ev;
           serve::PopResult r = c.ticket->next_event(ev, keepalive);
@@ -840,7 +975,7 @@ class HttpServer::Impl {
               out += sse_data(c.chat ? render_chat_chunk(f) : render_completion_chunk(f));
             }
           } else {
-            out += sse_data(render_error(api_error_from_status(ev.status)));
+            out += sse_data(render_error(error_for(c, ev.status)));
           }
           out += kSseDone;
           if (!sink.write(out.data(), out.size())) return false;

@@ -14,7 +14,9 @@ namespace spw::journal {
 namespace {
 
 // 2: `admission`, the admission decision as a JSON document (NULL: none).
-constexpr int kSchemaVersion = 2;
+// 3: `checkpoint` (opaque bytes a resume continues from; NULL: none) and
+//    `checkpoint_tokens` (the generated tokens it holds).
+constexpr int kSchemaVersion = 3;
 
 // One table: a request is one row whose state moves forward; the attempt
 // counter says how often an idempotency key was run.
@@ -36,7 +38,9 @@ CREATE TABLE IF NOT EXISTS requests (
   completion_tokens INTEGER NOT NULL DEFAULT 0,
   error_code TEXT NOT NULL DEFAULT '',
   error_message TEXT NOT NULL DEFAULT '',
-  admission TEXT
+  admission TEXT,
+  checkpoint BLOB,
+  checkpoint_tokens INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
 )sql";
@@ -47,12 +51,17 @@ CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
 constexpr const char* kMigrations[] = {
     // 1 -> 2: existing rows have no recorded decision.
     "ALTER TABLE requests ADD COLUMN admission TEXT",
+    // 2 -> 3: existing rows have no checkpoint (an interrupted one resumes by
+    // running again from the start, as before).
+    "ALTER TABLE requests ADD COLUMN checkpoint BLOB; "
+    "ALTER TABLE requests ADD COLUMN checkpoint_tokens INTEGER NOT NULL DEFAULT 0",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion - 1, "one migration per older schema version");
 
 constexpr const char* kColumns =
     "id, idempotency_key, endpoint, body, state, attempts, placement, created_ms, updated_ms, resumable, "
-    "finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message, admission";
+    "finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message, admission, checkpoint, "
+    "checkpoint_tokens";
 
 std::optional<RequestState> state_from(std::string_view s) {
   for (RequestState st : {RequestState::kAccepted, RequestState::kRunning, RequestState::kDone,
@@ -74,6 +83,13 @@ class Stmt {
     sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
+  // Bytes, NUL included. An empty view binds a zero-length BLOB, not NULL
+  // (sqlite3_bind_blob binds NULL for a null pointer).
+  Stmt& blob(int i, std::string_view v) {
+    if (v.empty()) sqlite3_bind_zeroblob(s_, i, 0);
+    else sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
   Stmt& null(int i) {
     sqlite3_bind_null(s_, i);
     return *this;
@@ -86,6 +102,11 @@ class Stmt {
   std::string col_text(int i) const {
     const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, i));
     return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, i))) : std::string();
+  }
+  std::string col_blob(int i) const {
+    const void* p = sqlite3_column_blob(s_, i);  // before _bytes, as SQLite asks
+    return p ? std::string(static_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(s_, i)))
+             : std::string();
   }
   int64_t col_i64(int i) const { return sqlite3_column_int64(s_, i); }
 
@@ -117,6 +138,8 @@ Result<Record> read_row(const Stmt& q) {
   r.outcome.error_code = q.col_text(14);
   r.outcome.error_message = q.col_text(15);
   r.admission = q.col_text(16);  // NULL reads as ""
+  r.checkpoint = q.col_blob(17);  // NULL reads as ""
+  r.checkpoint_tokens = static_cast<int32_t>(q.col_i64(18));
   return r;
 }
 
@@ -268,11 +291,12 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
                             "); poll GET /v1/requests/" + std::to_string(old->id),
                         FailureReason::kIdempotencyConflict, "Idempotency-Key");
         }
-        // Failed or cancelled: nothing was delivered as complete; run it again.
+        // Failed or cancelled: nothing was delivered as complete; run it again,
+        // from scratch (a resume from the checkpoint is reopen(), not this).
         Stmt u(db_,
                "UPDATE requests SET state='accepted', attempts=attempts+1, updated_ms=?1, resumable=0, "
                "finish_reason='', text='', prompt_tokens=0, completion_tokens=0, error_code='', error_message='', "
-               "placement='', admission=NULL WHERE id=?2");
+               "placement='', admission=NULL, checkpoint=NULL, checkpoint_tokens=0 WHERE id=?2");
         if (!u.ok() || u.i64(1, now).i64(2, old->id).step() != SQLITE_DONE) return error_locked("retrying");
         SPW_ASSIGN_OR_RETURN(std::optional<Record> again, find_locked("id = ?1", "", old->id));
         return AcceptResult{std::move(*again), false};
@@ -314,9 +338,14 @@ Status Journal::mark_running(int64_t id, const std::string& placement) {
 Status Journal::finish(int64_t id, const Outcome& o) {
   if (!is_terminal(o.state)) return Status::invalid_argument("journal finish: state must be terminal");
   std::lock_guard<std::mutex> lk(mu_);
+  // kDone drops the checkpoint (the result is complete; nothing resumes from
+  // it, and it may be large); a failure or cancellation keeps it, since that
+  // is what a resume continues from.
   Stmt u(db_,
          "UPDATE requests SET state=?1, resumable=?2, finish_reason=?3, text=?4, prompt_tokens=?5, "
-         "completion_tokens=?6, error_code=?7, error_message=?8, updated_ms=?9 "
+         "completion_tokens=?6, error_code=?7, error_message=?8, updated_ms=?9, "
+         "checkpoint=CASE WHEN ?1='done' THEN NULL ELSE checkpoint END, "
+         "checkpoint_tokens=CASE WHEN ?1='done' THEN 0 ELSE checkpoint_tokens END "
          "WHERE id=?10 AND state IN ('accepted','running')");
   if (!u.ok()) return error_locked("preparing finish");
   u.text(1, state_name(o.state))
@@ -356,6 +385,79 @@ Status Journal::set_admission(int64_t id, std::string_view admission_json) {
   if (u.i64(2, id).step() != SQLITE_DONE) return error_locked("recording the admission of request " + std::to_string(id));
   if (sqlite3_changes(db_) == 0) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
   return Status();
+}
+
+Status Journal::save_checkpoint(int64_t id, std::string_view bytes, int32_t generated_tokens) {
+  const std::string which = "journal: request " + std::to_string(id);
+  if (generated_tokens < 0) {
+    return Status::invalid_argument(which + ": a checkpoint cannot hold " + std::to_string(generated_tokens) +
+                                    " tokens");
+  }
+  if (bytes.empty() && generated_tokens != 0) {
+    return Status::invalid_argument(which + ": an empty checkpoint (which clears it) cannot hold " +
+                                    std::to_string(generated_tokens) + " tokens");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  // Checked here rather than left to SQLite: a size over INT_MAX would be
+  // truncated when bound.
+  const int64_t max_bytes = sqlite3_limit(db_, SQLITE_LIMIT_LENGTH, -1);
+  if (static_cast<int64_t>(bytes.size()) > max_bytes) {
+    return Status::invalid_argument(which + ": a checkpoint of " + std::to_string(bytes.size()) +
+                                    " bytes is over the journal's limit of " + std::to_string(max_bytes));
+  }
+  // Only while running, in the WHERE clause itself: a worker's late write
+  // after finish() (or after a recovery) must neither resurrect the request
+  // nor replace the checkpoint a resume reads. updated_ms moves: a checkpoint
+  // is progress.
+  Stmt u(db_,
+         "UPDATE requests SET checkpoint=?1, checkpoint_tokens=?2, updated_ms=?3 WHERE id=?4 AND state='running'");
+  if (!u.ok()) return error_locked("preparing save_checkpoint");
+  if (bytes.empty()) u.null(1);
+  else u.blob(1, bytes);
+  u.i64(2, generated_tokens).i64(3, env_.wall_time_ms()).i64(4, id);
+  if (u.step() != SQLITE_DONE) return error_locked("saving the checkpoint of request " + std::to_string(id));
+  if (sqlite3_changes(db_) > 0) return Status();
+  Stmt q(db_, "SELECT state FROM requests WHERE id=?1");
+  if (!q.ok()) return error_locked("preparing a lookup");
+  const int rc = q.i64(1, id).step();
+  if (rc == SQLITE_DONE) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
+  if (rc != SQLITE_ROW) return error_locked("reading request " + std::to_string(id));
+  return Status::failed_precondition(which + " is " + q.col_text(0) +
+                                     ", not running: a checkpoint is saved only while the request runs");
+}
+
+Status Journal::reopen(int64_t id, const std::string& placement) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // Every condition in the one UPDATE: of two resumes racing for one row (here,
+  // or should the mutex ever go) exactly one sees a change. The attempt count
+  // stays: this is the same attempt continuing. The partial result stays until
+  // finish() overwrites it.
+  Stmt u(db_,
+         "UPDATE requests SET state='running', placement=?1, updated_ms=?2, resumable=0, error_code='', "
+         "error_message='' WHERE id=?3 AND state IN ('failed','cancelled') AND resumable=1 AND checkpoint IS NOT NULL");
+  if (!u.ok()) return error_locked("preparing reopen");
+  if (u.text(1, placement).i64(2, env_.wall_time_ms()).i64(3, id).step() != SQLITE_DONE) {
+    return error_locked("reopening request " + std::to_string(id));
+  }
+  if (sqlite3_changes(db_) > 0) return Status();
+  // Refused: say why, in the order a caller would check.
+  Stmt q(db_, "SELECT state, resumable, error_code FROM requests WHERE id=?1");
+  if (!q.ok()) return error_locked("preparing a lookup");
+  const int rc = q.i64(1, id).step();
+  if (rc == SQLITE_DONE) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
+  if (rc != SQLITE_ROW) return error_locked("reading request " + std::to_string(id));
+  const std::string which = "journal: request " + std::to_string(id) + " cannot be resumed: ";
+  const std::string state = q.col_text(0);
+  if (state == "done") return Status::failed_precondition(which + "not resumable: state done (it finished)");
+  if (state != "failed" && state != "cancelled") {
+    return Status::failed_precondition(which + "it is " + state + " (still in progress)");
+  }
+  if (q.col_i64(1) == 0) {
+    const std::string code = q.col_text(2);
+    return Status::failed_precondition(which + "not resumable: state " + state +
+                                       (code.empty() ? std::string() : " (" + code + ")"));
+  }
+  return Status::failed_precondition(which + "it has no checkpoint");
 }
 
 Result<Record> Journal::get(int64_t id) {

@@ -12,7 +12,8 @@
 //       finish() survives a crash of the process or of the machine once the
 //       call returned. Rows left non-terminal by a previous process (it
 //       crashed or was killed mid-request) become kFailed with resumable =
-//       true and an error naming the interruption; recovered() says how many.
+//       true and an error naming the interruption, keeping their checkpoint
+//       (see reopen()); recovered() says how many.
 //       Terminal rows older than options.retention_ms are deleted then (and
 //       on every options.prune_every-th accept). IOError naming the path when
 //       the file cannot be opened or is not a journal. A journal of an older
@@ -28,14 +29,38 @@
 //         - kAccepted / kRunning: FailedPrecondition naming the id ("still in
 //           progress"): the client should poll it;
 //         - kFailed / kCancelled: a new attempt under the same id (attempts +
-//           1, result, error and admission cleared, state kAccepted),
-//           replay = false.
+//           1, result, error, admission and checkpoint cleared, state
+//           kAccepted: it runs from the start), replay = false.
 //   mark_running(id, placement)  kAccepted -> kRunning; on a kRunning row it
 //       records the new placement (a failover before the first token moved
 //       the request to another path). FailedPrecondition when terminal.
 //   finish(id, outcome)  -> kDone / kCancelled / kFailed with the result or
 //       the error; FailedPrecondition when the row is already terminal (a
-//       terminal state is written once per attempt).
+//       terminal state is written once per attempt). kDone clears the
+//       checkpoint (nothing resumes a finished request); kFailed / kCancelled
+//       keep it for reopen().
+//   save_checkpoint(id, bytes, generated_tokens)  replaces the row's
+//       checkpoint: opaque bytes (NUL bytes included) from which generation
+//       can continue, holding generated_tokens generated tokens. Only while
+//       the row is kRunning: FailedPrecondition naming the state otherwise (a
+//       worker's late write after finish() or after a recovery must not
+//       resurrect the request or replace what a resume reads). Updates
+//       updated_ms (a checkpoint is progress). Empty bytes clear it
+//       (generated_tokens must then be 0); InvalidArgument for negative
+//       tokens or bytes over SQLite's length limit (1e9 by default); NotFound
+//       for an unknown id. It cannot tell a stale worker of an earlier run
+//       from the current one once reopen() made the row kRunning again: stop
+//       the old worker before resuming.
+//   reopen(id, placement)  resumes an interrupted request: a kFailed or
+//       kCancelled row with resumable = true and a checkpoint goes back to
+//       kRunning on placement, as the same attempt (attempts unchanged; the
+//       error and resumable cleared; checkpoint, admission and the partial
+//       result kept until save_checkpoint() / finish() replace them). One
+//       conditional UPDATE: of concurrent reopens of one id exactly one
+//       succeeds. FailedPrecondition saying why otherwise ("not resumable:
+//       state done", "it is running", "not resumable: state failed (code)",
+//       "it has no checkpoint"); NotFound for an unknown id. mark_running()
+//       never does this: it moves only kAccepted / kRunning rows.
 //   set_admission(id, json)  records the admission decision the request was
 //       admitted or refused under (a JSON object, as the HTTP layer renders
 //       it; written before the client's response, so a GET after it sees
@@ -44,7 +69,7 @@
 //       already have finished when it is written; updated_ms is unchanged.
 //       Empty json clears it. NotFound for an unknown id; InvalidArgument
 //       when the text is not a JSON object.
-//   get(id)          the record, or NotFound.
+//   get(id)          the record (checkpoint included), or NotFound.
 // Times are Env::wall_time_ms(). Every write is one transaction.
 // Thread safety: all methods may be called from any thread (one connection,
 // serialised by a mutex).
@@ -99,6 +124,8 @@ struct Record {
   int64_t updated_ms = 0;
   Outcome outcome;  // meaningful once terminal
   std::string admission;  // the admission decision, a JSON object; empty: none recorded
+  std::string checkpoint;  // opaque bytes a resume continues from (may hold NULs); empty: none
+  int32_t checkpoint_tokens = 0;  // generated tokens the checkpoint holds
 };
 
 struct AcceptResult {
@@ -122,6 +149,8 @@ class Journal {
   Status mark_running(int64_t id, const std::string& placement);
   Status finish(int64_t id, const Outcome& outcome);
   Status set_admission(int64_t id, std::string_view admission_json);
+  Status save_checkpoint(int64_t id, std::string_view bytes, int32_t generated_tokens);
+  Status reopen(int64_t id, const std::string& placement);
   Result<Record> get(int64_t id);
 
   int64_t recovered() const { return recovered_; }

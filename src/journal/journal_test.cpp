@@ -1,8 +1,9 @@
 // Journal against a real SQLite file in a temporary folder: the request
 // lifecycle, idempotency rules, recovery after a process that died mid-request
 // (simulated by reopening a file whose rows were left non-terminal), retention
-// under a controlled wall clock, concurrent writers, the admission decision
-// and the migration of a journal written with the previous schema.
+// under a controlled wall clock, concurrent writers, the admission decision,
+// generation checkpoints and their resume, and the migration of journals
+// written with older schemas.
 #include "journal/journal.h"
 
 #include <gtest/gtest.h>
@@ -298,6 +299,275 @@ TEST_F(JournalTest, ARetryAttemptGetsItsOwnAdmission) {
   EXPECT_EQ(replay->record.admission, R"({"kind":"admit"})");
 }
 
+Outcome failure(bool resumable, RequestState state = RequestState::kFailed) {
+  Outcome o;
+  o.state = state;
+  o.resumable = resumable;
+  o.text = " there was";  // the partial result
+  o.completion_tokens = 2;
+  o.error_code = state == RequestState::kCancelled ? "cancelled" : "device_lost";
+  o.error_message = "DeviceLost: vkQueueSubmit";
+  return o;
+}
+
+// Bytes a checkpoint may hold: NULs (also leading and trailing), high bytes.
+std::string checkpoint_bytes(size_t n, char seed) {
+  std::string b(n, '\0');
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<char>((i * 7 + static_cast<size_t>(seed)) % 256);
+  b.front() = '\0';
+  b.back() = '\0';
+  return b;
+}
+
+TEST_F(JournalTest, CheckpointBytesRoundTripWithNulBytes) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const int64_t id = j->accept(req(""))->record.id;
+  ASSERT_TRUE(j->mark_running(id, "vulkan").ok());
+  EXPECT_TRUE(j->get(id)->checkpoint.empty()) << "none until the first save";
+  EXPECT_EQ(j->get(id)->checkpoint_tokens, 0);
+  const std::string first = checkpoint_bytes(4096, 1);
+  ASSERT_LT(first.find('\0', 1), first.size() - 1) << "NULs inside, not only at the ends";
+  env_.advance(40 * kNsPerMs);
+  const Status saved = j->save_checkpoint(id, first, 12);
+  ASSERT_TRUE(saved.ok()) << saved.to_string();
+  auto r = j->get(id);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->checkpoint.size(), first.size()) << "not cut at the first NUL";
+  EXPECT_EQ(r->checkpoint, first);
+  EXPECT_EQ(r->checkpoint_tokens, 12);
+  EXPECT_EQ(r->state, RequestState::kRunning) << "the state does not move";
+  EXPECT_EQ(r->updated_ms - r->created_ms, 40) << "a checkpoint is progress";
+  // Replaced, not appended (here by a smaller one).
+  const std::string second = std::string("\0\x01\0\xff", 4);
+  ASSERT_TRUE(j->save_checkpoint(id, second, 20).ok());
+  EXPECT_EQ(j->get(id)->checkpoint, second);
+  EXPECT_EQ(j->get(id)->checkpoint_tokens, 20);
+  // Malformed calls change nothing.
+  EXPECT_EQ(j->save_checkpoint(id, second, -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(j->save_checkpoint(id, "", 3).code(), StatusCode::kInvalidArgument);
+  const Status missing = j->save_checkpoint(id + 100, first, 1);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.to_string();
+  EXPECT_NE(missing.message().find(std::to_string(id + 100)), std::string::npos) << missing.to_string();
+  EXPECT_EQ(j->get(id)->checkpoint, second);
+  // Empty bytes clear it.
+  ASSERT_TRUE(j->save_checkpoint(id, "", 0).ok());
+  EXPECT_TRUE(j->get(id)->checkpoint.empty());
+  EXPECT_EQ(j->get(id)->checkpoint_tokens, 0);
+}
+
+TEST_F(JournalTest, ACheckpointIsSavedOnlyWhileRunning) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const std::string bytes = checkpoint_bytes(64, 3);
+  const int64_t accepted = j->accept(req(""))->record.id;
+  const Status early = j->save_checkpoint(accepted, bytes, 1);
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition) << early.to_string();
+  EXPECT_NE(early.message().find("is accepted"), std::string::npos) << early.to_string();
+  ASSERT_TRUE(j->mark_running(accepted, "cpu").ok());
+  ASSERT_TRUE(j->save_checkpoint(accepted, bytes, 1).ok());
+  // A worker's late write after the request finished: refused, nothing moves.
+  ASSERT_TRUE(j->finish(accepted, failure(true)).ok());
+  const int64_t updated = j->get(accepted)->updated_ms;
+  env_.advance(10 * kNsPerMs);
+  const Status late = j->save_checkpoint(accepted, checkpoint_bytes(64, 9), 5);
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late.to_string();
+  EXPECT_NE(late.message().find("is failed"), std::string::npos) << late.to_string();
+  auto r = j->get(accepted);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RequestState::kFailed) << "not resurrected";
+  EXPECT_EQ(r->checkpoint, bytes) << "what a resume reads is untouched";
+  EXPECT_EQ(r->checkpoint_tokens, 1);
+  EXPECT_EQ(r->updated_ms, updated);
+  const int64_t finished = j->accept(req(""))->record.id;
+  ASSERT_TRUE(j->mark_running(finished, "cpu").ok());
+  ASSERT_TRUE(j->finish(finished, done("x")).ok());
+  const Status after_done = j->save_checkpoint(finished, bytes, 1);
+  EXPECT_EQ(after_done.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(after_done.message().find("is done"), std::string::npos) << after_done.to_string();
+  EXPECT_TRUE(j->get(finished)->checkpoint.empty());
+}
+
+TEST_F(JournalTest, DoneClearsTheCheckpointFailureAndCancellationKeepIt) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const std::string bytes = checkpoint_bytes(1024, 5);
+  int64_t ids[3];
+  for (int64_t& id : ids) {
+    id = j->accept(req(""))->record.id;
+    ASSERT_TRUE(j->mark_running(id, "vulkan").ok());
+    ASSERT_TRUE(j->save_checkpoint(id, bytes, 7).ok());
+  }
+  ASSERT_TRUE(j->finish(ids[0], done(" Lily")).ok());
+  ASSERT_TRUE(j->finish(ids[1], failure(true)).ok());
+  ASSERT_TRUE(j->finish(ids[2], failure(false, RequestState::kCancelled)).ok());
+  EXPECT_TRUE(j->get(ids[0])->checkpoint.empty()) << "no longer needed";
+  EXPECT_EQ(j->get(ids[0])->checkpoint_tokens, 0);
+  EXPECT_EQ(j->get(ids[0])->outcome.text, " Lily");
+  for (int64_t id : {ids[1], ids[2]}) {
+    EXPECT_EQ(j->get(id)->checkpoint, bytes) << "request " << id;
+    EXPECT_EQ(j->get(id)->checkpoint_tokens, 7) << "request " << id;
+  }
+}
+
+TEST_F(JournalTest, ARetryUnderTheKeyStartsWithoutTheCheckpoint) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const int64_t id = j->accept(req("k1"))->record.id;
+  ASSERT_TRUE(j->mark_running(id, "vulkan").ok());
+  ASSERT_TRUE(j->save_checkpoint(id, checkpoint_bytes(256, 2), 9).ok());
+  ASSERT_TRUE(j->finish(id, failure(true)).ok());
+  auto retry = j->accept(req("k1"));
+  ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+  EXPECT_EQ(retry->record.attempts, 2);
+  EXPECT_TRUE(retry->record.checkpoint.empty()) << "the new attempt starts from scratch";
+  EXPECT_EQ(retry->record.checkpoint_tokens, 0);
+  EXPECT_TRUE(j->get(id)->checkpoint.empty());
+}
+
+TEST_F(JournalTest, RecoveryKeepsTheCheckpointAndReopenResumesFromIt) {
+  const std::string bytes = checkpoint_bytes(16 * 1024, 4);
+  int64_t id = 0, plain = 0;
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    id = j->accept(req("a"))->record.id;
+    plain = j->accept(req("b"))->record.id;
+    ASSERT_TRUE(j->set_admission(id, R"({"kind":"admit"})").ok());
+    ASSERT_TRUE(j->mark_running(id, "vulkan").ok());
+    ASSERT_TRUE(j->save_checkpoint(id, bytes, 31).ok());
+    ASSERT_TRUE(j->mark_running(plain, "cpu").ok());
+    // The process is killed here, mid-generation.
+  }
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->recovered(), 2);
+  auto r = j->get(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RequestState::kFailed);
+  EXPECT_TRUE(r->outcome.resumable);
+  EXPECT_EQ(r->outcome.error_code, "interrupted");
+  EXPECT_EQ(r->checkpoint, bytes) << "recovery keeps what a resume continues from";
+  EXPECT_EQ(r->checkpoint_tokens, 31);
+  // The resume: back to running on the CPU path, as the same attempt.
+  env_.advance(75 * kNsPerMs);
+  const Status resumed = j->reopen(id, "cpu");
+  ASSERT_TRUE(resumed.ok()) << resumed.to_string();
+  r = j->get(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RequestState::kRunning);
+  EXPECT_EQ(r->placement, "cpu");
+  EXPECT_EQ(r->attempts, 1) << "the same attempt continuing";
+  EXPECT_FALSE(r->outcome.resumable);
+  EXPECT_TRUE(r->outcome.error_code.empty());
+  EXPECT_TRUE(r->outcome.error_message.empty());
+  EXPECT_EQ(r->checkpoint, bytes);
+  EXPECT_EQ(r->checkpoint_tokens, 31);
+  EXPECT_EQ(r->admission, R"({"kind":"admit"})");
+  EXPECT_EQ(r->updated_ms, env_.wall_time_ms());
+  // It runs on: checkpoints and the result land as for any running request,
+  // and a retry under its key while it runs is told to poll.
+  ASSERT_TRUE(j->save_checkpoint(id, checkpoint_bytes(100, 8), 40).ok());
+  EXPECT_EQ(j->accept(req("a")).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(j->finish(id, done(" there was a girl")).ok());
+  EXPECT_TRUE(j->get(id)->checkpoint.empty());
+  // The request without a checkpoint cannot be resumed, only retried.
+  const Status no_ckpt = j->reopen(plain, "cpu");
+  EXPECT_EQ(no_ckpt.code(), StatusCode::kFailedPrecondition) << no_ckpt.to_string();
+  EXPECT_NE(no_ckpt.message().find("has no checkpoint"), std::string::npos) << no_ckpt.to_string();
+}
+
+TEST_F(JournalTest, ReopenRefusesWhatCannotBeResumedAndSaysWhy) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const std::string bytes = checkpoint_bytes(512, 6);
+  auto running_with_checkpoint = [&]() {
+    const int64_t id = j->accept(req(""))->record.id;
+    EXPECT_TRUE(j->mark_running(id, "vulkan").ok());
+    EXPECT_TRUE(j->save_checkpoint(id, bytes, 3).ok());
+    return id;
+  };
+  auto refused = [&](int64_t id, const std::string& why) {
+    const int64_t updated = j->get(id)->updated_ms;
+    const RequestState state = j->get(id)->state;
+    env_.advance(kNsPerMs);
+    const Status st = j->reopen(id, "cpu");
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("request " + std::to_string(id)), std::string::npos) << st.to_string();
+    EXPECT_EQ(j->get(id)->state, state) << "nothing changes: " << why;
+    EXPECT_EQ(j->get(id)->updated_ms, updated) << why;
+  };
+  // Unknown id.
+  const Status missing = j->reopen(12345, "cpu");
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.to_string();
+  EXPECT_NE(missing.message().find("12345"), std::string::npos);
+  // Finished: a retry replays it; there is nothing to resume.
+  const int64_t finished = running_with_checkpoint();
+  ASSERT_TRUE(j->finish(finished, done("x")).ok());
+  refused(finished, "not resumable: state done");
+  // In progress.
+  refused(j->accept(req(""))->record.id, "it is accepted");
+  const int64_t running = running_with_checkpoint();
+  refused(running, "it is running");
+  // A failure the classifier says must not run again (e.g. a bad request).
+  const int64_t fatal = running_with_checkpoint();
+  ASSERT_TRUE(j->finish(fatal, failure(false)).ok());
+  refused(fatal, "not resumable: state failed (device_lost)");
+  const int64_t cancelled = running_with_checkpoint();
+  ASSERT_TRUE(j->finish(cancelled, failure(false, RequestState::kCancelled)).ok());
+  refused(cancelled, "not resumable: state cancelled (cancelled)");
+  // Resumable, but interrupted before its first checkpoint.
+  const int64_t bare = j->accept(req(""))->record.id;
+  ASSERT_TRUE(j->mark_running(bare, "vulkan").ok());
+  ASSERT_TRUE(j->finish(bare, failure(true)).ok());
+  refused(bare, "has no checkpoint");
+  // A resumable cancellation with a checkpoint resumes; once only.
+  const int64_t resumable_cancel = running_with_checkpoint();
+  ASSERT_TRUE(j->finish(resumable_cancel, failure(true, RequestState::kCancelled)).ok());
+  ASSERT_TRUE(j->reopen(resumable_cancel, "cpu").ok());
+  refused(resumable_cancel, "it is running");
+  // mark_running is not a resume: it never moves a terminal row.
+  const int64_t failed = running_with_checkpoint();
+  ASSERT_TRUE(j->finish(failed, failure(true)).ok());
+  EXPECT_EQ(j->mark_running(failed, "cpu").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(j->get(failed)->state, RequestState::kFailed);
+  // Resumed, failed again (still resumable, checkpoint kept): resumes again.
+  ASSERT_TRUE(j->reopen(failed, "cpu").ok());
+  ASSERT_TRUE(j->finish(failed, failure(true)).ok());
+  ASSERT_TRUE(j->reopen(failed, "vulkan").ok());
+  EXPECT_EQ(j->get(failed)->attempts, 1);
+  EXPECT_EQ(j->get(failed)->placement, "vulkan");
+}
+
+TEST_F(JournalTest, ConcurrentReopensOfOneRequestExactlyOneSucceeds) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  constexpr int kThreads = 8, kRounds = 20;
+  const int64_t id = j->accept(req(""))->record.id;
+  ASSERT_TRUE(j->mark_running(id, "vulkan").ok());
+  ASSERT_TRUE(j->save_checkpoint(id, checkpoint_bytes(1024, 7), 4).ok());
+  for (int round = 0; round < kRounds; ++round) {
+    ASSERT_TRUE(j->finish(id, failure(true)).ok());
+    std::atomic<int> ready{0}, won{0}, refused{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        // All start together, so the reopens really race.
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        const Status st = j->reopen(id, "path-" + std::to_string(t));
+        if (st.ok()) won.fetch_add(1);
+        else if (st.code() == StatusCode::kFailedPrecondition) refused.fetch_add(1);
+      });
+    }
+    for (auto& th : threads) th.join();
+    ASSERT_EQ(won.load(), 1) << "round " << round;
+    ASSERT_EQ(refused.load(), kThreads - 1) << "round " << round;
+    EXPECT_EQ(j->get(id)->state, RequestState::kRunning);
+  }
+}
+
 // The schema of version 1 (before `admission`), verbatim: what a journal
 // written by the previous Spillway holds.
 constexpr const char* kSchemaV1 = R"sql(
@@ -370,6 +640,7 @@ TEST_F(JournalTest, AJournalOfThePreviousSchemaIsMigratedKeepingItsRows) {
     EXPECT_EQ(finished->outcome.text, " there was");
     EXPECT_EQ(finished->placement, "cpu");
     EXPECT_TRUE(finished->admission.empty()) << "decided before decisions were recorded";
+    EXPECT_TRUE(finished->checkpoint.empty());
     // Recovery runs on migrated rows as on any others.
     EXPECT_EQ(j->recovered(), 1);
     EXPECT_EQ(j->get(8)->outcome.error_code, "interrupted");
@@ -383,7 +654,7 @@ TEST_F(JournalTest, AJournalOfThePreviousSchemaIsMigratedKeepingItsRows) {
     EXPECT_GT(fresh->record.id, 8);
     ASSERT_TRUE(j->set_admission(7, R"({"kind":"admit"})").ok());
   }
-  EXPECT_EQ(user_version(path_), 2);
+  EXPECT_EQ(user_version(path_), 3) << "migrated through every version";
   auto j = open();  // and it opens again as a current journal
   ASSERT_NE(j, nullptr);
   EXPECT_EQ(j->get(7)->admission, R"({"kind":"admit"})");
@@ -398,6 +669,79 @@ TEST_F(JournalTest, AFailedMigrationLeavesTheFileAsItWas) {
   EXPECT_NE(j.status().message().find("migrating schema version 1 to 2"), std::string::npos) << j.status().to_string();
   EXPECT_NE(j.status().message().find(path_), std::string::npos) << j.status().to_string();
   EXPECT_EQ(user_version(path_), 1) << "rolled back with the migration";
+}
+
+// The schema of version 2 (before `checkpoint`), verbatim.
+constexpr const char* kSchemaV2 = R"sql(
+CREATE TABLE IF NOT EXISTS requests (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  idempotency_key TEXT UNIQUE,
+  endpoint TEXT NOT NULL,
+  body TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  placement TEXT NOT NULL DEFAULT '',
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  resumable INTEGER NOT NULL DEFAULT 0,
+  finish_reason TEXT NOT NULL DEFAULT '',
+  text TEXT NOT NULL DEFAULT '',
+  prompt_tokens INTEGER NOT NULL DEFAULT 0,
+  completion_tokens INTEGER NOT NULL DEFAULT 0,
+  error_code TEXT NOT NULL DEFAULT '',
+  error_message TEXT NOT NULL DEFAULT '',
+  admission TEXT
+);
+CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
+PRAGMA user_version=2;
+)sql";
+
+TEST_F(JournalTest, AVersion2JournalIsMigratedToVersion3KeepingItsRows) {
+  raw_sql(path_, kSchemaV2);
+  const std::string then = std::to_string(env_.wall_time_ms() - 60'000);
+  raw_sql(path_,
+          "INSERT INTO requests (id, idempotency_key, endpoint, body, state, placement, created_ms, updated_ms, "
+          "finish_reason, text, prompt_tokens, completion_tokens, admission) VALUES "
+          "(7, 'old-done', '/v1/completions', '{\"prompt\":\"Once\"}', 'done', 'cpu', " + then + ", " + then +
+              ", 'length', ' there was', 2, 3, '{\"kind\":\"admit\"}');"
+              "INSERT INTO requests (id, idempotency_key, endpoint, body, state, attempts, resumable, created_ms, "
+              "updated_ms, error_code) VALUES (8, 'old-failed', '/v1/completions', '{\"prompt\":\"Once\"}', 'failed', "
+              "2, 1, " + then + ", " + then + ", 'device_lost');"
+              "INSERT INTO requests (id, idempotency_key, endpoint, body, state, created_ms, updated_ms) VALUES "
+              "(9, 'old-running', '/v1/completions', '{\"prompt\":\"Once\"}', 'running', " + then + ", " + then +
+              ");");
+  ASSERT_EQ(user_version(path_), 2);
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    EXPECT_EQ(j->recovered(), 1);
+    auto finished = j->get(7);
+    ASSERT_TRUE(finished.ok()) << finished.status().to_string();
+    EXPECT_EQ(finished->state, RequestState::kDone);
+    EXPECT_EQ(finished->outcome.text, " there was");
+    EXPECT_EQ(finished->admission, R"({"kind":"admit"})") << "version 2's column is kept";
+    auto failed = j->get(8);
+    ASSERT_TRUE(failed.ok());
+    EXPECT_EQ(failed->attempts, 2);
+    EXPECT_EQ(failed->outcome.error_code, "device_lost");
+    for (int64_t id : {7, 8, 9}) {
+      EXPECT_TRUE(j->get(id)->checkpoint.empty()) << "request " << id << ": rows of version 2 have none";
+      EXPECT_EQ(j->get(id)->checkpoint_tokens, 0);
+    }
+    EXPECT_EQ(j->get(9)->outcome.error_code, "interrupted");
+    // Without a checkpoint an old interrupted row is retried, not resumed.
+    EXPECT_NE(j->reopen(8, "cpu").message().find("has no checkpoint"), std::string::npos);
+    auto retry = j->accept({"old-failed", "/v1/completions", R"({"prompt":"Once"})"});
+    ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+    EXPECT_EQ(retry->record.attempts, 3);
+    ASSERT_TRUE(j->mark_running(8, "vulkan").ok());
+    ASSERT_TRUE(j->save_checkpoint(8, std::string("\0ckpt", 5), 2).ok());
+  }
+  EXPECT_EQ(user_version(path_), 3);
+  auto j = open();  // a current journal now; the recovery keeps the new checkpoint
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->get(8)->checkpoint, std::string("\0ckpt", 5));
+  EXPECT_TRUE(j->reopen(8, "cpu").ok());
 }
 
 TEST_F(JournalTest, BadFilesAreErrorsNamingThePath) {

@@ -1,36 +1,101 @@
 #include "serve/engine_executor.h"
 
+#include "engine/checkpoint.h"
 #include "engine/device_session.h"
 #include "engine/generate.h"
 #include "engine/session.h"
 
+#include <algorithm>
 #include <mutex>
 
 namespace spw::serve {
 namespace {
 
-// One request on one session of a group.
-Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, const ExecJob& job,
-                                   const std::function<void(std::string_view)>& on_text,
-                                   const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) {
-  GenerateOptions o;
-  o.max_tokens = job.max_tokens;
-  o.sampler = job.sampler;
-  o.stop = job.stop;
-  o.reserve_kv = true;  // fail at the request boundary, never mid-stream
-  int32_t n = 0;
-  auto cb = [&](std::string_view text, TokenId id) {
-    if (!text.empty()) on_text(text);
-    if (id >= 0) on_token(++n);
+// One request on one session of a group: a Generator started from the
+// prompt or resumed from a checkpoint, stepped here so that checkpoints are
+// taken between steps (a clean token boundary, never inside a step).
+Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, const ExecJob& job, const ExecCallbacks& cb,
+                                   const std::atomic<bool>& cancel) {
+  struct KvRelease {  // a pool smaller than the default: never keep KV between requests
+    Session& s;
+    bool keep;
+    ~KvRelease() {
+      if (!keep) (void)s.truncate(0);
+    }
+  } release{session, keep_kv};
+  Result<std::unique_ptr<Generator>> started = [&]() -> Result<std::unique_ptr<Generator>> {
+    if (job.resume) {
+      Checkpoint cp = *job.resume;
+      cp.options.max_tokens = job.max_tokens;  // the path's limit may differ from the first one's
+      cp.options.reserve_kv = true;
+      return Generator::resume(session, cp);
+    }
+    GenerateOptions o;
+    o.max_tokens = job.max_tokens;
+    o.sampler = job.sampler;
+    o.stop = job.stop;
+    o.reserve_kv = true;  // fail at the request boundary, never mid-stream
+    return Generator::start(session, job.prompt, o);
+  }();
+  if (!started.ok()) return started.status();
+  Generator& g = **started;
+
+  // The last safe boundary: where a failure continues from when the current
+  // one is not safe. Without rules every boundary is safe, so nothing is kept.
+  std::shared_ptr<const Checkpoint> last_safe = job.resume;
+  if (!last_safe && !job.safe_points.empty()) last_safe = std::make_shared<const Checkpoint>(g.checkpoint());
+  auto report = [&](bool at_failure) {
+    if (!cb.on_checkpoint) return;
+    auto cp = std::make_shared<const Checkpoint>(g.checkpoint());
+    if (check_safe_point(*cp, job.safe_points).ok()) {
+      last_safe = cp;
+      cb.on_checkpoint(std::move(cp));
+    } else if (at_failure && last_safe) {
+      cb.on_checkpoint(last_safe);
+    }
+  };
+
+  size_t replayed = 0;  // bytes of job.replay regenerated so far
+  std::string mismatch;
+  auto on_piece = [&](std::string_view text, TokenId id) {
+    if (replayed < job.replay.size() && !text.empty()) {
+      const size_t k = std::min(text.size(), job.replay.size() - replayed);
+      if (text.substr(0, k) != std::string_view(job.replay).substr(replayed, k)) {
+        mismatch = "the regenerated text differs from the text the client holds at byte " +
+                   std::to_string(job.resume ? job.resume->text.size() + replayed : replayed);
+        return false;
+      }
+      replayed += k;
+      text.remove_prefix(k);
+    }
+    if (!text.empty()) cb.on_text(text);
+    if (id >= 0 && cb.on_token) cb.on_token(g.n_generated());
     return !cancel.load(std::memory_order_acquire);
   };
-  Result<GenerateResult> r = generate(session, job.prompt, o, cb, &cancel);
-  if (!keep_kv) (void)session.truncate(0);
-  if (!r.ok()) return r.status();
-  if (r->finish_reason == "cancelled") return Status::cancelled("request cancelled");
+  const int32_t every = job.checkpoint_every;
+  while (!g.finished()) {
+    if (cancel.load(std::memory_order_acquire)) {
+      g.cancel();
+      break;
+    }
+    Result<bool> r = g.step(on_piece);
+    if (!r.ok()) {
+      if (g.n_generated() > 0 || job.resume) report(/*at_failure=*/true);
+      return r.status();
+    }
+    if (*r && every > 0 && g.n_generated() % every == 0) report(/*at_failure=*/false);
+  }
+  if (!mismatch.empty()) return Status(StatusCode::kFailedPrecondition, mismatch, FailureReason::kReplayMismatch);
+  if (g.result().finish_reason == "cancelled") return Status::cancelled("request cancelled");
+  if (replayed < job.replay.size()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "the regenerated text ended after " + std::to_string(replayed) + " of the " +
+                      std::to_string(job.replay.size()) + " bytes the client holds beyond the checkpoint",
+                  FailureReason::kReplayMismatch);
+  }
   ExecOutcome out;
-  out.finish = r->finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
-  out.completion_tokens = static_cast<int32_t>(r->tokens.size());
+  out.finish = g.result().finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
+  out.completion_tokens = g.n_generated();
   return out;
 }
 
@@ -38,9 +103,8 @@ class SessionExecutor final : public Executor {
  public:
   SessionExecutor(std::unique_ptr<Session> session, bool keep_kv) : session_(std::move(session)), keep_kv_(keep_kv) {}
 
-  Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
-                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
-    return run_on_session(*session_, keep_kv_, job, on_text, on_token, cancel);
+  Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
+    return run_on_session(*session_, keep_kv_, job, cb, cancel);
   }
 
  private:
@@ -127,10 +191,9 @@ class DeviceGroup {
 class DeviceGroupExecutor final : public Executor {
  public:
   DeviceGroupExecutor(std::shared_ptr<DeviceGroup> group, size_t worker) : group_(std::move(group)), worker_(worker) {}
-  Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
-                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
+  Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
     SPW_ASSIGN_OR_RETURN(Session * s, group_->begin(worker_));
-    Result<ExecOutcome> r = run_on_session(*s, group_->keep_kv(), job, on_text, on_token, cancel);
+    Result<ExecOutcome> r = run_on_session(*s, group_->keep_kv(), job, cb, cancel);
     group_->end();
     return r;
   }
@@ -182,6 +245,7 @@ SchedulerOptions scheduler_options(const EngineServeOptions& o, const LlamaHpara
   so.path = o.path_name;
   so.kv_block_tokens = o.kv_block_tokens;
   so.prior_rates = o.prior_rates;
+  so.checkpoint_every = o.checkpoint_every;
   return so;
 }
 
@@ -223,10 +287,9 @@ class OnDemandGroup {
 class OnDemandExecutor final : public Executor {
  public:
   OnDemandExecutor(std::shared_ptr<OnDemandGroup> group, size_t worker) : group_(std::move(group)), worker_(worker) {}
-  Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
-                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
+  Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
     SPW_ASSIGN_OR_RETURN(Executor * e, group_->executor(worker_));
-    return e->run(job, on_text, on_token, cancel);
+    return e->run(job, cb, cancel);
   }
 
  private:

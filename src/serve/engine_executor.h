@@ -61,6 +61,7 @@ struct EngineServeOptions {
   // pool smaller than workers x context is shared by short requests.
   bool kv_gate = false;
   admission::PathRates prior_rates{200.0, 20.0, 1.0, 0, false};
+  int32_t checkpoint_every = 0;  // SchedulerOptions::checkpoint_every
   // With layers on Vulkan: told (on the worker's thread) after the session
   // group re-opened itself following a re-initialisation of the device, with
   // the outcome and how long it took (weights upload and pools). Null: none.

@@ -35,6 +35,9 @@ class FanOutObserver final : public RequestObserver {
   void on_failover(const Ticket& ticket, const Status& failure) override {
     for (const auto& o : observers_) o->on_failover(ticket, failure);
   }
+  void on_checkpoint(const Ticket& ticket, const Checkpoint& checkpoint) override {
+    for (const auto& o : observers_) o->on_checkpoint(ticket, checkpoint);
+  }
 
  private:
   explicit FanOutObserver(std::vector<std::shared_ptr<RequestObserver>> observers)

@@ -38,6 +38,11 @@ void JournalObserver::on_start(const Ticket& t, const std::string& placement) {
   check(journal_->mark_running(t.record_id(), placement), t, "marking running");
 }
 
+void JournalObserver::on_checkpoint(const Ticket& t, const Checkpoint& cp) {
+  if (t.record_id() == 0) return;
+  check(journal_->save_checkpoint(t.record_id(), serialize_checkpoint(cp), cp.n_generated), t, "checkpointing");
+}
+
 void JournalObserver::on_finish(const Ticket& t, const RequestEvent& fin, const std::string& text) {
   if (t.record_id() == 0) return;
   check(journal_->finish(t.record_id(), outcome_of(fin, text, t.limits().prompt_tokens)), t, "finishing");

@@ -3,7 +3,10 @@
 // Contract: for a ticket with a record_id (0: not journaled, ignored),
 // on_start marks the row running with the placement; on_finish writes the
 // terminal state: kDone with the finish reason and all the text, kCancelled or
-// kFailed with the status's code name and message. resumable is true when
+// kFailed with the status's code name and message; on_checkpoint stores the
+// serialized checkpoint in the row (the journal keeps it for a failed or
+// cancelled row: a resume continues from it, also after a restart).
+// resumable is true when
 // running the same request again may succeed (cancelled, resource exhausted,
 // unavailable, device lost, deadline exceeded): no complete result was
 // delivered, so a retry with the same Idempotency-Key runs it again. A journal
@@ -26,6 +29,7 @@ class JournalObserver final : public RequestObserver {
   explicit JournalObserver(std::shared_ptr<journal::Journal> journal) : journal_(std::move(journal)) {}
   void on_start(const Ticket& ticket, const std::string& placement) override;
   void on_finish(const Ticket& ticket, const RequestEvent& final_event, const std::string& text) override;
+  void on_checkpoint(const Ticket& ticket, const Checkpoint& checkpoint) override;
   uint64_t write_errors() const { return write_errors_.load(); }
 
   // The journal outcome of a scheduler's final event (also used for requests

@@ -38,6 +38,9 @@ Ticket::Ticket(Env& env, PreparedRequest p, std::string path)
       decision_(std::move(p.decision)),
       kv_blocks_(p.kv_blocks),
       internal_(p.internal),
+      allow_migration_(p.allow_migration),
+      checkpoint_(job_.resume),
+      text_(std::move(p.text_before)),
       on_finished_(std::move(p.on_finished)),
       submitted_ns_(env.now_ns()) {}
 
@@ -49,6 +52,11 @@ AppliedLimits Ticket::limits() const {
 std::string Ticket::path() const {
   std::lock_guard<std::mutex> lock(mu_);
   return path_;
+}
+
+std::shared_ptr<const Checkpoint> Ticket::checkpoint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checkpoint_;
 }
 
 admission::Decision Ticket::decision() const {
@@ -215,6 +223,7 @@ Status Scheduler::adopt(const std::shared_ptr<Ticket>& t, const PreparedRequest&
     t->job_.max_tokens = request.job.max_tokens;
     t->kv_blocks_.store(request.kv_blocks, std::memory_order_release);
     t->attempts_.fetch_add(1, std::memory_order_acq_rel);
+    if (t->job_.resume) t->migrations_.fetch_add(1, std::memory_order_acq_rel);
     t->holds_kv_ = false;
     t->started_ns_.store(0, std::memory_order_release);
     t->state_.store(RequestState::kQueued, std::memory_order_release);
@@ -376,28 +385,39 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
   fin.kind = RequestEvent::Kind::kFinished;
   int32_t n_generated = 0;
   int64_t first_token_ns = 0;
-  std::string text_so_far;  // for the observer
-  bool any_text = false;     // the client may have seen something: no failover
+  const size_t text_before = t->text_.size();  // the client holds it already
+  const bool resumed = t->job_.resume != nullptr;
   if (t->cancel_.load(std::memory_order_acquire)) {
     fin.state = RequestState::kCancelled;
     fin.status = Status(StatusCode::kCancelled, "request cancelled before it started", FailureReason::kCancelled);
   } else {
-    auto on_text = [&](std::string_view text) {
+    ExecCallbacks cb;
+    cb.on_text = [&](std::string_view text) {
       if (text.empty()) return;
-      any_text = true;
-      if (options_.observer) text_so_far.append(text);
+      t->text_.append(text);
       RequestEvent ev;
       ev.kind = RequestEvent::Kind::kText;
       ev.text = std::string(text);
       t->events_.push(std::move(ev));
     };
-    auto on_token = [&](int32_t n) {
+    cb.on_token = [&](int32_t n) {
+      if (n_generated == 0) first_token_ns = env_.now_ns();
       n_generated = n;
-      if (n == 1) first_token_ns = env_.now_ns();
       t->generated_.store(n, std::memory_order_release);
       if (options_.hooks.after_token) options_.hooks.after_token(id, n);
     };
-    Result<ExecOutcome> r = executor->run(t->job_, on_text, on_token, t->cancel_);
+    cb.on_checkpoint = [&](std::shared_ptr<const Checkpoint> cp) {
+      if (!cp) return;
+      {
+        std::lock_guard<std::mutex> lock(t->mu_);
+        t->checkpoint_ = cp;
+      }
+      if (options_.observer && !t->internal()) options_.observer->on_checkpoint(*t, *cp);
+    };
+    ExecJob& job = t->job_;  // no other thread touches it while this worker runs it
+    job.checkpoint_every = t->record_id() != 0 ? options_.checkpoint_every : 0;
+    job.safe_points = options_.safe_points;
+    Result<ExecOutcome> r = executor->run(job, cb, t->cancel_);
     if (r.ok()) {
       fin.state = RequestState::kDone;
       fin.finish = r->finish;
@@ -412,15 +432,31 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       fin.completion_tokens = n_generated;
     }
   }
-  if (fin.state == RequestState::kFailed && n_generated == 0 && !any_text && !t->internal() &&
-      classify(fin.status).device_fault && try_failover(t, fin.status)) {
-    return;
+  if (fin.state == RequestState::kFailed && !t->internal() && classify(fin.status).device_fault) {
+    const bool started = n_generated > 0 || t->text_.size() > text_before || resumed;
+    std::shared_ptr<const Checkpoint> cp = t->checkpoint();
+    if (!started) {
+      if (try_failover(t, fin.status).ok()) return;
+    } else if (cp) {
+      // Continue from the checkpoint; the text streamed since it is the
+      // replay the next run must regenerate silently. A checkpoint is taken
+      // at a token boundary whose text was all streamed, so it is a prefix.
+      t->job_.resume = cp;
+      t->job_.replay = t->text_.size() >= cp->text.size() ? t->text_.substr(cp->text.size()) : std::string();
+      const Status moved = try_failover(t, fin.status);
+      if (moved.ok()) return;
+      fin.status = Status(StatusCode::kUnavailable,
+                          "generation interrupted after " + std::to_string(cp->n_generated) + " tokens by " +
+                              fin.status.to_string() + "; it did not move to another path (" + moved.message() +
+                              "); its checkpoint is kept: POST /v1/requests/{id}/resume continues it",
+                          FailureReason::kResumable);
+    }
   }
-  if (options_.observer) options_.observer->on_finish(*t, fin, text_so_far);
+  if (options_.observer) options_.observer->on_finish(*t, fin, t->text_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_.erase(id);
-    if (fin.state == RequestState::kDone) {
+    if (fin.state == RequestState::kDone && !resumed) {
       const int64_t end_ns = env_.now_ns();
       record_rates_locked(*t, first_token_ns, fin.completion_tokens, end_ns);
       if (!t->internal() && first_token_ns > 0) {
@@ -435,11 +471,12 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
   idle_cv_.notify_all();
 }
 
-bool Scheduler::try_failover(const std::shared_ptr<Ticket>& t, const Status& failure) {
+Status Scheduler::try_failover(const std::shared_ptr<Ticket>& t, const Status& failure) {
   FailoverFn fn;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!failover_ || t->cancel_.load(std::memory_order_acquire)) return false;
+    if (!failover_) return Status::unavailable("no other path is configured");
+    if (t->cancel_.load(std::memory_order_acquire)) return Status::cancelled("the request was cancelled");
     fn = failover_;
     // Its blocks come back before another path is chosen. It stays among
     // this path's running requests until the move is done, so that it is
@@ -450,8 +487,8 @@ bool Scheduler::try_failover(const std::shared_ptr<Ticket>& t, const Status& fai
       work_cv_.notify_all();
     }
   }
-  const bool moved = fn(t, failure);
-  if (!moved) return false;  // run_one fails it here; its blocks are already back
+  const Status moved = fn(t, failure);
+  if (!moved.ok()) return moved;  // run_one fails it here; its blocks are already back
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_.erase(t->id());
@@ -459,7 +496,7 @@ bool Scheduler::try_failover(const std::shared_ptr<Ticket>& t, const Status& fai
   }
   idle_cv_.notify_all();
   if (options_.observer) options_.observer->on_failover(*t, failure);
-  return true;
+  return Status::ok_status();
 }
 
 void Scheduler::shutdown(std::chrono::milliseconds grace) {

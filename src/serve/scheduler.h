@@ -55,6 +55,7 @@
 #include "core/histogram.h"
 #include "admission/controller.h"
 #include "core/status.h"
+#include "engine/checkpoint.h"
 #include "engine/sampler.h"
 #include "serve/channel.h"
 #include "tokenizer/tokenizer.h"
@@ -117,8 +118,20 @@ struct RequestEvent {
 struct ExecJob {
   std::vector<TokenId> prompt;
   SamplerParams sampler;
+  // Completion tokens in all (a resumed job counts the checkpoint's too).
   int32_t max_tokens = 0;
   std::vector<std::string> stop;
+  // Continue from this checkpoint (a migration or a resume) instead of
+  // starting from `prompt`: its tokens are evaluated again, its sampler,
+  // stop-rule and UTF-8 state restored.
+  std::shared_ptr<const Checkpoint> resume;
+  // Text the client already holds beyond resume->text: generated again,
+  // compared byte for byte and NOT emitted; a difference fails the run with
+  // FailureReason::kReplayMismatch (continuing would splice two generations).
+  std::string replay;
+  // > 0: report a checkpoint every this many generated tokens (at safe points).
+  int32_t checkpoint_every = 0;
+  SafePointRules safe_points;
 };
 
 struct ExecOutcome {
@@ -126,16 +139,27 @@ struct ExecOutcome {
   int32_t completion_tokens = 0;
 };
 
-// One worker's engine. run() generates for `job`, calling on_text with text
-// that is safe to show and `on_token` after every sampled token (n = tokens so
-// far); it polls `cancel` at token boundaries and returns Cancelled once set.
-// Other errors (KV pool exhausted, backend failure) are returned as Status.
+// What a run reports as it goes (see Executor).
+struct ExecCallbacks {
+  // Text that is safe to show (never the replayed part).
+  std::function<void(std::string_view)> on_text;
+  // After every generated token, n = completion tokens so far (a resumed
+  // job's included).
+  std::function<void(int32_t)> on_token;
+  // A checkpoint at a safe token boundary: every job.checkpoint_every tokens,
+  // and, when the run fails after its generation started, the last safe one
+  // (the boundary after the last token when that is safe). Null: not wanted.
+  std::function<void(std::shared_ptr<const Checkpoint>)> on_checkpoint;
+};
+
+// One worker's engine. run() generates for `job` through `cb` (see
+// ExecCallbacks); it polls `cancel` at token boundaries and returns Cancelled
+// once set. Other errors (KV pool exhausted, backend failure, a replay
+// mismatch) are returned as Status.
 class Executor {
  public:
   virtual ~Executor() = default;
-  virtual Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
-                                  const std::function<void(int32_t)>& on_token,
-                                  const std::atomic<bool>& cancel) = 0;
+  virtual Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) = 0;
 };
 
 class Ticket;
@@ -156,6 +180,9 @@ class RequestObserver {
   // another path (Scheduler::set_failover); it will start there again. Runs
   // after the move, on the failing worker's thread.
   virtual void on_failover(const Ticket& /*ticket*/, const Status& /*failure*/) {}
+  // A checkpoint of a running request (ExecCallbacks::on_checkpoint), on the
+  // worker's thread, before the request's final event.
+  virtual void on_checkpoint(const Ticket& /*ticket*/, const Checkpoint& /*checkpoint*/) {}
 };
 
 // Instrumentation seams, called on worker threads; tests use them to hold a
@@ -181,6 +208,11 @@ struct SchedulerOptions {
   // What the ETA uses before any request finished here (see PathRates).
   admission::PathRates prior_rates{200.0, 20.0, 1.0, 0, false};
   double rate_ewma_alpha = 0.3;  // weight of the newest finished request
+  // Journaled requests (record_id != 0) report a checkpoint every this many
+  // generated tokens (0: only when a run fails), for resume after a crash.
+  int32_t checkpoint_every = 0;
+  // Where a generation may be split (ExecJob::safe_points).
+  SafePointRules safe_points;
 };
 
 // A request tokenized and decided by admission (see the contract above).
@@ -194,6 +226,13 @@ struct PreparedRequest {
   // A request the server runs for itself (a circuit breaker's probe), not a
   // client's: observers that count client outcomes skip it (Ticket::internal).
   bool internal = false;
+  // May continue on another path after text was streamed (a migration at a
+  // checkpoint); false: a fault mid-stream ends it with a resumable error
+  // (the client's X-Spillway-Migrate: never).
+  bool allow_migration = true;
+  // Text the client already holds before this request's first event (a
+  // resume: the checkpoint's text plus any replay); it starts Ticket::text().
+  std::string text_before;
   // Called once when the request reaches its terminal state, after its final
   // event is queued and its KV blocks are back, on the thread that finished
   // it and under the scheduler's lock: keep it short and never call back into
@@ -247,8 +286,19 @@ class Ticket {
   // The admission decision it runs under (default for submit()).
   admission::Decision decision() const;
   int32_t kv_blocks() const { return kv_blocks_.load(std::memory_order_acquire); }
-  // Paths it failed over from before its first token (0: none).
+  // Paths it failed over from, before its first token or by a migration
+  // (0: none); migrations() counts the latter.
   int32_t attempts() const { return attempts_.load(std::memory_order_acquire); }
+  int32_t migrations() const { return migrations_.load(std::memory_order_acquire); }
+  bool allow_migration() const { return allow_migration_; }
+  // The last safe checkpoint a run reported (null: none yet).
+  std::shared_ptr<const Checkpoint> checkpoint() const;
+  // The whole generation's text so far: PreparedRequest::text_before plus
+  // everything streamed (read by the worker running it, or once finished).
+  const std::string& text() const { return text_; }
+  // The job it runs (its resume point after a migration); stable while no
+  // worker runs it.
+  const ExecJob& job() const { return job_; }
   int32_t generated() const { return generated_.load(std::memory_order_acquire); }
   int64_t record_id() const { return record_id_; }
   // The server's own request (see PreparedRequest::internal).
@@ -269,7 +319,8 @@ class Ticket {
   Env& env_;
   const uint64_t id_;
   const int64_t record_id_;
-  // The job: written only by Scheduler::adopt while no worker holds it.
+  // The job: written only while no worker runs it (by the worker that just
+  // failed it, before it offers the ticket to another path, and by adopt).
   ExecJob job_;
   mutable std::mutex mu_;  // guards limits_, path_, decision_
   AppliedLimits limits_;
@@ -277,7 +328,11 @@ class Ticket {
   admission::Decision decision_;
   std::atomic<int32_t> kv_blocks_;
   std::atomic<int32_t> attempts_{0};
+  std::atomic<int32_t> migrations_{0};
   const bool internal_;
+  const bool allow_migration_;
+  std::shared_ptr<const Checkpoint> checkpoint_;  // under mu_
+  std::string text_;  // written by the worker running it
   std::function<void(const Ticket&)> on_finished_;  // called once, by finish_locked
   bool holds_kv_ = false;             // under the scheduler's mutex
   std::atomic<int32_t> generated_{0};
@@ -289,10 +344,13 @@ class Ticket {
   Channel<RequestEvent> events_;
 };
 
-// Where a request that failed before its first token goes next (see
+// Where a request that failed with a device fault goes next (see
 // Scheduler::set_failover): called on the failing worker's thread with no
-// scheduler lock held; returns true when another path adopted the ticket.
-using FailoverFn = std::function<bool(const std::shared_ptr<Ticket>& ticket, const Status& failure)>;
+// scheduler lock held; OK when another path adopted the ticket, else why not
+// (which a migration's resumable error names). The ticket's job() says which
+// kind: no resume point, a restart before the first token; a resume point,
+// a migration from it.
+using FailoverFn = std::function<Status(const std::shared_ptr<Ticket>& ticket, const Status& failure)>;
 
 class Scheduler {
  public:
@@ -309,18 +367,28 @@ class Scheduler {
   // (kShuttingDown) after shutdown began, ResourceExhausted (kQueueFull) when
   // the queue is full.
   Result<std::shared_ptr<Ticket>> submit_prepared(PreparedRequest request);
-  // Failover before the first token. With a FailoverFn set, a client request
-  // whose run fails with a device fault (classify(status).device_fault)
-  // before any token or text was produced is not finished here: its KV blocks
-  // come back, it leaves this path, and `fn` is asked to place it elsewhere;
-  // if `fn` returns false it fails here as it would have. The observer hears
-  // on_failover (not on_finish) for a ticket that moved. Set before work
-  // arrives (the gateway does it at creation).
+  // Failover and migration. With a FailoverFn set, a client request whose
+  // run fails with a device fault (classify(status).device_fault) is not
+  // finished here: its KV blocks come back and `fn` is asked to place it
+  // elsewhere, under the same ticket and stream.
+  //   - Before any token or text (and not resumed): a restart (the job
+  //     unchanged); if `fn` refuses, it fails with its own error.
+  //   - After tokens or text, with a checkpoint reported by the run (or the
+  //     one it resumed from): the job becomes a resume from that checkpoint,
+  //     replaying the text streamed since it (ExecJob::replay), so the
+  //     stream goes on with the next token, none repeated, none skipped; if
+  //     `fn` refuses (another model, no verified equivalence, the client's
+  //     "never", no path free), it fails with FailureReason::kResumable
+  //     naming why, its checkpoint kept for a resume.
+  //   - After tokens with no checkpoint: fails with its own error.
+  // The observer hears on_failover (not on_finish) for a ticket that moved.
+  // Set before work arrives (the gateway does it at creation).
   void set_failover(FailoverFn fn);
   // Takes over a ticket another path's failover gave up (same id, same event
   // stream): the new limits, decision and KV need from `request` (its job's
-  // max_tokens too), attempts + 1, queued at the back. Errors as
-  // submit_prepared; the caller keeps the ticket on an error.
+  // max_tokens too), attempts + 1 (and migrations + 1 when the job resumes),
+  // queued at the back. Errors as submit_prepared; the caller keeps the
+  // ticket on an error.
   Status adopt(const std::shared_ptr<Ticket>& ticket, const PreparedRequest& request);
   // 1-based position in the queue, 0 when not queued (running or finished).
   int32_t queue_position(uint64_t request_id) const;
@@ -350,9 +418,9 @@ class Scheduler {
   void finish_locked(Ticket& t, RequestEvent ev, bool observed = false);
   // The head of the queue may start now (KV gate). mu_ held.
   bool head_fits_locked() const;
-  // Offers a request that failed before its first token to failover_ (see
-  // set_failover); true when another path took it. mu_ not held.
-  bool try_failover(const std::shared_ptr<Ticket>& t, const Status& failure);
+  // Offers a request that failed with a device fault to failover_ (see
+  // set_failover); OK when another path took it, else why not. mu_ not held.
+  Status try_failover(const std::shared_ptr<Ticket>& t, const Status& failure);
   // Folds one finished request into the rates. mu_ held.
   void record_rates_locked(const Ticket& t, int64_t first_token_ns, int32_t completion_tokens, int64_t end_ns);
 

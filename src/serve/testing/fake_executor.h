@@ -22,8 +22,19 @@
 //   - Explicit test fault injection: FakeFaults::fail_next(status) makes the
 //     next run() of any executor sharing that FakeFaults return `status`
 //     before its first token, at once (no simulated time passes), so breaker
-//     and failover tests can script device faults. Faults queue up: n calls
-//     fail the next n runs, in order. Nothing else ever fails.
+//     and failover tests can script device faults; fail_after(k, status)
+//     makes the next run fail after it emitted k tokens (a fault
+//     mid-stream). Faults queue up: n calls fail the next n runs, in order.
+//     Nothing else ever fails.
+//   - Checkpoints: the model is `fingerprint` (default "fake-model") and
+//     token k's id is k, so a checkpoint after n tokens holds the prompt and
+//     ids 0..n-1 and the text "t0 ... t<n-1> ". One is reported every
+//     job.checkpoint_every tokens and, when a run fails after its first
+//     token, at the failing boundary (or the last safe one when
+//     job.safe_points says that boundary is not safe). A job with `resume`
+//     continues at token resume->n_generated (its prefill costs the
+//     checkpoint's tokens); job.replay is regenerated and compared, not
+//     emitted (a difference fails with kReplayMismatch).
 // Thread safety: one FakeExecutor per worker thread (as Scheduler uses it);
 // FakeFaults may be shared by all executors of a path and called from any
 // thread. The Env must outlive every executor; under a SimEnv a run() blocks
@@ -45,6 +56,7 @@
 
 #include "core/env.h"
 #include "core/status.h"
+#include "engine/checkpoint.h"
 #include "serve/scheduler.h"
 
 namespace spw::serve::testing {
@@ -60,9 +72,12 @@ class FakeFaults {
  public:
   // Explicit test fault injection: the next run() fails with `status` (which
   // must not be OK) before its first token.
-  void fail_next(Status status) {
+  void fail_next(Status status) { fail_after(0, std::move(status)); }
+  // Explicit test fault injection: the next run() fails with `status` after
+  // it emitted `tokens` tokens (0: before the first).
+  void fail_after(int32_t tokens, Status status) {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(std::move(status));
+    pending_.push_back({tokens, std::move(status)});
   }
   size_t pending() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -72,25 +87,30 @@ class FakeFaults {
   int64_t runs() const { return runs_.load(std::memory_order_acquire); }
 
   // For FakeExecutor: counts a run and takes the fault scripted for it, if any.
-  bool take(Status& out) {
+  bool take(Status& out, int32_t& after_tokens) {
     runs_.fetch_add(1, std::memory_order_acq_rel);
     std::lock_guard<std::mutex> lock(mu_);
     if (pending_.empty()) return false;
-    out = std::move(pending_.front());
+    after_tokens = pending_.front().first;
+    out = std::move(pending_.front().second);
     pending_.pop_front();
     return true;
   }
 
  private:
   mutable std::mutex mu_;
-  std::deque<Status> pending_;
+  std::deque<std::pair<int32_t, Status>> pending_;
   std::atomic<int64_t> runs_{0};
 };
 
 class FakeExecutor final : public Executor {
  public:
-  FakeExecutor(Env& env, FakeSpeed speed, std::shared_ptr<FakeFaults> faults = nullptr)
-      : env_(env), speed_(speed), faults_(faults ? std::move(faults) : std::make_shared<FakeFaults>()) {}
+  FakeExecutor(Env& env, FakeSpeed speed, std::shared_ptr<FakeFaults> faults = nullptr,
+               std::string fingerprint = "fake-model")
+      : env_(env),
+        speed_(speed),
+        faults_(faults ? std::move(faults) : std::make_shared<FakeFaults>()),
+        fingerprint_(std::move(fingerprint)) {}
 
   // Explicit test fault injection (see FakeFaults::fail_next): shared with
   // every executor built on the same FakeFaults.
@@ -98,27 +118,81 @@ class FakeExecutor final : public Executor {
   FakeFaults& faults() { return *faults_; }
   const FakeSpeed& speed() const { return speed_; }
 
-  Result<ExecOutcome> run(const ExecJob& job, const std::function<void(std::string_view)>& on_text,
-                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>& cancel) override {
+  // The text of tokens [0, n): what an uninterrupted run emits.
+  static std::string text_of(int32_t n) {
+    std::string out;
+    for (int32_t k = 0; k < n; ++k) out += piece(k);
+    return out;
+  }
+
+  Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
     Status fault;
-    if (faults_->take(fault)) return fault;
+    int32_t fail_after = -1;
+    if (faults_->take(fault, fail_after) && fail_after == 0) return fault;
     auto cancelled = [] {
       return Status(StatusCode::kCancelled, "request cancelled", FailureReason::kCancelled);
     };
     if (cancel.load(std::memory_order_acquire)) return cancelled();
-    env_.sleep_for_ns(ns_for(static_cast<double>(job.prompt.size()), speed_.prefill_tps));
+    std::vector<TokenId> tokens = job.resume ? job.resume->tokens : job.prompt;
+    const int32_t n_prompt = job.resume ? job.resume->n_prompt : static_cast<int32_t>(job.prompt.size());
+    std::string text = job.resume ? job.resume->text : std::string();
+    int32_t n = job.resume ? job.resume->n_generated : 0;
+    env_.sleep_for_ns(ns_for(static_cast<double>(tokens.size()), speed_.prefill_tps));
+    auto checkpoint = [&] {
+      auto cp = std::make_shared<Checkpoint>();
+      cp->model_fingerprint = fingerprint_;
+      cp->tokens = tokens;
+      cp->n_prompt = n_prompt;
+      cp->n_generated = n;
+      cp->text = text;
+      cp->options.max_tokens = job.max_tokens;
+      cp->options.sampler = job.sampler;
+      cp->options.stop = job.stop;
+      return std::shared_ptr<const Checkpoint>(std::move(cp));
+    };
+    std::shared_ptr<const Checkpoint> last_safe = job.resume;
+    if (!last_safe && !job.safe_points.empty()) last_safe = checkpoint();
+    auto report = [&](bool at_failure) {
+      if (!cb.on_checkpoint) return;
+      auto cp = checkpoint();
+      if (check_safe_point(*cp, job.safe_points).ok()) {
+        last_safe = cp;
+        cb.on_checkpoint(std::move(cp));
+      } else if (at_failure && last_safe) {
+        cb.on_checkpoint(last_safe);
+      }
+    };
     const int32_t limit = speed_.stop_after > 0 ? std::min(job.max_tokens, speed_.stop_after) : job.max_tokens;
-    int32_t n = 0;
+    size_t replayed = 0;
+    int32_t this_run = 0;
     while (n < limit) {
       // Token boundary: the previous token (or the prefill) is complete.
+      if (fail_after > 0 && this_run == fail_after) {
+        report(/*at_failure=*/true);
+        return fault;
+      }
       if (cancel.load(std::memory_order_acquire)) return cancelled();
       env_.sleep_for_ns(ns_for(1.0, speed_.decode_tps));
-      std::string piece = "t";
-      piece += std::to_string(n);
-      piece += ' ';
-      on_text(piece);
+      std::string p = piece(n);
+      tokens.push_back(n);
+      text += p;
+      std::string_view out(p);
+      if (replayed < job.replay.size()) {
+        const size_t k = std::min(out.size(), job.replay.size() - replayed);
+        if (out.substr(0, k) != std::string_view(job.replay).substr(replayed, k)) {
+          return Status(StatusCode::kFailedPrecondition, "fake: replay differs", FailureReason::kReplayMismatch);
+        }
+        replayed += k;
+        out.remove_prefix(k);
+      }
+      if (!out.empty()) cb.on_text(out);
       ++n;
-      on_token(n);
+      ++this_run;
+      if (cb.on_token) cb.on_token(n);
+      if (job.checkpoint_every > 0 && n % job.checkpoint_every == 0 && n < limit) report(/*at_failure=*/false);
+    }
+    if (replayed < job.replay.size()) {
+      return Status(StatusCode::kFailedPrecondition, "fake: replay longer than the run", FailureReason::kReplayMismatch);
     }
     ExecOutcome out;
     out.completion_tokens = n;
@@ -134,16 +208,20 @@ class FakeExecutor final : public Executor {
   }
 
  private:
+  static std::string piece(int32_t k) { return "t" + std::to_string(k) + " "; }
+
   Env& env_;
   const FakeSpeed speed_;
   std::shared_ptr<FakeFaults> faults_;
+  const std::string fingerprint_;
 };
 
 // `n` executors of one speed sharing one FakeFaults (a path's workers).
 inline std::vector<std::unique_ptr<Executor>> make_fake_executors(Env& env, int n, FakeSpeed speed,
-                                                                  const std::shared_ptr<FakeFaults>& faults) {
+                                                                  const std::shared_ptr<FakeFaults>& faults,
+                                                                  const std::string& fingerprint = "fake-model") {
   std::vector<std::unique_ptr<Executor>> out;
-  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<FakeExecutor>(env, speed, faults));
+  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<FakeExecutor>(env, speed, faults, fingerprint));
   return out;
 }
 
