@@ -567,6 +567,9 @@ std::string render_request_record(const journal::Record& r) {
   j["state"] = std::string(journal::state_name(r.state));
   j["terminal"] = journal::is_terminal(r.state);
   j["resumable"] = r.outcome.resumable;
+  // A resume continues from here: generated tokens the checkpoint holds
+  // (null: none kept).
+  j["checkpoint_tokens"] = r.checkpoint.empty() ? json(nullptr) : json(r.checkpoint_tokens);
   j["endpoint"] = r.endpoint;
   j["idempotency_key"] = nullable(r.idempotency_key);
   j["created_ms"] = r.created_ms;

@@ -234,7 +234,8 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
     Stmt u(j->db_,
            "UPDATE requests SET state='failed', resumable=1, updated_ms=?1, error_code='interrupted', "
            "error_message='interrupted: the gateway stopped (crash or kill) before the request finished; "
-           "retry with the same Idempotency-Key' WHERE state IN ('accepted','running')");
+           "POST /v1/requests/{id}/resume continues it from its last checkpoint when it has one, or retry with "
+           "the same Idempotency-Key' WHERE state IN ('accepted','running')");
     if (!u.ok() || u.i64(1, env.wall_time_ms()).step() != SQLITE_DONE) st = j->error_locked("recovering");
     j->recovered_ = sqlite3_changes(j->db_);
   }
