@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "core/sim_env.h"
 #include "engine/engine_test_util.h"
 #include "gguf/gguf.h"
+#include "engine/checkpoint.h"
 #include "serve/scheduler.h"
 #include "serve/testing/collect.h"
 #include "serve/testing/fake_executor.h"
@@ -45,6 +47,7 @@ using serve::testing::Collected;
 using serve::testing::collect;
 using serve::testing::FakeFaults;
 using serve::testing::FakeSpeed;
+using serve::testing::FakeExecutor;
 
 // Real-time bound on every wait: a correct run never comes near it; it turns
 // a lost wake-up or a stuck worker into a failure instead of a hang.
@@ -100,6 +103,10 @@ struct PathSpec {
   // empty: none.
   std::string breaker_group;
   BreakerOptions breaker_options;
+  // The model it serves (ExecutionPath::fingerprint and every checkpoint's).
+  std::string fingerprint = "fake-model";
+  SafePointRules safe_points;
+  int32_t checkpoint_every = 0;  // for journaled requests (record_id != 0)
 };
 
 PathSpec cpu_spec() {
@@ -162,8 +169,10 @@ class Harness {
       o.kv_block_tokens = s.kv_block_tokens;
       o.prior_rates = s.prior ? *s.prior : PathRates{s.speed.prefill_tps, s.speed.decode_tps, 1.0, 0, false};
       if (breaker) o.observer = std::make_shared<BreakerObserver>(breaker);
-      auto sched = serve::Scheduler::create(env, tiny_tokenizer(),
-                                            serve::testing::make_fake_executors(env, s.workers, s.speed, f), o);
+      o.safe_points = s.safe_points;
+      o.checkpoint_every = s.checkpoint_every;
+      auto sched = serve::Scheduler::create(
+          env, tiny_tokenizer(), serve::testing::make_fake_executors(env, s.workers, s.speed, f, s.fingerprint), o);
       EXPECT_TRUE(sched.ok()) << sched.status().to_string();
       if (!sched.ok()) return;
       ExecutionPath p;
@@ -175,6 +184,7 @@ class Harness {
       p.tokenizer = tiny_tokenizer();
       p.ledger = s.ledger;
       p.breaker = breaker;
+      p.fingerprint = s.fingerprint;
       paths.push_back(std::move(p));
     }
     GatewayPolicy gp;
@@ -271,6 +281,21 @@ class Harness {
   }
 
   serve::Scheduler& sched(size_t i) { return *gw->paths()[i].scheduler; }
+
+  // Runs the gateway's equivalence check (it blocks on its runs) while the
+  // clock moves them along.
+  std::vector<EquivalenceInfo> verify() {
+    auto fut = std::async(std::launch::async, [this] { return gw->verify_equivalence(); });
+    const auto until = std::chrono::steady_clock::now() + kRealTimeout;
+    while (fut.wait_for(200us) != std::future_status::ready) {
+      if (std::chrono::steady_clock::now() > until) {
+        std::fprintf(stderr, "gateway_test: verify_equivalence hung\n");
+        std::abort();
+      }
+      env.advance_to_next();
+    }
+    return fut.get();
+  }
   double since(int64_t t0) { return static_cast<double>(env.now_ns() - t0) / 1e9; }
 
   std::vector<std::string> logged() {
@@ -1269,6 +1294,339 @@ TEST(GatewayBreakerTest, WithoutACpuPathAnOpenBreakerRefusesAndProbesCountSucces
   EXPECT_TRUE(contains(log[log.size() - 2], "probe passed (text not compared: no CPU path)")) << log[log.size() - 2];
   EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
   h.run_to_idle();
+}
+
+
+// ---- Migration after tokens were streamed, resumable errors, resume ----
+
+// A request that has journaled checkpoints (record_id != 0 enables them).
+RouteRequest journaled(int32_t prompt_tokens, int32_t max_tokens) {
+  RouteRequest r = request(prompt_tokens, max_tokens);
+  r.generation.record_id = 1;
+  return r;
+}
+
+TEST(GatewayMigrationTest, ADeviceLossMidStreamContinuesOnTheCpuPathFromTheCheckpoint) {
+  PathSpec gpu;
+  gpu.breaker_group = "vulkan:0";
+  Harness h({gpu, cpu_spec()});
+  ASSERT_NE(h.gw, nullptr);
+  EXPECT_FALSE(h.gw->migration_allowed(0, 1).ok()) << "not before the equivalence check";
+  const std::vector<EquivalenceInfo> eq = h.verify();
+  ASSERT_EQ(eq.size(), 1u);
+  EXPECT_TRUE(eq[0].passed) << eq[0].detail;
+  EXPECT_EQ(eq[0].fingerprint, "fake-model");
+  EXPECT_TRUE(h.gw->migration_allowed(0, 1).ok());
+  EXPECT_TRUE(h.gw->migration_allowed(1, 0).ok());
+  EXPECT_EQ(h.gw->status().equivalence.size(), 1u);
+  const int64_t gpu_runs = h.faults[0]->runs();
+  const int64_t cpu_runs = h.faults[1]->runs();
+
+  h.faults[0]->fail_after(7, injected_device_loss());
+  auto t = h.submit(request(20, 30));
+  ASSERT_NE(t, nullptr);
+  h.run_to_idle();
+  Collected c = collect(*t, kRealTimeout);
+  EXPECT_EQ(c.fin.state, RequestState::kDone) << c.fin.status.to_string();
+  EXPECT_EQ(c.text, fake_text(30)) << "every token exactly once across the move";
+  EXPECT_EQ(c.fin.completion_tokens, 30);
+  EXPECT_EQ(c.n_finished, 1);
+  EXPECT_EQ(t->path(), "cpu");
+  EXPECT_EQ(t->migrations(), 1);
+  EXPECT_EQ(t->attempts(), 1);
+  EXPECT_TRUE(contains(t->decision().reason, "migrated from gpu after device_lost at token 7")) << t->decision().reason;
+  EXPECT_EQ(t->limits().max_tokens, 30) << "the limits count the whole generation";
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 64) << "the GPU path's blocks came back";
+  EXPECT_EQ(h.sched(0).stats().failed_over, 1u);
+  EXPECT_EQ(h.sched(0).stats().failed, 0u);
+  EXPECT_EQ(h.sched(1).stats().adopted, 1u);
+  EXPECT_EQ(h.faults[0]->runs() - gpu_runs, 1);
+  EXPECT_EQ(h.faults[1]->runs() - cpu_runs, 1);
+  EXPECT_EQ(h.gw->status().decisions.at("migrate"), 1u);
+  EXPECT_EQ(h.breakers.at("vulkan:0")->snapshot().consecutive_faults, 1) << "the fault reached the breaker";
+}
+
+TEST(GatewayMigrationTest, AFailedEquivalenceCheckForbidsMigration) {
+  PathSpec cpu = cpu_spec();
+  cpu.speed.stop_after = 5;  // its text ends early: not the GPU path's
+  Harness h({PathSpec{}, cpu});
+  ASSERT_NE(h.gw, nullptr);
+  const std::vector<EquivalenceInfo> eq = h.verify();
+  ASSERT_EQ(eq.size(), 1u);
+  EXPECT_FALSE(eq[0].passed);
+  EXPECT_TRUE(contains(eq[0].detail, "texts differ")) << eq[0].detail;
+  const Status why = h.gw->migration_allowed(0, 1);
+  EXPECT_TRUE(contains(why.message(), "equivalence check with gpu failed")) << why.message();
+  h.faults[0]->fail_after(3, injected_device_loss());
+  auto t = h.submit(request(20, 10));
+  ASSERT_NE(t, nullptr);
+  h.run_to_idle();
+  Collected c = collect(*t, kRealTimeout);
+  EXPECT_EQ(c.fin.status.reason(), FailureReason::kResumable) << c.fin.status.to_string();
+  EXPECT_EQ(c.text, fake_text(3));
+}
+
+// Without a verified pair the stream ends with a resumable error that keeps
+// the checkpoint; resume() continues it after whatever text the client has.
+TEST(GatewayMigrationTest, WithoutVerifiedEquivalenceTheStreamEndsResumableAndResumeCompletesIt) {
+  Harness h({PathSpec{}, cpu_spec()});
+  ASSERT_NE(h.gw, nullptr);
+  const Status why = h.gw->migration_allowed(0, 1);
+  EXPECT_TRUE(contains(why.message(), "equivalence with gpu not verified")) << why.message();
+
+  h.faults[0]->fail_after(5, injected_device_loss());
+  auto t = h.submit(request(20, 30));
+  ASSERT_NE(t, nullptr);
+  h.run_to_idle();
+  Collected c = collect(*t, kRealTimeout);
+  EXPECT_EQ(c.fin.state, RequestState::kFailed);
+  EXPECT_EQ(c.fin.status.reason(), FailureReason::kResumable);
+  EXPECT_TRUE(classify(c.fin.status).resumable);
+  EXPECT_FALSE(classify(c.fin.status).device_fault) << "the device fault was counted where it happened";
+  EXPECT_TRUE(contains(c.fin.status.message(), "after 5 tokens")) << c.fin.status.message();
+  EXPECT_TRUE(contains(c.fin.status.message(), "not verified")) << c.fin.status.message();
+  EXPECT_EQ(c.text, fake_text(5));
+  EXPECT_EQ(c.fin.completion_tokens, 5);
+  std::shared_ptr<const Checkpoint> cp = t->checkpoint();
+  ASSERT_NE(cp, nullptr);
+  EXPECT_EQ(cp->n_generated, 5);
+  EXPECT_EQ(cp->text, fake_text(5));
+  EXPECT_EQ(cp->model_fingerprint, "fake-model");
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 64);
+
+  // The client got only part of the stream: the rest of the checkpoint's
+  // text comes first, then the continuation.
+  ResumeRequest rr;
+  rr.checkpoint = cp;
+  rr.received_text = fake_text(2);
+  Result<Resumed> r = h.gw->resume(rr);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->unsent, fake_text(5).substr(fake_text(2).size()));
+  EXPECT_EQ(r->admitted.ticket->path(), "gpu") << "any path serving the model; the GPU path has no breaker here";
+  EXPECT_TRUE(contains(r->admitted.ticket->decision().reason, "resumed at token 5"));
+  h.run_to_idle();
+  Collected rc = collect(*r->admitted.ticket, kRealTimeout);
+  EXPECT_EQ(rc.fin.state, RequestState::kDone) << rc.fin.status.to_string();
+  EXPECT_EQ(fake_text(2) + r->unsent + rc.text, fake_text(30));
+  EXPECT_EQ(rc.fin.completion_tokens, 30);
+  EXPECT_EQ(r->admitted.ticket->text(), fake_text(30)) << "the whole generation, for the journal";
+
+  // The client has more than the checkpoint: regenerated silently, compared.
+  rr.received_text = fake_text(8);
+  Result<Resumed> more = h.gw->resume(rr);
+  ASSERT_TRUE(more.ok()) << more.status().to_string();
+  EXPECT_EQ(more->unsent, "");
+  h.run_to_idle();
+  Collected mc = collect(*more->admitted.ticket, kRealTimeout);
+  EXPECT_EQ(mc.fin.state, RequestState::kDone) << mc.fin.status.to_string();
+  EXPECT_EQ(fake_text(8) + mc.text, fake_text(30));
+
+  // Text that disagrees with the checkpoint, before or after it.
+  rr.received_text = "t0 t9 ";
+  Result<Resumed> bad = h.gw->resume(rr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().reason(), FailureReason::kReplayMismatch);
+  EXPECT_TRUE(contains(bad.status().message(), "at byte 4")) << bad.status().message();
+  rr.received_text = fake_text(5) + "t7 ";
+  Result<Resumed> late = h.gw->resume(rr);
+  ASSERT_TRUE(late.ok()) << "beyond the checkpoint only the run can tell";
+  h.run_to_idle();
+  Collected lc = collect(*late->admitted.ticket, kRealTimeout);
+  EXPECT_EQ(lc.fin.state, RequestState::kFailed);
+  EXPECT_EQ(lc.fin.status.reason(), FailureReason::kReplayMismatch);
+  EXPECT_EQ(lc.text, "") << "nothing of a diverging run reaches the client";
+
+  // A checkpoint of a model no path serves.
+  auto other = std::make_shared<Checkpoint>(*cp);
+  other->model_fingerprint = "another-model";
+  rr.checkpoint = other;
+  rr.received_text = "";
+  Refusal refusal;
+  Result<Resumed> none = h.gw->resume(rr, &refusal);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().reason(), FailureReason::kNoPath);
+  EXPECT_TRUE(contains(none.status().message(), "serves another model")) << none.status().message();
+  h.run_to_idle();
+  EXPECT_EQ(h.sched(0).load().kv_blocks_free, 64);
+}
+
+TEST(GatewayMigrationTest, AClientThatSaysNeverAndAFallbackModelGetResumableErrors) {
+  {
+    Harness h({PathSpec{}, cpu_spec()});
+    ASSERT_NE(h.gw, nullptr);
+    h.verify();
+    h.faults[0]->fail_after(4, injected_device_loss());
+    RouteRequest r = request(20, 12);
+    r.allow_migration = false;
+    auto t = h.submit(r);
+    ASSERT_NE(t, nullptr);
+    h.run_to_idle();
+    Collected c = collect(*t, kRealTimeout);
+    EXPECT_EQ(c.fin.status.reason(), FailureReason::kResumable);
+    EXPECT_TRUE(contains(c.fin.status.message(), "X-Spillway-Migrate: never")) << c.fin.status.message();
+    EXPECT_EQ(c.text, fake_text(4));
+    EXPECT_EQ(h.sched(1).stats().adopted, 0u);
+  }
+  {
+    PathSpec cpu = cpu_spec();
+    cpu.fingerprint = "fake-fallback-model";  // --fallback-model: same tokenizer, another model
+    Harness h({PathSpec{}, cpu});
+    ASSERT_NE(h.gw, nullptr);
+    EXPECT_TRUE(h.verify().empty()) << "different models are never compared";
+    h.faults[0]->fail_after(4, injected_device_loss());
+    auto t = h.submit(request(20, 12));
+    ASSERT_NE(t, nullptr);
+    h.run_to_idle();
+    Collected c = collect(*t, kRealTimeout);
+    EXPECT_EQ(c.fin.status.reason(), FailureReason::kResumable);
+    EXPECT_TRUE(contains(c.fin.status.message(), "serves another model")) << c.fin.status.message();
+    // A failure before the first token still goes to the fallback model
+    // (nothing was streamed, so nothing is spliced).
+    h.faults[0]->fail_next(injected_device_loss());
+    auto f = h.submit(request(20, 12));
+    ASSERT_NE(f, nullptr);
+    h.run_to_idle();
+    EXPECT_EQ(collect(*f, kRealTimeout).fin.state, RequestState::kDone);
+    EXPECT_EQ(f->path(), "cpu");
+  }
+}
+
+// Safe points: inside "t3 " ... "t6 " no checkpoint may be taken, so a fault
+// there continues from the last safe one, regenerating (not re-sending) the
+// tokens streamed since.
+TEST(GatewayMigrationTest, AnUnsafeBoundaryContinuesFromTheLastSafeCheckpoint) {
+  SafePointRules rules;
+  rules.spans.push_back({"t3 ", "t6 "});
+  PathSpec gpu;
+  gpu.safe_points = rules;
+  gpu.checkpoint_every = 1;
+  PathSpec cpu = cpu_spec();
+  cpu.safe_points = rules;
+  cpu.checkpoint_every = 1;
+  Harness h({gpu, cpu});
+  ASSERT_NE(h.gw, nullptr);
+  h.verify();
+
+  Checkpoint inside;
+  inside.text = fake_text(5);
+  inside.n_generated = 5;
+  const Status unsafe = check_safe_point(inside, rules);
+  EXPECT_EQ(unsafe.reason(), FailureReason::kNotSafePoint);
+  EXPECT_TRUE(contains(unsafe.message(), "inside \"t3 \"")) << unsafe.message();
+  inside.text = fake_text(7);
+  EXPECT_TRUE(check_safe_point(inside, rules).ok());
+
+  // With checkpoints every token (a journaled request): from token 3.
+  h.faults[0]->fail_after(5, injected_device_loss());
+  auto t = h.submit(journaled(20, 20));
+  ASSERT_NE(t, nullptr);
+  h.run_to_idle();
+  Collected c = collect(*t, kRealTimeout);
+  EXPECT_EQ(c.fin.state, RequestState::kDone) << c.fin.status.to_string();
+  EXPECT_EQ(c.text, fake_text(20));
+  EXPECT_TRUE(contains(t->decision().reason, "at token 3")) << t->decision().reason;
+
+  // Without periodic checkpoints: from the start, all 5 tokens regenerated.
+  h.faults[0]->fail_after(5, injected_device_loss());
+  auto u = h.submit(request(20, 20));
+  ASSERT_NE(u, nullptr);
+  h.run_to_idle();
+  Collected uc = collect(*u, kRealTimeout);
+  EXPECT_EQ(uc.fin.state, RequestState::kDone) << uc.fin.status.to_string();
+  EXPECT_EQ(uc.text, fake_text(20));
+  EXPECT_TRUE(contains(u->decision().reason, "at token 0")) << u->decision().reason;
+}
+
+// Property: whatever faults hit the paths, before or during generation, once
+// or twice, with or without permission to migrate, every accepted request
+// ends with exactly its tokens, each once, either streamed in one go or
+// streamed up to a resumable error and completed by resume(); and no path
+// keeps a KV block.
+TEST(GatewayMigrationPropertyTest, RandomFaultSequencesNeverLoseSkipOrRepeatAToken) {
+  int resumed = 0, migrated = 0, restarted = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    PathSpec gpu;
+    gpu.breaker_group = "vulkan:0";
+    gpu.workers = 2;
+    Harness h({gpu, cpu_spec()});
+    ASSERT_NE(h.gw, nullptr);
+    h.verify();
+    for (int i = 0; i < 6; ++i) {
+      const int32_t max_tokens = uniform(3, 30);
+      const int kind = uniform(0, 4);
+      auto fault_on = [&](size_t path) {
+        if (uniform(0, 1) == 0) h.faults[path]->fail_next(injected_device_loss());
+        else h.faults[path]->fail_after(uniform(1, max_tokens), injected_device_loss());
+      };
+      if (kind >= 1) fault_on(0);
+      if (kind >= 3) fault_on(1);  // and the path it moves to
+      RouteRequest r = request(uniform(5, 40), max_tokens);
+      r.allow_migration = uniform(0, 3) != 0;
+      Refusal refusal;
+      Result<Admitted> a = h.gw->submit(r, &refusal);
+      ASSERT_TRUE(a.ok()) << a.status().to_string();
+      std::shared_ptr<Ticket> t = a->ticket;
+      h.run_to_idle();
+      Collected c = collect(*t, kRealTimeout);
+      ASSERT_EQ(c.n_finished, 1);
+      const std::string want = fake_text(max_tokens);
+      migrated += t->migrations();
+      restarted += t->attempts() - t->migrations();
+      if (c.fin.state == RequestState::kDone) {
+        EXPECT_EQ(c.text, want);
+        EXPECT_EQ(c.fin.completion_tokens, max_tokens);
+        continue;
+      }
+      ASSERT_EQ(c.fin.state, RequestState::kFailed) << c.fin.status.to_string();
+      std::string have = c.text;
+      ASSERT_EQ(want.compare(0, have.size(), have), 0) << "streamed text is a prefix: " << have;
+      if (c.fin.status.reason() != FailureReason::kResumable) {
+        // Failed before anything was streamed (every path refused it).
+        EXPECT_EQ(have, "");
+        EXPECT_TRUE(classify(c.fin.status).resumable) << c.fin.status.to_string();
+        continue;
+      }
+      // Resume until done: a fault may still be pending, the GPU path may
+      // be out; time moves on between tries (cooldowns, probes).
+      bool done = false;
+      for (int tries = 0; tries < 8 && !done; ++tries) {
+        ResumeRequest rr;
+        rr.checkpoint = t->checkpoint();
+        ASSERT_NE(rr.checkpoint, nullptr);
+        rr.received_text = have;
+        Result<Resumed> res = h.gw->resume(rr);
+        if (!res.ok()) {
+          h.run_for(10);
+          continue;
+        }
+        have += res->unsent;
+        t = res->admitted.ticket;
+        h.run_to_idle();
+        Collected rc = collect(*t, kRealTimeout);
+        have += rc.text;
+        ASSERT_EQ(want.compare(0, have.size(), have), 0) << "resumed text is a prefix: " << have;
+        done = rc.fin.state == RequestState::kDone;
+        if (!done) {
+          ASSERT_EQ(rc.fin.status.reason(), FailureReason::kResumable) << rc.fin.status.to_string();
+          h.run_for(10);
+        }
+      }
+      EXPECT_TRUE(done);
+      EXPECT_EQ(have, want);
+      ++resumed;
+    }
+    h.run_to_idle();
+    EXPECT_EQ(h.sched(0).load().kv_blocks_free, 64) << "no KV block left behind";
+    EXPECT_EQ(h.gw->in_flight(), 0);
+  }
+  std::printf("property: %d migrations, %d restarts, %d resumed\n", migrated, restarted, resumed);
+  // The sequences exercised every way out.
+  EXPECT_GT(migrated, 0);
+  EXPECT_GT(restarted, 0);
+  EXPECT_GT(resumed, 0);
 }
 
 }  // namespace

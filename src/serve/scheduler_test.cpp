@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -12,7 +15,9 @@
 #include "engine/engine_test_util.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
+#include "serve/journal_observer.h"
 #include "serve/testing/collect.h"
+#include "serve/testing/fake_executor.h"
 
 namespace spw::serve {
 namespace {
@@ -332,6 +337,126 @@ TEST(Scheduler, RejectsBadOptions) {
   o = {};
   o.queue_capacity = -1;
   EXPECT_EQ(make_engine_scheduler(Env::default_env(), model, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+
+// Records every checkpoint a scheduler reports (a real observer: the
+// journal's is below).
+class CheckpointLog final : public RequestObserver {
+ public:
+  void on_start(const Ticket&, const std::string&) override {}
+  void on_finish(const Ticket&, const RequestEvent&, const std::string&) override {}
+  void on_checkpoint(const Ticket&, const Checkpoint& cp) override {
+    std::lock_guard<std::mutex> lock(mu);
+    all.push_back(cp);
+  }
+  std::mutex mu;
+  std::vector<Checkpoint> all;
+};
+
+// The engine executor's checkpoints resume on a fresh session with the
+// stream continuing exactly; text the client already holds past the
+// checkpoint is regenerated and compared, never emitted.
+TEST(Scheduler, EngineCheckpointsResumeWithReplayAndDetectADivergence) {
+  auto model = stories();
+  ASSERT_NE(model, nullptr);
+  auto log = std::make_shared<CheckpointLog>();
+  EngineServeOptions o;
+  o.observer = log;
+  o.checkpoint_every = 8;
+  auto serving = make_engine_scheduler(Env::default_env(), model, o);
+  ASSERT_TRUE(serving.ok()) << serving.status().to_string();
+  Scheduler& s = *serving->scheduler;
+  GenerationRequest g = greedy("Once upon a time", 40);
+  g.record_id = 7;  // journaled requests are checkpointed
+  auto t = s.submit(g);
+  ASSERT_TRUE(t.ok());
+  Collected whole = collect(**t);
+  ASSERT_EQ(whole.fin.state, RequestState::kDone);
+  ASSERT_EQ(whole.fin.completion_tokens, 40) << "the story goes on past 40 tokens";
+  std::vector<Checkpoint> cps;
+  {
+    std::lock_guard<std::mutex> lock(log->mu);
+    cps = log->all;
+  }
+  ASSERT_EQ(cps.size(), 4u) << "at 8, 16, 24, 32 (not at the end: it finished)";
+  for (size_t i = 0; i < cps.size(); ++i) {
+    EXPECT_EQ(cps[i].n_generated, static_cast<int32_t>(8 * (i + 1)));
+    EXPECT_EQ(whole.text.compare(0, cps[i].text.size(), cps[i].text), 0) << "a checkpoint's text was streamed";
+  }
+  const Checkpoint& cp = cps[1];
+  // Serialised and parsed as the journal stores it.
+  Result<Checkpoint> stored = parse_checkpoint(serialize_checkpoint(cp));
+  ASSERT_TRUE(stored.ok());
+  auto resume_job = [&](std::string replay) {
+    PreparedRequest p;
+    p.job.resume = std::make_shared<const Checkpoint>(*stored);
+    p.job.replay = std::move(replay);
+    p.job.max_tokens = 40;
+    p.job.sampler = cp.options.sampler;
+    p.limits.n_ctx = s.n_ctx();
+    p.limits.prompt_tokens = cp.n_prompt;
+    p.limits.max_tokens = 40;
+    p.text_before = cp.text + p.job.replay;
+    return p;
+  };
+  const std::string after = whole.text.substr(cp.text.size());
+  ASSERT_GT(after.size(), 6u);
+  auto r = s.submit_prepared(resume_job(after.substr(0, 6)));
+  ASSERT_TRUE(r.ok());
+  Collected rc = collect(**r);
+  EXPECT_EQ(rc.fin.state, RequestState::kDone) << rc.fin.status.to_string();
+  EXPECT_EQ(rc.text, after.substr(6)) << "continues after the replayed text";
+  EXPECT_EQ(rc.fin.completion_tokens, 40);
+  EXPECT_EQ((*r)->text(), whole.text);
+
+  auto bad = s.submit_prepared(resume_job("#" + after.substr(1, 5)));
+  ASSERT_TRUE(bad.ok());
+  Collected bc = collect(**bad);
+  EXPECT_EQ(bc.fin.state, RequestState::kFailed);
+  EXPECT_EQ(bc.fin.status.reason(), FailureReason::kReplayMismatch) << bc.fin.status.to_string();
+  EXPECT_EQ(bc.text, "");
+}
+
+// A fault after tokens with nowhere to go: a resumable error, and the
+// journal (a real SQLite file) keeps the checkpoint a resume continues from.
+TEST(Scheduler, AnInterruptedJournaledRequestKeepsItsCheckpointInTheJournal) {
+  const std::string dir = ::testing::TempDir() + "/spw_sched_ckpt_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto journal = journal::Journal::open(Env::default_env(), dir + "/journal.sqlite");
+  ASSERT_TRUE(journal.ok()) << journal.status().to_string();
+  std::shared_ptr<journal::Journal> j = std::move(*journal);
+  auto faults = std::make_shared<testing::FakeFaults>();
+  SchedulerOptions o;
+  o.n_ctx = 256;
+  o.checkpoint_every = 4;
+  o.observer = std::make_shared<JournalObserver>(j);
+  auto s = Scheduler::create(Env::default_env(), spw::testing::stories_tokenizer(),
+                             testing::make_fake_executors(Env::default_env(), 1, testing::FakeSpeed{0, 0, 0}, faults), o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto acc = j->accept({"", "/v1/completions", "{}"});
+  ASSERT_TRUE(acc.ok());
+  faults->fail_after(10, Status(StatusCode::kDeviceLost, "injected device loss", FailureReason::kDeviceLost));
+  GenerationRequest g = greedy("Once upon a time", 30);
+  g.record_id = acc->record.id;
+  auto t = (*s)->submit(g);
+  ASSERT_TRUE(t.ok());
+  Collected c = collect(**t);
+  EXPECT_EQ(c.fin.status.reason(), FailureReason::kResumable) << c.fin.status.to_string();
+  EXPECT_EQ(c.text, testing::FakeExecutor::text_of(10));
+  auto rec = j->get(acc->record.id);
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->state, journal::RequestState::kFailed);
+  EXPECT_TRUE(rec->outcome.resumable);
+  EXPECT_EQ(rec->outcome.error_code, "resumable");
+  EXPECT_EQ(rec->outcome.text, testing::FakeExecutor::text_of(10));
+  EXPECT_EQ(rec->checkpoint_tokens, 10) << "the failing boundary's checkpoint replaced the one at 8";
+  Result<Checkpoint> cp = parse_checkpoint(rec->checkpoint);
+  ASSERT_TRUE(cp.ok()) << cp.status().to_string();
+  EXPECT_EQ(cp->n_generated, 10);
+  EXPECT_EQ(cp->text, testing::FakeExecutor::text_of(10));
+  (*s)->shutdown(std::chrono::milliseconds(0));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -208,7 +208,13 @@ class FakeExecutor final : public Executor {
   }
 
  private:
-  static std::string piece(int32_t k) { return "t" + std::to_string(k) + " "; }
+  static std::string piece(int32_t k) {
+    // Appended piecewise: GCC 12 warns (-Wrestrict, a false positive) on "t" + to_string(k).
+    std::string p = "t";
+    p += std::to_string(k);
+    p += ' ';
+    return p;
+  }
 
   Env& env_;
   const FakeSpeed speed_;
