@@ -242,7 +242,15 @@ class Harness {
       if (a == b && w1 == w2 && w1 == expected && !a.startable && a.prober_parked) return true;
       std::this_thread::sleep_for(50us);
     }
-    ADD_FAILURE() << "the gateway's workers did not settle";
+    const Picture p = picture();
+    std::string paths;
+    for (const auto& q : p.paths) {
+      paths += " [running " + std::to_string(q[0]) + ", queued " + std::to_string(q[1]) + ", free blocks " +
+               std::to_string(q[2]) + "]";
+    }
+    ADD_FAILURE() << "the gateway's workers did not settle: waiters " << env.waiters() << ", running " << p.running
+                  << ", startable " << p.startable << ", prober parked " << p.prober_parked << " on clock "
+                  << p.prober_on_clock << "; paths" << paths;
     return false;
   }
 
@@ -1544,7 +1552,11 @@ TEST(GatewayMigrationTest, AnUnsafeBoundaryContinuesFromTheLastSafeCheckpoint) {
 // keeps a KV block.
 TEST(GatewayMigrationPropertyTest, RandomFaultSequencesNeverLoseSkipOrRepeatAToken) {
   int resumed = 0, migrated = 0, restarted = 0;
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
+  // SPW_SEED_ONLY=N runs one sequence (to reproduce a failure).
+  const char* only = std::getenv("SPW_SEED_ONLY");
+  const uint64_t first = only ? std::strtoull(only, nullptr, 10) : 1;
+  const uint64_t last = only ? first : 12;
+  for (uint64_t seed = first; seed <= last; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -1624,9 +1636,11 @@ TEST(GatewayMigrationPropertyTest, RandomFaultSequencesNeverLoseSkipOrRepeatATok
   }
   std::printf("property: %d migrations, %d restarts, %d resumed\n", migrated, restarted, resumed);
   // The sequences exercised every way out.
-  EXPECT_GT(migrated, 0);
-  EXPECT_GT(restarted, 0);
-  EXPECT_GT(resumed, 0);
+  if (std::getenv("SPW_SEED_ONLY") == nullptr) {
+    EXPECT_GT(migrated, 0);
+    EXPECT_GT(restarted, 0);
+    EXPECT_GT(resumed, 0);
+  }
 }
 
 }  // namespace

@@ -273,6 +273,7 @@ LoadSnapshot Scheduler::load() const {
     return w;
   };
   for (const auto& [id, t] : running_) s.running.push_back(item(*t));
+  for (const auto& [id, t] : moving_) s.running.push_back(item(*t));
   for (const auto& t : queue_) s.queued.push_back(item(*t));
   if (!queue_.empty()) s.oldest_queued_s = static_cast<double>(now - queue_.front()->submitted_ns_) / 1e9;
   return s;
@@ -325,7 +326,13 @@ bool Scheduler::cancel(uint64_t request_id) {
     return true;
   }
   auto r = running_.find(request_id);
-  if (r == running_.end()) return false;
+  if (r == running_.end()) {
+    // Between paths: the next path sees the flag before it starts it.
+    auto m = moving_.find(request_id);
+    if (m == moving_.end()) return false;
+    m->second->cancel_.store(true, std::memory_order_release);
+    return true;
+  }
   r->second->cancel_.store(true, std::memory_order_release);
   return true;
 }
@@ -478,20 +485,33 @@ Status Scheduler::try_failover(const std::shared_ptr<Ticket>& t, const Status& f
     if (!failover_) return Status::unavailable("no other path is configured");
     if (t->cancel_.load(std::memory_order_acquire)) return Status::cancelled("the request was cancelled");
     fn = failover_;
-    // Its blocks come back before another path is chosen. It stays among
-    // this path's running requests until the move is done, so that it is
-    // never in no path at all (cancel() finds it; a snapshot counts it).
+    // Its blocks come back before another path is chosen. It leaves the
+    // running requests for the moving ones until the move is done, so that
+    // it is never in no path at all (cancel() finds it; a snapshot counts
+    // it), and so that, should it come back to this path and start here
+    // again before this thread is done, that run's entry is its own.
     if (t->holds_kv_) {
       kv_blocks_free_ += t->kv_blocks();
       t->holds_kv_ = false;
       work_cv_.notify_all();
     }
+    running_.erase(t->id());
+    moving_.emplace(t->id(), t);
   }
   const Status moved = fn(t, failure);
-  if (!moved.ok()) return moved;  // run_one fails it here; its blocks are already back
   {
     std::lock_guard<std::mutex> lock(mu_);
-    running_.erase(t->id());
+    auto range = moving_.equal_range(t->id());
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second == t) {
+        moving_.erase(it);
+        break;
+      }
+    }
+    if (!moved.ok()) {
+      running_.emplace(t->id(), t);  // run_one fails it here; its blocks are already back
+      return moved;
+    }
     ++stats_.failed_over;
   }
   idle_cv_.notify_all();
@@ -508,7 +528,7 @@ void Scheduler::shutdown(std::chrono::milliseconds grace) {
     work_cv_.notify_all();
     // Drain: queued and running requests may still finish within the grace.
     if (grace.count() > 0) {
-      idle_cv_.wait_for(lock, grace, [&] { return queue_.empty() && running_.empty(); });
+      idle_cv_.wait_for(lock, grace, [&] { return queue_.empty() && running_.empty() && moving_.empty(); });
     }
     if (joined_) return;  // another shutdown() finished meanwhile
     while (!queue_.empty()) {
@@ -521,6 +541,7 @@ void Scheduler::shutdown(std::chrono::milliseconds grace) {
       finish_locked(*t, std::move(ev));
     }
     for (auto& [id, t] : running_) t->cancel_.store(true, std::memory_order_release);
+    for (auto& [id, t] : moving_) t->cancel_.store(true, std::memory_order_release);
     joined_ = true;
     workers.swap(workers_);
   }
@@ -531,7 +552,7 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   SchedulerStats s = stats_;
   s.queue_depth = static_cast<int32_t>(queue_.size());
-  s.running = static_cast<int32_t>(running_.size());
+  s.running = static_cast<int32_t>(running_.size() + moving_.size());
   return s;
 }
 

@@ -435,6 +435,9 @@ class Scheduler {
   std::condition_variable idle_cv_;   // a running request finished
   std::deque<std::shared_ptr<Ticket>> queue_;
   std::unordered_map<uint64_t, std::shared_ptr<Ticket>> running_;
+  // Failed here, being offered to another path (try_failover). A multimap:
+  // a ticket that came back and failed here again is in it twice.
+  std::unordered_multimap<uint64_t, std::shared_ptr<Ticket>> moving_;
   bool stopping_ = false;
   bool joined_ = false;
   uint64_t next_id_ = 1;
