@@ -305,7 +305,11 @@ void BreakerObserver::on_finish(const serve::Ticket& ticket, const serve::Reques
   if (ticket.internal()) return;
   switch (final_event.state) {
     case serve::RequestState::kDone: breaker_->record(Status::ok_status()); break;
-    case serve::RequestState::kFailed: breaker_->record(final_event.status); break;
+    case serve::RequestState::kFailed:
+      // A resumable error is what the client sees; the device fault behind
+      // it is what the breaker counts.
+      breaker_->record(final_event.cause.ok() ? final_event.status : final_event.cause);
+      break;
     default: break;  // cancelled (or not terminal): says nothing about the device
   }
 }

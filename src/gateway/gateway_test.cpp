@@ -1460,7 +1460,9 @@ TEST(GatewayMigrationTest, WithoutVerifiedEquivalenceTheStreamEndsResumableAndRe
 
 TEST(GatewayMigrationTest, AClientThatSaysNeverAndAFallbackModelGetResumableErrors) {
   {
-    Harness h({PathSpec{}, cpu_spec()});
+    PathSpec gpu;
+    gpu.breaker_group = "vulkan:0";
+    Harness h({gpu, cpu_spec()});
     ASSERT_NE(h.gw, nullptr);
     h.verify();
     h.faults[0]->fail_after(4, injected_device_loss());
@@ -1473,7 +1475,10 @@ TEST(GatewayMigrationTest, AClientThatSaysNeverAndAFallbackModelGetResumableErro
     EXPECT_EQ(c.fin.status.reason(), FailureReason::kResumable);
     EXPECT_TRUE(contains(c.fin.status.message(), "X-Spillway-Migrate: never")) << c.fin.status.message();
     EXPECT_EQ(c.text, fake_text(4));
+    EXPECT_EQ(c.fin.cause.reason(), FailureReason::kDeviceLost);
     EXPECT_EQ(h.sched(1).stats().adopted, 0u);
+    EXPECT_EQ(h.breakers.at("vulkan:0")->snapshot().consecutive_faults, 1)
+        << "the device fault behind the resumable error reached the breaker";
   }
   {
     PathSpec cpu = cpu_spec();

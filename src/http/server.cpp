@@ -621,6 +621,12 @@ class HttpServer::Impl {
     call->info.model = options_.model_name;
     gateway::ResumeRequest rr;
     rr.record_id = *id;
+    {
+      // What the original request asked for, reported in the limits again.
+      serve::GenerationRequest original;
+      SamplingFields sampling;
+      if (!generation_from_body(r->body, call->chat, original, sampling)) rr.max_tokens_requested = sampling.max_tokens;
+    }
     rr.checkpoint = std::make_shared<const Checkpoint>(std::move(*cp));
     rr.received_text = body.received_text;
     rr.allow_migration = *migrate;

@@ -452,6 +452,7 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       t->job_.replay = t->text_.size() >= cp->text.size() ? t->text_.substr(cp->text.size()) : std::string();
       const Status moved = try_failover(t, fin.status);
       if (moved.ok()) return;
+      fin.cause = fin.status;
       fin.status = Status(StatusCode::kUnavailable,
                           "generation interrupted after " + std::to_string(cp->n_generated) + " tokens by " +
                               fin.status.to_string() + "; it did not move to another path (" + moved.message() +

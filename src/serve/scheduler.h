@@ -111,6 +111,9 @@ struct RequestEvent {
   RequestState state = RequestState::kRunning;  // kFinished: kDone, kCancelled or kFailed
   FinishReason finish = FinishReason::kNone;   // kFinished with kDone
   Status status;                               // kFinished with kCancelled/kFailed: why
+  // kFinished with a resumable error (FailureReason::kResumable): the fault
+  // that interrupted it (a device fault, for the breaker); OK otherwise.
+  Status cause;
   int32_t completion_tokens = 0;               // kFinished
 };
 
