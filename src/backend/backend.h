@@ -11,6 +11,14 @@
 //                    table already holds pos0+n_tokens positions: the caller
 //                    reserves first, so a failed reservation never reaches here).
 //                    Positions < pos0 must already be in the KV. Causal attention.
+//   forward_batch()  the same for several sequences in one pass over the
+//                    weights (continuous batching): slice i is n_tokens rows at
+//                    positions pos0.. of the sequence whose KV is slices[i].kv;
+//                    their rows are consecutive in `hidden`, in slice order.
+//                    Each row's result equals what forward_layers gives for its
+//                    sequence alone (bitwise on one backend). The default runs
+//                    the slices one after another; a backend that can share
+//                    the weight pass (the CPU) overrides it.
 //   output()         hidden -> logits [n_rows][n_vocab] (final RMSNorm + head)
 // Hidden states cross the interface in host memory: they are n_embd floats per
 // token, which is cheap next to the weights, and it keeps backends independent.
@@ -41,6 +49,13 @@
 
 namespace spw {
 
+// One sequence's rows in a batched forward pass (Backend::forward_batch).
+struct SeqSlice {
+  KvSequence kv;
+  int32_t pos0 = 0;
+  int32_t n_tokens = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -60,6 +75,17 @@ class Backend {
   virtual Status forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end,
                                 const KvSequence& kv, int32_t pos0, int32_t n_tokens,
                                 float* hidden) = 0;
+
+  virtual Status forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
+                               std::span<const SeqSlice> slices, float* hidden) {
+    int64_t row = 0;
+    for (const SeqSlice& s : slices) {
+      SPW_RETURN_IF_ERROR(forward_layers(model, layer_begin, layer_end, s.kv, s.pos0, s.n_tokens,
+                                         hidden + row * model.hparams().n_embd));
+      row += s.n_tokens;
+    }
+    return Status();
+  }
 
   // Computes logits for `n_rows` hidden rows (n_rows * n_embd floats) into
   // logits (n_rows * n_vocab floats). `hidden` is not modified.

@@ -1,5 +1,7 @@
 #include "engine/session.h"
 
+#include "engine/step_batcher.h"
+
 #include <algorithm>
 #include <string>
 
@@ -128,8 +130,92 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
 }
 
 Result<std::span<const float>> Session::eval(std::span<const TokenId> tokens) {
+  if (batcher_ != nullptr && tokens.size() == 1) return batcher_->step(*this, tokens[0]);
   SPW_RETURN_IF_ERROR(run(tokens, nullptr));
   return std::span<const float>(last_logits_);
+}
+
+std::vector<Status> Session::eval_batch(std::span<Session* const> sessions, std::span<const TokenId> tokens) {
+  std::vector<Status> out(sessions.size());
+  if (sessions.size() != tokens.size()) {
+    for (Status& st : out) st = Status::invalid_argument("Session::eval_batch: one token per session");
+    return out;
+  }
+  if (sessions.empty()) return out;
+  const Session& first = *sessions[0];
+  const LlamaHparams& hp = first.model_->hparams();
+  // The pass runs the first session's stages: every other must run the same.
+  std::vector<size_t> in;  // indices that take part
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session& s = *sessions[i];
+    bool same = s.model_.get() == first.model_.get() && s.stages_.size() == first.stages_.size();
+    for (size_t k = 0; same && k < s.stages_.size(); ++k) {
+      same = s.stages_[k].backend == first.stages_[k].backend && s.stages_[k].layer_begin == first.stages_[k].layer_begin &&
+             s.stages_[k].layer_end == first.stages_[k].layer_end;
+    }
+    for (size_t j = 0; same && j < i; ++j) same = sessions[j] != sessions[i];
+    if (!same) {
+      out[i] = Status::invalid_argument("Session::eval_batch: sessions of different stages, or one twice");
+      continue;
+    }
+    const TokenId t = tokens[i];
+    if (t < 0 || t >= hp.n_vocab) {
+      out[i] = Status::invalid_argument("Session::eval: token id " + std::to_string(t) + " out of range [0, " +
+                                        std::to_string(hp.n_vocab) + ")");
+      continue;
+    }
+    const int32_t n0 = s.n_past();
+    if (n0 + 1 > s.n_ctx_) {
+      out[i] = Status(StatusCode::kResourceExhausted,
+                      "context full: " + std::to_string(n0) + " + 1 tokens exceed n_ctx = " + std::to_string(s.n_ctx_),
+                      FailureReason::kContextFull);
+      continue;
+    }
+    Status st;
+    for (size_t k = 0; st.ok() && k < s.stages_.size(); ++k) {
+      st = s.stages_[k].pool->reserve(s.tables_[k], n0 + 1);
+      if (!st.ok()) {
+        for (size_t j = 0; j <= k; ++j) s.stages_[j].pool->shrink(s.tables_[j], n0);
+      }
+    }
+    if (!st.ok()) {
+      out[i] = st;
+      continue;
+    }
+    in.push_back(i);
+  }
+  if (in.empty()) return out;
+  const int64_t E = hp.n_embd;
+  const int64_t V = hp.n_vocab;
+  const auto m = static_cast<int64_t>(in.size());
+  std::vector<TokenId> toks;
+  for (size_t i : in) toks.push_back(tokens[i]);
+  std::vector<float> hidden(static_cast<size_t>(m * E));
+  std::vector<float> logits(static_cast<size_t>(m * V));
+  Status st = first.stages_.front().backend->embed(*first.model_, toks, hidden.data());
+  for (size_t k = 0; st.ok() && k < first.stages_.size(); ++k) {
+    std::vector<SeqSlice> slices;
+    for (size_t i : in) {
+      Session& s = *sessions[i];
+      slices.push_back({KvSequence{s.stages_[k].pool.get(), &s.tables_[k]}, s.n_past(), 1});
+    }
+    st = first.stages_[k].backend->forward_batch(*first.model_, first.stages_[k].layer_begin,
+                                                 first.stages_[k].layer_end, slices, hidden.data());
+  }
+  if (st.ok()) {
+    st = first.stages_.back().backend->output(*first.model_, hidden.data(), static_cast<int32_t>(m), logits.data());
+  }
+  for (size_t r = 0; r < in.size(); ++r) {
+    Session& s = *sessions[in[r]];
+    if (!st.ok()) {
+      for (size_t k = 0; k < s.stages_.size(); ++k) s.stages_[k].pool->shrink(s.tables_[k], s.n_past());
+      out[in[r]] = st;
+      continue;
+    }
+    s.tokens_.push_back(tokens[in[r]]);
+    s.last_logits_.assign(logits.begin() + static_cast<int64_t>(r) * V, logits.begin() + static_cast<int64_t>(r + 1) * V);
+  }
+  return out;
 }
 
 Result<std::vector<float>> Session::eval_all_logits(std::span<const TokenId> tokens) {

@@ -21,6 +21,16 @@
 // run out of blocks half-way; truncate() below n gives them back.
 // Because backends are batch-size invariant, eval of tokens one by one or all at
 // once gives bitwise equal logits (checkpoint/resume depends on this).
+// eval_batch() decodes one token in each of several sessions in one pass over
+// the weights (continuous batching): they must run the same stages (one
+// session group: equal backends and layer ranges per stage), each at most
+// once. Per session the outcome equals its own eval({token}) (bitwise where
+// the backend's batch invariance holds), including the errors: a session
+// whose token is out of range, whose context is full or whose pool has no
+// block left gets that error and is left out of the pass; a backend error
+// fails every session of the pass, each left as before.
+// A session that is a member of a StepBatcher (engine/step_batcher.h) sends
+// its one-token evals through it, which gathers them into eval_batch calls.
 // Thread safety: one Session is used by one thread at a time. Many Sessions may
 // share one Model, one KvPool and one Backend concurrently.
 #pragma once
@@ -37,6 +47,8 @@
 #include "tokenizer/tokenizer.h"
 
 namespace spw {
+
+class StepBatcher;
 
 // Layers [layer_begin, layer_end) of the model run on `backend` with their KV in
 // `pool` (whose layer range must equal the stage's).
@@ -74,6 +86,7 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   Result<std::span<const float>> eval(std::span<const TokenId> tokens);
+  static std::vector<Status> eval_batch(std::span<Session* const> sessions, std::span<const TokenId> tokens);
   Result<std::vector<float>> eval_all_logits(std::span<const TokenId> tokens);
   Status truncate(int32_t n);
   Status reserve_kv(int32_t n_positions);
@@ -88,6 +101,7 @@ class Session {
   const SessionOptions& options() const { return options_; }
 
  private:
+  friend class StepBatcher;
   Session() = default;
   Status run(std::span<const TokenId> tokens, std::vector<float>* all_logits);
 
@@ -99,6 +113,7 @@ class Session {
   std::vector<TokenId> tokens_;
   std::vector<float> last_logits_;
   std::vector<float> hidden_;  // scratch [n_ubatch][n_embd]
+  StepBatcher* batcher_ = nullptr;  // while a member (StepBatcher::Membership)
 };
 
 }  // namespace spw

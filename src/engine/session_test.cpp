@@ -206,5 +206,60 @@ TEST(Session, HybridStagesMatchSingleBackend) {
   EXPECT_EQ(Session::create_staged(m, gap).status().code(), StatusCode::kInvalidArgument);
 }
 
+
+// Continuous batching: one pass decodes a token of several sequences of
+// different lengths in one pool; each equals its own eval, bitwise, and an
+// error in one (a bad token, a full context) leaves it out, not the others.
+TEST(Session, EvalBatchEqualsEachSequenceAlone) {
+  auto m = testing::random_model(testing::small_spec(gguf::GgmlType::kQ8_0));
+  ASSERT_NE(m, nullptr);
+  const int32_t V = m->hparams().n_vocab;
+  for (int threads : {1, 2}) {
+    auto cpu = std::make_shared<CpuBackend>(threads);
+    auto pool = make_pool(*m, 4, 64);
+    const std::vector<int> lengths = {1, 9, 4, 17};
+    std::vector<std::unique_ptr<Session>> batched, alone;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      auto toks = some_tokens(lengths[i], V, static_cast<int>(i));
+      batched.push_back(make_session(m, cpu, pool));
+      alone.push_back(make_session(m, cpu, make_pool(*m, 4, 16)));
+      ASSERT_TRUE(batched.back()->eval(toks).ok());
+      ASSERT_TRUE(alone.back()->eval(toks).ok());
+    }
+    std::vector<Session*> ptrs;
+    for (auto& b : batched) ptrs.push_back(b.get());
+    for (int step = 0; step < 3; ++step) {
+      std::vector<TokenId> next;
+      for (size_t i = 0; i < ptrs.size(); ++i) next.push_back(static_cast<TokenId>((step * 13 + i * 7 + 3) % V));
+      std::vector<Status> st = Session::eval_batch(ptrs, next);
+      ASSERT_EQ(st.size(), ptrs.size());
+      for (size_t i = 0; i < ptrs.size(); ++i) {
+        ASSERT_TRUE(st[i].ok()) << st[i].to_string();
+        auto one = alone[i]->eval(std::span<const TokenId>(&next[i], 1));
+        ASSERT_TRUE(one.ok());
+        const std::vector<float> a(ptrs[i]->last_logits().begin(), ptrs[i]->last_logits().end());
+        const std::vector<float> b(one->begin(), one->end());
+        EXPECT_TRUE(bitwise_equal(a, b)) << "threads " << threads << " step " << step << " sequence " << i;
+        EXPECT_EQ(ptrs[i]->tokens(), alone[i]->tokens());
+      }
+    }
+    // One bad token: only that sequence fails, unchanged.
+    const int32_t before = ptrs[1]->n_past();
+    std::vector<TokenId> mixed = {5, V + 3, 6, 7};
+    std::vector<Status> st = Session::eval_batch(ptrs, mixed);
+    EXPECT_TRUE(st[0].ok());
+    EXPECT_EQ(st[1].code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(st[2].ok());
+    EXPECT_TRUE(st[3].ok());
+    EXPECT_EQ(ptrs[1]->n_past(), before);
+    // The same session twice is refused for its second entry.
+    std::vector<Session*> twice = {ptrs[0], ptrs[0]};
+    std::vector<TokenId> two = {1, 2};
+    st = Session::eval_batch(twice, two);
+    EXPECT_TRUE(st[0].ok());
+    EXPECT_EQ(st[1].code(), StatusCode::kInvalidArgument);
+  }
+}
+
 }  // namespace
 }  // namespace spw

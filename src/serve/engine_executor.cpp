@@ -4,9 +4,11 @@
 #include "engine/device_session.h"
 #include "engine/generate.h"
 #include "engine/session.h"
+#include "engine/step_batcher.h"
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 namespace spw::serve {
 namespace {
@@ -14,8 +16,8 @@ namespace {
 // One request on one session of a group: a Generator started from the
 // prompt or resumed from a checkpoint, stepped here so that checkpoints are
 // taken between steps (a clean token boundary, never inside a step).
-Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, const ExecJob& job, const ExecCallbacks& cb,
-                                   const std::atomic<bool>& cancel) {
+Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* batcher, const ExecJob& job,
+                                   const ExecCallbacks& cb, const std::atomic<bool>& cancel) {
   struct KvRelease {  // a pool smaller than the default: never keep KV between requests
     Session& s;
     bool keep;
@@ -73,6 +75,10 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, const ExecJob
     return !cancel.load(std::memory_order_acquire);
   };
   const int32_t every = job.checkpoint_every;
+  // Decode steps from here on are batched with the group's other running
+  // requests (the prefill above ran on its own).
+  std::optional<StepBatcher::Membership> member;
+  if (batcher != nullptr) member.emplace(batcher->join(session));
   while (!g.finished()) {
     if (cancel.load(std::memory_order_acquire)) {
       g.cancel();
@@ -101,15 +107,17 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, const ExecJob
 
 class SessionExecutor final : public Executor {
  public:
-  SessionExecutor(std::unique_ptr<Session> session, bool keep_kv) : session_(std::move(session)), keep_kv_(keep_kv) {}
+  SessionExecutor(std::unique_ptr<Session> session, bool keep_kv, std::shared_ptr<StepBatcher> batcher)
+      : session_(std::move(session)), keep_kv_(keep_kv), batcher_(std::move(batcher)) {}
 
   Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
-    return run_on_session(*session_, keep_kv_, job, cb, cancel);
+    return run_on_session(*session_, keep_kv_, batcher_.get(), job, cb, cancel);
   }
 
  private:
   std::unique_ptr<Session> session_;  // holds its stages' pools and backends
   bool keep_kv_;
+  std::shared_ptr<StepBatcher> batcher_;  // the group's; null: no batching
 };
 
 // The session group of a path with layers on a Vulkan device, shared by its
@@ -169,6 +177,8 @@ class DeviceGroup {
     --running_;
   }
   bool keep_kv() const { return keep_kv_; }
+  StepBatcher* batcher() const { return batcher_.get(); }
+  void set_batcher(std::shared_ptr<StepBatcher> b) { batcher_ = std::move(b); }
 
  private:
   bool stale_locked() const {
@@ -186,6 +196,7 @@ class DeviceGroup {
   bool rebuilding_ = false;
   bool keep_kv_ = false;  // written under mu_ with no worker running
   const std::function<void(const Status&, double)> on_reopened_;
+  std::shared_ptr<StepBatcher> batcher_;  // survives re-opens (it holds no session)
 };
 
 class DeviceGroupExecutor final : public Executor {
@@ -193,7 +204,7 @@ class DeviceGroupExecutor final : public Executor {
   DeviceGroupExecutor(std::shared_ptr<DeviceGroup> group, size_t worker) : group_(std::move(group)), worker_(worker) {}
   Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
     SPW_ASSIGN_OR_RETURN(Session * s, group_->begin(worker_));
-    Result<ExecOutcome> r = run_on_session(*s, group_->keep_kv(), job, cb, cancel);
+    Result<ExecOutcome> r = run_on_session(*s, group_->keep_kv(), group_->batcher(), job, cb, cancel);
     group_->end();
     return r;
   }
@@ -202,6 +213,13 @@ class DeviceGroupExecutor final : public Executor {
   std::shared_ptr<DeviceGroup> group_;
   size_t worker_;
 };
+
+// The group's step batcher: with several workers and batching on (one
+// worker has nothing to batch with).
+std::shared_ptr<StepBatcher> make_batcher(Env& env, const EngineServeOptions& o) {
+  if (!o.batching || o.n_workers < 2) return nullptr;
+  return std::make_shared<StepBatcher>(env, static_cast<int64_t>(o.batch_max_wait_us) * 1000);
+}
 
 // The options' checks and the n_ctx they resolve to (0: the model's).
 Result<int32_t> check_options(const LlamaHparams& hp, const EngineServeOptions& o) {
@@ -253,8 +271,8 @@ SchedulerOptions scheduler_options(const EngineServeOptions& o, const LlamaHpara
 // needs it; every worker then runs its own session of the group.
 class OnDemandGroup {
  public:
-  OnDemandGroup(Env& env, OnDemandModel model, SessionGroupOptions options)
-      : env_(env), model_(std::move(model)), options_(std::move(options)) {}
+  OnDemandGroup(Env& env, OnDemandModel model, SessionGroupOptions options, std::shared_ptr<StepBatcher> batcher)
+      : env_(env), model_(std::move(model)), options_(std::move(options)), batcher_(std::move(batcher)) {}
 
   Result<Executor*> executor(size_t worker) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -267,7 +285,7 @@ class OnDemandGroup {
       }
       SPW_ASSIGN_OR_RETURN(SessionGroup g, open_session_group(m, options_));
       std::vector<std::unique_ptr<Executor>> ex;
-      for (auto& s : g.sessions) ex.push_back(std::make_unique<SessionExecutor>(std::move(s), g.full_pool));
+      for (auto& s : g.sessions) ex.push_back(std::make_unique<SessionExecutor>(std::move(s), g.full_pool, batcher_));
       group_ = std::move(g);
       executors_ = std::move(ex);
       if (model_.on_loaded) model_.on_loaded(static_cast<double>(env_.now_ns() - t0) / 1e6);
@@ -282,6 +300,7 @@ class OnDemandGroup {
   std::mutex mu_;
   SessionGroup group_;  // backends and pools the executors' sessions use
   std::vector<std::unique_ptr<Executor>> executors_;  // empty until loaded
+  const std::shared_ptr<StepBatcher> batcher_;
 };
 
 class OnDemandExecutor final : public Executor {
@@ -312,15 +331,18 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   out.vulkan = group.vulkan;
   out.placement_detail = group.placement;
   std::vector<std::unique_ptr<Executor>> executors;
+  auto batcher = make_batcher(env, o);
+  out.batcher = batcher;
   if (group.vulkan && group.n_gpu_layers > 0) {
     // Layers on a device: a group that can re-open itself after the device
     // is re-initialised.
     const size_t n = group.sessions.size();
     auto shared = std::make_shared<DeviceGroup>(env, model, go, std::move(group), o.on_reopened);
+    shared->set_batcher(batcher);
     for (size_t i = 0; i < n; ++i) executors.push_back(std::make_unique<DeviceGroupExecutor>(shared, i));
   } else {
     for (auto& s : group.sessions) {
-      executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.full_pool));
+      executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.full_pool, batcher));
     }
   }
   // The tokenizer lives inside the model: share the model's lifetime.
@@ -342,12 +364,14 @@ Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, co
         o.kv_blocks > 0 ? o.kv_blocks : o.n_workers * ((n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens);
   }
   std::shared_ptr<const Tokenizer> tok = model.tokenizer;
-  auto group = std::make_shared<OnDemandGroup>(env, std::move(model), group_options(o, n_ctx));
+  auto batcher = make_batcher(env, o);
+  auto group = std::make_shared<OnDemandGroup>(env, std::move(model), group_options(o, n_ctx), batcher);
   std::vector<std::unique_ptr<Executor>> executors;
   for (int32_t i = 0; i < o.n_workers; ++i) {
     executors.push_back(std::make_unique<OnDemandExecutor>(group, static_cast<size_t>(i)));
   }
   EngineServing out;
+  out.batcher = batcher;
   SPW_ASSIGN_OR_RETURN(out.scheduler, Scheduler::create(env, std::move(tok), std::move(executors), std::move(so)));
   out.placement_detail = "cpu (on-demand: loaded at the first request)";
   return out;

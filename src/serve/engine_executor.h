@@ -38,6 +38,7 @@
 #include "core/env.h"
 #include "core/placement.h"
 #include "core/status.h"
+#include "engine/step_batcher.h"
 #include "model/model.h"
 #include "serve/scheduler.h"
 
@@ -62,6 +63,11 @@ struct EngineServeOptions {
   bool kv_gate = false;
   admission::PathRates prior_rates{200.0, 20.0, 1.0, 0, false};
   int32_t checkpoint_every = 0;  // SchedulerOptions::checkpoint_every
+  // Continuous batching (engine/step_batcher.h): the workers' decode steps
+  // share one pass over the weights; a step waits at most batch_max_wait_us
+  // for a member busy elsewhere. Off, or one worker: each runs alone.
+  bool batching = true;
+  int32_t batch_max_wait_us = 1000;
   // With layers on Vulkan: told (on the worker's thread) after the session
   // group re-opened itself following a re-initialisation of the device, with
   // the outcome and how long it took (weights upload and pools). Null: none.
@@ -75,6 +81,8 @@ struct EngineServing {
   std::shared_ptr<VulkanBackend> vulkan;
   // What was built, e.g. "hybrid: layers 0-2 vulkan (llvmpipe ...), 3-4 cpu".
   std::string placement_detail;
+  // The workers' step batcher (null: batching off or one worker).
+  std::shared_ptr<StepBatcher> batcher;
 };
 
 Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Model> model,

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -457,6 +458,97 @@ TEST(Scheduler, AnInterruptedJournaledRequestKeepsItsCheckpointInTheJournal) {
   EXPECT_EQ(cp->text, testing::FakeExecutor::text_of(10));
   (*s)->shutdown(std::chrono::milliseconds(0));
   std::filesystem::remove_all(dir);
+}
+
+
+// Continuous batching: requests with different prompts, samplers, stop rules
+// and lengths running side by side in one batch give exactly the text each
+// gives alone; checkpoints taken inside the batch resume inside one too.
+TEST(Scheduler, BatchedWorkersGiveEachRequestItsTextAlone) {
+  auto model = stories();
+  ASSERT_NE(model, nullptr);
+  std::vector<GenerationRequest> reqs;
+  const char* prompts[] = {"Once upon a time", "The little dog", "Lily and Ben went to the park", "One day",
+                           "The sun was shining", "Tom had a red ball"};
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest g = greedy(prompts[i], 24 + 8 * i);
+    if (i % 2 == 1) {
+      g.sampler.temperature = 0.8f;
+      g.sampler.seed = 1000 + i;
+    }
+    if (i == 4) g.stop = {"."};
+    g.record_id = 100 + i;  // checkpointed
+    reqs.push_back(g);
+  }
+  EngineServeOptions alone_o;
+  alone_o.n_workers = 1;
+  auto alone = make_engine_scheduler(Env::default_env(), model, alone_o);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(alone->batcher, nullptr) << "one worker: nothing to batch with";
+  std::vector<std::string> want;
+  for (const auto& g : reqs) {
+    auto t = alone->scheduler->submit(g);
+    ASSERT_TRUE(t.ok());
+    Collected c = collect(**t);
+    ASSERT_EQ(c.fin.state, RequestState::kDone);
+    want.push_back(c.text);
+  }
+
+  auto log = std::make_shared<CheckpointLog>();
+  EngineServeOptions o;
+  o.n_workers = 4;
+  o.n_threads = 2;
+  o.observer = log;
+  o.checkpoint_every = 8;
+  auto batched = make_engine_scheduler(Env::default_env(), model, o);
+  ASSERT_TRUE(batched.ok());
+  ASSERT_NE(batched->batcher, nullptr);
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  for (const auto& g : reqs) {
+    auto t = batched->scheduler->submit(g);
+    ASSERT_TRUE(t.ok());
+    tickets.push_back(*t);
+  }
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    Collected c = collect(*tickets[i]);
+    EXPECT_EQ(c.fin.state, RequestState::kDone);
+    EXPECT_EQ(c.text, want[i]) << "request " << i << " in a batch";
+  }
+  const StepBatcherStats st = batched->batcher->stats();
+  EXPECT_GE(st.max_batch, 2) << "requests shared steps";
+  EXPECT_GT(st.tokens, st.steps) << "more tokens than passes over the weights";
+  EXPECT_EQ(batched->batcher->members(), 0) << "every run left the batch";
+
+  // Resume checkpoints taken in the batch, again side by side.
+  std::vector<Checkpoint> cps;
+  {
+    std::lock_guard<std::mutex> lock(log->mu);
+    cps = log->all;
+  }
+  ASSERT_GE(cps.size(), 4u);
+  std::vector<std::pair<std::shared_ptr<Ticket>, std::string>> resumed;
+  for (size_t i = 0; i < 4; ++i) {
+    const Checkpoint& cp = cps[cps.size() - 1 - i];
+    // Which request: the one whose uninterrupted text starts with it and
+    // whose prompt tokens it holds.
+    PreparedRequest p;
+    p.job.resume = std::make_shared<const Checkpoint>(cp);
+    p.job.max_tokens = cp.options.max_tokens;
+    p.job.sampler = cp.options.sampler;
+    p.limits.n_ctx = batched->scheduler->n_ctx();
+    p.limits.prompt_tokens = cp.n_prompt;
+    p.limits.max_tokens = cp.options.max_tokens;
+    p.text_before = cp.text;
+    auto t = batched->scheduler->submit_prepared(std::move(p));
+    ASSERT_TRUE(t.ok());
+    resumed.emplace_back(*t, cp.text);
+  }
+  for (auto& [t, prefix] : resumed) {
+    Collected c = collect(*t);
+    EXPECT_EQ(c.fin.state, RequestState::kDone);
+    const std::string whole = prefix + c.text;
+    EXPECT_NE(std::find(want.begin(), want.end(), whole), want.end()) << "resumed text matches no request: " << whole;
+  }
 }
 
 }  // namespace

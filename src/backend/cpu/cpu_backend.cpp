@@ -1,5 +1,6 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -33,23 +34,41 @@ Status CpuBackend::embed(const Model& model, std::span<const TokenId> tokens, fl
 
 Status CpuBackend::forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end,
                                   const KvSequence& kv, int32_t pos0, int32_t n_tokens, float* hidden) {
+  const SeqSlice one{kv, pos0, n_tokens};
+  return forward_batch(model, layer_begin, layer_end, std::span<const SeqSlice>(&one, 1), hidden);
+}
+
+Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
+                                 std::span<const SeqSlice> slices, float* hidden) {
   const LlamaHparams& hp = model.hparams();
-  KvPool* pool = kv.pool;
-  if (pool == nullptr || kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
-  const auto& kvo = pool->options();
-  if (layer_begin < kvo.layer_begin || layer_end > kvo.layer_end || layer_begin > layer_end ||
-      layer_end > hp.n_layer) {
-    return Status::invalid_argument("forward_layers: layers [" + std::to_string(layer_begin) + ", " +
-                                    std::to_string(layer_end) + ") outside the KV pool's [" +
-                                    std::to_string(kvo.layer_begin) + ", " + std::to_string(kvo.layer_end) +
-                                    ")");
-  }
-  if (kvo.n_embd_kv != hp.n_embd_kv()) return Status::invalid_argument("forward_layers: KV width mismatch");
-  const int32_t bt = pool->block_tokens();
-  if (n_tokens <= 0 || pos0 < 0 || kv.table->capacity_tokens(bt) < pos0 + n_tokens) {
-    return Status::invalid_argument("forward_layers: KV table holds " +
-                                    std::to_string(kv.table->capacity_tokens(bt)) + " positions, need " +
-                                    std::to_string(pos0 + n_tokens));
+  if (slices.empty()) return Status::invalid_argument("forward_batch: no sequences");
+  // Every row's sequence, position and KV: rows are the slices' rows in order.
+  struct Row {
+    const SeqSlice* seq;
+    int32_t pos;
+  };
+  std::vector<Row> rows;
+  int32_t max_pos = 0;
+  for (const SeqSlice& sl : slices) {
+    KvPool* pool = sl.kv.pool;
+    if (pool == nullptr || sl.kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
+    const auto& kvo = pool->options();
+    if (layer_begin < kvo.layer_begin || layer_end > kvo.layer_end || layer_begin > layer_end ||
+        layer_end > hp.n_layer) {
+      return Status::invalid_argument("forward_layers: layers [" + std::to_string(layer_begin) + ", " +
+                                      std::to_string(layer_end) + ") outside the KV pool's [" +
+                                      std::to_string(kvo.layer_begin) + ", " + std::to_string(kvo.layer_end) +
+                                      ")");
+    }
+    if (kvo.n_embd_kv != hp.n_embd_kv()) return Status::invalid_argument("forward_layers: KV width mismatch");
+    const int32_t bt = pool->block_tokens();
+    if (sl.n_tokens <= 0 || sl.pos0 < 0 || sl.kv.table->capacity_tokens(bt) < sl.pos0 + sl.n_tokens) {
+      return Status::invalid_argument("forward_layers: KV table holds " +
+                                      std::to_string(sl.kv.table->capacity_tokens(bt)) + " positions, need " +
+                                      std::to_string(sl.pos0 + sl.n_tokens));
+    }
+    for (int32_t t = 0; t < sl.n_tokens; ++t) rows.push_back({&sl, sl.pos0 + t});
+    max_pos = std::max(max_pos, sl.pos0 + sl.n_tokens);
   }
 
   const int64_t n_embd = hp.n_embd;
@@ -58,8 +77,7 @@ Status CpuBackend::forward_layers(const Model& model, int32_t layer_begin, int32
   const int32_t hd = hp.head_dim();
   const int32_t n_head = hp.n_head;
   const int32_t n_gqa = hp.n_gqa();
-  const int64_t n = n_tokens;
-  const auto& blocks = kv.table->blocks();
+  const auto n = static_cast<int64_t>(rows.size());
 
   std::vector<float> cur(static_cast<size_t>(n * n_embd));
   std::vector<float> q(static_cast<size_t>(n * n_embd));
@@ -70,38 +88,53 @@ Status CpuBackend::forward_layers(const Model& model, int32_t layer_begin, int32
   std::vector<float> up(static_cast<size_t>(n * n_ff));
   const int32_t half = hp.n_rot / 2;
   std::vector<float> rc(static_cast<size_t>(n * half)), rs(static_cast<size_t>(n * half));
-  cpu::rope_table(pos0, n_tokens, hp.n_rot, hp.rope_freq_base, rc.data(), rs.data());
+  {
+    int64_t row = 0;
+    for (const SeqSlice& sl : slices) {
+      cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, rc.data() + row * half, rs.data() + row * half);
+      row += sl.n_tokens;
+    }
+  }
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const LlamaLayerWeights& L = model.layer(il);
-    const int32_t lp = il - kvo.layer_begin;
     for (int64_t t = 0; t < n; ++t)
       cpu::rms_norm(hidden + t * n_embd, L.attn_norm.data(), n_embd, hp.rms_eps, cur.data() + t * n_embd);
+    // One pass over the weights for every row of every sequence.
     const cpu::MatmulOut qkv[3] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
     cpu::matmul_fused(qkv, 3, cur.data(), n, pool_.get());
     for (int64_t t = 0; t < n; ++t) {
+      const Row& r = rows[static_cast<size_t>(t)];
+      KvPool* kvp = r.seq->kv.pool;
+      const int32_t lp = il - kvp->options().layer_begin;
+      const int32_t bt = kvp->block_tokens();
       cpu::rope_apply(q.data() + t * n_embd, n_head, hd, hp.n_rot, rc.data() + t * half, rs.data() + t * half);
       cpu::rope_apply(k.data() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, rc.data() + t * half,
                       rs.data() + t * half);
-      const int32_t pos = pos0 + static_cast<int32_t>(t);
-      const int32_t blk = blocks[static_cast<size_t>(pos / bt)];
-      const int32_t slot = pos % bt;
-      std::copy_n(k.data() + t * n_kv, n_kv, pool->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
-      std::copy_n(v.data() + t * n_kv, n_kv, pool->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+      const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
+      const int32_t slot = r.pos % bt;
+      std::copy_n(k.data() + t * n_kv, n_kv, kvp->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+      std::copy_n(v.data() + t * n_kv, n_kv, kvp->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
     }
-    // Attention: one work item per (token, head); each reads K/V through the
-    // block table in position order, so the sums do not depend on the batch.
+    // Attention: one work item per (row, head); each reads its sequence's
+    // K/V through its block table in position order, so the sums depend
+    // neither on the batch nor on the other sequences in it.
     auto attend = [&](int64_t i0, int64_t i1) {
-      std::vector<float> scores(static_cast<size_t>(pos0 + n_tokens));
+      std::vector<float> scores(static_cast<size_t>(max_pos));
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t t = i / n_head;
+        const Row& r = rows[static_cast<size_t>(t)];
+        KvPool* kvp = r.seq->kv.pool;
+        const int32_t lp = il - kvp->options().layer_begin;
+        const int32_t bt = kvp->block_tokens();
+        const auto& blocks = r.seq->kv.table->blocks();
         const int32_t h = static_cast<int32_t>(i % n_head);
         const int32_t kvh = h / n_gqa;
-        const int32_t pos = pos0 + static_cast<int32_t>(t);
+        const int32_t pos = r.pos;
         const float* qh = q.data() + t * n_embd + static_cast<int64_t>(h) * hd;
         for (int32_t p = 0; p <= pos; ++p) {
-          const float* kp = pool->k(blocks[static_cast<size_t>(p / bt)], lp) +
+          const float* kp = kvp->k(blocks[static_cast<size_t>(p / bt)], lp) +
                             static_cast<int64_t>(p % bt) * n_kv + static_cast<int64_t>(kvh) * hd;
           scores[static_cast<size_t>(p)] = cpu::dot_f32(kp, qh, hd) * kq_scale;
         }
@@ -109,15 +142,15 @@ Status CpuBackend::forward_layers(const Model& model, int32_t layer_begin, int32
         float* out = att.data() + t * n_embd + static_cast<int64_t>(h) * hd;
         std::fill(out, out + hd, 0.0f);
         for (int32_t p = 0; p <= pos; ++p) {
-          const float* vp = pool->v(blocks[static_cast<size_t>(p / bt)], lp) +
+          const float* vp = kvp->v(blocks[static_cast<size_t>(p / bt)], lp) +
                             static_cast<int64_t>(p % bt) * n_kv + static_cast<int64_t>(kvh) * hd;
           const float a = scores[static_cast<size_t>(p)];
           for (int32_t d = 0; d < hd; ++d) out[d] += a * vp[d];
         }
       }
     };
-    // Work ~ tokens * heads * positions * head_dim; small jobs stay on this thread.
-    const int64_t attn_work = n * n_head * (pos0 + n) * hd;
+    // Work ~ rows * heads * positions * head_dim; small jobs stay on this thread.
+    const int64_t attn_work = n * n_head * max_pos * hd;
     if (attn_work >= (1 << 17)) {
       pool_->parallel_for(n * n_head, attend);
     } else {

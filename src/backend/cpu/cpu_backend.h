@@ -30,6 +30,10 @@ class CpuBackend final : public Backend {
   Status embed(const Model& model, std::span<const TokenId> tokens, float* hidden) override;
   Status forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end, const KvSequence& kv,
                         int32_t pos0, int32_t n_tokens, float* hidden) override;
+  // Every sequence's rows share each weight pass (matmuls over all rows);
+  // attention stays per row, through its own sequence's KV.
+  Status forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end, std::span<const SeqSlice> slices,
+                       float* hidden) override;
   Status output(const Model& model, const float* hidden, int32_t n_rows, float* logits) override;
 
  private:
