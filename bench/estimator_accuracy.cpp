@@ -53,6 +53,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -62,6 +63,7 @@
 #include "core/env.h"
 #include "core/placement.h"
 #include "device/host_memory.h"
+#include "engine/step_batcher.h"
 #include "engine/device_session.h"
 #include "model/model.h"
 #include "tools/modelgen/random_llama.h"
@@ -169,15 +171,23 @@ std::vector<TokenId> tokens(int32_t n, int32_t n_vocab, int32_t salt) {
 
 // Fills a session to n_ctx: prefill, two decode steps, one full ubatch ending at
 // n_ctx (the estimator's worst case: its attention rows span the whole context).
-Status fill_context(Session& s, int32_t n_ctx, int32_t n_ubatch, int32_t n_vocab, int32_t salt) {
+// With a batcher the decode steps are batched with the other sessions' (as
+// the server's workers run them: engine/step_batcher.h), so the measured peak
+// covers a batched step's buffers too.
+Status fill_context(Session& s, int32_t n_ctx, int32_t n_ubatch, int32_t n_vocab, int32_t salt,
+                    StepBatcher* batcher = nullptr) {
   const int32_t prefill = n_ctx - n_ubatch - 2;
   if (prefill < 1) {
     return Status::invalid_argument("ctx " + std::to_string(n_ctx) + " too small for ubatch " +
                                     std::to_string(n_ubatch));
   }
   SPW_RETURN_IF_ERROR(s.eval(tokens(prefill, n_vocab, salt)).status());
-  SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 1)).status());
-  SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 2)).status());
+  {
+    std::optional<StepBatcher::Membership> member;
+    if (batcher != nullptr) member.emplace(batcher->join(s));
+    SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 1)).status());
+    SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 2)).status());
+  }
   SPW_RETURN_IF_ERROR(s.eval(tokens(n_ubatch, n_vocab, salt + 3)).status());
   if (s.n_past() != n_ctx) return Status::internal("session did not reach n_ctx");
   return Status();
@@ -188,9 +198,11 @@ Status fill_context(Session& s, int32_t n_ctx, int32_t n_ubatch, int32_t n_vocab
 Status fill_group(SessionGroup& group, const Case& c, int32_t n_vocab) {
   std::vector<Status> st(group.sessions.size());
   std::vector<std::thread> workers;
+  StepBatcher batcher(Env::default_env());
+  StepBatcher* b = group.sessions.size() > 1 ? &batcher : nullptr;
   for (size_t i = 0; i < group.sessions.size(); ++i) {
     workers.emplace_back(
-        [&, i] { st[i] = fill_context(*group.sessions[i], c.ctx, c.ubatch, n_vocab, static_cast<int32_t>(i)); });
+        [&, i] { st[i] = fill_context(*group.sessions[i], c.ctx, c.ubatch, n_vocab, static_cast<int32_t>(i), b); });
   }
   for (auto& w : workers) w.join();
   for (const Status& s : st) SPW_RETURN_IF_ERROR(s);

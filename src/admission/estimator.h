@@ -29,6 +29,9 @@
 //             stores F32 whatever kv_type says); the block stack and pool object
 //             are host heap and counted in the host's kv.
 //   scratch   host: per-ubatch compute buffers, n_parallel sessions in flight
+//             (a batched decode step of B <= n_parallel sequences holds B
+//             rows, never more than the B ubatches it stands for; checked by
+//             bench/estimator_accuracy, whose parallel cases batch their steps)
 //             (see ScratchTerms for each term and where in the engine it comes
 //             from). GPU: the VulkanBackend's persistent Scratch buffers (see
 //             GpuTerms), one set per backend whatever n_parallel is (calls are

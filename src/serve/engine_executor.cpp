@@ -215,9 +215,11 @@ class DeviceGroupExecutor final : public Executor {
 };
 
 // The group's step batcher: with several workers and batching on (one
-// worker has nothing to batch with).
-std::shared_ptr<StepBatcher> make_batcher(Env& env, const EngineServeOptions& o) {
-  if (!o.batching || o.n_workers < 2) return nullptr;
+// worker has nothing to batch with), and some layers on the CPU, the backend
+// whose forward_batch shares the weight pass (the Vulkan backend runs a
+// batch's sequences one by one: batching would only serialise its workers).
+std::shared_ptr<StepBatcher> make_batcher(Env& env, const EngineServeOptions& o, int32_t n_layer) {
+  if (!o.batching || o.n_workers < 2 || o.device.gpu_layer_count(n_layer) >= n_layer) return nullptr;
   return std::make_shared<StepBatcher>(env, static_cast<int64_t>(o.batch_max_wait_us) * 1000);
 }
 
@@ -331,7 +333,7 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   out.vulkan = group.vulkan;
   out.placement_detail = group.placement;
   std::vector<std::unique_ptr<Executor>> executors;
-  auto batcher = make_batcher(env, o);
+  auto batcher = make_batcher(env, o, hp.n_layer);
   out.batcher = batcher;
   if (group.vulkan && group.n_gpu_layers > 0) {
     // Layers on a device: a group that can re-open itself after the device
@@ -364,7 +366,7 @@ Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, co
         o.kv_blocks > 0 ? o.kv_blocks : o.n_workers * ((n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens);
   }
   std::shared_ptr<const Tokenizer> tok = model.tokenizer;
-  auto batcher = make_batcher(env, o);
+  auto batcher = make_batcher(env, o, hp.n_layer);
   auto group = std::make_shared<OnDemandGroup>(env, std::move(model), group_options(o, n_ctx), batcher);
   std::vector<std::unique_ptr<Executor>> executors;
   for (int32_t i = 0; i < o.n_workers; ++i) {

@@ -65,7 +65,8 @@ struct EngineServeOptions {
   int32_t checkpoint_every = 0;  // SchedulerOptions::checkpoint_every
   // Continuous batching (engine/step_batcher.h): the workers' decode steps
   // share one pass over the weights; a step waits at most batch_max_wait_us
-  // for a member busy elsewhere. Off, or one worker: each runs alone.
+  // for a member busy elsewhere. Off, one worker, or every layer on Vulkan
+  // (whose forward_batch does not share the pass yet): each runs alone.
   bool batching = true;
   int32_t batch_max_wait_us = 1000;
   // With layers on Vulkan: told (on the worker's thread) after the session
