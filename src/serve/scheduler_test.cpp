@@ -16,6 +16,8 @@
 #include "engine/engine_test_util.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
+#include "backend/vulkan/vulkan_backend.h"
+#include "core/placement.h"
 #include "serve/journal_observer.h"
 #include "serve/testing/collect.h"
 #include "serve/testing/fake_executor.h"
@@ -464,7 +466,7 @@ TEST(Scheduler, AnInterruptedJournaledRequestKeepsItsCheckpointInTheJournal) {
 // Continuous batching: requests with different prompts, samplers, stop rules
 // and lengths running side by side in one batch give exactly the text each
 // gives alone; checkpoints taken inside the batch resume inside one too.
-TEST(Scheduler, BatchedWorkersGiveEachRequestItsTextAlone) {
+void batched_equals_alone(const Placement& where) {
   auto model = stories();
   ASSERT_NE(model, nullptr);
   std::vector<GenerationRequest> reqs;
@@ -481,9 +483,10 @@ TEST(Scheduler, BatchedWorkersGiveEachRequestItsTextAlone) {
     reqs.push_back(g);
   }
   EngineServeOptions alone_o;
+  alone_o.device = where;
   alone_o.n_workers = 1;
   auto alone = make_engine_scheduler(Env::default_env(), model, alone_o);
-  ASSERT_TRUE(alone.ok());
+  ASSERT_TRUE(alone.ok()) << alone.status().to_string();
   EXPECT_EQ(alone->batcher, nullptr) << "one worker: nothing to batch with";
   std::vector<std::string> want;
   for (const auto& g : reqs) {
@@ -496,12 +499,13 @@ TEST(Scheduler, BatchedWorkersGiveEachRequestItsTextAlone) {
 
   auto log = std::make_shared<CheckpointLog>();
   EngineServeOptions o;
+  o.device = where;
   o.n_workers = 4;
   o.n_threads = 2;
   o.observer = log;
   o.checkpoint_every = 8;
   auto batched = make_engine_scheduler(Env::default_env(), model, o);
-  ASSERT_TRUE(batched.ok());
+  ASSERT_TRUE(batched.ok()) << batched.status().to_string();
   ASSERT_NE(batched->batcher, nullptr);
   std::vector<std::shared_ptr<Ticket>> tickets;
   for (const auto& g : reqs) {
@@ -549,6 +553,18 @@ TEST(Scheduler, BatchedWorkersGiveEachRequestItsTextAlone) {
     const std::string whole = prefix + c.text;
     EXPECT_NE(std::find(want.begin(), want.end(), whole), want.end()) << "resumed text matches no request: " << whole;
   }
+}
+
+TEST(Scheduler, BatchedWorkersGiveEachRequestItsTextAlone) { batched_equals_alone(Placement::cpu()); }
+
+// Hybrid: layers 0-1 on Vulkan (lavapipe here; skipped without a device),
+// the rest batched on the CPU.
+TEST(Scheduler, BatchedHybridWorkersGiveEachRequestItsTextAlone) {
+  auto devs = list_vulkan_devices();
+  if (!devs.ok() || devs->empty()) GTEST_SKIP() << "no Vulkan device";
+  auto where = Placement::parse("hybrid:2");
+  ASSERT_TRUE(where.ok());
+  batched_equals_alone(*where);
 }
 
 }  // namespace
