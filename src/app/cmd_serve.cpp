@@ -275,6 +275,13 @@ void add_serve(CLI::App& app, int& exit_code) {
   first->add_option("--parallel", g.parallel, "Requests the first path generates at once (workers)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  first->add_flag("!--no-batching", g.batching,
+                   "Let each worker pass over the weights alone (default: the CPU layers of a path's workers decode "
+                   "their next tokens in one shared pass, continuous batching)");
+  first->add_option("--batch-max-wait-us", g.batch_max_wait_us,
+                    "How long a batched decode step waits for a worker busy elsewhere before it starts without it")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
   first->add_option("--queue", g.queue, "Requests that may wait on the first path")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

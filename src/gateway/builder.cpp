@@ -539,6 +539,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     so.path_name = ps.name;
     so.kv_gate = true;
     so.checkpoint_every = o.checkpoint_every;
+    so.batching = o.batching;
+    so.batch_max_wait_us = o.batch_max_wait_us;
     if (ps.device) {
       // The session group re-opens itself after the device was
       // re-initialised; its time is part of the recovery shown in status.

@@ -75,6 +75,9 @@ struct GatewayOptions {
   int32_t ctx = 0;              // its context (0: the model's)
   int32_t kv_blocks = 0;        // its KV pool in blocks of 16 (0: what fits, up to parallel x ctx)
   int threads = 0;              // CPU threads (0: all)
+  // Continuous batching of every path's workers (serve::EngineServeOptions).
+  bool batching = true;
+  int32_t batch_max_wait_us = 1000;
   // CPU fallback path (with a GPU first path).
   bool cpu_fallback = true;
   int32_t cpu_parallel = 1;
