@@ -17,25 +17,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { createRequire } from 'node:module';
-
-const BINARY = process.env.SPILLWAY_BINARY;
-const SOURCE_DIR = process.env.SPILLWAY_SOURCE_DIR;
-if (!BINARY || !SOURCE_DIR) {
-  throw new Error('gateway_admission.test.mjs: set SPILLWAY_BINARY (the spillway binary) and SPILLWAY_SOURCE_DIR (the repository root)');
-}
-
-// The client, from tests/npm/node_modules; a clear failure when it is missing.
-let OpenAI;
-try {
-  const require = createRequire(path.join(SOURCE_DIR, 'tests', 'npm', 'package.json'));
-  const resolved = require.resolve('openai');
-  OpenAI = (await import(resolved)).default;
-} catch (e) {
-  throw new Error(
-    `the openai npm package is not installed in ${path.join(SOURCE_DIR, 'tests', 'npm', 'node_modules')}: ` +
-      `run scripts/setup or (cd tests/npm && npm install --no-audit --no-fund --no-package-lock) [${e.message}]`);
-}
+import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded, sleep } from './harness.mjs';
 
 // The GPU path's device budget and context: 3.6 MiB leaves 12 KV blocks of 16
 // tokens (192 positions) after the weights and scratch (3.18 MiB) on
@@ -46,24 +28,12 @@ try {
 // ~50 ms, too soon to queue and cancel another behind it).
 // Under a sanitizer the engine is far slower (the 1500-token CPU generation
 // below takes ~67 s under TSan against ~3 s in release): its wait scales.
-const SLOWDOWN = process.env.SPILLWAY_SANITIZE ? 4 : 1;
 const DEVICE_MEMORY = '3.6MiB';
 const CTX = 512;
 const CPU_CTX = 2048;
-const MODEL = path.join(SOURCE_DIR, 'models', 'stories260K.gguf');
 const LONG_PROMPT = Array(40).fill('the little dog ran to the park').join(' ');
 const SHORT_PROMPT = 'Once upon a time';
 
-// A promise with a deadline: rejects naming `what` after `ms`.
-function bounded(promise, ms, what) {
-  let timer;
-  const deadline = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms);
-  });
-  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 describe('spillway serve through the openai client', () => {
   let server;        // the child process

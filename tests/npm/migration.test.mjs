@@ -32,30 +32,11 @@ import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { createRequire } from 'node:module';
+import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, sleep } from './harness.mjs';
 
-const BINARY = process.env.SPILLWAY_BINARY;
-const SOURCE_DIR = process.env.SPILLWAY_SOURCE_DIR;
-if (!BINARY || !SOURCE_DIR) {
-  throw new Error('migration.test.mjs: set SPILLWAY_BINARY (the spillway binary) and SPILLWAY_SOURCE_DIR (the repository root)');
-}
 // The model generator sits next to the binary in a build tree.
 const GEN_MODEL = process.env.SPILLWAY_GEN_MODEL || path.join(path.dirname(BINARY), 'spillway-gen-model');
 
-let OpenAI;
-try {
-  const require = createRequire(path.join(SOURCE_DIR, 'tests', 'npm', 'package.json'));
-  const resolved = require.resolve('openai');
-  OpenAI = (await import(resolved)).default;
-} catch (e) {
-  throw new Error(
-    `the openai npm package is not installed in ${path.join(SOURCE_DIR, 'tests', 'npm', 'node_modules')}: ` +
-      `run scripts/setup or (cd tests/npm && npm install --no-audit --no-fund --no-package-lock) [${e.message}]`);
-}
-
-// Under a sanitizer everything is several times slower: waits scale.
-const SLOWDOWN = process.env.SPILLWAY_SANITIZE ? 4 : 1;
-const MODEL = path.join(SOURCE_DIR, 'models', 'stories260K.gguf');
 const TOKEN = 'migration-drill-token';
 const PROMPT = 'Once upon a time';
 const MAX_TOKENS = 60;
@@ -67,16 +48,8 @@ const LONG_PROMPT = Array(12).fill('the little dog ran to the park').join(' ');
 // a device loss after 20 submissions hits the stream at about token 6.
 const LOST_AFTER_SUBMITS = 20;
 
-// A promise with a deadline: rejects naming `what` after `ms`.
-function bounded(promise, ms, what) {
-  let timer;
-  const deadline = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms * SLOWDOWN);
-  });
-  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// Every deadline scales with the sanitizer's slowdown.
+const bounded = (promise, ms, what) => boundedBy(promise, ms, what, SLOWDOWN);
 
 // `spillway serve` as a child process; resolves once it listens.
 async function startServer(name, args) {
