@@ -37,7 +37,7 @@
 #include "core/env.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
-#include "tools/modelgen/random_llama.h"
+#include "bench_models.h"
 
 namespace {
 
@@ -216,24 +216,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (model_path.empty()) {
-    std::filesystem::create_directories(models_dir);
-    model_path = models_dir + "/recovery-110m-q8_0.gguf";
-    if (!std::filesystem::exists(model_path)) {
-      spw::modelgen::RandomLlamaSpec spec;
-      spec.n_embd = 768;
-      spec.n_layer = 12;
-      spec.n_head = 12;
-      spec.n_head_kv = 12;
-      spec.n_ff = 2048;
-      spec.n_ctx = 2048;
-      spec.type = spw::gguf::GgmlType::kQ8_0;
-      spec.vocab_path = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
-      const spw::Status st = spw::modelgen::write_random_llama(spw::Env::default_env(), model_path, spec);
-      if (!st.ok()) {
-        std::fprintf(stderr, "batching_bench: generating %s: %s\n", model_path.c_str(), st.to_string().c_str());
-        return 1;
-      }
-    }
+    model_path = spw::bench::ensure_110m_q8_0(models_dir, "batching_bench");
+    if (model_path.empty()) return 1;
   }
   auto loaded = spw::Model::load(spw::Env::default_env(), model_path);
   if (!loaded.ok()) {

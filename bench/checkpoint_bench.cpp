@@ -63,7 +63,7 @@
 #include "model/model.h"
 #include "serve/engine_executor.h"
 #include "serve/journal_observer.h"
-#include "tools/modelgen/random_llama.h"
+#include "bench_models.h"
 
 namespace {
 
@@ -220,24 +220,7 @@ std::string fs_type(const fs::path& p) {
 }
 
 std::string generated_model(const std::string& models_dir) {
-  fs::create_directories(models_dir);
-  const std::string path = models_dir + "/recovery-110m-q8_0.gguf";  // recovery_bench's file and spec
-  if (fs::exists(path)) return path;
-  spw::modelgen::RandomLlamaSpec spec;
-  spec.n_embd = 768;
-  spec.n_layer = 12;
-  spec.n_head = 12;
-  spec.n_head_kv = 12;
-  spec.n_ff = 2048;
-  spec.n_ctx = 2048;
-  spec.type = spw::gguf::GgmlType::kQ8_0;
-  spec.vocab_path = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
-  const spw::Status st = spw::modelgen::write_random_llama(spw::Env::default_env(), path, spec);
-  if (!st.ok()) {
-    std::fprintf(stderr, "checkpoint_bench: generating %s: %s\n", path.c_str(), st.to_string().c_str());
-    return "";
-  }
-  return path;
+  return spw::bench::ensure_110m_q8_0(models_dir, "checkpoint_bench");  // recovery_bench's file and spec
 }
 
 }  // namespace

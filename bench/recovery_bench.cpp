@@ -69,7 +69,7 @@
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
 #include "gateway/builder.h"
-#include "tools/modelgen/random_llama.h"
+#include "bench_models.h"
 
 namespace {
 
@@ -439,11 +439,6 @@ MidSample measure_midstream(const std::string& model, const std::string& mode, i
   return s;
 }
 
-std::string generate_model(const std::string& path, const spw::modelgen::RandomLlamaSpec& spec) {
-  if (std::filesystem::exists(path)) return "";
-  const spw::Status st = spw::modelgen::write_random_llama(spw::Env::default_env(), path, spec);
-  return st.ok() ? "" : st.to_string();
-}
 
 std::string fmt(const char* f, double x) {
   char b[64];
@@ -482,38 +477,15 @@ int main(int argc, char** argv) {
   const bool midstream = scenario != "first-token";
 
   std::filesystem::create_directories(models_dir);
-  const std::string vocab = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
   if (first_token && model.empty()) {
-    model = models_dir + "/recovery-110m-q8_0.gguf";
-    spw::modelgen::RandomLlamaSpec spec;
-    spec.n_embd = 768;
-    spec.n_layer = 12;
-    spec.n_head = 12;
-    spec.n_head_kv = 12;
-    spec.n_ff = 2048;
-    spec.n_ctx = 2048;
-    spec.type = spw::gguf::GgmlType::kQ8_0;
-    spec.vocab_path = vocab;
-    if (const std::string e = generate_model(model, spec); !e.empty()) {
-      std::fprintf(stderr, "recovery_bench: generating %s: %s\n", model.c_str(), e.c_str());
-      return 1;
-    }
+    model = spw::bench::ensure_110m_q8_0(models_dir, "recovery_bench");
+    if (model.empty()) return 1;
   }
   if (midstream && mid_model.empty()) {
-    mid_model = models_dir + "/midstream-15m-f32.gguf";
-    spw::modelgen::RandomLlamaSpec spec;
-    spec.n_embd = 288;
-    spec.n_layer = 6;
-    spec.n_head = 6;
-    spec.n_head_kv = 6;
-    spec.n_ff = 768;
-    spec.n_ctx = 2048;
-    spec.type = spw::gguf::GgmlType::kF32;
-    spec.vocab_path = vocab;
-    if (const std::string e = generate_model(mid_model, spec); !e.empty()) {
-      std::fprintf(stderr, "recovery_bench: generating %s: %s\n", mid_model.c_str(), e.c_str());
-      return 1;
-    }
+    mid_model = spw::bench::ensure_model(models_dir, "midstream-15m-f32.gguf",
+                                         spw::bench::llama_spec(288, 6, 6, 768, spw::gguf::GgmlType::kF32),
+                                         "recovery_bench");
+    if (mid_model.empty()) return 1;
   }
 
   std::vector<Sample> samples;
