@@ -714,7 +714,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   SPW_ASSIGN_OR_RETURN(out.gateway, Gateway::create(env, std::move(paths), std::move(not_built), std::move(policy)));
   // Migration between the GPU-side and CPU paths needs their equivalence
   // verified (the policy's log prints each result); an on-demand replica is
-  // not loaded for it, so a fault mid-stream ends resumable there.
+  // not loaded for it (never checked), so a fault mid-stream ends with a
+  // resumable error there and a resume continues it.
   if (o.warmup) (void)out.gateway->verify_equivalence();
   return out;
 }

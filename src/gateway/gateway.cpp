@@ -289,8 +289,6 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
       const ExecutionPath& a = paths_[i];
       const ExecutionPath& b = paths_[j];
       if (a.fingerprint.empty() || a.fingerprint != b.fingerprint || a.placement == b.placement) continue;
-      // Not loaded (on demand): checking would load it; checked once it is.
-      if (!a.replica->info().loaded || !b.replica->info().loaded) continue;
       const std::string key = equivalence_key(a.fingerprint, a.placement, b.placement);
       {
         std::lock_guard<std::mutex> lk(mu_);
@@ -302,6 +300,16 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
       info.placement_a = a.placement;
       info.placement_b = b.placement;
       info.fingerprint = a.fingerprint;
+      // Not loaded (on demand): checking would load it, which is what the
+      // mode avoids. Recorded as not passed, so that status says why a fault
+      // mid-stream there ends with a resumable error (resume continues it).
+      if (!a.replica->info().loaded || !b.replica->info().loaded) {
+        info.detail = "not checked: the " + (a.replica->info().loaded ? b.name : a.name) +
+                      " path's on-demand replica is not loaded (checking would load it)";
+        std::lock_guard<std::mutex> lk(mu_);
+        equivalence_[key] = info;
+        continue;
+      }
       info.passed = true;
       const int64_t t0 = env_.now_ns();
       int32_t runs = 0;

@@ -338,7 +338,9 @@ class Gateway {
   // seeded on both, side by side; equal text everywhere passes. Blocks
   // until done (each run bounded by equivalence_timeout_s); returns every
   // result so far. Paths on one placement are equivalent by the backend's
-  // contract (bitwise batch invariance) and are not run.
+  // contract (bitwise batch invariance) and are not run; a pair with an
+  // on-demand replica not loaded yet is recorded as not checked (checking
+  // would load it), so a request is never migrated to it.
   std::vector<EquivalenceInfo> verify_equivalence();
   // May a request move from paths_[from] to paths_[to] mid-generation?
   // OK, or why not.
