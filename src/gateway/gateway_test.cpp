@@ -1574,9 +1574,19 @@ TEST(GatewayMigrationPropertyTest, RandomFaultSequencesNeverLoseSkipOrRepeatATok
     for (int i = 0; i < 6; ++i) {
       const int32_t max_tokens = uniform(3, 30);
       const int kind = uniform(0, 4);
+      // Every kind of device fault the backends report (classify: device_fault).
+      auto any_fault = [&] {
+        switch (uniform(0, 3)) {
+          case 0: return injected_device_loss();
+          case 1: return Status(StatusCode::kResourceExhausted, "injected allocation failure",
+                                FailureReason::kDeviceOutOfMemory);
+          case 2: return Status(StatusCode::kDeadlineExceeded, "injected fence timeout", FailureReason::kTimeout);
+          default: return Status(StatusCode::kUnavailable, "injected unhealthy device", FailureReason::kUnhealthy);
+        }
+      };
       auto fault_on = [&](size_t path) {
-        if (uniform(0, 1) == 0) h.faults[path]->fail_next(injected_device_loss());
-        else h.faults[path]->fail_after(uniform(1, max_tokens), injected_device_loss());
+        if (uniform(0, 1) == 0) h.faults[path]->fail_next(any_fault());
+        else h.faults[path]->fail_after(uniform(1, max_tokens), any_fault());
       };
       if (kind >= 1) fault_on(0);
       if (kind >= 3) fault_on(1);  // and the path it moves to
