@@ -128,6 +128,12 @@ struct PathSnapshot {
   uint64_t ledger_limit = 0;     // capacity - headroom (0: no ledger)
   uint64_t ledger_used = 0;      // ours + max(co-tenants, observed others)
   uint64_t ledger_cotenants = 0;
+  // What a free-memory reading alone would say (the naive check a gateway
+  // without a plan makes; Overflow::kNaive in gateway.h): the ledger's
+  // capacity with no headroom, and used = our reservations + observed use by
+  // others, without co-tenants' declarations.
+  uint64_t ledger_capacity = 0;
+  uint64_t ledger_reading_used = 0;
   // A request's memory beyond the path's committed plan. 0 for the gateway's
   // paths today: their KV pools and scratch are allocated at start, and a
   // request's KV is the KV gate's business (kv_blocks_*).

@@ -367,6 +367,9 @@ void add_serve(CLI::App& app, int& exit_code) {
   adm->add_option("--observe-interval-s", g.observe_interval_s, "Re-read observed memory at most this often")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  adm->add_option("--overflow", g.overflow,
+                  "planned; or a drill baseline: none (no redirect or failover) or naive (free-memory check only)")
+      ->capture_default_str();
 
   CLI::Option_group* cb = section("circuit breaker");
   cb->add_option("--breaker-consecutive-failures", g.breaker_consecutive_failures,

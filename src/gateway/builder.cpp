@@ -258,6 +258,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                          "--pressure-threshold must be > 0, --max-delay-s and --observe-interval-s >= 0, "
                          "--min-shrink-tokens >= 1");
   }
+  if (!parse_overflow(o.overflow).ok()) return invalid_field("overflow", parse_overflow(o.overflow).status().message());
   if (o.replica != "auto" && o.replica != "warm" && o.replica != "mmap" && o.replica != "on-demand") {
     return invalid_field("replica", "--replica must be auto, warm, mmap or on-demand, got '" + o.replica + "'");
   }
@@ -694,6 +695,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   policy.admission.allow_shrink = o.allow_shrink;
   policy.admission.min_shrink_tokens = o.min_shrink_tokens;
   policy.observe_interval_s = o.observe_interval_s;
+  policy.overflow = *parse_overflow(o.overflow);
   policy.health_interval_s = o.health_interval_s;
   policy.health_timeout_s = o.health_timeout_s;
   policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };

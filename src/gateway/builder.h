@@ -113,6 +113,8 @@ struct GatewayOptions {
   bool allow_shrink = false;
   int32_t min_shrink_tokens = 16;
   double observe_interval_s = 1.0;
+  // planned (Spillway), or a drill baseline: none | naive (gateway.h Overflow).
+  std::string overflow = "planned";
   // Circuit breaker, one per GPU device (the GPU and offload paths share it;
   // the CPU path has none). The contract, and why these defaults differ from
   // resilience4j's, Envoy's and LiteLLM's, is in gateway/breaker.h.

@@ -6,6 +6,23 @@
 #include <set>
 
 namespace spw::gateway {
+
+std::string_view overflow_name(Overflow o) {
+  switch (o) {
+    case Overflow::kPlanned: return "planned";
+    case Overflow::kNone: return "none";
+    case Overflow::kNaive: return "naive";
+  }
+  return "planned";
+}
+
+Result<Overflow> parse_overflow(std::string_view name) {
+  for (Overflow o : {Overflow::kPlanned, Overflow::kNone, Overflow::kNaive}) {
+    if (name == overflow_name(o)) return o;
+  }
+  return Status(StatusCode::kInvalidArgument,
+                "unknown overflow mode '" + std::string(name) + "' (planned, none or naive)", FailureReason::kInvalidField);
+}
 namespace {
 
 admission::RequestShape shape_of(const RouteRequest& r, int32_t prompt_tokens) {
@@ -112,6 +129,8 @@ Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNot
 }
 
 Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure) {
+  // Without an overflow path the failure is the request's end (baseline).
+  if (policy_.overflow == Overflow::kNone) return failure;
   if (t->job().resume) return migrate(from, t, failure);
   const std::string failure_name(failure_reason_name(failure.reason()));
   // Never back to the path that just failed it, whatever its breaker says.
@@ -126,7 +145,7 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
   shape.prompt_tokens = was.prompt_tokens;
   shape.max_tokens = was.max_tokens_requested;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    admission::Decision d = admission::decide(shape, snapshots_without_from(), policy_.admission);
+    admission::Decision d = decide(shape, snapshots_without_from());
     if (d.kind == admission::DecisionKind::kReject) return Status(StatusCode::kUnavailable, d.reason, d.failure);
     d.reason = "failover from " + paths_[from].name + " after " + failure_name + " before the first token: " + d.reason;
     const size_t to = static_cast<size_t>(d.path_index);
@@ -140,6 +159,38 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
     if (st.reason() != FailureReason::kQueueFull) return st;  // else that queue filled meanwhile: again
   }
   return Status(StatusCode::kResourceExhausted, "every other path's queue filled meanwhile", FailureReason::kQueueFull);
+}
+
+admission::Decision Gateway::decide(const admission::RequestShape& shape,
+                                     std::vector<admission::PathSnapshot> snaps) const {
+  if (policy_.overflow == Overflow::kPlanned) return admission::decide(shape, snaps, policy_.admission);
+  // The baselines keep the true figures to record the pressure the request
+  // was really admitted under (the drill's reserve-line gate reads it).
+  const std::vector<admission::PathSnapshot> planned = snaps;
+  for (size_t i = 0; i < snaps.size(); ++i) {
+    admission::PathSnapshot& s = snaps[i];
+    if (policy_.overflow == Overflow::kNone) {
+      // Everything goes to the first path, whatever its memory says.
+      s.ledger_limit = 0;
+      if (i > 0 && s.usable) {
+        s.usable = false;
+        s.unusable_reason = "no overflow path (--overflow none)";
+      }
+    } else if (s.ledger_limit > 0) {
+      // A free-memory check: the reading against the whole capacity.
+      s.ledger_limit = s.ledger_capacity;
+      s.ledger_used = s.ledger_reading_used;
+      s.ledger_cotenants = 0;
+    }
+  }
+  admission::Decision d = admission::decide(shape, snaps, policy_.admission);
+  if (d.path_index >= 0) {
+    const admission::PathSnapshot& p = planned[static_cast<size_t>(d.path_index)];
+    d.pressure = p.ledger_limit > 0 ? static_cast<double>(p.ledger_used + p.request_extra_bytes) /
+                                          static_cast<double>(p.ledger_limit)
+                                    : 0.0;
+  }
+  return d;
 }
 
 admission::Decision Gateway::decide_resume(const Checkpoint& cp, std::vector<admission::PathSnapshot> snaps) {
@@ -156,7 +207,7 @@ admission::Decision Gateway::decide_resume(const Checkpoint& cp, std::vector<adm
   shape.prompt_tokens = static_cast<int32_t>(cp.tokens.size());
   // What is left of the request's own limit (at least the next token).
   shape.max_tokens = std::max(1, cp.options.max_tokens - cp.n_generated);
-  return admission::decide(shape, std::move(snaps), policy_.admission);
+  return decide(shape, std::move(snaps));
 }
 
 namespace {
@@ -858,6 +909,8 @@ admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p) const {
     snap.ledger_limit = l.limit;
     snap.ledger_used = l.used;
     snap.ledger_cotenants = l.reserved[static_cast<int>(admission::OwnerKind::kCoTenant)];
+    snap.ledger_capacity = l.capacity;
+    snap.ledger_reading_used = l.reserved_ours + l.others;
   }
   return snap;
 }
@@ -891,7 +944,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
   // decide again with fresh snapshots, a bounded number of times.
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<admission::PathSnapshot> snaps = snapshots();
-    admission::Decision d = admission::decide(shape_of(request, n_prompt), snaps, policy_.admission);
+    admission::Decision d = decide(shape_of(request, n_prompt), snaps);
     {
       std::lock_guard<std::mutex> lk(mu_);
       ++decisions_[std::string(admission::decision_kind_name(d.kind))];
@@ -1002,7 +1055,7 @@ Result<Quote> Gateway::quote(const RouteRequest& request) {
   const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
   std::vector<admission::PathSnapshot> snaps = snapshots();
   Quote q;
-  q.decision = admission::decide(shape_of(request, n_prompt), snaps, policy_.admission);
+  q.decision = decide(shape_of(request, n_prompt), snaps);
   if (q.decision.path_index >= 0) {
     const ExecutionPath& p = paths_[static_cast<size_t>(q.decision.path_index)];
     q.placement = p.placement;
@@ -1110,6 +1163,7 @@ bool Gateway::ready() const {
 
 GatewayStatus Gateway::status() {
   GatewayStatus out;
+  out.overflow = std::string(overflow_name(policy_.overflow));
   out.reservations = reservations();
   std::set<const admission::MemoryLedger*> seen;
   for (const ExecutionPath& p : paths_) {

@@ -179,8 +179,25 @@ struct PathNotBuilt {
   std::string reason;
 };
 
+// How requests overflow when the first path cannot take them. kPlanned is
+// Spillway. The other two exist as baselines for the drill (what the plan
+// buys, in the same figures), never as a recommendation:
+//   kNone   every request goes to the first path whatever its memory says;
+//           no redirect, no failover, no migration: a device fault is the
+//           request's end (with its own error); an open breaker is 503.
+//   kNaive  admission checks a free-memory reading only: the ledger's
+//           capacity without headroom against our reservations plus observed
+//           use by others; co-tenants' declarations are not seen. Redirect,
+//           failover and migration work as planned.
+// Either way a Decision's pressure is the true (planned) figure of the path
+// it chose, so a record shows what the request was admitted under.
+enum class Overflow { kPlanned, kNone, kNaive };
+std::string_view overflow_name(Overflow o);  // "planned", "none", "naive"
+Result<Overflow> parse_overflow(std::string_view name);
+
 struct GatewayPolicy {
   admission::AdmissionPolicy admission;
+  Overflow overflow = Overflow::kPlanned;
   double observe_interval_s = 1.0;  // re-read observed memory at most this often
   // Called (under no gateway lock) to re-read observed usage into the ledgers.
   std::function<void()> observe;
@@ -311,6 +328,7 @@ struct GatewayStatus {
   std::map<std::string, uint64_t> decisions;  // by kind name
   bool ready = false;                          // some path can take work
   std::vector<EquivalenceInfo> equivalence;    // the checks done so far
+  std::string overflow = "planned";            // overflow_name(policy.overflow): a baseline says so
 };
 
 class Gateway {
@@ -410,6 +428,8 @@ class Gateway {
   Status migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, const Status& failure);
   // A decision for continuing `cp` (prompt = its tokens, max = what is left)
   // over `snaps`.
+  // admission::decide under policy_.overflow (see Overflow).
+  admission::Decision decide(const admission::RequestShape& shape, std::vector<admission::PathSnapshot> snaps) const;
   admission::Decision decide_resume(const Checkpoint& cp, std::vector<admission::PathSnapshot> snaps);
   void prober_loop();
   // One probe of `path`'s breaker in half-open `episode`, reported to it.

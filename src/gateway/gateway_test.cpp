@@ -145,7 +145,7 @@ RouteRequest request(int32_t prompt_tokens, std::optional<int32_t> max_tokens, b
 class Harness {
  public:
   explicit Harness(std::vector<PathSpec> specs, admission::AdmissionPolicy policy = {},
-                   std::vector<PathNotBuilt> not_built = {}) {
+                   std::vector<PathNotBuilt> not_built = {}, Overflow overflow = Overflow::kPlanned) {
     std::vector<ExecutionPath> paths;
     for (const PathSpec& s : specs) {
       auto f = std::make_shared<FakeFaults>();
@@ -189,6 +189,7 @@ class Harness {
     }
     GatewayPolicy gp;
     gp.admission = policy;
+    gp.overflow = overflow;
     gp.log = [this](const std::string& line) {
       std::lock_guard<std::mutex> lock(log_mu);
       log.push_back(line);
@@ -654,6 +655,51 @@ TEST(GatewayTest, CoTenantReservationMovesNewRequestsToCpuUntilReleasedOrExpired
   h.run_for(2);
   EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
   h.run_to_idle();
+}
+
+// The drill's baselines (Overflow): a naive free-memory check does not see a
+// declared co-tenant and admits to the GPU over the reserve line, recording
+// the true pressure; without an overflow path a device fault is the answer.
+TEST(GatewayOverflowTest, BaselinesIgnoreThePlanAndRecordTheTruePressure) {
+  {
+    Ledgers l = make_ledgers();
+    PathSpec gpu;
+    gpu.ledger = l.gpu;
+    PathSpec cpu = cpu_spec();
+    cpu.ledger = l.host;
+    Harness h({gpu, cpu}, {}, {}, Overflow::kNaive);
+    ASSERT_NE(h.gw, nullptr);
+    auto big = h.gw->reserve_cotenant("trainer", 500 * kMiB, 60);
+    ASSERT_TRUE(big.ok());
+    EXPECT_FALSE(big->fits);
+    auto t = h.submit(request(20, 10));
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->path(), "gpu") << "the reading shows 400 MiB free; the declaration is not seen";
+    EXPECT_NEAR(t->decision().pressure, 1.1, 1e-9) << "600 MiB ours + 500 MiB declared over a 1000 MiB line";
+    h.run_to_idle();
+  }
+  {
+    Ledgers l = make_ledgers();
+    PathSpec gpu;
+    gpu.ledger = l.gpu;
+    gpu.breaker_group = "vulkan:0";
+    PathSpec cpu = cpu_spec();
+    cpu.ledger = l.host;
+    Harness h({gpu, cpu}, {}, {}, Overflow::kNone);
+    ASSERT_NE(h.gw, nullptr);
+    ASSERT_TRUE(h.gw->reserve_cotenant("trainer", 500 * kMiB, 60).ok());
+    h.faults[0]->fail_next(Status(StatusCode::kDeviceLost, "injected device loss", FailureReason::kDeviceLost));
+    auto t = h.submit(request(20, 10));
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->decision().kind, DecisionKind::kAdmit) << t->decision().reason;
+    h.run_to_idle();
+    Collected c = collect(*t, kRealTimeout);
+    EXPECT_EQ(c.fin.state, RequestState::kFailed);
+    EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost) << "no failover: the fault is the answer";
+    EXPECT_EQ(h.faults[1]->runs(), 0) << "the CPU path never ran it";
+  }
+  EXPECT_EQ(parse_overflow("naive").value(), Overflow::kNaive);
+  EXPECT_EQ(parse_overflow("nope").status().reason(), FailureReason::kInvalidField);
 }
 
 // Same shape as the KV-gate test: A and B run (16 blocks each of 40), C (10

@@ -812,7 +812,8 @@ std::string render_status(const gateway::GatewayStatus& s) {
   }
   json j = {{"object", "spillway.status"}, {"ready", s.ready},       {"paths", paths},
             {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", reservations_json(s.reservations)},
-            {"decisions", decisions},       {"equivalence", equivalence}};
+            {"decisions", decisions},       {"equivalence", equivalence},
+            {"overflow", s.overflow}};
   return dump(j);
 }
 
