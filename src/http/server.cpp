@@ -954,7 +954,12 @@ class HttpServer::Impl {
           }
           // Send every event already waiting in one write.
           while (r == serve::PopResult::kItem && ev.kind == serve::RequestEvent::Kind::kText) {
-            out += chunk(c, std::move(ev.text), "", false, false);
+            // Moved to another path since the last chunk (a failover or a
+            // migration): the first text from there says where it runs now,
+            // degraded included, rather than only the stream's last chunk.
+            const bool moved = c.ticket->attempts() != c.attempts;
+            if (moved) fill_times(c);
+            out += chunk(c, std::move(ev.text), "", false, /*with_info=*/moved);
             r = c.ticket->next_event(ev, std::chrono::milliseconds(0));
           }
           if (r == serve::PopResult::kTimeout) {

@@ -153,12 +153,16 @@ async function gpuReference(srv, prompt = PROMPT, maxTokens = MAX_TOKENS) {
 // Reads a stream to its end or its error: the text, the chunks' spillway
 // objects, the finish reason, and the error the client threw (if any).
 async function consume(stream, what) {
-  const out = { text: '', chunks: 0, textChunks: 0, spillways: [], finish: null, error: null };
+  // infoAt[i]: how much text had arrived before spillways[i]'s chunk.
+  const out = { text: '', chunks: 0, textChunks: 0, spillways: [], infoAt: [], finish: null, error: null };
   await bounded((async () => {
     try {
       for await (const chunk of stream) {
         out.chunks++;
-        if (chunk.spillway) out.spillways.push(chunk.spillway);
+        if (chunk.spillway) {
+          out.spillways.push(chunk.spillway);
+          out.infoAt.push(out.text.length);
+        }
         for (const c of chunk.choices ?? []) {
           if (c.text) {
             out.text += c.text;
@@ -288,6 +292,13 @@ describe('migration and resume through the openai client', () => {
     assert.equal(last.path, 'cpu', JSON.stringify(last));
     assert.equal(last.migrations, 1, JSON.stringify(last));
     assert.equal(last.request_id, first.request_id);
+    // The move is shown when it happens: the first text from the cpu path
+    // comes in a chunk whose spillway object says so, not only the last one.
+    const moved = out.spillways.findIndex((s) => s.path === 'cpu');
+    assert.ok(moved > 0 && out.infoAt[moved] > 0 && out.infoAt[moved] < out.text.length,
+      `a mid-stream chunk announces the cpu path: ${JSON.stringify(out.spillways)} at ${out.infoAt}`);
+    assert.equal(out.spillways[moved].degraded, true, JSON.stringify(out.spillways[moved]));
+    assert.equal(out.spillways[moved].migrations, 1, JSON.stringify(out.spillways[moved]));
     const m = last.reason.match(/^migrated from gpu after device_lost at token (\d+)/);
     assert.ok(m, `reason: ${last.reason}`);
     assert.ok(Number(m[1]) > 0 && Number(m[1]) < MAX_TOKENS, `the fault hit mid-stream: ${last.reason}`);
