@@ -211,6 +211,19 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   return c;
 }
 
+Checkpoint start_checkpoint(std::string model_fingerprint, std::vector<TokenId> prompt, GenerateOptions options) {
+  Checkpoint cp;
+  cp.model_fingerprint = std::move(model_fingerprint);
+  cp.n_prompt = static_cast<int32_t>(prompt.size());
+  cp.tokens = std::move(prompt);
+  // As Generator::start leaves it: seeded, the prompt in its penalty window.
+  Sampler sampler(options.sampler);
+  for (TokenId t : cp.tokens) sampler.accept(t);
+  cp.sampler = sampler.state();
+  cp.options = std::move(options);
+  return cp;
+}
+
 Status check_safe_point(const Checkpoint& cp, const SafePointRules& rules) {
   if (!cp.finish_reason.empty()) {
     return Status(StatusCode::kFailedPrecondition, "the generation already finished (" + cp.finish_reason + ")",

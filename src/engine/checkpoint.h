@@ -62,6 +62,13 @@ struct SafePointRules {
 };
 Status check_safe_point(const Checkpoint& checkpoint, const SafePointRules& rules);
 
+// The checkpoint of a generation that has started and produced nothing yet:
+// the prompt, the sampler as `options.sampler` seeds it, no text. Resuming it
+// is running the request from its prompt (a request interrupted before its
+// first checkpoint continues from here; a greedy or client-seeded run gives
+// the same text as the original one).
+Checkpoint start_checkpoint(std::string model_fingerprint, std::vector<TokenId> prompt, GenerateOptions options);
+
 std::string serialize_checkpoint(const Checkpoint& checkpoint);
 Result<Checkpoint> parse_checkpoint(std::string_view bytes);
 

@@ -159,6 +159,27 @@ TEST(Checkpoint, ResumeEqualsUninterruptedSeededSampling) {
   EXPECT_NE(a->tokens, b->tokens);
 }
 
+// A request interrupted before its first checkpoint resumes from the one its
+// prompt and options make: the same as a started Generator's, so the run is
+// the original one (greedy and seeded alike).
+TEST(Checkpoint, StartCheckpointIsAStartedGeneratorsAndResumesToTheSameRun) {
+  Fixture f;
+  for (const GenerateOptions& o : {greedy(24), seeded(24, 77)}) {
+    auto s = f.session();
+    auto g = Generator::start(*s, f.prompt(), o);
+    ASSERT_TRUE(g.ok());
+    const Checkpoint started = (*g)->checkpoint();
+    g->reset();
+    const Checkpoint made = start_checkpoint(f.model->fingerprint(), f.prompt(), o);
+    EXPECT_TRUE(made == started);
+    auto ref = generate(*f.session(), f.prompt(), o);
+    auto r = resume(*f.session(), made);
+    ASSERT_TRUE(ref.ok() && r.ok());
+    EXPECT_EQ(r->text, ref->text);
+    EXPECT_EQ(r->tokens, ref->tokens);
+  }
+}
+
 TEST(Checkpoint, CorruptOrTruncatedBytesAreCorruption) {
   Fixture f;
   auto s = f.session();

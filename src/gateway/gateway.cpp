@@ -415,6 +415,16 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
   return out;
 }
 
+Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g) {
+  SPW_ASSIGN_OR_RETURN(std::vector<TokenId> prompt, prepare(g));
+  GenerateOptions o;
+  const int32_t room = paths_[0].scheduler->n_ctx() - static_cast<int32_t>(prompt.size());
+  o.max_tokens = g.max_tokens.value_or(std::max(1, room));
+  o.sampler = g.sampler;
+  o.stop = g.stop;
+  return spw::start_checkpoint(paths_[0].fingerprint, std::move(prompt), std::move(o));
+}
+
 Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) {
   auto refuse = [&](Status st, admission::Decision d) -> Result<Resumed> {
     if (refusal) refusal->decision = std::move(d);

@@ -349,6 +349,13 @@ class Gateway {
   // compared, not re-sent (ExecJob::replay). Refusals as submit (kNoPath
   // when no path serves the model).
   Result<Resumed> resume(const ResumeRequest& request, Refusal* refusal = nullptr);
+  // The checkpoint a request has before its first token (engine's
+  // start_checkpoint): its prompt tokenized as submit() does, its sampler,
+  // stop rules and max_tokens (absent: the first path's context less the
+  // prompt), for the first path's model. A request interrupted before it
+  // saved a checkpoint (a crash during its prefill) resumes from it. Errors:
+  // those of submit()'s validation and tokenization.
+  Result<Checkpoint> start_checkpoint(const serve::GenerationRequest& request);
   // Runs the equivalence check between every two paths that serve one
   // fingerprint on different placements and have not been checked yet
   // (results cached by fingerprint and placements for the Gateway's life),

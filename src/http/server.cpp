@@ -602,15 +602,20 @@ class HttpServer::Impl {
       c.message = "request " + text + " cannot be resumed: " + why;
       set_error(res, c);
     };
-    if (r->checkpoint.empty() || !r->outcome.resumable || !journal::is_terminal(r->state)) {
+    // A run the server died in before its first checkpoint (a kill during
+    // the prefill or the first tokens) continues from its prompt: the
+    // checkpoint it would have had at its start.
+    const bool from_prompt = r->checkpoint.empty() && r->outcome.resumable && journal::is_terminal(r->state) &&
+                             r->outcome.error_code == "interrupted";
+    if ((r->checkpoint.empty() && !from_prompt) || !r->outcome.resumable || !journal::is_terminal(r->state)) {
       return conflict(r->checkpoint.empty() ? "it has no checkpoint (state " + std::string(journal::state_name(r->state)) + ")"
                                             : "it is " + std::string(journal::state_name(r->state)));
     }
-    Result<Checkpoint> cp = parse_checkpoint(r->checkpoint);
-    if (!cp.ok()) return conflict("its checkpoint is unreadable: " + cp.status().message());
+    Result<Checkpoint> cp = from_prompt ? start_checkpoint_of(*r, body.received_text) : parse_checkpoint(r->checkpoint);
+    if (!cp.ok()) return conflict(from_prompt ? cp.status().message() : "its checkpoint is unreadable: " + cp.status().message());
     // Taken back to running before anything runs: a second resume of the
     // same id gets 409 from here on.
-    if (Status st = options_.journal->reopen(*id, ""); !st.ok()) {
+    if (Status st = options_.journal->reopen(*id, "", /*require_checkpoint=*/!from_prompt); !st.ok()) {
       if (st.code() == StatusCode::kFailedPrecondition) return conflict(st.message());
       return set_error(res, journal_error(st));
     }
@@ -659,6 +664,25 @@ class HttpServer::Impl {
     call->info.resumed_at_token = rr.checkpoint->n_generated;
     res.set_header("X-Spillway-Resumed-At-Token", std::to_string(rr.checkpoint->n_generated));
     respond(call, res, body.stream);
+  }
+
+  // The checkpoint a journaled request had at its start, from its stored
+  // body. The seed of a sampled request that did not send one was the
+  // server's and is not kept: such a run can restart only when the client
+  // has none of its text (another seed would contradict it).
+  Result<Checkpoint> start_checkpoint_of(const journal::Record& r, const std::string& received_text) {
+    serve::GenerationRequest g;
+    SamplingFields sampling;
+    if (auto e = generation_from_body(r.body, r.endpoint == "/v1/chat/completions", g, sampling)) {
+      return Status::failed_precondition("its stored body no longer parses: " + e->message);
+    }
+    if (!sampling.seed && g.sampler.temperature > 0 && !received_text.empty()) {
+      return Status::failed_precondition(
+          "it was interrupted before its first checkpoint and sampled with a seed the server chose and did not "
+          "keep, so the text already received cannot be continued; send the request again (with a seed to make "
+          "it repeatable)");
+    }
+    return gateway_.start_checkpoint(g);
   }
 
   // The OpenAI id: derived from the journal id when there is one, so that a

@@ -14,6 +14,15 @@
 //                              once (its KV blocks and reservations freed
 //                              before the answer), a running one at its next
 //                              token boundary; 404 when none is in flight
+//   POST /v1/requests/{id}/resume  {"received_text", "stream"}: an
+//                              interrupted request (a resumable error, or a
+//                              server killed mid-request) continues from its
+//                              journaled checkpoint, sending only what the
+//                              client lacks; one killed before its first
+//                              checkpoint continues from its prompt (not
+//                              when it sampled with a server-chosen seed and
+//                              the client already has text: 409). 409
+//                              not_resumable otherwise, saying why
 //   POST /v1/quote             a completion or chat body -> the decision
 //                              admission would take now, per-path predictions
 //   GET  /v1/status            paths, ledgers, reservations, decision counts

@@ -427,7 +427,7 @@ Status Journal::save_checkpoint(int64_t id, std::string_view bytes, int32_t gene
                                      ", not running: a checkpoint is saved only while the request runs");
 }
 
-Status Journal::reopen(int64_t id, const std::string& placement) {
+Status Journal::reopen(int64_t id, const std::string& placement, bool require_checkpoint) {
   std::lock_guard<std::mutex> lk(mu_);
   // Every condition in the one UPDATE: of two resumes racing for one row (here,
   // or should the mutex ever go) exactly one sees a change. The attempt count
@@ -435,9 +435,11 @@ Status Journal::reopen(int64_t id, const std::string& placement) {
   // finish() overwrites it.
   Stmt u(db_,
          "UPDATE requests SET state='running', placement=?1, updated_ms=?2, resumable=0, error_code='', "
-         "error_message='' WHERE id=?3 AND state IN ('failed','cancelled') AND resumable=1 AND checkpoint IS NOT NULL");
+         "error_message='' WHERE id=?3 AND state IN ('failed','cancelled') AND resumable=1 AND "
+         "(checkpoint IS NOT NULL OR ?4 = 0)");
   if (!u.ok()) return error_locked("preparing reopen");
-  if (u.text(1, placement).i64(2, env_.wall_time_ms()).i64(3, id).step() != SQLITE_DONE) {
+  if (u.text(1, placement).i64(2, env_.wall_time_ms()).i64(3, id).i64(4, require_checkpoint ? 1 : 0).step() !=
+      SQLITE_DONE) {
     return error_locked("reopening request " + std::to_string(id));
   }
   if (sqlite3_changes(db_) > 0) return Status();

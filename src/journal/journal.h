@@ -150,7 +150,9 @@ class Journal {
   Status finish(int64_t id, const Outcome& outcome);
   Status set_admission(int64_t id, std::string_view admission_json);
   Status save_checkpoint(int64_t id, std::string_view bytes, int32_t generated_tokens);
-  Status reopen(int64_t id, const std::string& placement);
+  // require_checkpoint = false also reopens a resumable row without one (the
+  // caller resumes it from its prompt: see Gateway::start_checkpoint).
+  Status reopen(int64_t id, const std::string& placement, bool require_checkpoint = true);
   Result<Record> get(int64_t id);
 
   int64_t recovered() const { return recovered_; }

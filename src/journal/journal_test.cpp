@@ -710,6 +710,12 @@ TEST_F(JournalTest, AVersion2JournalIsMigratedToVersion3KeepingItsRows) {
       EXPECT_EQ(j->get(id)->checkpoint_tokens, 0);
     }
     EXPECT_EQ(j->get(9)->outcome.error_code, "interrupted");
+    // The caller that resumes from the prompt asks for no checkpoint.
+    EXPECT_NE(j->reopen(9, "cpu").message().find("has no checkpoint"), std::string::npos);
+    ASSERT_TRUE(j->reopen(9, "cpu", /*require_checkpoint=*/false).ok());
+    EXPECT_EQ(j->get(9)->state, RequestState::kRunning);
+    EXPECT_FALSE(j->reopen(9, "cpu", false).ok()) << "reopened once";
+    ASSERT_TRUE(j->finish(9, Outcome{}).ok());
     // Without a checkpoint an old interrupted row is retried, not resumed.
     EXPECT_NE(j->reopen(8, "cpu").message().find("has no checkpoint"), std::string::npos);
     auto retry = j->accept({"old-failed", "/v1/completions", R"({"prompt":"Once"})"});

@@ -99,6 +99,66 @@ void expect_still_resumable(httplib::Client& c, int64_t id, int checkpoint_token
   EXPECT_EQ(rec.value("checkpoint_tokens", json()), json(checkpoint_tokens)) << after << ": " << rec.dump();
 }
 
+// A greedy stream of kMaxTokens killed (SIGKILL to the server) once
+// `kill_after` text chunks arrived: the request id, the text received, its
+// chunks; `error` says what went wrong instead.
+struct Interrupted {
+  int64_t id = 0;
+  std::string received;
+  int chunks = 0;
+  std::string error;
+};
+
+Interrupted stream_and_kill(Server& s, httplib::Client& c, int kill_after) {
+  Interrupted out;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = completion_body(true);
+  req.set_header("Content-Type", "application/json");
+  std::string raw;
+  bool killed = false;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    raw.append(d, n);
+    if (!killed) {
+      int chunks = 0;
+      for (const json& ev : sse_events(raw)) {
+        if (ev.contains("choices") && !ev["choices"].empty() && !ev["choices"][0].value("text", "").empty()) ++chunks;
+      }
+      if (chunks >= kill_after) {
+        killed = true;
+        s.signal(SIGKILL);
+      }
+    }
+    return true;  // read on: what the server sent before it died still arrives
+  };
+  (void)c.send(req);  // ends when the connection does
+  if (!killed) {
+    out.error = "the stream ended before " + std::to_string(kill_after) + " tokens arrived:\n" + raw;
+    return out;
+  }
+  if (s.wait_exit(std::chrono::seconds(20)) != 128 + SIGKILL) {
+    out.error = "the server did not die of SIGKILL";
+    return out;
+  }
+  for (const json& ev : sse_events(raw)) {
+    if (ev.contains("spillway") && ev["spillway"].contains("request_id")) out.id = ev["spillway"]["request_id"];
+    if (ev.contains("error")) out.error = "an error event: " + raw;
+    if (!ev.contains("choices") || ev["choices"].empty()) continue;
+    const json& ch = ev["choices"][0];
+    // A finished request cannot be interrupted: the slow fault is meant to
+    // make that impossible, so this is a failure of the test's design.
+    if (!ch["finish_reason"].is_null()) {
+      out.error = "test design: the request finished before the kill (the slow fault did not slow it down):\n" + raw;
+    }
+    const std::string t = ch.value("text", "");
+    if (!t.empty()) ++out.chunks;
+    out.received += t;
+  }
+  if (out.id <= 0) out.error = "no request id in the stream:\n" + raw;
+  return out;
+}
+
 TEST(Resume, AfterSigkillAndRestartResumeContinuesFromTheLastCheckpoint) {
   if (auto why = no_vulkan()) GTEST_SKIP() << *why;
   const auto t0 = Clock::now();
@@ -149,45 +209,11 @@ TEST(Resume, AfterSigkillAndRestartResumeContinuesFromTheLastCheckpoint) {
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 201) << r->body;
 
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = completion_body(true);
-    req.set_header("Content-Type", "application/json");
-    std::string raw;
-    bool killed = false;
-    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-      raw.append(d, n);
-      if (!killed) {
-        int chunks = 0;
-        for (const json& ev : sse_events(raw)) {
-          if (ev.contains("choices") && !ev["choices"].empty() && !ev["choices"][0].value("text", "").empty()) ++chunks;
-        }
-        if (chunks >= kKillAfterChunks) {
-          killed = true;
-          s.signal(SIGKILL);
-        }
-      }
-      return true;  // read on: what the server sent before it died still arrives
-    };
-    (void)c.send(req);  // ends when the connection does
-    ASSERT_TRUE(killed) << "the stream ended before " << kKillAfterChunks << " tokens arrived:\n" << raw;
-    ASSERT_EQ(s.wait_exit(std::chrono::seconds(20)), 128 + SIGKILL);
-
-    for (const json& ev : sse_events(raw)) {
-      if (ev.contains("spillway") && ev["spillway"].contains("request_id")) id = ev["spillway"]["request_id"];
-      ASSERT_FALSE(ev.contains("error")) << raw;
-      if (!ev.contains("choices") || ev["choices"].empty()) continue;
-      const json& ch = ev["choices"][0];
-      // A finished request cannot be interrupted: the slow fault is meant to
-      // make that impossible, so this is a failure of the test's design.
-      ASSERT_TRUE(ch["finish_reason"].is_null())
-          << "test design: the request finished before the kill (the slow fault did not slow it down):\n" << raw;
-      const std::string t = ch.value("text", "");
-      if (!t.empty()) ++received_chunks;
-      received += t;
-    }
-    ASSERT_GT(id, 0) << raw;
+    Interrupted got = stream_and_kill(s, c, kKillAfterChunks);
+    ASSERT_TRUE(got.error.empty()) << got.error;
+    id = got.id;
+    received = got.received;
+    received_chunks = got.chunks;
     ASSERT_GE(received_chunks, kKillAfterChunks);
     ASSERT_LT(received_chunks, kMaxTokens) << "test design: the whole answer arrived before the kill";
     ASSERT_EQ(reference.substr(0, received.size()), received) << "the interrupted stream is not a prefix of the reference";
@@ -270,6 +296,67 @@ TEST(Resume, AfterSigkillAndRestartResumeContinuesFromTheLastCheckpoint) {
   EXPECT_EQ(r->status, 409) << r->body;
   EXPECT_EQ(json::parse(r->body)["error"]["code"], "not_resumable") << r->body;
   std::printf("crash test: %.2f s in all\n", seconds_since(t0));
+}
+
+// Killed before its first checkpoint (the kill comes 3 tokens in, the first
+// checkpoint would be at token 1000): the journal has the request but no
+// checkpoint, and a resume runs it from its prompt, regenerating silently
+// what the client already has.
+TEST(Resume, KilledBeforeItsFirstCheckpointResumesFromItsPrompt) {
+  if (auto why = no_vulkan()) GTEST_SKIP() << *why;
+  const std::string journal = (std::filesystem::temp_directory_path() /
+                               ("spw-resume0-" + std::to_string(getpid()) + ".sqlite"))
+                                  .string();
+  Server::remove_journal(journal);
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { Server::remove_journal(path); }
+  } cleanup{journal};
+  const std::vector<std::string> flags = {"--device",           "vulkan", "--no-cpu-fallback", "--journal", journal,
+                                          "--checkpoint-every", "1000",   "--health-interval-s", "0",
+                                          "--admin-token",      kToken};
+  constexpr int kKillAt = 3;
+  std::string reference;
+  Interrupted got;
+  {
+    Server s(flags);
+    ASSERT_GT(s.port(), 0) << s.ready_line();
+    ASSERT_NE(s.ready_line().find("paths=gpu:vulkan"), std::string::npos) << s.ready_line();
+    httplib::Client c("127.0.0.1", s.port());
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/completions", completion_body(false), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    reference = json::parse(r->body)["choices"][0]["text"];
+    const json slow = {{"kind", "slow"}, {"path", "gpu"}, {"after_submits", 3 * (kKillAt + 2)}, {"factor", kSlowFactor},
+                       {"count", 0}};
+    r = c.Post("/v1/admin/faults", httplib::Headers{{"Authorization", std::string("Bearer ") + kToken}}, slow.dump(),
+               "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 201) << r->body;
+    got = stream_and_kill(s, c, kKillAt);
+    ASSERT_TRUE(got.error.empty()) << got.error;
+    ASSERT_GE(got.chunks, kKillAt);
+  }
+  Server s(flags);
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(120, 0);
+  const json rec = get_record(c, got.id);
+  EXPECT_EQ(rec["state"], "failed") << rec.dump();
+  EXPECT_EQ(rec["error"]["code"], "interrupted") << rec.dump();
+  EXPECT_TRUE(rec["checkpoint_tokens"].is_null()) << "no checkpoint was taken: " << rec.dump();
+  auto r = c.Post(resume_path(got.id).c_str(), json({{"received_text", got.received}, {"stream", false}}).dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json body = json::parse(r->body);
+  EXPECT_EQ(got.received + body["choices"][0]["text"].get<std::string>(), reference);
+  EXPECT_EQ(body["spillway"]["resumed_at_token"], 0) << r->body;
+  EXPECT_EQ(body["usage"]["completion_tokens"], kMaxTokens) << r->body;
+  const json done = get_record(c, got.id);
+  EXPECT_EQ(done["state"], "done") << done.dump();
+  EXPECT_EQ(done["text"], reference) << done.dump();
 }
 
 // The refusals that need no interrupted request, on the CPU.
