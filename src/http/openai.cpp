@@ -560,6 +560,22 @@ json decision_json(const admission::Decision& d) {
 
 std::string render_decision(const admission::Decision& d) { return dump(decision_json(d)); }
 
+StoredRoute stored_route(std::string_view decision_json) {
+  StoredRoute out;
+  const json j = json::parse(decision_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return out;
+  auto text = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  out.path = text("path");
+  out.decision = text("kind");
+  out.reason = text("reason");
+  auto d = j.find("degraded");
+  out.degraded = d != j.end() && d->is_boolean() && d->get<bool>();
+  return out;
+}
+
 std::string render_request_record(const journal::Record& r) {
   json j;
   j["id"] = r.id;

@@ -260,6 +260,15 @@ std::string render_health(const HealthInfo& h);
 // "retry_after_s" on a reject (null unless 429). Field names as /v1/quote's.
 // A string, so that no JSON type escapes this library.
 std::string render_decision(const admission::Decision& d);
+
+// The route a stored decision (render_decision's JSON, the journal's
+// admission column) gave: for a replayed result's spillway object. Fields
+// the document lacks stay empty (false); an unparsable one gives all empty.
+struct StoredRoute {
+  std::string path, decision, reason;
+  bool degraded = false;
+};
+StoredRoute stored_route(std::string_view decision_json);
 // GET /v1/requests/{id}: {"id","object":"spillway.request","state","terminal",
 // "resumable","endpoint","idempotency_key","created_ms","updated_ms",
 // "attempts","placement","finish_reason","text","usage",

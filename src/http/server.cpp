@@ -724,6 +724,12 @@ class HttpServer::Impl {
     c.id = response_id(c.chat, r.id);
     c.created = r.created_ms / 1000;
     c.info.placement = r.placement;
+    // Where it ran, as its response said (the decision it ran under).
+    const StoredRoute route = stored_route(r.admission);
+    c.info.path = route.path;
+    c.info.decision = route.decision;
+    c.info.reason = route.reason;
+    c.info.degraded = route.degraded;
     c.info.request_id = static_cast<uint64_t>(r.id);
     c.info.limits.n_ctx = gateway_.primary().scheduler->n_ctx();
     c.info.limits.prompt_tokens = r.outcome.prompt_tokens;

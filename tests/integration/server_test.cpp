@@ -553,6 +553,10 @@ TEST(Server, JournalRecordsRequestsAndReplaysIdempotentRetries) {
   EXPECT_EQ(b["choices"][0]["text"], a["choices"][0]["text"]);
   EXPECT_EQ(b["id"], a["id"]) << "the original response's id";
   EXPECT_EQ(b["spillway"]["replayed"], true);
+  // Where it ran and under which decision, as the original said.
+  EXPECT_EQ(b["spillway"]["path"], a["spillway"]["path"]) << again->body;
+  EXPECT_EQ(b["spillway"]["decision"], a["spillway"]["decision"]) << again->body;
+  EXPECT_EQ(b["spillway"]["degraded"], a["spillway"]["degraded"]) << again->body;
   EXPECT_EQ(again->get_header_value("X-Spillway-Replayed"), "true");
   EXPECT_EQ(get_json(s, "/v1/requests/" + std::to_string(id))["admission"], adm) << "a replay decides nothing";
   // The same retry as a stream: the stored text in one chunk, then [DONE].
