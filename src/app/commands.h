@@ -15,5 +15,7 @@ void add_serve(CLI::App& app, int& exit_code);
 void add_devices(CLI::App& app, int& exit_code);
 void add_estimate(CLI::App& app, int& exit_code);
 void add_reserve(CLI::App& app, int& exit_code);
+void add_occupy(CLI::App& app, int& exit_code);
+void add_drill(CLI::App& app, int& exit_code);
 
 }  // namespace spw::app

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   spw::app::add_devices(app, exit_code);
   spw::app::add_estimate(app, exit_code);
   spw::app::add_reserve(app, exit_code);
+  spw::app::add_occupy(app, exit_code);
+  spw::app::add_drill(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }
