@@ -14,6 +14,8 @@
 
 #include <toml++/toml.h>
 
+#include "core/size.h"
+
 namespace spw::drill {
 
 std::string_view fault_kind_name(FaultKind k) {
@@ -36,40 +38,7 @@ Result<FaultKind> parse_fault_kind(std::string_view name) {
                                   "' (expected pressure, alloc_fail, device_lost, cancel_queued or kill)");
 }
 
-Result<uint64_t> parse_size(std::string_view text) {
-  auto bad = [&] {
-    return Status::invalid_argument("size '" + std::string(text) + "': expected e.g. \"64MiB\", \"1.5GiB\" or a byte count");
-  };
-  std::string s(text);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t start = 0;
-  while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start]))) ++start;
-  s.erase(0, start);
-  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.')) return bad();
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || !std::isfinite(v) || v < 0) return bad();
-  std::string suf(end);
-  suf.erase(std::remove_if(suf.begin(), suf.end(), [](unsigned char c) { return std::isspace(c); }), suf.end());
-  for (char& c : suf) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  // Powers of 1024 throughout, like --device-memory (backend/vulkan/device_spec.h),
-  // so a scenario's sizes mean what the same text means on the command line.
-  double mult = 1;
-  if (!suf.empty() && std::string_view("KMGT").find(suf[0]) != std::string_view::npos) {
-    for (char c : std::string_view("KMGT")) {
-      mult *= 1024;
-      if (c == suf[0]) break;
-    }
-    suf.erase(0, 1);
-    if (suf == "IB" || suf == "B") suf.clear();
-  } else if (suf == "B") {
-    suf.clear();
-  }
-  if (!suf.empty()) return bad();
-  const double bytes = std::round(v * mult);
-  if (bytes > 1.8e19) return bad();
-  return static_cast<uint64_t>(bytes);
-}
+Result<uint64_t> parse_size(std::string_view text) { return parse_byte_size(text, /*allow_zero=*/true); }
 
 const RequestClass* Scenario::find_class(std::string_view n) const {
   for (const auto& c : classes) {

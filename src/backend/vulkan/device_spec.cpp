@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/size.h"
+
 namespace spw {
 
 // Built in both the real and the stub library, so these are defined once here.
@@ -39,32 +41,7 @@ std::string human(uint64_t b) {
 }
 }  // namespace
 
-Result<uint64_t> parse_memory_size(const std::string& text) {
-  auto bad = [&] {
-    return Status::invalid_argument("memory size '" + text + "': expected e.g. 512M, 1.5GiB or a byte count");
-  };
-  if (text.empty()) return bad();
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || !(v > 0)) return bad();
-  std::string suf(end);
-  for (char& c : suf) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double mult = 1;
-  if (!suf.empty() && std::string("KMGT").find(suf[0]) != std::string::npos) {
-    for (char c : std::string("KMGT")) {
-      mult *= 1024;
-      if (c == suf[0]) break;
-    }
-    suf.erase(0, 1);
-    if (suf == "IB" || suf == "B") suf.clear();
-  } else if (suf == "B") {
-    suf.clear();
-  }
-  if (!suf.empty()) return bad();
-  const double bytes = v * mult;
-  if (bytes < 1 || bytes > 1.8e19) return bad();
-  return static_cast<uint64_t>(bytes);
-}
+Result<uint64_t> parse_memory_size(const std::string& text) { return parse_byte_size(text); }
 
 std::string format_vulkan_devices(const std::vector<VulkanDeviceInfo>& devices) {
   std::string o;

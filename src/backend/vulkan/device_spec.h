@@ -2,9 +2,10 @@
 // devices` prints for Vulkan (`--device` itself is core/placement.h). No
 // Vulkan headers; works in builds without Vulkan.
 //
-// Contract: parse_memory_size() accepts a byte count with an optional K/M/G/T
-// suffix (powers of 1024, optional trailing "iB"/"B"): "512M", "1.5GiB",
-// "1048576"; InvalidArgument otherwise, or for 0.
+// Contract: parse_memory_size() is core/size.h's parse_byte_size() without
+// zero: a byte count with an optional K/M/G/T suffix (powers of 1024,
+// optional trailing "iB"/"B"): "512M", "1.5GiB", "1048576"; InvalidArgument
+// otherwise, or for 0.
 // Thread safety: pure functions.
 #pragma once
 
