@@ -632,6 +632,8 @@ class Simulation {
   void arrive(size_t cls, const std::string& phase, bool greedy, uint64_t seed, bool keyed, bool retry);
   void send(Chain* c, const std::string& f);
   void resume(Chain* c);
+  static serve::GenerationRequest generation_of(const Chain& c);
+  static bool resumable(const journal::Record& r);
   void after_end(Chain* c);
   void finish_chain(Chain* c);
   void poll();
@@ -1071,10 +1073,7 @@ void Simulation::send(Chain* c, const std::string& f) {
     return;
   }
   gateway::RouteRequest route;
-  route.generation.prompt = c->prompt;
-  route.generation.max_tokens = c->max_tokens;
-  route.generation.sampler.temperature = c->greedy ? 0.0f : 0.8f;
-  route.generation.sampler.seed = c->seed;
+  route.generation = generation_of(*c);
   route.generation.record_id = id;
   gateway::Refusal refusal;
   Result<gateway::Admitted> admitted = proc_->gw->submit(route, &refusal);
@@ -1100,8 +1099,26 @@ void Simulation::send(Chain* c, const std::string& f) {
   active_.emplace(inv.op_id, std::move(a));
 }
 
+// What the client's body asks for, as the HTTP layer parses it.
+serve::GenerationRequest Simulation::generation_of(const Chain& c) {
+  serve::GenerationRequest g;
+  g.prompt = c.prompt;
+  g.max_tokens = c.max_tokens;
+  g.sampler.temperature = c.greedy ? 0.0f : 0.8f;
+  g.sampler.seed = c.seed;
+  return g;
+}
+
+// A journal record the resume endpoint continues: one with its checkpoint,
+// or one a kill interrupted before its first (from its prompt).
+bool Simulation::resumable(const journal::Record& r) {
+  return r.outcome.resumable && journal::is_terminal(r.state) &&
+         (!r.checkpoint.empty() || r.outcome.error_code == "interrupted");
+}
+
 // POST /v1/requests/{id}/resume as the HTTP layer does it: the journal's
-// checkpoint, reopen, Gateway::resume with the text the client has.
+// checkpoint (or the prompt's), reopen, Gateway::resume with the text the
+// client has.
 void Simulation::resume(Chain* c) {
   Op inv = rec_.invoke(request_op(*c, "resume"));
   Op res = inv;
@@ -1124,12 +1141,14 @@ void Simulation::resume(Chain* c) {
   if (!proc_ || !journal_ || !serving_) return fail_now(0, "connection_refused", "the server is down", true);
   Result<journal::Record> r = journal_->get(c->record_id);
   if (!r.ok()) return fail_now(404, "not_found", r.status().message(), false);
-  if (r->checkpoint.empty() || !r->outcome.resumable || !journal::is_terminal(r->state)) {
+  if (!resumable(*r)) {
     return fail_now(409, "not_resumable", "state " + std::string(journal::state_name(r->state)), false);
   }
-  Result<Checkpoint> cp = parse_checkpoint(r->checkpoint);
+  const bool from_prompt = r->checkpoint.empty();
+  Result<Checkpoint> cp =
+      from_prompt ? proc_->gw->start_checkpoint(generation_of(*c)) : parse_checkpoint(r->checkpoint);
   if (!cp.ok()) return fail_now(409, "not_resumable", cp.status().message(), false);
-  if (Status st = journal_->reopen(c->record_id, ""); !st.ok()) {
+  if (Status st = journal_->reopen(c->record_id, "", /*require_checkpoint=*/!from_prompt); !st.ok()) {
     return fail_now(409, "not_resumable", st.message(), false);
   }
   gateway::ResumeRequest rr;
@@ -1496,9 +1515,7 @@ void Simulation::kill(const FaultSpec& f) {
     at(back + to_ns(0.1), [this, c] {
       if (!journal_) return after_end(c);
       Result<journal::Record> r = journal_->get(c->record_id);
-      if (r.ok() && !r->checkpoint.empty() && r->outcome.resumable && journal::is_terminal(r->state)) {
-        return resume(c);
-      }
+      if (r.ok() && resumable(*r)) return resume(c);
       if (!c->key.empty()) {
         c->retry = false;
         return send(c, "retry");
