@@ -37,7 +37,10 @@
 //      undeclared_bytes (`spillway occupy` alone), and fires each fault at
 //      its second: pressure (declared co-tenant to `bytes`), alloc_fail and
 //      device_lost (POST /v1/admin/faults; device_lost only once a stream of
-//      its own runs on that path, so it lands mid-generation), cancel_queued
+//      its own runs on that path, so it lands mid-generation; alloc_fail
+//      followed by a probe request whose prompt nearly fills the path's
+//      context, whose prefill makes the first device allocation since start
+//      and so meets the fault before generation), cancel_queued
 //      (its own streams until one waits in the CPU path's queue, DELETE it:
 //      op f="cancel"), kill (SIGKILL, restart on the same journal and port
 //      after restart_after_s).
@@ -57,6 +60,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "drill/history.h"

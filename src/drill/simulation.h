@@ -88,9 +88,10 @@
 //     `serve` does, it runs the equivalence check before it takes requests
 //     (on the fake cpu path's speed that is about 3.3 simulated seconds, in
 //     which clients are refused; events "restart" and "ready"). Clients then
-//     continue what was interrupted: resume from a journaled checkpoint;
-//     else a keyed request retries under its key; else it stays interrupted
-//     (the journal's final record: failed, resumable). Not simulated: a kill
+//     continue what was interrupted: resume from a journaled checkpoint, or
+//     from the prompt when the kill came before the first one (as the
+//     server's resume does: Gateway::start_checkpoint); else a keyed request
+//     retries under its key. Not simulated: a kill
 //     in the middle of a SQLite write (every journal call is atomic here),
 //     memory the dead process held on the device lingering after it.
 //   - Samples every sample_interval_s from Gateway::status() (queues,
