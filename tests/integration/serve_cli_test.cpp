@@ -67,8 +67,25 @@ TEST(ServeCli, PrintsReadyLineServesAndStopsOnSigterm) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_NE(json::parse(r->body)["choices"][0]["text"].get<std::string>().find("Lily"), std::string::npos);
+  auto st = c.Get("/v1/status");
+  ASSERT_TRUE(st);
+  EXPECT_EQ(json::parse(st->body)["overflow"], "planned") << "Spillway's own mode unless a drill baseline asks";
   p.signal(SIGTERM);
   EXPECT_EQ(p.wait_exit(std::chrono::seconds(20)), 0);
+}
+
+// The drill's baselines are a flag away, and a wrong name is refused at start.
+TEST(ServeCli, OverflowBaselinesShowInStatusAndABadNameFailsAtStart) {
+  ServeProcess naive({"--overflow", "naive"});
+  ASSERT_GT(naive.port(), 0) << naive.ready_line();
+  httplib::Client c("127.0.0.1", naive.port());
+  c.set_read_timeout(30, 0);
+  auto st = c.Get("/v1/status");
+  ASSERT_TRUE(st);
+  EXPECT_EQ(json::parse(st->body)["overflow"], "naive");
+  ServeProcess bad({"--overflow", "yolo"});
+  EXPECT_EQ(bad.port(), 0);
+  EXPECT_NE(bad.wait_exit(std::chrono::seconds(20)), 0);
 }
 
 // The bundled model has no chat template: the server still answers an
