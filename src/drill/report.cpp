@@ -582,7 +582,7 @@ std::string figures_table(const Ctx& c) {
   row("refused before acceptance", [&](const Figures& f) { return i(f.refused); });
   row("lost", [&](const Figures& f) { return i(f.lost); });
   row("duplicated side effects", [&](const Figures& f) { return i(f.duplicated); });
-  row("token equivalence (greedy)", [&](const Figures& f) {
+  row("token equivalence (greedy and seeded)", [&](const Figures& f) {
     return i(f.equivalence_equal) + " of " + i(f.equivalence_checked) + " equal the clean run";
   });
   row("degraded shown", [&](const Figures& f) { return i(f.degraded_shown) + " of " + i(f.degraded); });
