@@ -31,8 +31,11 @@ using nlohmann::json;
 const std::string kStories = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
 
 // Runs a command to its end; its stdout and stderr, and its exit status.
+// Bounded: a command that should have refused to start but serves instead is
+// killed after 60 s (coreutils' timeout -s KILL: status 137) rather than hanging the
+// suite until ctest's timeout.
 std::pair<int, std::string> run_to_end(const std::string& cmd) {
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  FILE* f = popen(("timeout -s KILL 60 " + cmd + " 2>&1").c_str(), "r");
   if (f == nullptr) return {-1, "popen failed"};
   std::string out;
   char buf[512];
@@ -277,16 +280,30 @@ TEST(ServeCli, PlanAboveTheDeviceLedgerRefusesToStart) {
   }
   // lavapipe's (and an integrated GPU's) device memory is host memory: the
   // GPU's share of the plan counts against the host budget too. The budget
-  // sits between the two plans: the CPU plan is the process's own RSS before
-  // loading (about 11 MiB here, 12.6 under ASan) plus ~1.3 MiB, the GPU plan
-  // adds ~11 MiB of device memory on top (`spillway estimate` shows both).
+  // sits halfway between what the CPU plan and the GPU plan need of the host,
+  // as this binary reports them (each refused under a 1 MiB budget): both
+  // include the process's own RSS before loading, which differs between a
+  // release and a sanitizer build by more than the gap between the plans.
   const auto devices = spw::list_vulkan_devices();
   if (devices.ok() && (devices->front().type == "cpu" || devices->front().type == "integrated-gpu")) {
+    auto needs = [&](const std::string& flags) -> uint64_t {
+      const auto [status, out] = run_to_end(base + flags + " --ctx 2048 --parallel 2 --host-budget 1MiB");
+      std::smatch m;
+      if (status != 1 || !std::regex_search(out, m, std::regex(R"(cannot reserve [^(]*\((\d+) B\))"))) {
+        ADD_FAILURE() << "expected a refusal naming the bytes: " << out;
+        return 0;
+      }
+      return std::stoull(m[1]);
+    };
+    const uint64_t cpu_need = needs("--device cpu");
+    const uint64_t gpu_need = needs("--device vulkan --no-cpu-fallback");
+    ASSERT_GT(gpu_need, cpu_need + (4u << 20)) << "the GPU plan holds its device memory on the host too";
+    const std::string budget = std::to_string((cpu_need + gpu_need) / 2);
     const auto [status, out] =
-        run_to_end(base + "--device vulkan --ctx 2048 --parallel 2 --host-budget 18MiB --no-cpu-fallback");
+        run_to_end(base + "--device vulkan --ctx 2048 --parallel 2 --host-budget " + budget + " --no-cpu-fallback");
     EXPECT_EQ(status, 1) << out;
     EXPECT_NE(out.find("host side of the GPU plan"), std::string::npos) << out;
-    ServeProcess cpu({"--ctx", "2048", "--parallel", "2", "--host-budget", "18MiB"});
+    ServeProcess cpu({"--ctx", "2048", "--parallel", "2", "--host-budget", budget});
     EXPECT_GT(cpu.port(), 0) << "the same plan on the CPU fits";
     cpu.signal(SIGTERM);
     EXPECT_EQ(cpu.wait_exit(std::chrono::seconds(20)), 0);
