@@ -159,6 +159,12 @@ double estimate_start_delay(const PathSnapshot& p, int32_t kv_blocks) {
   return std::max(0.0, p.startup_s) + start(kv_blocks, 0);
 }
 
+double pressure_of(const PathSnapshot& p) {
+  return p.ledger_limit > 0
+             ? static_cast<double>(p.ledger_used + p.request_extra_bytes) / static_cast<double>(p.ledger_limit)
+             : 0.0;
+}
+
 Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy) {
   Decision d;
   d.prompt_tokens = req.prompt_tokens;
@@ -215,9 +221,7 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     const int32_t max_tokens = req.max_tokens ? std::min(*req.max_tokens, room) : room;
     const int32_t blocks = kv_blocks_for(req.prompt_tokens + max_tokens, p.kv_block_tokens);
     const bool primary = p.role == PathRole::kPrimary;
-    const double pressure = p.ledger_limit > 0 ? static_cast<double>(p.ledger_used + p.request_extra_bytes) /
-                                                     static_cast<double>(p.ledger_limit)
-                                               : 0.0;
+    const double pressure = pressure_of(p);
     const bool pressure_ok = p.ledger_limit == 0 || pressure <= policy.pressure_threshold;
     const bool queue_ok = static_cast<int32_t>(p.queued.size()) < p.queue_capacity;
 

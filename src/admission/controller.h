@@ -194,6 +194,10 @@ struct Decision {
 
 Decision decide(const RequestShape& request, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy);
 
+// A path's ledger used / limit with the request's extra bytes (check 4 of
+// decide(); Decision::pressure); 0 for a path without a ledger.
+double pressure_of(const PathSnapshot& path);
+
 // Blocks for n_tokens positions.
 int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens);
 

@@ -184,12 +184,7 @@ admission::Decision Gateway::decide(const admission::RequestShape& shape,
     }
   }
   admission::Decision d = admission::decide(shape, snaps, policy_.admission);
-  if (d.path_index >= 0) {
-    const admission::PathSnapshot& p = planned[static_cast<size_t>(d.path_index)];
-    d.pressure = p.ledger_limit > 0 ? static_cast<double>(p.ledger_used + p.request_extra_bytes) /
-                                          static_cast<double>(p.ledger_limit)
-                                    : 0.0;
-  }
+  if (d.path_index >= 0) d.pressure = admission::pressure_of(planned[static_cast<size_t>(d.path_index)]);
   return d;
 }
 
