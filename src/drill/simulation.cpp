@@ -633,7 +633,6 @@ class Simulation {
   void send(Chain* c, const std::string& f);
   void resume(Chain* c);
   static serve::GenerationRequest generation_of(const Chain& c);
-  static bool resumable(const journal::Record& r);
   void after_end(Chain* c);
   void finish_chain(Chain* c);
   void poll();
@@ -1109,13 +1108,6 @@ serve::GenerationRequest Simulation::generation_of(const Chain& c) {
   return g;
 }
 
-// A journal record the resume endpoint continues: one with its checkpoint,
-// or one a kill interrupted before its first (from its prompt).
-bool Simulation::resumable(const journal::Record& r) {
-  return r.outcome.resumable && journal::is_terminal(r.state) &&
-         (!r.checkpoint.empty() || r.outcome.error_code == "interrupted");
-}
-
 // POST /v1/requests/{id}/resume as the HTTP layer does it: the journal's
 // checkpoint (or the prompt's), reopen, Gateway::resume with the text the
 // client has.
@@ -1141,7 +1133,7 @@ void Simulation::resume(Chain* c) {
   if (!proc_ || !journal_ || !serving_) return fail_now(0, "connection_refused", "the server is down", true);
   Result<journal::Record> r = journal_->get(c->record_id);
   if (!r.ok()) return fail_now(404, "not_found", r.status().message(), false);
-  if (!resumable(*r)) {
+  if (!journal::can_resume(*r)) {
     return fail_now(409, "not_resumable", "state " + std::string(journal::state_name(r->state)), false);
   }
   const bool from_prompt = r->checkpoint.empty();
@@ -1515,7 +1507,7 @@ void Simulation::kill(const FaultSpec& f) {
     at(back + to_ns(0.1), [this, c] {
       if (!journal_) return after_end(c);
       Result<journal::Record> r = journal_->get(c->record_id);
-      if (r.ok() && resumable(*r)) return resume(c);
+      if (r.ok() && journal::can_resume(*r)) return resume(c);
       if (!c->key.empty()) {
         c->retry = false;
         return send(c, "retry");

@@ -602,15 +602,14 @@ class HttpServer::Impl {
       c.message = "request " + text + " cannot be resumed: " + why;
       set_error(res, c);
     };
-    // A run the server died in before its first checkpoint (a kill during
-    // the prefill or the first tokens) continues from its prompt: the
-    // checkpoint it would have had at its start.
-    const bool from_prompt = r->checkpoint.empty() && r->outcome.resumable && journal::is_terminal(r->state) &&
-                             r->outcome.error_code == "interrupted";
-    if ((r->checkpoint.empty() && !from_prompt) || !r->outcome.resumable || !journal::is_terminal(r->state)) {
+    if (!journal::can_resume(*r)) {
       return conflict(r->checkpoint.empty() ? "it has no checkpoint (state " + std::string(journal::state_name(r->state)) + ")"
                                             : "it is " + std::string(journal::state_name(r->state)));
     }
+    // A run the server died in before its first checkpoint (a kill during
+    // the prefill or the first tokens) continues from its prompt: the
+    // checkpoint it would have had at its start.
+    const bool from_prompt = r->checkpoint.empty();
     Result<Checkpoint> cp = from_prompt ? start_checkpoint_of(*r, body.received_text) : parse_checkpoint(r->checkpoint);
     if (!cp.ok()) return conflict(from_prompt ? cp.status().message() : "its checkpoint is unreadable: " + cp.status().message());
     // Taken back to running before anything runs: a second resume of the

@@ -232,6 +232,7 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
   // resumable (no result reached the journal, so a retry cannot duplicate one).
   if (st.ok()) {
     Stmt u(j->db_,
+  // error_code: kInterruptedCode (journal.h).
            "UPDATE requests SET state='failed', resumable=1, updated_ms=?1, error_code='interrupted', "
            "error_message='interrupted: the gateway stopped (crash or kill) before the request finished; "
            "POST /v1/requests/{id}/resume continues it from its last checkpoint when it has one, or retry with "

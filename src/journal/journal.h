@@ -133,6 +133,19 @@ struct AcceptResult {
   bool replay = false;  // a finished request for this key: serve record, run nothing
 };
 
+// The error code recovery gives a request its process died under (a crash
+// or kill -9 while it ran: see Journal::open).
+inline constexpr std::string_view kInterruptedCode = "interrupted";
+
+// Whether a resume (POST /v1/requests/{id}/resume) may continue `r`: a
+// terminal, resumable row with a checkpoint, or one interrupted before its
+// first checkpoint (continued from its prompt; reopen() it with
+// require_checkpoint = false).
+inline bool can_resume(const Record& r) {
+  return is_terminal(r.state) && r.outcome.resumable &&
+         (!r.checkpoint.empty() || r.outcome.error_code == kInterruptedCode);
+}
+
 struct JournalOptions {
   int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // terminal rows kept this long
   int64_t prune_every = 1000;                     // accepts between prunes
