@@ -6,9 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <utility>
+#include <vector>
+
+#include "core/digest.h"
 
 namespace spw::journal {
 namespace {
@@ -16,14 +20,21 @@ namespace {
 // 2: `admission`, the admission decision as a JSON document (NULL: none).
 // 3: `checkpoint` (opaque bytes a resume continues from; NULL: none) and
 //    `checkpoint_tokens` (the generated tokens it holds).
-constexpr int kSchemaVersion = 3;
+// 4: `public_id` (random, unique: what clients see), `owner`, idempotency
+//    keys unique per owner instead of globally, the body's size and digest
+//    (`body_bytes`, `body_sha256`) and whether it is kept (`body_kept`),
+//    `refusal_reason`, and the response fields a replay needs (`seed`,
+//    `queue_ms`, `run_ms`, `max_tokens_requested`).
+constexpr int kSchemaVersion = 4;
 
 // One table: a request is one row whose state moves forward; the attempt
-// counter says how often an idempotency key was run.
+// counter says how often an idempotency key was run. The key's uniqueness is
+// an index per owner (a NULL key, none, is never looked up); public ids are
+// unique so that get_public() names one row.
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS requests (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
-  idempotency_key TEXT UNIQUE,
+  idempotency_key TEXT,
   endpoint TEXT NOT NULL,
   body TEXT NOT NULL,
   state TEXT NOT NULL,
@@ -40,9 +51,22 @@ CREATE TABLE IF NOT EXISTS requests (
   error_message TEXT NOT NULL DEFAULT '',
   admission TEXT,
   checkpoint BLOB,
-  checkpoint_tokens INTEGER NOT NULL DEFAULT 0
+  checkpoint_tokens INTEGER NOT NULL DEFAULT 0,
+  public_id INTEGER NOT NULL,
+  owner TEXT NOT NULL DEFAULT '',
+  body_bytes INTEGER NOT NULL DEFAULT 0,
+  body_sha256 TEXT NOT NULL DEFAULT '',
+  body_kept INTEGER NOT NULL DEFAULT 1,
+  refusal_reason TEXT NOT NULL DEFAULT '',
+  seed INTEGER,
+  queue_ms REAL NOT NULL DEFAULT 0,
+  run_ms REAL NOT NULL DEFAULT 0,
+  max_tokens_requested INTEGER
 );
 CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
+CREATE UNIQUE INDEX IF NOT EXISTS requests_public_id ON requests(public_id);
+CREATE UNIQUE INDEX IF NOT EXISTS requests_owner_key ON requests(owner, idempotency_key)
+  WHERE idempotency_key IS NOT NULL;
 )sql";
 
 // kMigrations[v - 1] turns a version-v journal into version v + 1, in place:
@@ -55,13 +79,82 @@ constexpr const char* kMigrations[] = {
     // running again from the start, as before).
     "ALTER TABLE requests ADD COLUMN checkpoint BLOB; "
     "ALTER TABLE requests ADD COLUMN checkpoint_tokens INTEGER NOT NULL DEFAULT 0",
+    // 3 -> 4: the UNIQUE constraint on idempotency_key becomes an index per
+    // owner. SQLite cannot drop a column constraint, so the table is rebuilt
+    // as its documented ALTER TABLE procedure does (create the new table,
+    // copy every row with its id, drop the old one, rename; no views,
+    // triggers or foreign keys refer to it). The version-4 table is spelt out
+    // here, not taken from kSchema, which later versions change. The
+    // AUTOINCREMENT counter moves to the new table (DROP TABLE would delete
+    // it and RENAME carries it over), so ids of pruned rows stay unused.
+    // Copied rows have owner '' (no keys existed) and a placeholder public id
+    // -id (unique, never a real one) that open() replaces with a random one,
+    // filling in the body's size and digest too (complete_migrated_rows_locked:
+    // Env's random numbers and SHA-256 are not SQL). kSchema then creates the
+    // indexes (DROP TABLE dropped requests_state).
+    R"sql(
+CREATE TABLE requests_v4 (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  idempotency_key TEXT,
+  endpoint TEXT NOT NULL,
+  body TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  placement TEXT NOT NULL DEFAULT '',
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  resumable INTEGER NOT NULL DEFAULT 0,
+  finish_reason TEXT NOT NULL DEFAULT '',
+  text TEXT NOT NULL DEFAULT '',
+  prompt_tokens INTEGER NOT NULL DEFAULT 0,
+  completion_tokens INTEGER NOT NULL DEFAULT 0,
+  error_code TEXT NOT NULL DEFAULT '',
+  error_message TEXT NOT NULL DEFAULT '',
+  admission TEXT,
+  checkpoint BLOB,
+  checkpoint_tokens INTEGER NOT NULL DEFAULT 0,
+  public_id INTEGER NOT NULL,
+  owner TEXT NOT NULL DEFAULT '',
+  body_bytes INTEGER NOT NULL DEFAULT 0,
+  body_sha256 TEXT NOT NULL DEFAULT '',
+  body_kept INTEGER NOT NULL DEFAULT 1,
+  refusal_reason TEXT NOT NULL DEFAULT '',
+  seed INTEGER,
+  queue_ms REAL NOT NULL DEFAULT 0,
+  run_ms REAL NOT NULL DEFAULT 0,
+  max_tokens_requested INTEGER
+);
+INSERT INTO requests_v4 (id, idempotency_key, endpoint, body, state, attempts, placement, created_ms, updated_ms,
+                         resumable, finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message,
+                         admission, checkpoint, checkpoint_tokens, public_id)
+  SELECT id, idempotency_key, endpoint, body, state, attempts, placement, created_ms, updated_ms, resumable,
+         finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message, admission, checkpoint,
+         checkpoint_tokens, -id
+  FROM requests;
+DELETE FROM sqlite_sequence WHERE name = 'requests_v4';
+UPDATE sqlite_sequence SET name = 'requests_v4' WHERE name = 'requests';
+DROP TABLE requests;
+ALTER TABLE requests_v4 RENAME TO requests;
+)sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion - 1, "one migration per older schema version");
 
 constexpr const char* kColumns =
     "id, idempotency_key, endpoint, body, state, attempts, placement, created_ms, updated_ms, resumable, "
     "finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message, admission, checkpoint, "
-    "checkpoint_tokens";
+    "checkpoint_tokens, public_id, owner, body_bytes, body_sha256, body_kept, refusal_reason, seed, queue_ms, "
+    "run_ms, max_tokens_requested";
+
+// Public ids are below 2^53, so that a JSON number (a double) holds them exactly.
+constexpr uint64_t kMaxPublicId = (uint64_t{1} << 53) - 1;
+
+bool is_sha256_hex(std::string_view s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
 
 std::optional<RequestState> state_from(std::string_view s) {
   for (RequestState st : {RequestState::kAccepted, RequestState::kRunning, RequestState::kDone,
@@ -98,6 +191,11 @@ class Stmt {
     sqlite3_bind_int64(s_, i, v);
     return *this;
   }
+  Stmt& f64(int i, double v) {
+    sqlite3_bind_double(s_, i, v);
+    return *this;
+  }
+  int param_count() const { return sqlite3_bind_parameter_count(s_); }
   int step() { return sqlite3_step(s_); }
   std::string col_text(int i) const {
     const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, i));
@@ -109,6 +207,8 @@ class Stmt {
              : std::string();
   }
   int64_t col_i64(int i) const { return sqlite3_column_int64(s_, i); }
+  double col_f64(int i) const { return sqlite3_column_double(s_, i); }
+  bool col_null(int i) const { return sqlite3_column_type(s_, i) == SQLITE_NULL; }
 
  private:
   sqlite3_stmt* s_ = nullptr;
@@ -140,7 +240,44 @@ Result<Record> read_row(const Stmt& q) {
   r.admission = q.col_text(16);  // NULL reads as ""
   r.checkpoint = q.col_blob(17);  // NULL reads as ""
   r.checkpoint_tokens = static_cast<int32_t>(q.col_i64(18));
+  r.public_id = q.col_i64(19);
+  r.owner = q.col_text(20);
+  r.body_bytes = q.col_i64(21);
+  r.body_sha256 = q.col_text(22);
+  r.body_kept = q.col_i64(23) != 0;
+  r.refusal_reason = q.col_text(24);
+  // Stored as the int64_t with the same bits: back to the uint64_t it was.
+  if (!q.col_null(25)) r.outcome.seed = static_cast<uint64_t>(q.col_i64(25));
+  r.outcome.queue_ms = q.col_f64(26);
+  r.outcome.run_ms = q.col_f64(27);
+  if (!q.col_null(28)) r.outcome.max_tokens_requested = static_cast<int32_t>(q.col_i64(28));
   return r;
+}
+
+// SQLite stores a NaN as NULL, which the NOT NULL columns refuse: a time that
+// is not a number (never expected) is stored as 0 rather than failing the
+// write, since the terminal state matters more than the timing.
+double finite_or_zero(double v) { return std::isfinite(v) ? v : 0.0; }
+
+// Binds an outcome's columns at ?first .. ?first+11, in the order finish and
+// record_refusal name them: state, resumable, finish_reason, text,
+// prompt_tokens, completion_tokens, error_code, error_message, seed,
+// queue_ms, run_ms, max_tokens_requested.
+void bind_outcome(Stmt& s, int first, const Outcome& o) {
+  s.text(first, state_name(o.state))
+      .i64(first + 1, o.resumable ? 1 : 0)
+      .text(first + 2, o.finish_reason)
+      .text(first + 3, o.text)
+      .i64(first + 4, o.prompt_tokens)
+      .i64(first + 5, o.completion_tokens)
+      .text(first + 6, o.error_code)
+      .text(first + 7, o.error_message);
+  // Two's complement: every uint64_t seed fits an INTEGER column and reads back.
+  if (o.seed) s.i64(first + 8, static_cast<int64_t>(*o.seed));
+  else s.null(first + 8);
+  s.f64(first + 9, finite_or_zero(o.queue_ms)).f64(first + 10, finite_or_zero(o.run_ms));
+  if (o.max_tokens_requested) s.i64(first + 11, *o.max_tokens_requested);
+  else s.null(first + 11);
 }
 
 }  // namespace
@@ -225,7 +362,8 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
                             std::to_string(v + 1) + ")");
     }
   }
-  if (st.ok()) st = j->exec_locked(kSchema);  // a new file; no-op for a migrated one
+  if (st.ok()) st = j->exec_locked(kSchema);  // a new file; a migrated one gets the indexes it lacks
+  if (st.ok()) st = j->complete_migrated_rows_locked();
   // Set in the same transaction as the migration: both land, or neither.
   if (st.ok()) st = j->exec_locked(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
   // Whatever a previous process left running was interrupted: it ends here,
@@ -258,12 +396,16 @@ Status Journal::prune_locked() {
   return Status();
 }
 
-Result<std::optional<Record>> Journal::find_locked(const char* where_sql, const std::string& key, int64_t id) {
+Result<std::optional<Record>> Journal::find_locked(const char* where_sql, int64_t n, const std::string& owner,
+                                                   const std::string& key) {
   const std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE " + where_sql;
   Stmt q(db_, sql.c_str());
   if (!q.ok()) return error_locked("preparing a lookup");
-  if (key.empty()) q.i64(1, id);
-  else q.text(1, key);
+  // Only the parameters the clause uses (up to the highest it names).
+  const int params = q.param_count();
+  if (params >= 1) q.i64(1, n);
+  if (params >= 2) q.text(2, owner);
+  if (params >= 3) q.text(3, key);
   const int rc = q.step();
   if (rc == SQLITE_DONE) return std::optional<Record>();
   if (rc != SQLITE_ROW) return error_locked("reading a request");
@@ -271,17 +413,73 @@ Result<std::optional<Record>> Journal::find_locked(const char* where_sql, const 
   return std::optional<Record>(std::move(r));
 }
 
+Result<int64_t> Journal::new_public_id_locked() {
+  // Uniform over [1, kMaxPublicId]: the low 53 bits, 0 drawn again. A
+  // collision is rare (a birthday bound of 2^26 rows) but possible: draw again.
+  constexpr int kDraws = 64;
+  for (int i = 0; i < kDraws; ++i) {
+    const int64_t pid = static_cast<int64_t>(env_.random_u64() & kMaxPublicId);
+    if (pid == 0) continue;
+    Stmt q(db_, "SELECT 1 FROM requests WHERE public_id=?1");
+    if (!q.ok()) return error_locked("preparing a public id lookup");
+    const int rc = q.i64(1, pid).step();
+    if (rc == SQLITE_DONE) return pid;
+    if (rc != SQLITE_ROW) return error_locked("looking up a public id");
+  }
+  return Status::internal("journal " + path_ + ": no unused public id in " + std::to_string(kDraws) +
+                          " draws (does the Env's random_u64 repeat itself?)");
+}
+
+Status Journal::complete_migrated_rows_locked() {
+  // The ids first, then one row at a time: updating rows while a SELECT
+  // walks them is not defined, and bodies may be large.
+  std::vector<int64_t> ids;
+  {
+    Stmt q(db_, "SELECT id FROM requests WHERE public_id < 1");
+    if (!q.ok()) return error_locked("preparing the migrated rows' lookup");
+    int rc;
+    while ((rc = q.step()) == SQLITE_ROW) ids.push_back(q.col_i64(0));
+    if (rc != SQLITE_DONE) return error_locked("reading the migrated rows");
+  }
+  for (int64_t id : ids) {
+    std::string body;
+    {
+      Stmt q(db_, "SELECT body FROM requests WHERE id=?1");
+      if (!q.ok() || q.i64(1, id).step() != SQLITE_ROW) {
+        return error_locked("reading migrated request " + std::to_string(id));
+      }
+      body = q.col_text(0);
+    }
+    SPW_ASSIGN_OR_RETURN(const int64_t pid, new_public_id_locked());
+    Stmt u(db_, "UPDATE requests SET public_id=?1, body_bytes=?2, body_sha256=?3 WHERE id=?4");
+    if (!u.ok()) return error_locked("preparing the migrated rows' update");
+    u.i64(1, pid).i64(2, static_cast<int64_t>(body.size())).text(3, sha256_hex(body)).i64(4, id);
+    if (u.step() != SQLITE_DONE) return error_locked("completing migrated request " + std::to_string(id));
+  }
+  return Status();
+}
+
+Status Journal::count_accept_locked() {
+  if (++accepts_since_prune_ >= options_.prune_every) return prune_locked();
+  return Status();
+}
+
 Result<AcceptResult> Journal::accept(const NewRequest& req) {
+  // Hashed before the lock: a large body does not hold up other writers.
+  const std::string digest = sha256_hex(req.body);
+  const auto body_bytes = static_cast<int64_t>(req.body.size());
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = env_.wall_time_ms();
   SPW_RETURN_IF_ERROR(exec_locked("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<AcceptResult> {
     if (!req.idempotency_key.empty()) {
-      SPW_ASSIGN_OR_RETURN(std::optional<Record> old, find_locked("idempotency_key = ?1", req.idempotency_key, 0));
+      SPW_ASSIGN_OR_RETURN(std::optional<Record> old,
+                           find_locked("owner = ?2 AND idempotency_key = ?3", 0, req.owner, req.idempotency_key));
       if (old) {
         const std::string which = "Idempotency-Key '" + req.idempotency_key + "' (request " +
-                                  std::to_string(old->id) + ")";
-        if (old->body != req.body || old->endpoint != req.endpoint) {
+                                  std::to_string(old->public_id) + ")";
+        // By digest: a refused row keeps only that of its body.
+        if (old->body_sha256 != digest || old->body_bytes != body_bytes || old->endpoint != req.endpoint) {
           return Status(StatusCode::kFailedPrecondition,
                         which + " was already used with a different body or endpoint; use a new key for a new request",
                         FailureReason::kIdempotencyConflict, "Idempotency-Key");
@@ -290,31 +488,38 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
         if (!is_terminal(old->state)) {
           return Status(StatusCode::kFailedPrecondition,
                         which + " is still in progress (" + std::string(state_name(old->state)) +
-                            "); poll GET /v1/requests/" + std::to_string(old->id),
+                            "); poll GET /v1/requests/" + std::to_string(old->public_id),
                         FailureReason::kIdempotencyConflict, "Idempotency-Key");
         }
         // Failed or cancelled: nothing was delivered as complete; run it again,
         // from scratch (a resume from the checkpoint is reopen(), not this).
+        // The body goes back in: a refusal (finish_refused) dropped it, and
+        // this attempt runs from it.
         Stmt u(db_,
                "UPDATE requests SET state='accepted', attempts=attempts+1, updated_ms=?1, resumable=0, "
                "finish_reason='', text='', prompt_tokens=0, completion_tokens=0, error_code='', error_message='', "
-               "placement='', admission=NULL, checkpoint=NULL, checkpoint_tokens=0 WHERE id=?2");
-        if (!u.ok() || u.i64(1, now).i64(2, old->id).step() != SQLITE_DONE) return error_locked("retrying");
-        SPW_ASSIGN_OR_RETURN(std::optional<Record> again, find_locked("id = ?1", "", old->id));
+               "placement='', admission=NULL, checkpoint=NULL, checkpoint_tokens=0, body=?3, body_kept=1, "
+               "refusal_reason='', seed=NULL, queue_ms=0, run_ms=0, max_tokens_requested=NULL WHERE id=?2");
+        if (!u.ok() || u.i64(1, now).i64(2, old->id).text(3, req.body).step() != SQLITE_DONE) {
+          return error_locked("retrying");
+        }
+        SPW_ASSIGN_OR_RETURN(std::optional<Record> again, find_locked("id = ?1", old->id));
         return AcceptResult{std::move(*again), false};
       }
     }
+    SPW_ASSIGN_OR_RETURN(const int64_t public_id, new_public_id_locked());
     Stmt ins(db_,
-             "INSERT INTO requests (idempotency_key, endpoint, body, state, created_ms, updated_ms) "
-             "VALUES (?1, ?2, ?3, 'accepted', ?4, ?4)");
+             "INSERT INTO requests (idempotency_key, endpoint, body, state, created_ms, updated_ms, public_id, owner, "
+             "body_bytes, body_sha256, body_kept) VALUES (?1, ?2, ?3, 'accepted', ?4, ?4, ?5, ?6, ?7, ?8, 1)");
     if (!ins.ok()) return error_locked("preparing insert");
     if (req.idempotency_key.empty()) ins.null(1);
     else ins.text(1, req.idempotency_key);
-    ins.text(2, req.endpoint).text(3, req.body).i64(4, now);
+    ins.text(2, req.endpoint).text(3, req.body).i64(4, now).i64(5, public_id).text(6, req.owner);
+    ins.i64(7, body_bytes).text(8, digest);
     if (ins.step() != SQLITE_DONE) return error_locked("recording a request");
     const int64_t id = sqlite3_last_insert_rowid(db_);
-    if (++accepts_since_prune_ >= options_.prune_every) SPW_RETURN_IF_ERROR(prune_locked());
-    SPW_ASSIGN_OR_RETURN(std::optional<Record> rec, find_locked("id = ?1", "", id));
+    SPW_RETURN_IF_ERROR(count_accept_locked());
+    SPW_ASSIGN_OR_RETURN(std::optional<Record> rec, find_locked("id = ?1", id));
     return AcceptResult{std::move(*rec), false};
   }();
   if (!body.ok()) {
@@ -337,35 +542,111 @@ Status Journal::mark_running(int64_t id, const std::string& placement) {
   return Status();
 }
 
-Status Journal::finish(int64_t id, const Outcome& o) {
+Status Journal::finish(int64_t id, const Outcome& o) { return finish_row(id, o, /*drop_body=*/false); }
+
+Status Journal::finish_refused(int64_t id, const Outcome& o) { return finish_row(id, o, /*drop_body=*/true); }
+
+Status Journal::finish_row(int64_t id, const Outcome& o, bool drop_body) {
   if (!is_terminal(o.state)) return Status::invalid_argument("journal finish: state must be terminal");
   std::lock_guard<std::mutex> lk(mu_);
   // kDone drops the checkpoint (the result is complete; nothing resumes from
   // it, and it may be large); a failure or cancellation keeps it, since that
-  // is what a resume continues from.
+  // is what a resume continues from. A refusal (drop_body) drops the body
+  // and with it the checkpoint, which cannot be resumed without the body;
+  // the body's size and digest stay for the next attempt's comparison.
   Stmt u(db_,
          "UPDATE requests SET state=?1, resumable=?2, finish_reason=?3, text=?4, prompt_tokens=?5, "
-         "completion_tokens=?6, error_code=?7, error_message=?8, updated_ms=?9, "
-         "checkpoint=CASE WHEN ?1='done' THEN NULL ELSE checkpoint END, "
-         "checkpoint_tokens=CASE WHEN ?1='done' THEN 0 ELSE checkpoint_tokens END "
-         "WHERE id=?10 AND state IN ('accepted','running')");
+         "completion_tokens=?6, error_code=?7, error_message=?8, seed=?9, queue_ms=?10, run_ms=?11, "
+         "max_tokens_requested=?12, updated_ms=?13, "
+         "checkpoint=CASE WHEN ?1='done' OR ?15 THEN NULL ELSE checkpoint END, "
+         "checkpoint_tokens=CASE WHEN ?1='done' OR ?15 THEN 0 ELSE checkpoint_tokens END, "
+         "body=CASE WHEN ?15 THEN '' ELSE body END, body_kept=CASE WHEN ?15 THEN 0 ELSE body_kept END "
+         "WHERE id=?14 AND state IN ('accepted','running')");
   if (!u.ok()) return error_locked("preparing finish");
-  u.text(1, state_name(o.state))
-      .i64(2, o.resumable ? 1 : 0)
-      .text(3, o.finish_reason)
-      .text(4, o.text)
-      .i64(5, o.prompt_tokens)
-      .i64(6, o.completion_tokens)
-      .text(7, o.error_code)
-      .text(8, o.error_message)
-      .i64(9, env_.wall_time_ms())
-      .i64(10, id);
+  bind_outcome(u, 1, o);
+  u.i64(13, env_.wall_time_ms()).i64(14, id).i64(15, drop_body ? 1 : 0);
   if (u.step() != SQLITE_DONE) return error_locked("finishing request " + std::to_string(id));
   if (sqlite3_changes(db_) == 0) {
     return Status::failed_precondition("journal: request " + std::to_string(id) +
                                        " is unknown or already terminal");
   }
   return Status();
+}
+
+Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o) {
+  if (!is_terminal(o.state)) return Status::invalid_argument("journal record_refusal: state must be terminal");
+  if (s.body_bytes < 0) {
+    return Status::invalid_argument("journal record_refusal: body_bytes " + std::to_string(s.body_bytes) +
+                                    " is negative");
+  }
+  if (!s.body_sha256.empty() && !is_sha256_hex(s.body_sha256)) {
+    return Status::invalid_argument("journal record_refusal: body_sha256 '" + s.body_sha256 +
+                                    "' is not 64 lowercase hex characters");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t now = env_.wall_time_ms();
+  SPW_RETURN_IF_ERROR(exec_locked("BEGIN IMMEDIATE"));
+  auto body = [&]() -> Result<Record> {
+    if (!s.idempotency_key.empty()) {
+      SPW_ASSIGN_OR_RETURN(std::optional<Record> old,
+                           find_locked("owner = ?2 AND idempotency_key = ?3", 0, s.owner, s.idempotency_key));
+      if (old) {
+        const std::string which = "Idempotency-Key '" + s.idempotency_key + "' (request " +
+                                  std::to_string(old->public_id) + ")";
+        if (old->body_sha256 != s.body_sha256 || old->body_bytes != s.body_bytes || old->endpoint != s.endpoint) {
+          return Status(StatusCode::kFailedPrecondition,
+                        which + " was already used with a different body or endpoint; use a new key for a new request",
+                        FailureReason::kIdempotencyConflict, "Idempotency-Key");
+        }
+        if (!is_terminal(old->state) || old->state == RequestState::kDone) {
+          return Status(StatusCode::kFailedPrecondition,
+                        which + " is " + std::string(state_name(old->state)) + ", not a failed attempt to refuse again",
+                        FailureReason::kIdempotencyConflict, "Idempotency-Key");
+        }
+        // The next attempt under the key, refused: as accept() then
+        // finish_refused() would leave it, without writing the body.
+        Stmt u(db_,
+               "UPDATE requests SET attempts=attempts+1, state=?1, resumable=?2, finish_reason=?3, text=?4, "
+               "prompt_tokens=?5, completion_tokens=?6, error_code=?7, error_message=?8, seed=?9, queue_ms=?10, "
+               "run_ms=?11, max_tokens_requested=?12, updated_ms=?13, placement='', admission=NULL, "
+               "checkpoint=NULL, checkpoint_tokens=0, body='', body_kept=0, refusal_reason=?15 WHERE id=?14");
+        if (!u.ok()) return error_locked("preparing a refusal");
+        bind_outcome(u, 1, o);
+        u.i64(13, now).i64(14, old->id).text(15, s.reason);
+        if (u.step() != SQLITE_DONE) return error_locked("recording a refusal");
+        SPW_ASSIGN_OR_RETURN(std::optional<Record> again, find_locked("id = ?1", old->id));
+        return std::move(*again);
+      }
+    }
+    SPW_ASSIGN_OR_RETURN(const int64_t public_id, new_public_id_locked());
+    // No body: the row says that a request came and why it was refused, and
+    // costs little.
+    Stmt ins(db_,
+             "INSERT INTO requests (state, resumable, finish_reason, text, prompt_tokens, completion_tokens, "
+             "error_code, error_message, seed, queue_ms, run_ms, max_tokens_requested, created_ms, updated_ms, "
+             "public_id, owner, endpoint, body, body_bytes, body_sha256, body_kept, refusal_reason, "
+             "idempotency_key) "
+             "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16, '', ?17, ?18, 0, "
+             "?19, ?20)");
+    if (!ins.ok()) return error_locked("preparing a refusal");
+    bind_outcome(ins, 1, o);
+    ins.i64(13, now).i64(14, public_id).text(15, s.owner).text(16, s.endpoint).i64(17, s.body_bytes);
+    ins.text(18, s.body_sha256).text(19, s.reason);
+    if (s.idempotency_key.empty()) ins.null(20);
+    else ins.text(20, s.idempotency_key);
+    if (ins.step() != SQLITE_DONE) return error_locked("recording a refusal");
+    const int64_t id = sqlite3_last_insert_rowid(db_);
+    // A flood of refusals is pruned as a flood of requests is.
+    SPW_RETURN_IF_ERROR(count_accept_locked());
+    SPW_ASSIGN_OR_RETURN(std::optional<Record> rec, find_locked("id = ?1", id));
+    return std::move(*rec);
+  }();
+  if (!body.ok()) {
+    (void)exec_locked("ROLLBACK");
+    return body.status();
+  }
+  SPW_RETURN_IF_ERROR(exec_locked("COMMIT"));
+  return body;
 }
 
 Status Journal::set_admission(int64_t id, std::string_view admission_json) {
@@ -436,7 +717,7 @@ Status Journal::reopen(int64_t id, const std::string& placement, bool require_ch
   // finish() overwrites it.
   Stmt u(db_,
          "UPDATE requests SET state='running', placement=?1, updated_ms=?2, resumable=0, error_code='', "
-         "error_message='' WHERE id=?3 AND state IN ('failed','cancelled') AND resumable=1 AND "
+         "error_message='' WHERE id=?3 AND state IN ('failed','cancelled') AND resumable=1 AND body_kept=1 AND "
          "(checkpoint IS NOT NULL OR ?4 = 0)");
   if (!u.ok()) return error_locked("preparing reopen");
   if (u.text(1, placement).i64(2, env_.wall_time_ms()).i64(3, id).i64(4, require_checkpoint ? 1 : 0).step() !=
@@ -445,7 +726,7 @@ Status Journal::reopen(int64_t id, const std::string& placement, bool require_ch
   }
   if (sqlite3_changes(db_) > 0) return Status();
   // Refused: say why, in the order a caller would check.
-  Stmt q(db_, "SELECT state, resumable, error_code FROM requests WHERE id=?1");
+  Stmt q(db_, "SELECT state, resumable, error_code, body_kept FROM requests WHERE id=?1");
   if (!q.ok()) return error_locked("preparing a lookup");
   const int rc = q.i64(1, id).step();
   if (rc == SQLITE_DONE) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
@@ -461,14 +742,30 @@ Status Journal::reopen(int64_t id, const std::string& placement, bool require_ch
     return Status::failed_precondition(which + "not resumable: state " + state +
                                        (code.empty() ? std::string() : " (" + code + ")"));
   }
+  // The prompt is rebuilt from the body, which a refusal did not keep.
+  if (q.col_i64(3) == 0) return Status::failed_precondition(which + "its body was not kept (it was refused)");
   return Status::failed_precondition(which + "it has no checkpoint");
 }
 
 Result<Record> Journal::get(int64_t id) {
   std::lock_guard<std::mutex> lk(mu_);
-  SPW_ASSIGN_OR_RETURN(std::optional<Record> r, find_locked("id = ?1", "", id));
+  SPW_ASSIGN_OR_RETURN(std::optional<Record> r, find_locked("id = ?1", id));
   if (!r) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
   return std::move(*r);
+}
+
+Result<Record> Journal::get_public(int64_t public_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // Out of range or unknown: the same answer, so a miss tells a prober nothing.
+  SPW_ASSIGN_OR_RETURN(std::optional<Record> r, find_locked("public_id = ?1", public_id));
+  if (!r) return Status::not_found("request " + std::to_string(public_id) + " is not in the journal");
+  return std::move(*r);
+}
+
+Result<std::optional<Record>> Journal::find_key(const std::string& owner, const std::string& key) {
+  if (key.empty()) return std::optional<Record>();  // no key names no request
+  std::lock_guard<std::mutex> lk(mu_);
+  return find_locked("owner = ?2 AND idempotency_key = ?3", 0, owner, key);
 }
 
 }  // namespace spw::journal

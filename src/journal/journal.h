@@ -4,6 +4,21 @@
 // (invariant 1), and so that a retry carrying the same Idempotency-Key never
 // runs a finished generation twice.
 //
+// Identity: every row has two ids. `id` is the AUTOINCREMENT key every
+// method but get_public() takes: dense and predictable, for the gateway's own
+// use only. `public_id` is what a client is shown and reads back with
+// get_public(): a random integer in [1, 2^53 - 1] (exact in a JSON number),
+// drawn from Env::random_u64(), unique (drawn again on the rare collision;
+// Internal, and nothing written, should 64 draws in a row collide: an Env
+// whose numbers repeat), fixed for the row's life, so that one client cannot
+// read another's request by counting. Messages meant for clients name it,
+// never `id`. Under a simulated Env the draws are deterministic, as the
+// drill's simulation needs.
+// Owners: a request belongs to an owner (the API key it came with, as the
+// HTTP layer names it; empty: no key in use). Idempotency keys are scoped to
+// their owner: the same key under two owners names two requests, so a client
+// can neither replay nor block another's request by guessing its key.
+//
 // Contract:
 //   open(env, path)  takes PATH.lock (flock, exclusive, for the Journal's
 //       life: Unavailable when another process holds it, since recovery below
@@ -15,30 +30,65 @@
 //       true and an error naming the interruption, keeping their checkpoint
 //       (see reopen()); recovered() says how many.
 //       Terminal rows older than options.retention_ms are deleted then (and
-//       on every options.prune_every-th accept). IOError naming the path when
+//       on every options.prune_every-th accept() or record_refusal()).
+//       IOError naming the path when
 //       the file cannot be opened or is not a journal. A journal of an older
 //       schema version is migrated in place (one transaction: it keeps every
-//       row, or the file stays as it was and open() fails); Corruption when
-//       its schema version is newer than ours or unknown.
+//       row, its id, idempotency key and the id counter, or the file stays as
+//       it was and open() fails); rows from before version 4 get a random
+//       public id, owner "" (no key) and their body's size and digest.
+//       Corruption when its schema version is newer than ours or unknown.
 //   accept(req)      records a new request as kAccepted with id > 0 (ids are
-//       never reused, also across restarts). With an idempotency key already
-//       in the journal:
-//         - a different body (compared byte for byte): FailedPrecondition
-//           ("reused ... with a different body"); nothing changes;
+//       never reused, also across restarts), a fresh public_id, the body with
+//       its size and SHA-256 (body_kept = true). With an idempotency key
+//       already in the journal under the same owner (see find_key()):
+//         - a different body or endpoint: FailedPrecondition ("reused ...
+//           with a different body"); nothing changes. Bodies are compared by
+//           SHA-256 digest, not byte for byte: a refused row no longer holds
+//           its body (finish_refused()), only its digest;
 //         - kDone: the stored record, replay = true (serve it, do not run);
-//         - kAccepted / kRunning: FailedPrecondition naming the id ("still in
-//           progress"): the client should poll it;
-//         - kFailed / kCancelled: a new attempt under the same id (attempts +
-//           1, result, error, admission and checkpoint cleared, state
-//           kAccepted: it runs from the start), replay = false.
+//         - kAccepted / kRunning: FailedPrecondition naming the public id
+//           ("still in progress"): the client should poll it;
+//         - kFailed / kCancelled: a new attempt under the same id and public
+//           id (attempts + 1, result, error, admission and checkpoint
+//           cleared, the body stored again, state kAccepted: it runs from the
+//           start), replay = false.
+//   find_key(owner, key)  the row the owner's idempotency key names, if any
+//       (an empty key names none: std::nullopt).
 //   mark_running(id, placement)  kAccepted -> kRunning; on a kRunning row it
 //       records the new placement (a failover before the first token moved
 //       the request to another path). FailedPrecondition when terminal.
 //   finish(id, outcome)  -> kDone / kCancelled / kFailed with the result or
-//       the error; FailedPrecondition when the row is already terminal (a
+//       the error, and the response's other fields (seed, queue_ms, run_ms,
+//       max_tokens_requested: what a replay answers with);
+//       FailedPrecondition when the row is already terminal (a
 //       terminal state is written once per attempt). kDone clears the
 //       checkpoint (nothing resumes a finished request); kFailed / kCancelled
 //       keep it for reopen().
+//   finish_refused(id, outcome)  finish() for a request the gateway refused
+//       after accept() recorded it (admission, a full queue): the same
+//       preconditions and errors, and it also drops the stored body and any
+//       checkpoint (body empty, body_kept = false; body_bytes and
+//       body_sha256 kept, so a retry under the key is still compared), so
+//       that a flood of refused requests does not fill the disk with their
+//       bodies. Such a row cannot be resumed (nothing to rebuild the prompt
+//       from); a retry with the same key is a new attempt as above and
+//       stores its body again.
+//   record_refusal(summary, outcome)  one new terminal row (state from
+//       outcome, normally kFailed) for a request refused before it was
+//       recorded (queue full, a prompt too long for any context): owner,
+//       endpoint, the body's size and digest and the reason (refusal_reason)
+//       from the summary, no body (body_kept = false), a fresh id and
+//       public_id. With an idempotency key it is an attempt under that key,
+//       as accept() would have made it: a new row holding the key, or, when
+//       the owner's key names a failed or cancelled row, that row as its
+//       next attempt (attempts + 1, its result, admission and checkpoint
+//       cleared), so that a retry after the refusal runs under the same id;
+//       the same FailedPrecondition (kIdempotencyConflict) as accept() for a
+//       different digest or endpoint, or a row in progress; and for a done
+//       row (the caller replays it instead of refusing). InvalidArgument for
+//       a non-terminal state, negative body_bytes, or a body_sha256 that is
+//       neither empty nor 64 lowercase hex characters.
 //   save_checkpoint(id, bytes, generated_tokens)  replaces the row's
 //       checkpoint: opaque bytes (NUL bytes included) from which generation
 //       can continue, holding generated_tokens generated tokens. Only while
@@ -52,14 +102,15 @@
 //       from the current one once reopen() made the row kRunning again: stop
 //       the old worker before resuming.
 //   reopen(id, placement)  resumes an interrupted request: a kFailed or
-//       kCancelled row with resumable = true and a checkpoint goes back to
-//       kRunning on placement, as the same attempt (attempts unchanged; the
+//       kCancelled row with resumable = true, its body kept and a checkpoint
+//       goes back to kRunning on placement, as the same attempt (attempts unchanged; the
 //       error and resumable cleared; checkpoint, admission and the partial
 //       result kept until save_checkpoint() / finish() replace them). One
 //       conditional UPDATE: of concurrent reopens of one id exactly one
 //       succeeds. FailedPrecondition saying why otherwise ("not resumable:
 //       state done", "it is running", "not resumable: state failed (code)",
-//       "it has no checkpoint"); NotFound for an unknown id. mark_running()
+//       "its body was not kept", "it has no checkpoint"); NotFound for an
+//       unknown id. mark_running()
 //       never does this: it moves only kAccepted / kRunning rows.
 //   set_admission(id, json)  records the admission decision the request was
 //       admitted or refused under (a JSON object, as the HTTP layer renders
@@ -70,6 +121,8 @@
 //       Empty json clears it. NotFound for an unknown id; InvalidArgument
 //       when the text is not a JSON object.
 //   get(id)          the record (checkpoint included), or NotFound.
+//   get_public(public_id)  the same by public id, or NotFound naming the
+//       public id (also for ids out of range: every miss looks the same).
 // Times are Env::wall_time_ms(). Every write is one transaction.
 // Thread safety: all methods may be called from any thread (one connection,
 // serialised by a mutex).
@@ -99,6 +152,7 @@ struct NewRequest {
   std::string idempotency_key;  // empty: none
   std::string endpoint;         // "/v1/completions", "/v1/chat/completions"
   std::string body;             // the request body as received
+  std::string owner;            // who sent it (the API key's name); empty: no key in use
 };
 
 struct Outcome {
@@ -110,6 +164,14 @@ struct Outcome {
   int32_t completion_tokens = 0;
   std::string error_code;        // kFailed / kCancelled: e.g. "queue_full", "cancelled"
   std::string error_message;
+  // The original response's other fields, so that a replay answers with
+  // them. The seed the generation sampled with (the client's, or the one the
+  // server chose); every uint64_t value round-trips (stored as the int64_t
+  // with the same bits). nullopt: none known.
+  std::optional<uint64_t> seed;
+  double queue_ms = 0;  // milliseconds spent queued
+  double run_ms = 0;    // milliseconds spent running
+  std::optional<int32_t> max_tokens_requested;  // the client's max_tokens; nullopt: not sent
 };
 
 struct Record {
@@ -126,6 +188,12 @@ struct Record {
   std::string admission;  // the admission decision, a JSON object; empty: none recorded
   std::string checkpoint;  // opaque bytes a resume continues from (may hold NULs); empty: none
   int32_t checkpoint_tokens = 0;  // generated tokens the checkpoint holds
+  int64_t public_id = 0;  // what clients see (see Identity above); 0 only in a Record not read from a journal
+  std::string owner;      // empty: no API key in use
+  int64_t body_bytes = 0;    // the body's size as received, also when not kept
+  std::string body_sha256;   // its SHA-256, 64 lowercase hex (empty: a refusal recorded without one)
+  bool body_kept = true;     // false: a refusal, only the size and digest are stored (body is empty)
+  std::string refusal_reason;  // record_refusal()'s reason; empty for every other row
 };
 
 struct AcceptResult {
@@ -140,11 +208,23 @@ inline constexpr std::string_view kInterruptedCode = "interrupted";
 // Whether a resume (POST /v1/requests/{id}/resume) may continue `r`: a
 // terminal, resumable row with a checkpoint, or one interrupted before its
 // first checkpoint (continued from its prompt; reopen() it with
-// require_checkpoint = false).
+// require_checkpoint = false). Never a row whose body was dropped (a
+// refusal): the prompt is rebuilt from the body.
 inline bool can_resume(const Record& r) {
-  return is_terminal(r.state) && r.outcome.resumable &&
+  return is_terminal(r.state) && r.outcome.resumable && r.body_kept &&
          (!r.checkpoint.empty() || r.outcome.error_code == kInterruptedCode);
 }
+
+// What record_refusal() keeps of a request refused before it was recorded:
+// enough to count and explain it, not the body.
+struct RefusalSummary {
+  std::string owner;        // empty: no API key in use
+  std::string endpoint;
+  int64_t body_bytes = 0;
+  std::string body_sha256;  // core/digest.h's sha256_hex of the body; empty: not computed
+  std::string reason;       // why it was refused, e.g. "queue_full", "context_full"
+  std::string idempotency_key;  // empty: none
+};
 
 struct JournalOptions {
   int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // terminal rows kept this long
@@ -159,14 +239,18 @@ class Journal {
   Journal& operator=(const Journal&) = delete;
 
   Result<AcceptResult> accept(const NewRequest& request);
+  Result<std::optional<Record>> find_key(const std::string& owner, const std::string& key);
   Status mark_running(int64_t id, const std::string& placement);
   Status finish(int64_t id, const Outcome& outcome);
+  Status finish_refused(int64_t id, const Outcome& outcome);
+  Result<Record> record_refusal(const RefusalSummary& summary, const Outcome& outcome);
   Status set_admission(int64_t id, std::string_view admission_json);
   Status save_checkpoint(int64_t id, std::string_view bytes, int32_t generated_tokens);
   // require_checkpoint = false also reopens a resumable row without one (the
   // caller resumes it from its prompt: see Gateway::start_checkpoint).
   Status reopen(int64_t id, const std::string& placement, bool require_checkpoint = true);
   Result<Record> get(int64_t id);
+  Result<Record> get_public(int64_t public_id);
 
   int64_t recovered() const { return recovered_; }
   const std::string& path() const { return path_; }
@@ -175,7 +259,16 @@ class Journal {
   Journal(Env& env, std::string path, JournalOptions options);
   Status exec_locked(const char* sql);
   Status prune_locked();
-  Result<std::optional<Record>> find_locked(const char* where_sql, const std::string& key, int64_t id);
+  // One row by a WHERE clause over ?1 = n, ?2 = owner, ?3 = key (any subset).
+  Result<std::optional<Record>> find_locked(const char* where_sql, int64_t n, const std::string& owner = {},
+                                            const std::string& key = {});
+  // A public id no row has yet (see Identity).
+  Result<int64_t> new_public_id_locked();
+  // Gives rows the 3 -> 4 migration copied their public id, size and digest.
+  Status complete_migrated_rows_locked();
+  // finish() and finish_refused(); takes mu_.
+  Status finish_row(int64_t id, const Outcome& outcome, bool drop_body);
+  Status count_accept_locked();
   Status error_locked(const std::string& what) const;
 
   Env& env_;

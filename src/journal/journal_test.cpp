@@ -1,9 +1,11 @@
 // Journal against a real SQLite file in a temporary folder: the request
-// lifecycle, idempotency rules, recovery after a process that died mid-request
-// (simulated by reopening a file whose rows were left non-terminal), retention
-// under a controlled wall clock, concurrent writers, the admission decision,
-// generation checkpoints and their resume, and the migration of journals
-// written with older schemas.
+// lifecycle, idempotency rules (per owner, bodies compared by digest),
+// recovery after a process that died mid-request (simulated by reopening a
+// file whose rows were left non-terminal), retention under a controlled wall
+// clock, concurrent writers, the admission decision, generation checkpoints
+// and their resume, random public ids, refusals that keep only a summary, the
+// response fields a replay needs, and the migration of journals written with
+// older schemas.
 #include "journal/journal.h"
 
 #include <gtest/gtest.h>
@@ -11,11 +13,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <set>
 #include <thread>
 #include <vector>
 
+#include "core/digest.h"
 #include "core/sim_env.h"
 
 namespace spw::journal {
@@ -47,7 +53,7 @@ class JournalTest : public ::testing::Test {
 };
 
 NewRequest req(const std::string& key, const std::string& body = R"({"prompt":"Once"})") {
-  return NewRequest{key, "/v1/completions", body};
+  return NewRequest{key, "/v1/completions", body, ""};
 }
 
 Outcome done(const std::string& text) {
@@ -113,7 +119,9 @@ TEST_F(JournalTest, IdempotencyKeyReplaysConflictsAndRetries) {
   ASSERT_FALSE(busy.ok());
   EXPECT_EQ(busy.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(busy.status().message().find("still in progress"), std::string::npos);
-  EXPECT_NE(busy.status().message().find("/v1/requests/" + std::to_string(id)), std::string::npos);
+  // Clients know a request by its public id: the message names that one.
+  EXPECT_NE(busy.status().message().find("/v1/requests/" + std::to_string(a->record.public_id)), std::string::npos)
+      << busy.status().to_string();
   // Same key, different body: refused whatever the state.
   auto other = j->accept(req("k1", R"({"prompt":"Twice"})"));
   ASSERT_FALSE(other.ok());
@@ -645,7 +653,7 @@ TEST_F(JournalTest, AJournalOfThePreviousSchemaIsMigratedKeepingItsRows) {
     EXPECT_EQ(j->recovered(), 1);
     EXPECT_EQ(j->get(8)->outcome.error_code, "interrupted");
     // The old keys still replay and retry; ids continue after the old ones.
-    auto replay = j->accept({"old-done", "/v1/completions", R"({"prompt":"Once"})"});
+    auto replay = j->accept({"old-done", "/v1/completions", R"({"prompt":"Once"})", ""});
     ASSERT_TRUE(replay.ok()) << replay.status().to_string();
     EXPECT_TRUE(replay->replay);
     EXPECT_EQ(replay->record.id, 7);
@@ -654,7 +662,7 @@ TEST_F(JournalTest, AJournalOfThePreviousSchemaIsMigratedKeepingItsRows) {
     EXPECT_GT(fresh->record.id, 8);
     ASSERT_TRUE(j->set_admission(7, R"({"kind":"admit"})").ok());
   }
-  EXPECT_EQ(user_version(path_), 3) << "migrated through every version";
+  EXPECT_EQ(user_version(path_), 4) << "migrated through every version";
   auto j = open();  // and it opens again as a current journal
   ASSERT_NE(j, nullptr);
   EXPECT_EQ(j->get(7)->admission, R"({"kind":"admit"})");
@@ -677,7 +685,7 @@ TEST_F(JournalTest, AFailedMigrationLeavesTheFileAsItWas) {
 const std::string kSchemaV2 = std::string(kSchemaV1) +
                               "ALTER TABLE requests ADD COLUMN admission TEXT;\nPRAGMA user_version=2;\n";
 
-TEST_F(JournalTest, AVersion2JournalIsMigratedToVersion3KeepingItsRows) {
+TEST_F(JournalTest, AVersion2JournalIsMigratedToTheCurrentVersionKeepingItsRows) {
   raw_sql(path_, kSchemaV2);
   const std::string then = std::to_string(env_.wall_time_ms() - 60'000);
   raw_sql(path_,
@@ -718,13 +726,13 @@ TEST_F(JournalTest, AVersion2JournalIsMigratedToVersion3KeepingItsRows) {
     ASSERT_TRUE(j->finish(9, Outcome{}).ok());
     // Without a checkpoint an old interrupted row is retried, not resumed.
     EXPECT_NE(j->reopen(8, "cpu").message().find("has no checkpoint"), std::string::npos);
-    auto retry = j->accept({"old-failed", "/v1/completions", R"({"prompt":"Once"})"});
+    auto retry = j->accept({"old-failed", "/v1/completions", R"({"prompt":"Once"})", ""});
     ASSERT_TRUE(retry.ok()) << retry.status().to_string();
     EXPECT_EQ(retry->record.attempts, 3);
     ASSERT_TRUE(j->mark_running(8, "vulkan").ok());
     ASSERT_TRUE(j->save_checkpoint(8, std::string("\0ckpt", 5), 2).ok());
   }
-  EXPECT_EQ(user_version(path_), 3);
+  EXPECT_EQ(user_version(path_), 4);
   auto j = open();  // a current journal now; the recovery keeps the new checkpoint
   ASSERT_NE(j, nullptr);
   EXPECT_EQ(j->get(8)->checkpoint, std::string("\0ckpt", 5));
@@ -755,6 +763,636 @@ TEST_F(JournalTest, BadFilesAreErrorsNamingThePath) {
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), StatusCode::kCorruption);
   EXPECT_NE(v.status().message().find("schema version 7"), std::string::npos) << v.status().to_string();
+}
+
+
+// ---------------------------------------------------------------------------
+// Public ids, owners, digests, refusals, replay fields (schema version 4).
+
+constexpr int64_t kMaxPublicId = (int64_t{1} << 53) - 1;
+
+// A SimEnv whose random_u64 returns a scripted sequence first (then the
+// SimEnv's own): to force public id collisions.
+class ScriptedEnv final : public Env {
+ public:
+  std::deque<uint64_t> script;
+  bool repeat_last = false;  // keep returning the last scripted value
+  int64_t draws = 0;
+
+  int64_t now_ns() override { return sim.now_ns(); }
+  int64_t wall_time_ms() override { return sim.wall_time_ms(); }
+  void sleep_for_ns(int64_t ns) override { sim.sleep_for_ns(ns); }
+  using Env::wait_until_ns;
+  bool wait_until_ns(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, int64_t deadline_ns) override {
+    return sim.wait_until_ns(lock, cv, deadline_ns);
+  }
+  uint64_t random_u64() override {
+    ++draws;
+    if (script.empty()) return sim.random_u64();
+    const uint64_t v = script.front();
+    if (!(repeat_last && script.size() == 1)) script.pop_front();
+    return v;
+  }
+  using Env::map_file;
+  Result<std::unique_ptr<MappedFile>> map_file(const std::string& path, const MapOptions& o) override {
+    return sim.map_file(path, o);
+  }
+  Result<std::string> read_file(const std::string& path) override { return sim.read_file(path); }
+  Status write_file(const std::string& path, std::string_view data) override { return sim.write_file(path, data); }
+  bool file_exists(const std::string& path) override { return sim.file_exists(path); }
+
+  SimEnv sim;
+};
+
+NewRequest owned(const std::string& owner, const std::string& key, const std::string& body = R"({"prompt":"Once"})") {
+  return NewRequest{key, "/v1/completions", body, owner};
+}
+
+Outcome refused(const std::string& code) {
+  Outcome o;
+  o.state = RequestState::kFailed;
+  o.resumable = true;
+  o.error_code = code;
+  o.error_message = "ResourceExhausted: the queue is full";
+  return o;
+}
+
+TEST_F(JournalTest, PublicIdsAreRandomUniqueAndStableAcrossReopen) {
+  std::vector<std::pair<int64_t, int64_t>> ids;  // (id, public_id)
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    for (int i = 0; i < 200; ++i) {
+      std::string key;  // every other one keyed
+      if (i % 2 == 0) key = std::string("k").append(std::to_string(i));
+      auto a = j->accept(req(key));
+      ASSERT_TRUE(a.ok()) << a.status().to_string();
+      ids.emplace_back(a->record.id, a->record.public_id);
+    }
+    auto r = j->record_refusal({"", "/v1/completions", 10, "", "queue_full"}, refused("queue_full"));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ids.emplace_back(r->id, r->public_id);
+  }
+  std::set<int64_t> seen;
+  int64_t above_2_52 = 0, successors = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto [id, pid] = ids[i];
+    EXPECT_GE(pid, 1);
+    EXPECT_LE(pid, kMaxPublicId) << "exact in a JSON number";
+    EXPECT_TRUE(seen.insert(pid).second) << "public id " << pid << " given twice";
+    if (pid > (kMaxPublicId >> 1)) ++above_2_52;
+    if (i > 0 && pid == ids[i - 1].second + 1) ++successors;
+  }
+  // Drawn from all 53 bits, not counted: about half are above 2^52, and the
+  // next request's id cannot be had by adding one.
+  EXPECT_GT(above_2_52, 50);
+  EXPECT_LT(above_2_52, 151);
+  EXPECT_EQ(successors, 0);
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  for (const auto& [id, pid] : ids) {
+    auto byid = j->get(id);
+    ASSERT_TRUE(byid.ok()) << byid.status().to_string();
+    EXPECT_EQ(byid->public_id, pid) << "fixed for the row's life";
+    auto bypub = j->get_public(pid);
+    ASSERT_TRUE(bypub.ok()) << bypub.status().to_string();
+    EXPECT_EQ(bypub->id, id);
+  }
+  // A retry under a key (the reopen failed it: interrupted) keeps the row
+  // and so its public id.
+  auto retry = j->accept(req("k0"));
+  ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+  EXPECT_EQ(retry->record.public_id, ids[0].second);
+  // Every miss looks the same and names the id asked for.
+  for (int64_t bad : {int64_t{0}, int64_t{-1}, kMaxPublicId + 1, ids[0].first, std::numeric_limits<int64_t>::max()}) {
+    if (seen.count(bad)) continue;
+    auto miss = j->get_public(bad);
+    ASSERT_FALSE(miss.ok());
+    EXPECT_EQ(miss.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(miss.status().message().find(std::to_string(bad)), std::string::npos) << miss.status().to_string();
+  }
+}
+
+TEST_F(JournalTest, PublicIdsFollowTheEnvsRandomNumbers) {
+  // The simulated Env is deterministic, and so are the ids under it (the
+  // drill's simulation replays runs); another seed gives others.
+  auto draw = [&](uint64_t seed, const std::string& name) {
+    SimEnvOptions o;
+    o.seed = seed;
+    SimEnv env(o);
+    auto j = Journal::open(env, (dir_ / name).string());
+    EXPECT_TRUE(j.ok()) << j.status().to_string();
+    std::vector<int64_t> out;
+    for (int i = 0; j.ok() && i < 5; ++i) out.push_back((*j)->accept(req(""))->record.public_id);
+    return out;
+  };
+  const auto a = draw(1, "a.sqlite"), b = draw(1, "b.sqlite"), c = draw(2, "c.sqlite");
+  ASSERT_EQ(a.size(), 5u);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST_F(JournalTest, APublicIdCollisionIsDrawnAgain) {
+  ScriptedEnv env;
+  // 5; then 5 again (taken), 0 (not an id) and 2^60 + 7 (only the low 53 bits count).
+  env.script = {5, 5, 0, (uint64_t{1} << 60) | 7};
+  auto opened = Journal::open(env, path_);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto& j = *opened;
+  auto a = j->accept(req(""));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->record.public_id, 5);
+  auto b = j->accept(req(""));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->record.public_id, 7);
+  EXPECT_EQ(env.draws, 4);
+  // An Env that repeats itself forever: an error, and nothing is recorded.
+  env.script = {7};
+  env.repeat_last = true;
+  auto stuck = j->accept(req("k"));
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_EQ(stuck.status().code(), StatusCode::kInternal);
+  EXPECT_NE(stuck.status().message().find("public id"), std::string::npos) << stuck.status().to_string();
+  auto stuck_refusal = j->record_refusal({"", "/v1/completions", 0, "", "queue_full"}, refused("queue_full"));
+  EXPECT_EQ(stuck_refusal.status().code(), StatusCode::kInternal);
+  env.repeat_last = false;
+  env.script.clear();
+  auto found = j->find_key("", "k");
+  ASSERT_TRUE(found.ok());
+  EXPECT_FALSE(found->has_value()) << "rolled back";
+  auto c = j->accept(req("k"));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->record.id, b->record.id + 1) << "the failed attempts used no id";
+}
+
+TEST_F(JournalTest, IdempotencyKeysAreScopedToTheirOwner) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  // The same key under two owners (and under none): three requests.
+  auto alice = j->accept(owned("alice", "k1"));
+  auto bob = j->accept(owned("bob", "k1", R"({"prompt":"Other"})"));
+  auto anon = j->accept(owned("", "k1"));
+  ASSERT_TRUE(alice.ok()) << alice.status().to_string();
+  ASSERT_TRUE(bob.ok()) << bob.status().to_string();
+  ASSERT_TRUE(anon.ok()) << anon.status().to_string();
+  EXPECT_FALSE(bob->replay);
+  EXPECT_NE(alice->record.id, bob->record.id);
+  EXPECT_NE(alice->record.id, anon->record.id);
+  EXPECT_EQ(alice->record.owner, "alice");
+  EXPECT_EQ(bob->record.owner, "bob");
+  EXPECT_EQ(anon->record.owner, "");
+  // Replays stay with their owner: alice's finished one is hers only.
+  ASSERT_TRUE(j->finish(alice->record.id, done(" for alice")).ok());
+  auto again = j->accept(owned("alice", "k1"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->replay);
+  EXPECT_EQ(again->record.id, alice->record.id);
+  EXPECT_EQ(again->record.outcome.text, " for alice");
+  auto bob_again = j->accept(owned("bob", "k1", R"({"prompt":"Other"})"));
+  ASSERT_FALSE(bob_again.ok()) << "bob's own request is still in progress";
+  EXPECT_NE(bob_again.status().message().find("still in progress"), std::string::npos);
+  EXPECT_NE(bob_again.status().message().find(std::to_string(bob->record.public_id)), std::string::npos);
+  EXPECT_EQ(bob_again.status().message().find(std::to_string(alice->record.public_id)), std::string::npos)
+      << "nothing of alice's request shows";
+  // A different body under one owner is still a conflict.
+  auto changed = j->accept(owned("alice", "k1", R"({"prompt":"Twice"})"));
+  ASSERT_FALSE(changed.ok());
+  EXPECT_EQ(changed.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(changed.status().reason(), FailureReason::kIdempotencyConflict);
+  EXPECT_NE(changed.status().message().find("different body"), std::string::npos) << changed.status().to_string();
+  auto other_endpoint = j->accept(NewRequest{"k1", "/v1/chat/completions", R"({"prompt":"Once"})", "alice"});
+  EXPECT_EQ(other_endpoint.status().code(), StatusCode::kFailedPrecondition);
+  // find_key: per owner; an empty key names nothing.
+  auto fa = j->find_key("alice", "k1");
+  ASSERT_TRUE(fa.ok() && fa->has_value());
+  EXPECT_EQ((*fa)->id, alice->record.id);
+  auto fb = j->find_key("bob", "k1");
+  ASSERT_TRUE(fb.ok() && fb->has_value());
+  EXPECT_EQ((*fb)->id, bob->record.id);
+  auto fc = j->find_key("carol", "k1");
+  ASSERT_TRUE(fc.ok());
+  EXPECT_FALSE(fc->has_value());
+  auto fe = j->find_key("alice", "");
+  ASSERT_TRUE(fe.ok());
+  EXPECT_FALSE(fe->has_value());
+  // Requests without a key never collide, whoever sends them.
+  auto n1 = j->accept(owned("alice", ""));
+  auto n2 = j->accept(owned("alice", ""));
+  ASSERT_TRUE(n1.ok() && n2.ok());
+  EXPECT_NE(n1->record.id, n2->record.id);
+  EXPECT_TRUE(n1->record.idempotency_key.empty());
+}
+
+TEST_F(JournalTest, BodiesAreStoredWithTheirSizeAndDigestAndComparedByDigest) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const std::string body = R"({"prompt":"Once upon a time"})";
+  auto a = j->accept(req("k", body));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->record.body, body);
+  EXPECT_TRUE(a->record.body_kept);
+  EXPECT_EQ(a->record.body_bytes, static_cast<int64_t>(body.size()));
+  EXPECT_EQ(a->record.body_sha256, sha256_hex(body));
+  EXPECT_TRUE(a->record.refusal_reason.empty());
+  // Same size, one byte apart: a different digest, a conflict.
+  std::string near = body;
+  near[near.size() - 3] = 'f';
+  auto b = j->accept(req("k", near));
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("different body"), std::string::npos);
+  EXPECT_EQ(j->get(a->record.id)->body, body) << "nothing changed";
+}
+
+TEST_F(JournalTest, FinishRefusedDropsTheBodyAndARetryStoresItAgain) {
+  const std::string body = R"({"prompt":"Once","max_tokens":8})";
+  int64_t id = 0;
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    auto a = j->accept(owned("alice", "k", body));
+    ASSERT_TRUE(a.ok());
+    id = a->record.id;
+    Outcome o = refused("queue_full");
+    o.seed = 99;
+    o.queue_ms = 1.5;
+    o.max_tokens_requested = 8;
+    ASSERT_TRUE(j->finish_refused(id, o).ok());
+    // Terminal once, as finish().
+    EXPECT_EQ(j->finish_refused(id, o).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(j->finish(id, o).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(j->finish_refused(id + 100, o).code(), StatusCode::kFailedPrecondition) << "unknown";
+    Outcome running;
+    running.state = RequestState::kRunning;
+    EXPECT_EQ(j->finish_refused(id, running).code(), StatusCode::kInvalidArgument);
+  }
+  auto j = open();  // and it stays so
+  ASSERT_NE(j, nullptr);
+  auto r = j->get(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RequestState::kFailed);
+  EXPECT_EQ(r->outcome.error_code, "queue_full");
+  EXPECT_TRUE(r->body.empty());
+  EXPECT_FALSE(r->body_kept);
+  EXPECT_EQ(r->body_bytes, static_cast<int64_t>(body.size()));
+  EXPECT_EQ(r->body_sha256, sha256_hex(body));
+  EXPECT_EQ(r->outcome.seed, std::optional<uint64_t>(99));
+  EXPECT_EQ(r->outcome.max_tokens_requested, std::optional<int32_t>(8));
+  EXPECT_DOUBLE_EQ(r->outcome.queue_ms, 1.5);
+  EXPECT_TRUE(r->refusal_reason.empty()) << "only record_refusal's rows have one";
+  EXPECT_FALSE(can_resume(*r)) << "nothing to rebuild the prompt from";
+  // The digest still guards the key.
+  auto changed = j->accept(owned("alice", "k", R"({"prompt":"Twice"})"));
+  ASSERT_FALSE(changed.ok());
+  EXPECT_NE(changed.status().message().find("different body"), std::string::npos);
+  // A retry is a new attempt that runs and stores its body again.
+  auto retry = j->accept(owned("alice", "k", body));
+  ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+  EXPECT_FALSE(retry->replay);
+  EXPECT_EQ(retry->record.id, id);
+  EXPECT_EQ(retry->record.attempts, 2);
+  EXPECT_EQ(retry->record.state, RequestState::kAccepted);
+  EXPECT_EQ(retry->record.body, body);
+  EXPECT_TRUE(retry->record.body_kept);
+  EXPECT_EQ(retry->record.body_sha256, sha256_hex(body));
+  EXPECT_FALSE(retry->record.outcome.seed.has_value()) << "the old attempt's response fields are cleared";
+  EXPECT_FALSE(retry->record.outcome.max_tokens_requested.has_value());
+  EXPECT_EQ(retry->record.outcome.queue_ms, 0);
+  ASSERT_TRUE(j->mark_running(id, "cpu").ok());
+  ASSERT_TRUE(j->finish(id, done(" ran")).ok());
+  EXPECT_EQ(j->get(id)->body, body);
+  EXPECT_TRUE(j->accept(owned("alice", "k", body))->replay);
+}
+
+TEST_F(JournalTest, FinishRefusedDropsTheCheckpointAndTheRowCannotBeReopened) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  auto a = j->accept(req("k"));
+  ASSERT_TRUE(a.ok());
+  const int64_t id = a->record.id;
+  ASSERT_TRUE(j->mark_running(id, "cpu").ok());
+  ASSERT_TRUE(j->save_checkpoint(id, "ckpt", 3).ok());
+  ASSERT_TRUE(j->finish_refused(id, refused("queue_full")).ok());
+  auto r = j->get(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->checkpoint.empty());
+  EXPECT_EQ(r->checkpoint_tokens, 0);
+  EXPECT_TRUE(r->outcome.resumable) << "a retry under the key may still run it";
+  EXPECT_FALSE(can_resume(*r));
+  const Status st = j->reopen(id, "cpu", /*require_checkpoint=*/false);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("body was not kept"), std::string::npos) << st.to_string();
+  // can_resume: a Record not read from a journal keeps its body.
+  Record hand;
+  hand.state = RequestState::kFailed;
+  hand.outcome.resumable = true;
+  hand.checkpoint = "x";
+  EXPECT_TRUE(can_resume(hand));
+}
+
+TEST_F(JournalTest, RecordRefusalKeepsOnlyASummary) {
+  JournalOptions opts;
+  opts.retention_ms = 60'000;
+  int64_t id = 0, pid = 0;
+  const std::string sha = sha256_hex("a long prompt");
+  {
+    auto j = open(opts);
+    ASSERT_NE(j, nullptr);
+    Outcome o = refused("queue_full");
+    o.seed = 7;
+    o.max_tokens_requested = 128;
+    auto r = j->record_refusal({"alice", "/v1/chat/completions", 13, sha, "queue_full"}, o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    id = r->id;
+    pid = r->public_id;
+    EXPECT_GT(id, 0);
+    EXPECT_GE(pid, 1);
+    EXPECT_LE(pid, kMaxPublicId);
+    EXPECT_EQ(r->state, RequestState::kFailed);
+    EXPECT_EQ(r->owner, "alice");
+    EXPECT_EQ(r->endpoint, "/v1/chat/completions");
+    EXPECT_TRUE(r->idempotency_key.empty());
+    EXPECT_TRUE(r->body.empty());
+    EXPECT_FALSE(r->body_kept);
+    EXPECT_EQ(r->body_bytes, 13);
+    EXPECT_EQ(r->body_sha256, sha);
+    EXPECT_EQ(r->refusal_reason, "queue_full");
+    EXPECT_EQ(r->outcome.error_code, "queue_full");
+    EXPECT_EQ(r->outcome.seed, std::optional<uint64_t>(7));
+    EXPECT_EQ(r->outcome.max_tokens_requested, std::optional<int32_t>(128));
+    EXPECT_EQ(r->created_ms, env_.wall_time_ms());
+    EXPECT_EQ(r->attempts, 1);
+    EXPECT_FALSE(can_resume(*r));
+    // Terminal from the start.
+    EXPECT_EQ(j->mark_running(id, "cpu").code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(j->finish(id, done("x")).code(), StatusCode::kFailedPrecondition);
+    // A refusal made without a digest (empty) is allowed; ordinary rows have no reason.
+    auto nodigest = j->record_refusal({"", "/v1/completions", 0, "", "context_full"}, refused("context_full"));
+    ASSERT_TRUE(nodigest.ok()) << nodigest.status().to_string();
+    EXPECT_GT(nodigest->id, id);
+    EXPECT_NE(nodigest->public_id, pid);
+    EXPECT_EQ(nodigest->refusal_reason, "context_full");
+    EXPECT_TRUE(j->accept(req(""))->record.refusal_reason.empty());
+    // Refused: a state that is not terminal, a negative size, a malformed digest.
+    Outcome running;
+    running.state = RequestState::kRunning;
+    EXPECT_EQ(j->record_refusal({"", "/v1/completions", 0, "", "x"}, running).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(j->record_refusal({"", "/v1/completions", -1, "", "x"}, o).status().code(),
+              StatusCode::kInvalidArgument);
+    for (const std::string& bad : {std::string("abc"), std::string(64, 'A'), std::string(64, 'g'), sha + "0"}) {
+      EXPECT_EQ(j->record_refusal({"", "/v1/completions", 1, bad, "x"}, o).status().code(),
+                StatusCode::kInvalidArgument)
+          << bad;
+    }
+  }
+  {
+    auto j = open(opts);  // durable, readable by either id
+    ASSERT_NE(j, nullptr);
+    auto r = j->get_public(pid);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->id, id);
+    EXPECT_EQ(r->refusal_reason, "queue_full");
+    EXPECT_EQ(j->recovered(), 1) << "only the plain accept above was left in progress";
+  }
+  // Terminal rows, so pruned by retention like any others.
+  env_.advance(61'000 * kNsPerMs);
+  auto j = open(opts);
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->get(id).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(j->get_public(pid).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(JournalTest, RefusalsCountTowardsPruning) {
+  JournalOptions opts;
+  opts.retention_ms = 1000;
+  opts.prune_every = 3;
+  auto j = open(opts);
+  ASSERT_NE(j, nullptr);
+  auto old = j->record_refusal({"", "/v1/completions", 1, "", "queue_full"}, refused("queue_full"));
+  ASSERT_TRUE(old.ok());
+  env_.advance(2000 * kNsPerMs);
+  ASSERT_TRUE(j->record_refusal({"", "/v1/completions", 1, "", "queue_full"}, refused("queue_full")).ok());
+  EXPECT_TRUE(j->get(old->id).ok()) << "not yet: two writes";
+  ASSERT_TRUE(j->record_refusal({"", "/v1/completions", 1, "", "queue_full"}, refused("queue_full")).ok());
+  EXPECT_EQ(j->get(old->id).status().code(), StatusCode::kNotFound) << "the third pruned it";
+}
+
+TEST_F(JournalTest, ResponseFieldsRoundTripIncludingTheLargestSeed) {
+  struct Case {
+    std::optional<uint64_t> seed;
+    double queue_ms, run_ms;
+    std::optional<int32_t> max_tokens;
+  };
+  const std::vector<Case> cases = {
+      {std::numeric_limits<uint64_t>::max(), 12.5, 340.25, 64},
+      {uint64_t{1} << 63, 0.001, 1e7, std::numeric_limits<int32_t>::max()},
+      {uint64_t{0}, 0, 0, 1},
+      {std::nullopt, 3, 4, std::nullopt},
+  };
+  std::vector<int64_t> ids;
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      Outcome o = i % 2 ? refused("cancelled") : done(" text");
+      if (i % 2) o.state = RequestState::kCancelled;
+      o.seed = cases[i].seed;
+      o.queue_ms = cases[i].queue_ms;
+      o.run_ms = cases[i].run_ms;
+      o.max_tokens_requested = cases[i].max_tokens;
+      auto a = j->accept(req(""));
+      ASSERT_TRUE(a.ok());
+      ASSERT_TRUE(j->finish(a->record.id, o).ok());
+      ids.push_back(a->record.id);
+      // The same fields through the other two writers.
+      auto b = j->accept(req(""));
+      ASSERT_TRUE(b.ok());
+      ASSERT_TRUE(j->finish_refused(b->record.id, o).ok());
+      ids.push_back(b->record.id);
+      auto c = j->record_refusal({"", "/v1/completions", 0, "", "queue_full"}, o);
+      ASSERT_TRUE(c.ok());
+      ids.push_back(c->id);
+    }
+    // A time that is not a number is stored as 0, not refused.
+    Outcome nan = done("x");
+    nan.queue_ms = std::numeric_limits<double>::quiet_NaN();
+    nan.run_ms = std::numeric_limits<double>::infinity();
+    auto a = j->accept(req(""));
+    ASSERT_TRUE(j->finish(a->record.id, nan).ok());
+    EXPECT_EQ(j->get(a->record.id)->outcome.queue_ms, 0);
+    EXPECT_EQ(j->get(a->record.id)->outcome.run_ms, 0);
+  }
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Case& c = cases[i / 3];
+    auto r = j->get(ids[i]);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->outcome.seed, c.seed) << "row " << i;
+    EXPECT_EQ(r->outcome.queue_ms, c.queue_ms) << "row " << i;
+    EXPECT_EQ(r->outcome.run_ms, c.run_ms) << "row " << i;
+    EXPECT_EQ(r->outcome.max_tokens_requested, c.max_tokens) << "row " << i;
+  }
+  // A plain accepted row has none.
+  auto fresh = j->accept(req(""));
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_FALSE(fresh->record.outcome.seed.has_value());
+  EXPECT_FALSE(fresh->record.outcome.max_tokens_requested.has_value());
+}
+
+// The schema of version 3 (before public ids, owners and digests), verbatim
+// as that version's kSchema created it.
+constexpr const char* kSchemaV3 = R"sql(
+CREATE TABLE IF NOT EXISTS requests (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  idempotency_key TEXT UNIQUE,
+  endpoint TEXT NOT NULL,
+  body TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  placement TEXT NOT NULL DEFAULT '',
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  resumable INTEGER NOT NULL DEFAULT 0,
+  finish_reason TEXT NOT NULL DEFAULT '',
+  text TEXT NOT NULL DEFAULT '',
+  prompt_tokens INTEGER NOT NULL DEFAULT 0,
+  completion_tokens INTEGER NOT NULL DEFAULT 0,
+  error_code TEXT NOT NULL DEFAULT '',
+  error_message TEXT NOT NULL DEFAULT '',
+  admission TEXT,
+  checkpoint BLOB,
+  checkpoint_tokens INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
+PRAGMA user_version=3;
+)sql";
+
+// One line per column ("name type notnull default pk"), or per index.
+std::vector<std::string> schema_rows(const std::string& path, const char* sql) {
+  std::vector<std::string> out;
+  sqlite3* db = nullptr;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(db, sql, -1, &q, nullptr) == SQLITE_OK) {
+      while (sqlite3_step(q) == SQLITE_ROW) {
+        std::string line;
+        for (int c = 0; c < sqlite3_column_count(q); ++c) {
+          const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(q, c));
+          line += (t ? t : "NULL") + std::string("|");
+        }
+        out.push_back(line);
+      }
+    }
+    sqlite3_finalize(q);
+  }
+  sqlite3_close(db);
+  return out;
+}
+
+TEST_F(JournalTest, AVersion3JournalIsMigratedKeepingEveryRowIdAndKey) {
+  raw_sql(path_, kSchemaV3);
+  const std::string then = std::to_string(env_.wall_time_ms() - 60'000);
+  const std::string body7 = R"({"prompt":"Once"})", body8 = R"({"prompt":"Twice","seed":3})";
+  raw_sql(path_,
+          "INSERT INTO requests (id, idempotency_key, endpoint, body, state, placement, created_ms, updated_ms, "
+          "finish_reason, text, prompt_tokens, completion_tokens, admission) VALUES "
+          "(7, 'old-done', '/v1/completions', '" + body7 + "', 'done', 'cpu', " + then + ", " + then +
+              ", 'length', ' there was', 2, 3, '{\"kind\":\"admit\"}');"
+              "INSERT INTO requests (id, idempotency_key, endpoint, body, state, attempts, resumable, created_ms, "
+              "updated_ms, error_code, checkpoint, checkpoint_tokens) VALUES (8, 'old-failed', "
+              "'/v1/chat/completions', '" + body8 + "', 'failed', 2, 1, " + then + ", " + then +
+              ", 'device_lost', x'00636b7074', 2);"
+              "INSERT INTO requests (id, endpoint, body, state, created_ms, updated_ms) VALUES "
+              "(9, '/v1/completions', '" + body7 + "', 'running', " + then + ", " + then + ");"
+              // Pruned before the upgrade: its id must not come back.
+              "INSERT INTO requests (id, endpoint, body, state, created_ms, updated_ms) VALUES "
+              "(12, '/v1/completions', '', 'done', " + then + ", " + then + ");"
+              "DELETE FROM requests WHERE id = 12;");
+  ASSERT_EQ(user_version(path_), 3);
+  std::vector<int64_t> pids;
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    EXPECT_EQ(j->recovered(), 1);
+    const std::vector<std::tuple<int64_t, std::string, std::string>> rows = {
+        {7, "old-done", body7}, {8, "old-failed", body8}, {9, "", body7}};
+    for (const auto& [id, key, body] : rows) {
+      auto r = j->get(id);
+      ASSERT_TRUE(r.ok()) << "request " << id << ": " << r.status().to_string();
+      EXPECT_EQ(r->idempotency_key, key);
+      EXPECT_EQ(r->body, body);
+      EXPECT_TRUE(r->body_kept);
+      EXPECT_EQ(r->body_bytes, static_cast<int64_t>(body.size()));
+      EXPECT_EQ(r->body_sha256, sha256_hex(body));
+      EXPECT_EQ(r->owner, "") << "no API keys before version 4";
+      EXPECT_TRUE(r->refusal_reason.empty());
+      EXPECT_GE(r->public_id, 1);
+      EXPECT_LE(r->public_id, kMaxPublicId);
+      EXPECT_FALSE(r->outcome.seed.has_value());
+      EXPECT_FALSE(r->outcome.max_tokens_requested.has_value());
+      EXPECT_EQ(j->get_public(r->public_id)->id, id);
+      pids.push_back(r->public_id);
+    }
+    EXPECT_EQ(std::set<int64_t>(pids.begin(), pids.end()).size(), 3u);
+    auto r7 = j->get(7);
+    EXPECT_EQ(r7->state, RequestState::kDone);
+    EXPECT_EQ(r7->outcome.text, " there was");
+    EXPECT_EQ(r7->admission, R"({"kind":"admit"})");
+    auto r8 = j->get(8);
+    EXPECT_EQ(r8->attempts, 2);
+    EXPECT_EQ(r8->endpoint, "/v1/chat/completions");
+    EXPECT_EQ(r8->checkpoint, std::string("\0ckpt", 5));
+    EXPECT_EQ(r8->checkpoint_tokens, 2);
+    EXPECT_EQ(j->get(9)->outcome.error_code, "interrupted");
+    // The old keys replay and retry, with the digest the migration computed.
+    auto replay = j->accept(NewRequest{"old-done", "/v1/completions", body7, ""});
+    ASSERT_TRUE(replay.ok()) << replay.status().to_string();
+    EXPECT_TRUE(replay->replay);
+    EXPECT_EQ(replay->record.id, 7);
+    auto conflict = j->accept(NewRequest{"old-done", "/v1/completions", body8, ""});
+    EXPECT_EQ(conflict.status().code(), StatusCode::kFailedPrecondition);
+    auto retry = j->accept(NewRequest{"old-failed", "/v1/chat/completions", body8, ""});
+    ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+    EXPECT_EQ(retry->record.id, 8);
+    EXPECT_EQ(retry->record.attempts, 3);
+    // The old UNIQUE constraint is gone: another owner may use the key.
+    auto other = j->accept(NewRequest{"old-done", "/v1/completions", body7, "alice"});
+    ASSERT_TRUE(other.ok()) << other.status().to_string();
+    EXPECT_FALSE(other->replay);
+    EXPECT_EQ(other->record.id, 13) << "the id counter survived the rebuild: 12 is not reused";
+  }
+  EXPECT_EQ(user_version(path_), 4);
+  // The same table and indexes as a journal created at version 4.
+  const std::string fresh = (dir_ / "fresh.sqlite").string();
+  {
+    auto f = Journal::open(env_, fresh);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+  }
+  EXPECT_EQ(schema_rows(path_, "PRAGMA table_info(requests)"), schema_rows(fresh, "PRAGMA table_info(requests)"));
+  const char* indexes = "SELECT name, sql FROM sqlite_master WHERE type='index' AND tbl_name='requests' ORDER BY name";
+  EXPECT_EQ(schema_rows(path_, indexes), schema_rows(fresh, indexes));
+  EXPECT_EQ(schema_rows(path_, indexes).size(), 3u);
+  EXPECT_EQ(schema_rows(path_, "PRAGMA integrity_check"), std::vector<std::string>{"ok|"});
+  EXPECT_TRUE(schema_rows(path_, "SELECT name FROM sqlite_master WHERE name LIKE 'requests_v4%'").empty());
+  // The public ids were drawn once: the next open keeps them.
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->get(7)->public_id, pids[0]);
+  EXPECT_EQ(j->get(8)->public_id, pids[1]);
+  EXPECT_EQ(j->get(9)->public_id, pids[2]);
+}
+
+TEST_F(JournalTest, AnEmptyVersion3JournalIsMigrated) {
+  raw_sql(path_, kSchemaV3);
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    auto a = j->accept(req("k"));
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->record.id, 1);
+  }
+  EXPECT_EQ(user_version(path_), 4);
 }
 
 }  // namespace

@@ -45,7 +45,17 @@ void JournalObserver::on_checkpoint(const Ticket& t, const Checkpoint& cp) {
 
 void JournalObserver::on_finish(const Ticket& t, const RequestEvent& fin, const std::string& text) {
   if (t.record_id() == 0) return;
-  check(journal_->finish(t.record_id(), outcome_of(fin, text, t.limits().prompt_tokens)), t, "finishing");
+  const AppliedLimits limits = t.limits();
+  journal::Outcome o = outcome_of(fin, text, limits.prompt_tokens);
+  // What the response reports besides the text, so that a replay says the
+  // same: the seed it sampled with (the client's or the one the server
+  // chose), the times (the scheduler stamps the end before on_finish, so
+  // they are the response's) and the max_tokens the client asked for.
+  o.seed = t.seed();
+  o.queue_ms = static_cast<double>(t.queue_ns()) / 1e6;
+  o.run_ms = static_cast<double>(t.run_ns()) / 1e6;
+  o.max_tokens_requested = limits.max_tokens_requested;
+  check(journal_->finish(t.record_id(), o), t, "finishing");
 }
 
 }  // namespace spw::serve

@@ -3,7 +3,10 @@
 // Contract: for a ticket with a record_id (0: not journaled, ignored),
 // on_start marks the row running with the placement; on_finish writes the
 // terminal state: kDone with the finish reason and all the text, kCancelled or
-// kFailed with the status's code name and message; on_checkpoint stores the
+// kFailed with the status's code name and message, and in every case the
+// ticket's seed, queue and run times (as of on_finish, a moment before the
+// scheduler stamps the end) and the client's max_tokens, which a replay
+// answers with; on_checkpoint stores the
 // serialized checkpoint in the row (the journal keeps it for a failed or
 // cancelled row: a resume continues from it, also after a restart).
 // resumable is true when
@@ -33,7 +36,8 @@ class JournalObserver final : public RequestObserver {
   uint64_t write_errors() const { return write_errors_.load(); }
 
   // The journal outcome of a scheduler's final event (also used for requests
-  // the scheduler refused at submit, with state kFailed).
+  // the scheduler refused at submit, with state kFailed). It knows no ticket:
+  // seed, queue_ms, run_ms and max_tokens_requested are left for the caller.
   static journal::Outcome outcome_of(const RequestEvent& final_event, const std::string& text, int32_t prompt_tokens);
 
  private:

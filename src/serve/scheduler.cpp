@@ -338,13 +338,16 @@ bool Scheduler::cancel(uint64_t request_id) {
 }
 
 void Scheduler::finish_locked(Ticket& t, RequestEvent ev, bool observed) {
+  // Stamped before the observer runs, so that the times it records (the
+  // journal, for replays) are the ones the response reports.
+  int64_t unset = 0;
+  t.finished_ns_.compare_exchange_strong(unset, env_.now_ns(), std::memory_order_acq_rel);
   if (!observed && options_.observer) options_.observer->on_finish(t, ev, std::string());
   if (t.holds_kv_) {
     kv_blocks_free_ += t.kv_blocks_;
     t.holds_kv_ = false;
     work_cv_.notify_all();  // the head of the queue may fit now
   }
-  t.finished_ns_.store(env_.now_ns(), std::memory_order_release);
   t.state_.store(ev.state, std::memory_order_release);
   switch (ev.state) {
     case RequestState::kDone: ++stats_.done; break;
@@ -459,6 +462,10 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
                               "); its checkpoint is kept: POST /v1/requests/{id}/resume continues it",
                           FailureReason::kResumable);
     }
+  }
+  {
+    int64_t unset = 0;  // as finish_locked: the end before the observer
+    t->finished_ns_.compare_exchange_strong(unset, env_.now_ns(), std::memory_order_acq_rel);
   }
   if (options_.observer) options_.observer->on_finish(*t, fin, t->text_);
   {
