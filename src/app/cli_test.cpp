@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "core/digest.h"
 #include "core/env.h"
 #include "gguf/gguf.h"
 
@@ -33,9 +35,10 @@ std::string tmp_path(const std::string& name) {
       .string();
 }
 
-CmdResult run(const std::string& args) {
+// `stdin_path`: what the command reads (default: nothing).
+CmdResult run(const std::string& args, const std::string& stdin_path = "/dev/null") {
   const std::string out = tmp_path("out"), err = tmp_path("err");
-  const std::string cmd = std::string(SPILLWAY_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  const std::string cmd = std::string(SPILLWAY_BINARY) + " " + args + " >" + out + " 2>" + err + " <" + stdin_path;
   int status = std::system(cmd.c_str());
   CmdResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -225,6 +228,198 @@ TEST(CliTest, BadUsageExitsNonZero) {
   EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
   CmdResult bad_temp = run("generate --model " + kStories + " --prompt hi --temp nan");
   EXPECT_NE(bad_temp.exit_code, 0);
+}
+
+CmdResult run_with_stdin(const std::string& args, const std::string& input) {
+  const std::string in = tmp_path("in");
+  {
+    std::ofstream f(in, std::ios::binary);
+    f << input;
+  }
+  CmdResult r = run(args, in);
+  std::remove(in.c_str());
+  return r;
+}
+
+TEST(CliTest, HashKeyPrintsTheConfigLine) {
+  const std::string key = "spw-alpha-0123456789abcdef";
+  const std::string line = "api-key-hash = \"sha256:" + spw::sha256_hex(key) + "\"\n";
+  CmdResult r = run_with_stdin("hash-key", key + "\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, line);
+  EXPECT_EQ(r.out.find(key), std::string::npos) << "the key itself is not printed";
+  // No trailing newline, or a CRLF one: the same key.
+  EXPECT_EQ(run_with_stdin("hash-key", key).out, line);
+  EXPECT_EQ(run_with_stdin("hash-key", key + "\r\n").out, line);
+}
+
+TEST(CliTest, HashKeyRefusesEmptyAndRuleBreakingKeys) {
+  CmdResult none = run("hash-key");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("no key"), std::string::npos) << none.err;
+  CmdResult shorty = run_with_stdin("hash-key", "short-key\n");
+  EXPECT_EQ(shorty.exit_code, 2);
+  EXPECT_NE(shorty.err.find("at least 16"), std::string::npos) << shorty.err;
+  EXPECT_EQ(shorty.err.find("short-key"), std::string::npos) << "the key is not quoted";
+  CmdResult spaced = run_with_stdin("hash-key", "a key with spaces in it\n");
+  EXPECT_EQ(spaced.exit_code, 2);
+  EXPECT_NE(spaced.err.find("without spaces"), std::string::npos) << spaced.err;
+  EXPECT_TRUE(spaced.out.empty());
+  EXPECT_EQ(run_with_stdin("hash-key", "spw-alpha-0123456789abcdef\nspw-bravo-0123456789abcdef\n").exit_code, 2);
+}
+
+TEST(CliTest, HashKeyGeneratesAFreshKeyAndItsHash) {
+  auto generated = [] {
+    CmdResult r = run("hash-key --generate");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::string key, hash_line;
+    std::istringstream lines(r.out);
+    for (std::string l; std::getline(lines, l);) {
+      if (l.starts_with("spw-")) key = l;
+      if (l.starts_with("api-key-hash = ")) hash_line = l;
+    }
+    return std::pair(key, hash_line);
+  };
+  const auto [key, hash_line] = generated();
+  ASSERT_EQ(key.size(), 4u + 43u) << key;
+  for (char c : key.substr(4)) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') << key;
+  EXPECT_EQ(hash_line, "api-key-hash = \"sha256:" + spw::sha256_hex(key) + "\"");
+  EXPECT_NE(generated().first, key);
+}
+
+// `serve --config FILE`: a TOML file of top-level keys named as the flags.
+// These runs stop before any model loads: at the file itself (exit 2), at
+// --dump-config, or at the API-key and --max-body checks of run_serve.
+std::string write_config(const std::string& name, const std::string& toml) {
+  const std::string path = tmp_path(name);
+  std::ofstream(path, std::ios::binary) << toml;
+  return path;
+}
+
+const std::string kKeyHash = "sha256:" + spw::sha256_hex("spw-alpha-0123456789abcdef");
+const char* const kNoKeyMessage = "--insecure-no-auth to accept that";
+
+TEST(CliTest, ServeConfigRefusesABadValueNamingTheKey) {
+  const std::string cfg = write_config("bad_value.toml", "api-key-hash = [\"" + kKeyHash + "\"]\ncpu-queue = \"abc\"\n");
+  CmdResult r = run("serve --config " + cfg);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("cpu-queue"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(cfg + "' line 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("expected an integer"), std::string::npos) << r.err;
+  // A value of the right type that the flag's own check refuses.
+  const std::string range = write_config("bad_range.toml", "port = 99999\n");
+  CmdResult p = run("serve --config " + range);
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.err.find("port"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("65535"), std::string::npos) << p.err;
+  std::remove(cfg.c_str());
+  std::remove(range.c_str());
+}
+
+TEST(CliTest, ServeConfigRefusesUnknownKeysSectionsAndUnreadableFiles) {
+  auto refused = [](const std::string& toml, const std::string& needle) {
+    const std::string cfg = write_config("refused.toml", toml);
+    CmdResult r = run("serve --model " + kStories + " --config " + cfg);
+    EXPECT_EQ(r.exit_code, 2) << toml;
+    EXPECT_NE(r.err.find(cfg), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    std::remove(cfg.c_str());
+  };
+  refused("port = 8081\nbogus-key = 1\n", "unknown key 'bogus-key'");
+  refused("[serve]\nport = 8081\n", "[serve] is a section");
+  refused("port = 8081\nhost = \n", "line 2");          // not TOML
+  refused("port = \"8081\"\n", "port: expected an integer, got a string");
+  refused("port = [8081]\n", "port: takes one value");
+  refused("log-requests = \"yes\"\n", "log-requests: expected true or false");
+  refused("api-key-hash = [true]\n", "api-key-hash: expected an array of strings, got a boolean");
+  refused("host = { a = 1 }\n", "host: expected a string, got a table");
+  refused("config = \"other.toml\"\n", "'config' cannot be set");
+  const std::string missing = tmp_path("missing.toml");
+  CmdResult r = run("serve --model " + kStories + " --config " + missing);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(missing + "': does not exist"), std::string::npos) << r.err;
+}
+
+TEST(CliTest, ServeConfigSettingsAreApplied) {
+  // host from the file: a non-loopback address without keys is refused
+  // before the model loads (the default host is loopback).
+  const std::string open = write_config("open.toml", "host = \"0.0.0.0\"\nport = 0\nmax-body = \"lots\"\n");
+  CmdResult no_key = run("serve --model " + kStories + " --config " + open);
+  EXPECT_EQ(no_key.exit_code, 1);
+  EXPECT_NE(no_key.err.find(kNoKeyMessage), std::string::npos) << no_key.err;
+  // The same with a key, a key hash (the scalar line `hash-key` prints) or
+  // `insecure-no-auth = true` in the file: past that check, stopped by the
+  // file's max-body instead.
+  for (const std::string& auth : {std::string("api-key = [\"0123456789abcdefXYZ\"]\n"),
+                                  "api-key-hash = \"" + kKeyHash + "\"\n", std::string("insecure-no-auth = true\n")}) {
+    const std::string cfg = write_config("keyed.toml", "model = \"" + kStories + "\"\nhost = \"0.0.0.0\"\n" +
+                                                           "max-body = \"lots\"\n" + auth);
+    CmdResult r = run("serve --config " + cfg);  // --model from the file too
+    EXPECT_EQ(r.exit_code, 1) << auth;
+    EXPECT_EQ(r.err.find(kNoKeyMessage), std::string::npos) << auth << r.err;
+    EXPECT_NE(r.err.find("--max-body: "), std::string::npos) << auth << r.err;
+    std::remove(cfg.c_str());
+  }
+  // A bad hash in the file reaches the key check, which names it.
+  const std::string bad_hash = write_config("bad_hash.toml", "api-key-hash = [\"sha256:zz\"]\n");
+  CmdResult h = run("serve --model " + kStories + " --config " + bad_hash);
+  EXPECT_EQ(h.exit_code, 1);
+  EXPECT_NE(h.err.find("--api-key-hash: "), std::string::npos) << h.err;
+  // Every kind of value lands: what --dump-config prints after reading it.
+  const std::string all = write_config("all.toml",
+                                       "port = 9123\ncpu-queue = 5\nhost-memory-share = 0.25\nno-batching = true\n"
+                                       "log-requests = false\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\n");
+  CmdResult d = run("serve --config " + all + " --dump-config");
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  for (const char* line : {"\nport = 9123\n", "\ncpu-queue = 5\n", "\nhost-memory-share = 0.25\n",
+                           "\nno-batching = true\n", "\nlog-requests = false\n",
+                           "\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\n", "\nqueue = 64\n"}) {
+    EXPECT_NE(d.out.find(line), std::string::npos) << line << d.out;
+  }
+  for (const std::string& f : {open, bad_hash, all}) std::remove(f.c_str());
+}
+
+TEST(CliTest, ServeCommandLineWinsOverConfig) {
+  const std::string cfg = write_config("override.toml", "cpu-queue = 5\nhost = \"0.0.0.0\"\nmax-body = \"lots\"\n"
+                                                        "co-tenant = [\"a=1GiB\"]\n");
+  CmdResult d = run("serve --config " + cfg + " --cpu-queue 7 --co-tenant b=2GiB --dump-config");
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.out.find("\ncpu-queue = 7\n"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("\nco-tenant = [\"b=2GiB\"]\n"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("\nhost = \"0.0.0.0\"\n"), std::string::npos) << d.out;
+  // --host on the command line (before --config, too) replaces the file's
+  // non-loopback one: no key needed, stopped by the file's max-body.
+  CmdResult r = run("serve --host 127.0.0.1 --model " + kStories + " --config " + cfg);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.find(kNoKeyMessage), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--max-body: "), std::string::npos) << r.err;
+  std::remove(cfg.c_str());
+}
+
+TEST(CliTest, ServeDumpConfigReadsBack) {
+  // The defaults: every key, readable as a config file giving the same.
+  CmdResult defaults = run("serve --dump-config");
+  ASSERT_EQ(defaults.exit_code, 0) << defaults.err;
+  for (const char* line : {"\nport = 8080\n", "\nhost = \"127.0.0.1\"\n", "\ncpu-queue = 8\n", "\napi-key-hash = []\n",
+                           "\nno-batching = false\n", "\nmax-body = \"16MiB\"\n", "\n# model = "}) {
+    EXPECT_NE(defaults.out.find(line), std::string::npos) << line << defaults.out;
+  }
+  const std::string dumped = write_config("dumped.toml", defaults.out);
+  CmdResult again = run("serve --config " + dumped + " --dump-config");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, defaults.out);
+  // Settings given as flags come back the same through a file.
+  CmdResult set = run("serve --port 9000 --cpu-queue 3 --no-batching --api-key-hash " + kKeyHash +
+                      " --co-tenant a=1GiB --co-tenant b=2GiB --host-memory-share 0.25 --host-budget 2GiB "
+                      "--admin-token 'tok\"en' --dump-config");
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  EXPECT_NE(set.out.find("\napi-key-hash = [\"" + kKeyHash + "\"]\n"), std::string::npos) << set.out;
+  const std::string dumped_set = write_config("dumped_set.toml", set.out);
+  CmdResult set_again = run("serve --config " + dumped_set + " --dump-config");
+  ASSERT_EQ(set_again.exit_code, 0) << set_again.err;
+  EXPECT_EQ(set_again.out, set.out);
+  std::remove(dumped.c_str());
+  std::remove(dumped_set.c_str());
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <span>
 
 namespace spw::http {
 namespace {
@@ -84,11 +86,129 @@ std::optional<ApiError> in_range(const char* key, double v, double lo, double hi
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_object(std::string_view body, json& out) {
+// The offset of the first byte of `s` that does not start a well-formed UTF-8
+// sequence (RFC 3629: no overlong forms, no surrogates, nothing past
+// U+10FFFF), or npos.
+size_t invalid_utf8_at(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // overlong
+      if (c == 0xED) hi = 0x9F;  // surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // overlong
+      if (c == 0xF4) hi = 0x8F;  // past U+10FFFF
+    } else {
+      return i;  // a continuation byte, C0/C1 (overlong) or F5..FF
+    }
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+// nlohmann's parse_error text without the client's bytes: its what() is
+// "[json.exception.parse_error.101] parse error at line L, column C: syntax
+// error while parsing X - <constant lexer message>; last read: '<the last
+// token, however long>'; expected Y". Only the part before "; last read"
+// is ours to repeat (the rest quotes the input: a 52 MB string token came
+// back whole in the error body).
+std::string syntax_error_text(const char* what) {
+  std::string_view w(what);
+  const size_t start = w.find("syntax error");
+  if (start == std::string_view::npos) return "syntax error";
+  w.remove_prefix(start);
+  if (const size_t cut = w.find("; last read"); cut != std::string_view::npos) w = w.substr(0, cut);
+  return std::string(w.substr(0, 160));
+}
+
+// The bytes around a parse error, for the message (a short excerpt only).
+std::string near(std::string_view body, size_t offset) {
+  if (offset >= body.size()) return "at the end of the body";
+  size_t from = offset > 16 ? offset - 16 : 0;
+  // Start on a character boundary (the body is valid UTF-8 by now).
+  while (from > 0 && (static_cast<unsigned char>(body[from]) & 0xC0) == 0x80) --from;
+  std::string_view around = body.substr(from, 32);
+  size_t end = around.size();
+  if (from + end < body.size()) {
+    while (end > 0 && (static_cast<unsigned char>(around[end]) & 0xC0) == 0x80) --end;
+  }
+  return "near '" + std::string(around.substr(0, end)) + "'";
+}
+
+// Accepts every event: with strict=false, sax_parse() then says whether the
+// body starts with one complete JSON value (whatever follows it).
+struct AcceptAll {
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(size_t) { return true; }
+  bool key(json::string_t&) { return true; }
+  bool end_object() { return true; }
+  bool start_array(size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+};
+
+bool starts_with_json_value(std::string_view body) {
+  AcceptAll sax;
   try {
-    out = json::parse(body.begin(), body.end());
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
-    return bad("", std::string("request body is not valid JSON: ") + e.what(), "invalid_json");
+    return json::sax_parse(body.begin(), body.end(), &sax, json::input_format_t::json, /*strict=*/false);
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+ApiError invalid_json(std::string what) {
+  return bad("", "request body is not valid JSON: " + what, "invalid_json");
+}
+
+std::optional<ApiError> parse_object(std::string_view body, json& out) {
+  // Checked before nlohmann sees the body: its lexer takes a NUL byte for the
+  // end of input, so `{"prompt":"a"}\0{"x":1}` would parse as the first
+  // object alone (strict mode cannot see the rest). Raw NULs are never valid
+  // JSON (not whitespace, and control characters must be escaped in strings).
+  if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
+    return invalid_json("NUL byte at byte offset " + std::to_string(nul) + " (of " + std::to_string(body.size()) +
+                        ")");
+  }
+  if (const size_t at = invalid_utf8_at(body); at != std::string_view::npos) {
+    return invalid_json("invalid UTF-8 at byte offset " + std::to_string(at) + " (of " +
+                        std::to_string(body.size()) + ")");
+  }
+  try {
+    // Strict: one value, then only whitespace to the end of the body.
+    out = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::parse_error& e) {
+    // e.byte is 1-based: the last character read (size + 1 at the end).
+    const size_t offset = e.byte > 0 ? e.byte - 1 : 0;
+    // Only on this error path: was it one good value with more after it?
+    std::string what = syntax_error_text(e.what());
+    if (starts_with_json_value(body)) what = "data after the JSON value (" + what + ")";
+    return invalid_json(what + " at byte offset " + std::to_string(offset) + " (of " + std::to_string(body.size()) +
+                        "), " + near(body, offset));
+  } catch (const json::exception&) {  // out_of_range for 1e999: its what() quotes the number
+    return invalid_json("a number is out of range (overflows a double)");
   }
   if (!out.is_object()) {
     return bad("", std::string("request body must be a JSON object, got ") + out.type_name(), "invalid_json");
@@ -96,10 +216,71 @@ std::optional<ApiError> parse_object(std::string_view body, json& out) {
   return std::nullopt;
 }
 
+// 400 unknown_parameter for the first field of `obj` (in key order) not in
+// any of `accepted`. `endpoint` names the route for the message.
+std::optional<ApiError> refuse_unknown(const json& obj, const char* endpoint,
+                                       std::initializer_list<std::span<const std::string_view>> accepted) {
+  for (const auto& [key, value] : obj.items()) {
+    bool known = false;
+    for (std::span<const std::string_view> list : accepted) {
+      known = known || std::find(list.begin(), list.end(), key) != list.end();
+    }
+    if (known) continue;
+    std::string names;
+    for (std::span<const std::string_view> list : accepted) {
+      for (std::string_view n : list) {
+        if (!names.empty()) names += ", ";
+        names += n;
+      }
+    }
+    return bad(input_excerpt(key, kMaxParamBytes / 2),
+               "Unrecognized request argument supplied: " + input_excerpt(key) + " (" + endpoint +
+                   " accepts: " + names + ")",
+               "unknown_parameter");
+  }
+  return std::nullopt;
+}
+
+ApiError unsupported(std::string param, std::string message) {
+  return bad(std::move(param), std::move(message), "unsupported_parameter");
+}
+
 #define SPW_TRY_FIELD(expr)              \
   do {                                   \
     if (auto spw_err_ = (expr)) return spw_err_; \
   } while (0)
+
+// logit_bias: {"<token id>": bias in [-100, 100]}. Checked like any field so
+// that a malformed map is reported as such, then refused unless empty: the
+// sampler has no per-token bias, and a request's checkpoint (what resume and
+// mid-generation migration continue from) would have to carry it too.
+std::optional<ApiError> parse_logit_bias(const json& obj) {
+  auto lb = obj.find("logit_bias");
+  if (lb == obj.end() || lb->is_null()) return std::nullopt;
+  if (!lb->is_object()) return wrong_type("logit_bias", "an object mapping token ids to biases", *lb);
+  for (const auto& [key, value] : lb->items()) {
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::stoull(key) > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+      return bad("logit_bias", "'logit_bias' keys must be token ids (decimal integers from 0 to 2147483647), got '" +
+                                   input_excerpt(key) + "'");
+    }
+    if (!value.is_number()) {
+      return bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " +
+                                   std::string(value.type_name()) + " for token " + key,
+                 "invalid_type");
+    }
+    const double b = value.get<double>();
+    if (!(b >= -100 && b <= 100)) {
+      return bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + json(b).dump() +
+                                   " for token " + key);
+    }
+  }
+  if (lb->empty()) return std::nullopt;
+  return unsupported("logit_bias", "logit_bias is not supported by this server: its sampler applies no per-token "
+                                   "bias, and request checkpoints (which resume and migrate requests) could not carry "
+                                   "one; send null or {}");
+}
 
 // Fields common to /v1/completions and /v1/chat/completions.
 std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingFields& s, std::string& model) {
@@ -107,18 +288,25 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   SPW_TRY_FIELD(get_string(obj, "model", model_name));
   if (model_name) model = *model_name;
 
-  std::optional<int64_t> max_tokens;
+  // max_completion_tokens is OpenAI's newer name for max_tokens, on both
+  // endpoints here. Two different limits in one request have no honest
+  // reading: refuse rather than pick one.
+  std::optional<int64_t> max_tokens, mct;
   SPW_TRY_FIELD(get_int(obj, "max_tokens", max_tokens));
-  if (chat) {
-    std::optional<int64_t> mct;
-    SPW_TRY_FIELD(get_int(obj, "max_completion_tokens", mct));
-    if (mct) {
-      if (*mct < 1) return bad("max_completion_tokens", "'max_completion_tokens' must be >= 1, got " + std::to_string(*mct));
-      max_tokens = mct;
-    }
+  if (max_tokens && *max_tokens < 1) {
+    return bad("max_tokens", "'max_tokens' must be >= 1, got " + std::to_string(*max_tokens));
   }
+  SPW_TRY_FIELD(get_int(obj, "max_completion_tokens", mct));
+  if (mct && *mct < 1) {
+    return bad("max_completion_tokens", "'max_completion_tokens' must be >= 1, got " + std::to_string(*mct));
+  }
+  if (max_tokens && mct && *max_tokens != *mct) {
+    return bad("max_completion_tokens", "'max_completion_tokens' (" + std::to_string(*mct) + ") and 'max_tokens' (" +
+                                            std::to_string(*max_tokens) +
+                                            ") differ; they are the same limit, give one of them");
+  }
+  if (mct) max_tokens = mct;
   if (max_tokens) {
-    if (*max_tokens < 1) return bad("max_tokens", "'max_tokens' must be >= 1, got " + std::to_string(*max_tokens));
     s.max_tokens = static_cast<int32_t>(std::min<int64_t>(*max_tokens, std::numeric_limits<int32_t>::max()));
   }
 
@@ -146,12 +334,18 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
     SPW_TRY_FIELD(in_range("repeat_penalty", *d, 0.0, 100.0, /*lo_open=*/true));
     s.repeat_penalty = static_cast<float>(*d);
   }
-  // Accepted for compatibility (type-checked) but not applied.
+  // The sampler applies neither: only the value that changes nothing passes
+  // (accepting and ignoring 0.5 would return output the client did not ask for).
   for (const char* key : {"frequency_penalty", "presence_penalty"}) {
     d.reset();
     SPW_TRY_FIELD(get_number(obj, key, d));
-    if (d) SPW_TRY_FIELD(in_range(key, *d, -2.0, 2.0));
+    if (d && *d != 0) {
+      return unsupported(key, std::string("'") + key + "' is not applied by this server: only 0 or null is " +
+                                  "accepted, got " + json(*d).dump() +
+                                  " (repeat_penalty and repeat_last_n are the penalties it implements)");
+    }
   }
+  SPW_TRY_FIELD(parse_logit_bias(obj));
 
   std::optional<int64_t> i;
   SPW_TRY_FIELD(get_int(obj, "top_k", i));
@@ -211,6 +405,14 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   auto so = obj.find("stream_options");
   if (so != obj.end() && !so->is_null()) {
     if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
+    for (const auto& [key, value] : so->items()) {
+      if (key != "include_usage") {
+        return bad(input_excerpt("stream_options." + key, kMaxParamBytes / 2),
+                   "Unrecognized request argument supplied: stream_options." + input_excerpt(key) +
+                       " (stream_options accepts: include_usage)",
+                   "unknown_parameter");
+      }
+    }
     std::optional<bool> inc;
     if (auto e = get_bool(*so, "include_usage", inc)) {
       e->param = "stream_options.include_usage";
@@ -239,6 +441,52 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
     if (!lp->is_boolean() && !lp->is_number()) return wrong_type("logprobs", chat ? "a boolean" : "an integer", *lp);
     if (wants) return bad("logprobs", "logprobs are not supported by this server", "unsupported_parameter");
   }
+
+  // Metadata in OpenAI's API: checked for type, no effect on the output.
+  std::optional<std::string> text;
+  SPW_TRY_FIELD(get_string(obj, "user", text));
+  auto meta = obj.find("metadata");
+  if (meta != obj.end() && !meta->is_null() && !meta->is_object()) return wrong_type("metadata", "an object", *meta);
+  std::optional<bool> store;
+  SPW_TRY_FIELD(get_bool(obj, "store", store));
+  if (store.value_or(false)) {
+    return unsupported("store", "'store': true is not supported: this server keeps no completions for later "
+                                "retrieval (send false or null)");
+  }
+  text.reset();
+  SPW_TRY_FIELD(get_string(obj, "service_tier", text));
+  if (text && *text != "auto" && *text != "default") {
+    return unsupported("service_tier", "'service_tier' must be \"auto\", \"default\" or null (this server has one "
+                                       "tier), got '" + input_excerpt(*text) + "'");
+  }
+  return std::nullopt;
+}
+
+// Fields only the chat endpoint has; tools themselves are refused above, so
+// these can only say "no tool call" and "no log probabilities".
+std::optional<ApiError> parse_chat_only(const json& obj) {
+  auto tc = obj.find("tool_choice");
+  if (tc != obj.end() && !tc->is_null()) {
+    if (tc->is_string()) {
+      const std::string v = tc->get<std::string>();
+      if (v != "none" && v != "auto") {
+        return unsupported("tool_choice", "'tool_choice' may only be \"none\" or \"auto\" (tool calls are not "
+                                          "supported by this server), got '" + input_excerpt(v) + "'");
+      }
+    } else if (tc->is_object()) {
+      return unsupported("tool_choice", "tool calls are not supported by this server");
+    } else {
+      return wrong_type("tool_choice", "a string or an object", *tc);
+    }
+  }
+  std::optional<bool> parallel;
+  SPW_TRY_FIELD(get_bool(obj, "parallel_tool_calls", parallel));
+  std::optional<int64_t> top;
+  SPW_TRY_FIELD(get_int(obj, "top_logprobs", top));
+  if (top && (*top < 0 || *top > 20)) {
+    return bad("top_logprobs", "'top_logprobs' must be in [0, 20], got " + std::to_string(*top));
+  }
+  if (top && *top != 0) return unsupported("top_logprobs", "logprobs are not supported by this server");
   return std::nullopt;
 }
 
@@ -289,6 +537,14 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 }  // namespace
 
+std::string input_excerpt(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t cut = max_bytes;
+  // Do not split a UTF-8 character (the cut byte would start a new one).
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
 ApiError api_error_from_status(const Status& s) {
   const FailureClass fc = classify(s);
   ApiError e;
@@ -304,6 +560,7 @@ ApiError api_error_from_status(const Status& s) {
 std::optional<ApiError> parse_completion_request(std::string_view body, CompletionRequest& out) {
   json obj;
   SPW_TRY_FIELD(parse_object(body, obj));
+  SPW_TRY_FIELD(refuse_unknown(obj, "/v1/completions", {kCompletionOnlyFields, kSharedGenerationFields}));
   auto p = obj.find("prompt");
   if (p == obj.end() || p->is_null()) return bad("prompt", "'prompt' is required", "missing_required_parameter");
   if (p->is_string()) {
@@ -331,6 +588,7 @@ std::optional<ApiError> parse_completion_request(std::string_view body, Completi
 std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& out) {
   json obj;
   SPW_TRY_FIELD(parse_object(body, obj));
+  SPW_TRY_FIELD(refuse_unknown(obj, "/v1/chat/completions", {kChatOnlyFields, kSharedGenerationFields}));
   auto m = obj.find("messages");
   if (m == obj.end() || m->is_null()) {
     return bad("messages", "'messages' is required", "missing_required_parameter");
@@ -349,7 +607,8 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
     cm.role = role->get<std::string>();
     if (cm.role == "developer") cm.role = "system";  // OpenAI's newer name for it
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
-      return bad(at + ".role", "'" + at + ".role' must be one of system, user, assistant; got '" + cm.role + "'");
+      return bad(at + ".role", "'" + at + ".role' must be one of system, user, assistant; got '" +
+                                   input_excerpt(cm.role) + "'");
     }
     auto content = msg.find("content");
     if (content == msg.end() || content->is_null()) {
@@ -375,6 +634,7 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
     out.messages.push_back(std::move(cm));
   }
   SPW_TRY_FIELD(parse_sampling(obj, /*chat=*/true, out.sampling, out.model));
+  SPW_TRY_FIELD(parse_chat_only(obj));
   return std::nullopt;
 }
 
@@ -445,8 +705,13 @@ std::string render_chat_chunk(const ChunkFields& c) {
 
 namespace {
 
+// Bounded whatever built the error (a message may carry text from deeper
+// layers, or a path from the request line): an error body stays small.
 json error_json(const ApiError& e) {
-  json j = {{"message", e.message}, {"type", e.type}, {"param", nullable(e.param)}, {"code", nullable(e.code)}};
+  json j = {{"message", input_excerpt(e.message, kMaxErrorMessageBytes)},
+            {"type", e.type},
+            {"param", nullable(input_excerpt(e.param, kMaxParamBytes))},
+            {"code", nullable(e.code)}};
   if (e.request_id) {
     j["request_id"] = *e.request_id;
     j["resume_url"] = "/v1/requests/" + std::to_string(*e.request_id) + "/resume";
@@ -852,6 +1117,7 @@ bool is_chat_body(std::string_view body) {
 std::optional<ApiError> parse_reservation_request(std::string_view body, ReservationRequest& out) {
   json obj;
   SPW_TRY_FIELD(parse_object(body, obj));
+  SPW_TRY_FIELD(refuse_unknown(obj, "POST /v1/reservations", {kReservationFields}));
   auto n = obj.find("name");
   if (n == obj.end() || !n->is_string() || n->get<std::string>().empty() || n->get<std::string>().size() > 64) {
     return bad("name", "'name' is required: a string of 1 to 64 characters naming the service", "invalid_value");
@@ -863,7 +1129,10 @@ std::optional<ApiError> parse_reservation_request(std::string_view body, Reserva
     out.bytes = b->get<uint64_t>();
   } else if (b->is_string()) {
     auto v = parse_memory_size(b->get<std::string>());
-    if (!v.ok()) return bad("bytes", "'bytes': " + v.status().message(), "invalid_value");
+    if (!v.ok()) {  // its message quotes the whole string
+      return bad("bytes", "'bytes' must be a positive integer or a size such as \"2GiB\" or \"512M\", got '" +
+                              input_excerpt(b->get<std::string>()) + "'");
+    }
     out.bytes = *v;
   } else {
     return bad("bytes", "'bytes' must be a positive integer or a size string such as \"2GiB\"", "invalid_value");
@@ -883,6 +1152,7 @@ std::optional<ApiError> parse_resume_request(std::string_view body, ResumeBody& 
   json obj;
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return std::nullopt;  // empty: defaults
   SPW_TRY_FIELD(parse_object(body, obj));
+  SPW_TRY_FIELD(refuse_unknown(obj, "POST /v1/requests/{id}/resume", {kResumeFields}));
   for (const auto& [key, value] : obj.items()) {
     if (key == "received_text") {
       if (!value.is_string()) return wrong_type("received_text", "a string", value);
@@ -890,8 +1160,6 @@ std::optional<ApiError> parse_resume_request(std::string_view body, ResumeBody& 
     } else if (key == "stream") {
       if (!value.is_boolean()) return wrong_type("stream", "a boolean", value);
       out.stream = value.get<bool>();
-    } else {
-      return bad(key, "unknown field '" + key + "' (a resume takes received_text and stream)", "invalid_value");
     }
   }
   return std::nullopt;
@@ -900,6 +1168,7 @@ std::optional<ApiError> parse_resume_request(std::string_view body, ResumeBody& 
 std::optional<ApiError> parse_fault_request(std::string_view body, FaultRequest& out) {
   json obj;
   SPW_TRY_FIELD(parse_object(body, obj));
+  SPW_TRY_FIELD(refuse_unknown(obj, "POST /v1/admin/faults", {kFaultFields}));
   auto k = obj.find("kind");
   std::string names;
   for (int i = 0; i < kNumFaultKinds; ++i) {
@@ -908,7 +1177,9 @@ std::optional<ApiError> parse_fault_request(std::string_view body, FaultRequest&
   if (k == obj.end() || k->is_null()) return bad("kind", "'kind' is required: one of " + names, "missing_required_parameter");
   if (!k->is_string()) return wrong_type("kind", "a string", *k);
   const std::optional<FaultKind> kind = fault_kind_from_name(k->get<std::string>());
-  if (!kind) return bad("kind", "'kind' must be one of " + names + ", got \"" + k->get<std::string>() + "\"");
+  if (!kind) {
+    return bad("kind", "'kind' must be one of " + names + ", got \"" + input_excerpt(k->get<std::string>()) + "\"");
+  }
   out.spec.kind = *kind;
   std::optional<std::string> path;
   SPW_TRY_FIELD(get_string(obj, "path", path));

@@ -7,7 +7,23 @@
 // min_p outside [0,1], repeat_penalty <= 0, n != 1, ...), an empty prompt, or
 // malformed messages give an ApiError with HTTP 400, type
 // "invalid_request_error", `param` naming the field and a message naming the
-// problem. Unknown fields are ignored (clients send many optional fields).
+// problem.
+//
+// Strict, honest parsing (every parse_*_request below):
+//  - The body is exactly one JSON value: bytes after it (other than JSON
+//    whitespace), a NUL byte anywhere or bytes that are not UTF-8 are a 400
+//    with code "invalid_json" whose message names the byte offset. (A raw NUL
+//    would otherwise end nlohmann's lexer early and the rest be ignored.)
+//  - A top-level field not in the endpoint's list below is a 400 with code
+//    "unknown_parameter" and `param` = the field ("Unrecognized request
+//    argument supplied: X", as OpenAI words it), never silently ignored.
+//  - A listed field the server does not implement is accepted only with a
+//    value that changes nothing (0, null, {}, false, ...); any other value is
+//    a 400 with code "unsupported_parameter" naming it.
+//  - An error message quotes client input only as input_excerpt() (at most
+//    kInputExcerptBytes bytes and the full length), and render_error() bounds
+//    the whole message to kMaxErrorMessageBytes (and `param` to kMaxParamBytes),
+//    so a 50 MB body never comes back in its error.
 // render_*() produce the bodies: completions and chat completions (whole and
 // as stream chunks, OpenAI's "text_completion" / "chat.completion.chunk"
 // shapes), and the error body {"error":{"message","type","param","code"}}.
@@ -43,6 +59,56 @@ struct ApiError {
 
 // Maps a Status from the scheduler/engine to an HTTP error.
 ApiError api_error_from_status(const Status& s);
+
+// How much client input an error may quote, and how long an error message and
+// its `param` may be when rendered (render_error / render_refusal cut longer
+// ones, saying how long they were).
+inline constexpr size_t kInputExcerptBytes = 40;
+inline constexpr size_t kMaxErrorMessageBytes = 512;
+inline constexpr size_t kMaxParamBytes = 128;
+
+// `text` when it is at most `max_bytes` long; else its first bytes (cut on a
+// UTF-8 character boundary) followed by "... (N bytes)". For quoting client
+// input in error messages.
+std::string input_excerpt(std::string_view text, size_t max_bytes = kInputExcerptBytes);
+
+// The top-level fields each endpoint accepts (any other: "unknown_parameter").
+//
+// Both /v1/completions and /v1/chat/completions (and /v1/quote, which takes
+// either body):
+//   model (informational: one model is served), max_tokens,
+//   max_completion_tokens (the same limit under OpenAI's newer name; both
+//   given and different: 400 naming max_completion_tokens), temperature,
+//   top_p, seed (any 64-bit integer, negative ones as their two's complement),
+//   stop, stream, n (1 only), best_of (1 only),
+//   llama.cpp-style sampling the server implements: top_k, min_p,
+//   repeat_penalty, repeat_last_n;
+//   accepted only with values that change nothing (else unsupported_parameter):
+//   frequency_penalty and presence_penalty (0 / null: the sampler does not
+//   apply them; repeat_penalty is the penalty it implements), logit_bias
+//   (null / {}; a non-empty map is validated, keys decimal token ids, values
+//   numbers in [-100, 100], then refused: the sampler and the checkpoints
+//   that resume and migrate requests carry no per-token bias), logprobs
+//   (false / 0 / null), response_format ({"type":"text"} / null), tools
+//   ([] / null);
+//   metadata that does not affect the output: user (string), metadata
+//   (object), store (false / null: nothing is stored for later retrieval),
+//   service_tier ("auto" / "default" / null), stream_options
+//   ({"include_usage": bool}: the usage chunk; other keys unknown_parameter).
+inline constexpr std::string_view kSharedGenerationFields[] = {
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "n",
+    "best_of", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
+    "logit_bias", "logprobs", "response_format", "tools", "user", "metadata", "store", "service_tier",
+    "stream_options"};
+// /v1/completions also: prompt (required; a string or a one-string array),
+// echo (false / null), suffix ("" / null).
+inline constexpr std::string_view kCompletionOnlyFields[] = {"prompt", "echo", "suffix"};
+// /v1/chat/completions also: messages (required), tool_choice ("none" /
+// "auto" / null: without tools no tool is called either way),
+// parallel_tool_calls (a boolean; nothing to parallelise without tools),
+// top_logprobs (0 / null).
+inline constexpr std::string_view kChatOnlyFields[] = {"messages", "tool_choice", "parallel_tool_calls",
+                                                       "top_logprobs"};
 
 // Sampling fields shared by both endpoints; nullopt = the server default.
 struct SamplingFields {
@@ -166,7 +232,8 @@ std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs)
 // DELETE /v1/requests/{id}.
 std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state);
 // POST /v1/reservations body: {"name","bytes","ttl_s"} (bytes: integer or
-// "2GiB"-style string); nullopt on success.
+// "2GiB"-style string; other fields: unknown_parameter); nullopt on success.
+inline constexpr std::string_view kReservationFields[] = {"name", "bytes", "ttl_s"};
 struct ReservationRequest {
   std::string name;
   uint64_t bytes = 0;
@@ -176,7 +243,8 @@ std::optional<ApiError> parse_reservation_request(std::string_view body, Reserva
 
 // POST /v1/requests/{id}/resume body: {"received_text": the text the client
 // already has of the request's output (default ""), "stream": bool (default
-// false)}; other fields are refused (400 naming them).
+// false)}; other fields are refused (400 unknown_parameter naming them).
+inline constexpr std::string_view kResumeFields[] = {"received_text", "stream"};
 struct ResumeBody {
   std::string received_text;
   bool stream = false;
@@ -188,7 +256,8 @@ std::optional<ApiError> parse_resume_request(std::string_view body, ResumeBody& 
 // (default: empty = the first path) a string; after_submits and count
 // integers >= 0 (defaults 0 and 1; count 0 = until disarmed); factor a number
 // in (1, 1000], required for "slow" and refused for the other kinds. A 400
-// names the field in `param`.
+// names the field in `param`; other fields: unknown_parameter.
+inline constexpr std::string_view kFaultFields[] = {"kind", "path", "after_submits", "count", "factor"};
 struct FaultRequest {
   FaultSpec spec;
   std::string path;  // "" = the first path
