@@ -3,7 +3,8 @@
 # runs each for a bounded time.
 #   fuzz/run_fuzzers.sh [SECONDS_PER_TARGET=60] [extra libFuzzer flags...]
 # Targets: gguf_fuzz (GGUF reader/writer), tokenizer_fuzz (SPM encode/decode,
-# Utf8Stream), checkpoint_fuzz (checkpoint parser). Exits non-zero when a
+# Utf8Stream), checkpoint_fuzz (checkpoint parser), http_fuzz (HTTP request ->
+# OpenAI request: the transport's parser and checks, then the body parsers). Exits non-zero when a
 # fuzzer finds a crash, leak, timeout or property violation; reproducers go to
 # build/fuzz/artifacts/. New corpus entries go to build/fuzz/corpus/<target>
 # (the committed seeds in fuzz/corpus/<target> are only read).
@@ -14,7 +15,7 @@ shift || true
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-targets=(gguf tokenizer checkpoint)
+targets=(gguf tokenizer checkpoint http)
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz --target "${targets[@]/%/_fuzz}"
 

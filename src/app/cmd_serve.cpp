@@ -32,6 +32,7 @@
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
 #include "device/host_memory.h"
+#include "core/size.h"
 #include "gateway/builder.h"
 #include "http/server.h"
 
@@ -45,6 +46,15 @@ struct ServeCliOptions {
   double grace_s = 10;
   bool log_requests = false;
   std::string admin_token;  // "" = no admin API
+  std::vector<std::string> api_keys;
+  std::vector<std::string> api_key_hashes;
+  bool insecure_no_auth = false;
+  std::string max_body = "16MiB";
+  int max_connections = 512;
+  int max_connections_per_client = 64;
+  double idle_timeout_s = 60;
+  double header_timeout_s = 10;
+  double body_timeout_s = 60;
 };
 
 // /health's device_memory: a fresh heap reading into the ledger, its figures
@@ -96,6 +106,27 @@ bool is_loopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.starts_with("127.");
 }
 
+std::chrono::milliseconds seconds_ms(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0)); }
+
+// The keys from --api-key and api-key-hash; checked before the model loads.
+Result<std::shared_ptr<http::ApiKeys>> load_api_keys(const ServeCliOptions& o) {
+  auto keys = std::make_shared<http::ApiKeys>();
+  for (const std::string& k : o.api_keys) {
+    if (Status st = keys->add_key(k); !st.ok()) return Status::invalid_argument("--api-key: " + st.message());
+  }
+  for (const std::string& h : o.api_key_hashes) {
+    if (Status st = keys->add_hash(h); !st.ok()) return Status::invalid_argument("--api-key-hash: " + st.message());
+  }
+  if (keys->empty() && !o.insecure_no_auth && !is_loopback(o.host)) {
+    return Status::invalid_argument(
+        "listening on " + o.host +
+        " without an API key would let every device on the network read and cancel every request: give "
+        "--api-key KEY (or api-key-hash in the config file; `spillway hash-key --generate` makes one), or "
+        "--insecure-no-auth to accept that");
+  }
+  return keys;
+}
+
 // Stop signals go through a self-pipe: the handler only write()s (which is
 // async-signal-safe), whichever thread it lands on; the main thread reads.
 int g_signal_pipe[2] = {-1, -1};
@@ -138,6 +169,10 @@ int run_serve(const ServeCliOptions& o) {
     std::fprintf(stderr, "spillway serve: %s%s\n", what.c_str(), st.to_string().c_str());
     return 1;
   };
+  auto keys = load_api_keys(o);
+  if (!keys.ok()) return fail(keys.status());
+  auto max_body = parse_byte_size(o.max_body);
+  if (!max_body.ok()) return fail(max_body.status(), "--max-body: ");
   auto built = gateway::build_gateway(env, o.g);
   if (!built.ok()) return fail(built.status());
   gateway::BuiltGateway& b = *built;
@@ -176,12 +211,25 @@ int run_serve(const ServeCliOptions& o) {
   ho.chat_template_default = default_template;
   ho.log_requests = o.log_requests;
   ho.admin_token = o.admin_token;
+  ho.api_keys = *keys;
+  ho.insecure_no_auth = o.insecure_no_auth;
+  ho.transport.max_body_bytes = static_cast<size_t>(*max_body);
+  ho.transport.max_connections = o.max_connections;
+  ho.transport.max_connections_per_client = o.max_connections_per_client;
+  ho.transport.idle_timeout = seconds_ms(o.idle_timeout_s);
+  ho.transport.header_timeout = seconds_ms(o.header_timeout_s);
+  ho.transport.body_timeout = seconds_ms(o.body_timeout_s);
   auto server = http::HttpServer::create(env, gw, ho);
   if (!server.ok()) return fail(server.status());
   Status started = (*server)->start();
   if (!started.ok()) return fail(started);
-  if (!is_loopback(o.host)) {
-    std::fprintf(stderr, "spillway serve: warning: listening on %s without authentication\n", o.host.c_str());
+  if (!is_loopback(o.host) && (*keys)->empty()) {
+    std::fprintf(stderr, "spillway serve: warning: listening on %s without authentication (--insecure-no-auth)\n",
+                 o.host.c_str());
+  }
+  if (!(*keys)->empty()) {
+    std::fprintf(stderr, "spillway serve: %zu API keys; /v1/* and /metrics need Authorization: Bearer <key>\n",
+                 (*keys)->size());
   }
   const std::string tmpl = std::string(chat_template_name(**chat_template)) + (default_template ? "(default)" : "");
   std::string paths;
@@ -237,16 +285,8 @@ void add_serve(CLI::App& app, int& exit_code) {
   // Every flag is also a key of the TOML file given with --config (the same
   // name without the leading dashes, e.g. `cpu-queue = 8`); flags given on
   // the command line win. `--dump-config` prints every key with its default.
-  sub->set_config("--config", "", "TOML file of serve settings (keys are the flag names without --)");
-  sub->get_config_ptr()->check(CLI::ExistingFile);
-  sub->add_flag_callback(
-      "--dump-config",
-      [sub] {
-        std::printf("%s", sub->config_to_str(true, true).c_str());
-        std::exit(0);
-      },
-      "Print every setting as TOML with its current value and description, then exit")
-      ->configurable(false);
+  // Added before the other options: see add_config_file_options.
+  add_config_file_options(*sub);
   auto section = [sub](const char* name) { return sub->add_option_group(name); };
   CLI::Option_group* srv = section("server");
   srv->add_option("--model,-m", g.model, "GGUF model file")->required();
@@ -265,6 +305,33 @@ void add_serve(CLI::App& app, int& exit_code) {
   srv->add_option("--admin-token", o->admin_token,
                   "Enables the admin API (POST/GET/DELETE /v1/admin/faults: arm faults on the GPU for drills) "
                   "for loopback clients sending 'Authorization: Bearer TOKEN'; off when empty");
+  CLI::Option_group* cl = section("clients");
+  cl->add_option("--api-key", o->api_keys,
+                 "An API key (repeatable; at least 16 printable characters): with keys, /v1/* and /metrics need "
+                 "'Authorization: Bearer KEY' and each key sees only its own requests");
+  cl->add_option("--api-key-hash", o->api_key_hashes,
+                 "An API key as 'sha256:HEX' (repeatable; for config files, so they hold no secret; "
+                 "`spillway hash-key` prints one)");
+  cl->add_flag("--insecure-no-auth", o->insecure_no_auth,
+               "Allow a non-loopback --host without any API key (every client on the network is one user)");
+  cl->add_option("--max-body", o->max_body, "Largest request body, after de-chunking (413 beyond)")->capture_default_str();
+  cl->add_option("--max-connections", o->max_connections, "Open connections in all (past it: health and status only)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cl->add_option("--max-connections-per-client", o->max_connections_per_client,
+                 "Open connections from one address (past it: health and status only)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cl->add_option("--idle-timeout", o->idle_timeout_s, "Seconds an idle keep-alive connection stays open")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cl->add_option("--header-timeout", o->header_timeout_s,
+                 "Seconds a request's line and headers may take to arrive once it started (408 after)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cl->add_option("--body-timeout", o->body_timeout_s, "Seconds a request body may take to arrive (408 after)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   srv->add_flag_function(
       "--no-warmup", [o](int64_t) { o->g.warmup = false; },
       "Skip the one tiny request per path at start (it compiles shaders and measures first rates)");

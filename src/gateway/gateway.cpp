@@ -933,6 +933,54 @@ Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g)
   return serve::encode_prompt(tokenizer(), g);
 }
 
+Status Gateway::reject_status(const admission::Decision& d, const std::vector<admission::PathSnapshot>& snaps) const {
+  // Every path unusable and one of them stopping: the server stops. (A
+  // breaker alone leaves decide()'s 503 kNoPath with its reason.)
+  if (std::none_of(snaps.begin(), snaps.end(), [](const admission::PathSnapshot& p) { return p.usable; }) &&
+      std::any_of(paths_.begin(), paths_.end(), [](const ExecutionPath& p) { return p.scheduler->stopping(); })) {
+    return Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown);
+  }
+  if (d.failure == FailureReason::kContextFull) return Status(StatusCode::kInvalidArgument, d.reason, d.failure, "prompt");
+  const StatusCode code = d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
+  return Status(code, d.reason, d.failure);
+}
+
+Status Gateway::precheck(const RouteRequest& request, size_t prompt_bytes, Refusal* refusal) {
+  // The smallest lower bound over the paths' vocabularies (a fallback model
+  // may have another): computed once, the vocabularies never change.
+  std::call_once(longest_token_once_, [&] {
+    for (const ExecutionPath& p : paths_) {
+      size_t longest = 0;
+      for (int32_t t = 0; t < p.tokenizer->n_vocab(); ++t) longest = std::max(longest, p.tokenizer->token_text(t).size());
+      longest_token_bytes_ = std::max(longest_token_bytes_, std::max<size_t>(longest, 4));
+    }
+  });
+  const size_t lower = longest_token_bytes_ == 0 ? 0 : (prompt_bytes + longest_token_bytes_ - 1) / longest_token_bytes_;
+  const auto n_prompt = static_cast<int32_t>(std::min<size_t>(lower, INT32_MAX));
+  std::vector<admission::PathSnapshot> snaps = snapshots();
+  admission::Decision d = decide(shape_of(request, n_prompt), snaps);
+  if (d.kind != admission::DecisionKind::kReject) return Status::ok_status();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++decisions_[std::string(admission::decision_kind_name(d.kind))];
+  }
+  if (d.failure == FailureReason::kContextFull) {
+    // Say what is known: a lower bound, not the count a tokenizer would give.
+    int32_t max_ctx = 0;
+    for (const admission::PathSnapshot& p : snaps) max_ctx = std::max(max_ctx, p.n_ctx);
+    d.reason = "prompt: at least " + std::to_string(n_prompt) + " tokens (" + std::to_string(prompt_bytes) +
+               " bytes, and no token stands for more than " + std::to_string(longest_token_bytes_) +
+               ") does not fit the context of " + std::to_string(max_ctx) + " tokens of any path (at most " +
+               std::to_string(max_ctx - 1) + " prompt tokens; the server's --ctx sets the limit)";
+  }
+  Status st = reject_status(d, snaps);
+  if (refusal) {
+    refusal->decision = std::move(d);
+    refusal->status = st;
+  }
+  return st;
+}
+
 Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) {
   const serve::GenerationRequest& g = request.generation;
   auto refuse = [&](Status st, admission::Decision d) -> Result<Admitted> {
@@ -955,21 +1003,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
       ++decisions_[std::string(admission::decision_kind_name(d.kind))];
     }
     if (d.kind == admission::DecisionKind::kReject) {
-      // Every path unusable and one of them stopping: the server stops. (A
-      // breaker alone leaves decide()'s 503 kNoPath with its reason.)
-      if (std::none_of(snaps.begin(), snaps.end(), [](const admission::PathSnapshot& p) { return p.usable; }) &&
-          std::any_of(paths_.begin(), paths_.end(), [](const ExecutionPath& p) { return p.scheduler->stopping(); })) {
-        return refuse(Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown),
-                      std::move(d));
-      }
-      Status st;  // built before d is moved from
-      if (d.failure == FailureReason::kContextFull) {
-        st = Status(StatusCode::kInvalidArgument, d.reason, d.failure, "prompt");
-      } else {
-        const StatusCode code =
-            d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
-        st = Status(code, d.reason, d.failure);
-      }
+      Status st = reject_status(d, snaps);  // built before d is moved from
       return refuse(std::move(st), std::move(d));
     }
     const ExecutionPath& path = paths_[static_cast<size_t>(d.path_index)];

@@ -371,6 +371,20 @@ class Gateway {
   // OK, or why not.
   Status migration_allowed(size_t from, size_t to) const;
   Result<Quote> quote(const RouteRequest& request);
+  // What submit() would refuse without tokenizing, for a request whose prompt
+  // text (after any chat template) is prompt_bytes long: no token of a
+  // path's vocabulary stands for more input bytes than its stored text has
+  // (SentencePiece's U+2581 and byte-level BPE's byte symbols are longer
+  // than the bytes they stand for; control tokens are their text), so the
+  // prompt has at least ceil(prompt_bytes / longest stored token) tokens.
+  // decide() on that lower bound: a reject there is a reject for the real
+  // prompt too (contexts, queues, breakers and host memory only get
+  // tighter with more tokens), so it is returned as submit() would return
+  // it (400 kContextFull, 429 kQueueFull with the decision's retry_after_s,
+  // 503) and counted as a decision; OK otherwise, counting nothing. Costs
+  // one decide(), whatever the prompt's size: a 10 MB prompt that cannot
+  // fit is refused in microseconds instead of after its tokenization.
+  Status precheck(const RouteRequest& request, size_t prompt_bytes, Refusal* refusal = nullptr);
   bool cancel(uint64_t ticket_id);
   // The live ticket with this id, or null.
   std::shared_ptr<serve::Ticket> find(uint64_t ticket_id) const;
@@ -422,6 +436,8 @@ class Gateway {
   Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request);
   admission::PathSnapshot snapshot_of(const ExecutionPath& path) const;
   std::vector<admission::PathSnapshot> snapshots() const;
+  // submit()'s refusal Status for a reject decision.
+  Status reject_status(const admission::Decision& d, const std::vector<admission::PathSnapshot>& snaps) const;
   admission::MemoryLedger* cotenant_ledger() const;
   ReservationInfo info_locked(uint64_t id, int64_t now) const;
   void track(const std::shared_ptr<serve::Ticket>& t);
@@ -452,6 +468,8 @@ class Gateway {
   std::vector<PathNotBuilt> not_built_;
   GatewayPolicy policy_;
   std::atomic<uint64_t> next_ticket_id_{1};
+  std::once_flag longest_token_once_;
+  size_t longest_token_bytes_ = 0;  // precheck()'s bound, set once
 
   mutable std::mutex mu_;
   int64_t last_observe_ns_ = 0;

@@ -149,6 +149,336 @@ TEST(OpenAiParse, BadChatMessages) {
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})").param, "max_tokens");
 }
 
+// ---- Strict parsing: one JSON value, nothing after it ----
+
+TEST(OpenAiStrict, TrailingBytesAfterTheValueAre400) {
+  using namespace std::string_literals;
+  struct Case {
+    std::string body;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {R"({"prompt":"a"} x)", "byte offset 15"},
+      {R"({"prompt":"a"}{"x":1})", "byte offset 14"},
+      // nlohmann's lexer takes a NUL for the end of input: without the check
+      // this parsed as {"prompt":"a"} and the rest was dropped.
+      {"{\"prompt\":\"a\"}\0{\"x\":1}"s, "NUL byte at byte offset 14"},
+      {"{\"prompt\":\"a\"}\0"s, "NUL byte at byte offset 14"},
+      {"{\"prompt\":\"a\0b\"}"s, "NUL byte at byte offset 12"},
+      {"\0"s, "NUL byte at byte offset 0"},
+  };
+  for (const Case& c : cases) {
+    CompletionRequest r;
+    auto e = parse_completion_request(c.body, r);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->http_status, 400);
+    EXPECT_EQ(e->code, "invalid_json") << c.body;
+    EXPECT_NE(e->message.find(c.needle), std::string::npos) << e->message;
+  }
+  // The message says what is wrong: a whole value, then more.
+  EXPECT_NE(completion_error(R"({"prompt":"a"} x)").message.find("data after the JSON value"), std::string::npos);
+  EXPECT_NE(completion_error(R"({"prompt":"a"} 12)").message.find("data after the JSON value"), std::string::npos);
+  EXPECT_EQ(completion_error(R"({"prompt":"a" x})").message.find("data after the JSON value"), std::string::npos);
+  // The same for chat, resume, reservation and fault bodies (one parser).
+  ChatRequest chat;
+  auto ce = parse_chat_request("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}\0{}"s, chat);
+  ASSERT_TRUE(ce.has_value());
+  EXPECT_EQ(ce->code, "invalid_json");
+  ResumeBody rb;
+  EXPECT_EQ(parse_resume_request("{}\0{\"stream\":true}"s, rb).value_or(ApiError{}).code, "invalid_json");
+  ReservationRequest rr;
+  EXPECT_EQ(parse_reservation_request(R"({"name":"a","bytes":1} 7)", rr).value_or(ApiError{}).code, "invalid_json");
+  FaultRequest fr;
+  EXPECT_EQ(parse_fault_request("{\"kind\":\"hang\"}\0"s, fr).value_or(ApiError{}).code, "invalid_json");
+  // Whitespace after the value is JSON, not trailing data.
+  CompletionRequest ok;
+  EXPECT_FALSE(parse_completion_request("{\"prompt\":\"a\"} \r\n\t ", ok).has_value());
+  EXPECT_EQ(ok.prompt, "a");
+}
+
+TEST(OpenAiStrict, InvalidUtf8Is400WithTheOffset) {
+  const std::pair<std::string, size_t> cases[] = {
+      {"{\"prompt\":\"\xff\"}", 11},
+      {"{\"prompt\":\"\xc0\xaf\"}", 11},          // overlong '/'
+      {"{\"prompt\":\"ab\xed\xa0\x80\"}", 13},    // a surrogate
+      {"{\"prompt\":\"\xf4\x90\x80\x80\"}", 11},  // past U+10FFFF
+      {"{\"prompt\":\"a\"}\xe2\x82", 14},         // cut short at the end
+      {"{\"prompt\":\"\x80\"}", 11},              // a lone continuation byte
+  };
+  for (const auto& [body, offset] : cases) {
+    ApiError e = completion_error(body);
+    EXPECT_EQ(e.code, "invalid_json");
+    EXPECT_NE(e.message.find("invalid UTF-8 at byte offset " + std::to_string(offset)), std::string::npos)
+        << e.message;
+  }
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request("{\"prompt\":\"h\xc3\xa9llo \xe2\x82\xac \xf0\x9d\x84\x9e\"}", r).has_value());
+  EXPECT_EQ(r.prompt, "h\xc3\xa9llo \xe2\x82\xac \xf0\x9d\x84\x9e");
+}
+
+TEST(OpenAiStrict, SyntaxErrorsNameTheOffset) {
+  ApiError e = completion_error(R"({"prompt": tru})");
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("byte offset"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("syntax error"), std::string::npos) << e.message;
+  EXPECT_EQ(e.message.find("last read"), std::string::npos) << e.message;
+}
+
+// ---- Errors quote only a short excerpt of the input ----
+
+TEST(OpenAiStrict, InputExcerptIsShortAndSaysHowLong) {
+  EXPECT_EQ(input_excerpt("short"), "short");
+  EXPECT_EQ(input_excerpt(std::string(40, 'x')), std::string(40, 'x'));
+  EXPECT_EQ(input_excerpt(std::string(41, 'x')), std::string(40, 'x') + "... (41 bytes)");
+  // Never splits a UTF-8 character: 30 two-byte characters cut at 41 bytes
+  // keep 20 whole ones.
+  std::string accents;
+  for (int i = 0; i < 30; ++i) accents += "\xc3\xa9";
+  const std::string cut = input_excerpt(accents, 41);
+  EXPECT_EQ(cut.substr(0, cut.find("...")).size(), 40u);
+  EXPECT_NE(cut.find("(60 bytes)"), std::string::npos);
+}
+
+TEST(OpenAiStrict, HugeBodiesGetSmallErrors) {
+  const std::string big(5 * 1024 * 1024, 'a');
+  const std::string bodies[] = {
+      // Invalid JSON whose last token is 5 MB (nlohmann's message quotes it).
+      "{\"prompt\":\"" + big,
+      "{\"prompt\":\"" + big + "\" x}",
+      "{\"prompt\":" + big + "}",
+      // A 5 MB number: out of range, and its exception quotes it.
+      "{\"prompt\":\"a\",\"temperature\":1" + std::string(5 * 1024 * 1024, '0') + "}",
+      // Wrong-typed or refused values that are 5 MB long.
+      "{\"prompt\":\"a\",\"temperature\":\"" + big + "\"}",
+      "{\"prompt\":\"a\",\"service_tier\":\"" + big + "\"}",
+      "{\"prompt\":\"a\",\"logit_bias\":{\"" + big + "\":1}}",
+      "{\"prompt\":\"a\",\"stream_options\":{\"" + big + "\":1}}",
+      // A 5 MB unknown field name (also the error's param).
+      "{\"prompt\":\"a\",\"" + big + "\":1}",
+  };
+  for (const std::string& body : bodies) {
+    ApiError e = completion_error(body);
+    EXPECT_EQ(e.http_status, 400);
+    const std::string rendered = render_error(e, "model");
+    EXPECT_LT(rendered.size(), 2048u) << rendered.substr(0, 300);
+    EXPECT_TRUE(json::accept(rendered));
+  }
+  ApiError role = chat_error("{\"messages\":[{\"role\":\"" + big + "\",\"content\":\"x\"}]}");
+  EXPECT_EQ(role.param, "messages[0].role");
+  EXPECT_LT(render_error(role).size(), 2048u);
+  EXPECT_NE(role.message.find("(5242880 bytes)"), std::string::npos) << role.message;
+  FaultRequest fr;
+  auto fe = parse_fault_request("{\"kind\":\"" + big + "\"}", fr);
+  ASSERT_TRUE(fe.has_value());
+  EXPECT_LT(render_error(*fe).size(), 2048u);
+  ReservationRequest rr;
+  auto re = parse_reservation_request("{\"name\":\"a\",\"bytes\":\"" + big + "\"}", rr);
+  ASSERT_TRUE(re.has_value());
+  EXPECT_EQ(re->param, "bytes");
+  EXPECT_LT(render_error(*re).size(), 2048u);
+}
+
+TEST(OpenAiRender, ErrorMessageAndParamAreBounded) {
+  ApiError e;
+  e.message = std::string(100000, 'm');
+  e.param = std::string(100000, 'p');
+  const json j = json::parse(render_error(e));
+  const std::string message = j["error"]["message"];
+  EXPECT_LE(message.size(), kMaxErrorMessageBytes + 24);
+  EXPECT_NE(message.find("(100000 bytes)"), std::string::npos);
+  EXPECT_LE(j["error"]["param"].get<std::string>().size(), kMaxParamBytes + 24);
+  admission::Decision d;
+  d.kind = admission::DecisionKind::kReject;
+  d.http_status = 503;
+  EXPECT_LT(render_refusal(e, "m", d).size(), 2048u);
+}
+
+// ---- Unknown fields are refused, never ignored ----
+
+TEST(OpenAiStrict, UnknownFieldsAreRefused) {
+  ApiError e = completion_error(R"({"prompt":"a","max_token":5})");
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.code, "unknown_parameter");
+  EXPECT_EQ(e.param, "max_token");
+  EXPECT_NE(e.message.find("Unrecognized request argument supplied: max_token"), std::string::npos) << e.message;
+  // The message lists what the endpoint takes, whole (not cut by the bound).
+  EXPECT_NE(e.message.find("max_completion_tokens"), std::string::npos) << e.message;
+  EXPECT_LE(e.message.size(), kMaxErrorMessageBytes);
+  // Fields of the other endpoint are unknown here.
+  EXPECT_EQ(completion_error(R"({"prompt":"a","messages":[]})").param, "messages");
+  EXPECT_EQ(completion_error(R"({"prompt":"a","tool_choice":"none"})").code, "unknown_parameter");
+  ApiError c = chat_error(R"({"messages":[{"role":"user","content":"x"}],"prompt":"a"})");
+  EXPECT_EQ(c.code, "unknown_parameter");
+  EXPECT_EQ(c.param, "prompt");
+  EXPECT_LE(c.message.size(), kMaxErrorMessageBytes);
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"functions":[]})").param, "functions");
+  // Nested: stream_options has one key.
+  ApiError so = completion_error(R"({"prompt":"a","stream_options":{"include_usage":true,"chunk":1}})");
+  EXPECT_EQ(so.code, "unknown_parameter");
+  EXPECT_EQ(so.param, "stream_options.chunk");
+
+  ResumeBody rb;
+  auto re = parse_resume_request(R"({"received_text":"x","max_tokens":3})", rb);
+  ASSERT_TRUE(re.has_value());
+  EXPECT_EQ(re->code, "unknown_parameter");
+  EXPECT_EQ(re->param, "max_tokens");
+  ReservationRequest rr;
+  auto rs = parse_reservation_request(R"({"name":"a","bytes":1,"ttl":5})", rr);
+  ASSERT_TRUE(rs.has_value());
+  EXPECT_EQ(rs->code, "unknown_parameter");
+  EXPECT_EQ(rs->param, "ttl");
+  FaultRequest fr;
+  auto fe = parse_fault_request(R"({"kind":"hang","times":2})", fr);
+  ASSERT_TRUE(fe.has_value());
+  EXPECT_EQ(fe->code, "unknown_parameter");
+  EXPECT_EQ(fe->param, "times");
+}
+
+// Every listed field is one the parser reads: null (the default) passes.
+TEST(OpenAiStrict, EveryAcceptedFieldIsAcceptedAsNull) {
+  for (std::string_view f : kSharedGenerationFields) {
+    CompletionRequest r;
+    const std::string body = R"({"prompt":"a",")" + std::string(f) + R"(":null})";
+    auto e = parse_completion_request(body, r);
+    EXPECT_FALSE(e.has_value()) << body << " -> " << e->message;
+    ChatRequest c;
+    const std::string cbody = R"({"messages":[{"role":"user","content":"x"}],")" + std::string(f) + R"(":null})";
+    auto ce = parse_chat_request(cbody, c);
+    EXPECT_FALSE(ce.has_value()) << cbody << " -> " << ce->message;
+  }
+  for (std::string_view f : kCompletionOnlyFields) {
+    if (f == "prompt") continue;
+    CompletionRequest r;
+    EXPECT_FALSE(parse_completion_request(R"({"prompt":"a",")" + std::string(f) + R"(":null})", r).has_value()) << f;
+  }
+  for (std::string_view f : kChatOnlyFields) {
+    if (f == "messages") continue;
+    ChatRequest c;
+    EXPECT_FALSE(
+        parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],")" + std::string(f) + R"(":null})", c)
+            .has_value())
+        << f;
+  }
+}
+
+TEST(OpenAiStrict, MetadataFieldsAreAcceptedAndChangeNothing) {
+  ChatRequest c;
+  auto e = parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"}],"user":"u1","metadata":{"k":"v"},"store":false,)"
+      R"("service_tier":"auto","parallel_tool_calls":true,"tool_choice":"none","top_logprobs":0,)"
+      R"("stream_options":{"include_usage":true},"stream":true})",
+      c);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  EXPECT_TRUE(c.sampling.include_usage);
+  CompletionRequest r;
+  ASSERT_FALSE(
+      parse_completion_request(R"({"prompt":"a","service_tier":"default","store":null,"metadata":{}})", r).has_value());
+
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* code;
+  };
+  const Case cases[] = {
+      {R"({"prompt":"a","store":true})", "store", "unsupported_parameter"},
+      {R"({"prompt":"a","service_tier":"flex"})", "service_tier", "unsupported_parameter"},
+      {R"({"prompt":"a","metadata":5})", "metadata", "invalid_type"},
+      {R"({"prompt":"a","user":7})", "user", "invalid_type"},
+  };
+  for (const Case& k : cases) {
+    ApiError err = completion_error(k.body);
+    EXPECT_EQ(err.param, k.param) << k.body;
+    EXPECT_EQ(err.code, k.code) << k.body;
+  }
+  const std::string chat_prefix = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(chat_error(chat_prefix + R"("tool_choice":"required"})").code, "unsupported_parameter");
+  EXPECT_EQ(chat_error(chat_prefix + R"("tool_choice":{"type":"function"}})").code, "unsupported_parameter");
+  EXPECT_EQ(chat_error(chat_prefix + R"("parallel_tool_calls":"yes"})").code, "invalid_type");
+  EXPECT_EQ(chat_error(chat_prefix + R"("top_logprobs":2})").code, "unsupported_parameter");
+  EXPECT_EQ(chat_error(chat_prefix + R"("top_logprobs":21})").code, "invalid_value");
+}
+
+// ---- max_completion_tokens, penalties, logit_bias ----
+
+TEST(OpenAiParse, MaxCompletionTokensOnBothEndpoints) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","max_completion_tokens":7})", r).has_value());
+  EXPECT_EQ(r.sampling.max_tokens, 7);
+  CompletionRequest same;
+  ASSERT_FALSE(
+      parse_completion_request(R"({"prompt":"a","max_tokens":9,"max_completion_tokens":9})", same).has_value());
+  EXPECT_EQ(same.sampling.max_tokens, 9);
+  ApiError differ = completion_error(R"({"prompt":"a","max_tokens":9,"max_completion_tokens":8})");
+  EXPECT_EQ(differ.param, "max_completion_tokens");
+  EXPECT_NE(differ.message.find("differ"), std::string::npos) << differ.message;
+  EXPECT_EQ(completion_error(R"({"prompt":"a","max_completion_tokens":0})").param, "max_completion_tokens");
+  EXPECT_EQ(completion_error(R"({"prompt":"a","max_completion_tokens":"5"})").code, "invalid_type");
+  const std::string chat_prefix = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(chat_error(chat_prefix + R"("max_tokens":3,"max_completion_tokens":4})").param, "max_completion_tokens");
+  ChatRequest c;
+  ASSERT_FALSE(parse_chat_request(chat_prefix + R"("max_tokens":4,"max_completion_tokens":4})", c).has_value());
+  EXPECT_EQ(c.sampling.max_tokens, 4);
+}
+
+TEST(OpenAiParse, PenaltiesOtherThanZeroAreRefusedNotIgnored) {
+  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
+    for (const char* ok : {"0", "0.0", "-0", "null"}) {
+      CompletionRequest r;
+      const std::string body = std::string(R"({"prompt":"a",")") + key + "\":" + ok + "}";
+      EXPECT_FALSE(parse_completion_request(body, r).has_value()) << body;
+    }
+    ApiError e = completion_error(std::string(R"({"prompt":"a",")") + key + "\":0.5}");
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.param, key);
+    EXPECT_EQ(e.code, "unsupported_parameter");
+    EXPECT_NE(e.message.find("not applied"), std::string::npos) << e.message;
+    EXPECT_EQ(completion_error(std::string(R"({"prompt":"a",")") + key + "\":\"x\"}").code, "invalid_type");
+    EXPECT_EQ(chat_error(std::string(R"({"messages":[{"role":"user","content":"x"}],")") + key + "\":-1}").code,
+              "unsupported_parameter");
+  }
+}
+
+TEST(OpenAiParse, LogitBiasIsValidatedThenRefused) {
+  for (const char* ok : {"null", "{}"}) {
+    CompletionRequest r;
+    EXPECT_FALSE(parse_completion_request(std::string(R"({"prompt":"a","logit_bias":)") + ok + "}", r).has_value())
+        << ok;
+  }
+  ApiError e = completion_error(R"({"prompt":"a","logit_bias":{"50256":-100,"7":2.5}})");
+  EXPECT_EQ(e.param, "logit_bias");
+  EXPECT_EQ(e.code, "unsupported_parameter");
+  EXPECT_NE(e.message.find("not supported"), std::string::npos) << e.message;
+  struct Case {
+    const char* value;
+    const char* code;
+  };
+  const Case bad_values[] = {
+      {R"({"abc":1})", "invalid_value"},      {R"({"-1":1})", "invalid_value"},
+      {R"({"":1})", "invalid_value"},         {R"({"99999999999":1})", "invalid_value"},
+      {R"({"2147483648":1})", "invalid_value"}, {R"({"1":101})", "invalid_value"},
+      {R"({"1":-100.5})", "invalid_value"},   {R"({"1":"x"})", "invalid_type"},
+      {R"([1,2])", "invalid_type"},           {R"("x")", "invalid_type"},
+  };
+  for (const Case& c : bad_values) {
+    ApiError b = completion_error(std::string(R"({"prompt":"a","logit_bias":)") + c.value + "}");
+    EXPECT_EQ(b.param, "logit_bias") << c.value;
+    EXPECT_EQ(b.code, c.code) << c.value << " -> " << b.message;
+  }
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":1}})").code,
+            "unsupported_parameter");
+}
+
+// seed keeps its semantics: any 64-bit integer, negative ones as their bits.
+TEST(OpenAiParse, SeedTakesAny64BitInteger) {
+  CompletionRequest hi;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","seed":18446744073709551615})", hi).has_value());
+  EXPECT_EQ(hi.sampling.seed, ~uint64_t{0});
+  CompletionRequest lo;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","seed":-9223372036854775808})", lo).has_value());
+  EXPECT_EQ(lo.sampling.seed, uint64_t{1} << 63);
+  EXPECT_EQ(completion_error(R"({"prompt":"a","seed":1.5})").param, "seed");
+}
+
 // The mapping follows the typed reason and field, never the message text.
 TEST(OpenAiStatus, MapsReasonsToHttp) {
   const Status queue_full(StatusCode::kResourceExhausted, "anything", FailureReason::kQueueFull);

@@ -1,7 +1,5 @@
 #include "http/server.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -10,9 +8,13 @@
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include "core/digest.h"
+#include "http/auth.h"
 #include "http/metrics.h"
+#include "http/transport.h"
 #include "http/openai.h"
 #include "serve/journal_observer.h"
 
@@ -28,7 +30,7 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
-void set_error(httplib::Response& res, const ApiError& e, const std::string& model = "") {
+void set_error(Response& res, const ApiError& e, const std::string& model = "") {
   res.status = e.http_status;
   if (e.http_status == 429 || e.http_status == 503) res.set_header("Retry-After", "1");
   res.set_content(render_error(e, model), kJson);
@@ -41,6 +43,7 @@ struct Call {
   bool include_usage = false;
   std::shared_ptr<serve::Ticket> ticket;
   int64_t record_id = 0;  // the journal's id; 0: not journaled
+  int64_t public_id = 0;  // the id clients see (request_id): random, unguessable
   std::string id;
   int64_t created = 0;
   std::string model;
@@ -53,8 +56,8 @@ struct Call {
   bool finished = false;
 };
 
-bool header_true(const httplib::Request& req, const char* name) {
-  std::string v = req.get_header_value(name);
+bool header_true(const Request& req, const char* name) {
+  std::string v = req.header(name);
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   return v == "true" || v == "1" || v == "yes";
 }
@@ -96,25 +99,46 @@ std::vector<const char*> turn_end_markers(ChatTemplateKind kind) {
   }
 }
 
-// The peer is this host: 127.0.0.0/8, ::1, or IPv4-mapped 127.x.
-bool loopback_peer(const std::string& addr) {
-  return addr.starts_with("127.") || addr == "::1" || addr.starts_with("::ffff:127.");
-}
-
-// Equal strings, in a time that depends only on the lengths (the admin token
-// must not leak through how soon a wrong guess is refused).
-bool constant_time_equal(std::string_view a, std::string_view b) {
-  const size_t n = std::max(a.size(), b.size());
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = static_cast<unsigned char>(diff | (x ^ y));
+// Public ids of requests a server without a journal runs (with a journal
+// they are the journal's public_id): random, so that one client cannot
+// enumerate another's, mapped to the ticket while the request is in flight.
+class LiveIds {
+ public:
+  explicit LiveIds(Env& env) : env_(env) {}
+  int64_t add() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (;;) {
+      const auto id = static_cast<int64_t>(env_.random_u64() & ((uint64_t{1} << 53) - 1));
+      if (id != 0 && ids_.emplace(id, 0).second) return id;
+    }
   }
-  return diff == 0;
+  void bind(int64_t id, uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_[id] = ticket;
+  }
+  void remove(int64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_.erase(id);
+  }
+  std::optional<uint64_t> find(int64_t id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ids_.find(id);
+    if (it == ids_.end() || it->second == 0) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  Env& env_;
+  mutable std::mutex mu_;
+  std::unordered_map<int64_t, uint64_t> ids_;
+};
+
+// A listen address that only this host can reach.
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || is_loopback_address(host);
 }
 
-ApiError no_route(const httplib::Request& req) {
+ApiError no_route(const Request& req) {
   ApiError e;
   e.http_status = 404;
   e.code = "not_found";
@@ -139,164 +163,206 @@ Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFi
 class HttpServer::Impl {
  public:
   Impl(Env& env, gateway::Gateway& gateway, HttpServerOptions options)
-      : env_(env), gateway_(gateway), options_(std::move(options)) {}
+      : env_(env), gateway_(gateway), options_(std::move(options)), live_ids_(env) {}
 
   ~Impl() { stop(); }
 
   Status start() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (thread_.joinable()) return Status::failed_precondition("http server already started");
-    routes();
-    if (options_.port == 0) {
-      port_ = svr_.bind_to_any_port(options_.host);
-      if (port_ <= 0) return Status::unavailable("cannot bind " + options_.host + " to any port");
-    } else {
-      if (!svr_.bind_to_port(options_.host, options_.port)) {
-        return Status::unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port) +
-                                   " (in use, or not a local address)");
-      }
-      port_ = options_.port;
+    if (transport_) return Status::failed_precondition("http server already started");
+    TransportOptions t = options_.transport;
+    t.host = options_.host;
+    t.port = options_.port;
+    t.log_requests = options_.log_requests;
+    t.render_error = [](int status, std::string_view code, std::string_view message) {
+      ApiError e;
+      e.http_status = status;
+      e.type = status >= 500 ? "server_error" : "invalid_request_error";
+      e.code = std::string(code);
+      e.message = std::string(message);
+      return render_error(e);
+    };
+    SPW_ASSIGN_OR_RETURN(transport_, Transport::create(std::move(t), routes()));
+    if (Status st = transport_->start(); !st.ok()) {
+      transport_.reset();
+      return st;
     }
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
-    // httplib's stop() is a no-op until the accept loop runs; wait for it so
-    // that a stop() right after start() cannot be lost.
-    for (int i = 0; i < 5000 && !svr_.is_running(); ++i) env_.sleep_for_ns(1'000'000);
-    if (!svr_.is_running()) return Status::internal("http server did not start within 5 s");
+    port_ = transport_->port();
     return Status::ok_status();
   }
 
   void stop() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!thread_.joinable()) return;
-    svr_.stop();
-    thread_.join();
+    if (transport_) transport_->stop();
   }
 
   int port() const { return port_; }
   const std::string& host() const { return options_.host; }
+  TransportStats transport_stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return transport_ ? transport_->stats() : TransportStats{};
+  }
 
  private:
-  void routes() {
-    size_t capacity = 4;
-    for (const gateway::ExecutionPath& p : gateway_.paths()) {
-      const serve::SchedulerStats st = p.scheduler->stats();
-      capacity += static_cast<size_t>(st.n_workers + st.queue_capacity);
-    }
-    size_t threads = options_.http_threads > 0 ? static_cast<size_t>(options_.http_threads) : std::min<size_t>(capacity, 512);
-    svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    svr_.set_payload_max_length(size_t{16} << 20);
-    svr_.set_tcp_nodelay(true);
+  // Who is asking: the owner label of an API key ("" without keys), or the
+  // admin (the --admin-token from this host), who sees every request.
+  struct Principal {
+    std::string owner;
+    bool admin = false;
+  };
+  using AuthedHandler = std::function<void(const Request&, Response&, const Principal&)>;
 
-    svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
-    svr_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(render_models(options_.model_name, env_.wall_time_ms() / 1000), kJson);
-    });
-    svr_.Post("/v1/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
-    svr_.Post("/v1/chat/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
-    svr_.Get(R"(/v1/requests/([^/]+))",
-             [this](const httplib::Request& req, httplib::Response& res) { request_record(req, res); });
-    svr_.Delete(R"(/v1/requests/([^/]+))",
-                [this](const httplib::Request& req, httplib::Response& res) { cancel_request(req, res); });
-    svr_.Post(R"(/v1/requests/([^/]+)/resume)",
-              [this](const httplib::Request& req, httplib::Response& res) { resume_request(req, res); });
-    svr_.Post("/v1/quote", [this](const httplib::Request& req, httplib::Response& res) { quote(req, res); });
-    svr_.Get("/v1/status", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(render_status(gateway_.status()), kJson);
-    });
-    svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(render_metrics(gateway_.status()), "text/plain; version=0.0.4; charset=utf-8");
-    });
-    svr_.Post("/v1/reservations",
-              [this](const httplib::Request& req, httplib::Response& res) { reserve(req, res); });
-    svr_.Get("/v1/reservations", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(render_reservations(gateway_.reservations()), kJson);
-    });
-    svr_.Post(R"(/v1/reservations/(\d{1,18})/renew)", [this](const httplib::Request& req, httplib::Response& res) {
-      auto r = gateway_.renew(std::stoull(req.matches[1].str()));
-      if (!r.ok()) return set_error(res, reservation_error(r.status()));
-      res.set_content(render_reservation(*r), kJson);
-    });
-    svr_.Delete(R"(/v1/reservations/(\d{1,18}))", [this](const httplib::Request& req, httplib::Response& res) {
-      Status st = gateway_.release(std::stoull(req.matches[1].str()));
-      if (!st.ok()) return set_error(res, reservation_error(st));
-      res.set_content(R"({"released":true})", kJson);
-    });
-    svr_.Get("/health/live", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"live"})", kJson);
-    });
-    svr_.Get("/health/ready", [this](const httplib::Request&, httplib::Response& res) {
+  bool keys_configured() const { return options_.api_keys && !options_.api_keys->empty(); }
+
+  bool is_admin(const Request& req) const {
+    if (options_.admin_token.empty() || !is_loopback_address(req.peer)) return false;
+    const std::string auth = req.header("Authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    return auth.size() > kBearer.size() && std::string_view(auth).substr(0, kBearer.size()) == kBearer &&
+           constant_time_equal(std::string_view(auth).substr(kBearer.size()), options_.admin_token);
+  }
+
+  // nullopt: refused (401 written to res).
+  std::optional<Principal> authorize(const Request& req, Response& res) const {
+    if (is_admin(req)) return Principal{"", true};
+    if (!keys_configured()) return Principal{};
+    if (req.header_count("Authorization") > 1) {
+      unauthorized(res, "send one Authorization header, not several");
+      return std::nullopt;
+    }
+    const KeyCheck k = options_.api_keys->check(req.header("Authorization"));
+    switch (k.kind) {
+      case KeyCheck::kValid: return Principal{k.owner, false};
+      case KeyCheck::kNone: unauthorized(res, "this server needs an API key: send Authorization: Bearer <key>"); break;
+      case KeyCheck::kMalformed: unauthorized(res, "the Authorization header is not 'Bearer <key>'"); break;
+      case KeyCheck::kInvalid: unauthorized(res, "the API key is not valid for this server"); break;
+    }
+    return std::nullopt;
+  }
+
+  static void unauthorized(Response& res, const std::string& message) {
+    ApiError e;
+    e.http_status = 401;
+    e.code = "invalid_api_key";
+    e.message = message;
+    res.set_header("WWW-Authenticate", "Bearer");
+    set_error(res, e);
+  }
+
+  // A request record is its creator's (and the admin's); without keys every
+  // client is one user.
+  bool visible(const journal::Record& r, const Principal& p) const {
+    return p.admin || !keys_configured() || r.owner == p.owner;
+  }
+
+  Handler authed(AuthedHandler fn) {
+    return [this, fn = std::move(fn)](const Request& req, Response& res) {
+      if (auto p = authorize(req, res)) fn(req, res, *p);
+    };
+  }
+
+  Router routes() {
+    Router r;
+    constexpr RouteKind kInline = RouteKind::kInline;
+    constexpr RouteKind kWorker = RouteKind::kWorker;
+    // Light routes stay answerable past the connection caps: what an
+    // operator looks at when the server is flooded.
+    r.add("GET", "/health", kInline, [this](const Request&, Response& res) { health(res); }, /*light=*/true);
+    r.add("GET", "/health/live", kInline,
+          [](const Request&, Response& res) { res.set_content(R"({"status":"live"})", kJson); }, true);
+    r.add("GET", "/health/ready", kInline, [this](const Request&, Response& res) {
       const bool ready = gateway_.ready();
       res.status = ready ? 200 : 503;
       res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", kJson);
-    });
-
+    }, true);
+    r.add("GET", "/v1/status", kInline, authed([this](const Request&, Response& res, const Principal&) {
+      res.set_content(render_status(gateway_.status()), kJson);
+    }), true);
+    r.add("GET", "/metrics", kInline, authed([this](const Request&, Response& res, const Principal&) {
+      res.set_content(render_metrics(gateway_.status()), "text/plain; version=0.0.4; charset=utf-8");
+    }), true);
+    r.add("GET", "/v1/models", kInline, authed([this](const Request&, Response& res, const Principal&) {
+      res.set_content(render_models(options_.model_name, env_.wall_time_ms() / 1000), kJson);
+    }));
+    r.add("POST", "/v1/completions", kWorker, authed([this](const Request& req, Response& res, const Principal& p) {
+      completion(req, res, p, false);
+    }));
+    r.add("POST", "/v1/chat/completions", kWorker,
+          authed([this](const Request& req, Response& res, const Principal& p) { completion(req, res, p, true); }));
+    r.add("GET", "/v1/requests/{}", kWorker,
+          authed([this](const Request& req, Response& res, const Principal& p) { request_record(req, res, p); }));
+    r.add("DELETE", "/v1/requests/{}", kWorker,
+          authed([this](const Request& req, Response& res, const Principal& p) { cancel_request(req, res, p); }));
+    r.add("POST", "/v1/requests/{}/resume", kWorker,
+          authed([this](const Request& req, Response& res, const Principal& p) { resume_request(req, res, p); }));
+    r.add("POST", "/v1/quote", kWorker, authed([this](const Request& req, Response& res, const Principal&) { quote(req, res); }));
+    r.add("POST", "/v1/reservations", kWorker,
+          authed([this](const Request& req, Response& res, const Principal&) { reserve(req, res); }));
+    r.add("GET", "/v1/reservations", kInline, authed([this](const Request&, Response& res, const Principal&) {
+      res.set_content(render_reservations(gateway_.reservations()), kJson);
+    }));
+    r.add("POST", "/v1/reservations/{}/renew", kWorker, authed([this](const Request& req, Response& res, const Principal&) {
+      const std::optional<uint64_t> id = reservation_id(req, res);
+      if (!id) return;
+      auto rr = gateway_.renew(*id);
+      if (!rr.ok()) return set_error(res, reservation_error(rr.status()));
+      res.set_content(render_reservation(*rr), kJson);
+    }));
+    r.add("DELETE", "/v1/reservations/{}", kWorker, authed([this](const Request& req, Response& res, const Principal&) {
+      const std::optional<uint64_t> id = reservation_id(req, res);
+      if (!id) return;
+      Status st = gateway_.release(*id);
+      if (!st.ok()) return set_error(res, reservation_error(st));
+      res.set_content(R"({"released":true})", kJson);
+    }));
     if (!options_.admin_token.empty()) {
-      svr_.Post("/v1/admin/faults", [this](const httplib::Request& req, httplib::Response& res) {
+      r.add("POST", "/v1/admin/faults", kWorker, [this](const Request& req, Response& res) {
         if (admin_allowed(req, res)) arm_fault(req, res);
       });
-      svr_.Get("/v1/admin/faults", [this](const httplib::Request& req, httplib::Response& res) {
+      r.add("GET", "/v1/admin/faults", kWorker, [this](const Request& req, Response& res) {
         if (admin_allowed(req, res)) res.set_content(render_faults(armed_faults()), kJson);
       });
-      svr_.Delete("/v1/admin/faults", [this](const httplib::Request& req, httplib::Response& res) {
+      r.add("DELETE", "/v1/admin/faults", kWorker, [this](const Request& req, Response& res) {
         if (admin_allowed(req, res)) disarm_faults(res);
       });
     }
+    return r;
+  }
 
-    svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
+  // A reservation id from the path: 1 to 18 decimal digits (400 otherwise).
+  static std::optional<uint64_t> reservation_id(const Request& req, Response& res) {
+    const std::string& t = req.params[0];
+    if (t.empty() || t.size() > 18 || !std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       ApiError e;
-      e.http_status = res.status;
-      e.code = res.status == 404 ? "not_found" : "http_" + std::to_string(res.status);
-      e.message = res.status == 404 ? "no route for " + req.method + " " + req.path
-                                    : "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path;
-      res.set_content(render_error(e), kJson);
-    });
-    svr_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      ApiError e;
-      e.http_status = 500;
-      e.type = "server_error";
-      e.code = "internal_error";
-      e.message = "internal error";
-      try {
-        if (ep) std::rethrow_exception(ep);
-      } catch (const std::exception& ex) {
-        e.message = std::string("internal error: ") + ex.what();
-      } catch (...) {
-      }
+      e.param = "id";
+      e.code = "invalid_value";
+      e.message = "reservation id: expected a decimal integer of at most 18 digits";
       set_error(res, e);
-    });
-    if (options_.log_requests) {
-      svr_.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-        std::fprintf(stderr, "spillway: %s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
-      });
+      return std::nullopt;
     }
+    return std::stoull(t);
   }
 
   // The admin API: as if absent (404) for a peer that is not this host; 401
   // without the bearer token.
-  bool admin_allowed(const httplib::Request& req, httplib::Response& res) {
-    if (!loopback_peer(req.remote_addr)) {
+  bool admin_allowed(const Request& req, Response& res) {
+    if (!is_loopback_address(req.peer)) {
       set_error(res, no_route(req));
       return false;
     }
-    const std::string auth = req.get_header_value("Authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    const bool ok = auth.size() > kBearer.size() && std::string_view(auth).substr(0, kBearer.size()) == kBearer &&
-                    constant_time_equal(std::string_view(auth).substr(kBearer.size()), options_.admin_token);
-    if (!ok) {
+    if (!is_admin(req)) {
       ApiError e;
       e.http_status = 401;
       e.code = "invalid_api_key";
       e.message = "the admin API needs the header Authorization: Bearer <the --admin-token of this server>";
       res.set_header("WWW-Authenticate", "Bearer");
       set_error(res, e);
+      return false;
     }
-    return ok;
+    return true;
   }
 
-  void arm_fault(const httplib::Request& req, httplib::Response& res) {
+  void arm_fault(const Request& req, Response& res) {
     FaultRequest fr;
     if (auto err = parse_fault_request(req.body, fr)) return set_error(res, *err);
     const gateway::ExecutionPath* path = fr.path.empty() ? &gateway_.primary() : nullptr;
@@ -344,7 +410,7 @@ class HttpServer::Impl {
     return out;
   }
 
-  void disarm_faults(httplib::Response& res) {
+  void disarm_faults(Response& res) {
     const size_t n = armed_faults().size();
     for (const gateway::ExecutionPath& p : gateway_.paths()) {
       if (FaultInjector* f = p.device ? p.device->faults() : nullptr) f->disarm();
@@ -353,7 +419,7 @@ class HttpServer::Impl {
     res.set_content(render_disarmed(n), kJson);
   }
 
-  void health(httplib::Response& res) {
+  void health(Response& res) {
     const serve::Scheduler& primary = *gateway_.primary().scheduler;
     const serve::SchedulerStats st = primary.stats();
     HealthInfo h;
@@ -436,7 +502,27 @@ class HttpServer::Impl {
     return std::nullopt;
   }
 
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void completion(const Request& req, Response& res, const Principal& who, bool chat) {
+    // Header checks first: they cost nothing.
+    const size_t n_keys = req.header_count("Idempotency-Key");
+    if (n_keys > 1) {
+      ApiError e;
+      e.param = "Idempotency-Key";
+      e.code = "invalid_value";
+      e.message = "Idempotency-Key: sent " + std::to_string(n_keys) + " times; send it once";
+      return set_error(res, e, options_.model_name);
+    }
+    const std::string key = req.header("Idempotency-Key");
+    if (key.size() > 255 || std::any_of(key.begin(), key.end(), [](char ch) { return ch < 0x20 || ch > 0x7e; })) {
+      ApiError e;
+      e.param = "Idempotency-Key";
+      e.code = "invalid_value";
+      e.message = "Idempotency-Key: at most 255 printable ASCII characters";
+      return set_error(res, e, options_.model_name);
+    }
+    Result<bool> migrate = allow_migration(req);
+    if (!migrate.ok()) return set_error(res, api_error_from_status(migrate.status()), options_.model_name);
+
     serve::GenerationRequest g;
     SamplingFields sampling;
     if (auto e = generation_from_body(req.body, chat, g, sampling)) return set_error(res, *e, options_.model_name);
@@ -446,30 +532,55 @@ class HttpServer::Impl {
     call->include_usage = sampling.include_usage;
     call->model = options_.model_name;
     call->info.model = options_.model_name;
-    if (options_.journal) {
-      const std::string key = req.get_header_value("Idempotency-Key");
-      if (key.size() > 255 || std::any_of(key.begin(), key.end(), [](char ch) { return ch < 0x20 || ch > 0x7e; })) {
-        ApiError e;
-        e.param = "Idempotency-Key";
-        e.code = "invalid_value";
-        e.message = "Idempotency-Key: at most 255 printable ASCII characters";
-        return set_error(res, e, options_.model_name);
-      }
-      Result<journal::AcceptResult> acc = options_.journal->accept({key, req.path, req.body});
-      if (!acc.ok()) return set_error(res, journal_error(acc.status()), options_.model_name);
-      call->record_id = acc->record.id;
-      if (acc->replay) return replay(*call, acc->record, sampling.stream, res);
-      g.record_id = call->record_id;
-    }
     gateway::RouteRequest route;
     route.generation = std::move(g);
     route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
-    Result<bool> migrate = allow_migration(req);
-    if (!migrate.ok()) {
-      if (call->record_id != 0) (void)options_.journal->finish(call->record_id, refused_outcome(migrate.status()));
-      return set_error(res, api_error_from_status(migrate.status()), options_.model_name);
-    }
     route.allow_migration = *migrate;
+
+    // A retry of a request this client already made is answered from the
+    // journal whatever the load (a finished one replays, one in flight is
+    // 409): only new work is refused early.
+    std::optional<journal::Record> known;
+    if (options_.journal && !key.empty()) {
+      Result<std::optional<journal::Record>> k = options_.journal->find_key(who.owner, key);
+      if (!k.ok()) return set_error(res, journal_error(k.status()), options_.model_name);
+      known = std::move(*k);
+      if (known && !journal::is_terminal(known->state)) {
+        // Still running: the client learns which request its key names, so
+        // that it can poll or cancel it (a non-streaming client has no other
+        // way to learn the id before the answer).
+        ApiError e;
+        e.http_status = 409;
+        e.param = "Idempotency-Key";
+        e.code = "idempotency_conflict";
+        e.message = "Idempotency-Key '" + key + "' names request " + std::to_string(known->public_id) +
+                    ", still in progress (" + std::string(journal::state_name(known->state)) +
+                    "); poll GET /v1/requests/" + std::to_string(known->public_id);
+        res.set_header("X-Spillway-Request-Id", std::to_string(known->public_id));
+        return set_error(res, e, options_.model_name);
+      }
+    }
+    // Refusals that need no tokenizer: a prompt whose bytes cannot fit any
+    // context, or every queue full. Journaled as a summary, never the body.
+    if (!known || (journal::is_terminal(known->state) && known->state != journal::RequestState::kDone)) {
+      gateway::Refusal early;
+      Status pre = gateway_.precheck(route, route.generation.prompt.size(), &early);
+      if (!pre.ok()) {
+        const int64_t public_id = options_.journal ? record_refusal(req, who, key, pre, early.decision) : 0;
+        return refuse(res, pre, early, public_id);
+      }
+    }
+
+    if (options_.journal) {
+      Result<journal::AcceptResult> acc = options_.journal->accept({key, req.path, req.body, who.owner});
+      if (!acc.ok()) return set_error(res, journal_error(acc.status()), options_.model_name);
+      call->record_id = acc->record.id;
+      call->public_id = acc->record.public_id;
+      if (acc->replay) return replay(*call, acc->record, sampling.stream, res);
+      route.generation.record_id = call->record_id;
+    } else {
+      call->public_id = live_ids_.add();
+    }
     gateway::Refusal refusal;
     Result<gateway::Admitted> admitted = gateway_.submit(route, &refusal);
     // The decision goes into the journal before any response is written, so
@@ -485,20 +596,45 @@ class HttpServer::Impl {
     if (!admitted.ok()) {
       if (call->record_id != 0) {
         // Refused before it queued: the journal says so, why, and whether a
-        // retry may succeed.
-        (void)options_.journal->finish(call->record_id, refused_outcome(admitted.status()));
+        // retry may succeed; the body is dropped (its size and digest stay).
+        (void)options_.journal->finish_refused(call->record_id, refused_outcome(admitted.status()));
+      } else {
+        live_ids_.remove(call->public_id);
       }
-      return refuse(res, admitted.status(), refusal);
+      return refuse(res, admitted.status(), refusal, call->record_id != 0 ? call->public_id : 0);
     }
 
     call->ticket = admitted->ticket;
-    call->id = response_id(chat, call->record_id);
+    if (call->record_id == 0) live_ids_.bind(call->public_id, call->ticket->id());
+    call->id = response_id(chat, call->public_id);
     call->created = env_.wall_time_ms() / 1000;
     fill_route(*call);
     call->attempts = recorded_attempts;
-    call->info.request_id = call->record_id != 0 ? static_cast<uint64_t>(call->record_id) : call->ticket->id();
+    call->info.request_id = static_cast<uint64_t>(call->public_id);
     call->info.seed = call->ticket->seed();
-    respond(call, res, sampling.stream);
+    respond(req, call, res, sampling.stream);
+  }
+
+  // A refusal before the request was recorded: a summary row (size, digest,
+  // reason), so that a flood of refused requests costs a few bytes each.
+  // Returns its public id (0 when it could not be written: logged; the
+  // client still gets its refusal).
+  int64_t record_refusal(const Request& req, const Principal& who, const std::string& key, const Status& st,
+                         const admission::Decision& d) {
+    journal::RefusalSummary s;
+    s.owner = who.owner;
+    s.endpoint = req.path;
+    s.body_bytes = static_cast<int64_t>(req.body.size());
+    s.body_sha256 = sha256_hex(req.body);
+    s.reason = st.message().substr(0, 300);
+    s.idempotency_key = key;
+    Result<journal::Record> r = options_.journal->record_refusal(s, refused_outcome(st));
+    if (!r.ok()) {
+      std::fprintf(stderr, "spillway: journal: recording a refusal: %s\n", r.status().to_string().c_str());
+      return 0;
+    }
+    if (!d.verdicts.empty()) record_admission(r->id, d);
+    return r->public_id;
   }
 
   // What the journal records for a request refused before it queued.
@@ -511,19 +647,24 @@ class HttpServer::Impl {
   }
 
   // X-Spillway-Migrate: "auto" (default) or "never".
-  static Result<bool> allow_migration(const httplib::Request& req) {
+  static Result<bool> allow_migration(const Request& req) {
     if (!req.has_header("X-Spillway-Migrate")) return true;
-    std::string v = req.get_header_value("X-Spillway-Migrate");
+    std::string v = req.header("X-Spillway-Migrate");
     std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
     if (v == "auto") return true;
     if (v == "never") return false;
     return invalid_field("X-Spillway-Migrate", "X-Spillway-Migrate: expected \"auto\" or \"never\", got \"" +
-                                                   req.get_header_value("X-Spillway-Migrate") + "\"");
+                                                   req.header("X-Spillway-Migrate") + "\"");
   }
 
   // A refusal by the gateway: its error, the decision's reason and Retry-After.
-  void refuse(httplib::Response& res, const Status& st, const gateway::Refusal& refusal) {
+  // public_id: the journal row the refusal was recorded as (0: none), so
+  // that the client can read why and a retry can name it.
+  void refuse(Response& res, const Status& st, const gateway::Refusal& refusal, int64_t public_id = 0) {
     const ApiError e = api_error_from_status(st);
+    // In the header only: the error object's request_id means "resume
+    // this", which a refusal is not.
+    if (public_id != 0) res.set_header("X-Spillway-Request-Id", std::to_string(public_id));
     if (refusal.decision.kind != admission::DecisionKind::kReject || refusal.decision.verdicts.empty()) {
       return set_error(res, e, options_.model_name);
     }
@@ -537,7 +678,7 @@ class HttpServer::Impl {
   }
 
   // Headers from the call's route, then the body or the stream.
-  void respond(const std::shared_ptr<Call>& call, httplib::Response& res, bool stream_it) {
+  void respond(const Request& req, const std::shared_ptr<Call>& call, Response& res, bool stream_it) {
     const bool chat = call->chat;
     // The headers say what fill_route read (one reading of the ticket).
     res.set_header("X-Spillway-Placement", call->info.placement);
@@ -558,18 +699,24 @@ class HttpServer::Impl {
                                                      (options_.chat_template_default ? "; default" : ""));
     }
 
+    // A client that goes away cancels its request at the next token
+    // boundary, streaming or not (the transport notices the closed socket).
+    req.disconnect->on_gone([this, t = call->ticket] {
+      if (!serve::is_terminal(t->state())) gateway_.cancel(t->id());
+    });
     if (stream_it) {
       stream(call, res);
     } else {
       whole(*call, res);
+      forget(*call);
     }
   }
 
   // POST /v1/requests/{id}/resume: an interrupted request (a resumable
   // error, or a server killed mid-request) continues from its journaled
   // checkpoint, after the text the client says it has.
-  void resume_request(const httplib::Request& req, httplib::Response& res) {
-    const std::string text = req.matches[1];
+  void resume_request(const Request& req, Response& res, const Principal& who) {
+    const std::string text = req.params[0];
     ApiError e;
     e.http_status = 404;
     e.code = "not_found";
@@ -577,7 +724,7 @@ class HttpServer::Impl {
       e.message = "this server keeps no request journal (start it with --journal PATH), so nothing can be resumed";
       return set_error(res, e);
     }
-    const std::optional<int64_t> id = parse_request_id(text);
+    std::optional<int64_t> id = parse_request_id(text);
     if (!id) {
       e.http_status = 400;
       e.code = "invalid_value";
@@ -589,12 +736,14 @@ class HttpServer::Impl {
     if (auto err = parse_resume_request(req.body, body)) return set_error(res, *err);
     Result<bool> migrate = allow_migration(req);
     if (!migrate.ok()) return set_error(res, api_error_from_status(migrate.status()));
-    Result<journal::Record> r = options_.journal->get(*id);
+    Result<journal::Record> r = find_record(*id, who);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kNotFound) return set_error(res, journal_error(r.status()));
-      e.message = r.status().message() + " (never accepted, or older than the journal's retention)";
+      e.message = "request " + text + " not found (never accepted, another client's, or older than the journal's retention)";
       return set_error(res, e);
     }
+    const int64_t public_id = *id;
+    *id = r->id;
     auto conflict = [&](const std::string& why) {
       ApiError c;
       c.http_status = 409;
@@ -655,14 +804,15 @@ class HttpServer::Impl {
     }
     call->ticket = resumed->admitted.ticket;
     call->unsent = std::move(resumed->unsent);
-    call->id = response_id(call->chat, *id);
+    call->public_id = public_id;
+    call->id = response_id(call->chat, public_id);
     call->created = env_.wall_time_ms() / 1000;
     fill_route(*call);
-    call->info.request_id = static_cast<uint64_t>(*id);
+    call->info.request_id = static_cast<uint64_t>(public_id);
     call->info.seed = call->ticket->seed();
     call->info.resumed_at_token = rr.checkpoint->n_generated;
     res.set_header("X-Spillway-Resumed-At-Token", std::to_string(rr.checkpoint->n_generated));
-    respond(call, res, body.stream);
+    respond(req, call, res, body.stream);
   }
 
   // The checkpoint a journaled request had at its start, from its stored
@@ -719,8 +869,8 @@ class HttpServer::Impl {
 
   // A finished request's stored result, as the original response was shaped
   // (a body, or a stream of one text chunk).
-  void replay(Call& c, const journal::Record& r, bool stream, httplib::Response& res) {
-    c.id = response_id(c.chat, r.id);
+  void replay(Call& c, const journal::Record& r, bool stream, Response& res) {
+    c.id = response_id(c.chat, r.public_id);
     c.created = r.created_ms / 1000;
     c.info.placement = r.placement;
     // Where it ran, as its response said (the decision it ran under).
@@ -729,13 +879,18 @@ class HttpServer::Impl {
     c.info.decision = route.decision;
     c.info.reason = route.reason;
     c.info.degraded = route.degraded;
-    c.info.request_id = static_cast<uint64_t>(r.id);
+    c.info.request_id = static_cast<uint64_t>(r.public_id);
     c.info.limits.n_ctx = gateway_.primary().scheduler->n_ctx();
     c.info.limits.prompt_tokens = r.outcome.prompt_tokens;
     c.info.limits.max_tokens = r.outcome.completion_tokens;
+    // What the original response said about itself.
+    c.info.limits.max_tokens_requested = r.outcome.max_tokens_requested;
+    if (r.outcome.seed) c.info.seed = *r.outcome.seed;
+    c.info.queue_ms = r.outcome.queue_ms;
+    c.info.run_ms = r.outcome.run_ms;
     c.info.replayed = true;
     res.set_header("X-Spillway-Placement", r.placement);
-    res.set_header("X-Spillway-Request-Id", std::to_string(r.id));
+    res.set_header("X-Spillway-Request-Id", std::to_string(r.public_id));
     res.set_header("X-Spillway-Replayed", "true");
     res.status = 200;
     if (!stream) {
@@ -759,59 +914,78 @@ class HttpServer::Impl {
     res.set_content(body, "text/event-stream");
   }
 
-  void request_record(const httplib::Request& req, httplib::Response& res) {
+  // A record by its public id, if `who` may see it (NotFound otherwise, so
+  // that another client's ids do not even show they exist).
+  Result<journal::Record> find_record(int64_t public_id, const Principal& who) {
+    Result<journal::Record> r = options_.journal->get_public(public_id);
+    if (r.ok() && !visible(*r, who)) return Status::not_found("request " + std::to_string(public_id));
+    return r;
+  }
+
+  static ApiError bad_request_id(const std::string& text) {
+    ApiError e;
+    e.param = "id";
+    e.code = "invalid_value";
+    e.message = "request id '" + text.substr(0, 64) +
+                "': expected the request_id a response carried, or its response id (cmpl-<hex>, chatcmpl-<hex>)";
+    return e;
+  }
+
+  void request_record(const Request& req, Response& res, const Principal& who) {
     ApiError e;
     e.http_status = 404;
     e.code = "not_found";
-    const std::string text = req.matches[1];
-    const std::optional<int64_t> parsed = parse_request_id(text);
+    const std::string& text = req.params[0];
     if (!options_.journal) {
       e.message = "this server keeps no request journal (start it with --journal PATH)";
       return set_error(res, e);
     }
-    if (!parsed) {
-      e.http_status = 400;
-      e.code = "invalid_value";
-      e.param = "id";
-      e.message = "request id '" + text + "': expected a positive integer or a response id (cmpl-<hex>, chatcmpl-<hex>)";
-      return set_error(res, e);
-    }
-    const int64_t id = *parsed;
-    Result<journal::Record> r = options_.journal->get(id);
+    const std::optional<int64_t> parsed = parse_request_id(text);
+    if (!parsed) return set_error(res, bad_request_id(text));
+    Result<journal::Record> r = find_record(*parsed, who);
     if (!r.ok()) {
       if (r.status().code() == StatusCode::kNotFound) {
-        e.message = r.status().message() + " (never accepted, or older than the journal's retention)";
+        e.message = "request " + text + " not found (never accepted, another client's, or older than the journal's retention)";
         return set_error(res, e);
       }
       return set_error(res, journal_error(r.status()));
     }
+    // Clients know a request by its public id; the journal's row number
+    // stays inside.
+    journal::Record shown = std::move(*r);
+    shown.id = shown.public_id;
     res.status = 200;
-    res.set_content(render_request_record(*r), kJson);
+    res.set_content(render_request_record(shown), kJson);
   }
 
-  // DELETE /v1/requests/{id}: the id is the journal's (or, without a journal,
-  // the ticket's), as the response's spillway.request_id says.
-  void cancel_request(const httplib::Request& req, httplib::Response& res) {
-    const std::string text = req.matches[1];
+  // DELETE /v1/requests/{id}: the id the response's spillway.request_id
+  // carried.
+  void cancel_request(const Request& req, Response& res, const Principal& who) {
+    const std::string& text = req.params[0];
     const std::optional<int64_t> id = parse_request_id(text);
-    if (!id) {
-      ApiError e;
-      e.param = "id";
-      e.message = "request id '" + text + "': expected a positive integer or a response id (cmpl-<hex>, chatcmpl-<hex>)";
-      return set_error(res, e);
+    if (!id) return set_error(res, bad_request_id(text));
+    std::shared_ptr<serve::Ticket> t;
+    if (options_.journal) {
+      Result<journal::Record> r = find_record(*id, who);
+      if (r.ok()) t = gateway_.find_by_record(r->id);
+    } else if (std::optional<uint64_t> ticket = live_ids_.find(*id)) {
+      t = gateway_.find(*ticket);
     }
-    std::shared_ptr<serve::Ticket> t = options_.journal ? gateway_.find_by_record(*id)
-                                                        : gateway_.find(static_cast<uint64_t>(*id));
     if (!t || serve::is_terminal(t->state())) {
       ApiError e;
       e.http_status = 404;
       e.code = "not_found";
-      e.message = "request " + text + " is not in flight (finished, never accepted, or unknown)";
+      e.message = "request " + text.substr(0, 64) + " is not in flight (finished, never accepted, another client's, or unknown)";
       return set_error(res, e);
     }
     const bool cancelled = gateway_.cancel(t->id());
     res.set_content(render_cancel(static_cast<uint64_t>(*id), cancelled, std::string(serve::request_state_name(t->state()))),
                     kJson);
+  }
+
+  // A call without a journal row: its public id leaves the live map.
+  void forget(const Call& c) {
+    if (c.record_id == 0 && c.public_id != 0) live_ids_.remove(c.public_id);
   }
 
   static ApiError reservation_error(const Status& st) {
@@ -823,7 +997,7 @@ class HttpServer::Impl {
     return e;
   }
 
-  void reserve(const httplib::Request& req, httplib::Response& res) {
+  void reserve(const Request& req, Response& res) {
     ReservationRequest r;
     if (auto e = parse_reservation_request(req.body, r)) return set_error(res, *e);
     auto info = gateway_.reserve_cotenant(r.name, r.bytes, r.ttl_s);
@@ -834,7 +1008,7 @@ class HttpServer::Impl {
 
   // POST /v1/quote: a completion body (or a chat body: "messages") priced
   // without running anything.
-  void quote(const httplib::Request& req, httplib::Response& res) {
+  void quote(const Request& req, Response& res) {
     gateway::RouteRequest route;
     SamplingFields sampling;
     if (auto e = generation_from_body(req.body, is_chat_body(req.body), route.generation, sampling)) {
@@ -881,7 +1055,7 @@ class HttpServer::Impl {
   ApiError error_for(const Call& c, const Status& st) {
     ApiError e = api_error_from_status(st);
     if (st.reason() == FailureReason::kResumable && c.record_id != 0) {
-      e.request_id = static_cast<uint64_t>(c.record_id);
+      e.request_id = static_cast<uint64_t>(c.public_id);
     }
     return e;
   }
@@ -898,7 +1072,7 @@ class HttpServer::Impl {
   }
 
   // Non-streaming: collect every event, then answer once.
-  void whole(Call& c, httplib::Response& res) {
+  void whole(Call& c, Response& res) {
     std::string text = c.unsent;
     serve::RequestEvent ev;
     for (;;) {
@@ -942,14 +1116,13 @@ class HttpServer::Impl {
     return sse_data(c.chat ? render_chat_chunk(f) : render_completion_chunk(f));
   }
 
-  void stream(const std::shared_ptr<Call>& call, httplib::Response& res) {
+  void stream(const std::shared_ptr<Call>& call, Response& res) {
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     const auto keepalive = options_.keepalive_interval;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, call, keepalive](size_t /*offset*/, httplib::DataSink& sink) -> bool {
+    res.content_type = "text/event-stream";
+    res.stream = [this, call, keepalive](StreamSink& sink) -> bool {
           Call& c = *call;
           if (c.finished) {
             sink.done();
@@ -979,7 +1152,7 @@ class HttpServer::Impl {
               }
             }
             if (out.empty()) out = std::string(kSseKeepAlive);
-            return sink.write(out.data(), out.size()) ? true : fail();
+            return sink.write(out) ? true : fail();
           }
           // Send every event already waiting in one write.
           while (r == serve::PopResult::kItem && ev.kind == serve::RequestEvent::Kind::kText) {
@@ -992,7 +1165,7 @@ class HttpServer::Impl {
             r = c.ticket->next_event(ev, std::chrono::milliseconds(0));
           }
           if (r == serve::PopResult::kTimeout) {
-            return sink.write(out.data(), out.size()) ? true : fail();
+            return sink.write(out) ? true : fail();
           }
           if (r == serve::PopResult::kClosed) {
             ev.kind = serve::RequestEvent::Kind::kFinished;
@@ -1018,21 +1191,22 @@ class HttpServer::Impl {
             out += sse_data(render_error(error_for(c, ev.status)));
           }
           out += kSseDone;
-          if (!sink.write(out.data(), out.size())) return false;
+          if (!sink.write(out)) return false;
           sink.done();
           return true;
-        },
-        [this, call](bool /*success*/) {
-          if (!serve::is_terminal(call->ticket->state())) gateway_.cancel(call->ticket->id());
-        });
+    };
+    res.stream_end = [this, call](bool /*complete*/) {
+      if (!serve::is_terminal(call->ticket->state())) gateway_.cancel(call->ticket->id());
+      forget(*call);
+    };
   }
 
   Env& env_;
   gateway::Gateway& gateway_;
   const HttpServerOptions options_;
-  httplib::Server svr_;
-  std::mutex mu_;
-  std::thread thread_;
+  LiveIds live_ids_;
+  mutable std::mutex mu_;
+  std::unique_ptr<Transport> transport_;
   int port_ = 0;
 };
 
@@ -1046,6 +1220,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, gateway::Gatewa
   if (options.keepalive_interval.count() <= 0) {
     return Status::invalid_argument("keepalive_interval must be > 0");
   }
+  const bool keys = options.api_keys && !options.api_keys->empty();
+  if (!keys && !options.insecure_no_auth && !is_loopback_host(options.host)) {
+    return Status::invalid_argument(
+        "listening on " + options.host +
+        " without an API key would let every device on the network read and cancel every request: give "
+        "--api-key KEY (or api-key-hash in the config file), or --insecure-no-auth to accept that");
+  }
   return std::unique_ptr<HttpServer>(new HttpServer(std::make_unique<Impl>(env, gateway, std::move(options))));
 }
 
@@ -1055,5 +1236,6 @@ Status HttpServer::start() { return impl_->start(); }
 int HttpServer::port() const { return impl_->port(); }
 const std::string& HttpServer::host() const { return impl_->host(); }
 void HttpServer::stop() { impl_->stop(); }
+TransportStats HttpServer::transport_stats() const { return impl_->transport_stats(); }
 
 }  // namespace spw::http

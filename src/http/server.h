@@ -1,4 +1,6 @@
-// HttpServer: Spillway's OpenAI-compatible HTTP front end (cpp-httplib).
+// HttpServer: Spillway's OpenAI-compatible HTTP front end, over the
+// hostile-client-safe transport of http/transport.h (limits, deadlines,
+// connection caps, disconnects; read its contract).
 //
 // Routes:
 //   GET  /health               {"status":"ok","model","backend","queue":{"depth","capacity",...}}
@@ -8,8 +10,10 @@
 //                              template fixed at start (the GGUF's
 //                              tokenizer.chat_template or --chat-template)
 //   GET  /v1/requests/{id}     a journaled request's state and result; {id}
-//                              is the number or the OpenAI id a response
-//                              carried ("cmpl-<16 hex>", "chatcmpl-<16 hex>")
+//                              is the request_id a response carried (a
+//                              random 53-bit number: ids cannot be guessed
+//                              or enumerated) or its OpenAI id
+//                              ("cmpl-<16 hex>", "chatcmpl-<16 hex>")
 //   DELETE /v1/requests/{id}   cancels an in-flight request: a queued one at
 //                              once (its KV blocks and reservations freed
 //                              before the answer), a running one at its next
@@ -39,6 +43,21 @@
 //                              with the armed fault and its id
 //   GET  /v1/admin/faults      the armed faults (and spent ones) with counts
 //   DELETE /v1/admin/faults    disarms every fault: {"disarmed": n}
+// Authentication (options.api_keys, http/auth.h): with keys configured every
+// /v1/* route and /metrics need "Authorization: Bearer <key>" (401
+// invalid_api_key otherwise); /health, /health/live and /health/ready stay
+// open. A request record (GET / DELETE /v1/requests/{id}, resume) is visible
+// only to the key that created it: any other key gets 404 as for an unknown
+// id. Idempotency keys are scoped per API key. The admin token (from this
+// host) sees every request. Without keys every client is one user; create()
+// refuses a non-loopback host without keys unless options.insecure_no_auth.
+// Before anything costly, a completion is refused (and journaled as a summary:
+// size, SHA-256, reason; never its body) when its prompt's bytes cannot fit
+// any path's context whatever the tokenizer makes of them, or when every
+// queue is full (429 with Retry-After from the queues' measured drain rate);
+// a retry carrying the Idempotency-Key of a finished request is replayed
+// whatever the load. A refusal after the request was journaled drops its
+// stored body too. A repeated Idempotency-Key header is 400.
 // The admin API is off by default: without admin_token, or for a peer that is
 // not a loopback address, its routes answer 404 exactly as unknown paths do;
 // a missing or wrong bearer token is 401 (compared in constant time); a bad
@@ -82,7 +101,7 @@
 // ignores SIGPIPE process-wide, so that writing to a closed socket is an
 // error return and not a signal.
 // Thread safety: start/stop/port may be called from any thread; handlers run on
-// the server's own thread pool. The Gateway must outlive the HttpServer.
+// the transport's threads. The Gateway must outlive the HttpServer.
 #pragma once
 
 #include <chrono>
@@ -95,7 +114,9 @@
 #include "core/env.h"
 #include "core/status.h"
 #include "gguf/gguf.h"
+#include "http/auth.h"
 #include "http/openai.h"
+#include "http/transport.h"
 #include "gateway/gateway.h"
 #include "serve/scheduler.h"
 #include "tokenizer/chat_template.h"
@@ -110,8 +131,13 @@ struct HttpServerOptions {
   // The template is a default chosen for a model that has none: chat
   // responses say so (X-Spillway-Chat-Template: NAME; default).
   bool chat_template_default = false;
-  // Server threads (each open connection holds one). 0: workers + queue + 4.
-  int32_t http_threads = 0;
+  // Limits, deadlines and connection caps (host, port, log_requests and
+  // render_error are set from the fields here).
+  TransportOptions transport;
+  // API keys; null or empty: no authentication (loopback only, unless
+  // insecure_no_auth).
+  std::shared_ptr<const ApiKeys> api_keys;
+  bool insecure_no_auth = false;
   std::chrono::milliseconds keepalive_interval{1000};
   // OpenAI's default for /v1/completions when max_tokens is absent; chat
   // completions default to the room left in the context.
@@ -152,6 +178,8 @@ class HttpServer {
   int port() const;
   const std::string& host() const;
   void stop();
+  // Connections, timeouts and refusals so far.
+  TransportStats transport_stats() const;
 
   class Impl;
 

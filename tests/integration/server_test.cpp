@@ -605,7 +605,12 @@ TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
   ASSERT_TRUE(s.ok());
   const json body = json::parse(R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0})");
   // 1 runs (held at the gate), 2 waits in the queue, 3 finds it full.
-  std::thread running([&] { post(s, "/v1/completions", body); });
+  // Request ids are random: each is read from its response.
+  std::string id1, id2;
+  auto id_of = [](const httplib::Result& r) {
+    return r ? r->get_header_value("X-Spillway-Request-Id") : std::string();
+  };
+  std::thread running([&] { id1 = id_of(post(s, "/v1/completions", body)); });
   std::thread queued;
   struct Release {
     TestServer& s;
@@ -618,7 +623,7 @@ TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
     }
   } release{s, running, queued};
   ASSERT_TRUE(s.gate().wait_for_waiters(1));
-  queued = std::thread([&] { post(s, "/v1/completions", body); });
+  queued = std::thread([&] { id2 = id_of(post(s, "/v1/completions", body)); });
   for (int i = 0; i < 1000 && s.scheduler().stats().queue_depth < 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -628,8 +633,13 @@ TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
   auto r = c.Post("/v1/completions", key, body.dump(), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 429) << r->body;
+  // Refused before it was tokenized (every queue full): a summary row, the
+  // body not kept, its id in the header.
+  const std::string id3 = r->get_header_value("X-Spillway-Request-Id");
+  ASSERT_FALSE(id3.empty());
+  EXPECT_GE(std::stoi(r->get_header_value("Retry-After")), 1);
   int status = 0;
-  const json rec = get_json(s, "/v1/requests/3", &status);
+  const json rec = get_json(s, "/v1/requests/" + id3, &status);
   ASSERT_EQ(status, 200) << rec.dump();
   EXPECT_EQ(rec["state"], "failed");
   EXPECT_EQ(rec["resumable"], true);
@@ -648,20 +658,23 @@ TEST(Server, JournalRecordsRefusedRequestsAsResumableFailures) {
   EXPECT_EQ(adm["verdicts"][0]["path"], "cpu");
   EXPECT_EQ(adm["verdicts"][0]["eligible"], false);
   EXPECT_EQ(adm["verdicts"][0]["reason"], json::parse(r->body)["spillway"]["paths"][0]["reason"]);
-  // The queued one was admitted behind the running one.
-  const json queued_adm = get_json(s, "/v1/requests/2")["admission"];
-  EXPECT_EQ(queued_adm["path"], "cpu") << queued_adm.dump();
-  EXPECT_EQ(queued_adm["queue_position"], 1) << queued_adm.dump();
   s.gate().release();
   running.join();
   queued.join();
-  EXPECT_EQ(get_json(s, "/v1/requests/1")["state"], "done");
-  EXPECT_EQ(get_json(s, "/v1/requests/2")["state"], "done");
+  ASSERT_FALSE(id1.empty() || id2.empty());
+  EXPECT_NE(id1, id2);
+  // The queued one was admitted behind the running one.
+  const json queued_adm = get_json(s, "/v1/requests/" + id2)["admission"];
+  EXPECT_EQ(queued_adm["path"], "cpu") << queued_adm.dump();
+  EXPECT_EQ(queued_adm["queue_position"], 1) << queued_adm.dump();
+  EXPECT_EQ(get_json(s, "/v1/requests/" + id1)["state"], "done");
+  EXPECT_EQ(get_json(s, "/v1/requests/" + id2)["state"], "done");
   // The retry runs under the same id with its own decision, not the refusal.
   auto retry = c.Post("/v1/completions", key, body.dump(), "application/json");
   ASSERT_TRUE(retry);
   ASSERT_EQ(retry->status, 200) << retry->body;
-  const json again = get_json(s, "/v1/requests/3");
+  EXPECT_EQ(retry->get_header_value("X-Spillway-Request-Id"), id3) << "the same request, attempted again";
+  const json again = get_json(s, "/v1/requests/" + id3);
   EXPECT_EQ(again["state"], "done");
   EXPECT_EQ(again["attempts"], 2);
   EXPECT_EQ(again["admission"]["kind"], json::parse(retry->body)["spillway"]["decision"]) << again.dump();
@@ -682,7 +695,7 @@ TEST(Server, JournalRecordsTheDecisionOfAPromptTooLong) {
   auto r = post(s, "/v1/completions", {{"prompt", p}, {"max_tokens", 4}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 400) << r->body;
-  const json rec = get_json(s, "/v1/requests/1");
+  const json rec = get_json(s, "/v1/requests/" + r->get_header_value("X-Spillway-Request-Id"));
   EXPECT_EQ(rec["state"], "failed");
   EXPECT_EQ(rec["resumable"], false);
   const json& adm = rec["admission"];

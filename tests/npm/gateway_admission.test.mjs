@@ -285,15 +285,36 @@ describe('spillway serve through the openai client', () => {
       assert.equal(g.json.state, 'cancelled', g.text);
 
       // A non-streaming queued request gets the cancellation as HTTP 499. Its
-      // id is the journal's next number (nothing else is submitted meanwhile).
-      const plainId = String(Number(id) + 1);
-      const plain = client.completions.create({ model: 'stories260K', prompt: LONG_PROMPT, temperature: 0, max_tokens: 8 });
+      // id (random, like every request id) is learned the way a client that
+      // has no response yet learns it: the same request again under its
+      // Idempotency-Key is a 409 naming the request in flight.
+      const plainBody = { model: 'stories260K', prompt: LONG_PROMPT, temperature: 0, max_tokens: 8 };
+      const plainKey = `plain-${process.pid}`;
+      const depth = async () => (await call('GET', '/v1/status')).json.paths.find((p) => p.name === 'cpu').queue_depth;
+      const before = await depth();
+      const plain = client.completions.create(plainBody, { headers: { 'Idempotency-Key': plainKey } });
       plain.catch(() => {}); // awaited below
       const until = Date.now() + 10_000;
+      // Queued first (so that the POSTs below are retries of it, not it).
+      while (await depth() <= before) {
+        assert.ok(Date.now() < until, 'the non-streaming request never queued');
+        await sleep(5);
+      }
+      let plainId;
       for (;;) {
-        const r = await call('GET', `/v1/requests/${plainId}`);
-        if (r.status === 200 && ['accepted', 'queued'].includes(r.json.state)) break; // the journal says accepted until it runs
-        assert.ok(Date.now() < until, `request ${plainId} never showed as queued: ${r.status} ${r.text}`);
+        const r = await fetch(base + '/v1/completions', {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'idempotency-key': plainKey },
+          body: JSON.stringify(plainBody),
+          signal: AbortSignal.timeout(30_000),
+        });
+        const text = await r.text();
+        if (r.status === 409) {
+          plainId = r.headers.get('x-spillway-request-id');
+          const g = await call('GET', `/v1/requests/${plainId}`);
+          if (g.status === 200 && ['accepted', 'queued'].includes(g.json.state)) break; // accepted until it runs
+        }
+        assert.ok(Date.now() < until, `the request under ${plainKey} never showed as queued: ${r.status} ${text}`);
         await sleep(5);
       }
       const t1 = performance.now();
