@@ -217,13 +217,13 @@ Probe with_slowloris(int port, int slow, int probes) {
 
 int main(int argc, char** argv) {
   CLI::App app{"HTTP layer under hostile load: Spillway's transport vs cpp-httplib, side by side"};
-  int clients = 4, requests = 5000, idle = 200, slow = 50, probes = 50, rounds = 2;
+  int clients = 4, requests = 5000, idle = 300, slow = 100, probes = 50, rounds = 3;
   app.add_option("--clients", clients)->capture_default_str();
   app.add_option("--requests", requests, "per client")->capture_default_str();
   app.add_option("--idle", idle)->capture_default_str();
   app.add_option("--slow", slow)->capture_default_str();
   app.add_option("--probes", probes)->capture_default_str();
-  app.add_option("--rounds", rounds, "interleaved rounds; each figure is its best round")
+  app.add_option("--rounds", rounds, "interleaved rounds; throughput is the best round, latency the worst")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -255,10 +255,12 @@ int main(int argc, char** argv) {
                   round, servers[i].name.c_str(), r.rps, idle, r.idle.p50_ms, r.idle.p99_ms, r.idle.failed, probes,
                   slow, r.slow.p50_ms, r.slow.p99_ms, r.slow.failed, probes);
       std::fflush(stdout);
+      // Throughput: the best round (noise only slows a run down). Latency
+      // under attack: the worst round (what a client may meet).
       Row& b = best[i];
       b.rps = std::max(b.rps, r.rps);
-      if (round == 0 || r.idle.p99_ms < b.idle.p99_ms) b.idle = r.idle;
-      if (round == 0 || r.slow.p99_ms < b.slow.p99_ms) b.slow = r.slow;
+      if (round == 0 || r.idle.p99_ms > b.idle.p99_ms) b.idle = r.idle;
+      if (round == 0 || r.slow.p99_ms > b.slow.p99_ms) b.slow = r.slow;
     }
   }
   std::printf("\n| server | keep-alive GET req/s (%d clients) | %d idle conns: p50 / p99 ms, failed | %d slowloris conns: "
@@ -269,6 +271,7 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.0f | %.2f / %.2f, %d/%d | %.2f / %.2f, %d/%d |\n", servers[i].name.c_str(), b.rps,
                 b.idle.p50_ms, b.idle.p99_ms, b.idle.failed, probes, b.slow.p50_ms, b.slow.p99_ms, b.slow.failed, probes);
   }
-  std::printf("\nthroughput ratio transport / httplib: %.2fx (best of %d rounds each)\n", best[1].rps / best[0].rps, rounds);
+  std::printf("\nthroughput ratio transport / httplib: %.2fx (best of %d rounds each; latencies: worst round)\n",
+              best[1].rps / best[0].rps, rounds);
   return 0;
 }

@@ -77,7 +77,7 @@ class Writer {
 
 }  // namespace
 
-std::string render_metrics(const gateway::GatewayStatus& s) {
+std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats* http) {
   Writer w;
   const auto& paths = s.paths;
   w.family("requests_total", "counter",
@@ -167,6 +167,23 @@ std::string render_metrics(const gateway::GatewayStatus& s) {
   w.sample({}, static_cast<double>(s.reservations.size()));
   w.family("ready", "gauge", "1 while some path accepts work.");
   w.sample({}, s.ready ? 1.0 : 0.0);
+  if (http) {
+    w.family("http_connections_open", "gauge", "HTTP connections open now.");
+    w.sample({}, static_cast<double>(http->open_connections));
+    w.family("http_connections_total", "counter",
+             "HTTP connections by how they were taken: accepted (all kept), over_limit (past a connection cap: "
+             "health and status only), refused (past the reserve too: closed at once).");
+    w.sample({{"outcome", "accepted"}}, static_cast<double>(http->accepted));
+    w.sample({{"outcome", "over_limit"}}, static_cast<double>(http->over_limit));
+    w.sample({{"outcome", "refused"}}, static_cast<double>(http->refused));
+    w.family("http_timeouts_total", "counter", "Connections closed by a deadline (idle, request head, body, write).");
+    w.sample({}, static_cast<double>(http->timed_out));
+    w.family("http_client_errors_total", "counter",
+             "Requests the transport refused itself (4xx: limits, malformed requests, unknown routes).");
+    w.sample({}, static_cast<double>(http->client_errors));
+    w.family("http_disconnects_total", "counter", "Clients gone while their request was handled (it was cancelled).");
+    w.sample({}, static_cast<double>(http->disconnects));
+  }
   return w.take();
 }
 

@@ -19,7 +19,10 @@
 //     current one of closed / open / half_open, else 0), breaker_trips_total,
 //     device_faults_total, device_reinitializations_total,
 //     device_health_failures_total;
-//   reservations (co-tenant leases held) and ready (1 while a path accepts).
+//   reservations (co-tenant leases held) and ready (1 while a path accepts);
+//   with the transport's counters: http_connections_open,
+//   http_connections_total{outcome} (accepted, over_limit, refused),
+//   http_timeouts_total, http_client_errors_total, http_disconnects_total.
 // Counters are since the server started; a scrape never changes anything.
 // Thread safety: a pure function of its argument.
 #pragma once
@@ -27,9 +30,10 @@
 #include <string>
 
 #include "gateway/gateway.h"
+#include "http/transport.h"
 
 namespace spw::http {
 
-std::string render_metrics(const gateway::GatewayStatus& status);
+std::string render_metrics(const gateway::GatewayStatus& status, const TransportStats* http = nullptr);
 
 }  // namespace spw::http

@@ -867,6 +867,14 @@ std::string render_request_record(const journal::Record& r) {
   // (a hand-edited file) shows as null rather than failing the read.
   json admission = r.admission.empty() ? json(nullptr) : json::parse(r.admission, nullptr, /*allow_exceptions=*/false);
   j["admission"] = admission.is_object() ? std::move(admission) : json(nullptr);
+  // The request body as stored: its size and digest always; the body itself
+  // is not kept for a refused request (body_kept false), so that refusals
+  // cost a summary, not their payload.
+  j["body"] = {{"bytes", r.body_bytes},
+               {"sha256", nullable(r.body_sha256)},
+               {"kept", r.body_kept},
+               {"refusal_reason", nullable(r.refusal_reason)}};
+  j["owner"] = nullable(r.owner);
   return dump(j);
 }
 
@@ -1045,7 +1053,7 @@ std::string render_quote(const gateway::Quote& q) {
   return dump(j);
 }
 
-std::string render_status(const gateway::GatewayStatus& s) {
+std::string render_status(const gateway::GatewayStatus& s, const TransportStats* http) {
   json paths = json::array();
   for (const gateway::PathStatus& p : s.paths) {
     paths.push_back({{"name", p.name},
@@ -1095,6 +1103,12 @@ std::string render_status(const gateway::GatewayStatus& s) {
             {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", reservations_json(s.reservations)},
             {"decisions", decisions},       {"equivalence", equivalence},
             {"overflow", s.overflow}};
+  if (http) {
+    j["http"] = {{"open_connections", http->open_connections}, {"accepted", http->accepted},
+                 {"over_limit", http->over_limit},             {"refused", http->refused},
+                 {"timed_out", http->timed_out},               {"client_errors", http->client_errors},
+                 {"disconnects", http->disconnects},           {"workers_running", http->workers_running}};
+  }
   return dump(j);
 }
 

@@ -41,6 +41,7 @@
 #include "core/status.h"
 #include "journal/journal.h"
 #include "gateway/gateway.h"
+#include "http/transport.h"
 #include "serve/scheduler.h"
 #include "tokenizer/chat_template.h"
 
@@ -225,7 +226,10 @@ std::string render_queued_chunk(const std::string& id, int64_t created, const st
 // POST /v1/quote.
 std::string render_quote(const gateway::Quote& q);
 // GET /v1/status.
-std::string render_status(const gateway::GatewayStatus& s);
+// http: the transport's counters, as "http" (connections open, accepted,
+// over_limit, refused, timed_out, client_errors, disconnects,
+// workers_running); null: no "http" object.
+std::string render_status(const gateway::GatewayStatus& s, const TransportStats* http = nullptr);
 std::string render_reservation(const gateway::ReservationInfo& r);
 // GET /v1/reservations: {"object": "list", "data": [...]}.
 std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs);
@@ -341,8 +345,10 @@ StoredRoute stored_route(std::string_view decision_json);
 // GET /v1/requests/{id}: {"id","object":"spillway.request","state","terminal",
 // "resumable","endpoint","idempotency_key","created_ms","updated_ms",
 // "attempts","placement","finish_reason","text","usage",
-// "error":{"code","message"}|null,"admission":render_decision's object|null}.
-// Times in Unix ms.
+// "error":{"code","message"}|null,"admission":render_decision's object|null,
+// "body":{"bytes","sha256","kept","refusal_reason"},"owner":API key label|null}.
+// Times in Unix ms. "id" is whatever the caller put in r.id (the server puts
+// the public id there).
 std::string render_request_record(const journal::Record& r);
 std::string render_models(const std::string& model, int64_t created);
 

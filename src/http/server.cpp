@@ -276,10 +276,12 @@ class HttpServer::Impl {
       res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", kJson);
     }, true);
     r.add("GET", "/v1/status", kInline, authed([this](const Request&, Response& res, const Principal&) {
-      res.set_content(render_status(gateway_.status()), kJson);
+      const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
+      res.set_content(render_status(gateway_.status(), &http), kJson);
     }), true);
     r.add("GET", "/metrics", kInline, authed([this](const Request&, Response& res, const Principal&) {
-      res.set_content(render_metrics(gateway_.status()), "text/plain; version=0.0.4; charset=utf-8");
+      const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
+      res.set_content(render_metrics(gateway_.status(), &http), "text/plain; version=0.0.4; charset=utf-8");
     }), true);
     r.add("GET", "/v1/models", kInline, authed([this](const Request&, Response& res, const Principal&) {
       res.set_content(render_models(options_.model_name, env_.wall_time_ms() / 1000), kJson);

@@ -1089,6 +1089,52 @@ TEST_F(JournalTest, FinishRefusedDropsTheCheckpointAndTheRowCannotBeReopened) {
   EXPECT_TRUE(can_resume(hand));
 }
 
+// A refusal under an idempotency key is an attempt under that key, as
+// accept() + finish_refused() would make it, without the body being written:
+// the retry after it runs under the same id.
+TEST_F(JournalTest, RecordRefusalUnderAKeyIsAnAttemptTheRetryContinues) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  const NewRequest r = req("k1");
+  const std::string sha = sha256_hex(r.body);
+  const auto bytes = static_cast<int64_t>(r.body.size());
+  journal::RefusalSummary s{"", r.endpoint, bytes, sha, "queue_full", "k1"};
+  auto first = j->record_refusal(s, refused("queue_full"));
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_EQ(first->idempotency_key, "k1");
+  EXPECT_FALSE(first->body_kept);
+  EXPECT_EQ(first->attempts, 1);
+  // Refused again: the same row, its next attempt.
+  auto second = j->record_refusal(s, refused("queue_full"));
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_EQ(second->id, first->id);
+  EXPECT_EQ(second->public_id, first->public_id);
+  EXPECT_EQ(second->attempts, 2);
+  // Another body under the key: the conflict accept() would give.
+  journal::RefusalSummary other = s;
+  other.body_sha256 = sha256_hex("another body");
+  auto conflict = j->record_refusal(other, refused("queue_full"));
+  EXPECT_EQ(conflict.status().reason(), FailureReason::kIdempotencyConflict);
+  // The retry is admitted: same id, the body stored again.
+  auto retry = j->accept(r);
+  ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+  EXPECT_FALSE(retry->replay);
+  EXPECT_EQ(retry->record.id, first->id);
+  EXPECT_EQ(retry->record.attempts, 3);
+  EXPECT_EQ(retry->record.body, r.body);
+  EXPECT_TRUE(retry->record.body_kept);
+  // In progress, then done: neither is refused again under the key.
+  EXPECT_EQ(j->record_refusal(s, refused("queue_full")).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(j->finish(first->id, done("story")).ok());
+  EXPECT_EQ(j->record_refusal(s, refused("queue_full")).status().code(), StatusCode::kFailedPrecondition);
+  // Another owner's key of the same name is another request.
+  journal::RefusalSummary bob = s;
+  bob.owner = "bob";
+  auto theirs = j->record_refusal(bob, refused("queue_full"));
+  ASSERT_TRUE(theirs.ok()) << theirs.status().to_string();
+  EXPECT_NE(theirs->id, first->id);
+}
+
 TEST_F(JournalTest, RecordRefusalKeepsOnlyASummary) {
   JournalOptions opts;
   opts.retention_ms = 60'000;
