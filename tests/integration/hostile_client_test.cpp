@@ -44,6 +44,8 @@
 #include <utility>
 #include <vector>
 
+#include "spillway_process.h"
+
 namespace {
 
 using nlohmann::json;
@@ -51,7 +53,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-const std::string kModel = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+const std::string& kModel = spw::testing::kStoriesModel;
 const std::string kKeyA = "key-alice-0123456789abcdef";
 const std::string kKeyB = "key-bob-0123456789abcdef01";
 const std::string kAdmin = "admin-token-0123456789abcdef";
@@ -67,83 +69,31 @@ std::string lower(std::string s) {
 
 // ---- The server as a child process ------------------------------------------
 
-// `spillway serve` on 127.0.0.1:0 with a journal in a temp folder of its own
-// (removed at the end) plus `extra`; SIGKILLed and reaped by the destructor.
+// `spillway serve` on 127.0.0.1:0 (spillway_process.h's Server) with a
+// journal in a temp folder of its own, removed at the end, plus `extra`.
 class Spillway {
  public:
-  explicit Spillway(std::vector<std::string> extra) {
-    char dir[] = "/tmp/spw-hostile-XXXXXX";
-    if (mkdtemp(dir) != nullptr) dir_ = dir;
-    journal_ = dir_ + "/journal.sqlite";
-    std::vector<std::string> args = {SPILLWAY_BINARY, "serve", "--model", kModel, "--port", "0",
-                                     "--threads", "1", "--journal", journal_};
-    args.insert(args.end(), extra.begin(), extra.end());
-    int out[2];
-    if (pipe(out) != 0) return;
+  explicit Spillway(std::vector<std::string> extra) : dir_(make_dir()), journal_(dir_ + "/journal.sqlite") {
+    extra.insert(extra.begin(), {"--journal", journal_});
     const auto t0 = Clock::now();
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      close(out[1]);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    fd_ = out[0];
-    std::string line;
-    const auto deadline = Clock::now() + seconds(30);
-    while (line.find('\n') == std::string::npos && Clock::now() < deadline) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buf[256];
-      const ssize_t n = read(fd_, buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    ready_ = line.substr(0, line.find('\n'));
-    std::smatch m;
-    if (std::regex_search(ready_, m, std::regex("^spillway: listening on http://127\\.0\\.0\\.1:([0-9]+) "))) {
-      port_ = std::stoi(m[1]);
-    }
+    server_ = std::make_unique<spw::testing::Server>(std::move(extra));
     start_ms_ = ms_since(t0);
   }
   ~Spillway() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (fd_ >= 0) close(fd_);
-    if (!dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
+    server_.reset();  // killed and reaped before its journal goes
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
   Spillway(const Spillway&) = delete;
   Spillway& operator=(const Spillway&) = delete;
 
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  const std::string& ready_line() const { return ready_; }
+  int port() const { return server_->port(); }
+  pid_t pid() const { return server_->pid(); }
+  const std::string& ready_line() const { return server_->ready_line(); }
   const std::string& journal() const { return journal_; }
   double start_ms() const { return start_ms_; }
-  // Still running (not exited, not killed by a signal).
-  bool alive() const {
-    int status = 0;
-    return pid_ > 0 && waitpid(pid_, &status, WNOHANG) == 0;
-  }
-  // VmRSS from /proc/PID/status, in bytes (0: unreadable).
-  uint64_t rss_bytes() const {
-    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
-    std::string line;
-    while (std::getline(f, line)) {
-      if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
-    }
-    return 0;
-  }
+  bool alive() const { return server_->alive(); }
+  uint64_t rss_bytes() const { return server_->rss_bytes(); }
   // Every byte of the journal's files (database and write-ahead log).
   std::string journal_bytes() const {
     std::string all;
@@ -157,13 +107,14 @@ class Spillway {
   }
 
  private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  int port_ = 0;
-  double start_ms_ = 0;
+  static std::string make_dir() {
+    char dir[] = "/tmp/spw-hostile-XXXXXX";
+    return mkdtemp(dir) != nullptr ? std::string(dir) : std::string();
+  }
   std::string dir_;
   std::string journal_;
-  std::string ready_;
+  std::unique_ptr<spw::testing::Server> server_;
+  double start_ms_ = 0;
 };
 
 // ---- Raw HTTP over a socket ---------------------------------------------------

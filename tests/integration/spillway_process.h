@@ -18,7 +18,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <regex>
 #include <string>
@@ -84,7 +87,22 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // Still running (not exited, not killed by a signal).
+  bool alive() const {
+    int status = 0;
+    return pid_ > 0 && !exited_ && waitpid(pid_, &status, WNOHANG) == 0;
+  }
+  // VmRSS from /proc/PID/status, in bytes (0: unreadable).
+  uint64_t rss_bytes() const {
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    }
+    return 0;
+  }
   const std::string& ready_line() const { return ready_; }
   void signal(int sig) { kill(pid_, sig); }
   // Exit status within `timeout`, or nullopt.
