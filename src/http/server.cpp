@@ -1125,77 +1125,77 @@ class HttpServer::Impl {
     const auto keepalive = options_.keepalive_interval;
     res.content_type = "text/event-stream";
     res.stream = [this, call, keepalive](StreamSink& sink) -> bool {
-          Call& c = *call;
-          if (c.finished) {
-            sink.done();
-            return true;
+      Call& c = *call;
+      if (c.finished) {
+        sink.done();
+        return true;
+      }
+      auto fail = [&] {
+        // The client went away: free the worker at its next token.
+        gateway_.cancel(c.ticket->id());
+        return false;
+      };
+      std::string out;
+      if (!c.started) {
+        c.started = true;
+        fill_times(c);
+        out = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
+        if (!c.unsent.empty()) out += chunk(c, std::move(c.unsent), "", false, false);
+      }
+      serve::RequestEvent ev;
+      serve::PopResult r = c.ticket->next_event(ev, keepalive);
+      if (r == serve::PopResult::kTimeout) {
+        if (c.ticket->state() == serve::RequestState::kQueued) {
+          // Still waiting: where it stands and how long it may take.
+          const gateway::Progress p = gateway_.progress(*c.ticket);
+          if (p.queue_position > 0) {
+            out += sse_data(render_queued_chunk(c.id, c.created, c.model, c.chat, c.ticket->path(),
+                                                p.queue_position, finite_ms(p.estimated_delay_s)));
           }
-          auto fail = [&] {
-            // The client went away: free the worker at its next token.
-            gateway_.cancel(c.ticket->id());
-            return false;
-          };
-          std::string out;
-          if (!c.started) {
-            c.started = true;
-            fill_times(c);
-            out = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
-            if (!c.unsent.empty()) out += chunk(c, std::move(c.unsent), "", false, false);
-          }
-          serve::RequestEvent ev;
-          serve::PopResult r = c.ticket->next_event(ev, keepalive);
-          if (r == serve::PopResult::kTimeout) {
-            if (c.ticket->state() == serve::RequestState::kQueued) {
-              // Still waiting: where it stands and how long it may take.
-              const gateway::Progress p = gateway_.progress(*c.ticket);
-              if (p.queue_position > 0) {
-                out += sse_data(render_queued_chunk(c.id, c.created, c.model, c.chat, c.ticket->path(),
-                                                    p.queue_position, finite_ms(p.estimated_delay_s)));
-              }
-            }
-            if (out.empty()) out = std::string(kSseKeepAlive);
-            return sink.write(out) ? true : fail();
-          }
-          // Send every event already waiting in one write.
-          while (r == serve::PopResult::kItem && ev.kind == serve::RequestEvent::Kind::kText) {
-            // Moved to another path since the last chunk (a failover or a
-            // migration): the first text from there says where it runs now,
-            // degraded included, rather than only the stream's last chunk.
-            const bool moved = c.ticket->attempts() != c.attempts;
-            if (moved) fill_times(c);
-            out += chunk(c, std::move(ev.text), "", false, /*with_info=*/moved);
-            r = c.ticket->next_event(ev, std::chrono::milliseconds(0));
-          }
-          if (r == serve::PopResult::kTimeout) {
-            return sink.write(out) ? true : fail();
-          }
-          if (r == serve::PopResult::kClosed) {
-            ev.kind = serve::RequestEvent::Kind::kFinished;
-            ev.state = serve::RequestState::kFailed;
-            ev.status = Status::internal("request stream ended without a result");
-          }
-          // Finished.
-          c.finished = true;
-          fill_times(c);
-          if (ev.state == serve::RequestState::kDone) {
-            out += chunk(c, "", std::string(serve::finish_reason_name(ev.finish)), false, true);
-            if (c.include_usage) {
-              ChunkFields f;
-              f.id = c.id;
-              f.created = c.created;
-              f.model = c.model;
-              f.usage_only = true;
-              f.prompt_tokens = c.info.limits.prompt_tokens;
-              f.completion_tokens = ev.completion_tokens;
-              out += sse_data(c.chat ? render_chat_chunk(f) : render_completion_chunk(f));
-            }
-          } else {
-            out += sse_data(render_error(error_for(c, ev.status)));
-          }
-          out += kSseDone;
-          if (!sink.write(out)) return false;
-          sink.done();
-          return true;
+        }
+        if (out.empty()) out = std::string(kSseKeepAlive);
+        return sink.write(out) ? true : fail();
+      }
+      // Send every event already waiting in one write.
+      while (r == serve::PopResult::kItem && ev.kind == serve::RequestEvent::Kind::kText) {
+        // Moved to another path since the last chunk (a failover or a
+        // migration): the first text from there says where it runs now,
+        // degraded included, rather than only the stream's last chunk.
+        const bool moved = c.ticket->attempts() != c.attempts;
+        if (moved) fill_times(c);
+        out += chunk(c, std::move(ev.text), "", false, /*with_info=*/moved);
+        r = c.ticket->next_event(ev, std::chrono::milliseconds(0));
+      }
+      if (r == serve::PopResult::kTimeout) {
+        return sink.write(out) ? true : fail();
+      }
+      if (r == serve::PopResult::kClosed) {
+        ev.kind = serve::RequestEvent::Kind::kFinished;
+        ev.state = serve::RequestState::kFailed;
+        ev.status = Status::internal("request stream ended without a result");
+      }
+      // Finished.
+      c.finished = true;
+      fill_times(c);
+      if (ev.state == serve::RequestState::kDone) {
+        out += chunk(c, "", std::string(serve::finish_reason_name(ev.finish)), false, true);
+        if (c.include_usage) {
+          ChunkFields f;
+          f.id = c.id;
+          f.created = c.created;
+          f.model = c.model;
+          f.usage_only = true;
+          f.prompt_tokens = c.info.limits.prompt_tokens;
+          f.completion_tokens = ev.completion_tokens;
+          out += sse_data(c.chat ? render_chat_chunk(f) : render_completion_chunk(f));
+        }
+      } else {
+        out += sse_data(render_error(error_for(c, ev.status)));
+      }
+      out += kSseDone;
+      if (!sink.write(out)) return false;
+      sink.done();
+      return true;
     };
     res.stream_end = [this, call](bool /*complete*/) {
       if (!serve::is_terminal(call->ticket->state())) gateway_.cancel(call->ticket->id());
