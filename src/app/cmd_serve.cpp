@@ -102,10 +102,6 @@ http::HealthMemory host_memory_status(Env& env, const gateway::BuiltGateway& b) 
   return m;
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.starts_with("127.");
-}
-
 std::chrono::milliseconds seconds_ms(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0)); }
 
 // The keys from --api-key and api-key-hash; checked before the model loads.
@@ -117,13 +113,7 @@ Result<std::shared_ptr<http::ApiKeys>> load_api_keys(const ServeCliOptions& o) {
   for (const std::string& h : o.api_key_hashes) {
     if (Status st = keys->add_hash(h); !st.ok()) return Status::invalid_argument("--api-key-hash: " + st.message());
   }
-  if (keys->empty() && !o.insecure_no_auth && !is_loopback(o.host)) {
-    return Status::invalid_argument(
-        "listening on " + o.host +
-        " without an API key would let every device on the network read and cancel every request: give "
-        "--api-key KEY (or api-key-hash in the config file; `spillway hash-key --generate` makes one), or "
-        "--insecure-no-auth to accept that");
-  }
+  SPW_RETURN_IF_ERROR(http::check_listen_auth(o.host, !keys->empty(), o.insecure_no_auth));
   return keys;
 }
 
@@ -223,7 +213,7 @@ int run_serve(const ServeCliOptions& o) {
   if (!server.ok()) return fail(server.status());
   Status started = (*server)->start();
   if (!started.ok()) return fail(started);
-  if (!is_loopback(o.host) && (*keys)->empty()) {
+  if (!http::is_loopback_host(o.host) && (*keys)->empty()) {
     std::fprintf(stderr, "spillway serve: warning: listening on %s without authentication (--insecure-no-auth)\n",
                  o.host.c_str());
   }

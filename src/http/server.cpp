@@ -133,11 +133,6 @@ class LiveIds {
   std::unordered_map<int64_t, uint64_t> ids_;
 };
 
-// A listen address that only this host can reach.
-bool is_loopback_host(const std::string& host) {
-  return host == "localhost" || is_loopback_address(host);
-}
-
 ApiError no_route(const Request& req) {
   ApiError e;
   e.http_status = 404;
@@ -147,6 +142,17 @@ ApiError no_route(const Request& req) {
 }
 
 }  // namespace
+
+bool is_loopback_host(const std::string& host) { return host == "localhost" || is_loopback_address(host); }
+
+Status check_listen_auth(const std::string& host, bool have_keys, bool insecure_no_auth) {
+  if (have_keys || insecure_no_auth || is_loopback_host(host)) return Status::ok_status();
+  return Status::invalid_argument(
+      "listening on " + host +
+      " without an API key would let every device on the network read and cancel every request: give "
+      "--api-key KEY (or api-key-hash in the config file; `spillway hash-key --generate` makes one), or "
+      "--insecure-no-auth to accept that");
+}
 
 Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFile& file, const std::string& name) {
   if (!name.empty()) {
@@ -1222,13 +1228,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, gateway::Gatewa
   if (options.keepalive_interval.count() <= 0) {
     return Status::invalid_argument("keepalive_interval must be > 0");
   }
-  const bool keys = options.api_keys && !options.api_keys->empty();
-  if (!keys && !options.insecure_no_auth && !is_loopback_host(options.host)) {
-    return Status::invalid_argument(
-        "listening on " + options.host +
-        " without an API key would let every device on the network read and cancel every request: give "
-        "--api-key KEY (or api-key-hash in the config file), or --insecure-no-auth to accept that");
-  }
+  SPW_RETURN_IF_ERROR(
+      check_listen_auth(options.host, options.api_keys && !options.api_keys->empty(), options.insecure_no_auth));
   return std::unique_ptr<HttpServer>(new HttpServer(std::make_unique<Impl>(env, gateway, std::move(options))));
 }
 

@@ -163,6 +163,13 @@ struct HttpServerOptions {
 // none that Spillway recognises.
 Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFile& file, const std::string& name);
 
+// A listen address only this host can reach ("localhost", 127.0.0.0/8, ::1).
+bool is_loopback_host(const std::string& host);
+// Listening on `host` without API keys: OK on loopback or with
+// insecure_no_auth, else InvalidArgument saying what to do (checked by
+// create(), and by `spillway serve` before it loads the model).
+Status check_listen_auth(const std::string& host, bool have_keys, bool insecure_no_auth);
+
 class HttpServer {
  public:
   static Result<std::unique_ptr<HttpServer>> create(Env& env, gateway::Gateway& gateway,
