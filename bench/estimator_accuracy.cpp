@@ -171,9 +171,10 @@ std::vector<TokenId> tokens(int32_t n, int32_t n_vocab, int32_t salt) {
 
 // Fills a session to n_ctx: prefill, two decode steps, one full ubatch ending at
 // n_ctx (the estimator's worst case: its attention rows span the whole context).
-// With a batcher the decode steps are batched with the other sessions' (as
-// the server's workers run them: engine/step_batcher.h), so the measured peak
-// covers a batched step's buffers too.
+// With a batcher every eval is batched with the other sessions' (prompt
+// chunks and decode steps, as the server's workers run them:
+// engine/step_batcher.h), so the measured peak covers a batched step's
+// buffers too.
 Status fill_context(Session& s, int32_t n_ctx, int32_t n_ubatch, int32_t n_vocab, int32_t salt,
                     StepBatcher* batcher = nullptr) {
   const int32_t prefill = n_ctx - n_ubatch - 2;
@@ -181,13 +182,11 @@ Status fill_context(Session& s, int32_t n_ctx, int32_t n_ubatch, int32_t n_vocab
     return Status::invalid_argument("ctx " + std::to_string(n_ctx) + " too small for ubatch " +
                                     std::to_string(n_ubatch));
   }
+  std::optional<StepBatcher::Membership> member;
+  if (batcher != nullptr) member.emplace(batcher->join(s));
   SPW_RETURN_IF_ERROR(s.eval(tokens(prefill, n_vocab, salt)).status());
-  {
-    std::optional<StepBatcher::Membership> member;
-    if (batcher != nullptr) member.emplace(batcher->join(s));
-    SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 1)).status());
-    SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 2)).status());
-  }
+  SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 1)).status());
+  SPW_RETURN_IF_ERROR(s.eval(tokens(1, n_vocab, salt + 2)).status());
   SPW_RETURN_IF_ERROR(s.eval(tokens(n_ubatch, n_vocab, salt + 3)).status());
   if (s.n_past() != n_ctx) return Status::internal("session did not reach n_ctx");
   return Status();
@@ -198,7 +197,9 @@ Status fill_context(Session& s, int32_t n_ctx, int32_t n_ubatch, int32_t n_vocab
 Status fill_group(SessionGroup& group, const Case& c, int32_t n_vocab) {
   std::vector<Status> st(group.sessions.size());
   std::vector<std::thread> workers;
-  StepBatcher batcher(Env::default_env());
+  StepBatcherOptions bo;
+  bo.step_tokens = c.ubatch;
+  StepBatcher batcher(Env::default_env(), bo);
   StepBatcher* b = group.sessions.size() > 1 ? &batcher : nullptr;
   for (size_t i = 0; i < group.sessions.size(); ++i) {
     workers.emplace_back(

@@ -151,7 +151,11 @@ uint64_t vk_scratch_size(uint64_t bytes, uint64_t max_buffer) {
 // The GPU stage's buffers (see GpuTerms).
 GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const StageLayout& s,
                        uint64_t max_buffer, uint64_t blocks_per_seq) {
-  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
+  // A batched step of the path's sessions holds up to max(m, P) rows (its
+  // decode tokens plus prompt chunks within m: engine/step_batcher.h), the
+  // block tables of up to P sequences and one logits row per sequence.
+  const uint64_t P = static_cast<uint64_t>(plan.n_parallel);
+  const uint64_t m = std::max(static_cast<uint64_t>(plan.n_ubatch), P);
   const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
@@ -169,7 +173,9 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   if (s.layer_end > s.layer_begin) {
     hidden_rows = cur_rows = m;
     g.io_rope = sz(2 * m * half * kF32);
-    g.io_blocks = sz(blocks_per_seq * sizeof(int32_t));
+    // The row table (position and table offset per row), then the step's
+    // sequences' block ids.
+    g.io_blocks = sz((2 * m + std::min(P, m) * blocks_per_seq) * sizeof(int32_t));
     g.q = g.att = sz(m * E * kF32);
     g.k = g.v = sz(m * KV * kF32);
     g.gate = g.up = sz(m * F * kF32);
@@ -183,7 +189,7 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     g.scores = tc < m ? vk_alloc_size(max_buffer) : sz(tc * row);
   }
   if (s.output) {
-    const uint64_t rows = plan.logits_all ? m : 1;
+    const uint64_t rows = plan.logits_all ? m : P;
     hidden_rows = std::max(hidden_rows, rows);
     cur_rows = std::max(cur_rows, rows);
     g.io_logits = sz(rows * V * kF32);

@@ -222,8 +222,10 @@ struct ScratchTerms {
 };
 
 // Buffers of the VulkanBackend on the GPU (bytes each, as the allocator
-// accounts them). m = n_ubatch, c = n_ctx, E/KV/F/V as ScratchTerms, bt =
-// kv_block_tokens. Scratch buffers only grow (Impl::ensure frees the old one
+// accounts them). m = the rows of one pass: max(n_ubatch, P) with P =
+// n_parallel (a batched step: every session's decode token plus prompt chunks
+// within n_ubatch, engine/step_batcher.h), c = n_ctx, E/KV/F/V as
+// ScratchTerms, bt = kv_block_tokens. Scratch buffers only grow (Impl::ensure frees the old one
 // first and allocates round_up(request, 64 KiB), capped at max_buffer_bytes but
 // never below the request), each to the largest request of the run, so the
 // category's peak is the sum of their largest sizes: the requests below at
@@ -235,8 +237,9 @@ struct GpuTerms {
   uint64_t io_tokens = 0;
   uint64_t io_hidden = 0;
   uint64_t x = 0;
-  // forward_layers: io_rope (2*m*max(n_rot/2, 1) floats), io_blocks (the block
-  // table, ceil(c/bt) ids), cur, q, att (m*E), k, v (m*KV), gate, up (m*F), the
+  // forward_batch: io_rope (2*m*max(n_rot/2, 1) floats), io_blocks (a row
+  // table of 2*m ids, then the block tables of min(P, m) sequences, ceil(c/bt)
+  // ids each), cur, q, att (m*E), k, v (m*KV), gate, up (m*F), the
   // Q8_0 activations xq (m*(max(E,F)/32+1)*32 B) and xd (a quarter of that; both
   // allocated whatever the weight type), and scores: n_head*c floats per token
   // for tc = min(m, max_buffer / (n_head*c*4)) tokens at a time.
@@ -245,8 +248,8 @@ struct GpuTerms {
   uint64_t cur = 0, q = 0, att = 0, k = 0, v = 0, gate = 0, up = 0;
   uint64_t xq = 0, xd = 0;
   uint64_t scores = 0;
-  // output (head on the GPU): io_logits, rows*V floats (rows = 1, or m with
-  // logits_all); cur and, for a Q8_0 head, xq/xd for rows*E are covered above
+  // output (head on the GPU): io_logits, rows*V floats (rows = P, one per
+  // sequence of a batched step, or m with logits_all); cur and, for a Q8_0 head, xq/xd for rows*E are covered above
   // (forward's are at least as large) or sized here when larger.
   uint64_t io_logits = 0;
   // Staging (category staging): upload() keeps one host-visible buffer of

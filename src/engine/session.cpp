@@ -69,18 +69,26 @@ Session::~Session() {
 
 int32_t Session::n_vocab() const { return model_->hparams().n_vocab; }
 
-Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_logits) {
+Status Session::check_append(std::span<const TokenId> tokens) const {
   const LlamaHparams& hp = model_->hparams();
   if (tokens.empty()) return Status::invalid_argument("Session::eval: no tokens");
   for (TokenId t : tokens)
     if (t < 0 || t >= hp.n_vocab)
       return Status::invalid_argument("Session::eval: token id " + std::to_string(t) + " out of range [0, " +
                                       std::to_string(hp.n_vocab) + ")");
-  const int32_t n = static_cast<int32_t>(tokens.size());
+  const auto n = static_cast<int64_t>(tokens.size());
   const int32_t n0 = n_past();
-  if (static_cast<int64_t>(n0) + n > n_ctx_)
+  if (n0 + n > n_ctx_)
     return Status(StatusCode::kResourceExhausted, "context full: " + std::to_string(n0) + " + " + std::to_string(n) +
                   " tokens exceed n_ctx = " + std::to_string(n_ctx_), FailureReason::kContextFull);
+  return Status();
+}
+
+Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_logits) {
+  const LlamaHparams& hp = model_->hparams();
+  SPW_RETURN_IF_ERROR(check_append(tokens));
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  const int32_t n0 = n_past();
   // Reserve KV in every stage first: all-or-nothing.
   for (size_t i = 0; i < stages_.size(); ++i) {
     Status st = stages_[i].pool->reserve(tables_[i], n0 + n);
@@ -130,50 +138,45 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
 }
 
 Result<std::span<const float>> Session::eval(std::span<const TokenId> tokens) {
-  if (batcher_ != nullptr && tokens.size() == 1) return batcher_->step(*this, tokens[0]);
+  if (batcher_ != nullptr) return batcher_->eval(*this, tokens);
   SPW_RETURN_IF_ERROR(run(tokens, nullptr));
   return std::span<const float>(last_logits_);
 }
 
 std::vector<Status> Session::eval_batch(std::span<Session* const> sessions, std::span<const TokenId> tokens) {
-  std::vector<Status> out(sessions.size());
   if (sessions.size() != tokens.size()) {
-    for (Status& st : out) st = Status::invalid_argument("Session::eval_batch: one token per session");
-    return out;
+    return std::vector<Status>(sessions.size(), Status::invalid_argument("Session::eval_batch: one token per session"));
   }
-  if (sessions.empty()) return out;
-  const Session& first = *sessions[0];
+  std::vector<BatchPart> parts;
+  parts.reserve(sessions.size());
+  for (size_t i = 0; i < sessions.size(); ++i) parts.push_back({sessions[i], tokens.subspan(i, 1), true});
+  return eval_batch(parts);
+}
+
+std::vector<Status> Session::eval_batch(std::span<const BatchPart> parts) {
+  std::vector<Status> out(parts.size());
+  if (parts.empty()) return out;
+  const Session& first = *parts[0].session;
   const LlamaHparams& hp = first.model_->hparams();
   // The pass runs the first session's stages: every other must run the same.
   std::vector<size_t> in;  // indices that take part
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    Session& s = *sessions[i];
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Session& s = *parts[i].session;
     bool same = s.model_.get() == first.model_.get() && s.stages_.size() == first.stages_.size();
     for (size_t k = 0; same && k < s.stages_.size(); ++k) {
       same = s.stages_[k].backend == first.stages_[k].backend && s.stages_[k].layer_begin == first.stages_[k].layer_begin &&
              s.stages_[k].layer_end == first.stages_[k].layer_end;
     }
-    for (size_t j = 0; same && j < i; ++j) same = sessions[j] != sessions[i];
+    for (size_t j = 0; same && j < i; ++j) same = parts[j].session != parts[i].session;
     if (!same) {
       out[i] = Status::invalid_argument("Session::eval_batch: sessions of different stages, or one twice");
       continue;
     }
-    const TokenId t = tokens[i];
-    if (t < 0 || t >= hp.n_vocab) {
-      out[i] = Status::invalid_argument("Session::eval: token id " + std::to_string(t) + " out of range [0, " +
-                                        std::to_string(hp.n_vocab) + ")");
-      continue;
-    }
+    Status st = s.check_append(parts[i].tokens);
     const int32_t n0 = s.n_past();
-    if (n0 + 1 > s.n_ctx_) {
-      out[i] = Status(StatusCode::kResourceExhausted,
-                      "context full: " + std::to_string(n0) + " + 1 tokens exceed n_ctx = " + std::to_string(s.n_ctx_),
-                      FailureReason::kContextFull);
-      continue;
-    }
-    Status st;
+    const auto n = static_cast<int32_t>(parts[i].tokens.size());
     for (size_t k = 0; st.ok() && k < s.stages_.size(); ++k) {
-      st = s.stages_[k].pool->reserve(s.tables_[k], n0 + 1);
+      st = s.stages_[k].pool->reserve(s.tables_[k], n0 + n);
       if (!st.ok()) {
         for (size_t j = 0; j <= k; ++j) s.stages_[j].pool->shrink(s.tables_[j], n0);
       }
@@ -187,33 +190,53 @@ std::vector<Status> Session::eval_batch(std::span<Session* const> sessions, std:
   if (in.empty()) return out;
   const int64_t E = hp.n_embd;
   const int64_t V = hp.n_vocab;
-  const auto m = static_cast<int64_t>(in.size());
   std::vector<TokenId> toks;
-  for (size_t i : in) toks.push_back(tokens[i]);
-  std::vector<float> hidden(static_cast<size_t>(m * E));
-  std::vector<float> logits(static_cast<size_t>(m * V));
+  for (size_t i : in) toks.insert(toks.end(), parts[i].tokens.begin(), parts[i].tokens.end());
+  const auto rows = static_cast<int64_t>(toks.size());
+  std::vector<float> hidden(static_cast<size_t>(rows * E));
   Status st = first.stages_.front().backend->embed(*first.model_, toks, hidden.data());
   for (size_t k = 0; st.ok() && k < first.stages_.size(); ++k) {
     std::vector<SeqSlice> slices;
     for (size_t i : in) {
-      Session& s = *sessions[i];
-      slices.push_back({KvSequence{s.stages_[k].pool.get(), &s.tables_[k]}, s.n_past(), 1});
+      Session& s = *parts[i].session;
+      slices.push_back({KvSequence{s.stages_[k].pool.get(), &s.tables_[k]}, s.n_past(),
+                        static_cast<int32_t>(parts[i].tokens.size())});
     }
     st = first.stages_[k].backend->forward_batch(*first.model_, first.stages_[k].layer_begin,
                                                  first.stages_[k].layer_end, slices, hidden.data());
   }
-  if (st.ok()) {
-    st = first.stages_.back().backend->output(*first.model_, hidden.data(), static_cast<int32_t>(m), logits.data());
+  // The head for the last row of each part that wants logits, in one call.
+  std::vector<float> heads;
+  int64_t n_heads = 0;
+  {
+    int64_t row = 0;
+    for (size_t i : in) {
+      row += static_cast<int64_t>(parts[i].tokens.size());
+      if (!parts[i].logits) continue;
+      heads.insert(heads.end(), hidden.begin() + (row - 1) * E, hidden.begin() + row * E);
+      ++n_heads;
+    }
   }
-  for (size_t r = 0; r < in.size(); ++r) {
-    Session& s = *sessions[in[r]];
+  std::vector<float> logits(static_cast<size_t>(n_heads * V));
+  if (st.ok() && n_heads > 0) {
+    st = first.stages_.back().backend->output(*first.model_, heads.data(), static_cast<int32_t>(n_heads),
+                                              logits.data());
+  }
+  int64_t head = 0;
+  for (size_t i : in) {
+    Session& s = *parts[i].session;
     if (!st.ok()) {
       for (size_t k = 0; k < s.stages_.size(); ++k) s.stages_[k].pool->shrink(s.tables_[k], s.n_past());
-      out[in[r]] = st;
+      out[i] = st;
       continue;
     }
-    s.tokens_.push_back(tokens[in[r]]);
-    s.last_logits_.assign(logits.begin() + static_cast<int64_t>(r) * V, logits.begin() + static_cast<int64_t>(r + 1) * V);
+    s.tokens_.insert(s.tokens_.end(), parts[i].tokens.begin(), parts[i].tokens.end());
+    if (parts[i].logits) {
+      s.last_logits_.assign(logits.begin() + head * V, logits.begin() + (head + 1) * V);
+      ++head;
+    } else {
+      s.last_logits_.clear();
+    }
   }
   return out;
 }

@@ -21,16 +21,21 @@
 // run out of blocks half-way; truncate() below n gives them back.
 // Because backends are batch-size invariant, eval of tokens one by one or all at
 // once gives bitwise equal logits (checkpoint/resume depends on this).
-// eval_batch() decodes one token in each of several sessions in one pass over
-// the weights (continuous batching): they must run the same stages (one
-// session group: equal backends and layer ranges per stage), each at most
-// once. Per session the outcome equals its own eval({token}) (bitwise where
-// the backend's batch invariance holds), including the errors: a session
-// whose token is out of range, whose context is full or whose pool has no
-// block left gets that error and is left out of the pass; a backend error
-// fails every session of the pass, each left as before.
+// eval_batch() appends tokens to several sessions in one pass over the
+// weights (continuous batching): each part is a session's next tokens (one
+// when it decodes, a chunk of its prompt when it prefills); they must run the
+// same stages (one session group: equal backends and layer ranges per stage),
+// each session at most once. Per session the outcome equals its own
+// eval(tokens) (bitwise where the backend's batch invariance holds),
+// including the errors: a session whose token is out of range, whose context
+// is full or whose pool has no block left gets that error and is left out of
+// the pass; a backend error fails every session of the pass, each left as
+// before. The output head runs only for the parts that want logits (a
+// prompt's last chunk, every decode step); the others' last_logits() is then
+// empty.
 // A session that is a member of a StepBatcher (engine/step_batcher.h) sends
-// its one-token evals through it, which gathers them into eval_batch calls.
+// its evals through it, which gathers them into eval_batch calls (a prompt
+// in chunks, so that it shares the passes of the sequences decoding).
 // Thread safety: one Session is used by one thread at a time. Many Sessions may
 // share one Model, one KvPool and one Backend concurrently.
 #pragma once
@@ -49,6 +54,14 @@
 namespace spw {
 
 class StepBatcher;
+class Session;
+
+// One session's part of a batched pass (Session::eval_batch).
+struct BatchPart {
+  Session* session = nullptr;
+  std::span<const TokenId> tokens;
+  bool logits = true;  // compute the last token's logits
+};
 
 // Layers [layer_begin, layer_end) of the model run on `backend` with their KV in
 // `pool` (whose layer range must equal the stage's).
@@ -86,6 +99,8 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   Result<std::span<const float>> eval(std::span<const TokenId> tokens);
+  static std::vector<Status> eval_batch(std::span<const BatchPart> parts);
+  // One token per session.
   static std::vector<Status> eval_batch(std::span<Session* const> sessions, std::span<const TokenId> tokens);
   Result<std::vector<float>> eval_all_logits(std::span<const TokenId> tokens);
   Status truncate(int32_t n);
@@ -104,6 +119,8 @@ class Session {
   friend class StepBatcher;
   Session() = default;
   Status run(std::span<const TokenId> tokens, std::vector<float>* all_logits);
+  // The checks of an eval of n more tokens: ids in range, context room.
+  Status check_append(std::span<const TokenId> tokens) const;
 
   std::shared_ptr<const Model> model_;
   std::vector<SessionStage> stages_;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "engine/batch_test_util.h"
 #include "engine/engine_test_util.h"
 
 namespace spw {
@@ -259,6 +260,25 @@ TEST(Session, EvalBatchEqualsEachSequenceAlone) {
     EXPECT_TRUE(st[0].ok());
     EXPECT_EQ(st[1].code(), StatusCode::kInvalidArgument);
   }
+}
+
+// Prompt chunks and decode tokens in the same passes (chunked prefill), by
+// eval_batch and through the StepBatcher's threads: bitwise each alone.
+TEST(Session, MixedPromptAndDecodePassesEqualEachSequenceAlone) {
+  auto m = testing::random_model(testing::small_spec(gguf::GgmlType::kQ8_0));
+  ASSERT_NE(m, nullptr);
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    auto cpu = std::make_shared<CpuBackend>(threads);
+    testing::expect_mixed_batches_equal_alone(m, cpu, [&] { return make_pool(*m, 4, 64); });
+  }
+}
+
+TEST(StepBatcher, MixesAPromptIntoTheDecodeSteps) {
+  auto m = testing::random_model(testing::small_spec(gguf::GgmlType::kQ8_0));
+  ASSERT_NE(m, nullptr);
+  auto cpu = std::make_shared<CpuBackend>(2);
+  testing::expect_batcher_mixes_prompts(m, cpu, [&] { return make_pool(*m, 4, 32); });
 }
 
 }  // namespace

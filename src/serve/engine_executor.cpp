@@ -25,6 +25,12 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
       if (!keep) (void)s.truncate(0);
     }
   } release{session, keep_kv};
+  // Every eval of this request, its prompt in chunks and then its decode
+  // steps, shares the group's batched steps with the other running requests.
+  // Declared after `release`: the session leaves the batch before its KV is
+  // given back.
+  std::optional<StepBatcher::Membership> member;
+  if (batcher != nullptr) member.emplace(batcher->join(session));
   Result<std::unique_ptr<Generator>> started = [&]() -> Result<std::unique_ptr<Generator>> {
     if (job.resume) {
       Checkpoint cp = *job.resume;
@@ -75,10 +81,6 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
     return !cancel.load(std::memory_order_acquire);
   };
   const int32_t every = job.checkpoint_every;
-  // Decode steps from here on are batched with the group's other running
-  // requests (the prefill above ran on its own).
-  std::optional<StepBatcher::Membership> member;
-  if (batcher != nullptr) member.emplace(batcher->join(session));
   while (!g.finished()) {
     if (cancel.load(std::memory_order_acquire)) {
       g.cancel();
@@ -215,12 +217,16 @@ class DeviceGroupExecutor final : public Executor {
 };
 
 // The group's step batcher: with several workers and batching on (one
-// worker has nothing to batch with), and some layers on the CPU, the backend
-// whose forward_batch shares the weight pass (the Vulkan backend runs a
-// batch's sequences one by one: batching would only serialise its workers).
-std::shared_ptr<StepBatcher> make_batcher(Env& env, const EngineServeOptions& o, int32_t n_layer) {
-  if (!o.batching || o.n_workers < 2 || o.device.gpu_layer_count(n_layer) >= n_layer) return nullptr;
-  return std::make_shared<StepBatcher>(env, static_cast<int64_t>(o.batch_max_wait_us) * 1000);
+// worker has nothing to batch with). Every backend's forward_batch shares
+// the weight pass among the step's sequences (CPU, Vulkan, and so hybrid).
+// A step's rows are bounded by the sessions' ubatch (the estimator's m).
+std::shared_ptr<StepBatcher> make_batcher(Env& env, const EngineServeOptions& o) {
+  if (!o.batching || o.n_workers < 2) return nullptr;
+  StepBatcherOptions bo;
+  bo.max_wait_ns = static_cast<int64_t>(o.batch_max_wait_us) * 1000;
+  bo.step_tokens = SessionGroupOptions{}.n_ubatch;
+  bo.mix_prefill = o.mix_prefill;
+  return std::make_shared<StepBatcher>(env, bo);
 }
 
 // The options' checks and the n_ctx they resolve to (0: the model's).
@@ -333,7 +339,7 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   out.vulkan = group.vulkan;
   out.placement_detail = group.placement;
   std::vector<std::unique_ptr<Executor>> executors;
-  auto batcher = make_batcher(env, o, hp.n_layer);
+  auto batcher = make_batcher(env, o);
   out.batcher = batcher;
   if (group.vulkan && group.n_gpu_layers > 0) {
     // Layers on a device: a group that can re-open itself after the device
@@ -366,7 +372,7 @@ Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, co
         o.kv_blocks > 0 ? o.kv_blocks : o.n_workers * ((n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens);
   }
   std::shared_ptr<const Tokenizer> tok = model.tokenizer;
-  auto batcher = make_batcher(env, o, hp.n_layer);
+  auto batcher = make_batcher(env, o);
   auto group = std::make_shared<OnDemandGroup>(env, std::move(model), group_options(o, n_ctx), batcher);
   std::vector<std::unique_ptr<Executor>> executors;
   for (int32_t i = 0; i < o.n_workers; ++i) {

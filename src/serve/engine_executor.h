@@ -64,11 +64,14 @@ struct EngineServeOptions {
   admission::PathRates prior_rates{200.0, 20.0, 1.0, 0, false};
   int32_t checkpoint_every = 0;  // SchedulerOptions::checkpoint_every
   // Continuous batching (engine/step_batcher.h): the workers' decode steps
-  // share one pass over the weights; a step waits at most batch_max_wait_us
-  // for a member busy elsewhere. Off, one worker, or every layer on Vulkan
-  // (whose forward_batch does not share the pass yet): each runs alone.
+  // and prompt chunks share one pass over the weights, on every placement; a
+  // step waits at most batch_max_wait_us for a member busy elsewhere. Off or
+  // one worker: each runs alone.
   bool batching = true;
   int32_t batch_max_wait_us = 1000;
+  // Prompts in chunks inside the steps (StepBatcherOptions::mix_prefill);
+  // false runs them beside the steps, for comparison.
+  bool mix_prefill = true;
   // With layers on Vulkan: told (on the worker's thread) after the session
   // group re-opened itself following a re-initialisation of the device, with
   // the outcome and how long it took (weights upload and pools). Null: none.

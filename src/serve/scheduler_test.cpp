@@ -521,6 +521,7 @@ void batched_equals_alone(const Placement& where) {
   const StepBatcherStats st = batched->batcher->stats();
   EXPECT_GE(st.max_batch, 2) << "requests shared steps";
   EXPECT_GT(st.tokens, st.steps) << "more tokens than passes over the weights";
+  EXPECT_GT(st.prompt_tokens, 0u) << "prompts ran in the steps, in chunks";
   EXPECT_EQ(batched->batcher->members(), 0) << "every run left the batch";
 
   // Resume checkpoints taken in the batch, again side by side.
@@ -557,8 +558,17 @@ void batched_equals_alone(const Placement& where) {
 
 TEST(Scheduler, BatchedWorkersGiveEachRequestItsTextAlone) { batched_equals_alone(Placement::cpu()); }
 
-// Hybrid: layers 0-1 on Vulkan (lavapipe here; skipped without a device),
-// the rest batched on the CPU.
+// Every layer on Vulkan (lavapipe here; skipped without a device): the
+// device's forward_batch shares the pass.
+TEST(Scheduler, BatchedVulkanWorkersGiveEachRequestItsTextAlone) {
+  auto devs = list_vulkan_devices();
+  if (!devs.ok() || devs->empty()) GTEST_SKIP() << "no Vulkan device";
+  auto where = Placement::parse("vulkan");
+  ASSERT_TRUE(where.ok());
+  batched_equals_alone(*where);
+}
+
+// Hybrid: layers 0-1 on Vulkan, the rest on the CPU, both batched.
 TEST(Scheduler, BatchedHybridWorkersGiveEachRequestItsTextAlone) {
   auto devs = list_vulkan_devices();
   if (!devs.ok() || devs->empty()) GTEST_SKIP() << "no Vulkan device";

@@ -660,11 +660,32 @@ void record_quantize(VulkanBackend::Impl::Recorder& rec, VkBuffer x, VkBuffer xq
 
 Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end, const KvSequence& kv,
                                      int32_t pos0, int32_t n_tokens, float* hidden) {
+  const SeqSlice one{kv, pos0, n_tokens};
+  return forward_batch(model, layer_begin, layer_end, std::span<const SeqSlice>(&one, 1), hidden);
+}
+
+Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
+                                    std::span<const SeqSlice> slices, float* hidden) {
+  if (slices.empty()) return Status::invalid_argument("forward_batch: no sequences");
+  // One pass binds one K/V buffer pair per layer: sequences of different
+  // pools (not the server's layout: a session group shares one pool per
+  // stage) run one pool after another.
+  for (const SeqSlice& sl : slices) {
+    if (sl.kv.pool != slices[0].kv.pool) {
+      int64_t row = 0;
+      for (const SeqSlice& one : slices) {
+        SPW_RETURN_IF_ERROR(forward_batch(model, layer_begin, layer_end, std::span<const SeqSlice>(&one, 1),
+                                          hidden + row * model.hparams().n_embd));
+        row += one.n_tokens;
+      }
+      return Status();
+    }
+  }
   std::lock_guard<std::mutex> lk(impl_->mu);
   Impl& im = *impl_;
   const LlamaHparams& hp = model.hparams();
-  KvPool* pool = kv.pool;
-  if (pool == nullptr || kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
+  KvPool* pool = slices[0].kv.pool;
+  if (pool == nullptr) return Status::invalid_argument("forward_layers: no KV");
   const auto& kvo = pool->options();
   if (layer_begin < kvo.layer_begin || layer_end > kvo.layer_end || layer_begin > layer_end || layer_end > hp.n_layer)
     return Status::invalid_argument("forward_layers: layers [" + std::to_string(layer_begin) + ", " +
@@ -672,9 +693,34 @@ Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, in
                                     std::to_string(kvo.layer_begin) + ", " + std::to_string(kvo.layer_end) + ")");
   if (kvo.n_embd_kv != hp.n_embd_kv()) return Status::invalid_argument("forward_layers: KV width mismatch");
   const int32_t bt = pool->block_tokens();
-  if (n_tokens <= 0 || pos0 < 0 || kv.table->capacity_tokens(bt) < pos0 + n_tokens)
-    return Status::invalid_argument("forward_layers: KV table holds " + std::to_string(kv.table->capacity_tokens(bt)) +
-                                    " positions, need " + std::to_string(pos0 + n_tokens));
+  // The row table (position and block-table offset per row, kv_write.comp)
+  // followed by each slice's block ids.
+  std::vector<int32_t> table;
+  uint64_t n = 0, max_pos = 0, n_block_ids = 0;
+  for (const SeqSlice& sl : slices) {
+    if (sl.kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
+    if (sl.n_tokens <= 0 || sl.pos0 < 0 || sl.kv.table->capacity_tokens(bt) < sl.pos0 + sl.n_tokens)
+      return Status::invalid_argument("forward_layers: KV table holds " +
+                                      std::to_string(sl.kv.table->capacity_tokens(bt)) + " positions, need " +
+                                      std::to_string(sl.pos0 + sl.n_tokens));
+    n += static_cast<uint64_t>(sl.n_tokens);
+    max_pos = std::max<uint64_t>(max_pos, static_cast<uint64_t>(sl.pos0) + static_cast<uint64_t>(sl.n_tokens));
+    n_block_ids += sl.kv.table->blocks().size();
+  }
+  table.reserve(2 * n + n_block_ids);
+  table.resize(2 * n);
+  {
+    size_t row = 0;
+    for (const SeqSlice& sl : slices) {
+      const auto boff = static_cast<int32_t>(table.size());
+      for (int32_t t = 0; t < sl.n_tokens; ++t, ++row) {
+        table[2 * row] = sl.pos0 + t;
+        table[2 * row + 1] = boff;
+      }
+      const auto& ids = sl.kv.table->blocks();
+      table.insert(table.end(), ids.begin(), ids.end());
+    }
+  }
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   auto* kvs = dynamic_cast<VulkanKvStorage*>(pool->device_storage());
   if (kvs == nullptr || kvs->ctx != im.ctx)
@@ -686,12 +732,11 @@ Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, in
       return Status::failed_precondition("layer " + std::to_string(il) + " not prepared on " + im.name());
   if (layer_begin == layer_end) return Status();
 
-  const uint64_t n = static_cast<uint64_t>(n_tokens);
   const uint64_t E = static_cast<uint64_t>(hp.n_embd), KV = static_cast<uint64_t>(hp.n_embd_kv()),
                  FF = static_cast<uint64_t>(hp.n_ff);
   const uint32_t hd = static_cast<uint32_t>(hp.head_dim());
   const uint32_t half = static_cast<uint32_t>(hp.n_rot / 2);
-  const uint64_t n_pos = static_cast<uint64_t>(pos0) + n;
+  const uint64_t n_pos = max_pos;  // the longest row's positions: the scores' stride
   const bool q8 = mw->layers[static_cast<size_t>(layer_begin)].wq.type == gguf::GgmlType::kQ8_0;
   const uint64_t qcols = std::max(E, FF);
   // Attention scratch: scores for up to `tc` tokens at a time.
@@ -701,10 +746,9 @@ Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, in
     return Status::invalid_argument("forward_layers: attention scores for " + std::to_string(n_pos) +
                                     " positions exceed the largest buffer");
   Scratch& s = im.scratch;
-  const auto& blocks = kv.table->blocks();
   SPW_RETURN_IF_ERROR(im.ensure(s.io_hidden, n * E * 4, true));
   SPW_RETURN_IF_ERROR(im.ensure(s.io_rope, 2 * n * std::max<uint32_t>(half, 1) * 4, true));
-  SPW_RETURN_IF_ERROR(im.ensure(s.io_blocks, blocks.size() * 4, true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_blocks, table.size() * 4, true));
   SPW_RETURN_IF_ERROR(im.ensure(s.x, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.cur, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.q, n * E * 4, false));
@@ -718,10 +762,15 @@ Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, in
   SPW_RETURN_IF_ERROR(im.ensure(s.scores, tc * row_bytes, false));
 
   std::memcpy(s.io_hidden.mapped(), hidden, n * E * 4);
-  std::memcpy(s.io_blocks.mapped(), blocks.data(), blocks.size() * 4);
+  std::memcpy(s.io_blocks.mapped(), table.data(), table.size() * 4);
   if (half > 0) {
+    // cos rows of every slice, then their sin rows (rope.comp's layout).
     float* cs = static_cast<float*>(s.io_rope.mapped());
-    cpu::rope_table(pos0, n_tokens, hp.n_rot, hp.rope_freq_base, cs, cs + n * half);
+    uint64_t row = 0;
+    for (const SeqSlice& sl : slices) {
+      cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, cs + row * half, cs + (n + row) * half);
+      row += static_cast<uint64_t>(sl.n_tokens);
+    }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float eps = hp.rms_eps;
@@ -760,20 +809,19 @@ Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, in
       rec.dispatch_flat("rope", {s.k.buffer(), s.io_rope.buffer()}, pk, sizeof pk, n * hp.n_head_kv * half);
       rec.barrier();
     }
-    const uint32_t pw[4] = {nt, static_cast<uint32_t>(KV), static_cast<uint32_t>(bt), static_cast<uint32_t>(pos0)};
+    const uint32_t pw[3] = {nt, static_cast<uint32_t>(KV), static_cast<uint32_t>(bt)};
     rec.dispatch_flat("kv_write",
                       {s.k.buffer(), s.v.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer()}, pw,
                       sizeof pw, n * KV);
     rec.barrier();
     for (uint64_t t0 = 0; t0 < n; t0 += tc) {
       const uint32_t cnt = static_cast<uint32_t>(std::min(tc, n - t0));
-      const uint32_t pa[10] = {hd,
-                               static_cast<uint32_t>(hp.n_head),
-                               static_cast<uint32_t>(hp.n_gqa()),
-                               static_cast<uint32_t>(KV),
-                               static_cast<uint32_t>(bt),
-                               static_cast<uint32_t>(pos0),
-                               static_cast<uint32_t>(t0),
+      const uint32_t pa[9] = {hd,
+                              static_cast<uint32_t>(hp.n_head),
+                              static_cast<uint32_t>(hp.n_gqa()),
+                              static_cast<uint32_t>(KV),
+                              static_cast<uint32_t>(bt),
+                              static_cast<uint32_t>(t0),
                                static_cast<uint32_t>(n_pos),
                                static_cast<uint32_t>(E),
                                scale_bits};

@@ -10,6 +10,9 @@
 // lavapipe, or options.max_buffer_bytes) are split by rows over several
 // buffers (options.max_buffer_bytes can lower this for weights). K/V live in device memory: make pools with create_kv_pool() (the
 // engine's block tables and counters are unchanged; see engine/kv_cache.h).
+// Batches: forward_batch runs the rows of several sequences (decode steps and
+// prefill chunks mixed) in one pass over the weights, so a session group's
+// batched step costs one weight pass on the device as on the CPU.
 // Numerics: F32 / F16 weights use F32 FMA dot products; Q8_0 weights run
 // against activations quantised to Q8_0 with an integer dot per block
 // (llama.cpp semantics). Reductions have a fixed order per (row, token), so
@@ -127,6 +130,14 @@ class VulkanBackend final : public Backend {
   Status embed(const Model& model, std::span<const TokenId> tokens, float* hidden) override;
   Status forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end, const KvSequence& kv,
                         int32_t pos0, int32_t n_tokens, float* hidden) override;
+  // Several sequences' rows in one pass over the weights (Backend's
+  // contract): matmuls, norms and activations over all rows at once; RoPE,
+  // the KV write and attention per row through a row table (position and
+  // block table of the row's sequence). Each row's result is bitwise what
+  // its sequence alone gives (every reduction has a fixed order per row).
+  // Sequences in different KV pools run one pool after another.
+  Status forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end, std::span<const SeqSlice> slices,
+                       float* hidden) override;
   Status output(const Model& model, const float* hidden, int32_t n_rows, float* logits) override;
 
   // K/V of opts' layers in device memory (category kv, owner "kv:<owner>").

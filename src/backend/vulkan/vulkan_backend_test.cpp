@@ -17,6 +17,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vk_budget_probe.h"
+#include "engine/batch_test_util.h"
 #include "engine/engine_test_util.h"
 #include "gguf/quant.h"
 
@@ -355,6 +356,38 @@ TEST(VulkanModel, BatchInvariantAndUbatchInvariant) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     ASSERT_EQ(0, std::memcmp(r->data(), ref.data() + i * V, V * 4)) << "position " << i;
   }
+}
+
+// Continuous batching on the device: several sequences' decode tokens and
+// prompt chunks in one pass over the weights, each row bitwise what its
+// sequence gives alone; through the StepBatcher's threads too.
+TEST(VulkanModel, MixedPromptAndDecodePassesEqualEachSequenceAlone) {
+  VK_OR_SKIP(b);
+  for (auto type : {gguf::GgmlType::kQ8_0, gguf::GgmlType::kF16}) {
+    auto m = testing::random_model(testing::small_spec(type));
+    ASSERT_NE(m, nullptr);
+    testing::expect_mixed_batches_equal_alone(m, b, [&] { return vk_pool(*b, *m, 0, m->hparams().n_layer, 4, 64); });
+    testing::expect_batcher_mixes_prompts(m, b, [&] { return vk_pool(*b, *m, 0, m->hparams().n_layer, 4, 32); });
+    b->release_model(*m);
+  }
+}
+
+// Sequences of different pools in one forward_batch run one pool after
+// another, each still bitwise what it gives alone.
+TEST(VulkanModel, ForwardBatchOverTwoPools) {
+  VK_OR_SKIP(b);
+  auto m = testing::random_model(testing::small_spec(gguf::GgmlType::kQ8_0));
+  ASSERT_NE(m, nullptr);
+  const int32_t V = m->hparams().n_vocab;
+  auto s1 = vk_session(m, b, 4, 16), s2 = vk_session(m, b, 4, 16);
+  auto a1 = vk_session(m, b, 4, 16), a2 = vk_session(m, b, 4, 16);
+  const auto t1 = some_tokens(7, V, 1), t2 = some_tokens(3, V, 2);
+  ASSERT_TRUE(a1->eval(t1).ok());
+  ASSERT_TRUE(a2->eval(t2).ok());
+  const std::vector<BatchPart> parts = {{s1.get(), t1, true}, {s2.get(), t2, true}};
+  for (const Status& st : Session::eval_batch(parts)) ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(testing::same_floats(s1->last_logits(), a1->last_logits()));
+  EXPECT_TRUE(testing::same_floats(s2->last_logits(), a2->last_logits()));
 }
 
 TEST(VulkanModel, GreedyTokensAgreeCpuVulkanHybrid) {

@@ -26,6 +26,9 @@ Status VulkanBackend::embed(const Model&, std::span<const TokenId>, float*) { re
 Status VulkanBackend::forward_layers(const Model&, int32_t, int32_t, const KvSequence&, int32_t, int32_t, float*) {
   return not_built();
 }
+Status VulkanBackend::forward_batch(const Model&, int32_t, int32_t, std::span<const SeqSlice>, float*) {
+  return not_built();
+}
 Status VulkanBackend::output(const Model&, const float*, int32_t, float*) { return not_built(); }
 Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOptions&, const std::string&) {
   return not_built();

@@ -3,7 +3,9 @@
 // scores for positions 0..pos (dot(K, q) * scale) go to a scratch row, then a
 // max-subtracted softmax (tree reductions) and out[d] = sum_p a_p * V[p][d]
 // in position order. Independent of the batch: each (token, head) reads only
-// its own q and the cache.
+// its own q and its own sequence's cache. Rows may belong to several
+// sequences: the row table at the head of `bt` (kv_write.comp) gives each
+// row its position and where its sequence's block ids start.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = WG) in;
@@ -11,7 +13,7 @@ layout(local_size_x = WG) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer KC { float kc[]; };
 layout(std430, binding = 2) readonly buffer VC { float vc[]; };
-layout(std430, binding = 3) readonly buffer BT { int blocks[]; };
+layout(std430, binding = 3) readonly buffer BT { int bt[]; };
 layout(std430, binding = 4) coherent buffer S { float sc[]; };
 layout(std430, binding = 5) writeonly buffer O { float o[]; };
 
@@ -21,7 +23,6 @@ layout(push_constant) uniform PC {
   uint n_gqa;
   uint n_kv;
   uint block_tokens;
-  uint pos0;
   uint t0;        // first token of this dispatch (the scratch holds t - t0)
   uint s_stride;  // scratch floats per (token, head)
   uint q_stride;  // floats per token in q and o
@@ -30,8 +31,8 @@ layout(push_constant) uniform PC {
 
 shared float red[WG];
 
-uint kv_row(uint p, uint kvh) {
-  return (uint(blocks[p / pc.block_tokens]) * pc.block_tokens + p % pc.block_tokens) * pc.n_kv + kvh * pc.head_dim;
+uint kv_row(uint boff, uint p, uint kvh) {
+  return (uint(bt[boff + p / pc.block_tokens]) * pc.block_tokens + p % pc.block_tokens) * pc.n_kv + kvh * pc.head_dim;
 }
 
 void main() {
@@ -39,14 +40,15 @@ void main() {
   const uint tl = gl_WorkGroupID.y;
   const uint t = pc.t0 + tl;
   const uint tid = gl_LocalInvocationID.x;
-  const uint pos = pc.pos0 + t;
+  const uint pos = uint(bt[2u * t]);
+  const uint boff = uint(bt[2u * t + 1u]);
   const uint kvh = h / pc.n_gqa;
   const uint qb = t * pc.q_stride + h * pc.head_dim;
   const uint sb = (tl * pc.n_head + h) * pc.s_stride;
 
   float mx = -3.402823466e38;
   for (uint p = tid; p <= pos; p += WG) {
-    const uint kb = kv_row(p, kvh);
+    const uint kb = kv_row(boff, p, kvh);
     float s = 0.0;
     for (uint d = 0u; d < pc.head_dim; ++d) s = fma(kc[kb + d], q[qb + d], s);
     s *= pc.scale;
@@ -77,7 +79,7 @@ void main() {
   const float inv = 1.0 / red[0];
   for (uint d = tid; d < pc.head_dim; d += WG) {
     float acc = 0.0;
-    for (uint p = 0u; p <= pos; ++p) acc = fma(sc[sb + p] * inv, vc[kv_row(p, kvh) + d], acc);
+    for (uint p = 0u; p <= pos; ++p) acc = fma(sc[sb + p] * inv, vc[kv_row(boff, p, kvh) + d], acc);
     o[qb + d] = acc;
   }
 }
