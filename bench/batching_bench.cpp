@@ -1,8 +1,10 @@
-// Continuous batching on the CPU path: aggregate decode throughput and
-// per-stream inter-token latency at 1, 2, 4 and 8 concurrent streams, with
-// the workers' step batcher on and off side by side in one run (interleaved
-// rounds), and the time to first token of a long prompt that arrives while
-// four streams run.
+// Continuous batching on one path (CPU by default, --device vulkan or
+// hybrid:N): aggregate decode throughput and per-stream inter-token latency
+// at 1, 2, 4 and 8 concurrent streams, with the workers' step batcher on and
+// off side by side in one run (interleaved rounds), and the time to first
+// token of a long prompt that arrives while four streams run, with its
+// prompt mixed into the steps in chunks (the server's way), run beside the
+// steps, and without batching.
 //
 // Model: --model PATH, or by default the generated 110M-parameter Q8_0 model
 // recovery_bench also uses (spillway-gen-model's 110M shape with the
@@ -17,8 +19,8 @@
 // model may sample its end-of-generation token early: the generated count
 // is reported. The long-prompt case runs 4 streams of 2 x --tokens on 5
 // workers, submits bench/prompt.txt (274 tokens) once every stream has 16
-// tokens, and reports its time to first token and the longest gap the 4
-// streams saw meanwhile.
+// tokens, and reports its time to first token and the gaps (p50, p99,
+// longest) the 4 streams saw meanwhile.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/placement.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
 #include "bench_models.h"
@@ -75,14 +78,21 @@ struct Result {
 const char* kPrompts[] = {"Once upon a time", "The little dog", "Lily and Ben went to the park", "One day",
                           "The sun was shining", "Tom had a red ball", "In a small town", "The cat sat"};
 
+// How a long prompt meets the running streams.
+enum class Mode { kOff, kBeside, kMixed };
+const char* mode_name(Mode m) { return m == Mode::kOff ? "off" : m == Mode::kBeside ? "beside" : "mixed"; }
+
+spw::Placement g_device = spw::Placement::cpu();
+
 std::unique_ptr<spw::serve::Scheduler> build(const std::shared_ptr<const spw::Model>& model, int workers, int threads,
-                                             bool batching, Timeline* tl,
-                                             std::shared_ptr<spw::StepBatcher>* batcher) {
+                                             Mode mode, Timeline* tl, std::shared_ptr<spw::StepBatcher>* batcher) {
   spw::serve::EngineServeOptions o;
+  o.device = g_device;
   o.n_workers = workers;
   o.n_threads = threads;
   o.n_ctx = 512;
-  o.batching = batching;
+  o.batching = mode != Mode::kOff;
+  o.mix_prefill = mode == Mode::kMixed;
   o.hooks.after_token = [tl](uint64_t id, int32_t) { tl->add(id, now_ns()); };
   auto s = spw::serve::make_engine_scheduler(spw::Env::default_env(), model, o);
   if (!s.ok()) {
@@ -113,7 +123,7 @@ Result run_streams(const std::shared_ptr<const spw::Model>& model, int streams, 
                    bool batching) {
   Timeline tl;
   std::shared_ptr<spw::StepBatcher> batcher;
-  auto s = build(model, streams, threads, batching, &tl, &batcher);
+  auto s = build(model, streams, threads, batching ? Mode::kMixed : Mode::kOff, &tl, &batcher);
   wait_done({*s->submit(request("Warm up", 4))});
   {
     std::lock_guard<std::mutex> lk(tl.mu);
@@ -149,16 +159,17 @@ Result run_streams(const std::shared_ptr<const spw::Model>& model, int streams, 
 }
 
 struct LongPrompt {
-  bool batching = false;
+  Mode mode = Mode::kOff;
   double ttft_ms = 0;
-  double max_gap_ms = 0;  // the running streams' longest inter-token gap meanwhile
+  // The running streams' inter-token gaps while it waited for its first token.
+  double gap_p50_ms = 0, gap_p99_ms = 0, max_gap_ms = 0;
 };
 
 LongPrompt run_long_prompt(const std::shared_ptr<const spw::Model>& model, int threads, int tokens,
-                           const std::string& long_prompt, bool batching) {
+                           const std::string& long_prompt, Mode mode) {
   Timeline tl;
   std::shared_ptr<spw::StepBatcher> batcher;
-  auto s = build(model, 5, threads, batching, &tl, &batcher);
+  auto s = build(model, 5, threads, mode, &tl, &batcher);
   wait_done({*s->submit(request("Warm up", 4))});
   {
     std::lock_guard<std::mutex> lk(tl.mu);
@@ -176,20 +187,24 @@ LongPrompt run_long_prompt(const std::shared_ptr<const spw::Model>& model, int t
   auto lp = *s->submit(request(long_prompt, 1));
   wait_done({lp});
   LongPrompt out;
-  out.batching = batching;
+  out.mode = mode;
   int64_t first = 0;
   {
     std::lock_guard<std::mutex> lk(tl.mu);
     auto it = tl.tokens.find(lp->id());
     if (it != tl.tokens.end() && !it->second.empty()) first = it->second.front();
     const int64_t t1 = first;
+    std::vector<double> gaps;
     for (const auto& t : ts) {
       const auto& times = tl.tokens[t->id()];
       for (size_t i = 1; i < times.size(); ++i) {
         if (times[i] < t0 || times[i - 1] > t1) continue;
-        out.max_gap_ms = std::max(out.max_gap_ms, static_cast<double>(times[i] - times[i - 1]) / 1e6);
+        gaps.push_back(static_cast<double>(times[i] - times[i - 1]) / 1e6);
       }
     }
+    out.gap_p50_ms = percentile(gaps, 0.5);
+    out.gap_p99_ms = percentile(gaps, 0.99);
+    out.max_gap_ms = percentile(gaps, 1.0);
   }
   out.ttft_ms = static_cast<double>(first - t0) / 1e6;
   wait_done(ts);
@@ -213,7 +228,15 @@ int main(int argc, char** argv) {
   app.add_option("--streams", stream_counts, "Stream counts")->delimiter(',')->capture_default_str();
   app.add_option("--prompt-file", prompt_file, "The long prompt")->capture_default_str();
   app.add_option("--json", json_path, "Write every sample as JSON");
+  std::string device = "cpu";
+  app.add_option("--device", device, "Placement: cpu, vulkan[:i], hybrid:N[:i]")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  auto where = spw::Placement::parse(device);
+  if (!where.ok()) {
+    std::fprintf(stderr, "batching_bench: %s\n", where.status().to_string().c_str());
+    return 2;
+  }
+  g_device = *where;
 
   if (model_path.empty()) {
     model_path = spw::bench::ensure_110m_q8_0(models_dir, "batching_bench");
@@ -232,7 +255,7 @@ int main(int argc, char** argv) {
 
   nlohmann::json samples = nlohmann::json::array();
   std::map<std::pair<int, bool>, std::vector<Result>> by;
-  std::map<bool, std::vector<LongPrompt>> longs;
+  std::map<Mode, std::vector<LongPrompt>> longs;
   for (int rep = 0; rep < reps; ++rep) {
     for (int streams : stream_counts) {
       for (bool batching : {rep % 2 == 0, rep % 2 != 0}) {  // ABBA across rounds
@@ -247,13 +270,15 @@ int main(int argc, char** argv) {
       }
     }
     if (!long_prompt.empty()) {
-      for (bool batching : {rep % 2 == 0, rep % 2 != 0}) {
-        LongPrompt l = run_long_prompt(model, threads, tokens, long_prompt, batching);
-        longs[batching].push_back(l);
-        samples.push_back({{"case", "long_prompt"}, {"batching", batching}, {"ttft_ms", l.ttft_ms},
-                           {"max_gap_ms", l.max_gap_ms}});
-        std::fprintf(stderr, "long prompt, batching %s: ttft %.0f ms, streams' longest gap %.0f ms\n",
-                     batching ? "on " : "off", l.ttft_ms, l.max_gap_ms);
+      std::vector<Mode> modes = {Mode::kOff, Mode::kBeside, Mode::kMixed};
+      if (rep % 2 != 0) std::reverse(modes.begin(), modes.end());
+      for (Mode mode : modes) {
+        LongPrompt l = run_long_prompt(model, threads, tokens, long_prompt, mode);
+        longs[mode].push_back(l);
+        samples.push_back({{"case", "long_prompt"}, {"mode", mode_name(mode)}, {"ttft_ms", l.ttft_ms},
+                           {"gap_p50_ms", l.gap_p50_ms}, {"gap_p99_ms", l.gap_p99_ms}, {"max_gap_ms", l.max_gap_ms}});
+        std::fprintf(stderr, "long prompt, %s: ttft %.0f ms, streams' gaps p50 %.0f p99 %.0f max %.0f ms\n",
+                     mode_name(mode), l.ttft_ms, l.gap_p50_ms, l.gap_p99_ms, l.max_gap_ms);
       }
     }
   }
@@ -273,15 +298,20 @@ int main(int argc, char** argv) {
                 pick(false, [](const Result& r) { return r.itl_p99_ms; }), pick(true, [](const Result& r) { return r.itl_p99_ms; }),
                 pick(true, [](const Result& r) { return r.mean_batch; }));
   }
-  for (bool b : {false, true}) {
-    std::vector<double> ttft, gap;
-    for (const LongPrompt& l : longs[b]) {
+  if (!longs.empty()) {
+    std::printf("\n| long prompt while 4 streams run | ttft ms | streams' gap p50 / p99 / max ms |\n|---|---|---|\n");
+  }
+  for (Mode mode : {Mode::kOff, Mode::kBeside, Mode::kMixed}) {
+    std::vector<double> ttft, p50, p99, mx;
+    for (const LongPrompt& l : longs[mode]) {
       ttft.push_back(l.ttft_ms);
-      gap.push_back(l.max_gap_ms);
+      p50.push_back(l.gap_p50_ms);
+      p99.push_back(l.gap_p99_ms);
+      mx.push_back(l.max_gap_ms);
     }
     if (!ttft.empty()) {
-      std::printf("long prompt while 4 stream, batching %s: ttft %.0f ms, longest stream gap %.0f ms\n", b ? "on" : "off",
-                  median(ttft), median(gap));
+      std::printf("| %s | %.0f | %.0f / %.0f / %.0f |\n", mode == Mode::kOff ? "no batching" : mode == Mode::kBeside ? "batching, prompt beside the steps" : "batching, prompt mixed into the steps",
+                  median(ttft), median(p50), median(p99), median(mx));
     }
   }
   if (!json_path.empty()) {
