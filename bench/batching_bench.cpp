@@ -85,7 +85,8 @@ const char* mode_name(Mode m) { return m == Mode::kOff ? "off" : m == Mode::kBes
 spw::Placement g_device = spw::Placement::cpu();
 
 std::unique_ptr<spw::serve::Scheduler> build(const std::shared_ptr<const spw::Model>& model, int workers, int threads,
-                                             Mode mode, Timeline* tl, std::shared_ptr<spw::StepBatcher>* batcher) {
+                                             Mode mode, Timeline* tl, std::shared_ptr<spw::StepBatcher>* batcher,
+                                             int step_tokens = 0) {
   spw::serve::EngineServeOptions o;
   o.device = g_device;
   o.n_workers = workers;
@@ -93,6 +94,7 @@ std::unique_ptr<spw::serve::Scheduler> build(const std::shared_ptr<const spw::Mo
   o.n_ctx = 512;
   o.batching = mode != Mode::kOff;
   o.mix_prefill = mode == Mode::kMixed;
+  o.step_tokens = step_tokens;
   o.hooks.after_token = [tl](uint64_t id, int32_t) { tl->add(id, now_ns()); };
   auto s = spw::serve::make_engine_scheduler(spw::Env::default_env(), model, o);
   if (!s.ok()) {
@@ -160,16 +162,17 @@ Result run_streams(const std::shared_ptr<const spw::Model>& model, int streams, 
 
 struct LongPrompt {
   Mode mode = Mode::kOff;
+  int step_tokens = 0;
   double ttft_ms = 0;
   // The running streams' inter-token gaps while it waited for its first token.
   double gap_p50_ms = 0, gap_p99_ms = 0, max_gap_ms = 0;
 };
 
 LongPrompt run_long_prompt(const std::shared_ptr<const spw::Model>& model, int threads, int tokens,
-                           const std::string& long_prompt, Mode mode) {
+                           const std::string& long_prompt, Mode mode, int step_tokens) {
   Timeline tl;
   std::shared_ptr<spw::StepBatcher> batcher;
-  auto s = build(model, 5, threads, mode, &tl, &batcher);
+  auto s = build(model, 5, threads, mode, &tl, &batcher, step_tokens);
   wait_done({*s->submit(request("Warm up", 4))});
   {
     std::lock_guard<std::mutex> lk(tl.mu);
@@ -188,6 +191,7 @@ LongPrompt run_long_prompt(const std::shared_ptr<const spw::Model>& model, int t
   wait_done({lp});
   LongPrompt out;
   out.mode = mode;
+  out.step_tokens = step_tokens;
   int64_t first = 0;
   {
     std::lock_guard<std::mutex> lk(tl.mu);
@@ -220,6 +224,7 @@ int main(int argc, char** argv) {
   std::string prompt_file = std::string(SPILLWAY_SOURCE_DIR) + "/bench/prompt.txt";
   int threads = 2, tokens = 128, reps = 2;
   std::vector<int> stream_counts = {1, 2, 4, 8};
+  std::vector<int> step_tokens_list = {16, 32, 64};
   app.add_option("--model", model_path, "GGUF (default: the generated 110M Q8_0 model)");
   app.add_option("--models-dir", models_dir, "Where generated models are kept")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads")->capture_default_str();
@@ -227,6 +232,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "Interleaved rounds")->capture_default_str();
   app.add_option("--streams", stream_counts, "Stream counts")->delimiter(',')->capture_default_str();
   app.add_option("--prompt-file", prompt_file, "The long prompt")->capture_default_str();
+  app.add_option("--step-tokens", step_tokens_list, "Step sizes for the long prompt mixed into the steps")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--json", json_path, "Write every sample as JSON");
   std::string device = "cpu";
   app.add_option("--device", device, "Placement: cpu, vulkan[:i], hybrid:N[:i]")->capture_default_str();
@@ -255,7 +263,8 @@ int main(int argc, char** argv) {
 
   nlohmann::json samples = nlohmann::json::array();
   std::map<std::pair<int, bool>, std::vector<Result>> by;
-  std::map<Mode, std::vector<LongPrompt>> longs;
+  // (mode, step tokens; 0 where the mode has no steps to size) -> rounds
+  std::map<std::pair<Mode, int>, std::vector<LongPrompt>> longs;
   for (int rep = 0; rep < reps; ++rep) {
     for (int streams : stream_counts) {
       for (bool batching : {rep % 2 == 0, rep % 2 != 0}) {  // ABBA across rounds
@@ -270,15 +279,17 @@ int main(int argc, char** argv) {
       }
     }
     if (!long_prompt.empty()) {
-      std::vector<Mode> modes = {Mode::kOff, Mode::kBeside, Mode::kMixed};
+      std::vector<std::pair<Mode, int>> modes = {{Mode::kOff, 0}, {Mode::kBeside, 0}};
+      for (int st : step_tokens_list) modes.push_back({Mode::kMixed, st});
       if (rep % 2 != 0) std::reverse(modes.begin(), modes.end());
-      for (Mode mode : modes) {
-        LongPrompt l = run_long_prompt(model, threads, tokens, long_prompt, mode);
-        longs[mode].push_back(l);
-        samples.push_back({{"case", "long_prompt"}, {"mode", mode_name(mode)}, {"ttft_ms", l.ttft_ms},
-                           {"gap_p50_ms", l.gap_p50_ms}, {"gap_p99_ms", l.gap_p99_ms}, {"max_gap_ms", l.max_gap_ms}});
-        std::fprintf(stderr, "long prompt, %s: ttft %.0f ms, streams' gaps p50 %.0f p99 %.0f max %.0f ms\n",
-                     mode_name(mode), l.ttft_ms, l.gap_p50_ms, l.gap_p99_ms, l.max_gap_ms);
+      for (auto [mode, st] : modes) {
+        LongPrompt l = run_long_prompt(model, threads, tokens, long_prompt, mode, st);
+        longs[{mode, st}].push_back(l);
+        samples.push_back({{"case", "long_prompt"}, {"mode", mode_name(mode)}, {"step_tokens", st},
+                           {"ttft_ms", l.ttft_ms}, {"gap_p50_ms", l.gap_p50_ms}, {"gap_p99_ms", l.gap_p99_ms},
+                           {"max_gap_ms", l.max_gap_ms}});
+        std::fprintf(stderr, "long prompt, %s (step %d): ttft %.0f ms, streams' gaps p50 %.0f p99 %.0f max %.0f ms\n",
+                     mode_name(mode), st, l.ttft_ms, l.gap_p50_ms, l.gap_p99_ms, l.max_gap_ms);
       }
     }
   }
@@ -301,17 +312,22 @@ int main(int argc, char** argv) {
   if (!longs.empty()) {
     std::printf("\n| long prompt while 4 streams run | ttft ms | streams' gap p50 / p99 / max ms |\n|---|---|---|\n");
   }
-  for (Mode mode : {Mode::kOff, Mode::kBeside, Mode::kMixed}) {
+  for (const auto& [key, rounds] : longs) {
+    const auto [mode, st] = key;
     std::vector<double> ttft, p50, p99, mx;
-    for (const LongPrompt& l : longs[mode]) {
+    for (const LongPrompt& l : rounds) {
       ttft.push_back(l.ttft_ms);
       p50.push_back(l.gap_p50_ms);
       p99.push_back(l.gap_p99_ms);
       mx.push_back(l.max_gap_ms);
     }
     if (!ttft.empty()) {
-      std::printf("| %s | %.0f | %.0f / %.0f / %.0f |\n", mode == Mode::kOff ? "no batching" : mode == Mode::kBeside ? "batching, prompt beside the steps" : "batching, prompt mixed into the steps",
-                  median(ttft), median(p50), median(p99), median(mx));
+      const std::string what = mode == Mode::kOff      ? "no batching"
+                               : mode == Mode::kBeside ? "batching, prompt beside the steps"
+                                                       : "batching, prompt mixed into steps of " + std::to_string(st) +
+                                                             " tokens";
+      std::printf("| %s | %.0f | %.0f / %.0f / %.0f |\n", what.c_str(), median(ttft), median(p50), median(p99),
+                  median(mx));
     }
   }
   if (!json_path.empty()) {

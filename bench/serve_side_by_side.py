@@ -7,9 +7,11 @@ N parallel slots, the same threads and context per slot, and each gets N
 concurrent streaming `/v1/completions` requests (greedy, --tokens each, a
 different short prompt per stream), one server at a time and alternating
 (A B B A ...) over --reps rounds. Per run: aggregate tokens/s = text chunks
-of all streams / (last chunk - submit), and the inter-token latency between
-a stream's consecutive text chunks (all streams pooled, p50 and p99). Every
-stream's chunk count is printed so a run whose model stopped early is seen.
+of all streams / (last token event - submit), and the inter-token latency
+between a stream's consecutive token events (all streams pooled, p50 and
+p99). Tokens are the server's usage figure when it sends one, else its token
+events. Every stream's count is printed so a run whose model stopped early
+is seen.
 A final table gives medians and the Spillway / other ratio.
 
 The other server is optional and never built or fetched here: pass the path
@@ -111,9 +113,16 @@ def stream(port, body, out):
             break
         ev = json.loads(data)
         ch = ev.get("choices") or []
-        if ch and ch[0].get("text"):
+        # One event per generated token (its text may be empty while a
+        # multi-byte character or a stop-string prefix is held back); the
+        # last one carries the finish reason, and usage when the server
+        # sends it.
+        if ch and ch[0].get("finish_reason") is None:
             times.append(time.perf_counter())
+        if ev.get("usage"):
+            out["tokens"] = ev["usage"]["completion_tokens"]
     out["times"] = times
+    out.setdefault("tokens", len(times))
 
 
 def run(server, n, tokens):
@@ -132,7 +141,7 @@ def run(server, n, tokens):
     errors = [o["error"] for o in outs if "error" in o]
     if errors:
         raise RuntimeError(f"{server.name}: {errors[0]}")
-    counts = [len(o["times"]) for o in outs]
+    counts = [o["tokens"] for o in outs]
     last = max(o["times"][-1] for o in outs if o["times"])
     gaps = [b - a for o in outs for a, b in zip(o["times"], o["times"][1:])]
     gaps.sort()
@@ -164,7 +173,7 @@ def main():
                     r = run(srv, n, args.tokens)
                 results.setdefault((srv.name, n), []).append(r)
                 print(f"round {rep} streams {n} {srv.name}: {r['tps']:.1f} tok/s, ITL p50 {r['itl_p50']:.1f} "
-                      f"p99 {r['itl_p99']:.1f} ms, chunks per stream {r['counts']}", file=sys.stderr, flush=True)
+                      f"p99 {r['itl_p99']:.1f} ms, tokens per stream {r['counts']}", file=sys.stderr, flush=True)
     names = [m(args, 1).name for m in makers]
     print(f"\n| streams | " + " | ".join(f"{x} tok/s" for x in names) +
           (" | ratio |" if len(names) > 1 else " |") + " " + " | ".join(f"{x} ITL p50 / p99 ms" for x in names) + " |")

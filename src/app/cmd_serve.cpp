@@ -333,12 +333,18 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   first->add_flag("!--no-batching", g.batching,
-                   "Let each worker pass over the weights alone (default: the CPU layers of a path's workers decode "
-                   "their next tokens in one shared pass, continuous batching)");
+                   "Let each worker pass over the weights alone (default: a path's workers decode their next tokens "
+                   "and feed new prompts in chunks in one shared pass, continuous batching)");
   first->add_option("--batch-max-wait-us", g.batch_max_wait_us,
                     "How long a batched decode step waits for a worker busy elsewhere before it starts without it")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
+  first->add_option("--step-tokens", g.step_tokens,
+                    "Tokens per batched step: the running requests' next tokens plus a chunk of a new prompt. "
+                    "Smaller steps keep the running streams' inter-token latency low while a prompt is read; larger "
+                    "ones give that prompt its first token sooner")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   first->add_option("--queue", g.queue, "Requests that may wait on the first path")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

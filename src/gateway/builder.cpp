@@ -542,6 +542,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     so.checkpoint_every = o.checkpoint_every;
     so.batching = o.batching;
     so.batch_max_wait_us = o.batch_max_wait_us;
+    so.step_tokens = o.step_tokens;
     if (ps.device) {
       // The session group re-opens itself after the device was
       // re-initialised; its time is part of the recovery shown in status.
@@ -575,6 +576,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.device = ps.device;
     p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
     p.scheduler = std::move(serving.scheduler);
+    p.batcher = serving.batcher;
     // An on-demand path is not warmed up: that would load it.
     if (o.warmup && ps.model) warm_up(env, *p.scheduler);
     p.startup_ms = static_cast<double>(env.now_ns() - t0) / 1e6;

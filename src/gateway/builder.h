@@ -78,6 +78,7 @@ struct GatewayOptions {
   // Continuous batching of every path's workers (serve::EngineServeOptions).
   bool batching = true;
   int32_t batch_max_wait_us = 1000;
+  int32_t step_tokens = 32;  // serve::EngineServeOptions::step_tokens
   // CPU fallback path (with a GPU first path).
   bool cpu_fallback = true;
   int32_t cpu_parallel = 1;

@@ -1230,6 +1230,7 @@ GatewayStatus Gateway::status() {
     ps.rates = load.rates;
     if (p.breaker) ps.breaker = p.breaker->snapshot();
     if (p.device) ps.device = p.device->status();
+    if (p.batcher) ps.batching = p.batcher->stats();
     out.paths.push_back(std::move(ps));
     if (p.ledger && seen.insert(p.ledger.get()).second) out.ledgers.push_back(p.ledger->snapshot());
   }

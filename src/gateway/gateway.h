@@ -102,6 +102,7 @@
 #include "gateway/device_control.h"
 #include "core/status.h"
 #include "engine/checkpoint.h"
+#include "engine/step_batcher.h"
 #include "serve/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -171,6 +172,9 @@ struct ExecutionPath {
   // template, tokenizer and tensor types; a checkpoint carries its model's).
   // Empty: unknown, never migrated to or from.
   std::string fingerprint;
+  // The workers' step batcher (continuous batching); null: each worker
+  // passes over the weights alone. For status only.
+  std::shared_ptr<StepBatcher> batcher;
 };
 
 // A path that could not be built at start, and why (shown in status).
@@ -318,6 +322,7 @@ struct PathStatus {
   serve::SchedulerStats stats;  // probes included
   std::optional<BreakerSnapshot> breaker;  // the path's device breaker; none on the CPU path
   std::optional<DeviceStatus> device;      // its device's health and recovery; none on the CPU path
+  std::optional<StepBatcherStats> batching;  // none: not batched (one worker or --no-batching)
 };
 
 struct GatewayStatus {

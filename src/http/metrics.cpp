@@ -109,6 +109,15 @@ std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats
     w.sample({{"path", p.name}, {"state", "free"}}, p.kv_blocks_free);
     w.sample({{"path", p.name}, {"state", "total"}}, p.kv_blocks_total);
   }
+  w.family("batch_steps_total", "counter", "Batched passes over the weights of the path's workers (continuous batching).");
+  for (const auto& p : paths)
+    if (p.batching) w.sample({{"path", p.name}}, double(p.batching->steps));
+  w.family("batch_tokens_total", "counter", "Tokens through batched passes: decode tokens and prompt tokens.");
+  for (const auto& p : paths) {
+    if (!p.batching) continue;
+    w.sample({{"path", p.name}, {"kind", "decode"}}, double(p.batching->tokens));
+    w.sample({{"path", p.name}, {"kind", "prompt"}}, double(p.batching->prompt_tokens));
+  }
   w.family("queue_wait_seconds", "histogram", "Time from acceptance to a worker starting the request.");
   for (const auto& p : paths) w.histogram({{"path", p.name}}, p.stats.queue_wait_s);
   w.family("time_to_first_token_seconds", "histogram", "Time from acceptance to the first token, queue included.");

@@ -944,6 +944,20 @@ json replica_json(const gateway::ReplicaInfo& r) {
 
 // A path's device breaker (null on a path without one). Times are seconds
 // relative to the snapshot (the breaker runs on the monotonic clock).
+// The path's continuous batching: passes over the weights and what they
+// carried (null: not batched).
+json batching_json(const std::optional<StepBatcherStats>& b) {
+  if (!b) return nullptr;
+  return {{"steps", b->steps},
+          {"decode_tokens", b->tokens},
+          {"prompt_tokens", b->prompt_tokens},
+          {"mixed_steps", b->mixed_steps},
+          {"mean_decode_tokens_per_step", b->steps ? static_cast<double>(b->tokens) / static_cast<double>(b->steps) : 0.0},
+          {"max_batch", b->max_batch},
+          {"max_rows", b->max_rows},
+          {"straggler_steps", b->straggler_steps}};
+}
+
 json breaker_json(const std::optional<gateway::BreakerSnapshot>& b) {
   if (!b) return nullptr;
   json trips = json::array();
@@ -1074,6 +1088,7 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                      {"rates", rates_json(p.rates)},
                      {"breaker", breaker_json(p.breaker)},
                      {"device", device_json(p.device, p.name)},
+                     {"batching", batching_json(p.batching)},
                      {"requests",
                       {{"submitted", p.stats.submitted},
                        {"rejected", p.stats.rejected},

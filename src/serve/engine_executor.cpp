@@ -224,7 +224,8 @@ std::shared_ptr<StepBatcher> make_batcher(Env& env, const EngineServeOptions& o)
   if (!o.batching || o.n_workers < 2) return nullptr;
   StepBatcherOptions bo;
   bo.max_wait_ns = static_cast<int64_t>(o.batch_max_wait_us) * 1000;
-  bo.step_tokens = SessionGroupOptions{}.n_ubatch;
+  const int32_t ub = SessionGroupOptions{}.n_ubatch;
+  bo.step_tokens = o.step_tokens > 0 ? std::min(o.step_tokens, ub) : ub;
   bo.mix_prefill = o.mix_prefill;
   return std::make_shared<StepBatcher>(env, bo);
 }

@@ -72,6 +72,12 @@ struct EngineServeOptions {
   // Prompts in chunks inside the steps (StepBatcherOptions::mix_prefill);
   // false runs them beside the steps, for comparison.
   bool mix_prefill = true;
+  // Rows per batched step (StepBatcherOptions::step_tokens), at most the
+  // sessions' n_ubatch (64), the rows the estimator prices; 0: n_ubatch.
+  // 32: measured on the CPU path (docs/PERFORMANCE.md), a 274-token prompt
+  // arriving beside 4 streams gets its first token as soon as with 64-token
+  // steps while their inter-token gaps stay about half as long.
+  int32_t step_tokens = 32;
   // With layers on Vulkan: told (on the worker's thread) after the session
   // group re-opened itself following a re-initialisation of the device, with
   // the outcome and how long it took (weights upload and pools). Null: none.

@@ -13,9 +13,15 @@
 //     the uninterrupted text. A resume while no path serves the checkpoint's
 //     model (GPU out of service, CPU on the fallback model) is 503 no_path.
 //
-// Two servers: A (stories260K on GPU + CPU) and B (GPU + a CPU path on a
+//   - two streams decoding in one batch on the GPU path (continuous
+//     batching: --parallel 2) both migrate when the device is lost, and
+//     batch again on the CPU path (--cpu-parallel 2): each text is exactly
+//     its uninterrupted greedy text, and both paths' batching counters show
+//     shared passes.
+//
+// Three servers: A (stories260K on GPU + CPU), B (GPU + a CPU path on a
 // fallback model generated here with spillway-gen-model from the bundled
-// model's tokenizer). Both: a breaker that trips on one device fault with a
+// model's tokenizer) and C (as A, two workers per path). Both: a breaker that trips on one device fault with a
 // 1 s cooldown, so that the GPU is re-initialised and back in service within
 // seconds after each armed fault; A runs no health checks (they allocate
 // device memory and submit work, which would consume the armed faults'
@@ -213,6 +219,7 @@ describe('migration and resume through the openai client', () => {
   const fallbackModel = path.join(tmp, 'fallback.gguf');
   let A; // stories260K on gpu + cpu
   let B; // stories260K on gpu, a fallback model on cpu
+  let C; // as A, with two workers on each path (batched)
   let reference; // the greedy text of PROMPT (MAX_TOKENS), from A's gpu path
   const breakerChecks = []; // { server, id, before, after }
   const t0 = performance.now();
@@ -225,19 +232,21 @@ describe('migration and resume through the openai client', () => {
     assert.equal(gen.status, 0, `${GEN_MODEL} failed (${gen.error ?? ''}):\n${gen.stdout}\n${gen.stderr}`);
     const common = ['--device', 'vulkan', '--checkpoint-every', '4', '--admin-token', TOKEN,
       '--breaker-consecutive-failures', '1', '--breaker-cooldown-s', '1', '--breaker-max-cooldown-s', '1'];
-    [A, B] = await Promise.all([
+    [A, B, C] = await Promise.all([
       startServer('A', [...common, '--replica', 'mmap', '--health-interval-s', '0', '--journal', path.join(tmp, 'a.sqlite')]),
       startServer('B', [...common, '--fallback-model', fallbackModel, '--health-interval-s', '0.2',
         '--journal', path.join(tmp, 'b.sqlite')]),
+      startServer('C', [...common, '--parallel', '2', '--cpu-parallel', '2', '--replica', 'mmap',
+        '--health-interval-s', '0', '--journal', path.join(tmp, 'c.sqlite')]),
     ]);
-    console.log(`A: ${A.ready}\nB: ${B.ready}`);
+    console.log(`A: ${A.ready}\nB: ${B.ready}\nC: ${C.ready}`);
     if (A.gpu) {
       assert.match(A.stderr, /equivalence gpu <-> cpu: passed/, `A must pass its equivalence check:\n${A.stderr}`);
     }
   });
 
   after(async () => {
-    await Promise.all([stopServer(A), stopServer(B)]);
+    await Promise.all([stopServer(A), stopServer(B), stopServer(C)]);
     fs.rmSync(tmp, { recursive: true, force: true });
     console.log(`migration test: ${((performance.now() - t0) / 1000).toFixed(1)} s`);
   });
@@ -309,6 +318,44 @@ describe('migration and resume through the openai client', () => {
     assert.equal(g.json.text, reference, g.text);
     assert.equal(g.json.usage.completion_tokens, MAX_TOKENS, g.text);
     assert.equal(g.json.placement, 'cpu', g.text);
+  });
+
+  it('two streams batched on the gpu path both migrate to the cpu path and batch there, each text exact', async (t) => {
+    if (!C.gpu) return t.skip(`no gpu path (no Vulkan device): ${C.ready}`);
+    await waitGpuInService(C);
+    const prompts = [PROMPT, 'The little dog'];
+    const refs = [];
+    for (const p of prompts) refs.push(await gpuReference(C, p));
+    const batching = async () => {
+      const st = await call(C, 'GET', '/v1/status');
+      assert.equal(st.status, 200, st.text);
+      return Object.fromEntries(st.json.paths.map((p) => [p.name, p.batching]));
+    };
+    const before = await batching();
+    assert.ok(before.gpu && before.cpu, `both paths batch their two workers: ${JSON.stringify(before)}`);
+    // Each batched step is 3 submissions whatever its size: 45 lands about
+    // 15 steps in, when both streams decode side by side.
+    await arm(C, { kind: 'device_lost', after_submits: 45, count: 1 });
+    const outs = await Promise.all(prompts.map((p) => streamed(C, {}, p)));
+    const after = await batching();
+    outs.forEach((out, i) => {
+      assert.equal(out.error, null, `stream ${i} failed: ${out.error?.message} ${JSON.stringify(out.error?.error)}`);
+      assert.equal(out.text, refs[i], `stream ${i}: the migrated text must be the uninterrupted greedy text, exactly`);
+      assert.equal(out.spillways[0].path, 'gpu', JSON.stringify(out.spillways[0]));
+      const last = out.spillways.at(-1);
+      assert.equal(last.path, 'cpu', JSON.stringify(last));
+      assert.equal(last.migrations, 1, JSON.stringify(last));
+      assert.match(last.reason, /^migrated from gpu after device_lost at token \d+/, JSON.stringify(last));
+    });
+    assert.equal((await faults(C)).at(-1).fired, 1);
+    // Shared passes on both paths: more decode tokens than steps.
+    for (const name of ['gpu', 'cpu']) {
+      const steps = after[name].steps - before[name].steps;
+      const tokens = after[name].decode_tokens - before[name].decode_tokens;
+      assert.ok(steps > 0 && tokens > steps,
+        `${name}: ${tokens} decode tokens in ${steps} steps: ${JSON.stringify(before[name])} -> ${JSON.stringify(after[name])}`);
+      assert.ok(after[name].max_batch >= 2, JSON.stringify(after[name]));
+    }
   });
 
   it('X-Spillway-Migrate: never ends the stream with a resumable error, and resume completes it', async (t) => {
