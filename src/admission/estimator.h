@@ -29,13 +29,16 @@
 //             stores F32 whatever kv_type says); the block stack and pool object
 //             are host heap and counted in the host's kv.
 //   scratch   host: per-ubatch compute buffers, n_parallel sessions in flight
-//             (a batched decode step of B <= n_parallel sequences holds B
-//             rows, never more than the B ubatches it stands for; checked by
-//             bench/estimator_accuracy, whose parallel cases batch their steps)
+//             (a batched step of B <= n_parallel sequences holds at most
+//             max(n_ubatch, B) rows: decode tokens plus prompt chunks, never
+//             more than the B ubatches it stands for; checked by
+//             bench/estimator_accuracy, whose parallel cases run every eval
+//             through a batcher, prompts included)
 //             (see ScratchTerms for each term and where in the engine it comes
 //             from). GPU: the VulkanBackend's persistent Scratch buffers (see
-//             GpuTerms), one set per backend whatever n_parallel is (calls are
-//             serialised and every session of the backend reuses them).
+//             GpuTerms), one set per backend (calls are serialised and every
+//             session of the backend reuses them), sized for a batched step of
+//             the n_parallel sessions.
 //   logits    n_vocab floats per output row (host), see ScratchTerms::logits.
 //             GPU: 0 (the device logits buffer is scratch, GpuTerms::io_logits).
 //   overhead  fixed runtime overhead (configured per device) plus, on the host,

@@ -149,11 +149,11 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
     if (d.kind == admission::DecisionKind::kReject) return Status(StatusCode::kUnavailable, d.reason, d.failure);
     d.reason = "failover from " + paths_[from].name + " after " + failure_name + " before the first token: " + d.reason;
     const size_t to = static_cast<size_t>(d.path_index);
+    const admission::Decision shown = d;
     const serve::PreparedRequest p = prepared_for(std::move(d), was.prompt_tokens, was.max_tokens_requested);
     const Status st = paths_[to].scheduler->adopt(t, p);
     if (st.ok()) {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++decisions_["failover"];
+      count_decision("failover", shown);
       return st;
     }
     if (st.reason() != FailureReason::kQueueFull) return st;  // else that queue filled meanwhile: again
@@ -243,11 +243,11 @@ Status Gateway::migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, co
     d.reason = "migrated from " + paths_[from].name + " after " + failure_name + " at token " +
                std::to_string(cp->n_generated) + ": " + d.reason;
     const size_t to = static_cast<size_t>(d.path_index);
+    const admission::Decision shown = d;
     const serve::PreparedRequest p = resume_prepared(std::move(d), *cp, t->limits().max_tokens_requested);
     const Status st = paths_[to].scheduler->adopt(t, p);
     if (st.ok()) {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++decisions_["migrate"];
+      count_decision("migrate", shown);
       return st;
     }
     if (st.reason() != FailureReason::kQueueFull) return st;
@@ -441,10 +441,7 @@ Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) 
   refresh();
   for (int attempt = 0; attempt < 3; ++attempt) {
     admission::Decision d = decide_resume(cp, snapshots());
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++decisions_[std::string(admission::decision_kind_name(d.kind))];
-    }
+    count_decision(admission::decision_kind_name(d.kind), d);
     if (d.kind == admission::DecisionKind::kReject) {
       const StatusCode code =
           d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
@@ -960,10 +957,7 @@ Status Gateway::precheck(const RouteRequest& request, size_t prompt_bytes, Refus
   std::vector<admission::PathSnapshot> snaps = snapshots();
   admission::Decision d = decide(shape_of(request, n_prompt), snaps);
   if (d.kind != admission::DecisionKind::kReject) return Status::ok_status();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    ++decisions_[std::string(admission::decision_kind_name(d.kind))];
-  }
+  count_decision(admission::decision_kind_name(d.kind), d);
   if (d.failure == FailureReason::kContextFull) {
     // Say what is known: a lower bound, not the count a tokenizer would give.
     int32_t max_ctx = 0;
@@ -998,10 +992,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<admission::PathSnapshot> snaps = snapshots();
     admission::Decision d = decide(shape_of(request, n_prompt), snaps);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++decisions_[std::string(admission::decision_kind_name(d.kind))];
-    }
+    count_decision(admission::decision_kind_name(d.kind), d);
     if (d.kind == admission::DecisionKind::kReject) {
       Status st = reject_status(d, snaps);  // built before d is moved from
       return refuse(std::move(st), std::move(d));
@@ -1051,6 +1042,31 @@ bool Gateway::cancel(uint64_t ticket_id) {
     if (p.scheduler->cancel(ticket_id)) return true;
   }
   return false;
+}
+
+void Gateway::count_decision(std::string_view kind, const admission::Decision& d) {
+  RecentDecision r;
+  r.wall_ms = env_.wall_time_ms();
+  r.kind = std::string(kind);
+  r.path = d.path_index >= 0 && static_cast<size_t>(d.path_index) < paths_.size()
+               ? paths_[static_cast<size_t>(d.path_index)].name
+               : "";
+  r.reason = d.reason;
+  r.degraded = d.degraded();
+  std::lock_guard<std::mutex> lk(mu_);
+  ++decisions_[r.kind];
+  recent_decisions_.push_back(std::move(r));
+  if (recent_decisions_.size() > kRecentDecisions) recent_decisions_.pop_front();
+}
+
+std::vector<std::shared_ptr<serve::Ticket>> Gateway::live() const {
+  std::vector<std::shared_ptr<serve::Ticket>> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [id, w] : live_) {
+    auto t = w.lock();
+    if (t && !serve::is_terminal(t->state())) out.push_back(std::move(t));
+  }
+  return out;
 }
 
 std::shared_ptr<serve::Ticket> Gateway::find_by_record(int64_t record_id) const {
@@ -1238,6 +1254,7 @@ GatewayStatus Gateway::status() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     out.decisions = decisions_;
+    out.recent_decisions.assign(recent_decisions_.rbegin(), recent_decisions_.rend());
   }
   out.ready = ready();
   {

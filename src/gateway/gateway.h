@@ -85,6 +85,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -325,12 +326,22 @@ struct PathStatus {
   std::optional<StepBatcherStats> batching;  // none: not batched (one worker or --no-batching)
 };
 
+// One decision as status shows it (the most recent first).
+struct RecentDecision {
+  int64_t wall_ms = 0;   // when (the Env's wall clock)
+  std::string kind;      // decision_kind_name, or "failover" / "migrate"
+  std::string path;      // where it sent the request ("" for a reject)
+  std::string reason;
+  bool degraded = false;
+};
+
 struct GatewayStatus {
   std::vector<PathStatus> paths;
   std::vector<PathNotBuilt> not_built;
   std::vector<admission::LedgerSnapshot> ledgers;
   std::vector<ReservationInfo> reservations;
   std::map<std::string, uint64_t> decisions;  // by kind name
+  std::vector<RecentDecision> recent_decisions;  // the last kRecentDecisions, newest first
   bool ready = false;                          // some path can take work
   std::vector<EquivalenceInfo> equivalence;    // the checks done so far
   std::string overflow = "planned";            // overflow_name(policy.overflow): a baseline says so
@@ -395,6 +406,8 @@ class Gateway {
   std::shared_ptr<serve::Ticket> find(uint64_t ticket_id) const;
   // The live ticket whose journal record id this is, or null.
   std::shared_ptr<serve::Ticket> find_by_record(int64_t record_id) const;
+  // Every ticket queued or running now (internal requests included).
+  std::vector<std::shared_ptr<serve::Ticket>> live() const;
   // Position of a queued ticket on its path and its current estimated delay.
   Progress progress(const serve::Ticket& ticket);
 
@@ -489,6 +502,10 @@ class Gateway {
   std::map<uint64_t, Lease> leases_;
   uint64_t next_lease_id_ = 1;
   std::map<std::string, uint64_t> decisions_;
+  static constexpr size_t kRecentDecisions = 32;
+  std::deque<RecentDecision> recent_decisions_;
+  // Counts a decision and keeps it among the recent ones.
+  void count_decision(std::string_view kind, const admission::Decision& d);
   std::map<uint64_t, std::weak_ptr<serve::Ticket>> live_;
   // verify_equivalence's results, keyed by fingerprint and the two
   // placements in order.

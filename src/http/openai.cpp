@@ -1114,9 +1114,17 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                            {"detail", e.detail},
                            {"ms", e.ms}});
   }
+  json recent = json::array();
+  for (const gateway::RecentDecision& d : s.recent_decisions) {
+    recent.push_back({{"wall_ms", d.wall_ms},
+                      {"kind", d.kind},
+                      {"path", nullable(d.path)},
+                      {"reason", d.reason},
+                      {"degraded", d.degraded}});
+  }
   json j = {{"object", "spillway.status"}, {"ready", s.ready},       {"paths", paths},
             {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", reservations_json(s.reservations)},
-            {"decisions", decisions},       {"equivalence", equivalence},
+            {"decisions", decisions},       {"recent_decisions", recent},   {"equivalence", equivalence},
             {"overflow", s.overflow}};
   if (http) {
     j["http"] = {{"open_connections", http->open_connections}, {"accepted", http->accepted},
@@ -1128,6 +1136,21 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
 }
 
 std::string render_reservation(const gateway::ReservationInfo& r) { return dump(reservation_json(r)); }
+
+std::string render_live_requests(const std::vector<LiveRequestView>& rs) {
+  json data = json::array();
+  for (const LiveRequestView& r : rs) {
+    data.push_back({{"id", r.id},
+                    {"request_id", r.info.request_id},
+                    {"object", "spillway.request"},
+                    {"endpoint", r.endpoint},
+                    {"state", r.state},
+                    {"generated_tokens", r.generated},
+                    {"age_s", r.age_s},
+                    {"spillway", spillway_json(r.info)}});
+  }
+  return dump({{"object", "list"}, {"data", data}});
+}
 
 // A list object as OpenAI's list endpoints answer ({"object":"list","data"}).
 std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs) {

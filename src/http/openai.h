@@ -233,6 +233,19 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
 std::string render_reservation(const gateway::ReservationInfo& r);
 // GET /v1/reservations: {"object": "list", "data": [...]}.
 std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs);
+// A request in flight as GET /v1/requests lists it: where it runs and under
+// which decision (info: the spillway object, with queue_position and
+// estimated_delay_ms as of now, not as at acceptance), its state and tokens.
+struct LiveRequestView {
+  std::string id;           // "cmpl-..." / "chatcmpl-..."
+  std::string endpoint;     // "completions" or "chat.completions"
+  std::string state;        // "queued", "running"
+  SpillwayInfo info;
+  int32_t generated = 0;
+  double age_s = 0;         // since acceptance
+};
+// GET /v1/requests: {"object": "list", "data": [...]}, oldest first.
+std::string render_live_requests(const std::vector<LiveRequestView>& rs);
 // DELETE /v1/requests/{id}.
 std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state);
 // POST /v1/reservations body: {"name","bytes","ttl_s"} (bytes: integer or

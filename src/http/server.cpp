@@ -1,5 +1,7 @@
 #include "http/server.h"
 
+#include "http/status_page.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -99,22 +101,31 @@ std::vector<const char*> turn_end_markers(ChatTemplateKind kind) {
   }
 }
 
-// Public ids of requests a server without a journal runs (with a journal
-// they are the journal's public_id): random, so that one client cannot
-// enumerate another's, mapped to the ticket while the request is in flight.
-class LiveIds {
+// The requests in flight by public id: the ticket, its owner and when it was
+// accepted. Without a journal the public ids are made here (random, so that
+// one client cannot enumerate another's) and cancel finds the ticket here;
+// with one they are the journal's, which keeps the owner for GET and DELETE.
+// GET /v1/requests lists the entries a client may see, either way.
+class InFlight {
  public:
-  explicit LiveIds(Env& env) : env_(env) {}
-  int64_t add() {
+  struct Entry {
+    uint64_t ticket = 0;  // 0: id reserved, not submitted yet
+    std::string owner;
+    bool chat = false;
+    int64_t accepted_ns = 0;
+  };
+  explicit InFlight(Env& env) : env_(env) {}
+  // A fresh random public id, reserved until bound or removed.
+  int64_t reserve() {
     std::lock_guard<std::mutex> lock(mu_);
     for (;;) {
       const auto id = static_cast<int64_t>(env_.random_u64() & ((uint64_t{1} << 53) - 1));
-      if (id != 0 && ids_.emplace(id, 0).second) return id;
+      if (id != 0 && ids_.emplace(id, Entry{}).second) return id;
     }
   }
-  void bind(int64_t id, uint64_t ticket) {
+  void bind(int64_t id, Entry e) {
     std::lock_guard<std::mutex> lock(mu_);
-    ids_[id] = ticket;
+    ids_[id] = std::move(e);
   }
   void remove(int64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -123,14 +134,26 @@ class LiveIds {
   std::optional<uint64_t> find(int64_t id) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ids_.find(id);
-    if (it == ids_.end() || it->second == 0) return std::nullopt;
-    return it->second;
+    if (it == ids_.end() || it->second.ticket == 0) return std::nullopt;
+    return it->second.ticket;
+  }
+  // Bound entries, oldest first.
+  std::vector<std::pair<int64_t, Entry>> entries() const {
+    std::vector<std::pair<int64_t, Entry>> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [id, e] : ids_)
+        if (e.ticket != 0) out.emplace_back(id, e);
+    }
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.second.accepted_ns < b.second.accepted_ns; });
+    return out;
   }
 
  private:
   Env& env_;
   mutable std::mutex mu_;
-  std::unordered_map<int64_t, uint64_t> ids_;
+  std::unordered_map<int64_t, Entry> ids_;
 };
 
 ApiError no_route(const Request& req) {
@@ -169,7 +192,7 @@ Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFi
 class HttpServer::Impl {
  public:
   Impl(Env& env, gateway::Gateway& gateway, HttpServerOptions options)
-      : env_(env), gateway_(gateway), options_(std::move(options)), live_ids_(env) {}
+      : env_(env), gateway_(gateway), options_(std::move(options)), in_flight_(env) {}
 
   ~Impl() { stop(); }
 
@@ -273,6 +296,15 @@ class HttpServer::Impl {
     constexpr RouteKind kWorker = RouteKind::kWorker;
     // Light routes stay answerable past the connection caps: what an
     // operator looks at when the server is flooded.
+    // The status page: public (it holds no data; its calls to the API carry
+    // the key), light (an operator must see it when the server is full).
+    r.add("GET", "/", kInline, [](const Request&, Response& res) {
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                     "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(std::string(status_page_html()), "text/html; charset=utf-8");
+    }, /*light=*/true);
     r.add("GET", "/health", kInline, [this](const Request&, Response& res) { health(res); }, /*light=*/true);
     r.add("GET", "/health/live", kInline,
           [](const Request&, Response& res) { res.set_content(R"({"status":"live"})", kJson); }, true);
@@ -297,6 +329,8 @@ class HttpServer::Impl {
     }));
     r.add("POST", "/v1/chat/completions", kWorker,
           authed([this](const Request& req, Response& res, const Principal& p) { completion(req, res, p, true); }));
+    r.add("GET", "/v1/requests", kInline,
+          authed([this](const Request&, Response& res, const Principal& p) { list_requests(res, p); }));
     r.add("GET", "/v1/requests/{}", kWorker,
           authed([this](const Request& req, Response& res, const Principal& p) { request_record(req, res, p); }));
     r.add("DELETE", "/v1/requests/{}", kWorker,
@@ -587,7 +621,7 @@ class HttpServer::Impl {
       if (acc->replay) return replay(*call, acc->record, sampling.stream, res);
       route.generation.record_id = call->record_id;
     } else {
-      call->public_id = live_ids_.add();
+      call->public_id = in_flight_.reserve();
     }
     gateway::Refusal refusal;
     Result<gateway::Admitted> admitted = gateway_.submit(route, &refusal);
@@ -607,13 +641,13 @@ class HttpServer::Impl {
         // retry may succeed; the body is dropped (its size and digest stay).
         (void)options_.journal->finish_refused(call->record_id, refused_outcome(admitted.status()));
       } else {
-        live_ids_.remove(call->public_id);
+        in_flight_.remove(call->public_id);
       }
       return refuse(res, admitted.status(), refusal, call->record_id != 0 ? call->public_id : 0);
     }
 
     call->ticket = admitted->ticket;
-    if (call->record_id == 0) live_ids_.bind(call->public_id, call->ticket->id());
+    in_flight_.bind(call->public_id, {call->ticket->id(), who.owner, chat, env_.now_ns()});
     call->id = response_id(chat, call->public_id);
     call->created = env_.wall_time_ms() / 1000;
     fill_route(*call);
@@ -813,6 +847,7 @@ class HttpServer::Impl {
     call->ticket = resumed->admitted.ticket;
     call->unsent = std::move(resumed->unsent);
     call->public_id = public_id;
+    in_flight_.bind(public_id, {call->ticket->id(), who.owner, call->chat, env_.now_ns()});
     call->id = response_id(call->chat, public_id);
     call->created = env_.wall_time_ms() / 1000;
     fill_route(*call);
@@ -976,7 +1011,7 @@ class HttpServer::Impl {
     if (options_.journal) {
       Result<journal::Record> r = find_record(*id, who);
       if (r.ok()) t = gateway_.find_by_record(r->id);
-    } else if (std::optional<uint64_t> ticket = live_ids_.find(*id)) {
+    } else if (std::optional<uint64_t> ticket = in_flight_.find(*id)) {
       t = gateway_.find(*ticket);
     }
     if (!t || serve::is_terminal(t->state())) {
@@ -991,9 +1026,39 @@ class HttpServer::Impl {
                     kJson);
   }
 
-  // A call without a journal row: its public id leaves the live map.
+  // The call ended: it leaves the in-flight map.
   void forget(const Call& c) {
-    if (c.record_id == 0 && c.public_id != 0) live_ids_.remove(c.public_id);
+    if (c.public_id != 0) in_flight_.remove(c.public_id);
+  }
+
+  // GET /v1/requests: the requests in flight this client may see, oldest
+  // first, each with its path, decision, limits, queue position and
+  // estimated delay as of now.
+  void list_requests(Response& res, const Principal& who) {
+    std::vector<LiveRequestView> out;
+    const int64_t now = env_.now_ns();
+    for (const auto& [public_id, e] : in_flight_.entries()) {
+      if (!(who.admin || !keys_configured() || e.owner == who.owner)) continue;
+      std::shared_ptr<serve::Ticket> t = gateway_.find(e.ticket);
+      if (!t || serve::is_terminal(t->state())) continue;
+      Call c;
+      c.ticket = t;
+      fill_route(c);
+      const gateway::Progress p = gateway_.progress(*t);
+      c.info.queue_position = p.queue_position;
+      c.info.estimated_delay_ms = p.queue_position > 0 ? finite_ms(p.estimated_delay_s) : std::optional<double>(0.0);
+      c.info.request_id = static_cast<uint64_t>(public_id);
+      c.info.seed = t->seed();
+      LiveRequestView v;
+      v.id = response_id(e.chat, public_id);
+      v.endpoint = e.chat ? "chat.completions" : "completions";
+      v.state = std::string(serve::request_state_name(t->state()));
+      v.info = std::move(c.info);
+      v.generated = t->generated();
+      v.age_s = static_cast<double>(now - e.accepted_ns) / 1e9;
+      out.push_back(std::move(v));
+    }
+    res.set_content(render_live_requests(out), kJson);
   }
 
   static ApiError reservation_error(const Status& st) {
@@ -1212,7 +1277,7 @@ class HttpServer::Impl {
   Env& env_;
   gateway::Gateway& gateway_;
   const HttpServerOptions options_;
-  LiveIds live_ids_;
+  InFlight in_flight_;
   mutable std::mutex mu_;
   std::unique_ptr<Transport> transport_;
   int port_ = 0;
