@@ -18,6 +18,7 @@ void add_reserve(CLI::App& app, int& exit_code);
 void add_occupy(CLI::App& app, int& exit_code);
 void add_drill(CLI::App& app, int& exit_code);
 void add_hash_key(CLI::App& app, int& exit_code);
+void add_chat(CLI::App& app, int& exit_code);
 
 // Adds `--config FILE` and `--dump-config` to the verb `sub`; call it before
 // adding the verb's own options (those may sit in option groups). The file

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   spw::app::add_occupy(app, exit_code);
   spw::app::add_drill(app, exit_code);
   spw::app::add_hash_key(app, exit_code);
+  spw::app::add_chat(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,7 +1,8 @@
 // SpillwayProcess: the real `spillway` binary as a child process, for
 // integration tests. Test-only, header-only.
 //
-// Server: `spillway serve` on the bundled model, 127.0.0.1, a free port
+// Server: `spillway serve` on the bundled model (or the --model given),
+// 127.0.0.1, a free port
 // (--port 0, read from the ready line within 60 s), one thread, a journal of
 // its own in the temp folder (removed at the end) unless the flags name one,
 // plus the given flags; SIGKILLed and reaped by the destructor unless it
@@ -37,7 +38,9 @@ class Server {
   explicit Server(std::vector<std::string> extra) {
     int out[2];
     if (pipe(out) != 0) return;
-    std::vector<std::string> args = {SPILLWAY_BINARY, "serve", "--model", kStoriesModel, "--port", "0", "--threads", "1"};
+    std::vector<std::string> args = {SPILLWAY_BINARY, "serve", "--port", "0", "--threads", "1"};
+    // The bundled model unless the test names another.
+    if (std::find(extra.begin(), extra.end(), "--model") == extra.end()) args.insert(args.end(), {"--model", kStoriesModel});
     // Each server its own journal, unless the test names one (or none).
     if (std::find(extra.begin(), extra.end(), "--journal") == extra.end()) {
       static int n = 0;
