@@ -1,6 +1,7 @@
 // What the npm acceptance tests share: the environment ctest sets, the
 // official openai client from tests/npm/node_modules (a clear failure when it
 // is missing), and bounded waits. Imported by every *.test.mjs here.
+import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { createRequire } from 'node:module';
 
@@ -37,3 +38,38 @@ export function bounded(promise, ms, what, scale = 1) {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// `spillway` with argv (a verb and its flags) as a child process; resolves
+// once its "listening on" line names the port: { proc, stdout, stderr,
+// exited (a promise of the exit code), exitCode (undefined while running),
+// ready (the line), base (its URL) }. Bounded by `ms` (scaled).
+export async function spawnServer(name, argv, ms = 120_000) {
+  const srv = { name, stdout: '', stderr: '', exitCode: undefined };
+  srv.proc = spawn(BINARY, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+  srv.exited = new Promise((resolve) => srv.proc.on('exit', (code, signal) => {
+    srv.exitCode = code === null ? `signal ${signal}` : code;
+    resolve(srv.exitCode);
+  }));
+  srv.proc.stderr.setEncoding('utf8');
+  srv.proc.stderr.on('data', (d) => { srv.stderr += d; });
+  srv.proc.stdout.setEncoding('utf8');
+  const m = await bounded(new Promise((resolve, reject) => {
+    srv.proc.stdout.on('data', (d) => {
+      srv.stdout += d;
+      const got = srv.stdout.match(/^spillway: listening on http:\/\/127\.0\.0\.1:(\d+) .*$/m);
+      if (got) resolve(got);
+    });
+    srv.exited.then((c) => reject(new Error(`server ${name} exited (${c}) before listening:\n${srv.stdout}\n${srv.stderr}`)));
+  }), ms, `server ${name}: the "listening on" line`, SLOWDOWN);
+  srv.ready = m[0];
+  srv.base = `http://127.0.0.1:${m[1]}`;
+  return srv;
+}
+
+// SIGKILL, then wait (bounded) for the exit.
+export async function killServer(srv) {
+  if (srv && srv.exitCode === undefined) {
+    srv.proc.kill('SIGKILL');
+    await bounded(srv.exited, 10_000, `server ${srv.name}: SIGKILL`, SLOWDOWN).catch(() => {});
+  }
+}

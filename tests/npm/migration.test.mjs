@@ -34,11 +34,11 @@
 // and are killed in the after hook whatever happens.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, sleep } from './harness.mjs';
+import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, killServer, sleep, spawnServer } from './harness.mjs';
 
 // The model generator sits next to the binary in a build tree.
 const GEN_MODEL = process.env.SPILLWAY_GEN_MODEL || path.join(path.dirname(BINARY), 'spillway-gen-model');
@@ -59,37 +59,14 @@ const bounded = (promise, ms, what) => boundedBy(promise, ms, what, SLOWDOWN);
 
 // `spillway serve` as a child process; resolves once it listens.
 async function startServer(name, args) {
-  const srv = { name, stderr: '', stdout: '', exitCode: undefined };
-  srv.proc = spawn(BINARY, ['serve', '--model', MODEL, '--host', '127.0.0.1', '--port', '0', '--threads', '1', ...args],
-    { stdio: ['ignore', 'pipe', 'pipe'] });
-  srv.exited = new Promise((resolve) => srv.proc.on('exit', (code, signal) => {
-    srv.exitCode = code === null ? `signal ${signal}` : code;
-    resolve(srv.exitCode);
-  }));
-  srv.proc.stderr.setEncoding('utf8');
-  srv.proc.stderr.on('data', (d) => { srv.stderr += d; });
-  srv.proc.stdout.setEncoding('utf8');
-  const ready = await bounded(new Promise((resolve, reject) => {
-    srv.proc.stdout.on('data', (d) => {
-      srv.stdout += d;
-      const m = srv.stdout.match(/^spillway: listening on http:\/\/127\.0\.0\.1:(\d+) .*$/m);
-      if (m) resolve(m);
-    });
-    srv.exited.then((c) => reject(new Error(`server ${name} exited (${c}) before listening:\n${srv.stdout}\n${srv.stderr}`)));
-  }), 120_000, `server ${name}: the "listening on" line`);
-  srv.ready = ready[0];
-  srv.base = `http://127.0.0.1:${ready[1]}`;
+  const srv = await spawnServer(name, ['serve', '--model', MODEL, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
+    ...args]);
   srv.gpu = /paths=gpu:vulkan/.test(srv.ready);
   srv.client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 * SLOWDOWN });
   return srv;
 }
 
-async function stopServer(srv) {
-  if (srv && srv.exitCode === undefined) {
-    srv.proc.kill('SIGKILL');
-    await bounded(srv.exited, 10_000, `server ${srv.name}: SIGKILL`).catch(() => {});
-  }
-}
+const stopServer = killServer;
 
 // JSON over fetch with a deadline.
 async function call(srv, method, route, body, headers = {}) {

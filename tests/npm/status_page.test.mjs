@@ -18,12 +18,12 @@
 // and the browser are killed in the after hook whatever happens.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BINARY, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, sleep } from './harness.mjs';
+import { BINARY, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, killServer, sleep, spawnServer } from './harness.mjs';
 
 const GEN_MODEL = process.env.SPILLWAY_GEN_MODEL || path.join(path.dirname(BINARY), 'spillway-gen-model');
 const KEY = 'status-page-test-key';
@@ -49,28 +49,8 @@ async function loadPuppeteer() {
   }
 }
 
-async function startServer(model) {
-  const srv = { stdout: '', stderr: '', exitCode: undefined };
-  srv.proc = spawn(BINARY, ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
-    '--parallel', '1', '--queue', '8', '--journal', 'none', '--api-key', KEY], { stdio: ['ignore', 'pipe', 'pipe'] });
-  srv.exited = new Promise((resolve) => srv.proc.on('exit', (code, signal) => {
-    srv.exitCode = code === null ? `signal ${signal}` : code;
-    resolve(srv.exitCode);
-  }));
-  srv.proc.stderr.setEncoding('utf8');
-  srv.proc.stderr.on('data', (d) => { srv.stderr += d; });
-  srv.proc.stdout.setEncoding('utf8');
-  const m = await bounded(new Promise((resolve, reject) => {
-    srv.proc.stdout.on('data', (d) => {
-      srv.stdout += d;
-      const got = srv.stdout.match(/^spillway: listening on http:\/\/127\.0\.0\.1:(\d+) .*$/m);
-      if (got) resolve(got);
-    });
-    srv.exited.then((c) => reject(new Error(`server exited (${c}) before listening:\n${srv.stderr}`)));
-  }), 120_000, 'the server\'s "listening on" line');
-  srv.base = `http://127.0.0.1:${m[1]}`;
-  return srv;
-}
+const startServer = (model) => spawnServer('status', ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0',
+  '--threads', '1', '--parallel', '1', '--queue', '8', '--journal', 'none', '--api-key', KEY]);
 
 // A non-streaming completion; resolves with the HTTP status and body.
 function complete(srv, prompt, maxTokens) {
@@ -117,10 +97,7 @@ describe('the status page in headless chromium', () => {
 
   after(async () => {
     if (browser) await browser.close().catch(() => {});
-    if (srv && srv.exitCode === undefined) {
-      srv.proc.kill('SIGKILL');
-      await srv.exited;
-    }
+    await killServer(srv);
     fs.rmSync(tmp, { recursive: true, force: true });
   });
 
