@@ -77,7 +77,8 @@ class Writer {
 
 }  // namespace
 
-std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats* http) {
+std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats* http,
+                           const journal::JournalStats* journal) {
   Writer w;
   const auto& paths = s.paths;
   w.family("requests_total", "counter",
@@ -176,6 +177,13 @@ std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats
   w.sample({}, static_cast<double>(s.reservations.size()));
   w.family("ready", "gauge", "1 while some path accepts work.");
   w.sample({}, s.ready ? 1.0 : 0.0);
+  if (journal) {
+    w.family("journal_rows", "gauge", "Rows of the request journal by state (terminal rows until retention prunes them).");
+    for (const auto& [state, n] : journal->rows_by_state) w.sample({{"state", state}}, static_cast<double>(n));
+    w.family("journal_bytes", "gauge", "Size of the request journal on disk: the database and its write-ahead log.");
+    w.sample({{"file", "db"}}, static_cast<double>(journal->file_bytes));
+    w.sample({{"file", "wal"}}, static_cast<double>(journal->wal_bytes));
+  }
   if (http) {
     w.family("http_connections_open", "gauge", "HTTP connections open now.");
     w.sample({}, static_cast<double>(http->open_connections));

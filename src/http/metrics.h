@@ -22,7 +22,10 @@
 //   reservations (co-tenant leases held) and ready (1 while a path accepts);
 //   with the transport's counters: http_connections_open,
 //   http_connections_total{outcome} (accepted, over_limit, refused),
-//   http_timeouts_total, http_client_errors_total, http_disconnects_total.
+//   http_timeouts_total, http_client_errors_total, http_disconnects_total;
+//   per path with several workers: batch_steps_total and
+//   batch_tokens_total{kind} (decode, prompt) of continuous batching;
+//   with a journal: journal_rows{state} and journal_bytes{file} (db, wal).
 // Counters are since the server started; a scrape never changes anything.
 // Thread safety: a pure function of its argument.
 #pragma once
@@ -31,9 +34,11 @@
 
 #include "gateway/gateway.h"
 #include "http/transport.h"
+#include "journal/journal.h"
 
 namespace spw::http {
 
-std::string render_metrics(const gateway::GatewayStatus& status, const TransportStats* http = nullptr);
+std::string render_metrics(const gateway::GatewayStatus& status, const TransportStats* http = nullptr,
+                           const journal::JournalStats* journal = nullptr);
 
 }  // namespace spw::http

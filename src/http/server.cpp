@@ -317,9 +317,17 @@ class HttpServer::Impl {
       const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
       res.set_content(render_status(gateway_.status(), &http), kJson);
     }), true);
-    r.add("GET", "/metrics", kInline, authed([this](const Request&, Response& res, const Principal&) {
+    // On a worker thread: the journal's figures are an SQLite query, which
+    // may wait for a writer's commit.
+    r.add("GET", "/metrics", kWorker, authed([this](const Request&, Response& res, const Principal&) {
       const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
-      res.set_content(render_metrics(gateway_.status(), &http), "text/plain; version=0.0.4; charset=utf-8");
+      std::optional<journal::JournalStats> js;
+      if (options_.journal) {
+        Result<journal::JournalStats> r = options_.journal->stats();
+        if (r.ok()) js = std::move(*r);
+      }
+      res.set_content(render_metrics(gateway_.status(), &http, js ? &*js : nullptr),
+                      "text/plain; version=0.0.4; charset=utf-8");
     }), true);
     r.add("GET", "/v1/models", kInline, authed([this](const Request&, Response& res, const Principal&) {
       res.set_content(render_models(options_.model_name, env_.wall_time_ms() / 1000), kJson);

@@ -1,5 +1,7 @@
 #include "journal/journal.h"
 
+#include <filesystem>
+
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/file.h>
@@ -457,6 +459,31 @@ Status Journal::complete_migrated_rows_locked() {
     if (u.step() != SQLITE_DONE) return error_locked("completing migrated request " + std::to_string(id));
   }
   return Status();
+}
+
+Result<JournalStats> Journal::stats() {
+  JournalStats out;
+  for (RequestState s : {RequestState::kAccepted, RequestState::kRunning, RequestState::kDone,
+                         RequestState::kCancelled, RequestState::kFailed}) {
+    out.rows_by_state[std::string(state_name(s))] = 0;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  {
+    Stmt q(db_, "SELECT state, COUNT(*) FROM requests GROUP BY state");
+    if (!q.ok()) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
+    int rc;
+    while ((rc = q.step()) == SQLITE_ROW) out.rows_by_state[q.col_text(0)] = q.col_i64(1);
+    if (rc != SQLITE_DONE) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
+  }
+  for (const char* pragma : {"PRAGMA page_count", "PRAGMA page_size"}) {
+    Stmt q(db_, pragma);
+    if (!q.ok() || q.step() != SQLITE_ROW) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
+    out.file_bytes = out.file_bytes == 0 ? q.col_i64(0) : out.file_bytes * q.col_i64(0);
+  }
+  std::error_code ec;
+  const auto wal = std::filesystem::file_size(path_ + "-wal", ec);
+  out.wal_bytes = ec ? 0 : static_cast<int64_t>(wal);
+  return out;
 }
 
 Status Journal::count_accept_locked() {

@@ -129,6 +129,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -226,6 +227,13 @@ struct RefusalSummary {
   std::string idempotency_key;  // empty: none
 };
 
+// What /metrics shows of the journal: rows by state and the file's size.
+struct JournalStats {
+  std::map<std::string, int64_t> rows_by_state;  // state_name -> rows (every state present, 0 included)
+  int64_t file_bytes = 0;  // the database (page_count x page_size), not its write-ahead log
+  int64_t wal_bytes = 0;   // the -wal file beside it (0: none)
+};
+
 struct JournalOptions {
   int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // terminal rows kept this long
   int64_t prune_every = 1000;                     // accepts between prunes
@@ -251,6 +259,9 @@ class Journal {
   Status reopen(int64_t id, const std::string& placement, bool require_checkpoint = true);
   Result<Record> get(int64_t id);
   Result<Record> get_public(int64_t public_id);
+
+  // Rows by state and bytes on disk. IoError when SQLite cannot answer.
+  Result<JournalStats> stats();
 
   int64_t recovered() const { return recovered_; }
   const std::string& path() const { return path_; }

@@ -108,6 +108,35 @@ TEST_F(JournalTest, LifecycleIsDurableAcrossReopen) {
   EXPECT_GT(b->record.id, id);
 }
 
+// What /metrics shows: rows by state, every state named, and the file.
+TEST_F(JournalTest, StatsCountRowsByStateAndTheFile) {
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  auto empty = j->stats();
+  ASSERT_TRUE(empty.ok()) << empty.status().to_string();
+  EXPECT_EQ(empty->rows_by_state.size(), 5u);
+  for (const auto& [state, n] : empty->rows_by_state) EXPECT_EQ(n, 0) << state;
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto a = j->accept(req(""));
+    ASSERT_TRUE(a.ok());
+    ids.push_back(a->record.id);
+  }
+  ASSERT_TRUE(j->mark_running(ids[1], "cpu").ok());
+  ASSERT_TRUE(j->mark_running(ids[2], "cpu").ok());
+  ASSERT_TRUE(j->finish(ids[2], done("x")).ok());
+  ASSERT_TRUE(j->mark_running(ids[3], "cpu").ok());
+  ASSERT_TRUE(j->finish(ids[3], done("y")).ok());
+  auto st = j->stats();
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_EQ(st->rows_by_state.at("accepted"), 1);
+  EXPECT_EQ(st->rows_by_state.at("running"), 1);
+  EXPECT_EQ(st->rows_by_state.at("done"), 2);
+  EXPECT_EQ(st->rows_by_state.at("failed"), 0);
+  EXPECT_GE(st->file_bytes, 4096);
+  EXPECT_GT(st->wal_bytes, 0) << "WAL mode: the commits are in the log until a checkpoint";
+}
+
 TEST_F(JournalTest, IdempotencyKeyReplaysConflictsAndRetries) {
   auto j = open();
   ASSERT_NE(j, nullptr);

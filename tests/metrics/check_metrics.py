@@ -13,7 +13,9 @@ end. Exit 0 on success, 1 with the reasons otherwise.
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import sys
 import time
 import urllib.request
@@ -41,9 +43,11 @@ def http(url, body=None, timeout=60):
 
 
 def main():
+    tmp = tempfile.mkdtemp(prefix="spw-metrics-")
+    # Two workers on the first path: its batching families are shown.
     server = subprocess.Popen(
-        [BINARY, "serve", "--model", MODEL, "--port", "0", "--threads", "1", "--journal", "none",
-         "--device", "vulkan", "--ctx", "256"],
+        [BINARY, "serve", "--model", MODEL, "--port", "0", "--threads", "1",
+         "--journal", os.path.join(tmp, "journal.sqlite"), "--device", "vulkan", "--ctx", "256", "--parallel", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -79,6 +83,8 @@ def main():
             "spillway_breaker_trips": "counter", "spillway_device_faults": "counter",
             "spillway_device_reinitializations": "counter", "spillway_device_health_failures": "counter",
             "spillway_reservations": "gauge", "spillway_ready": "gauge",
+            "spillway_batch_steps": "counter", "spillway_batch_tokens": "counter",
+            "spillway_journal_rows": "gauge", "spillway_journal_bytes": "gauge",
         }
         for name, kind in expected_types.items():
             check(name in families, "missing family " + name)
@@ -128,11 +134,26 @@ def main():
             states = samples("spillway_breaker_state", device=dev) if dev else samples("spillway_breaker_state")
             check(sum(s.value for s in states) == 1, "exactly one breaker state is 1")
         check(value("spillway_ready") == 1, "ready")
+        # The journal: one done row per client request (the server's own
+        # warm-up and probes are not journaled), and a file of some pages.
+        check(value("spillway_journal_rows", state="done") == N_REQUESTS,
+              f"journal rows done: {value('spillway_journal_rows', state='done')}")
+        check(value("spillway_journal_rows", state="running") == 0, "no journal row left running")
+        check((value("spillway_journal_bytes", file="db") or 0) >= 4096, "journal file size")
+        # Batching on the first path agrees with /v1/status.
+        b = state["paths"][0]["batching"]
+        check(b is not None, "the first path batches its two workers")
+        if b:
+            check(value("spillway_batch_steps", "_total", path=first) == b["steps"], "batch steps vs status")
+            check(value("spillway_batch_tokens", "_total", path=first, kind="prompt") == b["prompt_tokens"],
+                  "batched prompt tokens vs status")
+            check(b["prompt_tokens"] > 0, "prompts went through the batched steps")
         print(f"/metrics: {len(families)} families parsed, {len(text.splitlines())} lines, "
               f"paths {[p['name'] for p in state['paths']]}")
     finally:
         server.kill()
         server.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
     if failures:
         for f in failures:
             print("FAIL: " + f, file=sys.stderr)
