@@ -26,7 +26,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
+#include <cerrno>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -250,6 +251,33 @@ class Chat {
   std::atomic<int64_t> request_id_{0};
 };
 
+// One line of input without its newline; nullopt at end of input. read(2)
+// directly rather than through iostreams: a signal (^C) is then handled
+// while the program waits at the prompt, also where a runtime defers
+// signals to the next system call it sees (ThreadSanitizer does).
+std::optional<std::string> read_line() {
+  static std::string pending;
+  for (;;) {
+    const size_t nl = pending.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      return line;
+    }
+    char buf[4096];
+    const ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (pending.empty()) return std::nullopt;
+      std::string last;
+      last.swap(pending);
+      return last;
+    }
+    pending.append(buf, static_cast<size_t>(n));
+  }
+}
+
 int run_chat(ChatOptions o) {
   if (o.api_key.empty()) {
     if (const char* k = std::getenv("SPILLWAY_API_KEY")) o.api_key = k;
@@ -257,18 +285,19 @@ int run_chat(ChatOptions o) {
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  // No SA_RESTART: a read at the prompt returns EINTR (read_line goes on),
+  // which is also where ThreadSanitizer runs a deferred handler.
+  sa.sa_flags = 0;
   sigaction(SIGINT, &sa, nullptr);
   std::printf("[spillway chat with %s · /quit exits · Ctrl-C cancels a request]\n", o.url.c_str());
   Chat chat(o);
-  std::string line;
   for (;;) {
     std::printf("> ");
     std::fflush(stdout);
-    if (!std::getline(std::cin, line)) break;
-    if (line == "/quit" || line == "/exit") break;
-    if (line.empty()) continue;
-    chat.turn(line);
+    const std::optional<std::string> line = read_line();
+    if (!line || *line == "/quit" || *line == "/exit") break;
+    if (line->empty()) continue;
+    chat.turn(*line);
   }
   std::printf("\n");
   return 0;
