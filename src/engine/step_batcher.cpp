@@ -42,8 +42,14 @@ StepBatcherStats StepBatcher::stats() const {
 }
 
 Result<std::span<const float>> StepBatcher::eval(Session& session, std::span<const TokenId> tokens) {
+  auto entry = [&session](std::span<const TokenId> t) {
+    Entry e;
+    e.session = &session;
+    e.tokens = t;
+    return e;
+  };
   if (tokens.size() == 1) {
-    Entry e{&session, tokens};
+    Entry e = entry(tokens);
     SPW_RETURN_IF_ERROR(step(e));
     return std::span<const float>(session.last_logits());
   }
@@ -65,7 +71,7 @@ Result<std::span<const float>> StepBatcher::eval(Session& session, std::span<con
   const int32_t n0 = session.n_past();
   SPW_RETURN_IF_ERROR(session.reserve_kv(n0 + static_cast<int32_t>(tokens.size())));
   while (!tokens.empty()) {
-    Entry e{&session, tokens};
+    Entry e = entry(tokens);
     Status st = step(e);
     if (!st.ok()) {
       (void)session.truncate(n0);

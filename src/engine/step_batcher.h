@@ -97,7 +97,7 @@ class StepBatcher {
 
  private:
   struct Entry {
-    Session* session;
+    Session* session = nullptr;
     std::span<const TokenId> tokens;  // what is left to evaluate
     bool logits = true;                // wants the last token's logits
     int32_t taken = 0;                 // tokens the step took
