@@ -225,13 +225,24 @@ TEST(ChatInAPty, StreamsWithItsRouteShowsTheQueueAndCtrlCCancelsTheRequestNotThe
   auto cancelling = t.expect("[cancelling request " + std::to_string(mine["request_id"].get<int64_t>()) + "]",
                              *delay, std::chrono::seconds(20));
   ASSERT_TRUE(cancelling) << t.seen();
-  auto cancelled = t.expect("[cancelled]", *cancelling, std::chrono::seconds(20));
+  // Queued when ^C came, normally; on a loaded machine the long requests may
+  // have finished first and it runs: cancelled either way, and said so.
+  auto cancelled = t.expect("[cancelled", *cancelling, std::chrono::seconds(20));
   ASSERT_TRUE(cancelled) << t.seen();
+  const std::string said = t.seen().substr(*cancelled, t.seen().find(']', *cancelled) - *cancelled);
+  EXPECT_TRUE(said.empty() || said == " while it ran") << t.seen();
   at = t.expect("> ", *cancelled, std::chrono::seconds(10));
   ASSERT_TRUE(at) << t.seen();
   ASSERT_TRUE(t.alive()) << "Ctrl-C cancels the request, not the program";
-  // It was cancelled in the queue: gone from the server at once.
-  for (const json& r : in_flight(srv.url())) EXPECT_NE(r["request_id"], mine["request_id"]) << "it left the server";
+  // Gone from the server (at once from the queue; at its next token if it ran).
+  auto listed = [&] {
+    for (const json& r : in_flight(srv.url()))
+      if (r["request_id"] == mine["request_id"]) return true;
+    return false;
+  };
+  const auto gone_by = Clock::now() + std::chrono::seconds(20);
+  while (listed() && Clock::now() < gone_by) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(listed()) << "it left the server";
   {
     httplib::Client c(srv.url());
     auto st = c.Get("/v1/status");
