@@ -85,7 +85,7 @@ def spillway(args, n):
     argv = [os.path.join(args.build, "spillway"), "serve", "--model", args.model, "--host", "127.0.0.1",
             "--port", str(port), "--parallel", str(n), "--threads", str(args.threads), "--ctx", str(args.ctx),
             "--journal", "none", "--no-cpu-fallback"]
-    return Server("spillway", argv, port, "/health", {})
+    return Server("spillway", argv, port, "/health", {"stream_options": {"include_usage": True}})
 
 
 def llama(args, n):
