@@ -80,20 +80,27 @@ Status ApiKeys::add_hash(std::string_view spec) {
   return Status::ok_status();
 }
 
+std::optional<std::string_view> bearer_token(std::string_view header) {
+  constexpr std::string_view kScheme = "bearer";
+  if (header.size() <= kScheme.size()) return std::nullopt;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (lower(header[i]) != kScheme[i]) return std::nullopt;
+  }
+  std::string_view token = header.substr(kScheme.size());
+  const size_t spaces = token.find_first_not_of(' ');
+  if (spaces == 0 || spaces == std::string_view::npos) return std::nullopt;  // "Bearerx..." or no token
+  token.remove_prefix(spaces);
+  if (!std::all_of(token.begin(), token.end(), is_key_char)) return std::nullopt;
+  return token;
+}
+
 KeyCheck ApiKeys::check(std::string_view header) const {
   KeyCheck out;
   if (header.empty()) return out;  // kNone
   out.kind = KeyCheck::kMalformed;
-  constexpr std::string_view kScheme = "bearer";
-  if (header.size() <= kScheme.size()) return out;
-  for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (lower(header[i]) != kScheme[i]) return out;
-  }
-  std::string_view token = header.substr(kScheme.size());
-  const size_t spaces = token.find_first_not_of(' ');
-  if (spaces == 0 || spaces == std::string_view::npos) return out;  // "Bearerx..." or no token
-  token.remove_prefix(spaces);
-  if (!std::all_of(token.begin(), token.end(), is_key_char)) return out;
+  const std::optional<std::string_view> bearer = bearer_token(header);
+  if (!bearer) return out;
+  const std::string_view token = *bearer;
 
   // Every stored hash is compared, whatever matched before: the time says
   // nothing about which key matched or how far a guess got.

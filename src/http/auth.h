@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,12 @@
 #include "core/status.h"
 
 namespace spw::http {
+
+// The token of an Authorization header "Bearer <token>" (scheme
+// case-insensitive, one space or more, printable ASCII without spaces);
+// nullopt when the header is not of that form. The one parser of bearer
+// tokens: API keys (ApiKeys::check) and the admin token use it.
+std::optional<std::string_view> bearer_token(std::string_view header);
 
 // The shortest key add_key() takes: 16 characters are ~96 bits of a random
 // printable key, beyond online guessing.

@@ -168,3 +168,21 @@ TEST(ConstantTimeEqual, ComparesWholeStrings) {
 
 }  // namespace
 }  // namespace spw::http
+
+namespace spw::http {
+namespace {
+
+// The one bearer parser, which the admin token shares with the API keys.
+TEST(BearerToken, SchemeCaseInsensitiveSpacesThenAPrintableToken) {
+  EXPECT_EQ(bearer_token("Bearer abc"), std::optional<std::string_view>("abc"));
+  EXPECT_EQ(bearer_token("bearer   abc"), std::optional<std::string_view>("abc"));
+  EXPECT_EQ(bearer_token("BEARER x-y_z.1"), std::optional<std::string_view>("x-y_z.1"));
+  EXPECT_EQ(bearer_token("Bearerabc"), std::nullopt);
+  EXPECT_EQ(bearer_token("Bearer "), std::nullopt);
+  EXPECT_EQ(bearer_token("Bearer a b"), std::nullopt);
+  EXPECT_EQ(bearer_token("Basic abc"), std::nullopt);
+  EXPECT_EQ(bearer_token(""), std::nullopt);
+}
+
+}  // namespace
+}  // namespace spw::http

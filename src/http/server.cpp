@@ -246,9 +246,8 @@ class HttpServer::Impl {
   bool is_admin(const Request& req) const {
     if (options_.admin_token.empty() || !is_loopback_address(req.peer)) return false;
     const std::string auth = req.header("Authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    return auth.size() > kBearer.size() && std::string_view(auth).substr(0, kBearer.size()) == kBearer &&
-           constant_time_equal(std::string_view(auth).substr(kBearer.size()), options_.admin_token);
+    const std::optional<std::string_view> token = bearer_token(auth);
+    return token && constant_time_equal(*token, options_.admin_token);
   }
 
   // nullopt: refused (401 written to res).
