@@ -279,8 +279,9 @@ class HttpServer::Impl {
 
   // A request record is its creator's (and the admin's); without keys every
   // client is one user.
-  bool visible(const journal::Record& r, const Principal& p) const {
-    return p.admin || !keys_configured() || r.owner == p.owner;
+  // Whether a request created by `owner` is this principal's to see.
+  bool visible(const std::string& owner, const Principal& p) const {
+    return p.admin || !keys_configured() || owner == p.owner;
   }
 
   Handler authed(AuthedHandler fn) {
@@ -968,7 +969,7 @@ class HttpServer::Impl {
   // that another client's ids do not even show they exist).
   Result<journal::Record> find_record(int64_t public_id, const Principal& who) {
     Result<journal::Record> r = options_.journal->get_public(public_id);
-    if (r.ok() && !visible(*r, who)) return Status::not_found("request " + std::to_string(public_id));
+    if (r.ok() && !visible(r->owner, who)) return Status::not_found("request " + std::to_string(public_id));
     return r;
   }
 
@@ -1045,7 +1046,7 @@ class HttpServer::Impl {
     std::vector<LiveRequestView> out;
     const int64_t now = env_.now_ns();
     for (const auto& [public_id, e] : in_flight_.entries()) {
-      if (!(who.admin || !keys_configured() || e.owner == who.owner)) continue;
+      if (!visible(e.owner, who)) continue;
       std::shared_ptr<serve::Ticket> t = gateway_.find(e.ticket);
       if (!t || serve::is_terminal(t->state())) continue;
       Call c;
