@@ -124,7 +124,7 @@ Status StepBatcher::step(Entry& mine) {
       parts.reserve(batch.size());
       for (Entry* e : batch) {
         const bool last = e->taken == static_cast<int32_t>(e->tokens.size());
-        parts.push_back({e->session, e->tokens.first(static_cast<size_t>(e->taken)), last && e->logits});
+        parts.push_back({e->session, e->tokens.first(static_cast<size_t>(e->taken)), last});
       }
       std::vector<Status> st = Session::eval_batch(parts);
       lk.lock();

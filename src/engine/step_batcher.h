@@ -99,7 +99,6 @@ class StepBatcher {
   struct Entry {
     Session* session = nullptr;
     std::span<const TokenId> tokens;  // what is left to evaluate
-    bool logits = true;                // wants the last token's logits
     int32_t taken = 0;                 // tokens the step took
     Status status;
     bool done = false;
