@@ -56,6 +56,34 @@ struct SeqSlice {
   int32_t n_tokens = 0;
 };
 
+// The checks every forward_batch makes before it runs (one copy for every
+// backend): each slice has a pool and a table, the layers lie inside the
+// pool's, its KV width is the model's, n_tokens > 0, pos0 >= 0, and the table
+// holds pos0 + n_tokens positions. InvalidArgument naming what is wrong.
+inline Status check_slices(const LlamaHparams& hp, int32_t layer_begin, int32_t layer_end,
+                           std::span<const SeqSlice> slices) {
+  if (slices.empty()) return Status::invalid_argument("forward_batch: no sequences");
+  for (const SeqSlice& sl : slices) {
+    const KvPool* pool = sl.kv.pool;
+    if (pool == nullptr || sl.kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
+    const auto& kvo = pool->options();
+    if (layer_begin < kvo.layer_begin || layer_end > kvo.layer_end || layer_begin > layer_end ||
+        layer_end > hp.n_layer) {
+      return Status::invalid_argument("forward_layers: layers [" + std::to_string(layer_begin) + ", " +
+                                      std::to_string(layer_end) + ") outside the KV pool's [" +
+                                      std::to_string(kvo.layer_begin) + ", " + std::to_string(kvo.layer_end) + ")");
+    }
+    if (kvo.n_embd_kv != hp.n_embd_kv()) return Status::invalid_argument("forward_layers: KV width mismatch");
+    const int32_t bt = pool->block_tokens();
+    if (sl.n_tokens <= 0 || sl.pos0 < 0 || sl.kv.table->capacity_tokens(bt) < sl.pos0 + sl.n_tokens) {
+      return Status::invalid_argument("forward_layers: KV table holds " +
+                                      std::to_string(sl.kv.table->capacity_tokens(bt)) + " positions, need " +
+                                      std::to_string(sl.pos0 + sl.n_tokens));
+    }
+  }
+  return Status();
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -41,7 +41,7 @@ Status CpuBackend::forward_layers(const Model& model, int32_t layer_begin, int32
 Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
                                  std::span<const SeqSlice> slices, float* hidden) {
   const LlamaHparams& hp = model.hparams();
-  if (slices.empty()) return Status::invalid_argument("forward_batch: no sequences");
+  SPW_RETURN_IF_ERROR(check_slices(hp, layer_begin, layer_end, slices));
   // Every row's sequence, position and KV: rows are the slices' rows in order.
   struct Row {
     const SeqSlice* seq;
@@ -50,23 +50,6 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   std::vector<Row> rows;
   int32_t max_pos = 0;
   for (const SeqSlice& sl : slices) {
-    KvPool* pool = sl.kv.pool;
-    if (pool == nullptr || sl.kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
-    const auto& kvo = pool->options();
-    if (layer_begin < kvo.layer_begin || layer_end > kvo.layer_end || layer_begin > layer_end ||
-        layer_end > hp.n_layer) {
-      return Status::invalid_argument("forward_layers: layers [" + std::to_string(layer_begin) + ", " +
-                                      std::to_string(layer_end) + ") outside the KV pool's [" +
-                                      std::to_string(kvo.layer_begin) + ", " + std::to_string(kvo.layer_end) +
-                                      ")");
-    }
-    if (kvo.n_embd_kv != hp.n_embd_kv()) return Status::invalid_argument("forward_layers: KV width mismatch");
-    const int32_t bt = pool->block_tokens();
-    if (sl.n_tokens <= 0 || sl.pos0 < 0 || sl.kv.table->capacity_tokens(bt) < sl.pos0 + sl.n_tokens) {
-      return Status::invalid_argument("forward_layers: KV table holds " +
-                                      std::to_string(sl.kv.table->capacity_tokens(bt)) + " positions, need " +
-                                      std::to_string(sl.pos0 + sl.n_tokens));
-    }
     for (int32_t t = 0; t < sl.n_tokens; ++t) rows.push_back({&sl, sl.pos0 + t});
     max_pos = std::max(max_pos, sl.pos0 + sl.n_tokens);
   }

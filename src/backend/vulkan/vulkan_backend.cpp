@@ -666,7 +666,8 @@ Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, in
 
 Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
                                     std::span<const SeqSlice> slices, float* hidden) {
-  if (slices.empty()) return Status::invalid_argument("forward_batch: no sequences");
+  const LlamaHparams& hp = model.hparams();
+  SPW_RETURN_IF_ERROR(check_slices(hp, layer_begin, layer_end, slices));
   // One pass binds one K/V buffer pair per layer: sequences of different
   // pools (not the server's layout: a session group shares one pool per
   // stage) run one pool after another.
@@ -675,7 +676,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
       int64_t row = 0;
       for (const SeqSlice& one : slices) {
         SPW_RETURN_IF_ERROR(forward_batch(model, layer_begin, layer_end, std::span<const SeqSlice>(&one, 1),
-                                          hidden + row * model.hparams().n_embd));
+                                          hidden + row * hp.n_embd));
         row += one.n_tokens;
       }
       return Status();
@@ -683,26 +684,14 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
   }
   std::lock_guard<std::mutex> lk(impl_->mu);
   Impl& im = *impl_;
-  const LlamaHparams& hp = model.hparams();
   KvPool* pool = slices[0].kv.pool;
-  if (pool == nullptr) return Status::invalid_argument("forward_layers: no KV");
   const auto& kvo = pool->options();
-  if (layer_begin < kvo.layer_begin || layer_end > kvo.layer_end || layer_begin > layer_end || layer_end > hp.n_layer)
-    return Status::invalid_argument("forward_layers: layers [" + std::to_string(layer_begin) + ", " +
-                                    std::to_string(layer_end) + ") outside the KV pool's [" +
-                                    std::to_string(kvo.layer_begin) + ", " + std::to_string(kvo.layer_end) + ")");
-  if (kvo.n_embd_kv != hp.n_embd_kv()) return Status::invalid_argument("forward_layers: KV width mismatch");
   const int32_t bt = pool->block_tokens();
   // The row table (position and block-table offset per row, kv_write.comp)
   // followed by each slice's block ids.
   std::vector<int32_t> table;
   uint64_t n = 0, max_pos = 0, n_block_ids = 0;
   for (const SeqSlice& sl : slices) {
-    if (sl.kv.table == nullptr) return Status::invalid_argument("forward_layers: no KV");
-    if (sl.n_tokens <= 0 || sl.pos0 < 0 || sl.kv.table->capacity_tokens(bt) < sl.pos0 + sl.n_tokens)
-      return Status::invalid_argument("forward_layers: KV table holds " +
-                                      std::to_string(sl.kv.table->capacity_tokens(bt)) + " positions, need " +
-                                      std::to_string(sl.pos0 + sl.n_tokens));
     n += static_cast<uint64_t>(sl.n_tokens);
     max_pos = std::max<uint64_t>(max_pos, static_cast<uint64_t>(sl.pos0) + static_cast<uint64_t>(sl.n_tokens));
     n_block_ids += sl.kv.table->blocks().size();
