@@ -15,6 +15,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <condition_variable>
 #include <cstdio>
@@ -527,7 +528,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return send_error(from_beast(bhttp::error::header_limit, o()));
     }
     reading_ = true;
-    sock_.async_read_some(buf_.prepare(std::min<size_t>(room, 16384)),
+    // Into a buffer of its own, copied into buf_ when the read completes: a
+    // region of buf_ prepared now would be stale by then, because parsing
+    // consumes buf_ while the read is pending (a read ahead during a handler,
+    // then the next request parsed from what was buffered), and a flat_buffer
+    // that is emptied starts again at its beginning: the read's bytes would
+    // land past it and the commit would take old bytes (a request parsed
+    // twice, then garbage).
+    sock_.async_read_some(asio::buffer(rbuf_.data(), std::min<size_t>(room, rbuf_.size())),
                           [self = shared_from_this()](const beast::error_code& ec, size_t n) { self->on_fill(ec, n); });
   }
 
@@ -547,7 +555,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       return close();  // mid-request or idle: nobody to answer
     }
-    buf_.commit(n);
+    buf_.commit(asio::buffer_copy(buf_.prepare(n), asio::buffer(rbuf_.data(), n)));
     if (state_ == State::kHandling) return fill();
     if (state_ == State::kHead && !request_started_) {
       request_started_ = true;
@@ -834,6 +842,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
   beast::flat_buffer buf_;
+  std::array<char, 16384> rbuf_;  // what the pending read writes into (fill)
   std::optional<Parser> parser_;
   const std::string peer_;
   const bool over_limit_;

@@ -869,6 +869,35 @@ TEST(HostileClient, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_TRUE(health_ok(s.port()));
 }
 
+// A request read ahead while a worker route runs is parsed from the buffer
+// after the response, with another read pending: that read must not land in
+// buffer space the parse has given back (it did: the next request was then
+// answered as a copy of an old one, and the one after as garbage, 400).
+// Each round pipelines a completion (a worker route) and a GET, then sends
+// one more request once both answers are in.
+TEST(HostileClient, AReadPendingWhileTheBufferIsParsedLosesNothing) {
+  START_SERVER(s);
+  RawConn c(s.port());
+  ASSERT_TRUE(c.ok());
+  for (int round = 0; round < 20; ++round) {
+    const std::string tag = std::to_string(round);
+    ASSERT_TRUE(c.send(post_json("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":2})") +
+                       http_request("GET", "/v1/models/stories260K")));
+    for (int i = 0; i < 2; ++i) {
+      auto r = c.read_response(seconds(15));
+      ASSERT_TRUE(r) << "round " << round << ": " << c.received().substr(0, 300);
+      EXPECT_EQ(r->status, 200) << "round " << round << ": " << r->body.substr(0, 200);
+    }
+    ASSERT_TRUE(c.send(http_request("GET", "/v1/models/nope-" + tag)));
+    auto r = c.read_response(seconds(15));
+    ASSERT_TRUE(r) << "round " << round;
+    ASSERT_EQ(r->status, 404) << "round " << round << ": " << r->body.substr(0, 200);
+    EXPECT_NE(r->body.find("nope-" + tag), std::string::npos) << "round " << round << " answered another request: "
+                                                             << r->body.substr(0, 200);
+  }
+  EXPECT_TRUE(health_ok(s.port()));
+}
+
 // ---- 7. Authentication and isolation ------------------------------------------------
 
 TEST(HostileClient, WithoutAKeyV1RoutesAre401AndHealthStaysOpen) {
