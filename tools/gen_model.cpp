@@ -1,13 +1,17 @@
-// spillway-gen-model: writes a random Llama GGUF (see tools/modelgen/random_llama.h).
+// spillway-gen-model: writes a random Llama GGUF (see tools/modelgen/random_llama.h),
+// or with --echo-period an echo model (tools/modelgen/echo_llama.h) whose greedy
+// continuation replays the prompt's last L tokens cyclically.
 //
 //   spillway-gen-model --out m.gguf --preset 110m --type q8_0 --seed 7
 //   spillway-gen-model --out tiny.gguf --embd 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128
+//   spillway-gen-model --out echo.gguf --echo-period 12 --vocab models/stories260K.gguf --ctx 2048
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <map>
 
+#include "tools/modelgen/echo_llama.h"
 #include "tools/modelgen/random_llama.h"
 
 namespace {
@@ -26,6 +30,35 @@ const std::map<std::string, Preset>& presets() {
   return kPresets;
 }
 
+int write_echo(spw::Env& env, const std::string& out, uint32_t period, uint32_t ctx, const std::string& vocab,
+               float rope_base, float rms_eps) {
+  spw::modelgen::EchoLlamaSpec spec;
+  spec.period = period;
+  spec.n_ctx = ctx;
+  spec.vocab_path = vocab;
+  spec.rope_freq_base = rope_base;
+  spec.rms_eps = rms_eps;
+  spw::modelgen::EchoLlamaStats stats;
+  auto plan = spw::modelgen::echo_llama_writer(env, spec, &stats);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "error: %s\n", plan.status().to_string().c_str());
+    return 1;
+  }
+  std::printf("echo model: period %u, n_embd %u, n_layer 1, n_head %u, n_ctx %u, n_vocab %u, f32\n", period,
+              stats.n_embd, stats.n_head, ctx, stats.n_vocab);
+  std::printf("attention margin %.1f logits (runner-up at distance L-1 +- %lld), output gap >= %.0f\n",
+              stats.attention_margin, static_cast<long long>(stats.runner_up_offset),
+              spw::modelgen::kEchoOutputGap);
+  spw::Status st = plan->write_streaming(out);
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  std::printf("wrote %s: %llu bytes (%.1f MiB)\n", out.c_str(), static_cast<unsigned long long>(stats.file_size),
+              static_cast<double>(stats.file_size) / (1024.0 * 1024.0));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -35,29 +68,45 @@ int main(int argc, char** argv) {
   std::string vocab = "tests/data/ggml-vocab-llama-spm.gguf";
   uint32_t embd = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0, ctx = 2048;
   uint64_t seed = 1;
+  uint32_t echo_period = 0;
   bool tied = false;
   float rope_base = 10000.0f, rms_eps = 1e-5f;
   app.add_option("--out", out, "output GGUF path")->required();
   std::vector<std::string> names;
   for (const auto& [n, p] : presets()) names.push_back(n);
-  app.add_option("--preset", preset, "15m | 110m | 500m | 1b")->check(CLI::IsMember(names));
-  app.add_option("--embd", embd, "n_embd (overrides the preset)");
-  app.add_option("--layers", layers, "n_layer");
-  app.add_option("--heads", heads, "n_head");
-  app.add_option("--kv-heads", kv_heads, "n_head_kv");
-  app.add_option("--ffn", ffn, "n_ff");
+  auto* o_preset = app.add_option("--preset", preset, "15m | 110m | 500m | 1b")->check(CLI::IsMember(names));
+  auto* o_embd = app.add_option("--embd", embd, "n_embd (overrides the preset)");
+  auto* o_layers = app.add_option("--layers", layers, "n_layer");
+  auto* o_heads = app.add_option("--heads", heads, "n_head");
+  auto* o_kv_heads = app.add_option("--kv-heads", kv_heads, "n_head_kv");
+  auto* o_ffn = app.add_option("--ffn", ffn, "n_ff");
   app.add_option("--ctx", ctx, "context length")->capture_default_str();
-  app.add_option("--type", type, "f32 | f16 | q8_0")
-      ->check(CLI::IsMember({"f32", "f16", "q8_0"}))
-      ->capture_default_str();
-  app.add_option("--seed", seed, "weight seed")->capture_default_str();
-  app.add_flag("--tied", tied, "no output.weight; the output projection reuses token_embd");
+  auto* o_type = app.add_option("--type", type, "f32 | f16 | q8_0")
+                     ->check(CLI::IsMember({"f32", "f16", "q8_0"}))
+                     ->capture_default_str();
+  auto* o_seed = app.add_option("--seed", seed, "weight seed")->capture_default_str();
+  auto* o_tied = app.add_flag("--tied", tied, "no output.weight; the output projection reuses token_embd");
+  app.add_option("--echo-period", echo_period,
+                 "instead of random weights, an echo model (F32, 1 layer, n_embd > n_vocab, so a small "
+                 "--vocab such as models/stories260K.gguf): greedy decoding of a prompt of >= L tokens "
+                 "replays its last L tokens cyclically (next token = the token L positions back), at "
+                 "every position < --ctx")
+      ->check(CLI::Range(1u, 1u << 30))
+      ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_seed, o_tied);
   app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
   app.add_option("--rope-freq-base", rope_base)->capture_default_str();
   app.add_option("--rms-eps", rms_eps)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   spw::Env& env = spw::Env::default_env();
+#ifdef SPILLWAY_SOURCE_DIR
+  // The default vocab path is relative to the repo root; find it from elsewhere too.
+  if (!env.file_exists(vocab) && vocab.front() != '/') {
+    const std::string alt = std::string(SPILLWAY_SOURCE_DIR) + "/" + vocab;
+    if (env.file_exists(alt)) vocab = alt;
+  }
+#endif
+  if (echo_period != 0) return write_echo(env, out, echo_period, ctx, vocab, rope_base, rms_eps);
   spw::modelgen::RandomLlamaSpec spec;
   if (!preset.empty()) {
     const Preset& p = presets().at(preset);
@@ -78,13 +127,6 @@ int main(int argc, char** argv) {
   spec.seed = seed;
   spec.rope_freq_base = rope_base;
   spec.rms_eps = rms_eps;
-#ifdef SPILLWAY_SOURCE_DIR
-  // The default vocab path is relative to the repo root; find it from elsewhere too.
-  if (!env.file_exists(vocab) && vocab.front() != '/') {
-    const std::string alt = std::string(SPILLWAY_SOURCE_DIR) + "/" + vocab;
-    if (env.file_exists(alt)) vocab = alt;
-  }
-#endif
   spec.vocab_path = vocab;
 
   spw::modelgen::RandomLlamaStats stats;

@@ -34,6 +34,8 @@
 // (IOError, Corruption, NotFound for a missing tokenizer.ggml.tokens); IOError
 // from writing.
 // Thread safety: functions are reentrant; no shared state.
+// Hand-built (not random) models whose greedy output is known: echo_llama.h
+// (`spillway-gen-model --echo-period L`).
 #pragma once
 
 #include <cstdint>
