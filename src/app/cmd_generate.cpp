@@ -104,7 +104,7 @@ int run_generate(GenerateCliOptions o) {
   if (!o.json) {
     std::fputs(o.prompt.c_str(), stdout);
     std::fflush(stdout);
-    print_text = [](std::string_view text, TokenId) {
+    print_text = [](std::string_view text, TokenId, std::span<const TokenLogprobs>) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
       return true;

@@ -34,6 +34,7 @@
 #include "device/host_memory.h"
 #include "core/size.h"
 #include "gateway/builder.h"
+#include "http/models.h"
 #include "http/server.h"
 
 namespace spw::app {
@@ -46,6 +47,7 @@ struct ServeCliOptions {
   double grace_s = 10;
   bool log_requests = false;
   std::string admin_token;  // "" = no admin API
+  std::vector<std::string> aliases;
   std::vector<std::string> api_keys;
   std::vector<std::string> api_key_hashes;
   bool insecure_no_auth = false;
@@ -163,6 +165,13 @@ int run_serve(const ServeCliOptions& o) {
   if (!keys.ok()) return fail(keys.status());
   auto max_body = parse_byte_size(o.max_body);
   if (!max_body.ok()) return fail(max_body.status(), "--max-body: ");
+  // Checked before the model loads (seconds to minutes), with the ids the
+  // files will be served under; the server checks again with the built paths.
+  std::vector<std::string> fallback_ids;
+  if (!o.g.fallback_model.empty()) fallback_ids.push_back(gateway::model_name_from_path(o.g.fallback_model));
+  if (Status st = http::validate_aliases(o.aliases, gateway::model_name_from_path(o.g.model), fallback_ids); !st.ok()) {
+    return fail(st);
+  }
   auto built = gateway::build_gateway(env, o.g);
   if (!built.ok()) return fail(built.status());
   gateway::BuiltGateway& b = *built;
@@ -197,6 +206,7 @@ int run_serve(const ServeCliOptions& o) {
   ho.host = o.host;
   ho.port = o.port;
   ho.model_name = b.model_name;
+  ho.model_aliases = o.aliases;
   ho.chat_template = *chat_template;
   ho.chat_template_default = default_template;
   ho.log_requests = o.log_requests;
@@ -282,6 +292,9 @@ void add_serve(CLI::App& app, int& exit_code) {
   srv->add_option("--model,-m", g.model, "GGUF model file")->required();
   srv->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   srv->add_option("--port", o->port, "Port (0 = pick a free one)")->capture_default_str()->check(CLI::Range(0, 65535));
+  srv->add_option("--alias", o->aliases,
+                  "Another id for the served model in requests' `model` field (repeatable), e.g. the name a "
+                  "client is configured with; /v1/models lists it; an unknown id is a 404 model_not_found");
   srv->add_option("--threads,-t", g.threads, "CPU threads for the engine (0 = all hardware threads)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

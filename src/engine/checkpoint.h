@@ -48,6 +48,10 @@ struct Checkpoint {
   std::string text;             // emitted so far
   std::string finish_reason;    // "" unless the generation had already finished
   GenerateOptions options;
+  // Log-probability entries not released yet (generate.h): in memory only,
+  // for a migration within the process; not serialized, not compared. A
+  // checkpoint read back from its bytes has none (nor options.logprobs).
+  std::vector<PendingLogprobs> logprobs_pending;
 
   bool operator==(const Checkpoint& o) const;
 };

@@ -60,6 +60,9 @@ Result<std::unique_ptr<Generator>> Generator::resume(Session& session, const Che
   g->sampler_.restore(cp.sampler);
   g->stop_.set_held(cp.stop_held);
   g->utf8_.set_pending(cp.utf8_pending);
+  if (cp.options.logprobs >= 0) {
+    g->pending_logprobs_.assign(cp.logprobs_pending.begin(), cp.logprobs_pending.end());
+  }
   if (!g->finished()) {
     Env& env = Env::default_env();
     const int64_t t0 = env.now_ns();
@@ -69,17 +72,79 @@ Result<std::unique_ptr<Generator>> Generator::resume(Session& session, const Che
   return g;
 }
 
+void Generator::advance_logprobs(std::string_view pending_before, std::string_view piece, size_t decoded) {
+  // Where each byte of this push completes a character in its decoded text:
+  // the stream's own decoder fed one byte at a time gives the same text.
+  // Only needed for entries whose last byte was held (a split character).
+  std::vector<int64_t> done_at;  // decoded bytes once byte i is in; -1 while its character is open
+  const auto n_pending = static_cast<int64_t>(pending_before.size());
+  for (PendingLogprobs& p : pending_logprobs_) {
+    if (p.decoded) {
+      p.after += static_cast<int64_t>(decoded);
+      continue;
+    }
+    if (done_at.empty()) {
+      std::string bytes(pending_before);
+      bytes.append(piece);
+      Utf8Stream u;
+      int64_t out = 0;
+      for (char c : bytes) {
+        out += static_cast<int64_t>(u.push(std::string_view(&c, 1)).size());
+        done_at.push_back(u.pending().empty() ? out : -1);
+      }
+    }
+    // Its last byte (a token of no bytes: the byte before it) is held, so it
+    // is among pending_before, `after` bytes from its end.
+    const int64_t last = n_pending - 1 - p.after;
+    int64_t end = -1;
+    for (auto i = std::max<int64_t>(last, 0); i < static_cast<int64_t>(done_at.size()) && end < 0; ++i) {
+      end = done_at[static_cast<size_t>(i)];
+    }
+    if (end < 0) {
+      p.after += static_cast<int64_t>(piece.size());  // its character is still open
+    } else {
+      p.decoded = true;
+      p.after = static_cast<int64_t>(decoded) - end;
+    }
+  }
+}
+
+void Generator::release_logprobs(size_t held) {
+  // Emitted: everything decoded but the last `held` bytes; an entry's text
+  // ends `after` bytes before the end of everything decoded.
+  while (!pending_logprobs_.empty() && pending_logprobs_.front().decoded &&
+         pending_logprobs_.front().after >= static_cast<int64_t>(held)) {
+    released_.push_back(std::move(pending_logprobs_.front().entry));
+    pending_logprobs_.pop_front();
+  }
+}
+
+void Generator::keep_released() {
+  for (TokenLogprobs& e : released_) result_.logprobs.push_back(std::move(e));
+  released_.clear();
+}
+
 void Generator::finish(const std::string& reason, const TokenCallback& cb, bool flush) {
   if (flush) {
+    const size_t held_before = stop_.held().size();
     std::string rest = utf8_.flush();
     StopMatcher::Step st = stop_.push(rest);
     std::string out = std::move(st.emit);
     if (!st.stopped) out += stop_.flush();
-    if (!out.empty()) {
+    // Flushed, every held character ends here (an open one as U+FFFD).
+    for (PendingLogprobs& p : pending_logprobs_) {
+      p.after = p.decoded ? p.after + static_cast<int64_t>(rest.size()) : 0;
+      p.decoded = true;
+    }
+    release_logprobs(held_before + rest.size() - out.size());
+    if (!out.empty() || !released_.empty()) {
       result_.text += out;
-      if (cb) cb(out, -1);
+      if (cb) cb(out, -1, released_);
+      keep_released();
     }
   }
+  // Whatever is still held is never released: its text is not in the output.
+  pending_logprobs_.clear();
   result_.finish_reason = reason;
 }
 
@@ -122,9 +187,34 @@ Result<bool> Generator::step(const TokenCallback& cb) {
   sampler_.accept(id);
   result_.tokens.push_back(id);
   pending_eval_ = true;
-  StopMatcher::Step st = stop_.push(utf8_.push(tok.token_piece(id)));
+  const std::string piece = tok.token_piece(id);
+  const size_t held_before = stop_.held().size();
+  std::string pending_before;
+  if (options_.logprobs >= 0) pending_before = utf8_.pending();
+  const std::string decoded = utf8_.push(piece);
+  StopMatcher::Step st = stop_.push(decoded);
   result_.text += st.emit;
-  const bool keep_going = cb ? cb(st.emit, id) : true;
+  if (options_.logprobs >= 0) {
+    // From the logits `id` was sampled from (the next eval replaces them).
+    const StepLogprobs lp = step_logprobs(session_.last_logits(), id, options_.logprobs);
+    TokenLogprobs e;
+    e.index = n_generated() - 1;
+    e.token = {id, lp.chosen.logprob, piece};
+    e.top.reserve(lp.top.size());
+    for (const TokenLogprob& t : lp.top) {
+      e.top.push_back({t.id, t.logprob, tok.token_piece(t.id, /*render_special=*/true)});
+    }
+    // The earlier entries move past this push; this one ends where the
+    // push's text ends, or, while its last byte begins a character the
+    // stream still holds, waits for that character.
+    advance_logprobs(pending_before, piece, decoded.size());
+    pending_logprobs_.push_back({std::move(e), utf8_.pending().empty(), 0});
+    // Decoded but not emitted: the matcher's hold, or, on a stop, the stop
+    // string and what followed it.
+    release_logprobs(held_before + decoded.size() - st.emit.size());
+  }
+  const bool keep_going = cb ? cb(st.emit, id, released_) : true;
+  keep_released();
   if (st.stopped) {
     finish("stop", cb, false);
     return false;
@@ -165,6 +255,7 @@ Checkpoint Generator::checkpoint() const {
   cp.text = result_.text;
   cp.finish_reason = result_.finish_reason;
   cp.options = options_;
+  cp.logprobs_pending.assign(pending_logprobs_.begin(), pending_logprobs_.end());
   return cp;
 }
 

@@ -13,8 +13,32 @@
 // and EOS the held-back text (partial UTF-8 as U+FFFD, partial stop-string
 // prefix) is flushed and emitted; on cancel it is dropped.
 // The callback is called once per generated token with the text that became
-// safe to show (possibly empty) and the token id, and once more with id = -1
-// for text flushed at the end (only when non-empty). Returning false cancels.
+// safe to show (possibly empty), the token id and the log-probability entries
+// released with that text (below; empty unless asked for), and once more with
+// id = -1 for text and entries flushed at the end (only when either is
+// non-empty). Returning false cancels.
+// Log-probabilities (options.logprobs >= 0; nothing is computed otherwise):
+// every generated token but an EOS gets a TokenLogprobs entry (step_logprobs
+// of the logits it was sampled from, with options.logprobs alternatives, and
+// the bytes of each). Alignment with the text: a token's text ends where the
+// character holding its last byte ends in the decoded text (a token of no
+// bytes: where the text before it ends; a character that turns out invalid
+// UTF-8, shown as U+FFFD: where the Utf8Stream's output ends once it knows,
+// i.e. with the first character after it). Its entry is released in the
+// callback whose text reaches that end, never earlier, never later. So each
+// entry is released exactly once, in generation order, never ahead of its
+// text, and the released entries' bytes, concatenated, decode to a prefix of
+// the text released so far (byte for byte when they are valid UTF-8). Text
+// held back for a possible stop string or an incomplete character holds its
+// entries back with it. At the end: on "length" and EOS the flush releases
+// every entry still held (an open character flushes as U+FFFD); on a stop
+// string, tokens whose text ends past where the stop string begins (the one
+// completing it included) are never released, as their text is not all in
+// the output; on cancel nothing more is released. GenerateResult::logprobs
+// collects what was released. A checkpoint keeps the entries still held (in
+// memory only: serialize_checkpoint drops them), so that a generation resumed
+// from it releases them when their text comes; one resumed from a serialized
+// checkpoint releases entries for the tokens it generates only.
 // The next token's logits are computed lazily at the start of the next step,
 // so checkpoint() after any step captures a clean token boundary; resume()
 // re-evaluates all tokens of a checkpoint in a (fresh) session, possibly on
@@ -30,6 +54,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -55,18 +80,57 @@ struct GenerateOptions {
   // request before its first token instead of in the middle of it (a server's
   // request boundary). Not checkpointed: it is a property of where it runs.
   bool reserve_kv = false;
+  // Log-probability entries (see the contract): < 0 none; else each entry
+  // carries this many most likely alternatives. Not serialized in a
+  // checkpoint: it changes no token, only what a response reports.
+  int32_t logprobs = -1;
+};
+
+// A token with its log-probability and the bytes it stands for.
+struct PieceLogprob {
+  TokenId id = -1;
+  double logprob = 0;  // natural log; -inf for a token the logits rule out
+  // The chosen token: exactly the bytes it added to the text (token_piece; a
+  // control token's are none). An alternative: token_piece with
+  // render_special, so that an end-of-generation alternative reads "</s>".
+  // Either may be part of a UTF-8 character.
+  std::string piece;
+};
+
+// One generated token as a response lists it (GenerateOptions::logprobs).
+struct TokenLogprobs {
+  // Which generated token (0-based over the whole generation: a resumed one
+  // continues the count), so that a consumer can tell entries it already has.
+  int32_t index = 0;
+  PieceLogprob token;
+  std::vector<PieceLogprob> top;  // most likely first (step_logprobs)
+};
+
+// An entry not released yet, and where its text ends counted back from the
+// end of what was produced: `after` output bytes were decoded after it
+// (decoded = true), or, while its last byte is still in the Utf8Stream,
+// `after` raw bytes were pushed after it. Part of a Checkpoint.
+struct PendingLogprobs {
+  TokenLogprobs entry;
+  bool decoded = false;
+  int64_t after = 0;
 };
 
 struct GenerateResult {
   std::vector<TokenId> prompt_tokens, tokens;
   std::string text;
   std::string finish_reason;  // "stop", "length", "cancelled"; "" while running
+  // The log-probability entries released, in order (GenerateOptions::logprobs
+  // >= 0; a resumed Generator's since its checkpoint).
+  std::vector<TokenLogprobs> logprobs;
   int64_t prefill_ns = 0;     // prompt evaluation (or re-evaluation on resume)
   int64_t decode_ns = 0;      // everything after
 };
 
-// (text that is now safe to show, token id or -1 for the final flush) -> keep going?
-using TokenCallback = std::function<bool(std::string_view text, TokenId id)>;
+// (text that is now safe to show, token id or -1 for the final flush, the
+// log-probability entries released with the text) -> keep going?
+using TokenCallback =
+    std::function<bool(std::string_view text, TokenId id, std::span<const TokenLogprobs> logprobs)>;
 
 struct Checkpoint;  // engine/checkpoint.h
 
@@ -93,6 +157,16 @@ class Generator {
   Generator(Session& session, const GenerateOptions& options);
   void finish(const std::string& reason, const TokenCallback& cb, bool flush);
   Status evaluate_from_prefix(std::span<const TokenId> all_tokens);
+  // Moves the pending entries past one push of `piece` into the Utf8Stream,
+  // which held `pending_before` and decoded `decoded` bytes (see
+  // PendingLogprobs).
+  void advance_logprobs(std::string_view pending_before, std::string_view piece, size_t decoded);
+  // Appends to released_ the pending entries whose text is all emitted now
+  // that `held` decoded bytes are not (the StopMatcher's hold, or what a
+  // stop string cut off).
+  void release_logprobs(size_t held);
+  // released_ moved into result_.logprobs after the callback saw it.
+  void keep_released();
 
   Session& session_;
   GenerateOptions options_;
@@ -101,6 +175,8 @@ class Generator {
   Utf8Stream utf8_;
   GenerateResult result_;
   bool pending_eval_ = false;  // the last sampled token is not in the KV yet
+  std::deque<PendingLogprobs> pending_logprobs_;  // oldest first
+  std::vector<TokenLogprobs> released_;  // for the callback being called
 };
 
 // Convenience wrappers around Generator.

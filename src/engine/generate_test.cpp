@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "engine/checkpoint.h"
@@ -48,7 +50,7 @@ TEST(Generate, GreedyStories260KTellsTheStoryOfLily) {
   auto s = f.session();
   std::string streamed;
   int calls = 0;
-  auto r = generate(*s, f.prompt(), greedy(60), [&](std::string_view t, TokenId) {
+  auto r = generate(*s, f.prompt(), greedy(60), [&](std::string_view t, TokenId, std::span<const TokenLogprobs>) {
     streamed += t;
     ++calls;
     return true;
@@ -87,7 +89,8 @@ TEST(Generate, StopStringIsNotEmittedAndEndsGeneration) {
 TEST(Generate, CancelByCallbackAndByFlag) {
   Fixture f;
   int n = 0;
-  auto r = generate(*f.session(), f.prompt(), greedy(50), [&](std::string_view, TokenId) { return ++n < 5; });
+  auto r = generate(*f.session(), f.prompt(), greedy(50),
+                    [&](std::string_view, TokenId, std::span<const TokenLogprobs>) { return ++n < 5; });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->finish_reason, "cancelled");
   EXPECT_EQ(r->tokens.size(), 5u);
@@ -123,7 +126,7 @@ void check_resume_equivalence(const GenerateOptions& opts) {
     auto g = Generator::start(*s, f.prompt(), opts);
     ASSERT_TRUE(g.ok());
     std::string streamed;
-    auto collect = [&](std::string_view t, TokenId) {
+    auto collect = [&](std::string_view t, TokenId, std::span<const TokenLogprobs>) {
       streamed += t;
       return true;
     };
@@ -216,6 +219,283 @@ TEST(Checkpoint, ResumeRejectsOtherModel) {
   ASSERT_NE(other, nullptr);
   auto s2 = make_session(other, f.cpu, make_pool(*other, 16, 8));
   EXPECT_EQ(Generator::resume(*s2, cp).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// ---- log-probabilities (GenerateOptions::logprobs) ----
+
+// log-softmax of one row of logits, computed here in double the plain way
+// (independently of step_logprobs).
+std::vector<double> log_softmax(const float* row, size_t n) {
+  double mx = -1e300;
+  for (size_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(row[i]));
+  double z = 0;
+  for (size_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(row[i]) - mx);
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = std::log(std::exp(static_cast<double>(row[i]) - mx) / z);
+  return out;
+}
+
+// The text a Utf8Stream shows for `bytes` while it holds an open character.
+std::string decoded(std::string_view bytes) {
+  Utf8Stream u;
+  return u.push(bytes);
+}
+
+// Records the callbacks and checks at each one that the entries released so
+// far never run ahead of the text released so far: their bytes, decoded, are
+// a prefix of it.
+struct Recorder {
+  std::string text;
+  std::vector<TokenLogprobs> entries;
+  std::string entry_bytes;
+  int ahead = 0;  // calls at which the entries ran ahead
+  size_t tokens = 0;  // calls for a token
+  int held = 0;  // calls after which some token's entry was still held
+  TokenCallback callback() {
+    return [this](std::string_view t, TokenId id, std::span<const TokenLogprobs> lp) {
+      text += t;
+      for (const TokenLogprobs& e : lp) {
+        entries.push_back(e);
+        entry_bytes += e.token.piece;
+      }
+      if (!text.starts_with(decoded(entry_bytes))) ++ahead;
+      if (id >= 0) {
+        ++tokens;
+        if (entries.size() < tokens) ++held;
+      }
+      return true;
+    };
+  }
+};
+
+// Where each generated token's text ends in the decoded text (contract: the
+// end of the character holding its last byte), computed from whole prefixes
+// of the tokens' bytes rather than incrementally as the Generator does.
+std::vector<size_t> text_ends(const Tokenizer& tok, const std::vector<TokenId>& tokens) {
+  std::string raw;
+  std::vector<size_t> raw_end;
+  for (TokenId t : tokens) {
+    raw += tok.token_piece(t);
+    raw_end.push_back(raw.size());
+  }
+  std::vector<size_t> out;
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    size_t c = raw_end[k];
+    for (;; ++c) {
+      Utf8Stream u;
+      const std::string d = u.push(std::string_view(raw).substr(0, c));
+      if (u.pending().empty() || c == raw.size()) {
+        out.push_back(u.pending().empty() ? d.size() : std::string::npos);  // open at the end: flushed
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(GenerateLogprobs, EntriesAreTheModelsLogSoftmaxAtEachStep) {
+  Fixture f;
+  ASSERT_NE(f.model, nullptr);
+  const Tokenizer& tok = f.model->tokenizer();
+  const size_t n_vocab = static_cast<size_t>(tok.n_vocab());
+  GenerateOptions penalised = greedy(30);
+  penalised.sampler.repeat_penalty = 1.5f;  // changes the choice, not the report
+  GenerateOptions sampled = seeded(30, 9);
+  for (GenerateOptions o : {greedy(30), penalised, sampled}) {
+    o.logprobs = 5;
+    auto r = generate(*f.session(), f.prompt(), o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->finish_reason, "length");
+    ASSERT_EQ(r->logprobs.size(), r->tokens.size()) << "every token listed";
+    // The reference: every step's logits from one evaluation of the whole
+    // sequence in a fresh session (the backend is batch-size invariant).
+    std::vector<TokenId> all = r->prompt_tokens;
+    all.insert(all.end(), r->tokens.begin(), r->tokens.end());
+    auto s = f.session();
+    auto logits = s->eval_all_logits(all);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    int greedy_top = 0;
+    for (size_t k = 0; k < r->tokens.size(); ++k) {
+      const TokenLogprobs& e = r->logprobs[k];
+      EXPECT_EQ(e.index, static_cast<int32_t>(k));
+      EXPECT_EQ(e.token.id, r->tokens[k]);
+      EXPECT_EQ(e.token.piece, tok.token_piece(r->tokens[k]));
+      const size_t row = r->prompt_tokens.size() - 1 + k;  // the logits token k was sampled from
+      const std::vector<double> ref = log_softmax(logits->data() + row * n_vocab, n_vocab);
+      EXPECT_NEAR(e.token.logprob, ref[static_cast<size_t>(e.token.id)], 1e-9) << k;
+      ASSERT_EQ(e.top.size(), 5u);
+      for (size_t i = 0; i < e.top.size(); ++i) {
+        EXPECT_NEAR(e.top[i].logprob, ref[static_cast<size_t>(e.top[i].id)], 1e-9) << k << " " << i;
+        if (i > 0) {
+          EXPECT_GE(e.top[i - 1].logprob, e.top[i].logprob);
+        }
+        EXPECT_EQ(e.top[i].piece, tok.token_piece(e.top[i].id, true));
+      }
+      // No token outside the list is more likely than its last one.
+      size_t more_likely = 0;
+      for (double v : ref) more_likely += v > e.top.back().logprob + 1e-9 ? 1 : 0;
+      EXPECT_LE(more_likely, 4u) << k;
+      greedy_top += e.top[0].id == e.token.id ? 1 : 0;
+    }
+    if (o.sampler.temperature == 0 && o.sampler.repeat_penalty == 1.0f) {
+      EXPECT_EQ(greedy_top, 30) << "greedy without a penalty chooses the most likely token";
+    }
+    if (o.sampler.repeat_penalty > 1.0f && o.sampler.temperature == 0) {
+      EXPECT_LT(greedy_top, 30) << "the penalty made a less likely token win somewhere, and it is reported as such";
+    }
+  }
+  // Not asked: none computed.
+  auto r = generate(*f.session(), f.prompt(), greedy(5));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->logprobs.empty());
+}
+
+TEST(GenerateLogprobs, TheTokenCompletingAStopStringIsNotListedAndNoneRunsAhead) {
+  Fixture f;
+  const Tokenizer& tok = f.model->tokenizer();
+  auto full = generate(*f.session(), f.prompt(), greedy(60));
+  ASSERT_TRUE(full.ok());
+  const size_t at = full->text.find("Lily");
+  ASSERT_NE(at, std::string::npos);
+  // "ily" starts inside a token, so one token straddles the stop.
+  for (const char* stop : {"Lily", "ily"}) {
+    GenerateOptions o = greedy(60);
+    o.stop = {stop};
+    o.logprobs = 2;
+    Recorder rec;
+    auto r = generate(*f.session(), f.prompt(), o, rec.callback());
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->finish_reason, "stop");
+    EXPECT_EQ(rec.ahead, 0);
+    const std::vector<size_t> ends = text_ends(tok, r->tokens);
+    size_t want = 0;
+    while (want < ends.size() && ends[want] <= r->text.size()) ++want;
+    EXPECT_EQ(rec.entries.size(), want) << stop;
+    EXPECT_LT(rec.entries.size(), r->tokens.size()) << "the token completing the stop string is not listed";
+    EXPECT_EQ(r->logprobs.size(), rec.entries.size());
+    for (size_t k = 0; k < rec.entries.size(); ++k) EXPECT_EQ(rec.entries[k].index, static_cast<int32_t>(k));
+    EXPECT_TRUE(r->text.starts_with(rec.entry_bytes)) << "the entries' text is the response's";
+    EXPECT_EQ(rec.text, r->text);
+  }
+}
+
+TEST(GenerateLogprobs, TextHeldForAStopStringHoldsItsEntriesAndTheFlushReleasesThem) {
+  Fixture f;
+  auto full = generate(*f.session(), f.prompt(), greedy(60));
+  ASSERT_TRUE(full.ok());
+  ASSERT_NE(full->text.find("Lily"), std::string::npos);
+  GenerateOptions o = greedy(60);
+  o.stop = {"Lily!!!", "e zz"};  // prefixes that occur, stop strings that do not
+  o.logprobs = 0;
+  Recorder rec;
+  auto r = generate(*f.session(), f.prompt(), o, rec.callback());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->finish_reason, "length");
+  EXPECT_EQ(r->text, full->text);
+  EXPECT_EQ(rec.ahead, 0);
+  ASSERT_EQ(rec.entries.size(), r->tokens.size()) << "the end releases every entry";
+  EXPECT_EQ(rec.entry_bytes, r->text) << "their bytes are the text";
+  EXPECT_GT(rec.held, 0) << "some text, and so its entries, was held back";
+  for (const TokenLogprobs& e : rec.entries) EXPECT_TRUE(e.top.empty()) << "0 alternatives asked";
+}
+
+// A random model over the stories vocabulary samples its byte tokens often:
+// characters split over tokens, invalid sequences (shown as U+FFFD), and
+// stop strings near them. Every run keeps the alignment the contract states.
+TEST(GenerateLogprobs, SplitAndInvalidCharactersKeepEntriesAlignedWithTheText) {
+  auto model = testing::random_model(testing::small_spec());
+  ASSERT_NE(model, nullptr);
+  const Tokenizer& tok = model->tokenizer();
+  auto cpu = std::make_shared<CpuBackend>(1);
+  const std::vector<TokenId> prompt = tok.encode("Once upon a time", true);
+  int split = 0, stopped = 0;  // runs with a character split over tokens; runs a stop string ended
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    GenerateOptions o = seeded(60, seed);
+    o.sampler.repeat_penalty = 1.0f;
+    o.ignore_eos = true;  // an EOS then is a token of no bytes
+    o.logprobs = 1;
+    Recorder whole;
+    auto r = generate(*make_session(model, cpu, make_pool(*model, 16, 8)), prompt, o, whole.callback());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->finish_reason, "length");
+    EXPECT_EQ(whole.ahead, 0) << seed;
+    ASSERT_EQ(whole.entries.size(), r->tokens.size()) << seed;
+    Utf8Stream u;
+    std::string all = u.push(whole.entry_bytes);
+    all += u.flush();
+    EXPECT_EQ(all, r->text) << "all entries: all the text";
+    for (TokenId t : r->tokens) split += is_valid_utf8(tok.token_piece(t)) ? 0 : 1;
+    // A stop string of two ASCII characters from the second half.
+    size_t p = r->text.size() / 2;
+    while (p + 1 < r->text.size() && !(static_cast<unsigned char>(r->text[p]) < 0x80 &&
+                                        static_cast<unsigned char>(r->text[p + 1]) < 0x80)) {
+      ++p;
+    }
+    if (p + 1 >= r->text.size()) continue;
+    o.stop = {r->text.substr(p, 2)};
+    Recorder rec;
+    auto rs = generate(*make_session(model, cpu, make_pool(*model, 16, 8)), prompt, o, rec.callback());
+    ASSERT_TRUE(rs.ok());
+    ASSERT_EQ(rs->finish_reason, "stop");
+    ++stopped;
+    EXPECT_EQ(rec.ahead, 0) << seed;
+    const std::vector<size_t> ends = text_ends(tok, rs->tokens);
+    size_t want = 0;
+    while (want < ends.size() && ends[want] <= rs->text.size()) ++want;
+    EXPECT_EQ(rec.entries.size(), want) << seed << " stop " << o.stop[0];
+    for (size_t k = 0; k < rec.entries.size(); ++k) EXPECT_EQ(rec.entries[k].index, static_cast<int32_t>(k));
+  }
+  EXPECT_GT(split, 0) << "some token was part of a character (or not UTF-8 at all)";
+  EXPECT_GT(stopped, 0);
+}
+
+// A checkpoint taken while text (and so entries) is held keeps those
+// entries: a generation resumed from it in memory lists every token once; one
+// resumed from the checkpoint's bytes lists only what it generates.
+TEST(GenerateLogprobs, ACheckpointKeepsHeldEntriesInMemoryOnly) {
+  Fixture f;
+  GenerateOptions o = greedy(40);
+  o.stop = {"Lily!!!"};
+  o.logprobs = 3;
+  auto ref = generate(*f.session(), f.prompt(), o);
+  ASSERT_TRUE(ref.ok());
+  ASSERT_EQ(ref->logprobs.size(), 40u);
+  auto s = f.session();
+  auto g = Generator::start(*s, f.prompt(), o);
+  ASSERT_TRUE(g.ok());
+  Recorder before;
+  Checkpoint cp;
+  for (;;) {
+    ASSERT_TRUE((*g)->step(before.callback()).ok());
+    ASSERT_FALSE((*g)->finished()) << "nothing was ever held";
+    cp = (*g)->checkpoint();
+    if (!cp.logprobs_pending.empty()) break;
+  }
+  EXPECT_EQ(before.entries.size() + cp.logprobs_pending.size(), static_cast<size_t>(cp.n_generated));
+  g->reset();
+  Recorder after;
+  auto r = resume(*f.session(), cp, after.callback());
+  ASSERT_TRUE(r.ok());
+  std::vector<TokenLogprobs> all = before.entries;
+  all.insert(all.end(), after.entries.begin(), after.entries.end());
+  ASSERT_EQ(all.size(), ref->logprobs.size());
+  for (size_t k = 0; k < all.size(); ++k) {
+    EXPECT_EQ(all[k].index, static_cast<int32_t>(k));
+    EXPECT_EQ(all[k].token.id, ref->logprobs[k].token.id);
+    EXPECT_EQ(all[k].token.logprob, ref->logprobs[k].token.logprob);
+    ASSERT_EQ(all[k].top.size(), 3u);
+    EXPECT_EQ(all[k].top[2].id, ref->logprobs[k].top[2].id);
+  }
+  auto parsed = parse_checkpoint(serialize_checkpoint(cp));
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(parsed->logprobs_pending.empty());
+  EXPECT_EQ(parsed->options.logprobs, -1) << "not serialized";
+  parsed->options.logprobs = 3;
+  auto r2 = resume(*f.session(), *parsed);
+  ASSERT_TRUE(r2.ok());
+  ASSERT_FALSE(r2->logprobs.empty());
+  EXPECT_EQ(r2->logprobs.front().index, cp.n_generated) << "the held ones are gone with the bytes";
+  EXPECT_EQ(r2->logprobs.size(), static_cast<size_t>(40 - cp.n_generated));
 }
 
 }  // namespace

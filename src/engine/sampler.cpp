@@ -20,6 +20,54 @@ Status check_finite(float v, const char* field) {
 
 }  // namespace
 
+StepLogprobs step_logprobs(std::span<const float> logits, TokenId chosen, int32_t n_top) {
+  StepLogprobs out;
+  out.chosen.id = chosen;
+  const size_t n = logits.size();
+  if (n == 0) return out;
+  const auto logit = [&](size_t i) {
+    const float l = logits[i];
+    return std::isnan(l) ? kNegInf : l;
+  };
+  float max_logit = kNegInf;
+  size_t n_max = 0;  // how many reach max_logit (for the degenerate case)
+  for (size_t i = 0; i < n; ++i) {
+    const float l = logit(i);
+    if (l > max_logit) {
+      max_logit = l;
+      n_max = 1;
+    } else if (l == max_logit) {
+      ++n_max;
+    }
+  }
+  // log-sum-exp around the max, so that exp never overflows; in double so
+  // that the report does not depend on the order of a float sum.
+  double lse = 0.0;
+  if (std::isfinite(max_logit)) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logit(i)) - max_logit);
+    lse = static_cast<double>(max_logit) + std::log(sum);
+  }
+  const double at_max = -std::log(static_cast<double>(n_max));
+  const auto lp = [&](size_t i) -> double {
+    const float l = logit(i);
+    if (!std::isfinite(max_logit)) return l == max_logit ? at_max : -std::numeric_limits<double>::infinity();
+    return static_cast<double>(l) - lse;
+  };
+  if (chosen >= 0 && static_cast<size_t>(chosen) < n) out.chosen.logprob = lp(static_cast<size_t>(chosen));
+  if (n_top <= 0) return out;
+  const size_t k = std::min(static_cast<size_t>(n_top), n);
+  std::vector<TokenId> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = static_cast<TokenId>(i);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](TokenId a, TokenId b) {
+    const float la = logit(static_cast<size_t>(a)), lb = logit(static_cast<size_t>(b));
+    return la > lb || (la == lb && a < b);
+  });
+  out.top.reserve(k);
+  for (size_t i = 0; i < k; ++i) out.top.push_back({ids[i], lp(static_cast<size_t>(ids[i]))});
+  return out;
+}
+
 Status validate_sampler_params(const SamplerParams& p) {
   SPW_RETURN_IF_ERROR(check_finite(p.temperature, "temperature"));
   SPW_RETURN_IF_ERROR(check_finite(p.top_p, "top_p"));

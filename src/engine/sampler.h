@@ -30,6 +30,11 @@
 // (<= 0 disables). The Sampler itself does not validate: call validate first.
 // Thread safety: none; a Sampler belongs to one session and is used by one
 // thread at a time. sample() reads `logits` only.
+//
+// step_logprobs() (beside the Sampler, for OpenAI's `logprobs`) reports what
+// the model thought of one step, not what the sampler did with it: the
+// log-softmax of the raw logits in double (before repetition penalty,
+// top-k/p, min-p and temperature), as llama.cpp's server reports by default.
 #pragma once
 
 #include <array>
@@ -59,6 +64,30 @@ struct SamplerState {  // everything needed to continue identically
   std::array<uint64_t, 4> rng{};
   std::vector<TokenId> recent;  // last repeat_last_n accepted tokens, oldest first
 };
+
+// One token's log-probability under the model at one step (natural log;
+// -inf for a token the logits rule out: a -inf or NaN logit).
+struct TokenLogprob {
+  TokenId id = -1;
+  double logprob = 0;
+};
+
+// A step's report: the chosen token's log-probability, and the n_top most
+// likely tokens (fewer when the vocabulary is smaller) in descending order,
+// ties by lower id (as the sampler orders candidates). The chosen token has
+// its log-probability whether or not it is among them.
+struct StepLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;
+};
+
+// log p_i = l_i - log(sum_j exp(l_j)) over every raw logit in double, NaN as
+// -inf (as the sampler treats it). When no logit is finite (all -inf/NaN, or
+// some +inf) the report is the limit the sampler's argmax rule implies: the
+// tokens at the maximal logit share the probability equally, the others get
+// -inf. O(n_vocab) plus a partial sort of n_top; n_top <= 0 sorts nothing.
+// Empty logits give {{chosen, 0}, {}}.
+StepLogprobs step_logprobs(std::span<const float> logits, TokenId chosen, int32_t n_top);
 
 class Sampler {
  public:

@@ -413,5 +413,82 @@ TEST(SamplerTest, SampleDoesNotMutateLogits) {
   EXPECT_EQ(l, copy);
 }
 
+// ---- step_logprobs: what the model thought, for OpenAI's logprobs ----
+
+// log p_i computed the plain way, independently of step_logprobs: p_i =
+// exp(l_i) / sum_j exp(l_j) in double (the test's logits are small enough
+// that nothing overflows).
+std::vector<double> plain_log_softmax(const std::vector<float>& logits) {
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  std::vector<double> out;
+  for (float l : logits) out.push_back(std::log(std::exp(static_cast<double>(l)) / z));
+  return out;
+}
+
+TEST(StepLogprobsTest, AreTheLogSoftmaxOfTheRawLogitsInDouble) {
+  const std::vector<float> logits = make_logits(300, 11);
+  const std::vector<double> want = plain_log_softmax(logits);
+  for (TokenId chosen : {0, 17, 299}) {
+    const StepLogprobs lp = step_logprobs(logits, chosen, 20);
+    EXPECT_EQ(lp.chosen.id, chosen);
+    EXPECT_NEAR(lp.chosen.logprob, want[static_cast<size_t>(chosen)], 1e-12);
+    ASSERT_EQ(lp.top.size(), 20u);
+    for (const TokenLogprob& t : lp.top) EXPECT_NEAR(t.logprob, want[static_cast<size_t>(t.id)], 1e-12) << t.id;
+  }
+  // The whole distribution sums to 1.
+  double sum = 0;
+  for (const TokenLogprob& t : step_logprobs(logits, 0, 300).top) sum += std::exp(t.logprob);
+  EXPECT_NEAR(sum, 1.0, 1e-12);
+}
+
+TEST(StepLogprobsTest, TopIsTheMostLikelyDescendingTiesByLowerIdAndTheChosenIsAlwaysThere) {
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  const StepLogprobs lp = step_logprobs(logits, /*chosen=*/5, 4);
+  std::vector<TokenId> ids;
+  for (const TokenLogprob& t : lp.top) ids.push_back(t.id);
+  EXPECT_EQ(ids, (std::vector<TokenId>{1, 2, 4, 3}));
+  for (size_t i = 1; i < lp.top.size(); ++i) EXPECT_GE(lp.top[i - 1].logprob, lp.top[i].logprob);
+  // Not among the top 4, and reported all the same.
+  EXPECT_NEAR(lp.chosen.logprob, plain_log_softmax(logits)[5], 1e-12);
+  EXPECT_TRUE(step_logprobs(logits, 1, 0).top.empty()) << "0 alternatives: none sorted";
+  EXPECT_EQ(step_logprobs(logits, 1, 100).top.size(), logits.size()) << "never more than the vocabulary";
+}
+
+TEST(StepLogprobsTest, IgnoreTheSamplersSettings) {
+  // The sampler's penalty, filters and temperature change what it draws,
+  // not what the model reported: step_logprobs takes the raw logits only.
+  SamplerParams p = plain(0.0f);
+  p.repeat_penalty = 5.0f;
+  Sampler s(p);
+  const std::vector<float> logits = {2.0f, 1.0f, 0.5f};
+  s.accept(0);
+  const TokenId id = s.sample(logits);
+  EXPECT_EQ(id, 1) << "the penalty moved the argmax";
+  const StepLogprobs lp = step_logprobs(logits, id, 3);
+  EXPECT_EQ(lp.top[0].id, 0) << "the model still prefers token 0";
+  EXPECT_NEAR(lp.chosen.logprob, plain_log_softmax(logits)[1], 1e-12);
+}
+
+TEST(StepLogprobsTest, DegenerateLogits) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // NaN counts as -inf, as the sampler treats it.
+  const StepLogprobs a = step_logprobs(std::vector<float>{nan, 0.0f, -inf, 0.0f}, 1, 4);
+  EXPECT_NEAR(a.chosen.logprob, std::log(0.5), 1e-12);
+  EXPECT_EQ(a.top[0].id, 1);
+  EXPECT_EQ(a.top[1].id, 3);
+  EXPECT_EQ(a.top[2].logprob, -std::numeric_limits<double>::infinity());
+  // Nothing finite: the maximal logits share the probability.
+  const StepLogprobs b = step_logprobs(std::vector<float>{0.0f, inf, 1.0f, inf}, 1, 2);
+  EXPECT_NEAR(b.chosen.logprob, std::log(0.5), 1e-12);
+  EXPECT_EQ(b.top[1].id, 3);
+  const StepLogprobs c = step_logprobs(std::vector<float>{-inf, -inf}, 0, 1);
+  EXPECT_NEAR(c.chosen.logprob, std::log(0.5), 1e-12);
+  const StepLogprobs d = step_logprobs(std::vector<float>{}, 3, 5);
+  EXPECT_EQ(d.chosen.logprob, 0.0);
+  EXPECT_TRUE(d.top.empty());
+}
+
 }  // namespace
 }  // namespace spw

@@ -135,7 +135,7 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
   const std::string failure_name(failure_reason_name(failure.reason()));
   // Never back to the path that just failed it, whatever its breaker says.
   auto snapshots_without_from = [&] {
-    std::vector<admission::PathSnapshot> snaps = snapshots();
+    std::vector<admission::PathSnapshot> snaps = snapshots_for(t->model());
     snaps[from].usable = false;
     snaps[from].unusable_reason = "failed this request before its first token (" + failure_name + ")";
     return snaps;
@@ -457,6 +457,7 @@ Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) 
     p.job.prompt.assign(cp.tokens.begin(), cp.tokens.begin() + cp.n_prompt);
     p.job.sampler = cp.options.sampler;
     p.job.stop = cp.options.stop;
+    p.job.request_safe_points = request.safe_points;
     p.job.resume = request.checkpoint;
     Resumed out;
     if (have.size() > cp.text.size()) {
@@ -924,6 +925,17 @@ std::vector<admission::PathSnapshot> Gateway::snapshots() const {
   return out;
 }
 
+std::vector<admission::PathSnapshot> Gateway::snapshots_for(const std::string& model) const {
+  std::vector<admission::PathSnapshot> out = snapshots();
+  if (model.empty()) return out;
+  for (admission::PathSnapshot& s : out) {
+    if (s.model == model || !s.usable) continue;
+    s.usable = false;
+    s.unusable_reason = "serves model " + s.model + ", not " + model + " (the request's model)";
+  }
+  return out;
+}
+
 Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g) {
   SPW_RETURN_IF_ERROR(serve::validate_generation_request(g));
   refresh();
@@ -954,7 +966,7 @@ Status Gateway::precheck(const RouteRequest& request, size_t prompt_bytes, Refus
   });
   const size_t lower = longest_token_bytes_ == 0 ? 0 : (prompt_bytes + longest_token_bytes_ - 1) / longest_token_bytes_;
   const auto n_prompt = static_cast<int32_t>(std::min<size_t>(lower, INT32_MAX));
-  std::vector<admission::PathSnapshot> snaps = snapshots();
+  std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
   admission::Decision d = decide(shape_of(request, n_prompt), snaps);
   if (d.kind != admission::DecisionKind::kReject) return Status::ok_status();
   count_decision(admission::decision_kind_name(d.kind), d);
@@ -990,7 +1002,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
   // A path can fill between the decision and the submit (other threads):
   // decide again with fresh snapshots, a bounded number of times.
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::vector<admission::PathSnapshot> snaps = snapshots();
+    std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
     admission::Decision d = decide(shape_of(request, n_prompt), snaps);
     count_decision(admission::decision_kind_name(d.kind), d);
     if (d.kind == admission::DecisionKind::kReject) {
@@ -1002,9 +1014,12 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     p.id = next_ticket_id_.fetch_add(1);
     p.record_id = g.record_id;
     p.allow_migration = request.allow_migration;
+    p.model = request.model;
     p.job.prompt = prompt;
     p.job.sampler = g.sampler;
     p.job.stop = g.stop;
+    p.job.logprobs = g.logprobs;
+    p.job.request_safe_points = g.safe_points;
     Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
     if (t.ok()) {
       track(*t);
@@ -1108,7 +1123,7 @@ Result<Quote> Gateway::quote(const RouteRequest& request) {
   const serve::GenerationRequest& g = request.generation;
   SPW_ASSIGN_OR_RETURN(const std::vector<TokenId> prompt, prepare(g));
   const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
-  std::vector<admission::PathSnapshot> snaps = snapshots();
+  std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
   Quote q;
   q.decision = decide(shape_of(request, n_prompt), snaps);
   if (q.decision.path_index >= 0) {

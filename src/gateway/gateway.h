@@ -242,6 +242,12 @@ struct RouteRequest {
   serve::GenerationRequest generation;  // prompt text, sampler, max_tokens, stop, record_id
   bool allow_shrink = false;
   bool allow_migration = true;  // false: X-Spillway-Migrate: never
+  // The model the client named, when it named one model of several: only
+  // paths serving it are eligible (the others' verdicts say which model they
+  // serve). Empty: the service's model, on whichever path the plan chooses
+  // (a fallback model included, marked as such). The server resolves ids and
+  // aliases (http/models.h) before it gets here.
+  std::string model;
 };
 
 struct Admitted {
@@ -258,6 +264,7 @@ struct ResumeRequest {
   std::string received_text;
   bool allow_migration = true;
   std::optional<int32_t> max_tokens_requested;  // what the original request asked
+  SafePointRules safe_points;                    // the original request's own spans
 };
 
 struct Resumed {
@@ -454,6 +461,9 @@ class Gateway {
   Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request);
   admission::PathSnapshot snapshot_of(const ExecutionPath& path) const;
   std::vector<admission::PathSnapshot> snapshots() const;
+  // snapshots(), with the paths that do not serve `model` (when not empty:
+  // RouteRequest::model) unusable, saying which model they serve.
+  std::vector<admission::PathSnapshot> snapshots_for(const std::string& model) const;
   // submit()'s refusal Status for a reject decision.
   Status reject_status(const admission::Decision& d, const std::vector<admission::PathSnapshot>& snaps) const;
   admission::MemoryLedger* cotenant_ledger() const;

@@ -1576,14 +1576,20 @@ TEST(GatewayMigrationTest, AnUnsafeBoundaryContinuesFromTheLastSafeCheckpoint) {
   EXPECT_TRUE(check_safe_point(inside, rules).ok());
 
   // With checkpoints every token (a journaled request): from token 3.
+  // Tokens 3 and 4 are replayed, and so are their log-probability entries:
+  // not sent again.
   h.faults[0]->fail_after(5, injected_device_loss());
-  auto t = h.submit(journaled(20, 20));
+  RouteRequest jr = journaled(20, 20);
+  jr.generation.logprobs = 1;
+  auto t = h.submit(jr);
   ASSERT_NE(t, nullptr);
   h.run_to_idle();
   Collected c = collect(*t, kRealTimeout);
   EXPECT_EQ(c.fin.state, RequestState::kDone) << c.fin.status.to_string();
   EXPECT_EQ(c.text, fake_text(20));
   EXPECT_TRUE(contains(t->decision().reason, "at token 3")) << t->decision().reason;
+  ASSERT_EQ(c.logprobs.size(), 20u);
+  for (int32_t k = 0; k < 20; ++k) EXPECT_EQ(c.logprobs[static_cast<size_t>(k)].index, k);
 
   // Without periodic checkpoints: from the start, all 5 tokens regenerated.
   h.faults[0]->fail_after(5, injected_device_loss());
@@ -1638,6 +1644,7 @@ TEST(GatewayMigrationPropertyTest, RandomFaultSequencesNeverLoseSkipOrRepeatATok
       if (kind >= 3) fault_on(1);  // and the path it moves to
       RouteRequest r = request(uniform(5, 40), max_tokens);
       r.allow_migration = uniform(0, 3) != 0;
+      r.generation.logprobs = 1;  // each token's entry reaches the stream once, across moves too
       Refusal refusal;
       Result<Admitted> a = h.gw->submit(r, &refusal);
       ASSERT_TRUE(a.ok()) << a.status().to_string();
@@ -1651,6 +1658,8 @@ TEST(GatewayMigrationPropertyTest, RandomFaultSequencesNeverLoseSkipOrRepeatATok
       if (c.fin.state == RequestState::kDone) {
         EXPECT_EQ(c.text, want);
         EXPECT_EQ(c.fin.completion_tokens, max_tokens);
+        ASSERT_EQ(c.logprobs.size(), static_cast<size_t>(max_tokens));
+        for (int32_t k = 0; k < max_tokens; ++k) EXPECT_EQ(c.logprobs[static_cast<size_t>(k)].index, k);
         continue;
       }
       ASSERT_EQ(c.fin.state, RequestState::kFailed) << c.fin.status.to_string();

@@ -2,8 +2,10 @@
 
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
+#include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -282,6 +284,45 @@ std::optional<ApiError> parse_logit_bias(const json& obj) {
                                    "one; send null or {}");
 }
 
+// seed: an integer a JSON number holds exactly (the response reports it
+// back), negative ones as their two's complement.
+std::optional<ApiError> parse_seed(const json& obj, SamplingFields& s) {
+  auto it = obj.find("seed");
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) return wrong_type("seed", "an integer", *it);
+  constexpr int64_t kMax = (int64_t{1} << 53) - 1;
+  const bool in_range = it->is_number_unsigned() ? it->get<uint64_t>() <= static_cast<uint64_t>(kMax)
+                                                 : it->get<int64_t>() >= -kMax && it->get<int64_t>() <= kMax;
+  if (!in_range) {
+    return bad("seed", "'seed' must be an integer in [-9007199254740991, 9007199254740991] (-(2^53 - 1) to "
+                       "2^53 - 1, exact in a JSON number), got " + it->dump());
+  }
+  s.seed = it->is_number_unsigned() ? it->get<uint64_t>()
+                                    : static_cast<uint64_t>(it->get<int64_t>());  // two's complement, as given
+  return std::nullopt;
+}
+
+// logprobs: /v1/completions' number of alternatives in [0, 5] (false: none,
+// as before it was implemented); chat's boolean (its top_logprobs, in
+// parse_chat_only, sets the number).
+std::optional<ApiError> parse_logprobs(const json& obj, bool chat, SamplingFields& s) {
+  auto lp = obj.find("logprobs");
+  if (lp == obj.end() || lp->is_null()) return std::nullopt;
+  if (chat) {
+    if (!lp->is_boolean()) return wrong_type("logprobs", "a boolean", *lp);
+    if (lp->get<bool>()) s.logprobs = 0;
+    return std::nullopt;
+  }
+  if (lp->is_boolean() && !lp->get<bool>()) return std::nullopt;
+  std::optional<int64_t> n;
+  if (lp->is_boolean() || get_int(obj, "logprobs", n)) {
+    return wrong_type("logprobs", "an integer in [0, 5] (the alternatives per token)", *lp);
+  }
+  if (*n < 0 || *n > 5) return bad("logprobs", "'logprobs' must be in [0, 5], got " + std::to_string(*n));
+  s.logprobs = static_cast<int32_t>(*n);
+  return std::nullopt;
+}
+
 // Fields common to /v1/completions and /v1/chat/completions.
 std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingFields& s, std::string& model) {
   std::optional<std::string> model_name;
@@ -360,18 +401,7 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
     s.repeat_last_n = static_cast<int32_t>(std::min<int64_t>(*i, std::numeric_limits<int32_t>::max()));
   }
   i.reset();
-  {
-    auto it = obj.find("seed");
-    if (it != obj.end() && !it->is_null()) {
-      if (it->is_number_unsigned()) {
-        s.seed = it->get<uint64_t>();
-      } else if (it->is_number_integer()) {
-        s.seed = static_cast<uint64_t>(it->get<int64_t>());  // two's complement, as given
-      } else {
-        return wrong_type("seed", "an integer", *it);
-      }
-    }
-  }
+  SPW_TRY_FIELD(parse_seed(obj, s));
   i.reset();
   SPW_TRY_FIELD(get_int(obj, "n", i));
   if (i && *i != 1) return bad("n", "only n=1 is supported, got " + std::to_string(*i), "unsupported_value");
@@ -422,9 +452,11 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   }
 
   // Features this server does not implement: refuse rather than ignore.
+  // (Chat's tools are read by parse_chat_tools.)
   auto tools = obj.find("tools");
-  if (tools != obj.end() && !tools->is_null() && !(tools->is_array() && tools->empty())) {
-    return bad("tools", "tool calls are not supported by this server", "unsupported_parameter");
+  if (!chat && tools != obj.end() && !tools->is_null() && !(tools->is_array() && tools->empty())) {
+    return bad("tools", "tools are for /v1/chat/completions (a completion has no messages to call them from)",
+               "unsupported_parameter");
   }
   auto rf = obj.find("response_format");
   if (rf != obj.end() && !rf->is_null()) {
@@ -435,12 +467,7 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
                  "unsupported_parameter");
     }
   }
-  auto lp = obj.find("logprobs");
-  if (lp != obj.end() && !lp->is_null()) {
-    bool wants = lp->is_boolean() ? lp->get<bool>() : (lp->is_number() ? lp->get<double>() != 0 : true);
-    if (!lp->is_boolean() && !lp->is_number()) return wrong_type("logprobs", chat ? "a boolean" : "an integer", *lp);
-    if (wants) return bad("logprobs", "logprobs are not supported by this server", "unsupported_parameter");
-  }
+  SPW_TRY_FIELD(parse_logprobs(obj, chat, s));
 
   // Metadata in OpenAI's API: checked for type, no effect on the output.
   std::optional<std::string> text;
@@ -462,31 +489,128 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   return std::nullopt;
 }
 
-// Fields only the chat endpoint has; tools themselves are refused above, so
-// these can only say "no tool call" and "no log probabilities".
-std::optional<ApiError> parse_chat_only(const json& obj) {
+// tools, tool_choice and parallel_tool_calls (see ChatRequest). The tools are
+// read again from the body with their keys in the client's order: the
+// templates render them as the client wrote them.
+std::optional<ApiError> parse_chat_tools(std::string_view body, const json& obj, ChatRequest& out) {
+  bool forced = false;
+  bool none = false;
   auto tc = obj.find("tool_choice");
   if (tc != obj.end() && !tc->is_null()) {
     if (tc->is_string()) {
       const std::string v = tc->get<std::string>();
-      if (v != "none" && v != "auto") {
-        return unsupported("tool_choice", "'tool_choice' may only be \"none\" or \"auto\" (tool calls are not "
-                                          "supported by this server), got '" + input_excerpt(v) + "'");
+      if (v == "required") forced = true;
+      else if (v == "none") none = true;
+      else if (v != "auto") {
+        return bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                                  "\"function\", ...}, got '" + input_excerpt(v) + "'");
       }
     } else if (tc->is_object()) {
-      return unsupported("tool_choice", "tool calls are not supported by this server");
+      forced = true;
     } else {
       return wrong_type("tool_choice", "a string or an object", *tc);
     }
   }
+  if (forced) {
+    return unsupported("tool_choice", "'tool_choice' that forces a call (\"required\" or a named function) needs "
+                                      "constrained decoding, which this server does not do; send \"auto\" or \"none\"");
+  }
   std::optional<bool> parallel;
   SPW_TRY_FIELD(get_bool(obj, "parallel_tool_calls", parallel));
+  out.parallel_tool_calls = parallel.value_or(true);
+  auto tools = obj.find("tools");
+  if (tools == obj.end() || tools->is_null()) return std::nullopt;
+  if (!tools->is_array()) return wrong_type("tools", "an array", *tools);
+  if (tools->size() > 128) return bad("tools", "'tools' may list at most 128 tools, got " + std::to_string(tools->size()));
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body, nullptr, false);
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const json& t = (*tools)[i];
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) return wrong_type(at, "an object", t);
+    auto type = t.find("type");
+    if (type == t.end() || !type->is_string() || *type != "function") {
+      return bad(at + ".type", "'" + at + ".type' must be \"function\"");
+    }
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) return bad(at + ".function", "'" + at + ".function' must be an object");
+    auto name = fn->find("name");
+    const std::string nat = at + ".function.name";
+    if (name == fn->end() || !name->is_string()) return bad(nat, "'" + nat + "' is required and must be a string");
+    const std::string n = name->get<std::string>();
+    if (n.empty() || n.size() > 64 || !std::all_of(n.begin(), n.end(), [](char ch) {
+          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+        })) {
+      return bad(nat, "'" + nat + "' must be 1-64 letters, digits, '_' or '-', got '" + input_excerpt(n) + "'");
+    }
+    for (const ChatTool& seen : out.tools) {
+      if (seen.name == n) return bad(nat, "'" + nat + "': two tools are named '" + n + "'");
+    }
+    auto desc = fn->find("description");
+    if (desc != fn->end() && !desc->is_string()) return wrong_type(at + ".function.description", "a string", *desc);
+    auto params = fn->find("parameters");
+    if (params != fn->end() && !params->is_object()) {
+      return wrong_type(at + ".function.parameters", "an object (a JSON Schema)", *params);
+    }
+    auto strict = fn->find("strict");
+    if (strict != fn->end() && !strict->is_boolean() && !strict->is_null()) {
+      return wrong_type(at + ".function.strict", "a boolean", *strict);
+    }
+    const std::string text = ordered.at("tools").at(i).dump();
+    ChatTool ct;
+    ct.name = n;
+    ct.json = tojson(text).value();
+    ct.json_indent4 = tojson(text, 4).value();
+    if (!none) out.tools.push_back(std::move(ct));
+  }
+  return std::nullopt;
+}
+
+// One assistant message's tool_calls (ChatRequest); `at` names the message.
+std::optional<ApiError> parse_message_tool_calls(const json& calls, const std::string& at, ChatMessage& cm) {
+  if (!calls.is_array()) return wrong_type(at + ".tool_calls", "an array", calls);
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const json& c = calls[j];
+    const std::string cat = at + ".tool_calls[" + std::to_string(j) + "]";
+    if (!c.is_object()) return wrong_type(cat, "an object", c);
+    ChatToolCall call;
+    auto id = c.find("id");
+    if (id != c.end() && !id->is_null()) {
+      if (!id->is_string()) return wrong_type(cat + ".id", "a string", *id);
+      call.id = id->get<std::string>();
+    }
+    auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object()) return bad(cat + ".function", "'" + cat + ".function' must be an object");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get_ref<const std::string&>().empty()) {
+      return bad(cat + ".function.name", "'" + cat + ".function.name' must be a non-empty string");
+    }
+    call.name = name->get<std::string>();
+    auto args = fn->find("arguments");
+    const std::string aat = cat + ".function.arguments";
+    if (args == fn->end() || !args->is_string()) return bad(aat, "'" + aat + "' must be a string (a JSON object)");
+    const std::string& a = args->get_ref<const std::string&>();
+    if (!json::parse(a, nullptr, false).is_object()) {
+      return bad(aat, "'" + aat + "' must be a JSON object as a string, got '" + input_excerpt(a) + "'");
+    }
+    call.arguments_json = tojson(a).value();
+    cm.tool_calls.push_back(std::move(call));
+  }
+  return std::nullopt;
+}
+
+// Fields only the chat endpoint has besides the tools. top_logprobs after
+// parse_sampling read logprobs into `s`.
+std::optional<ApiError> parse_chat_only(const json& obj, SamplingFields& s) {
   std::optional<int64_t> top;
   SPW_TRY_FIELD(get_int(obj, "top_logprobs", top));
   if (top && (*top < 0 || *top > 20)) {
     return bad("top_logprobs", "'top_logprobs' must be in [0, 20], got " + std::to_string(*top));
   }
-  if (top && *top != 0) return unsupported("top_logprobs", "logprobs are not supported by this server");
+  if (top && !s.logprobs) {
+    return bad("top_logprobs", "'top_logprobs' needs \"logprobs\": true (it is the number of alternatives listed "
+                               "beside each token's log-probability)");
+  }
+  if (top) s.logprobs = static_cast<int32_t>(*top);
   return std::nullopt;
 }
 
@@ -606,9 +730,22 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
     ChatMessage cm;
     cm.role = role->get<std::string>();
     if (cm.role == "developer") cm.role = "system";  // OpenAI's newer name for it
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
-      return bad(at + ".role", "'" + at + ".role' must be one of system, user, assistant; got '" +
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool") {
+      return bad(at + ".role", "'" + at + ".role' must be one of system, user, assistant, tool; got '" +
                                    input_excerpt(cm.role) + "'");
+    }
+    auto calls = msg.find("tool_calls");
+    if (calls != msg.end() && !calls->is_null()) {
+      if (cm.role != "assistant") return bad(at + ".tool_calls", "only an assistant message has tool_calls");
+      SPW_TRY_FIELD(parse_message_tool_calls(*calls, at, cm));
+    }
+    if (cm.role == "tool") {
+      auto id = msg.find("tool_call_id");
+      if (id == msg.end() || !id->is_string() || id->get_ref<const std::string&>().empty()) {
+        return bad(at + ".tool_call_id", "'" + at + ".tool_call_id' is required for a tool message (the call it answers)",
+                   "missing_required_parameter");
+      }
+      cm.tool_call_id = id->get<std::string>();
     }
     auto content = msg.find("content");
     if (content == msg.end() || content->is_null()) {
@@ -634,9 +771,100 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
     out.messages.push_back(std::move(cm));
   }
   SPW_TRY_FIELD(parse_sampling(obj, /*chat=*/true, out.sampling, out.model));
-  SPW_TRY_FIELD(parse_chat_only(obj));
+  SPW_TRY_FIELD(parse_chat_only(obj, out.sampling));
+  SPW_TRY_FIELD(parse_chat_tools(body, obj, out));
   return std::nullopt;
 }
+
+int64_t count_chars(std::string_view utf8) {
+  int64_t n = 0;
+  for (char c : utf8) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+namespace {
+
+// A token's text: its bytes with whatever is not UTF-8 on its own (part of a
+// character) as U+FFFD, so that the JSON string is valid.
+std::string token_text(const std::string& piece) {
+  Utf8Stream u;
+  std::string out = u.push(piece);
+  out += u.flush();
+  return out;
+}
+
+// JSON has no infinity: a token the logits rule out gets OpenAI's -9999.
+double wire_logprob(double lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+json bytes_json(const std::string& piece) {
+  json a = json::array();
+  for (char c : piece) a.push_back(static_cast<unsigned char>(c));
+  return a;
+}
+
+// /v1/completions: {"tokens","token_logprobs","top_logprobs","text_offset"}.
+json completion_logprobs_json(const ChoiceLogprobs* lp) {
+  if (lp == nullptr || lp->entries.empty()) return nullptr;
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  int64_t offset = lp->text_offset;
+  for (const TokenLogprobs& e : lp->entries) {
+    tokens.push_back(token_text(e.token.piece));
+    token_logprobs.push_back(wire_logprob(e.token.logprob));
+    // The most likely first; a text already there keeps its (higher) value,
+    // and the chosen token is always among the keys.
+    json alts = json::object();
+    for (const PieceLogprob& a : e.top) {
+      const std::string t = token_text(a.piece);
+      if (!alts.contains(t)) alts[t] = wire_logprob(a.logprob);
+    }
+    const std::string chosen = token_text(e.token.piece);
+    if (!alts.contains(chosen)) alts[chosen] = wire_logprob(e.token.logprob);
+    top.push_back(std::move(alts));
+    offsets.push_back(offset);
+    offset += count_chars(e.token.piece);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// /v1/chat/completions: {"content":[{"token","logprob","bytes","top_logprobs"}],"refusal":null}.
+json chat_logprobs_json(const ChoiceLogprobs* lp) {
+  if (lp == nullptr || lp->entries.empty()) return nullptr;
+  json content = json::array();
+  for (const TokenLogprobs& e : lp->entries) {
+    json alts = json::array();
+    for (const PieceLogprob& a : e.top) {
+      alts.push_back(
+          {{"token", token_text(a.piece)}, {"logprob", wire_logprob(a.logprob)}, {"bytes", bytes_json(a.piece)}});
+    }
+    content.push_back({{"token", token_text(e.token.piece)},
+                       {"logprob", wire_logprob(e.token.logprob)},
+                       {"bytes", bytes_json(e.token.piece)},
+                       {"top_logprobs", std::move(alts)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// A whole response that asked for log-probabilities has the object even when
+// no token was listed (an empty list), so that a client can tell "asked,
+// nothing generated" from "not asked".
+json completion_logprobs_whole(const std::optional<ChoiceLogprobs>& lp) {
+  if (!lp) return nullptr;
+  if (lp->entries.empty()) {
+    return {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+            {"text_offset", json::array()}};
+  }
+  return completion_logprobs_json(&*lp);
+}
+json chat_logprobs_whole(const std::optional<ChoiceLogprobs>& lp) {
+  if (!lp) return nullptr;
+  if (lp->entries.empty()) return {{"content", json::array()}, {"refusal", nullptr}};
+  return chat_logprobs_json(&*lp);
+}
+
+}  // namespace
 
 std::string render_completion(const CompletionResult& r) {
   json j;
@@ -644,7 +872,7 @@ std::string render_completion(const CompletionResult& r) {
   j["object"] = "text_completion";
   j["created"] = r.created;
   j["model"] = r.model;
-  j["choices"] = json::array({{{"text", r.text}, {"index", 0}, {"logprobs", nullptr},
+  j["choices"] = json::array({{{"text", r.text}, {"index", 0}, {"logprobs", completion_logprobs_whole(r.logprobs)},
                                {"finish_reason", nullable(r.finish_reason)}}});
   j["usage"] = usage_json(r.prompt_tokens, r.completion_tokens);
   j["spillway"] = spillway_json(r.spillway);
@@ -657,9 +885,18 @@ std::string render_chat_completion(const CompletionResult& r) {
   j["object"] = "chat.completion";
   j["created"] = r.created;
   j["model"] = r.model;
+  json message = {{"role", "assistant"}, {"content", r.text}};
+  if (!r.tool_calls.empty()) {
+    if (r.text.empty()) message["content"] = nullptr;
+    json calls = json::array();
+    for (const ToolCallOut& c : r.tool_calls) {
+      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    }
+    message["tool_calls"] = calls;
+  }
   j["choices"] = json::array({{{"index", 0},
-                               {"message", {{"role", "assistant"}, {"content", r.text}}},
-                               {"logprobs", nullptr},
+                               {"message", message},
+                               {"logprobs", chat_logprobs_whole(r.logprobs)},
                                {"finish_reason", nullable(r.finish_reason)}}});
   j["usage"] = usage_json(r.prompt_tokens, r.completion_tokens);
   j["spillway"] = spillway_json(r.spillway);
@@ -690,7 +927,7 @@ std::string render_chunk(const ChunkFields& c, const char* object, const json& c
 
 std::string render_completion_chunk(const ChunkFields& c) {
   return render_chunk(c, "text_completion",
-                      {{"text", c.text}, {"index", 0}, {"logprobs", nullptr},
+                      {{"text", c.text}, {"index", 0}, {"logprobs", completion_logprobs_json(c.logprobs)},
                        {"finish_reason", nullable(c.finish_reason)}});
 }
 
@@ -698,8 +935,15 @@ std::string render_chat_chunk(const ChunkFields& c) {
   json delta = json::object();
   if (c.role_delta) delta["role"] = "assistant";
   if (c.role_delta || !c.text.empty()) delta["content"] = c.text;
+  if (c.tool_call) {
+    const ToolCallOut& t = *c.tool_call;
+    delta["tool_calls"] = json::array({{{"index", c.tool_call_index},
+                                        {"id", t.id},
+                                        {"type", "function"},
+                                        {"function", {{"name", t.name}, {"arguments", t.arguments}}}}});
+  }
   return render_chunk(c, "chat.completion.chunk",
-                      {{"index", 0}, {"delta", delta}, {"logprobs", nullptr},
+                      {{"index", 0}, {"delta", delta}, {"logprobs", chat_logprobs_json(c.logprobs)},
                        {"finish_reason", nullable(c.finish_reason)}});
 }
 
@@ -875,13 +1119,6 @@ std::string render_request_record(const journal::Record& r) {
                {"kept", r.body_kept},
                {"refusal_reason", nullable(r.refusal_reason)}};
   j["owner"] = nullable(r.owner);
-  return dump(j);
-}
-
-std::string render_models(const std::string& model, int64_t created) {
-  json j;
-  j["object"] = "list";
-  j["data"] = json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "spillway"}}});
   return dump(j);
 }
 

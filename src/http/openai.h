@@ -43,6 +43,7 @@
 #include "gateway/gateway.h"
 #include "http/transport.h"
 #include "serve/scheduler.h"
+#include "http/tool_calls.h"
 #include "tokenizer/chat_template.h"
 
 namespace spw::http {
@@ -80,8 +81,11 @@ std::string input_excerpt(std::string_view text, size_t max_bytes = kInputExcerp
 //   model (informational: one model is served), max_tokens,
 //   max_completion_tokens (the same limit under OpenAI's newer name; both
 //   given and different: 400 naming max_completion_tokens), temperature,
-//   top_p, seed (any 64-bit integer, negative ones as their two's complement),
-//   stop, stream, n (1 only), best_of (1 only),
+//   top_p, seed (an integer in [-(2^53 - 1), 2^53 - 1], the integers a JSON
+//   number holds exactly, so that the seed a response reports back is the
+//   one sent; negative ones as their 64-bit two's complement; outside: 400
+//   naming seed and the range), stop, stream, n (1 only), best_of (1 only),
+//   logprobs (see "Log-probabilities" below),
 //   llama.cpp-style sampling the server implements: top_k, min_p,
 //   repeat_penalty, repeat_last_n;
 //   accepted only with values that change nothing (else unsupported_parameter):
@@ -89,9 +93,8 @@ std::string input_excerpt(std::string_view text, size_t max_bytes = kInputExcerp
 //   apply them; repeat_penalty is the penalty it implements), logit_bias
 //   (null / {}; a non-empty map is validated, keys decimal token ids, values
 //   numbers in [-100, 100], then refused: the sampler and the checkpoints
-//   that resume and migrate requests carry no per-token bias), logprobs
-//   (false / 0 / null), response_format ({"type":"text"} / null), tools
-//   ([] / null);
+//   that resume and migrate requests carry no per-token bias),
+//   response_format ({"type":"text"} / null), tools ([] / null);
 //   metadata that does not affect the output: user (string), metadata
 //   (object), store (false / null: nothing is stored for later retrieval),
 //   service_tier ("auto" / "default" / null), stream_options
@@ -107,9 +110,43 @@ inline constexpr std::string_view kCompletionOnlyFields[] = {"prompt", "echo", "
 // /v1/chat/completions also: messages (required), tool_choice ("none" /
 // "auto" / null: without tools no tool is called either way),
 // parallel_tool_calls (a boolean; nothing to parallelise without tools),
-// top_logprobs (0 / null).
+// top_logprobs (see below).
 inline constexpr std::string_view kChatOnlyFields[] = {"messages", "tool_choice", "parallel_tool_calls",
                                                        "top_logprobs"};
+//
+// Log-probabilities (OpenAI's `logprobs`; SamplingFields::logprobs):
+//  - /v1/completions: `logprobs` an integer in [0, 5] (null, absent or false:
+//    none; true or another value: 400 naming logprobs). Each choice (and each
+//    stream chunk that carries tokens) then has "logprobs": {"tokens",
+//    "token_logprobs", "top_logprobs": [{token: logprob}] with the N most
+//    likely tokens and the chosen one (so up to N + 1 keys; two tokens of the
+//    same text show once, the more likely), "text_offset": characters
+//    (Unicode code points, as OpenAI counts them) from the start of the
+//    prompt to each token, counted from the tokens' bytes};
+//  - /v1/chat/completions: `logprobs` a boolean, `top_logprobs` an integer in
+//    [0, 20] (default 0) that needs "logprobs": true (otherwise 400 naming
+//    top_logprobs). Each choice (and each chunk that carries tokens) then has
+//    "logprobs": {"content": [{"token", "logprob", "bytes", "top_logprobs":
+//    [{"token", "logprob", "bytes"}] (the N most likely)}], "refusal": null}.
+//  The numbers are the model's: the log-softmax of the step's raw logits in
+//  double precision, before repetition penalty, top-k/p, min-p and
+//  temperature (as llama.cpp's server reports by default; engine/sampler.h
+//  step_logprobs), so a greedy choice is the first alternative unless the
+//  repetition penalty moved it, and the chosen token's logprob is there even
+//  when it is not among the alternatives. Alternatives tie by lower token id.
+//  A log-probability of -inf (a masked logit) is written -9999.0, OpenAI's
+//  figure for "never". `token` is the token's text (a token that is part of a
+//  UTF-8 character shows U+FFFD for it; an alternative control token its
+//  name, e.g. "</s>"), `bytes` its exact bytes. Which tokens are listed, and
+//  in which chunk, is engine/generate.h's rule: every token whose text is in
+//  the response, once, in the chunk that completes its text (never before
+//  it); a token that completes a stop string, and an end-of-generation
+//  token, are not listed. A request that migrates to another path mid-stream
+//  goes on listing from there, nothing listed twice.
+//  Not stored: a replay of a finished request by its Idempotency-Key, and a
+//  resumed request (POST /v1/requests/{id}/resume), answer with "logprobs":
+//  null (the journal keeps the text and the checkpoint, not the entries).
+//  Requests that do not ask compute nothing.
 
 // Sampling fields shared by both endpoints; nullopt = the server default.
 struct SamplingFields {
@@ -122,6 +159,10 @@ struct SamplingFields {
   std::optional<int32_t> repeat_last_n;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  // Log-probabilities asked for: the number of alternatives per token
+  // (completions' logprobs; chat's top_logprobs, 0 when only logprobs is
+  // true); nullopt: none.
+  std::optional<int32_t> logprobs;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };
@@ -136,6 +177,20 @@ struct ChatRequest {
   std::string model;
   std::vector<ChatMessage> messages;
   SamplingFields sampling;
+  // `tools` ({"type":"function","function":{name, description?,
+  // parameters?, strict?}}, names of 1-64 letters, digits, '_' or '-',
+  // unique) as the templates render them; empty with tool_choice "none"
+  // (the model is not told of them, and nothing is parsed as a call).
+  // tool_choice: "auto" (default with tools), "none"; "required" and a
+  // named function are refused (400 unsupported_parameter: forcing a call
+  // needs constrained decoding, which the sampler does not do).
+  // parallel_tool_calls (default true): false keeps the first call.
+  // Messages may carry assistant tool_calls ({id, type "function",
+  // function {name, arguments: a JSON object as a string}}) and "tool"
+  // messages (tool_call_id, content): arguments that are not a JSON object
+  // are a 400 naming messages[i].tool_calls[j].function.arguments.
+  std::vector<ChatTool> tools;
+  bool parallel_tool_calls = true;
 };
 
 // A JSON object with a "messages" field (a chat body, e.g. for /v1/quote).
@@ -164,6 +219,9 @@ struct SpillwayInfo {
   std::optional<double> predicted_ttft_ms;
   std::optional<double> predicted_total_ms;
   uint64_t request_id = 0;
+  // The sampler's seed: the request's (a negative one as its two's
+  // complement), or one the server chose, below 2^53 so that a client can
+  // send it back.
   uint64_t seed = 0;
   serve::AppliedLimits limits;
   double queue_ms = 0;
@@ -178,15 +236,30 @@ struct SpillwayInfo {
   std::optional<int32_t> resumed_at_token;
 };
 
+// A choice's log-probabilities as rendered (see "Log-probabilities" above).
+struct ChoiceLogprobs {
+  std::vector<TokenLogprobs> entries;  // the engine's, in order
+  // /v1/completions: the text_offset of the first entry (characters of the
+  // prompt and of the text before it: count_chars()).
+  int64_t text_offset = 0;
+};
+// Unicode code points in UTF-8 bytes (the bytes that do not continue a
+// character), as text_offset counts them.
+int64_t count_chars(std::string_view utf8);
+
 struct CompletionResult {
   std::string id;  // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;  // Unix seconds
   std::string model;
   std::string text;
+  // Chat: the calls the model made (message.tool_calls; message.content is
+  // null when `text` is empty and there are calls).
+  std::vector<ToolCallOut> tool_calls;
   std::string finish_reason;  // "stop" / "length"
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   SpillwayInfo spillway;
+  std::optional<ChoiceLogprobs> logprobs;  // nullopt: "logprobs": null
 };
 
 std::string render_completion(const CompletionResult& r);
@@ -207,6 +280,13 @@ struct ChunkFields {
   bool usage_only = false;
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  // The entries released with `text` (null or none: "logprobs": null).
+  const ChoiceLogprobs* logprobs = nullptr;
+  // Chat: one whole call as a delta ({"tool_calls":[{"index", "id", "type":
+  // "function", "function":{"name","arguments"}}]}), index = its position
+  // among the response's calls.
+  const ToolCallOut* tool_call = nullptr;
+  int32_t tool_call_index = 0;
 };
 std::string render_completion_chunk(const ChunkFields& c);
 std::string render_chat_chunk(const ChunkFields& c);
@@ -363,7 +443,6 @@ StoredRoute stored_route(std::string_view decision_json);
 // Times in Unix ms. "id" is whatever the caller put in r.id (the server puts
 // the public id there).
 std::string render_request_record(const journal::Record& r);
-std::string render_models(const std::string& model, int64_t created);
 
 // Server-Sent Events framing: "data: <payload>\n\n". The payload must not
 // contain a newline (our JSON never does).

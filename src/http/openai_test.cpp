@@ -100,7 +100,7 @@ TEST(OpenAiParse, BadFieldsNameTheField) {
       {R"({"prompt":"a","n":2})", "n", "n=1"},
       {R"({"prompt":"a","model":5})", "model", "string"},
       {R"({"prompt":"a","echo":true})", "echo", "not supported"},
-      {R"({"prompt":"a","logprobs":5})", "logprobs", "not supported"},
+      {R"({"prompt":"a","logprobs":6})", "logprobs", "[0, 5]"},
       {R"({"prompt":"a","stream_options":{"include_usage":1}})", "stream_options.include_usage", "boolean"},
   };
   for (const Case& c : cases) {
@@ -145,7 +145,7 @@ TEST(OpenAiParse, BadChatMessages) {
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})").param,
             "messages[0].content[0]");
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})").param,
-            "tools");
+            "tools[0].function");
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})").param, "max_tokens");
 }
 
@@ -365,7 +365,7 @@ TEST(OpenAiStrict, MetadataFieldsAreAcceptedAndChangeNothing) {
   ChatRequest c;
   auto e = parse_chat_request(
       R"({"messages":[{"role":"user","content":"x"}],"user":"u1","metadata":{"k":"v"},"store":false,)"
-      R"("service_tier":"auto","parallel_tool_calls":true,"tool_choice":"none","top_logprobs":0,)"
+      R"("service_tier":"auto","parallel_tool_calls":true,"tool_choice":"none",)"
       R"("stream_options":{"include_usage":true},"stream":true})",
       c);
   ASSERT_FALSE(e.has_value()) << e->message;
@@ -394,8 +394,6 @@ TEST(OpenAiStrict, MetadataFieldsAreAcceptedAndChangeNothing) {
   EXPECT_EQ(chat_error(chat_prefix + R"("tool_choice":"required"})").code, "unsupported_parameter");
   EXPECT_EQ(chat_error(chat_prefix + R"("tool_choice":{"type":"function"}})").code, "unsupported_parameter");
   EXPECT_EQ(chat_error(chat_prefix + R"("parallel_tool_calls":"yes"})").code, "invalid_type");
-  EXPECT_EQ(chat_error(chat_prefix + R"("top_logprobs":2})").code, "unsupported_parameter");
-  EXPECT_EQ(chat_error(chat_prefix + R"("top_logprobs":21})").code, "invalid_value");
 }
 
 // ---- max_completion_tokens, penalties, logit_bias ----
@@ -468,15 +466,87 @@ TEST(OpenAiParse, LogitBiasIsValidatedThenRefused) {
             "unsupported_parameter");
 }
 
-// seed keeps its semantics: any 64-bit integer, negative ones as their bits.
-TEST(OpenAiParse, SeedTakesAny64BitInteger) {
+// seed: the integers a JSON number holds exactly, negative ones as their
+// bits; outside that range a 400 naming seed and the range.
+TEST(OpenAiParse, SeedIsAJsonSafeInteger) {
+  constexpr uint64_t kMax = (uint64_t{1} << 53) - 1;
   CompletionRequest hi;
-  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","seed":18446744073709551615})", hi).has_value());
-  EXPECT_EQ(hi.sampling.seed, ~uint64_t{0});
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","seed":9007199254740991})", hi).has_value());
+  EXPECT_EQ(hi.sampling.seed, kMax);
   CompletionRequest lo;
-  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","seed":-9223372036854775808})", lo).has_value());
-  EXPECT_EQ(lo.sampling.seed, uint64_t{1} << 63);
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","seed":-9007199254740991})", lo).has_value());
+  EXPECT_EQ(lo.sampling.seed, ~kMax + 1) << "two's complement of -(2^53 - 1)";
+  CompletionRequest zero;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","seed":0})", zero).has_value());
+  EXPECT_EQ(zero.sampling.seed, 0u);
+  for (const char* seed : {"9007199254740992", "-9007199254740992", "18446744073709551615", "-9223372036854775808"}) {
+    const ApiError e = completion_error(std::string(R"({"prompt":"a","seed":)") + seed + "}");
+    EXPECT_EQ(e.http_status, 400) << seed;
+    EXPECT_EQ(e.type, "invalid_request_error") << seed;
+    EXPECT_EQ(e.param, "seed") << seed;
+    EXPECT_NE(e.message.find("[-9007199254740991, 9007199254740991]"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find(seed), std::string::npos) << "names the value: " << e.message;
+  }
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"seed":9007199254740992})").param, "seed");
   EXPECT_EQ(completion_error(R"({"prompt":"a","seed":1.5})").param, "seed");
+}
+
+// logprobs: completions' integer in [0, 5]; chat's boolean with top_logprobs
+// in [0, 20], which needs logprobs true.
+TEST(OpenAiParse, LogprobsRanges) {
+  for (int n : {0, 1, 5}) {
+    CompletionRequest r;
+    auto e = parse_completion_request(R"({"prompt":"a","logprobs":)" + std::to_string(n) + "}", r);
+    ASSERT_FALSE(e.has_value()) << e->message;
+    EXPECT_EQ(r.sampling.logprobs, n);
+  }
+  for (const char* none :
+       {R"({"prompt":"a"})", R"({"prompt":"a","logprobs":null})", R"({"prompt":"a","logprobs":false})"}) {
+    CompletionRequest r;
+    ASSERT_FALSE(parse_completion_request(none, r).has_value()) << none;
+    EXPECT_FALSE(r.sampling.logprobs.has_value()) << none;
+  }
+  struct Case {
+    std::string body;
+    const char* param;
+    const char* code;
+  };
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  const Case cases[] = {
+      {R"({"prompt":"a","logprobs":-1})", "logprobs", "invalid_value"},
+      {R"({"prompt":"a","logprobs":6})", "logprobs", "invalid_value"},
+      {R"({"prompt":"a","logprobs":true})", "logprobs", "invalid_type"},
+      {R"({"prompt":"a","logprobs":1.5})", "logprobs", "invalid_type"},
+      {R"({"prompt":"a","logprobs":"2"})", "logprobs", "invalid_type"},
+      {chat + R"("logprobs":1})", "logprobs", "invalid_type"},
+      {chat + R"("top_logprobs":2})", "top_logprobs", "invalid_value"},
+      {chat + R"("top_logprobs":0})", "top_logprobs", "invalid_value"},
+      {chat + R"("logprobs":false,"top_logprobs":3})", "top_logprobs", "invalid_value"},
+      {chat + R"("logprobs":true,"top_logprobs":21})", "top_logprobs", "invalid_value"},
+      {chat + R"("logprobs":true,"top_logprobs":-1})", "top_logprobs", "invalid_value"},
+      {chat + R"("logprobs":true,"top_logprobs":"3"})", "top_logprobs", "invalid_type"},
+  };
+  for (const Case& c : cases) {
+    ApiError e;
+    if (c.body.starts_with(R"({"prompt")")) {
+      e = completion_error(c.body);
+    } else {
+      e = chat_error(c.body);
+    }
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
+  }
+  EXPECT_NE(chat_error(chat + R"("top_logprobs":2})").message.find("\"logprobs\": true"), std::string::npos);
+  ChatRequest a;
+  ASSERT_FALSE(parse_chat_request(chat + R"("logprobs":true})", a).has_value());
+  EXPECT_EQ(a.sampling.logprobs, 0);
+  ChatRequest b;
+  ASSERT_FALSE(parse_chat_request(chat + R"("logprobs":true,"top_logprobs":20})", b).has_value());
+  EXPECT_EQ(b.sampling.logprobs, 20);
+  ChatRequest c;
+  ASSERT_FALSE(parse_chat_request(chat + R"("logprobs":false,"top_logprobs":null})", c).has_value());
+  EXPECT_FALSE(c.sampling.logprobs.has_value());
 }
 
 // The mapping follows the typed reason and field, never the message text.
@@ -558,6 +628,80 @@ TEST(OpenAiRender, ChunksAndSse) {
   EXPECT_EQ(last["spillway"]["placement"], "cpu");
   EXPECT_EQ(sse_data("{}"), "data: {}\n\n");
   EXPECT_EQ(std::string(kSseDone), "data: [DONE]\n\n");
+}
+
+PieceLogprob piece(TokenId id, double logprob, std::string bytes) {
+  PieceLogprob p;
+  p.id = id;
+  p.logprob = logprob;
+  p.piece = std::move(bytes);
+  return p;
+}
+TokenLogprobs entry(int32_t index, PieceLogprob token, std::vector<PieceLogprob> top) {
+  TokenLogprobs e;
+  e.index = index;
+  e.token = std::move(token);
+  e.top = std::move(top);
+  return e;
+}
+// Entries as the engine gives them: "Hi" (two alternatives), " \xC3" (the
+// first byte of "é"), "\xA9!" (its second byte and "!").
+std::vector<TokenLogprobs> sample_entries() {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<TokenLogprobs> out;
+  out.push_back(entry(0, piece(7, -0.25, "Hi"), {piece(7, -0.25, "Hi"), piece(9, -1.5, "Hey")}));
+  out.push_back(entry(1, piece(300, -2.0, " \xC3"), {piece(12, -0.5, " a"), piece(300, -2.0, " \xC3")}));
+  // Two alternatives of one text.
+  out.push_back(entry(2, piece(301, -inf, "\xA9!"), {piece(5, -0.1, "!"), piece(6, -0.2, "!")}));
+  return out;
+}
+
+TEST(OpenAiRender, CompletionLogprobsListTokensTheirAlternativesAndOffsets) {
+  CompletionResult r;
+  r.text = "Hi \xC3\xA9!";
+  r.logprobs = ChoiceLogprobs{sample_entries(), /*text_offset=*/4};
+  const json lp = json::parse(render_completion(r))["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json::array({"Hi", " \xEF\xBF\xBD", "\xEF\xBF\xBD!"})) << "lossy text of partial characters";
+  EXPECT_EQ(lp["token_logprobs"], json::array({-0.25, -2.0, -9999.0})) << "-inf as -9999";
+  EXPECT_EQ(lp["text_offset"], json::array({4, 6, 8})) << "characters, from the prompt's start";
+  EXPECT_EQ(lp["top_logprobs"][0], json({{"Hi", -0.25}, {"Hey", -1.5}}));
+  EXPECT_EQ(lp["top_logprobs"][2], json({{"!", -0.1}, {"\xEF\xBF\xBD!", -9999.0}}))
+      << "a repeated text keeps the likelier value; the chosen token is always a key";
+  // Asked, nothing listed: an empty object, not null; not asked: null.
+  r.logprobs = ChoiceLogprobs{};
+  EXPECT_EQ(json::parse(render_completion(r))["choices"][0]["logprobs"]["tokens"], json::array());
+  EXPECT_EQ(json::parse(render_chat_completion(r))["choices"][0]["logprobs"]["content"], json::array());
+  r.logprobs.reset();
+  EXPECT_TRUE(json::parse(render_completion(r))["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(json::parse(render_chat_completion(r))["choices"][0]["logprobs"].is_null());
+}
+
+TEST(OpenAiRender, ChatLogprobsCarryExactBytes) {
+  CompletionResult r;
+  r.logprobs = ChoiceLogprobs{sample_entries(), 0};
+  const json lp = json::parse(render_chat_completion(r))["choices"][0]["logprobs"];
+  EXPECT_TRUE(lp["refusal"].is_null());
+  ASSERT_EQ(lp["content"].size(), 3u);
+  const json& b = lp["content"][1];
+  EXPECT_EQ(b["token"], " \xEF\xBF\xBD");
+  EXPECT_EQ(b["bytes"], json::array({0x20, 0xC3}));
+  EXPECT_EQ(b["logprob"], -2.0);
+  EXPECT_EQ(b["top_logprobs"][0], json({{"token", " a"}, {"logprob", -0.5}, {"bytes", json::array({0x20, 0x61})}}));
+  EXPECT_EQ(lp["content"][2]["bytes"], json::array({0xA9, 0x21}));
+  EXPECT_EQ(lp["content"][2]["top_logprobs"].size(), 2u) << "chat lists every alternative";
+  // A chunk carries its own entries; one without any has null.
+  ChunkFields f;
+  const ChoiceLogprobs one{{sample_entries()[0]}, 0};
+  f.text = "Hi";
+  f.logprobs = &one;
+  const json chunk = json::parse(render_chat_chunk(f));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["token"], "Hi");
+  const json cchunk = json::parse(render_completion_chunk(f));
+  EXPECT_EQ(cchunk["choices"][0]["logprobs"]["tokens"], json::array({"Hi"}));
+  f.logprobs = nullptr;
+  EXPECT_TRUE(json::parse(render_chat_chunk(f))["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(json::parse(render_completion_chunk(f))["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(count_chars("Hi \xC3\xA9!"), 5);
 }
 
 admission::Decision shrink_decision() {

@@ -8,14 +8,17 @@
 #include <optional>
 #include <csignal>
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "core/digest.h"
 #include "http/auth.h"
 #include "http/metrics.h"
+#include "http/models.h"
 #include "http/transport.h"
 #include "http/openai.h"
 #include "serve/journal_observer.h"
@@ -53,9 +56,24 @@ struct Call {
   int32_t attempts = 0;  // the ticket's attempts when `info` was filled
   // A resume: checkpoint text the client lacks, sent before the ticket's.
   std::string unsent;
+  // The request asked for log-probabilities (a replay or a resume never
+  // has them: openai.h), and, for /v1/completions, the text_offset of the
+  // next entry (characters of the prompt and of the text listed so far).
+  bool logprobs = false;
+  int64_t text_offset = 0;
+  // Chat with tools: the model's calls are parsed out of its text (null:
+  // none asked for, or tool_choice "none").
+  std::unique_ptr<ToolCallStream> tools;
   // Stream progress (touched only by the connection's thread).
   bool started = false;
   bool finished = false;
+};
+
+// How a chat request uses tools (generation_from_body): the format its
+// template's models write calls in; kNone when it has none.
+struct ToolUse {
+  ToolFormat format = ToolFormat::kNone;
+  bool parallel = true;
 };
 
 bool header_true(const Request& req, const char* name) {
@@ -192,7 +210,11 @@ Result<std::optional<ChatTemplateKind>> resolve_chat_template(const gguf::GgufFi
 class HttpServer::Impl {
  public:
   Impl(Env& env, gateway::Gateway& gateway, HttpServerOptions options)
-      : env_(env), gateway_(gateway), options_(std::move(options)), in_flight_(env) {}
+      : env_(env),
+        gateway_(gateway),
+        options_(std::move(options)),
+        models_(ModelCatalog::build(options_.model_name, options_.model_aliases, gateway.paths())),
+        in_flight_(env) {}
 
   ~Impl() { stop(); }
 
@@ -330,7 +352,12 @@ class HttpServer::Impl {
                       "text/plain; version=0.0.4; charset=utf-8");
     }), true);
     r.add("GET", "/v1/models", kInline, authed([this](const Request&, Response& res, const Principal&) {
-      res.set_content(render_models(options_.model_name, env_.wall_time_ms() / 1000), kJson);
+      res.set_content(render_models(models_, env_.wall_time_ms() / 1000), kJson);
+    }));
+    r.add("GET", "/v1/models/{}", kInline, authed([this](const Request& req, Response& res, const Principal&) {
+      const ModelEntry* m = models_.find(req.params[0]);
+      if (!m) return set_error(res, model_not_found(req.params[0], models_));
+      res.set_content(render_model(*m, env_.wall_time_ms() / 1000), kJson);
     }));
     r.add("POST", "/v1/completions", kWorker, authed([this](const Request& req, Response& res, const Principal& p) {
       completion(req, res, p, false);
@@ -494,20 +521,37 @@ class HttpServer::Impl {
     if (s.min_p) g.sampler.min_p = *s.min_p;
     if (s.repeat_penalty) g.sampler.repeat_penalty = *s.repeat_penalty;
     if (s.repeat_last_n) g.sampler.repeat_last_n = *s.repeat_last_n;
-    // A request without a seed gets a fresh one, reported back so it can be replayed.
-    g.sampler.seed = s.seed ? *s.seed : env_.random_u64();
+    // A request without a seed gets a fresh one, reported back so it can be
+    // replayed: 53 bits, so that a client can send it back (openai.h: seed).
+    g.sampler.seed = s.seed ? *s.seed : env_.random_u64() >> 11;
     g.max_tokens = s.max_tokens;
     g.stop = s.stop;
+    g.logprobs = s.logprobs ? *s.logprobs : -1;
     return g;
   }
 
+  // The route model for a body's `model` (into *out); the 404 for an id this
+  // server does not answer to.
+  std::optional<ApiError> resolve_model(const std::string& requested, std::string* out) const {
+    std::variant<std::string, ApiError> r = models_.resolve(requested);
+    if (auto* e = std::get_if<ApiError>(&r)) return std::move(*e);
+    *out = std::get<std::string>(std::move(r));
+    return std::nullopt;
+  }
+
   // A completion or chat body -> the engine's request (chat: through the
-  // template, with its end-of-turn stops); nullopt on success, else the error.
+  // template, with its end-of-turn stops) and, when route_model is given, the
+  // body's `model` resolved (ModelCatalog::resolve: a 404 for an id this
+  // server does not serve; a stored body, parsed again without route_model,
+  // keeps the id it was accepted under even if --alias changed since);
+  // nullopt on success, else the error.
   std::optional<ApiError> generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g,
-                                               SamplingFields& sampling) {
+                                               SamplingFields& sampling, std::string* route_model = nullptr,
+                                               ToolUse* tool_use = nullptr) {
     if (chat) {
       ChatRequest cr;
       if (auto e = parse_chat_request(body, cr)) return e;
+      if (route_model) if (auto e = resolve_model(cr.model, route_model)) return e;
       if (!options_.chat_template) {
         ApiError e;
         e.param = "messages";
@@ -525,7 +569,15 @@ class HttpServer::Impl {
       ChatSpecialTexts special;
       if (tok.bos_id() >= 0) special.bos = tok.token_text(tok.bos_id());
       if (tok.eos_id() >= 0) special.eos = tok.token_text(tok.eos_id());
-      Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true, special);
+      if (!cr.tools.empty() && !chat_template_renders_tools(*options_.chat_template)) {
+        ApiError e;
+        e.param = "tools";
+        e.code = "unsupported_parameter";
+        e.message = "the server's chat template (" + std::string(chat_template_name(*options_.chat_template)) +
+                    ") has no tool-call format Spillway renders; tools work with the chatml and llama3 templates";
+        return e;
+      }
+      Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true, special, cr.tools);
       if (!prompt.ok()) {
         ApiError e = api_error_from_status(prompt.status());
         if (e.http_status == 400 && e.param.empty()) e.param = "messages";
@@ -538,9 +590,17 @@ class HttpServer::Impl {
       // End-of-turn markers: control tokens in real chat vocabularies (then
       // is_eog ends the turn), but plain text in others; stop on them either way.
       for (const char* marker : turn_end_markers(*options_.chat_template)) g.stop.emplace_back(marker);
+      if (!cr.tools.empty()) {
+        // A call in progress is no place to split the generation: its
+        // arguments must come from one run.
+        const ToolFormat format = tool_format(*options_.chat_template);
+        g.safe_points = tool_safe_points(format);
+        if (tool_use) *tool_use = {format, cr.parallel_tool_calls};
+      }
     } else {
       CompletionRequest cr;
       if (auto e = parse_completion_request(body, cr)) return e;
+      if (route_model) if (auto e = resolve_model(cr.model, route_model)) return e;
       sampling = cr.sampling;
       if (!sampling.max_tokens) sampling.max_tokens = options_.completion_default_max_tokens;
       g = to_generation(sampling);
@@ -575,17 +635,24 @@ class HttpServer::Impl {
 
     serve::GenerationRequest g;
     SamplingFields sampling;
-    if (auto e = generation_from_body(req.body, chat, g, sampling)) return set_error(res, *e, options_.model_name);
+    std::string route_model;
+    ToolUse tool_use;
+    if (auto e = generation_from_body(req.body, chat, g, sampling, &route_model, &tool_use)) {
+      return set_error(res, *e, options_.model_name);
+    }
 
     auto call = std::make_shared<Call>();
     call->chat = chat;
     call->include_usage = sampling.include_usage;
+    call->logprobs = sampling.logprobs.has_value();
+    if (!chat) call->text_offset = count_chars(g.prompt);  // OpenAI counts from the prompt's start
     call->model = options_.model_name;
     call->info.model = options_.model_name;
     gateway::RouteRequest route;
     route.generation = std::move(g);
     route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
     route.allow_migration = *migrate;
+    route.model = std::move(route_model);
 
     // A retry of a request this client already made is answered from the
     // journal whatever the load (a finished one replays, one in flight is
@@ -626,10 +693,12 @@ class HttpServer::Impl {
       if (!acc.ok()) return set_error(res, journal_error(acc.status()), options_.model_name);
       call->record_id = acc->record.id;
       call->public_id = acc->record.public_id;
+      start_tools(*call, tool_use);
       if (acc->replay) return replay(*call, acc->record, sampling.stream, res);
       route.generation.record_id = call->record_id;
     } else {
       call->public_id = in_flight_.reserve();
+      start_tools(*call, tool_use);
     }
     gateway::Refusal refusal;
     Result<gateway::Admitted> admitted = gateway_.submit(route, &refusal);
@@ -949,8 +1018,13 @@ class HttpServer::Impl {
       out.id = c.id;
       out.created = c.created;
       out.model = c.model;
-      out.text = r.outcome.text;
-      out.finish_reason = r.outcome.finish_reason;
+      // The stored text parsed as the original response parsed it: the same
+      // calls with the same ids (they carry the request's id).
+      ToolCallStream::Released released = tool_pass(c, r.outcome.text, true);
+      out.text = std::move(released.content);
+      out.tool_calls = std::move(released.calls);
+      out.finish_reason = r.outcome.finish_reason == "stop" && !out.tool_calls.empty() ? "tool_calls"
+                                                                                       : r.outcome.finish_reason;
       out.prompt_tokens = r.outcome.prompt_tokens;
       out.completion_tokens = r.outcome.completion_tokens;
       out.spillway = c.info;
@@ -958,8 +1032,10 @@ class HttpServer::Impl {
       return;
     }
     std::string body = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
-    body += chunk(c, r.outcome.text, "", false, false);
-    body += chunk(c, "", r.outcome.finish_reason, false, true);
+    body += released_chunks(c, tool_pass(c, r.outcome.text, true), false, std::nullopt);
+    const bool called = c.tools && c.tools->calls_released() > 0;
+    body += chunk(c, "", r.outcome.finish_reason == "stop" && called ? "tool_calls" : r.outcome.finish_reason, false,
+                  true);
     body += kSseDone;
     res.set_header("Cache-Control", "no-cache");
     res.set_content(body, "text/event-stream");
@@ -1092,7 +1168,7 @@ class HttpServer::Impl {
   void quote(const Request& req, Response& res) {
     gateway::RouteRequest route;
     SamplingFields sampling;
-    if (auto e = generation_from_body(req.body, is_chat_body(req.body), route.generation, sampling)) {
+    if (auto e = generation_from_body(req.body, is_chat_body(req.body), route.generation, sampling, &route.model)) {
       return set_error(res, *e, options_.model_name);
     }
     route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
@@ -1152,9 +1228,54 @@ class HttpServer::Impl {
     c.info.run_ms = static_cast<double>(c.ticket->run_ns()) / 1e6;
   }
 
+  // The call's tool-call stream, once its public id (which the calls' ids
+  // carry) is known.
+  static void start_tools(Call& c, const ToolUse& use) {
+    if (use.format != ToolFormat::kNone) c.tools = std::make_unique<ToolCallStream>(use.format, c.public_id, use.parallel);
+  }
+
+  // Generated text through the call's tool-call stream (as is without one);
+  // at_end releases what it holds back.
+  static ToolCallStream::Released tool_pass(Call& c, std::string text, bool at_end) {
+    if (!c.tools) return {std::move(text), {}};
+    ToolCallStream::Released r = c.tools->feed(text);
+    if (at_end) {
+      ToolCallStream::Released f = c.tools->finish();
+      r.content += f.content;
+      std::move(f.calls.begin(), f.calls.end(), std::back_inserter(r.calls));
+    }
+    return r;
+  }
+
+  // OpenAI's finish_reason "tool_calls" when the model stopped after calling.
+  static std::string finish_name(const Call& c, serve::FinishReason f) {
+    if (f == serve::FinishReason::kStop && c.tools && c.tools->calls_released() > 0) return "tool_calls";
+    return std::string(serve::finish_reason_name(f));
+  }
+
+  // Stream chunks for released text and calls (a content chunk, then one per
+  // call, numbered in the response's order).
+  std::string released_chunks(Call& c, ToolCallStream::Released r, bool with_info,
+                              const std::optional<ChoiceLogprobs>& logprobs) {
+    std::string out;
+    if (!r.content.empty() || logprobs || with_info) out += chunk(c, std::move(r.content), "", false, with_info, logprobs);
+    const int32_t first = c.tools ? c.tools->calls_released() - static_cast<int32_t>(r.calls.size()) : 0;
+    for (size_t i = 0; i < r.calls.size(); ++i) {
+      ChunkFields f;
+      f.id = c.id;
+      f.created = c.created;
+      f.model = c.model;
+      f.tool_call = &r.calls[i];
+      f.tool_call_index = first + static_cast<int32_t>(i);
+      out += sse_data(render_chat_chunk(f));
+    }
+    return out;
+  }
+
   // Non-streaming: collect every event, then answer once.
   void whole(Call& c, Response& res) {
     std::string text = c.unsent;
+    std::vector<TokenLogprobs> entries;
     serve::RequestEvent ev;
     for (;;) {
       serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
@@ -1166,6 +1287,7 @@ class HttpServer::Impl {
       }
       if (ev.kind == serve::RequestEvent::Kind::kText) {
         text += ev.text;
+        std::move(ev.logprobs.begin(), ev.logprobs.end(), std::back_inserter(entries));
         continue;
       }
       break;
@@ -1176,16 +1298,29 @@ class HttpServer::Impl {
     r.id = c.id;
     r.created = c.created;
     r.model = c.model;
-    r.text = std::move(text);
-    r.finish_reason = std::string(serve::finish_reason_name(ev.finish));
+    ToolCallStream::Released released = tool_pass(c, std::move(text), true);
+    r.text = std::move(released.content);
+    r.tool_calls = std::move(released.calls);
+    r.finish_reason = finish_name(c, ev.finish);
     r.prompt_tokens = c.info.limits.prompt_tokens;
     r.completion_tokens = ev.completion_tokens;
     r.spillway = c.info;
+    if (c.logprobs) r.logprobs = ChoiceLogprobs{std::move(entries), c.text_offset};
     res.status = 200;
     res.set_content(c.chat ? render_chat_completion(r) : render_completion(r), kJson);
   }
 
-  std::string chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info) {
+  // A chunk's log-probabilities: an event's entries when the request asked
+  // (advancing the completions' text_offset past them); nullopt otherwise.
+  static std::optional<ChoiceLogprobs> chunk_logprobs(Call& c, std::vector<TokenLogprobs> entries) {
+    if (!c.logprobs || entries.empty()) return std::nullopt;
+    ChoiceLogprobs lp{std::move(entries), c.text_offset};
+    for (const TokenLogprobs& e : lp.entries) c.text_offset += count_chars(e.token.piece);
+    return lp;
+  }
+
+  std::string chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info,
+                    const std::optional<ChoiceLogprobs>& logprobs = std::nullopt) {
     ChunkFields f;
     f.id = c.id;
     f.created = c.created;
@@ -1194,6 +1329,7 @@ class HttpServer::Impl {
     f.finish_reason = std::move(finish);
     f.role_delta = first && c.chat;
     f.spillway = with_info ? &c.info : nullptr;
+    f.logprobs = logprobs ? &*logprobs : nullptr;
     return sse_data(c.chat ? render_chat_chunk(f) : render_completion_chunk(f));
   }
 
@@ -1219,7 +1355,7 @@ class HttpServer::Impl {
         c.started = true;
         fill_times(c);
         out = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
-        if (!c.unsent.empty()) out += chunk(c, std::move(c.unsent), "", false, false);
+        if (!c.unsent.empty()) out += released_chunks(c, tool_pass(c, std::move(c.unsent), false), false, std::nullopt);
       }
       serve::RequestEvent ev;
       serve::PopResult r = c.ticket->next_event(ev, keepalive);
@@ -1242,7 +1378,8 @@ class HttpServer::Impl {
         // degraded included, rather than only the stream's last chunk.
         const bool moved = c.ticket->attempts() != c.attempts;
         if (moved) fill_times(c);
-        out += chunk(c, std::move(ev.text), "", false, /*with_info=*/moved);
+        out += released_chunks(c, tool_pass(c, std::move(ev.text), false), /*with_info=*/moved,
+                               chunk_logprobs(c, std::move(ev.logprobs)));
         r = c.ticket->next_event(ev, std::chrono::milliseconds(0));
       }
       if (r == serve::PopResult::kTimeout) {
@@ -1257,7 +1394,8 @@ class HttpServer::Impl {
       c.finished = true;
       fill_times(c);
       if (ev.state == serve::RequestState::kDone) {
-        out += chunk(c, "", std::string(serve::finish_reason_name(ev.finish)), false, true);
+        if (c.tools) out += released_chunks(c, tool_pass(c, "", true), false, std::nullopt);
+        out += chunk(c, "", finish_name(c, ev.finish), false, true);
         if (c.include_usage) {
           ChunkFields f;
           f.id = c.id;
@@ -1285,6 +1423,7 @@ class HttpServer::Impl {
   Env& env_;
   gateway::Gateway& gateway_;
   const HttpServerOptions options_;
+  const ModelCatalog models_;  // the ids `model` may name (built from options_: after it)
   InFlight in_flight_;
   mutable std::mutex mu_;
   std::unique_ptr<Transport> transport_;
@@ -1303,6 +1442,10 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, gateway::Gatewa
   }
   SPW_RETURN_IF_ERROR(
       check_listen_auth(options.host, options.api_keys && !options.api_keys->empty(), options.insecure_no_auth));
+  std::vector<std::string> fallback_ids;
+  for (const gateway::ExecutionPath& p : gateway.paths())
+    if (p.fallback_model) fallback_ids.push_back(p.model);
+  SPW_RETURN_IF_ERROR(validate_aliases(options.model_aliases, options.model_name, fallback_ids));
   return std::unique_ptr<HttpServer>(new HttpServer(std::make_unique<Impl>(env, gateway, std::move(options))));
 }
 

@@ -95,7 +95,10 @@
 // for keepalive_interval a ": keep-alive" comment is written so that a client
 // that went away is noticed. A failed write (client disconnected) cancels the
 // request, which frees its worker at the next token. Every successful body
-// (and the first and last stream chunk) carries a "spillway" object.
+// (and the first and last stream chunk) carries a "spillway" object. A
+// request that asks for log-probabilities gets them in its choice, streamed
+// in the chunk that completes each token's text (openai.h, "Log-
+// probabilities"); a replay and a resume answer "logprobs": null.
 // start() binds (port 0 picks a free port) and serves on a background thread;
 // stop() stops accepting, ends open streams and joins. The first create()
 // ignores SIGPIPE process-wide, so that writing to a closed socket is an
@@ -110,6 +113,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/env.h"
 #include "core/status.h"
@@ -127,6 +131,10 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port
   std::string model_name;
+  // Other ids that name the served model in a request's `model` field (the
+  // names clients are configured with); see http/models.h for what `model`
+  // may be and the 404 for anything else.
+  std::vector<std::string> model_aliases;
   std::optional<ChatTemplateKind> chat_template;  // none: chat requests are refused
   // The template is a default chosen for a model that has none: chat
   // responses say so (X-Spillway-Chat-Template: NAME; default).

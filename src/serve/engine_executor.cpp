@@ -36,6 +36,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
       Checkpoint cp = *job.resume;
       cp.options.max_tokens = job.max_tokens;  // the path's limit may differ from the first one's
       cp.options.reserve_kv = true;
+      cp.options.logprobs = job.logprobs;  // what this response reports, not part of the state
       return Generator::resume(session, cp);
     }
     GenerateOptions o;
@@ -43,6 +44,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
     o.sampler = job.sampler;
     o.stop = job.stop;
     o.reserve_kv = true;  // fail at the request boundary, never mid-stream
+    o.logprobs = job.logprobs;
     return Generator::start(session, job.prompt, o);
   }();
   if (!started.ok()) return started.status();
@@ -65,7 +67,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
 
   size_t replayed = 0;  // bytes of job.replay regenerated so far
   std::string mismatch;
-  auto on_piece = [&](std::string_view text, TokenId id) {
+  auto on_piece = [&](std::string_view text, TokenId id, std::span<const TokenLogprobs> logprobs) {
     if (replayed < job.replay.size() && !text.empty()) {
       const size_t k = std::min(text.size(), job.replay.size() - replayed);
       if (text.substr(0, k) != std::string_view(job.replay).substr(replayed, k)) {
@@ -76,7 +78,10 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
       replayed += k;
       text.remove_prefix(k);
     }
-    if (!text.empty()) cb.on_text(text);
+    // Entries the client has (streamed before a migration) are not sent
+    // again; they come first (in generation order).
+    while (!logprobs.empty() && logprobs.front().index < job.logprobs_sent) logprobs = logprobs.subspan(1);
+    if (!text.empty() || !logprobs.empty()) cb.on_text(text, logprobs);
     if (id >= 0 && cb.on_token) cb.on_token(g.n_generated());
     return !cancel.load(std::memory_order_acquire);
   };

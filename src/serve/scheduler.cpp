@@ -39,6 +39,7 @@ Ticket::Ticket(Env& env, PreparedRequest p, std::string path)
       kv_blocks_(p.kv_blocks),
       internal_(p.internal),
       allow_migration_(p.allow_migration),
+      model_(std::move(p.model)),
       checkpoint_(job_.resume),
       text_(std::move(p.text_before)),
       on_finished_(std::move(p.on_finished)),
@@ -168,6 +169,7 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   job.sampler = request.sampler;
   job.max_tokens = limits.max_tokens;
   job.stop = request.stop;
+  job.logprobs = request.logprobs;
   PreparedRequest p;
   p.record_id = request.record_id;
   p.internal = request.internal;
@@ -402,12 +404,16 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
     fin.status = Status(StatusCode::kCancelled, "request cancelled before it started", FailureReason::kCancelled);
   } else {
     ExecCallbacks cb;
-    cb.on_text = [&](std::string_view text) {
-      if (text.empty()) return;
+    cb.on_text = [&](std::string_view text, std::span<const TokenLogprobs> logprobs) {
+      if (text.empty() && logprobs.empty()) return;
       t->text_.append(text);
       RequestEvent ev;
       ev.kind = RequestEvent::Kind::kText;
       ev.text = std::string(text);
+      if (!logprobs.empty()) {
+        ev.logprobs.assign(logprobs.begin(), logprobs.end());
+        t->logprobs_sent_ = logprobs.back().index + 1;
+      }
       t->events_.push(std::move(ev));
     };
     cb.on_token = [&](int32_t n) {
@@ -426,7 +432,10 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
     };
     ExecJob& job = t->job_;  // no other thread touches it while this worker runs it
     job.checkpoint_every = t->record_id() != 0 ? options_.checkpoint_every : 0;
+    // The path's spans and the request's own (a tool call's).
     job.safe_points = options_.safe_points;
+    job.safe_points.spans.insert(job.safe_points.spans.end(), job.request_safe_points.spans.begin(),
+                                 job.request_safe_points.spans.end());
     Result<ExecOutcome> r = executor->run(job, cb, t->cancel_);
     if (r.ok()) {
       fin.state = RequestState::kDone;
@@ -453,6 +462,7 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       // at a token boundary whose text was all streamed, so it is a prefix.
       t->job_.resume = cp;
       t->job_.replay = t->text_.size() >= cp->text.size() ? t->text_.substr(cp->text.size()) : std::string();
+      t->job_.logprobs_sent = t->logprobs_sent_;
       const Status moved = try_failover(t, fin.status);
       if (moved.ok()) return;
       fin.cause = fin.status;

@@ -12,9 +12,12 @@
 // through queued -> running -> done | cancelled | failed (queued -> cancelled
 // when cancelled before a worker takes it). Its Ticket receives, in order, a
 // kText event for each piece of text that is safe to show (stop strings are
-// never emitted) and exactly one kFinished event; then the event channel is
-// closed. cancel() works in every state: a queued request finishes at once, a
-// running one at its next token boundary; cancelling a finished one is a no-op.
+// never emitted), with the log-probability entries released with it when the
+// request asked for them (GenerationRequest::logprobs; engine/generate.h says
+// which go with which text), and exactly one kFinished event; then the event
+// channel is closed. cancel() works in every state: a queued request finishes
+// at once, a running one at its next token boundary; cancelling a finished
+// one is a no-op.
 // shutdown(grace) stops accepting (Unavailable), lets queued and running
 // requests finish for up to `grace`, then cancels whatever is left (queued ones
 // at once, running ones at their next token boundary) and joins the workers;
@@ -45,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -85,6 +89,12 @@ struct GenerationRequest {
   int64_t record_id = 0;
   // The server's own request (a warm-up): see PreparedRequest::internal.
   bool internal = false;
+  // Log-probability entries per generated token (GenerateOptions::logprobs):
+  // < 0 none; else this many alternatives in each.
+  int32_t logprobs = -1;
+  // Spans of this request's output inside which it must not be split (a tool
+  // call's), besides the path's own (SchedulerOptions::safe_points).
+  SafePointRules safe_points;
 };
 
 // The checks every submitter makes before tokenizing: a non-empty prompt,
@@ -108,6 +118,10 @@ struct RequestEvent {
   enum class Kind { kText, kFinished };
   Kind kind = Kind::kText;
   std::string text;                            // kText
+  // kText: the entries released with `text` (possibly with empty text), in
+  // generation order; each entry of a request reaches its stream once, also
+  // across a failover or migration (ExecJob::logprobs_sent).
+  std::vector<TokenLogprobs> logprobs;
   RequestState state = RequestState::kRunning;  // kFinished: kDone, kCancelled or kFailed
   FinishReason finish = FinishReason::kNone;   // kFinished with kDone
   Status status;                               // kFinished with kCancelled/kFailed: why
@@ -134,7 +148,19 @@ struct ExecJob {
   std::string replay;
   // > 0: report a checkpoint every this many generated tokens (at safe points).
   int32_t checkpoint_every = 0;
+  // Where the run may be split: the path's spans (SchedulerOptions) and the
+  // request's (request_safe_points, GenerationRequest::safe_points), joined
+  // by the scheduler before each run.
   SafePointRules safe_points;
+  SafePointRules request_safe_points;
+  // Log-probability entries (GenerateOptions::logprobs; it overrides the
+  // resume checkpoint's): < 0 none.
+  int32_t logprobs = -1;
+  // The client holds the entries of generated tokens [0, logprobs_sent)
+  // already (a migration: the ones streamed before the fault): they are not
+  // passed again, whether the run regenerates them in the replay or a
+  // checkpoint held them.
+  int32_t logprobs_sent = 0;
 };
 
 struct ExecOutcome {
@@ -144,8 +170,10 @@ struct ExecOutcome {
 
 // What a run reports as it goes (see Executor).
 struct ExecCallbacks {
-  // Text that is safe to show (never the replayed part).
-  std::function<void(std::string_view)> on_text;
+  // Text that is safe to show (never the replayed part), with the
+  // log-probability entries released with it (never one the client has:
+  // ExecJob::logprobs_sent); called with empty text when only entries came.
+  std::function<void(std::string_view text, std::span<const TokenLogprobs> logprobs)> on_text;
   // After every generated token, n = completion tokens so far (a resumed
   // job's included).
   std::function<void(int32_t)> on_token;
@@ -233,6 +261,9 @@ struct PreparedRequest {
   // checkpoint); false: a fault mid-stream ends it with a resumable error
   // (the client's X-Spillway-Migrate: never).
   bool allow_migration = true;
+  // The model the client named (gateway::RouteRequest::model): a failover
+  // before the first token keeps to paths serving it. Empty: any.
+  std::string model;
   // Text the client already holds before this request's first event (a
   // resume: the checkpoint's text plus any replay); it starts Ticket::text().
   std::string text_before;
@@ -294,6 +325,7 @@ class Ticket {
   int32_t attempts() const { return attempts_.load(std::memory_order_acquire); }
   int32_t migrations() const { return migrations_.load(std::memory_order_acquire); }
   bool allow_migration() const { return allow_migration_; }
+  const std::string& model() const { return model_; }
   // The last safe checkpoint a run reported (null: none yet).
   std::shared_ptr<const Checkpoint> checkpoint() const;
   // The whole generation's text so far: PreparedRequest::text_before plus
@@ -334,8 +366,12 @@ class Ticket {
   std::atomic<int32_t> migrations_{0};
   const bool internal_;
   const bool allow_migration_;
+  const std::string model_;
   std::shared_ptr<const Checkpoint> checkpoint_;  // under mu_
   std::string text_;  // written by the worker running it
+  // Entries of generated tokens [0, logprobs_sent_) are in the stream;
+  // written by the worker running it.
+  int32_t logprobs_sent_ = 0;
   std::function<void(const Ticket&)> on_finished_;  // called once, by finish_locked
   bool holds_kv_ = false;             // under the scheduler's mutex
   std::atomic<int32_t> generated_{0};

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -419,6 +420,85 @@ TEST(Scheduler, EngineCheckpointsResumeWithReplayAndDetectADivergence) {
   EXPECT_EQ(bc.fin.state, RequestState::kFailed);
   EXPECT_EQ(bc.fin.status.reason(), FailureReason::kReplayMismatch) << bc.fin.status.to_string();
   EXPECT_EQ(bc.text, "");
+}
+
+// Log-probability entries across a migration: the run that continues from
+// an in-memory checkpoint (entries still held in it included) and replays
+// what the client has sends every entry the client lacks, once. The fault is
+// put after each event of an uninterrupted run in turn.
+TEST(Scheduler, EngineMigrationSendsEachLogprobsEntryOnce) {
+  auto model = stories();
+  ASSERT_NE(model, nullptr);
+  auto log = std::make_shared<CheckpointLog>();
+  EngineServeOptions o;
+  o.observer = log;
+  o.checkpoint_every = 1;
+  auto serving = make_engine_scheduler(Env::default_env(), model, o);
+  ASSERT_TRUE(serving.ok()) << serving.status().to_string();
+  Scheduler& s = *serving->scheduler;
+  GenerationRequest g = greedy("Once upon a time", 40);
+  g.record_id = 7;  // journaled requests are checkpointed
+  g.stop = {"Lily!!!", "e zz"};  // held back often, never complete
+  g.logprobs = 2;
+  auto t = s.submit(g);
+  ASSERT_TRUE(t.ok());
+  std::vector<RequestEvent> events;  // the kText ones
+  RequestEvent ev;
+  while ((*t)->next_event(ev, std::chrono::seconds(30)) == PopResult::kItem) {
+    if (ev.kind == RequestEvent::Kind::kText) events.push_back(ev);
+  }
+  ASSERT_EQ(ev.state, RequestState::kDone);
+  std::vector<TokenLogprobs> all;
+  std::string text;
+  for (const RequestEvent& e : events) {
+    all.insert(all.end(), e.logprobs.begin(), e.logprobs.end());
+    text += e.text;
+  }
+  ASSERT_EQ(all.size(), 40u);
+  for (size_t k = 0; k < all.size(); ++k) ASSERT_EQ(all[k].index, static_cast<int32_t>(k));
+  // A checkpoint that holds entries whose text is not out yet.
+  std::optional<Checkpoint> cp;
+  {
+    std::lock_guard<std::mutex> lock(log->mu);
+    for (const Checkpoint& c : log->all) {
+      if (!c.logprobs_pending.empty()) {
+        cp = c;
+        break;
+      }
+    }
+  }
+  ASSERT_TRUE(cp.has_value()) << "no checkpoint held an entry";
+  int tried = 0;
+  std::string have;
+  size_t have_entries = 0;
+  for (const RequestEvent& e : events) {
+    have += e.text;
+    have_entries += e.logprobs.size();
+    if (have.size() < cp->text.size()) continue;  // the fault came before the checkpoint
+    PreparedRequest p;
+    p.job.resume = std::make_shared<const Checkpoint>(*cp);
+    p.job.replay = have.substr(cp->text.size());
+    p.job.max_tokens = 40;
+    p.job.sampler = cp->options.sampler;
+    p.job.logprobs = 2;
+    p.job.logprobs_sent = static_cast<int32_t>(have_entries);
+    p.limits.n_ctx = s.n_ctx();
+    p.limits.prompt_tokens = cp->n_prompt;
+    p.limits.max_tokens = 40;
+    p.text_before = have;
+    auto r = s.submit_prepared(std::move(p));
+    ASSERT_TRUE(r.ok());
+    Collected rc = collect(**r);
+    ASSERT_EQ(rc.fin.state, RequestState::kDone) << rc.fin.status.to_string();
+    EXPECT_EQ(have + rc.text, text);
+    ASSERT_EQ(have_entries + rc.logprobs.size(), all.size()) << "after " << have.size() << " bytes";
+    for (size_t k = 0; k < rc.logprobs.size(); ++k) {
+      EXPECT_EQ(rc.logprobs[k].index, all[have_entries + k].index);
+      EXPECT_EQ(rc.logprobs[k].token.logprob, all[have_entries + k].token.logprob);
+    }
+    ++tried;
+  }
+  EXPECT_GT(tried, 3);
 }
 
 // A fault after tokens with nowhere to go: a resumable error, and the

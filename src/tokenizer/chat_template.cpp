@@ -1,6 +1,9 @@
 // Chat template detection and rendering (see chat_template.h).
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include <array>
 
 namespace spw {
@@ -51,9 +54,15 @@ Status unsupported_template(std::string_view family) {
                            ", which is not supported; pass --chat-template NAME with one of: " + valid_names());
 }
 
-Status check_roles(const std::vector<ChatMessage>& messages, bool system_only_first, std::string_view family) {
+Status check_roles(const std::vector<ChatMessage>& messages, bool system_only_first, std::string_view family,
+                   bool tools = false) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& r = messages[i].role;
+    if (!tools && (r == "tool" || !messages[i].tool_calls.empty())) {
+      return Status::invalid_argument("chat message " + std::to_string(i) + ": the " + std::string(family) +
+                                      " template has no tool-call format Spillway renders (chatml and llama3 do)");
+    }
+    if (tools && r == "tool") continue;
     if (r != "system" && r != "user" && r != "assistant") {
       return Status::invalid_argument("chat message " + std::to_string(i) + " has unknown role '" + r +
                                       "' (expected system, user or assistant)");
@@ -156,6 +165,152 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
 Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
                                         bool add_generation_prompt) {
   return apply_chat_template(kind, messages, add_generation_prompt, ChatSpecialTexts{});
+}
+
+std::string json_quote(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+bool chat_template_renders_tools(ChatTemplateKind kind) {
+  return kind == ChatTemplateKind::kChatML || kind == ChatTemplateKind::kLlama3;
+}
+
+namespace {
+
+// Qwen2.5-Instruct's template (see the header).
+Result<std::string> chatml_with_tools(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                      const std::vector<ChatTool>& tools) {
+  SPW_RETURN_IF_ERROR(check_roles(messages, false, "chatml", true));
+  std::string out;
+  const bool leading_system = !messages.empty() && messages[0].role == "system";
+  if (!tools.empty()) {
+    out += "<|im_start|>system\n";
+    if (leading_system) out += messages[0].content;
+    out += "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+           "with function signatures within <tools></tools> XML tags:\n<tools>";
+    for (const ChatTool& t : tools) out += "\n" + t.json;
+    out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+           "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+           "<args-json-object>}\n</tool_call><|im_end|>\n";
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system" && i == 0) {
+      // In the tools block above; without tools, as every plain message.
+      if (tools.empty()) out += "<|im_start|>system\n" + m.content + "<|im_end|>\n";
+    } else if (m.role != "tool" && m.tool_calls.empty()) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      out += "<|im_start|>assistant";
+      if (!m.content.empty()) out += "\n" + m.content;
+      for (const ChatToolCall& c : m.tool_calls) {
+        out += "\n<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + c.arguments_json + "}\n</tool_call>";
+      }
+      out += "<|im_end|>\n";
+    } else {  // tool: consecutive results share one user turn
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
+  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Llama-3.2-Instruct's template (see the header).
+Result<std::string> llama3_with_tools(const std::vector<ChatMessage>& all, bool add_generation_prompt,
+                                      const std::vector<ChatTool>& tools, const std::string& bos) {
+  SPW_RETURN_IF_ERROR(check_roles(all, false, "llama3", true));
+  std::string out = bos;
+  size_t next = 0;
+  std::string system;
+  if (!all.empty() && all[0].role == "system") {
+    system = std::string(trim(all[0].content));
+    next = 1;
+  }
+  const bool with_tools = !tools.empty();
+  if (with_tools) {
+    out += "<|start_header_id|>system<|end_header_id|>\n\n";
+    out += "Environment: ipython\n";
+    out += "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+    out += system + "<|eot_id|>";
+    if (next >= all.size()) {
+      return Status::invalid_argument("the llama3 template puts the tools in the first user message, and there is none");
+    }
+    out += "<|start_header_id|>user<|end_header_id|>\n\n";
+    out += "Given the following functions, please respond with a JSON for a function call with its proper arguments "
+           "that best answers the given prompt.\n\n";
+    out += "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its "
+           "value}.Do not use variables.\n\n";
+    for (const ChatTool& t : tools) out += t.json_indent4 + "\n\n";
+    out += std::string(trim(all[next].content)) + "<|eot_id|>";
+    ++next;
+  } else if (next == 1) {
+    // Without tools the family renders as Meta-Llama-3's template does.
+    out += "<|start_header_id|>system<|end_header_id|>\n\n" + system + "<|eot_id|>";
+  }
+  for (size_t i = next; i < all.size(); ++i) {
+    const ChatMessage& m = all[i];
+    if (m.role == "tool") {
+      out += "<|start_header_id|>ipython<|end_header_id|>\n\n" + json_quote(m.content) + "<|eot_id|>";
+    } else if (!m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1) {
+        return Status::invalid_argument("chat message " + std::to_string(i) + " has " +
+                                        std::to_string(m.tool_calls.size()) +
+                                        " tool calls; the llama3 template renders one per assistant message");
+      }
+      const ChatToolCall& c = m.tool_calls[0];
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + c.name + "\", \"parameters\": " +
+             c.arguments_json + "}<|eot_id|>";
+    } else {
+      out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + std::string(trim(m.content)) + "<|eot_id|>";
+    }
+  }
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+bool uses_tools(const std::vector<ChatMessage>& messages, const std::vector<ChatTool>& tools) {
+  if (!tools.empty()) return true;
+  return std::any_of(messages.begin(), messages.end(),
+                     [](const ChatMessage& m) { return m.role == "tool" || !m.tool_calls.empty(); });
+}
+
+}  // namespace
+
+Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt, const ChatSpecialTexts& special,
+                                        const std::vector<ChatTool>& tools) {
+  if (uses_tools(messages, tools)) {
+    if (kind == ChatTemplateKind::kChatML) return chatml_with_tools(messages, add_generation_prompt, tools);
+    if (kind == ChatTemplateKind::kLlama3) {
+      return llama3_with_tools(messages, add_generation_prompt, tools,
+                               special.bos ? *special.bos : default_bos(kind));
+    }
+    return Status::invalid_argument("the " + std::string(chat_template_name(kind)) +
+                                    " template has no tool-call format Spillway renders (chatml and llama3 do)");
+  }
+  return apply_chat_template(kind, messages, add_generation_prompt, special);
 }
 
 Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,

@@ -61,10 +61,55 @@ enum class ChatTemplateKind {
   kMistralLegacy,
 };
 
-struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
-  std::string content;
+// A tool call in an assistant message of the conversation (OpenAI's
+// tool_calls[].function): the arguments as the reference templates' `tojson`
+// renders the arguments object (Python json.dumps: ", " and ": " separators,
+// keys in the client's order, non-ASCII as is).
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments_json;
 };
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant", "tool"
+  std::string content;
+  std::vector<ChatToolCall> tool_calls = {};  // role "assistant" only
+  std::string tool_call_id = {};         // role "tool": the call it answers
+};
+
+// A tool the model may call (OpenAI's tools[] entry, {"type": "function",
+// "function": {...}}), as the reference templates' `tojson` renders it:
+// compact (Python's default separators) and with indent=4.
+struct ChatTool {
+  std::string name;
+  std::string json;
+  std::string json_indent4;
+};
+
+// Tools and tool-call messages (role "tool", assistant tool_calls) are
+// rendered by the families that define them, exactly as their reference
+// templates do:
+//   chatml  Qwen2.5-Instruct's template: a system turn with the request's
+//           system message (Qwen's own default system line is not added:
+//           this family is generic ChatML), then "# Tools" with each tool's
+//           JSON inside <tools></tools> and the <tool_call> instructions;
+//           assistant calls as "<tool_call>\n{\"name\": ..., \"arguments\":
+//           ...}\n</tool_call>"; consecutive tool results in one user turn
+//           inside <tool_response></tool_response>.
+//   llama3  Llama-3.2-Instruct's template (3.1 and 3.3 render the same for
+//           custom tools): the dated system header ("Environment: ipython",
+//           "Cutting Knowledge Date: December 2023", "Today Date: 26 Jul
+//           2024", the template's own default, so that a prompt renders the
+//           same on every day and after every resume), the tools (indent=4)
+//           and instructions in the first user message, an assistant call as
+//           {"name": ..., "parameters": ...} (one call per message, as the
+//           reference insists), tool results as ipython turns (content
+//           through tojson, as the reference's `is iterable` test does for a
+//           string).
+// Other families: tools, tool_calls or a "tool" message are InvalidArgument
+// naming the family (they define no tool format Spillway renders).
+bool chat_template_renders_tools(ChatTemplateKind kind);
 
 // bos_token / eos_token as the template sees them. Unset means the family's
 // usual text: "<s>"/"</s>" (Llama-2, Mistral, Zephyr eos), "<|begin_of_text|>"
@@ -85,5 +130,12 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
                                         bool add_generation_prompt);
 Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
                                         bool add_generation_prompt, const ChatSpecialTexts& special);
+Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt, const ChatSpecialTexts& special,
+                                        const std::vector<ChatTool>& tools);
+
+// A string as JSON (Python json.dumps with ensure_ascii=False: quotes,
+// backslash and control characters escaped, everything else as is).
+std::string json_quote(std::string_view s);
 
 }  // namespace spw

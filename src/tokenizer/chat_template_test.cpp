@@ -215,10 +215,15 @@ TEST(ChatTemplateTest, SpecialTextOverridesAndRoleErrors) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r.value(), "[INST] x [/INST]");
 
-  auto bad = apply_chat_template(ChatTemplateKind::kChatML, {{"tool", "x"}}, true);
+  auto bad = apply_chat_template(ChatTemplateKind::kChatML, {{"robot", "x"}}, true);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("'tool'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("'robot'"), std::string::npos);
+  // A tool result in a family without a tool format.
+  auto tool = apply_chat_template(ChatTemplateKind::kGemma, {{"tool", "x"}}, true);
+  ASSERT_FALSE(tool.ok());
+  EXPECT_NE(tool.status().message().find("gemma template has no tool-call format"), std::string::npos)
+      << tool.status().message();
 
   auto late_system = apply_chat_template(ChatTemplateKind::kGemma, {{"user", "a"}, {"system", "b"}}, true);
   ASSERT_FALSE(late_system.ok());
@@ -226,6 +231,168 @@ TEST(ChatTemplateTest, SpecialTextOverridesAndRoleErrors) {
 
   EXPECT_EQ(render(ChatTemplateKind::kZephyr, true, {}), "");
   EXPECT_EQ(render(ChatTemplateKind::kChatML, true, {}), "<|im_start|>assistant\n");
+}
+
+
+// Tool calls, against the reference templates rendered by Python's jinja2 with
+// transformers' `tojson` (json.dumps, ensure_ascii=False): Qwen/Qwen2.5-7B-
+// Instruct's and meta-llama/Llama-3.2-3B-Instruct's chat_template (as
+// published in the models' tokenizer_config.json), the conversation below and
+// two tools; add_generation_prompt=true; Llama's date_string left at the
+// template's default.
+std::vector<ChatTool> weather_tools() {
+  return {{"get_weather",
+           "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city, "
+           "now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", "
+           "\"description\": \"City \u2014 name\"}}, \"required\": [\"city\"]}}}",
+           "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        "
+           "\"description\": \"Weather in a city, now\",\n        \"parameters\": {\n            \"type\": \"object\",\n"
+           "            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\",\n"
+           "                    \"description\": \"City \u2014 name\"\n                }\n            },\n"
+           "            \"required\": [\n                \"city\"\n            ]\n        }\n    }\n}"},
+          {"now", "{\"type\": \"function\", \"function\": {\"name\": \"now\", \"parameters\": {}}}",
+           "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"now\",\n        \"parameters\": {}\n"
+           "    }\n}"}};
+}
+
+std::vector<ChatMessage> weather_conversation(bool second_result) {
+  ChatMessage call;
+  call.role = "assistant";
+  call.tool_calls = {{"call_1", "get_weather", "{\"city\": \"Paris\", \"unit\": \"\u00b0C\"}"}};
+  ChatMessage r1;
+  r1.role = "tool";
+  r1.tool_call_id = "call_1";
+  r1.content = "{\"temp\": 21}";
+  ChatMessage r2;
+  r2.role = "tool";
+  r2.tool_call_id = "call_2";
+  r2.content = "line1\nline2 \"q\"";
+  std::vector<ChatMessage> m = {{"system", "You are terse."}, {"user", " Weather in Paris and the time? "}, call, r1};
+  if (second_result) m.push_back(r2);
+  m.push_back({"user", "Thanks"});
+  return m;
+}
+
+TEST(ChatTemplateToolsTest, ChatMLRendersAsQwen25) {
+  const char* expected =
+    "<|im_start|>system\n"
+    "You are terse.\n"
+    "\n"
+    "# Tools\n"
+    "\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city, now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City — name\"}}, \"required\": [\"city\"]}}}\n"
+    "{\"type\": \"function\", \"function\": {\"name\": \"now\", \"parameters\": {}}}\n"
+    "</tools>\n"
+    "\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    " Weather in Paris and the time? <|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"°C\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "<tool_response>\n"
+    "{\"temp\": 21}\n"
+    "</tool_response>\n"
+    "<tool_response>\n"
+    "line1\n"
+    "line2 \"q\"\n"
+    "</tool_response><|im_end|>\n"
+    "<|im_start|>user\n"
+    "Thanks<|im_end|>\n"
+    "<|im_start|>assistant\n";
+  auto r = apply_chat_template(ChatTemplateKind::kChatML, weather_conversation(true), true, {}, weather_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, expected);
+}
+
+TEST(ChatTemplateToolsTest, Llama3RendersAsLlama32) {
+  const char* expected =
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
+    "\n"
+    "Environment: ipython\n"
+    "Cutting Knowledge Date: December 2023\n"
+    "Today Date: 26 Jul 2024\n"
+    "\n"
+    "You are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Given the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n"
+    "\n"
+    "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n"
+    "\n"
+    "{\n"
+    "    \"type\": \"function\",\n"
+    "    \"function\": {\n"
+    "        \"name\": \"get_weather\",\n"
+    "        \"description\": \"Weather in a city, now\",\n"
+    "        \"parameters\": {\n"
+    "            \"type\": \"object\",\n"
+    "            \"properties\": {\n"
+    "                \"city\": {\n"
+    "                    \"type\": \"string\",\n"
+    "                    \"description\": \"City — name\"\n"
+    "                }\n"
+    "            },\n"
+    "            \"required\": [\n"
+    "                \"city\"\n"
+    "            ]\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "{\n"
+    "    \"type\": \"function\",\n"
+    "    \"function\": {\n"
+    "        \"name\": \"now\",\n"
+    "        \"parameters\": {}\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "Weather in Paris and the time?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n"
+    "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"°C\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n"
+    "\n"
+    "\"{\\\"temp\\\": 21}\"<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Thanks<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n";
+  auto r = apply_chat_template(ChatTemplateKind::kLlama3, weather_conversation(false), true, {}, weather_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, expected);
+}
+
+TEST(ChatTemplateToolsTest, WithoutToolsTheFamiliesRenderAsBeforeAndOthersRefuseToolsByName) {
+  const std::vector<ChatMessage> plain = {{"system", "S"}, {"user", "U"}};
+  for (ChatTemplateKind k : {ChatTemplateKind::kChatML, ChatTemplateKind::kLlama3, ChatTemplateKind::kMistral}) {
+    auto a = apply_chat_template(k, plain, true, {}, {});
+    auto b = apply_chat_template(k, plain, true, {});
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*a, *b);
+  }
+  for (ChatTemplateKind k : {ChatTemplateKind::kMistral, ChatTemplateKind::kMistralV3, ChatTemplateKind::kGemma,
+                             ChatTemplateKind::kZephyr, ChatTemplateKind::kLlama2}) {
+    auto t = apply_chat_template(k, plain, true, {}, weather_tools());
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find(std::string(chat_template_name(k))), std::string::npos) << t.status().message();
+    auto m = apply_chat_template(k, weather_conversation(false), true, {});
+    ASSERT_FALSE(m.ok()) << chat_template_name(k);
+    EXPECT_NE(m.status().message().find("no tool-call format"), std::string::npos) << m.status().message();
+  }
+  // Llama 3 renders one call per assistant message, as its reference does,
+  // and needs a user message for the tools.
+  auto two = weather_conversation(false);
+  two[2].tool_calls.push_back({"call_2", "now", "{}"});
+  EXPECT_FALSE(apply_chat_template(ChatTemplateKind::kLlama3, two, true, {}, weather_tools()).ok());
+  EXPECT_FALSE(apply_chat_template(ChatTemplateKind::kLlama3, {{"system", "S"}}, true, {}, weather_tools()).ok());
+  EXPECT_EQ(json_quote("a\"b\\c\nd\x01\u00e9"), "\"a\\\"b\\\\c\\nd\\u0001\u00e9\"");
 }
 
 }  // namespace

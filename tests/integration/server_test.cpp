@@ -62,6 +62,10 @@ struct ServerConfig {
   bool gate = false;
   int slow_token_ms = 0;  // sleep after every token (disconnect tests)
   std::string journal;    // SQLite file; empty: no journal
+  std::vector<std::string> aliases;  // --alias
+  // A second CPU path ("small") serving the same file under the id
+  // "stories260K-small", marked fallback_model as --fallback-model marks one.
+  bool fallback_path = false;
 };
 
 class TestServer {
@@ -99,6 +103,23 @@ class TestServer {
     path.tokenizer = std::shared_ptr<const Tokenizer>(model, &model->tokenizer());
     std::vector<gateway::ExecutionPath> paths;
     paths.push_back(std::move(path));
+    if (c.fallback_path) {
+      serve::EngineServeOptions fo;
+      fo.n_workers = 1;
+      fo.queue_capacity = c.queue;
+      auto fs = serve::make_engine_scheduler(Env::default_env(), model, fo);
+      EXPECT_TRUE(fs.ok()) << fs.status().to_string();
+      if (!fs.ok()) return;
+      gateway::ExecutionPath f;
+      f.name = "small";
+      f.placement = fs->scheduler->placement();
+      f.model = "stories260K-small";
+      f.fallback_model = true;
+      f.role = admission::PathRole::kFallback;
+      f.scheduler = std::move(fs->scheduler);
+      f.tokenizer = std::shared_ptr<const Tokenizer>(model, &model->tokenizer());
+      paths.push_back(std::move(f));
+    }
     auto g = gateway::Gateway::create(Env::default_env(), std::move(paths), {}, {});
     EXPECT_TRUE(g.ok()) << g.status().to_string();
     if (!g.ok()) return;
@@ -107,6 +128,7 @@ class TestServer {
     ho.host = "127.0.0.1";
     ho.port = 0;
     ho.model_name = "stories260K";
+    ho.model_aliases = c.aliases;
     ho.chat_template = c.chat_template;
     ho.keepalive_interval = std::chrono::milliseconds(50);
     ho.journal = journal_;
@@ -709,6 +731,91 @@ TEST(Server, JournalRecordsTheDecisionOfAPromptTooLong) {
   EXPECT_EQ(adm["verdicts"][0]["eligible"], false);
   EXPECT_NE(adm["verdicts"][0]["reason"].get<std::string>().find("does not fit its context"), std::string::npos)
       << adm.dump();
+}
+
+// `model` names the served id, an alias, or the fallback model (which keeps
+// the request to the paths serving it); anything else is a 404.
+TEST(Server, ModelIdsAliasesAndTheFallbackModel) {
+  ServerConfig cfg;
+  cfg.aliases = {"gpt-4o-mini", "org/tiny"};
+  cfg.fallback_path = true;
+  cfg.chat_template = ChatTemplateKind::kChatML;
+  TestServer s(cfg);
+  ASSERT_TRUE(s.ok());
+  int status = 0;
+  const json list = get_json(s, "/v1/models", &status);
+  EXPECT_EQ(status, 200);
+  ASSERT_EQ(list["data"].size(), 4u) << list.dump();
+  EXPECT_EQ(list["data"][0]["id"], "stories260K");
+  EXPECT_EQ(list["data"][0]["spillway"]["role"], "primary");
+  EXPECT_EQ(list["data"][0]["spillway"]["paths"], json::array({"cpu"}));
+  EXPECT_EQ(list["data"][1]["id"], "gpt-4o-mini");
+  EXPECT_EQ(list["data"][1]["spillway"]["role"], "alias");
+  EXPECT_EQ(list["data"][1]["spillway"]["alias_of"], "stories260K");
+  EXPECT_EQ(list["data"][2]["id"], "org/tiny");
+  EXPECT_EQ(list["data"][3]["id"], "stories260K-small");
+  EXPECT_EQ(list["data"][3]["spillway"]["role"], "fallback");
+  EXPECT_EQ(list["data"][3]["spillway"]["paths"], json::array({"small"}));
+  for (const json& m : list["data"]) EXPECT_EQ(m["object"], "model");
+
+  const json one = get_json(s, "/v1/models/gpt-4o-mini", &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(one["id"], "gpt-4o-mini");
+  EXPECT_EQ(one["spillway"]["role"], "alias");
+  httplib::Client c = s.client();
+  auto missing = c.Get("/v1/models/gpt-5");
+  expect_error_shape(missing, 404, "model");
+  EXPECT_EQ(json::parse(missing->body)["error"]["code"], "model_not_found");
+
+  // The served id, an alias and no model at all run the served model on
+  // its first-choice path; the response names the model that ran.
+  for (const json& model : {json("stories260K"), json("gpt-4o-mini"), json("org/tiny"), json()}) {
+    json body = kGreedy;
+    body["max_tokens"] = 4;
+    if (!model.is_null()) body["model"] = model;
+    auto r = post(s, "/v1/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["model"], "stories260K") << model;
+    EXPECT_EQ(j["spillway"]["path"], "cpu") << model;
+    EXPECT_EQ(j["spillway"]["fallback_model"], false) << model;
+  }
+  // The fallback model by its id: only its path is eligible.
+  {
+    json body = kGreedy;
+    body["max_tokens"] = 4;
+    body["model"] = "stories260K-small";
+    auto r = post(s, "/v1/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["model"], "stories260K-small");
+    EXPECT_EQ(j["spillway"]["path"], "small");
+    EXPECT_EQ(j["spillway"]["fallback_model"], true);
+    EXPECT_NE(j["spillway"]["reason"].get<std::string>().find("serves model stories260K, not stories260K-small"),
+              std::string::npos)
+        << j["spillway"].dump();
+    const json q = json::parse(post(s, "/v1/quote", body)->body);
+    EXPECT_EQ(q["model"], "stories260K-small") << q.dump();
+  }
+  // Anything else: 404 naming what is served, for both endpoints and the
+  // quote; nothing was queued.
+  const uint64_t submitted = s.scheduler().stats().submitted;
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/v1/quote"}) {
+    json body = {{"model", "gpt-5"}, {"max_tokens", 4}};
+    if (std::string(route) == "/v1/chat/completions") body["messages"] = {{{"role", "user"}, {"content", "hi"}}};
+    else body["prompt"] = "hi";
+    auto r = post(s, route, body);
+    expect_error_shape(r, 404, "model");
+    const json e = json::parse(r->body)["error"];
+    EXPECT_EQ(e["code"], "model_not_found") << route;
+    const std::string msg = e["message"];
+    EXPECT_NE(msg.find("'gpt-5'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gpt-4o-mini (alias)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("stories260K-small (fallback)"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(s.scheduler().stats().submitted, submitted);
 }
 
 TEST(Server, RequestsRouteWithoutJournalSaysSo) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "serve/scheduler.h"
 
@@ -16,6 +17,7 @@ namespace spw::serve::testing {
 
 struct Collected {
   std::string text;
+  std::vector<TokenLogprobs> logprobs;  // every kText event's, in order
   RequestEvent fin;
   int n_finished = 0;
 };
@@ -31,6 +33,7 @@ inline Collected collect(Ticket& t, std::chrono::milliseconds timeout = std::chr
     if (ev.kind == RequestEvent::Kind::kText) {
       EXPECT_EQ(c.n_finished, 0) << "text after the finished event";
       c.text += ev.text;
+      c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
     } else {
       ++c.n_finished;
       c.fin = ev;

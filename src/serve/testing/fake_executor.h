@@ -11,6 +11,8 @@
 //     A speed <= 0 makes that step free.
 //   - Token k (0-based) is emitted as the text "t<k> " through on_text, then
 //     on_token(k + 1) is called, at the simulated instant the token is done.
+//     With job.logprobs >= 0 its text carries one entry (fake_logprobs(k,
+//     job.logprobs)), unless k < job.logprobs_sent (the client has it).
 //   - It stops after job.max_tokens tokens with FinishReason::kLength, or,
 //     with FakeSpeed::stop_after > 0, after that many tokens with kStop (as an
 //     end-of-generation token would), whichever comes first.
@@ -185,7 +187,9 @@ class FakeExecutor final : public Executor {
         replayed += k;
         out.remove_prefix(k);
       }
-      if (!out.empty()) cb.on_text(out);
+      std::vector<TokenLogprobs> lp;
+      if (job.logprobs >= 0 && n >= job.logprobs_sent) lp.push_back(fake_logprobs(n, job.logprobs));
+      if (!out.empty() || !lp.empty()) cb.on_text(out, lp);
       ++n;
       ++this_run;
       if (cb.on_token) cb.on_token(n);
@@ -208,6 +212,15 @@ class FakeExecutor final : public Executor {
   }
 
  private:
+  // Token k's entry: id k, log-probability -(k + 1) / 1000, its piece, and
+  // n_top alternatives (k first, then k + 1, ...), each 0.5 less likely.
+  static TokenLogprobs fake_logprobs(int32_t k, int32_t n_top) {
+    TokenLogprobs e;
+    e.index = k;
+    e.token = {k, -(k + 1) / 1000.0, piece(k)};
+    for (int32_t i = 0; i < n_top; ++i) e.top.push_back({k + i, e.token.logprob - 0.5 * i, piece(k + i)});
+    return e;
+  }
   static std::string piece(int32_t k) {
     // Appended piecewise: GCC 12 warns (-Wrestrict, a false positive) on "t" + to_string(k).
     std::string p = "t";
