@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "engine/device_test_util.h"
 #include "engine/engine_test_util.h"
 #include "engine/generate.h"
 
@@ -18,20 +19,6 @@ std::vector<TokenId> greedy_tokens(Session& s, const Model& m, int n) {
   auto r = generate(s, m.tokenizer().encode("Once upon a time", true), go);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return r.ok() ? r->tokens : std::vector<TokenId>{};
-}
-
-// Vulkan forms need a device (lavapipe in CI); skip with the reason otherwise.
-bool vulkan_available(std::string* why) {
-  auto devices = list_vulkan_devices();
-  if (!devices.ok()) {
-    *why = devices.status().to_string();
-    return false;
-  }
-  if (devices->empty()) {
-    *why = "no Vulkan device";
-    return false;
-  }
-  return true;
 }
 
 DeviceSessionOptions options_for(const std::string& spec, uint64_t budget = 0) {

@@ -1,4 +1,5 @@
 #include "tools/modelgen/echo_llama.h"
+#include "tools/modelgen/random_llama.h"
 
 #include <algorithm>
 #include <cmath>
@@ -180,8 +181,7 @@ Result<gguf::GgufWriter> echo_llama_writer(Env& env, const EchoLlamaSpec& s, Ech
 
 Status write_echo_llama(Env& env, const std::string& out_path, const EchoLlamaSpec& spec) {
   SPW_ASSIGN_OR_RETURN(gguf::GgufWriter w, echo_llama_writer(env, spec));
-  if (&env == &Env::default_env()) return w.write_streaming(out_path);
-  return w.write(env, out_path);
+  return write_generated_model(env, out_path, w);
 }
 
 Result<std::string> make_echo_llama(Env& env, const EchoLlamaSpec& spec) {

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "engine/device_session.h"
+#include "engine/device_test_util.h"
 #include "engine/engine_test_util.h"
 #include "engine/generate.h"
 
@@ -67,19 +68,6 @@ Result<DeviceSession> open(const std::shared_ptr<const Model>& model, const std:
   o.device = Placement::parse(placement).value();
   o.n_ctx = model->hparams().n_ctx_train;
   return open_device_session(model, o);
-}
-
-bool vulkan_available(std::string* why) {
-  auto devices = list_vulkan_devices();
-  if (!devices.ok()) {
-    *why = devices.status().to_string();
-    return false;
-  }
-  if (devices->empty()) {
-    *why = "no Vulkan device";
-    return false;
-  }
-  return true;
 }
 
 // Greedy generation of 2L + 3 tokens on `placement` for random prompts of the

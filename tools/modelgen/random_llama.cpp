@@ -183,10 +183,14 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
   return w;
 }
 
+Status write_generated_model(Env& env, const std::string& out_path, gguf::GgufWriter& writer) {
+  if (&env == &Env::default_env()) return writer.write_streaming(out_path);
+  return writer.write(env, out_path);
+}
+
 Status write_random_llama(Env& env, const std::string& out_path, const RandomLlamaSpec& spec) {
   SPW_ASSIGN_OR_RETURN(gguf::GgufWriter w, random_llama_writer(env, spec));
-  if (&env == &Env::default_env()) return w.write_streaming(out_path);
-  return w.write(env, out_path);
+  return write_generated_model(env, out_path, w);
 }
 
 Result<std::string> make_random_llama(Env& env, const RandomLlamaSpec& spec) {

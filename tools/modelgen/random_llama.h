@@ -84,6 +84,9 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& sp
 // Env::default_env() it streams (memory ~ largest tensor); with any other Env
 // it serialises in memory and calls env.write_file.
 Status write_random_llama(Env& env, const std::string& out_path, const RandomLlamaSpec& spec);
+// The same for any generated model's writer (write_random_llama and
+// write_echo_llama both end here).
+Status write_generated_model(Env& env, const std::string& out_path, gguf::GgufWriter& writer);
 
 // The whole model file in memory (for small test models); vocab read through
 // Env::default_env() or the given Env.
