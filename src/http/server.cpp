@@ -1023,8 +1023,7 @@ class HttpServer::Impl {
       ToolCallStream::Released released = tool_pass(c, r.outcome.text, true);
       out.text = std::move(released.content);
       out.tool_calls = std::move(released.calls);
-      out.finish_reason = r.outcome.finish_reason == "stop" && !out.tool_calls.empty() ? "tool_calls"
-                                                                                       : r.outcome.finish_reason;
+      out.finish_reason = finish_name(c, r.outcome.finish_reason);
       out.prompt_tokens = r.outcome.prompt_tokens;
       out.completion_tokens = r.outcome.completion_tokens;
       out.spillway = c.info;
@@ -1033,9 +1032,7 @@ class HttpServer::Impl {
     }
     std::string body = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
     body += released_chunks(c, tool_pass(c, r.outcome.text, true), false, std::nullopt);
-    const bool called = c.tools && c.tools->calls_released() > 0;
-    body += chunk(c, "", r.outcome.finish_reason == "stop" && called ? "tool_calls" : r.outcome.finish_reason, false,
-                  true);
+    body += chunk(c, "", finish_name(c, r.outcome.finish_reason), false, true);
     body += kSseDone;
     res.set_header("Cache-Control", "no-cache");
     res.set_content(body, "text/event-stream");
@@ -1247,10 +1244,14 @@ class HttpServer::Impl {
     return r;
   }
 
-  // OpenAI's finish_reason "tool_calls" when the model stopped after calling.
+  // OpenAI's finish_reason "tool_calls" when the model stopped ("stop")
+  // after calling; `reason` otherwise (a run's, or a replay's stored one).
+  static std::string finish_name(const Call& c, std::string reason) {
+    if (reason == "stop" && c.tools && c.tools->calls_released() > 0) return "tool_calls";
+    return reason;
+  }
   static std::string finish_name(const Call& c, serve::FinishReason f) {
-    if (f == serve::FinishReason::kStop && c.tools && c.tools->calls_released() > 0) return "tool_calls";
-    return std::string(serve::finish_reason_name(f));
+    return finish_name(c, std::string(serve::finish_reason_name(f)));
   }
 
   // Stream chunks for released text and calls (a content chunk, then one per
