@@ -166,6 +166,9 @@ VulkanDeviceInfo describe_physical_device(VkInstance, VkPhysicalDevice pd, uint3
   d.max_storage_buffer_range = p.limits.maxStorageBufferRange;
   d.has_compute_queue = compute_queue_family(pd) >= 0;
   d.memory_budget_ext = has_device_extension(pd, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  VkPhysicalDeviceFeatures features{};
+  vkGetPhysicalDeviceFeatures(pd, &features);
+  d.shader_float64 = features.shaderFloat64 == VK_TRUE;
 
   VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
@@ -267,6 +270,11 @@ Result<std::shared_ptr<VulkanContext>> VulkanContext::create(const VulkanBackend
   dci.pQueueCreateInfos = &qci;
   dci.enabledExtensionCount = static_cast<uint32_t>(exts.size());
   dci.ppEnabledExtensionNames = exts.data();
+  // Float64 only where the device has it: the Q8_0 quantiser uses it to divide
+  // exactly (shader float division is not correctly rounded on every driver).
+  VkPhysicalDeviceFeatures features{};
+  features.shaderFloat64 = c->info_.shader_float64 ? VK_TRUE : VK_FALSE;
+  dci.pEnabledFeatures = &features;
   SPW_RETURN_IF_ERROR(c->check(vkCreateDevice(c->physical_, &dci, nullptr, &c->device_), "vkCreateDevice"));
   vkGetDeviceQueue(c->device_, c->queue_family_, 0, &c->queue_);
 

@@ -32,7 +32,7 @@ struct ShaderDesc {
 };
 constexpr ShaderDesc kShaders[] = {
     {"matmul_f32", 4}, {"matmul_f16", 4}, {"matmul_q8_0", 4}, {"embed_f32", 3}, {"embed_f16", 3},
-    {"embed_q8_0", 3}, {"quantize_q8_0", 3}, {"rms_norm", 3}, {"rope", 2},    {"kv_write", 5},
+    {"embed_q8_0", 3}, {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"rms_norm", 3}, {"rope", 2},    {"kv_write", 5},
     {"attention", 6},  {"swiglu", 2},     {"add", 2},
 };
 
@@ -273,6 +273,13 @@ struct VulkanBackend::Impl {
 class VulkanBackend::Impl::Recorder {
  public:
   explicit Recorder(Impl& im) : im_(im), cb_(im.ctx->command_buffer()) { begin(); }
+
+  // The Q8_0 activation quantiser: the float64 variant divides exactly, as
+  // ggml's CPU code does; without float64 the float one may differ by an ulp
+  // in a rare scale (then the equivalence probe is what catches it).
+  const char* quantize_shader() const {
+    return im_.ctx->info().shader_float64 ? "quantize_q8_0_f64" : "quantize_q8_0";
+  }
 
   void dispatch(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,
                 uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
@@ -652,7 +659,7 @@ void record_matmul(VulkanBackend::Impl::Recorder& rec, const DevMatrix& m, VkBuf
 
 void record_quantize(VulkanBackend::Impl::Recorder& rec, VkBuffer x, VkBuffer xq, VkBuffer xd, uint64_t n_floats) {
   const uint32_t pc[1] = {static_cast<uint32_t>(n_floats / 32)};
-  rec.dispatch_flat("quantize_q8_0", {x, xq, xd}, pc, sizeof pc, n_floats / 32);
+  rec.dispatch_flat(rec.quantize_shader(), {x, xq, xd}, pc, sizeof pc, n_floats / 32);
   rec.barrier();
 }
 

@@ -70,6 +70,7 @@ struct VulkanDeviceInfo {
   std::string api_version;  // "1.3.230"
   std::vector<VulkanHeapInfo> heaps;
   bool memory_budget_ext = false;  // VK_EXT_memory_budget
+  bool shader_float64 = false;     // VkPhysicalDeviceFeatures::shaderFloat64 (exact Q8_0 scales; see quantize_q8_0.comp)
   bool has_compute_queue = false;
   uint32_t subgroup_size = 0;
   uint64_t max_storage_buffer_range = 0;
