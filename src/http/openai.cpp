@@ -560,6 +560,13 @@ std::optional<ApiError> parse_chat_tools(std::string_view body, const json& obj,
     ct.name = n;
     ct.json = tojson(text).value();
     ct.json_indent4 = tojson(text, 4).value();
+    for (const auto& [key, val] : ordered.at("tools").at(i).at("function").items()) {
+      ChatTool::Field f;
+      f.key = key;
+      f.is_string = val.is_string();
+      f.text = f.is_string ? val.get<std::string>() : tojson(val.dump()).value();
+      ct.function_fields.push_back(std::move(f));
+    }
     if (!none) out.tools.push_back(std::move(ct));
   }
   return std::nullopt;

@@ -10,6 +10,23 @@ using ojson = nlohmann::ordered_json;
 constexpr std::string_view kOpen = "<tool_call>";
 constexpr std::string_view kClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+
+// Mistral's templates insist on call ids of 9 letters and digits: one made
+// from the request id and the call's index (so a replay has the same ids).
+std::string mistral_call_id(int64_t request_id, int32_t index) {
+  uint64_t x = static_cast<uint64_t>(request_id) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index) + 1;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64's finaliser
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  constexpr std::string_view kAlnum = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  std::string id(9, '0');
+  for (char& ch : id) {
+    ch = kAlnum[x % kAlnum.size()];
+    x /= kAlnum.size();
+  }
+  return id;
+}
 
 void py_dump(const ojson& j, int indent, int level, std::string& out) {
   const auto newline = [&](int lv) {
@@ -68,8 +85,9 @@ size_t partial_suffix(std::string_view s, std::string_view marker) {
   return 0;
 }
 
-// The end of the JSON object that starts at s[0] == '{' (one past its '}'),
-// or npos while it is not closed; strings and escapes respected.
+// The end of the JSON object or array that starts at s[0] ('{' or '['): one
+// past its closing bracket, or npos while it is not closed; strings and
+// escapes respected.
 size_t object_end(std::string_view s) {
   int depth = 0;
   bool in_string = false, escaped = false;
@@ -82,8 +100,8 @@ size_t object_end(std::string_view s) {
       continue;
     }
     if (c == '"') in_string = true;
-    else if (c == '{') ++depth;
-    else if (c == '}' && --depth == 0) return i + 1;
+    else if (c == '{' || c == '[') ++depth;
+    else if ((c == '}' || c == ']') && --depth == 0) return i + 1;
   }
   return std::string_view::npos;
 }
@@ -104,6 +122,9 @@ ToolFormat tool_format(ChatTemplateKind kind) {
       return ToolFormat::kChatML;
     case ChatTemplateKind::kLlama3:
       return ToolFormat::kLlama3;
+    case ChatTemplateKind::kMistralV3:
+    case ChatTemplateKind::kMistralV3Tekken:
+      return ToolFormat::kMistral;
     default:
       return ToolFormat::kNone;
   }
@@ -114,6 +135,12 @@ SafePointRules tool_safe_points(ToolFormat format) {
   if (format == ToolFormat::kChatML) r.spans.push_back({std::string(kOpen), std::string(kClose)});
   // A Llama call is the whole answer: no close.
   if (format == ToolFormat::kLlama3) r.spans.push_back({"{\"name\"", ""});
+  // Mistral's calls are the rest of the answer too, after the control token
+  // when it shows, or from the array of calls when it does not.
+  if (format == ToolFormat::kMistral) {
+    r.spans.push_back({std::string(kMistralCalls), ""});
+    r.spans.push_back({"[{\"name\"", ""});
+  }
   return r;
 }
 
@@ -138,7 +165,8 @@ bool ToolCallStream::take_call(std::string_view json_text, Released& out) {
   // not shown as text: it was a call).
   if (parallel_ || n_calls_ == 0) {
     ToolCallOut c;
-    c.id = "call_" + std::to_string(request_id_) + "_" + std::to_string(n_calls_);
+    c.id = format_ == ToolFormat::kMistral ? mistral_call_id(request_id_, n_calls_)
+                                           : "call_" + std::to_string(request_id_) + "_" + std::to_string(n_calls_);
     c.name = name->get<std::string>();
     c.arguments = args == j.end() ? "{}" : args->dump();
     out.calls.push_back(std::move(c));
@@ -169,7 +197,7 @@ void ToolCallStream::scan(Released& out, bool at_end) {
       if (in_call_) held_ = std::string(s);
     }
     if (!in_call_) {
-      out.content += held_;
+      release_content(held_, out);  // after a call, whitespace is the format's
       held_.clear();
       return;
     }
@@ -185,6 +213,10 @@ void ToolCallStream::scan(Released& out, bool at_end) {
     if (!at_end) return;
     out.content += held_;  // not a call: the model's text as it wrote it
     held_.clear();
+    return;
+  }
+  if (format_ == ToolFormat::kMistral) {
+    scan_mistral(out, at_end);
     return;
   }
   // ChatML: <tool_call> ... </tool_call>, possibly several.
@@ -230,6 +262,76 @@ void ToolCallStream::scan(Released& out, bool at_end) {
     held_.erase(0, after);
     in_call_ = false;
   }
+}
+
+// Mistral: the answer is calls when it starts with "[TOOL_CALLS]" (the
+// control token, where the vocabulary's text shows) or, without it (a
+// control token renders as nothing), with a JSON array; the array's objects
+// are the calls ({"name", "arguments"}; a model-written "id" is replaced by
+// ours). Anything else, or an array that is not all calls, is content as written.
+void ToolCallStream::scan_mistral(Released& out, bool at_end) {
+  if (!decided_) {
+    std::string_view s = held_;
+    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+    if (s.size() >= kMistralCalls.size() && s.substr(0, kMistralCalls.size()) == kMistralCalls) {
+      s.remove_prefix(kMistralCalls.size());
+      while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+      if (s.empty() && !at_end) return;
+      decided_ = true;
+      in_call_ = true;  // the marker said so: what follows is calls or shown as written
+    } else if (!s.empty() && kMistralCalls.substr(0, s.size()) == s && !at_end) {
+      return;  // could still be the marker
+    } else {
+      if (s.empty() && !at_end) return;
+      decided_ = true;
+      in_call_ = !s.empty() && s.front() == '[';
+      if (!in_call_) {
+        out.content += held_;
+        held_.clear();
+        return;
+      }
+    }
+    marker_ = held_.substr(0, held_.size() - s.size());
+    held_ = std::string(s);
+  }
+  if (!in_call_) {
+    release_content(held_, out);  // after calls, whitespace is the format's
+    held_.clear();
+    return;
+  }
+  const size_t end = !held_.empty() && held_.front() == '[' ? object_end(held_) : std::string_view::npos;
+  if (end == std::string_view::npos && !at_end) return;
+  if (end != std::string_view::npos) {
+    ojson arr = ojson::parse(std::string_view(held_).substr(0, end), nullptr, false);
+    bool all_calls = arr.is_array() && !arr.empty();
+    if (all_calls) {
+      for (const ojson& c : arr) {
+        auto name = c.is_object() ? c.find("name") : c.end();
+        auto args = c.is_object() ? c.find("arguments") : c.end();
+        all_calls = all_calls && c.is_object() && name != c.end() && name->is_string() &&
+                    !name->get_ref<const std::string&>().empty() && (args == c.end() || args->is_object());
+      }
+    }
+    if (all_calls) {
+      for (const ojson& c : arr) {
+        ojson call = ojson::object();
+        call["name"] = c["name"];
+        call["arguments"] = c.contains("arguments") ? c["arguments"] : ojson::object();
+        take_call(call.dump(), out);
+      }
+      held_.erase(0, end);
+      release_content(held_, out);  // after the calls: whitespace shows nothing
+      held_.clear();
+      marker_.clear();
+      in_call_ = false;
+      return;
+    }
+  }
+  if (!at_end && end == std::string_view::npos) return;
+  out.content += marker_ + held_;  // not calls: the model's text as it wrote it
+  marker_.clear();
+  held_.clear();
+  in_call_ = false;
 }
 
 ToolCallStream::Released ToolCallStream::feed(std::string_view text) {

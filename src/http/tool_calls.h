@@ -7,6 +7,9 @@
 //    "arguments": {...}}\n</tool_call>" (several in a row when parallel);
 //    Llama 3.x one JSON object {"name": N, "parameters": {...}} (or
 //    "arguments") as the whole answer, optionally after "<|python_tag|>";
+//    Mistral v3 (and v3-tekken) "[TOOL_CALLS] [{"name": N, "arguments":
+//    {...}}, ...]" as the rest of the answer (the marker is a control token:
+//    where it renders as nothing, an answer that is a JSON array of calls);
 //    kNone for families without tools (chat_template_renders_tools).
 //  - tool_safe_points(format): the spans inside which a generation must not be
 //    split (a call's arguments come from one run; SafePointRules): ChatML's
@@ -17,7 +20,8 @@
 //    call (a prefix of "<tool_call>", a Llama answer starting with "{") is
 //    held back; a call is released once whole (its closing tag, or its JSON
 //    object closed), with its arguments as compact JSON text and its id
-//    "call_<request id>_<index>", so that the same request's calls have the
+//    "call_<request id>_<index>" (Mistral: 9 letters and digits made from
+//    both, as its template demands), so that the same request's calls have the
 //    same ids in its replay (the journal's Idempotency-Key) and a resume.
 //    Each call is released exactly once. finish() releases what is held: an
 //    unterminated ChatML call whose JSON is whole is a call (models often end
@@ -38,7 +42,7 @@
 
 namespace spw::http {
 
-enum class ToolFormat { kNone, kChatML, kLlama3 };
+enum class ToolFormat { kNone, kChatML, kLlama3, kMistral };
 
 ToolFormat tool_format(ChatTemplateKind kind);
 SafePointRules tool_safe_points(ToolFormat format);
@@ -71,13 +75,15 @@ class ToolCallStream {
   void release_content(std::string_view text, Released& out);
   bool take_call(std::string_view json_text, Released& out);  // false: not a call
   void scan(Released& out, bool at_end);
+  void scan_mistral(Released& out, bool at_end);
 
   ToolFormat format_;
   int64_t request_id_;
   bool parallel_;
   std::string held_;
   bool in_call_ = false;      // ChatML: inside <tool_call>; Llama: the answer is a call
-  bool decided_ = false;      // Llama: whether the answer is a call is known
+  bool decided_ = false;      // Llama, Mistral: whether the answer is a call is known
+  std::string marker_;        // Mistral: "[TOOL_CALLS]" and spaces held, shown if no calls follow
   int32_t n_calls_ = 0;
 };
 

@@ -1,5 +1,7 @@
 #include "http/tool_calls.h"
 
+#include <cctype>
+
 #include <gtest/gtest.h>
 
 #include "http/openai.h"
@@ -82,7 +84,8 @@ TEST(ToolCallStream, Llama3AnswerThatIsOneJsonObjectIsACall) {
     EXPECT_EQ(r.content, "") << step;
     ASSERT_EQ(r.calls.size(), 1u) << step;
     EXPECT_EQ(r.calls[0].arguments, R"({"city":"Paris"})");
-    auto tagged = run(ToolFormat::kLlama3, "<|python_tag|>{\"name\": \"now\", \"arguments\": {}}", step);
+    auto tagged = run(ToolFormat::kLlama3, "<|python_tag|>{\"name\": \"now\", \"arguments\": {}}\n \n", step);
+    EXPECT_EQ(tagged.content, "") << step;  // whitespace after the call is the format's
     ASSERT_EQ(tagged.calls.size(), 1u) << step;
     EXPECT_EQ(tagged.calls[0].name, "now");
   }
@@ -92,6 +95,56 @@ TEST(ToolCallStream, Llama3AnswerThatIsOneJsonObjectIsACall) {
   auto other = run(ToolFormat::kLlama3, "{\"answer\": 42}", 2);
   EXPECT_TRUE(other.calls.empty());
   EXPECT_EQ(other.content, "{\"answer\": 42}");
+}
+
+TEST(ToolCallStream, MistralCallsAfterTheMarkerOrAsABareArray) {
+  const std::string calls =
+      "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris ]}\"}}, {\"name\": \"now\", "
+      "\"arguments\": {}, \"id\": \"model0001\"}]";
+  for (size_t step : {1, 3, 7, 1000}) {
+    // The control token's text where the vocabulary shows it, and where it
+    // renders as nothing (SentencePiece's space before the array).
+    for (const std::string& text : {"[TOOL_CALLS] " + calls, " " + calls, "[TOOL_CALLS]" + calls + "\n"}) {
+      auto r = run(ToolFormat::kMistral, text, step);
+      EXPECT_EQ(r.content, "") << step << text;
+      ASSERT_EQ(r.calls.size(), 2u) << step << text;
+      EXPECT_EQ(r.calls[0].name, "get_weather");
+      EXPECT_EQ(r.calls[0].arguments, R"({"city":"Paris ]}"})");  // brackets in strings are text
+      EXPECT_EQ(r.calls[1].name, "now");
+      EXPECT_EQ(r.calls[1].arguments, "{}");
+      // Ids: 9 letters and digits (the template refuses others), ours not the
+      // model's, the same for the same request, different per call.
+      for (const auto& c : r.calls) {
+        ASSERT_EQ(c.id.size(), 9u) << c.id;
+        for (char ch : c.id) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(ch))) << c.id;
+      }
+      EXPECT_NE(r.calls[0].id, r.calls[1].id);
+      EXPECT_NE(r.calls[1].id, "model0001");
+      EXPECT_EQ(r.calls[0].id, run(ToolFormat::kMistral, text, 1000).calls[0].id);
+    }
+  }
+  EXPECT_NE(run(ToolFormat::kMistral, " " + calls, 5).calls[0].id,
+            [&] {
+              ToolCallStream other(ToolFormat::kMistral, 43, true);
+              auto r = other.feed(" " + calls);
+              return r.calls.empty() ? std::string() : r.calls[0].id;
+            }());
+  // parallel=false: the first call only.
+  EXPECT_EQ(run(ToolFormat::kMistral, calls, 4, false).calls.size(), 1u);
+  // Prose is shown at once; a bracket that is not calls comes back as written,
+  // the marker with it.
+  ToolCallStream s(ToolFormat::kMistral, 7, true);
+  EXPECT_EQ(s.feed("It is 21 C [approx").content, "It is 21 C [approx");
+  for (const char* text : {"[1, 2, 3] are the numbers", "[TOOL_CALLS] not json", "[TOOL_CALLS] [{\"x\": 1}]",
+                           "[unclosed"}) {
+    auto r = run(ToolFormat::kMistral, text, 2);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
+  }
+  // Cut by max_tokens inside the array: text, never half a call.
+  auto cut = run(ToolFormat::kMistral, "[TOOL_CALLS] [{\"name\": \"now\", \"argu", 3);
+  EXPECT_TRUE(cut.calls.empty());
+  EXPECT_EQ(cut.content, "[TOOL_CALLS] [{\"name\": \"now\", \"argu");
 }
 
 TEST(ToolCallStream, SafePointSpansCoverACallInProgress) {
@@ -107,6 +160,13 @@ TEST(ToolCallStream, SafePointSpansCoverACallInProgress) {
   const SafePointRules llama = tool_safe_points(ToolFormat::kLlama3);
   cp.text = "{\"name\": \"f\", \"parameters\": {}}";
   EXPECT_EQ(check_safe_point(cp, llama).reason(), FailureReason::kNotSafePoint);
+  const SafePointRules mistral = tool_safe_points(ToolFormat::kMistral);
+  for (const char* t : {"[TOOL_CALLS] [{\"name\": \"f\"", " [{\"name\": \"f\", \"arguments\": {}}]"}) {
+    cp.text = t;
+    EXPECT_EQ(check_safe_point(cp, mistral).reason(), FailureReason::kNotSafePoint) << t;
+  }
+  cp.text = "It is 21 C [approx.]";
+  EXPECT_TRUE(check_safe_point(cp, mistral).ok());
   EXPECT_TRUE(tool_safe_points(ToolFormat::kNone).empty());
 }
 

@@ -15,7 +15,7 @@ struct KindName {
 };
 
 // Canonical names first; aliases after (chat_template_name returns the first).
-constexpr std::array<KindName, 11> kNames = {{
+constexpr std::array<KindName, 12> kNames = {{
     {ChatTemplateKind::kChatML, "chatml"},
     {ChatTemplateKind::kLlama2, "llama2"},
     {ChatTemplateKind::kLlama3, "llama3"},
@@ -23,6 +23,7 @@ constexpr std::array<KindName, 11> kNames = {{
     {ChatTemplateKind::kMistral, "mistral"},
     {ChatTemplateKind::kMistralV3, "mistral-v3"},
     {ChatTemplateKind::kMistralLegacy, "mistral-legacy"},
+    {ChatTemplateKind::kMistralV3Tekken, "mistral-v3-tekken"},
     {ChatTemplateKind::kGemma, "gemma"},
     {ChatTemplateKind::kMistral, "mistral-v1"},
     {ChatTemplateKind::kLlama2, "llama2-sys"},
@@ -60,7 +61,8 @@ Status check_roles(const std::vector<ChatMessage>& messages, bool system_only_fi
     const std::string& r = messages[i].role;
     if (!tools && (r == "tool" || !messages[i].tool_calls.empty())) {
       return Status::invalid_argument("chat message " + std::to_string(i) + ": the " + std::string(family) +
-                                      " template has no tool-call format Spillway renders (chatml and llama3 do)");
+                                      " template has no tool-call format Spillway renders (chatml, llama3 and "
+                                      "mistral-v3 do)");
     }
     if (tools && r == "tool") continue;
     if (r != "system" && r != "user" && r != "assistant") {
@@ -137,7 +139,7 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
     if (contains(t, "[SYSTEM_PROMPT]")) return unsupported_template("Mistral v7");
     if (contains(t, "' [INST] ' + system_message") || contains(t, "[AVAILABLE_TOOLS]")) {
       if (contains(t, " [INST]")) return ChatTemplateKind::kMistral;  // official "v1"
-      if (contains(t, "\"[INST]\"")) return unsupported_template("Mistral v3-tekken");
+      if (contains(t, "\"[INST]\"")) return ChatTemplateKind::kMistralV3Tekken;
       return ChatTemplateKind::kMistralV3;
     }
     // The Llama-2 family marks the system prompt with <<SYS>>; the [INST]
@@ -192,7 +194,8 @@ std::string json_quote(std::string_view s) {
 }
 
 bool chat_template_renders_tools(ChatTemplateKind kind) {
-  return kind == ChatTemplateKind::kChatML || kind == ChatTemplateKind::kLlama3;
+  return kind == ChatTemplateKind::kChatML || kind == ChatTemplateKind::kLlama3 ||
+         kind == ChatTemplateKind::kMistralV3 || kind == ChatTemplateKind::kMistralV3Tekken;
 }
 
 namespace {
@@ -290,6 +293,75 @@ Result<std::string> llama3_with_tools(const std::vector<ChatMessage>& all, bool 
   return out;
 }
 
+// Mistral-7B-Instruct-v0.3's template, or Mistral-Nemo's with `tekken` (see
+// the header). Roles: an optional first system message, then user, assistant
+// (plain or with calls) and tool messages in any order, as the reference
+// renders them (its alternation check skips calls and results; not enforced).
+Result<std::string> mistral_v3_with_tools(const std::vector<ChatMessage>& messages, const std::vector<ChatTool>& tools,
+                                          const std::string& bos, const std::string& eos, bool tekken) {
+  const char* family = tekken ? "mistral-v3-tekken" : "mistral-v3";
+  SPW_RETURN_IF_ERROR(check_roles(messages, true, family, true));
+  const std::string sp = tekken ? "" : " ";
+  const bool leading_system = !messages.empty() && messages[0].role == "system";
+  const size_t first = leading_system ? 1 : 0;
+  // The tools go before the last user message, and before any earlier one
+  // that equals it (the reference compares the messages by value).
+  const ChatMessage* last_user = nullptr;
+  for (size_t i = first; i < messages.size(); ++i) {
+    if (messages[i].role == "user") last_user = &messages[i];
+  }
+  const auto check_id = [&](const std::string& id, size_t i) -> Status {
+    if (id.size() == 9) return Status::ok_status();
+    return Status::invalid_argument("chat message " + std::to_string(i) + ": the " + family +
+                                    " template needs tool call ids of 9 characters, got '" + id + "'");
+  };
+  std::string out = bos;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      if (!tools.empty() && m.content == last_user->content && m.tool_call_id == last_user->tool_call_id) {
+        out += "[AVAILABLE_TOOLS]" + sp + "[";
+        for (size_t t = 0; t < tools.size(); ++t) {
+          out += "{\"type\": \"function\", \"function\": {";
+          bool first_field = true;
+          for (const ChatTool::Field& f : tools[t].function_fields) {
+            if (f.key == "return") continue;
+            if (!first_field) out += ", ";
+            first_field = false;
+            out += "\"" + f.key + "\": " + (f.is_string ? "\"" + f.text + "\"" : f.text);
+          }
+          out += "}}";
+          out += t + 1 < tools.size() ? ", " : "]";
+        }
+        out += "[/AVAILABLE_TOOLS]";
+      }
+      if (i + 1 == messages.size() && leading_system) {
+        out += "[INST]" + sp + messages[0].content + "\n\n" + m.content + "[/INST]";
+      } else {
+        out += "[INST]" + sp + m.content + "[/INST]";
+      }
+    } else if (!m.tool_calls.empty()) {
+      out += "[TOOL_CALLS]" + sp + "[";
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        const ChatToolCall& call = m.tool_calls[c];
+        SPW_RETURN_IF_ERROR(check_id(call.id, i));
+        // tojson of {"name", "arguments"} without its closing brace, then the id.
+        out += "{\"name\": " + json_quote(call.name) + ", \"arguments\": " + call.arguments_json + ", \"id\": \"" +
+               call.id + "\"}";
+        out += c + 1 < m.tool_calls.size() ? ", " : "]" + eos;
+      }
+    } else if (m.role == "assistant") {
+      out += tekken ? m.content : " " + std::string(trim(m.content));
+      out += eos;
+    } else {  // tool
+      SPW_RETURN_IF_ERROR(check_id(m.tool_call_id, i));
+      out += "[TOOL_RESULTS]" + sp + "{\"content\": " + m.content + ", \"call_id\": \"" + m.tool_call_id +
+             "\"}[/TOOL_RESULTS]";
+    }
+  }
+  return out;
+}
+
 bool uses_tools(const std::vector<ChatMessage>& messages, const std::vector<ChatTool>& tools) {
   if (!tools.empty()) return true;
   return std::any_of(messages.begin(), messages.end(),
@@ -307,8 +379,14 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
       return llama3_with_tools(messages, add_generation_prompt, tools,
                                special.bos ? *special.bos : default_bos(kind));
     }
+    if (kind == ChatTemplateKind::kMistralV3 || kind == ChatTemplateKind::kMistralV3Tekken) {
+      return mistral_v3_with_tools(messages, tools, special.bos ? *special.bos : default_bos(kind),
+                                   special.eos ? *special.eos : default_eos(kind),
+                                   kind == ChatTemplateKind::kMistralV3Tekken);
+    }
     return Status::invalid_argument("the " + std::string(chat_template_name(kind)) +
-                                    " template has no tool-call format Spillway renders (chatml and llama3 do)");
+                                    " template has no tool-call format Spillway renders (chatml, llama3 and "
+                                    "mistral-v3 do)");
   }
   return apply_chat_template(kind, messages, add_generation_prompt, special);
 }
@@ -414,6 +492,9 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
       }
       return out;
     }
+    case ChatTemplateKind::kMistralV3Tekken:
+      // Without tools, the tools renderer is the reference's plain path.
+      return mistral_v3_with_tools(messages, {}, bos, eos, true);
     case ChatTemplateKind::kMistralLegacy: {
       // The original Mistral-7B-Instruct template. It rejects a system
       // message; we fold it into the first user turn as "v1" does.

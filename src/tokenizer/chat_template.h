@@ -5,16 +5,16 @@
 // llm_chat_detect_template uses, in its order: "<|im_start|>" -> ChatML;
 // "[INST]" -> Llama-2 when the template has "<<SYS>>", otherwise a Mistral
 // variant ("' [INST] ' + system_message" -> Mistral "v1"; "[AVAILABLE_TOOLS]"
-// without " [INST]" -> Mistral "v3"; plain "[INST]" -> the original
-// Mistral-7B-Instruct template); "<|user|>" with an end-of-turn token
+// without " [INST]" -> Mistral "v3", or "v3-tekken" when it writes "\"[INST]\""
+// with no space; plain "[INST]" -> the original Mistral-7B-Instruct template); "<|user|>" with an end-of-turn token
 // (eos_token, "</s>", "<|endoftext|>") -> Zephyr; "<start_of_turn>" -> Gemma;
 // "<|start_header_id|>" and "<|end_header_id|>" -> Llama-3. A template text that
 // is exactly one of the names below selects that family. Relatives that would
-// render differently (Phi-3/4, Mistral v7 and v3-tekken, GLM) and anything else
+// render differently (Phi-3/4, Mistral v7, GLM) and anything else
 // are NotFound, with a message that says to pass --chat-template NAME and lists
 // the names. chat_template_from_name() maps user-facing names ("chatml",
 // "llama2", "llama3", "zephyr", "mistral" (= "mistral-v1"), "mistral-v3",
-// "mistral-legacy", "gemma") and rejects others with InvalidArgument listing
+// "mistral-v3-tekken", "mistral-legacy", "gemma") and rejects others with InvalidArgument listing
 // the valid names.
 //
 // apply_chat_template() renders exactly what the reference Jinja template of the
@@ -30,6 +30,8 @@
 //   mistral         Mistral "v1": "<s> [INST] sys\n\nuser [/INST] answer</s> [INST] ..".
 //   mistral-v3      Mistral "v3": "<s>[INST] user[/INST] answer</s>[INST] sys\n\nlast[/INST]".
 //   mistral-legacy  original Mistral-7B-Instruct: "<s>[INST] user [/INST]answer</s>[INST] ..".
+//   mistral-v3-tekken  Mistral-Nemo-Instruct-2407: v3 without the spaces:
+//                   "<s>[INST]user[/INST]answer</s>[INST]sys\n\nlast[/INST]" (answer untrimmed).
 //   gemma           Gemma 1-3; system folded into the first user turn as Gemma 3 does.
 // Mistral/Llama-2/Gemma have no generation prompt of their own except Gemma's
 // "<start_of_turn>model\n"; add_generation_prompt is ignored where the
@@ -59,6 +61,7 @@ enum class ChatTemplateKind {
   kGemma,
   kMistralV3,
   kMistralLegacy,
+  kMistralV3Tekken,
 };
 
 // A tool call in an assistant message of the conversation (OpenAI's
@@ -82,9 +85,18 @@ struct ChatMessage {
 // "function": {...}}), as the reference templates' `tojson` renders it:
 // compact (Python's default separators) and with indent=4.
 struct ChatTool {
+  // One member of the tool's "function" object, in the client's order, as
+  // Mistral's template writes it: a string as its raw text (the template
+  // pastes it between quotes, unescaped), anything else through tojson.
+  struct Field {
+    std::string key;
+    bool is_string = false;
+    std::string text;
+  };
   std::string name;
   std::string json;
   std::string json_indent4;
+  std::vector<Field> function_fields = {};
 };
 
 // Tools and tool-call messages (role "tool", assistant tool_calls) are
@@ -107,6 +119,15 @@ struct ChatTool {
 //           reference insists), tool results as ipython turns (content
 //           through tojson, as the reference's `is iterable` test does for a
 //           string).
+//   mistral-v3 / mistral-v3-tekken  Mistral-7B-Instruct-v0.3's template and
+//           Mistral-Nemo-Instruct-2407's (the same with no space after the
+//           control tokens): "[AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS]" before
+//           the last user message (each tool {"type": "function", "function":
+//           {...}} from function_fields, "return" left out), assistant calls
+//           as "[TOOL_CALLS] [{"name": N, "arguments": {...}, "id": I}, ...]"
+//           + EOS, tool results as "[TOOL_RESULTS] {"content": C, "call_id":
+//           I}[/TOOL_RESULTS]" (C pasted as is). Call ids must be 9 characters
+//           (the reference raises otherwise; InvalidArgument here).
 // Other families: tools, tool_calls or a "tool" message are InvalidArgument
 // naming the family (they define no tool format Spillway renders).
 bool chat_template_renders_tools(ChatTemplateKind kind);

@@ -56,6 +56,13 @@ const char* kMistralV3Template =  // mistralai/Mistral-7B-Instruct-v0.3 (abridge
     "  {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"]|trim + eos_token}}\n  "
     "  {%- endif %}\n{%- endfor %}\n";
 
+const char* kMistralNemoTemplate =  // mistralai/Mistral-Nemo-Instruct-2407 (abridged as above)
+    "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n        {%- "
+    "if tools is not none and (message == user_messages[-1]) %}\n            {{- \"[AVAILABLE_TOOLS][\" }}\n        "
+    "{%- endif %}\n        {%- if loop.last and system_message is defined %}\n            {{- \"[INST]\" + "
+    "system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n        {%- else %}\n            {{- "
+    "\"[INST]\" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n";
+
 const char* kMistralLegacyTemplate =  // mistralai/Mistral-7B-Instruct-v0.2 (original)
     "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
     "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
@@ -105,6 +112,7 @@ TEST(ChatTemplateTest, DetectsEachFamilyFromItsRealTemplate) {
   EXPECT_EQ(detect(kMistralV1Template), ChatTemplateKind::kMistral);
   EXPECT_EQ(detect(kMistralV3Template), ChatTemplateKind::kMistralV3);
   EXPECT_EQ(detect(kMistralLegacyTemplate), ChatTemplateKind::kMistralLegacy);
+  EXPECT_EQ(detect(kMistralNemoTemplate), ChatTemplateKind::kMistralV3Tekken);
   EXPECT_EQ(detect(kGemmaTemplate), ChatTemplateKind::kGemma);
   EXPECT_EQ(detect("chatml"), ChatTemplateKind::kChatML);
   EXPECT_EQ(detect("llama3"), ChatTemplateKind::kLlama3);
@@ -125,7 +133,7 @@ TEST(ChatTemplateTest, UnknownTemplateTellsUserWhatToDo) {
 TEST(ChatTemplateTest, NamesRoundTripAndUnknownNameIsInvalid) {
   for (auto k : {ChatTemplateKind::kChatML, ChatTemplateKind::kLlama2, ChatTemplateKind::kLlama3,
                  ChatTemplateKind::kZephyr, ChatTemplateKind::kMistral, ChatTemplateKind::kGemma,
-                 ChatTemplateKind::kMistralV3, ChatTemplateKind::kMistralLegacy}) {
+                 ChatTemplateKind::kMistralV3, ChatTemplateKind::kMistralLegacy, ChatTemplateKind::kMistralV3Tekken}) {
     auto r = chat_template_from_name(chat_template_name(k));
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r.value(), k);
@@ -190,6 +198,14 @@ TEST(ChatTemplateTest, MistralV3) {
       "<s>[INST] Hello[/INST] Hi there</s>[INST] You are a helpful assistant\n\nWho are you[/INST]";
   EXPECT_EQ(render(ChatTemplateKind::kMistralV3, false), expected);
   EXPECT_EQ(render(ChatTemplateKind::kMistralV3, true), expected);
+}
+
+TEST(ChatTemplateTest, MistralV3Tekken) {
+  // Mistral-Nemo's template (llama.cpp's models/templates copy) rendered by
+  // jinja2: v3 without the spaces, the answer untrimmed.
+  const std::string expected =
+      "<s>[INST]Hello[/INST]  Hi there  </s>[INST]You are a helpful assistant\n\nWho are you[/INST]";
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV3Tekken, true), expected);
 }
 
 TEST(ChatTemplateTest, MistralLegacy) {
@@ -369,6 +385,100 @@ TEST(ChatTemplateToolsTest, Llama3RendersAsLlama32) {
   EXPECT_EQ(*r, expected);
 }
 
+// Mistral: mistralai/Mistral-7B-Instruct-v0.3's chat_template and
+// Mistral-Nemo-Instruct-2407's (llama.cpp's models/templates copy), rendered
+// by jinja2 as above, on this conversation: two parallel calls with 9-character
+// ids, two results, an answer, a last user turn; the tool "now" has a
+// non-string member ("strict": true) that the template writes through tojson.
+std::vector<ChatTool> mistral_tools() {
+  auto tools = weather_tools();
+  tools[0].function_fields = {{"name", true, "get_weather"},
+                              {"description", true, "Weather in a city, now"},
+                              {"parameters", false,
+                               "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", "
+                               "\"description\": \"City \u2014 name\"}}, \"required\": [\"city\"]}"}};
+  tools[1].function_fields = {{"name", true, "now"}, {"parameters", false, "{}"}, {"strict", false, "true"}};
+  return tools;
+}
+
+std::vector<ChatMessage> mistral_conversation() {
+  ChatMessage call;
+  call.role = "assistant";
+  call.tool_calls = {{"abcDEF123", "get_weather", "{\"city\": \"Paris\", \"unit\": \"\u00b0C\"}"},
+                     {"Z9y8X7w6V", "now", "{}"}};
+  ChatMessage r1;
+  r1.role = "tool";
+  r1.tool_call_id = "abcDEF123";
+  r1.content = "{\"temp\": 21}";
+  ChatMessage r2;
+  r2.role = "tool";
+  r2.tool_call_id = "Z9y8X7w6V";
+  r2.content = "line1\nline2 \"q\"";
+  return {{"system", "You are terse."}, {"user", " Weather in Paris and the time? "}, call, r1, r2,
+          {"assistant", "  21 C, 10:00.  "}, {"user", "Thanks"}};
+}
+
+TEST(ChatTemplateToolsTest, MistralV3RendersAsMistral7BInstructV03AndNemo) {
+  const std::string tools_v3 =
+      "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+      "\"Weather in a city, now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+      "\"string\", \"description\": \"City \u2014 name\"}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", "
+      "\"function\": {\"name\": \"now\", \"parameters\": {}, \"strict\": true}}][/AVAILABLE_TOOLS]";
+  const std::string v3 =
+      "<s>[INST]  Weather in Paris and the time? [/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris\", \"unit\": \"\u00b0C\"}, \"id\": \"abcDEF123\"}, {\"name\": \"now\", \"arguments\": {}, "
+      "\"id\": \"Z9y8X7w6V\"}]</s>[TOOL_RESULTS] {\"content\": {\"temp\": 21}, \"call_id\": "
+      "\"abcDEF123\"}[/TOOL_RESULTS][TOOL_RESULTS] {\"content\": line1\nline2 \"q\", \"call_id\": "
+      "\"Z9y8X7w6V\"}[/TOOL_RESULTS] 21 C, 10:00.</s>" +
+      tools_v3 + "[INST] You are terse.\n\nThanks[/INST]";
+  auto r = apply_chat_template(ChatTemplateKind::kMistralV3, mistral_conversation(), true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, v3);
+
+  std::string tools_nemo = tools_v3;
+  tools_nemo.erase(tools_nemo.find("] [") + 1, 1);  // "[AVAILABLE_TOOLS]["
+  const std::string nemo =
+      "<s>[INST] Weather in Paris and the time? [/INST][TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris\", \"unit\": \"\u00b0C\"}, \"id\": \"abcDEF123\"}, {\"name\": \"now\", \"arguments\": {}, "
+      "\"id\": \"Z9y8X7w6V\"}]</s>[TOOL_RESULTS]{\"content\": {\"temp\": 21}, \"call_id\": "
+      "\"abcDEF123\"}[/TOOL_RESULTS][TOOL_RESULTS]{\"content\": line1\nline2 \"q\", \"call_id\": "
+      "\"Z9y8X7w6V\"}[/TOOL_RESULTS]  21 C, 10:00.  </s>" +
+      tools_nemo + "[INST]You are terse.\n\nThanks[/INST]";
+  r = apply_chat_template(ChatTemplateKind::kMistralV3Tekken, mistral_conversation(), true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, nemo);
+
+  // The first turn: tools before the only user message, the system with it.
+  auto first = mistral_conversation();
+  first.resize(2);
+  r = apply_chat_template(ChatTemplateKind::kMistralV3, first, true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, "<s>" + tools_v3 + "[INST] You are terse.\n\n Weather in Paris and the time? [/INST]");
+  // "return" is left out of a tool, as the reference does.
+  auto with_return = mistral_tools();
+  with_return[1].function_fields.push_back({"return", false, "{\"type\": \"string\"}"});
+  auto rr = apply_chat_template(ChatTemplateKind::kMistralV3, first, true, {}, with_return);
+  ASSERT_TRUE(rr.ok());
+  EXPECT_EQ(*rr, *r);
+  // Call ids of any other length: the reference raises; a 400 naming it here.
+  auto bad = mistral_conversation();
+  bad[2].tool_calls[0].id = "call_42_0";
+  bad[2].tool_calls[0].id += "x";
+  auto e = apply_chat_template(ChatTemplateKind::kMistralV3, bad, true, {}, mistral_tools());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("9 characters"), std::string::npos) << e.status().message();
+  bad = mistral_conversation();
+  bad[3].tool_call_id = "short";
+  EXPECT_FALSE(apply_chat_template(ChatTemplateKind::kMistralV3, bad, true, {}, mistral_tools()).ok());
+  // Without tools both render as their plain templates.
+  for (ChatTemplateKind k : {ChatTemplateKind::kMistralV3, ChatTemplateKind::kMistralV3Tekken}) {
+    auto a = apply_chat_template(k, conversation(), true, {}, {});
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(*a, render(k, true));
+  }
+}
+
 TEST(ChatTemplateToolsTest, WithoutToolsTheFamiliesRenderAsBeforeAndOthersRefuseToolsByName) {
   const std::vector<ChatMessage> plain = {{"system", "S"}, {"user", "U"}};
   for (ChatTemplateKind k : {ChatTemplateKind::kChatML, ChatTemplateKind::kLlama3, ChatTemplateKind::kMistral}) {
@@ -377,8 +487,8 @@ TEST(ChatTemplateToolsTest, WithoutToolsTheFamiliesRenderAsBeforeAndOthersRefuse
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(*a, *b);
   }
-  for (ChatTemplateKind k : {ChatTemplateKind::kMistral, ChatTemplateKind::kMistralV3, ChatTemplateKind::kGemma,
-                             ChatTemplateKind::kZephyr, ChatTemplateKind::kLlama2}) {
+  for (ChatTemplateKind k : {ChatTemplateKind::kMistral, ChatTemplateKind::kGemma, ChatTemplateKind::kZephyr,
+                             ChatTemplateKind::kLlama2, ChatTemplateKind::kMistralLegacy}) {
     auto t = apply_chat_template(k, plain, true, {}, weather_tools());
     ASSERT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find(std::string(chat_template_name(k))), std::string::npos) << t.status().message();

@@ -134,3 +134,77 @@ describe('tool calls through the openai client', () => {
       tools: TOOLS }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'messages[0].tool_calls[0].function.arguments');
   });
 });
+
+// The same through Mistral v3's format (`--chat-template mistral-v3`, rendered
+// as Mistral-7B-Instruct-v0.3's template): the user message ends with a
+// Mistral call and "</s>" (EOS, read as the token, as llama.cpp's server
+// does), so the echo model answers with the call and stops at EOS. Once with
+// the "[TOOL_CALLS]" marker as text, once without it (real Mistral
+// vocabularies have it as a control token that renders as nothing).
+const M_ARRAY = '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]';
+for (const [label, call] of [['with the [TOOL_CALLS] marker', '[TOOL_CALLS] ' + M_ARRAY], ['as a bare array', M_ARRAY]]) {
+  describe(`Mistral v3 tool calls through the openai client, ${label}`, () => {
+    let srv;
+    let client;
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'spw-npm-mtools-'));
+    const messages = [{ role: 'user', content: 'What is the weather in Paris?\n' + call + '</s>' }];
+
+    before(async () => {
+      const period = tokenCount('\n' + call + '</s>[/INST]') - tokenCount('\n');
+      const model = path.join(dir, 'echo.gguf');
+      const gen = spawnSync(GEN_MODEL, ['--echo-period', String(period), '--vocab', MODEL, '--out', model, '--ctx', '1024'],
+                            { encoding: 'utf8', timeout: 60_000 });
+      assert.equal(gen.status, 0, `${GEN_MODEL} failed (${gen.error ?? ''}):\n${gen.stdout}\n${gen.stderr}`);
+      srv = await spawnServer('mtools', ['serve', '--model', model, '--port', '0', '--chat-template', 'mistral-v3',
+                                         '--journal', path.join(dir, 'j.sqlite')]);
+      client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'unused', maxRetries: 0, timeout: 60_000 * SLOWDOWN });
+    });
+    after(async () => {
+      await killServer(srv);
+      fs.rmSync(dir, { recursive: true, force: true });
+    });
+
+    it('the call comes back as tool_calls with a 9-character id, streamed alike, and the next turn renders', async () => {
+      const body = { messages, tools: TOOLS, temperature: 0, max_tokens: 200 };
+      const r = await client.chat.completions.create(body, { headers: { 'Idempotency-Key': 'mistral-call-1' } });
+      const choice = r.choices[0];
+      assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
+      assert.equal(choice.message.content, null);
+      assert.equal(choice.message.tool_calls.length, 1);
+      const c = choice.message.tool_calls[0];
+      assert.equal(c.function.name, 'get_weather');
+      assert.deepEqual(JSON.parse(c.function.arguments), { city: 'Paris', unit: 'celsius' });
+      assert.match(c.id, /^[A-Za-z0-9]{9}$/);
+      const again = await client.chat.completions.create(body, { headers: { 'Idempotency-Key': 'mistral-call-1' } });
+      assert.equal(again.spillway.replayed, true);
+      assert.deepEqual(again.choices[0].message.tool_calls, choice.message.tool_calls);
+
+      const stream = await client.chat.completions.create({ ...body, stream: true });
+      const deltas = [];
+      let content = '';
+      for await (const chunk of stream) {
+        if (chunk.choices.length === 0) continue;
+        content += chunk.choices[0].delta.content ?? '';
+        for (const t of chunk.choices[0].delta.tool_calls ?? []) deltas.push(t);
+      }
+      assert.equal(content, '');
+      assert.equal(deltas.length, 1, JSON.stringify(deltas));
+      assert.equal(deltas[0].function.name, 'get_weather');
+
+      // The template insists on 9-character ids: ours pass, another is a 400.
+      const next = await client.chat.completions.create({
+        messages: [...messages, { role: 'assistant', content: null, tool_calls: [c] },
+                   { role: 'tool', tool_call_id: c.id, content: '{"temperature": 21}' }],
+        tools: TOOLS, temperature: 0, max_tokens: 8 });
+      assert.ok(next.usage.prompt_tokens > r.usage.prompt_tokens);
+      await assert.rejects(client.chat.completions.create({
+        messages: [...messages, { role: 'assistant', content: null, tool_calls: [{ ...c, id: 'call_1' }] },
+                   { role: 'tool', tool_call_id: 'call_1', content: '21' }],
+        tools: TOOLS, max_tokens: 8 }), (e) => {
+        assert.ok(e instanceof OpenAI.BadRequestError, `${e.constructor.name}: ${e.message}`);
+        assert.match(e.message, /9 characters/);
+        return true;
+      });
+    });
+  });
+}
