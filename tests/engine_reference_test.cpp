@@ -220,6 +220,8 @@ struct GenCase {
   GgmlType type;
   double bound;
   bool tied_output = false;
+  const char* arch = "llama";
+  uint32_t head_dim = 0;  // 0: n_embd / n_head
 };
 
 class GeneratedEngineTest : public ::testing::TestWithParam<GenCase> {};
@@ -227,6 +229,8 @@ class GeneratedEngineTest : public ::testing::TestWithParam<GenCase> {};
 TEST_P(GeneratedEngineTest, MatchesReference) {
   const GenCase c = GetParam();
   modelgen::RandomLlamaSpec spec;
+  spec.arch = c.arch;
+  spec.head_dim = c.head_dim;
   spec.n_embd = 64;
   spec.n_layer = 2;
   spec.n_head = 4;
@@ -235,6 +239,7 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   spec.type = c.type;
   spec.tied_output = c.tied_output;
   spec.seed = 1234 + c.n_head_kv;
+  spec.rope_freq_base = spec.arch == "llama" ? 10000.0f : 1000000.0f;  // Qwen's base
   spec.vocab_path = source_path("models/stories260K.gguf");
   auto bytes = modelgen::make_random_llama(spec);
   ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
@@ -245,7 +250,9 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   ASSERT_EQ((*m)->output_tied(), c.tied_output);
   std::vector<TokenId> tokens;
   for (int i = 0; i < 37; ++i) tokens.push_back(static_cast<TokenId>((i * 31 + 3) % (*m)->hparams().n_vocab));
-  const std::string label = "random n_head=4 n_head_kv=" + std::to_string(c.n_head_kv) + " " +
+  ASSERT_EQ((*m)->hparams().arch, c.arch);
+  const std::string label = std::string(c.arch) + " head_dim=" + std::to_string((*m)->hparams().head_dim()) +
+                            " n_head=4 n_head_kv=" + std::to_string(c.n_head_kv) + " " +
                             gguf::ggml_type_name(static_cast<uint32_t>(c.type)) +
                             (c.tied_output ? " tied" : "");
   check_model(*m, tokens, c.bound, label, c.type != GgmlType::kQ8_0);
@@ -258,6 +265,19 @@ INSTANTIATE_TEST_SUITE_P(
                       GenCase{2, GgmlType::kF16, kF16Bound}, GenCase{1, GgmlType::kF16, kF16Bound},
                       GenCase{2, GgmlType::kQ8_0, kQ8_0Bound}, GenCase{1, GgmlType::kQ8_0, kQ8_0Bound},
                       GenCase{1, GgmlType::kQ8_0, kQ8_0Bound, true}));
+
+// Qwen2 (Q/K/V biases, NeoX RoPE) and Qwen3 (per-head Q/K norms, NeoX RoPE,
+// a head size that is not n_embd / n_head, as every Qwen3 has), against the
+// reference's own implementation of each.
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, GeneratedEngineTest,
+    ::testing::Values(GenCase{2, GgmlType::kF32, kF32Bound, false, "qwen2"},
+                      GenCase{2, GgmlType::kF32, kF32Bound, true, "qwen2"},
+                      GenCase{2, GgmlType::kQ8_0, kQ8_0Bound, false, "qwen2"},
+                      GenCase{2, GgmlType::kF32, kF32Bound, false, "qwen3", 32},
+                      GenCase{1, GgmlType::kF16, kF16Bound, true, "qwen3", 32},
+                      GenCase{2, GgmlType::kQ8_0, kQ8_0Bound, false, "qwen3", 32},
+                      GenCase{2, GgmlType::kF32, kF32Bound, false, "llama", 8}));
 
 }  // namespace
 }  // namespace spw

@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Write a random-weight Llama GGUF model with a real tokenizer"};
   std::string out, preset, type = "q8_0";
   std::string vocab = "tests/data/ggml-vocab-llama-spm.gguf";
-  uint32_t embd = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0, ctx = 2048;
+  uint32_t embd = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0, ctx = 2048, head_dim = 0;
+  std::string arch = "llama";
   uint64_t seed = 1;
   uint32_t echo_period = 0;
   bool tied = false;
@@ -80,6 +81,10 @@ int main(int argc, char** argv) {
   auto* o_heads = app.add_option("--heads", heads, "n_head");
   auto* o_kv_heads = app.add_option("--kv-heads", kv_heads, "n_head_kv");
   auto* o_ffn = app.add_option("--ffn", ffn, "n_ff");
+  auto* o_arch = app.add_option("--arch", arch, "llama | qwen2 (Q/K/V biases, NeoX RoPE) | qwen3 (Q/K norms, NeoX RoPE)")
+                     ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}))
+                     ->capture_default_str();
+  auto* o_head_dim = app.add_option("--head-dim", head_dim, "head size (default n_embd / n_head; Qwen3 uses 128)");
   app.add_option("--ctx", ctx, "context length")->capture_default_str();
   auto* o_type = app.add_option("--type", type, "f32 | f16 | q8_0")
                      ->check(CLI::IsMember({"f32", "f16", "q8_0"}))
@@ -92,7 +97,7 @@ int main(int argc, char** argv) {
                  "replays its last L tokens cyclically (next token = the token L positions back), at "
                  "every position < --ctx")
       ->check(CLI::Range(1u, 1u << 30))
-      ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_seed, o_tied);
+      ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_seed, o_tied, o_arch, o_head_dim);
   app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
   app.add_option("--rope-freq-base", rope_base)->capture_default_str();
   app.add_option("--rms-eps", rms_eps)->capture_default_str();
@@ -121,6 +126,8 @@ int main(int argc, char** argv) {
   if (heads) spec.n_head = heads;
   if (kv_heads) spec.n_head_kv = kv_heads;
   if (ffn) spec.n_ff = ffn;
+  spec.arch = arch;
+  spec.head_dim = head_dim;
   spec.n_ctx = ctx;
   spec.type = type == "f32" ? GgmlType::kF32 : type == "f16" ? GgmlType::kF16 : GgmlType::kQ8_0;
   spec.tied_output = tied;
@@ -135,8 +142,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", plan.status().to_string().c_str());
     return 1;
   }
-  std::printf("model: n_embd %u, n_layer %u, n_head %u, n_head_kv %u, n_ff %u, n_ctx %u, n_vocab %u, %s%s\n",
-              spec.n_embd, spec.n_layer, spec.n_head, spec.n_head_kv, spec.n_ff, spec.n_ctx,
+  std::printf("model: %s, n_embd %u, n_layer %u, n_head %u, n_head_kv %u, n_ff %u, n_ctx %u, n_vocab %u, %s%s\n",
+              spec.arch.c_str(), spec.n_embd, spec.n_layer, spec.n_head, spec.n_head_kv, spec.n_ff, spec.n_ctx,
               stats.n_vocab, type.c_str(), tied ? ", tied output" : "");
   std::printf("parameters: %llu (%.1f M)\n", static_cast<unsigned long long>(stats.n_params),
               static_cast<double>(stats.n_params) / 1e6);

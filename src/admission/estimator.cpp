@@ -1,5 +1,7 @@
 #include "admission/estimator.h"
 
+#include "model/arch.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -95,8 +97,13 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
     }
   }
   acc.add(tok);
-  // Norm vectors: attn_norm + ffn_norm per layer, output_norm.
-  acc.add(static_cast<uint64_t>(hp.n_embd) * kF32, 2 * static_cast<uint64_t>(hp.n_layer) + 1);
+  // The vectors the model copies to F32: norms (attn, ffn, output, Qwen3's
+  // per-head Q/K), Qwen2's Q/K/V biases, Llama 3's RoPE frequency factors.
+  for (const auto& t : f.tensors()) {
+    const std::string_view name = t.name;
+    if (t.n_dims == 1 && (name.ends_with("_norm.weight") || name.ends_with(".bias") || name == "rope_freqs.weight"))
+      acc.add(t.ne[0] * kF32);
+  }
 }
 
 // Matrix tensors of layers [b, e): (type, n_cols) pairs for the PreparedX term.
@@ -158,6 +165,7 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   const uint64_t m = std::max(static_cast<uint64_t>(plan.n_ubatch), P);
   const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
   const uint64_t F = static_cast<uint64_t>(hp.n_ff);
   const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
@@ -176,10 +184,10 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     // The row table (position and table offset per row), then the step's
     // sequences' block ids.
     g.io_blocks = sz((2 * m + std::min(P, m) * blocks_per_seq) * sizeof(int32_t));
-    g.q = g.att = sz(m * E * kF32);
+    g.q = g.att = sz(m * Q * kF32);
     g.k = g.v = sz(m * KV * kF32);
     g.gate = g.up = sz(m * F * kF32);
-    const uint64_t nb = std::max(E, F) / 32 + 1;
+    const uint64_t nb = std::max({E, F, Q}) / 32 + 1;
     xq_bytes = m * nb * 32;
     xd_bytes = m * nb * kF32;
     // Worst scores: a full ubatch ending at position c; chunked in tokens when
@@ -212,7 +220,7 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
 // in the same phase); attention rows are `rows` in total. Buffers are added one
 // by one so the rounding allowance counts each allocation.
 Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sessions, uint64_t m, uint64_t E,
-                uint64_t KV, uint64_t F, uint64_t half) {
+                uint64_t Q, uint64_t KV, uint64_t F, uint64_t half) {
   Acc a;
   a.costs = &costs;
   a.add(t.hidden, n_sessions);
@@ -226,7 +234,8 @@ Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sess
   const uint64_t out = n_sessions * t.output_phase();
   const uint64_t app = n_sessions * t.append_phase();
   if (t.layer_activations > 0 && fwd >= out && fwd >= app) {
-    a.add(m * E * kF32, 3 * n_sessions);     // cur, q, att
+    a.add(m * E * kF32, n_sessions);         // cur
+    a.add(m * Q * kF32, 2 * n_sessions);     // q, att
     a.add(m * KV * kF32, 2 * n_sessions);    // k, v
     a.add(m * F * kF32, 2 * n_sessions);     // gate, up
     a.add(m * half * kF32, 2 * n_sessions);  // rope cos, sin
@@ -344,11 +353,12 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
     r.kv[d].allowance = static_cast<uint64_t>(std::ceil(static_cast<double>(r.kv[d].bytes) * c.fragmentation));
     const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
     const uint64_t E = static_cast<uint64_t>(hparams.n_embd);
+    const uint64_t Q = static_cast<uint64_t>(hparams.n_embd_q());
     const uint64_t KV = static_cast<uint64_t>(hparams.n_embd_kv());
     const uint64_t F = static_cast<uint64_t>(hparams.n_ff);
     const uint64_t half = static_cast<uint64_t>(hparams.n_rot / 2);
     if (d != 0) continue;  // GPU scratch is resident in the backend (Estimate's scratch)
-    Acc a = scratch_for(de.terms, c, 1, m, E, KV, F, half);
+    Acc a = scratch_for(de.terms, c, 1, m, E, Q, KV, F, half);
     a.add(de.terms.logits);
     r.scratch[d] = a.finish(true);
   }
@@ -357,9 +367,9 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
 
 Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const EstimatorConfig& config) {
   SPW_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  if (arch != "llama")
+  if (find_arch(arch) == nullptr)
     return Status::invalid_argument("estimate: unsupported architecture '" + arch +
-                                    "' (general.architecture); only llama");
+                                    "' (general.architecture); supported: " + supported_arch_names());
   SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(f));
 
   Plan plan = plan_in;
@@ -387,6 +397,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
   const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
   const uint64_t F = static_cast<uint64_t>(hp.n_ff);
   const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
@@ -503,7 +514,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
       continue;
     }
     ScratchTerms& t = est.devices[d].terms;
-    t.layer_activations = (3 * m * E + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
+    t.layer_activations = (m * E + 2 * m * Q + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
     t.attention_row = c * kF32;
@@ -530,7 +541,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     const DeviceCosts& costs = d == 0 ? config.host : config.gpu;
     const ScratchTerms& t = de.terms;
     if (d == 0) {
-      de.scratch = scratch_for(t, costs, P, m, E, KV, F, half).finish(true);
+      de.scratch = scratch_for(t, costs, P, m, E, Q, KV, F, half).finish(true);
     } else {
       // The backend's persistent buffers, shared by every session on it.
       Acc a;

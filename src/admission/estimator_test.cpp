@@ -48,6 +48,8 @@ std::vector<TestModel> models() {
   v.push_back({"small-Q8_0", generated(spec(GgmlType::kQ8_0, 64, 96, 4, 2, 2))});
   v.push_back({"wide-Q8_0", generated(spec(GgmlType::kQ8_0, 256, 512, 8, 4, 2))});
   v.push_back({"wide-F16-tied", generated(spec(GgmlType::kF16, 256, 384, 8, 8, 3, true))});
+  v.push_back({"qwen2-Q8_0", generated(testing::as_arch(spec(GgmlType::kQ8_0, 128, 256, 4, 2, 2), "qwen2"))});
+  v.push_back({"qwen3-F16-hd64", generated(testing::as_arch(spec(GgmlType::kF16, 128, 256, 4, 2, 2), "qwen3", 64))});
   return v;
 }
 

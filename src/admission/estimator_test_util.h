@@ -29,6 +29,14 @@ inline modelgen::RandomLlamaSpec spec(gguf::GgmlType type, uint32_t n_embd, uint
   return s;
 }
 
+// `s` as another architecture (model/arch.h): qwen2's biases, qwen3's Q/K
+// norms with a head size of its own.
+inline modelgen::RandomLlamaSpec as_arch(modelgen::RandomLlamaSpec s, const char* arch, uint32_t head_dim = 0) {
+  s.arch = arch;
+  s.head_dim = head_dim;
+  return s;
+}
+
 // The model of `s`, loaded from memory (null, with a test failure, on error).
 inline std::shared_ptr<const Model> generated(const modelgen::RandomLlamaSpec& s) {
   return spw::testing::random_model(s);

@@ -164,6 +164,14 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   ASSERT_NE(f32, nullptr);
   for (const Case& c : {Case{128, 64, 0}, Case{160, 32, 2}}) run_case("wide-F32-tied", f32, c);
 
+  auto qwen3 = testing::generated(
+      testing::as_arch(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "qwen3", 32));  // Q wider than n_embd
+  ASSERT_NE(qwen3, nullptr);
+  for (const Case& c : {Case{128, 32, 0}, Case{128, 16, 1}}) run_case("qwen3-Q8_0-hd32", qwen3, c);
+  auto qwen2 = testing::generated(testing::as_arch(testing::spec(GgmlType::kF32, 64, 96, 4, 2, 2, false, 5), "qwen2"));
+  ASSERT_NE(qwen2, nullptr);
+  run_case("qwen2-F32", qwen2, Case{128, 32, 0});
+
   for (const auto& [cat, err] : worst())
     std::printf("worst relative error gpu %-10s %+.2f%%\n", cat.c_str(), 100 * err);
 }

@@ -5,66 +5,106 @@
 namespace spw {
 
 namespace {
-Status bad(const char* key, int64_t value, const std::string& why) {
-  return Status::invalid_argument(std::string("llama hparam ") + key + " = " + std::to_string(value) + ": " + why);
+Status bad(const std::string& key, int64_t value, const std::string& why) {
+  return Status::invalid_argument("hparam " + key + " = " + std::to_string(value) + ": " + why);
 }
 }  // namespace
 
 Status LlamaHparams::validate() const {
-  if (n_ctx_train <= 0) return bad("llama.context_length", n_ctx_train, "must be > 0");
-  if (n_embd <= 0) return bad("llama.embedding_length", n_embd, "must be > 0");
-  if (n_layer <= 0) return bad("llama.block_count", n_layer, "must be > 0");
-  if (n_ff <= 0) return bad("llama.feed_forward_length", n_ff, "must be > 0");
-  if (n_head <= 0) return bad("llama.attention.head_count", n_head, "must be > 0");
-  if (n_embd % n_head != 0)
-    return bad("llama.attention.head_count", n_head,
-               "does not divide llama.embedding_length = " + std::to_string(n_embd));
-  if (n_head_kv <= 0) return bad("llama.attention.head_count_kv", n_head_kv, "must be > 0");
+  const auto key = [&](const char* k) { return arch + "." + k; };
+  if (n_ctx_train <= 0) return bad(key("context_length"), n_ctx_train, "must be > 0");
+  if (n_embd <= 0) return bad(key("embedding_length"), n_embd, "must be > 0");
+  if (n_layer <= 0) return bad(key("block_count"), n_layer, "must be > 0");
+  if (n_ff <= 0) return bad(key("feed_forward_length"), n_ff, "must be > 0");
+  if (n_head <= 0) return bad(key("attention.head_count"), n_head, "must be > 0");
+  if (n_head_kv <= 0) return bad(key("attention.head_count_kv"), n_head_kv, "must be > 0");
+  if (n_embd_head < 0) return bad(key("attention.key_length"), n_embd_head, "must be > 0");
+  if (n_embd_head == 0 && n_embd % n_head != 0)
+    return bad(key("attention.head_count"), n_head, "does not divide " + key("embedding_length") + " = " +
+               std::to_string(n_embd) + " (and no attention.key_length)");
   if (n_head % n_head_kv != 0)
-    return bad("llama.attention.head_count_kv", n_head_kv,
-               "does not divide llama.attention.head_count = " + std::to_string(n_head));
-  if (n_rot <= 0 || n_rot % 2 != 0) return bad("llama.rope.dimension_count", n_rot, "must be even and > 0");
+    return bad(key("attention.head_count_kv"), n_head_kv,
+               "does not divide " + key("attention.head_count") + " = " + std::to_string(n_head));
+  if (n_rot <= 0 || n_rot % 2 != 0) return bad(key("rope.dimension_count"), n_rot, "must be even and > 0");
   if (n_rot > head_dim())
-    return bad("llama.rope.dimension_count", n_rot, "exceeds head dim " + std::to_string(head_dim()));
+    return bad(key("rope.dimension_count"), n_rot, "exceeds head dim " + std::to_string(head_dim()));
   if (!(rope_freq_base > 0.0f))
-    return Status::invalid_argument("llama hparam llama.rope.freq_base = " + std::to_string(rope_freq_base) +
+    return Status::invalid_argument("hparam " + key("rope.freq_base") + " = " + std::to_string(rope_freq_base) +
                                     ": must be > 0");
+  if (!(rope_freq_scale > 0.0f) || !(rope_freq_scale <= 1.0f))
+    return Status::invalid_argument("hparam " + key("rope.scaling.factor") + " = " +
+                                    std::to_string(1.0f / rope_freq_scale) + ": must be >= 1");
   if (!(rms_eps > 0.0f) || !(rms_eps < 1.0f))
-    return Status::invalid_argument("llama hparam llama.attention.layer_norm_rms_epsilon = " +
+    return Status::invalid_argument("hparam " + key("attention.layer_norm_rms_epsilon") + " = " +
                                     std::to_string(rms_eps) + ": must be in (0, 1)");
   if (n_vocab <= 0) return bad("token_embd.weight ne[1] (n_vocab)", n_vocab, "must be > 0");
   return Status();
 }
 
 std::string LlamaHparams::to_string() const {
-  return "n_ctx_train=" + std::to_string(n_ctx_train) + " n_embd=" + std::to_string(n_embd) +
+  return "arch=" + arch + " n_ctx_train=" + std::to_string(n_ctx_train) + " n_embd=" + std::to_string(n_embd) +
          " n_layer=" + std::to_string(n_layer) + " n_ff=" + std::to_string(n_ff) +
          " n_head=" + std::to_string(n_head) + " n_head_kv=" + std::to_string(n_head_kv) +
-         " n_rot=" + std::to_string(n_rot) + " rope_freq_base=" + std::to_string(rope_freq_base) +
+         " head_dim=" + std::to_string(head_dim()) + " n_rot=" + std::to_string(n_rot) +
+         " rope=" + (rope_style == RopeStyle::kNeox ? "neox" : "normal") +
+         " rope_freq_base=" + std::to_string(rope_freq_base) + " rope_freq_scale=" + std::to_string(rope_freq_scale) +
          " rms_eps=" + std::to_string(rms_eps) + " n_vocab=" + std::to_string(n_vocab);
 }
 
 Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
   LlamaHparams hp;
-  auto get_i32 = [&](const char* key, int32_t& out) -> Status {
-    auto r = f.get_u32(key);
+  SPW_ASSIGN_OR_RETURN(hp.arch, f.get_string("general.architecture"));
+  const auto key = [&](const char* k) { return hp.arch + "." + k; };
+  auto get_i32 = [&](const std::string& k, int32_t& out) -> Status {
+    auto r = f.get_u32(k);
     if (!r.ok()) return r.status();
-    if (*r > 0x7fffffffu) return bad(key, static_cast<int64_t>(*r), "too large");
+    if (*r > 0x7fffffffu) return bad(k, static_cast<int64_t>(*r), "too large");
     out = static_cast<int32_t>(*r);
     return Status();
   };
-  SPW_RETURN_IF_ERROR(get_i32("llama.context_length", hp.n_ctx_train));
-  SPW_RETURN_IF_ERROR(get_i32("llama.embedding_length", hp.n_embd));
-  SPW_RETURN_IF_ERROR(get_i32("llama.block_count", hp.n_layer));
-  SPW_RETURN_IF_ERROR(get_i32("llama.feed_forward_length", hp.n_ff));
-  SPW_RETURN_IF_ERROR(get_i32("llama.attention.head_count", hp.n_head));
+  SPW_RETURN_IF_ERROR(get_i32(key("context_length"), hp.n_ctx_train));
+  SPW_RETURN_IF_ERROR(get_i32(key("embedding_length"), hp.n_embd));
+  SPW_RETURN_IF_ERROR(get_i32(key("block_count"), hp.n_layer));
+  SPW_RETURN_IF_ERROR(get_i32(key("feed_forward_length"), hp.n_ff));
+  SPW_RETURN_IF_ERROR(get_i32(key("attention.head_count"), hp.n_head));
   hp.n_head_kv = hp.n_head;
-  if (f.has("llama.attention.head_count_kv"))
-    SPW_RETURN_IF_ERROR(get_i32("llama.attention.head_count_kv", hp.n_head_kv));
+  if (f.has(key("attention.head_count_kv")))
+    SPW_RETURN_IF_ERROR(get_i32(key("attention.head_count_kv"), hp.n_head_kv));
+  if (f.has(key("attention.key_length"))) SPW_RETURN_IF_ERROR(get_i32(key("attention.key_length"), hp.n_embd_head));
+  if (f.has(key("attention.value_length"))) {
+    int32_t v = 0;
+    SPW_RETURN_IF_ERROR(get_i32(key("attention.value_length"), v));
+    if (v != hp.head_dim()) {
+      return bad(key("attention.value_length"), v,
+                 "differs from the key length " + std::to_string(hp.head_dim()) + " (not supported)");
+    }
+  }
   hp.n_rot = hp.head_dim();
-  if (f.has("llama.rope.dimension_count")) SPW_RETURN_IF_ERROR(get_i32("llama.rope.dimension_count", hp.n_rot));
-  SPW_ASSIGN_OR_RETURN(hp.rope_freq_base, f.get_f32_or("llama.rope.freq_base", 10000.0f));
-  SPW_ASSIGN_OR_RETURN(hp.rms_eps, f.get_f32_or("llama.attention.layer_norm_rms_epsilon", 1e-5f));
+  if (f.has(key("rope.dimension_count"))) SPW_RETURN_IF_ERROR(get_i32(key("rope.dimension_count"), hp.n_rot));
+  SPW_ASSIGN_OR_RETURN(hp.rope_freq_base, f.get_f32_or(key("rope.freq_base"), 10000.0f));
+  SPW_ASSIGN_OR_RETURN(hp.rms_eps, f.get_f32_or(key("attention.layer_norm_rms_epsilon"), 1e-5f));
+  // RoPE scaling: linear is a position scale; Llama 3's per-frequency factors
+  // come as a tensor (bound by the model); the rest is refused by name.
+  std::string scaling = "none";
+  if (f.has(key("rope.scaling.type"))) {
+    SPW_ASSIGN_OR_RETURN(scaling, f.get_string(key("rope.scaling.type")));
+  }
+  float factor = 1.0f;
+  SPW_ASSIGN_OR_RETURN(factor, f.get_f32_or(key("rope.scaling.factor"), 1.0f));
+  if (f.has(key("rope.scale_linear"))) {
+    SPW_ASSIGN_OR_RETURN(factor, f.get_f32_or(key("rope.scale_linear"), 1.0f));
+    if (scaling == "none") scaling = "linear";
+  }
+  if (scaling == "linear") {
+    if (!(factor >= 1.0f)) {
+      return Status::invalid_argument("hparam " + key("rope.scaling.factor") + " = " + std::to_string(factor) +
+                                      ": must be >= 1");
+    }
+    hp.rope_freq_scale = 1.0f / factor;
+  } else if (scaling != "none" && scaling != "llama3") {
+    return Status::invalid_argument("RoPE scaling '" + scaling + "' (" + key("rope.scaling.type") +
+                                    ") is not supported; supported: none, linear, llama3");
+  }
   const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
   if (emb == nullptr) return Status::not_found("tensor 'token_embd.weight' not found");
   if (emb->n_dims != 2 || emb->ne[1] == 0 || emb->ne[1] > 0x7fffffffu)

@@ -2,6 +2,7 @@
 
 #include "core/hash.h"
 #include "gguf/fp16.h"
+#include "model/arch.h"
 
 #include <cstdio>
 #include <cstring>
@@ -73,9 +74,13 @@ Result<std::shared_ptr<const Model>> Model::load_from(std::unique_ptr<gguf::Gguf
 Status Model::bind() {
   const gguf::GgufFile& f = *file_;
   SPW_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  if (arch != "llama")
-    return Status::invalid_argument("unsupported architecture '" + arch + "' (general.architecture); only llama");
+  const ArchSpec* spec = find_arch(arch);
+  if (spec == nullptr) {
+    return Status::invalid_argument("unsupported architecture '" + arch + "' (general.architecture); supported: " +
+                                    supported_arch_names());
+  }
   SPW_ASSIGN_OR_RETURN(hp_, read_llama_hparams(f));
+  hp_.rope_style = spec->rope_style;
 
   Fnv1a64 fp;
   std::string types_summary;
@@ -138,7 +143,9 @@ Status Model::bind() {
   };
 
   const uint64_t E = static_cast<uint64_t>(hp_.n_embd);
+  const uint64_t Q = static_cast<uint64_t>(hp_.n_embd_q());
   const uint64_t KV = static_cast<uint64_t>(hp_.n_embd_kv());
+  const uint64_t HD = static_cast<uint64_t>(hp_.head_dim());
   const uint64_t FF = static_cast<uint64_t>(hp_.n_ff);
   const uint64_t V = static_cast<uint64_t>(hp_.n_vocab);
   SPW_RETURN_IF_ERROR(bind_matrix("token_embd.weight", E, V, tok_embd_));
@@ -155,10 +162,19 @@ Status Model::bind() {
     const std::string p = "blk." + std::to_string(i) + ".";
     LlamaLayerWeights& L = layers_[static_cast<size_t>(i)];
     SPW_RETURN_IF_ERROR(bind_vector(p + "attn_norm.weight", E, L.attn_norm));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_q.weight", E, E, L.wq));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_q.weight", E, Q, L.wq));
     SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_k.weight", E, KV, L.wk));
     SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_v.weight", E, KV, L.wv));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_output.weight", E, E, L.wo));
+    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_output.weight", Q, E, L.wo));
+    if (spec->qkv_bias) {
+      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_q.bias", Q, L.bq));
+      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_k.bias", KV, L.bk));
+      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_v.bias", KV, L.bv));
+    }
+    if (spec->qk_norm) {
+      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_q_norm.weight", HD, L.q_norm));
+      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_k_norm.weight", HD, L.k_norm));
+    }
     SPW_RETURN_IF_ERROR(bind_vector(p + "ffn_norm.weight", E, L.ffn_norm));
     SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_gate.weight", E, FF, L.w_gate));
     SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_up.weight", E, FF, L.w_up));
@@ -167,6 +183,12 @@ Status Model::bind() {
                         L.w_up.nbytes() + L.w_down.nbytes();
   }
   bytes_per_token_ += output_.nbytes();
+  if (f.find_tensor("rope_freqs.weight") != nullptr) {
+    SPW_RETURN_IF_ERROR(bind_vector("rope_freqs.weight", static_cast<uint64_t>(hp_.n_rot / 2), rope_freqs_));
+    for (float factor : rope_freqs_) {
+      if (!(factor > 0.0f)) return Status::corruption("tensor 'rope_freqs.weight' has a factor <= 0");
+    }
+  }
 
   SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(f));
   tokenizer_ = std::move(tok);
@@ -197,7 +219,7 @@ Status Model::bind() {
   for (const auto& [type, bytes] : bytes_by_type_) types_summary += (types_summary.empty() ? "" : ",") + type;
   const uint64_t gguf_hash = fp.value();
   fingerprint_hash_ = fp.u64(tokenizer_->fingerprint()).value();
-  fingerprint_ = "llama;size=" + std::to_string(f.file_size()) + ";gguf=" + hex64(gguf_hash) +
+  fingerprint_ = arch + ";size=" + std::to_string(f.file_size()) + ";gguf=" + hex64(gguf_hash) +
                  ";tok=" + hex64(tokenizer_->fingerprint()) + ";types=" + types_summary;
   return Status();
 }

@@ -1,14 +1,17 @@
 // Model: immutable llama weights bound in place from a GGUF mapping.
 //
 // Contract: Model::load opens the GGUF (mmap), checks general.architecture is
-// "llama" (else InvalidArgument naming it), reads and validates LlamaHparams,
+// one of model/arch.h's (else InvalidArgument naming it and the supported
+// ones), reads and validates LlamaHparams (with the architecture's RoPE style),
 // builds the tokenizer from the file's vocab, and binds every weight tensor by
 // name with its expected shape and type:
 //   - a missing tensor is NotFound naming it;
 //   - a wrong shape is Corruption naming the tensor, expected and actual dims;
 //   - a tensor type other than F32, F16 or Q8_0 is InvalidArgument naming the
 //     tensor and its type.
-// Without output.weight the output head is tied to token_embd.weight. Matrix
+// The architecture's optional tensors (biases, Q/K norms) are required when it
+// has them; rope_freqs.weight is bound when present. Without output.weight the
+// output head is tied to token_embd.weight. Matrix
 // weights are used in place from the mapping (no copy); the small norm vectors
 // are converted to F32 copies. The GgufFile stays alive as long as the Model.
 // Thread safety: a Model is immutable after load; share it (shared_ptr<const
@@ -43,10 +46,13 @@ struct WeightMatrix {
 
 struct LlamaLayerWeights {
   std::vector<float> attn_norm;  // [n_embd]
-  WeightMatrix wq;               // [n_embd rows][n_embd cols]
+  WeightMatrix wq;               // [n_embd_q rows][n_embd cols]
   WeightMatrix wk;               // [n_embd_kv][n_embd]
   WeightMatrix wv;               // [n_embd_kv][n_embd]
-  WeightMatrix wo;               // [n_embd][n_embd]
+  WeightMatrix wo;               // [n_embd][n_embd_q]
+  // Optional parts (model/arch.h); empty when the architecture has none.
+  std::vector<float> bq, bk, bv;       // [n_embd_q], [n_embd_kv], [n_embd_kv]
+  std::vector<float> q_norm, k_norm;   // [head_dim]
   std::vector<float> ffn_norm;   // [n_embd]
   WeightMatrix w_gate;           // ffn_gate [n_ff][n_embd]
   WeightMatrix w_up;             // ffn_up   [n_ff][n_embd]
@@ -77,6 +83,9 @@ class Model {
   const WeightMatrix& output() const { return output_; }      // [n_vocab][n_embd]; tied -> tok_embd
   bool output_tied() const { return output_tied_; }
   const LlamaLayerWeights& layer(int32_t i) const { return layers_[static_cast<size_t>(i)]; }
+  // Llama 3's RoPE frequency factors (rope_freqs.weight, [n_rot/2]): each
+  // frequency is divided by its factor. Empty when the file has none.
+  const std::vector<float>& rope_freq_factors() const { return rope_freqs_; }
 
   // Number of weight elements over all bound tensors (tied output counted once).
   int64_t n_params() const { return n_params_; }
@@ -106,6 +115,7 @@ class Model {
   WeightMatrix output_;
   bool output_tied_ = false;
   std::vector<LlamaLayerWeights> layers_;
+  std::vector<float> rope_freqs_;
   int64_t n_params_ = 0;
   std::map<std::string, uint64_t> bytes_by_type_;
   uint64_t bytes_per_token_ = 0;

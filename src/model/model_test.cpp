@@ -110,6 +110,51 @@ TEST(Model, WrongArchitectureIsInvalidArgument) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("gpt2"), std::string::npos);
+  EXPECT_NE(r.status().message().find("llama, qwen2, qwen3"), std::string::npos) << r.status().to_string();
+}
+
+TEST(Model, RopeScalingIsReadAppliedOrRefusedByName) {
+  auto f = base_file();
+  auto linear = model_from_bytes(rebuild(*f, [](gguf::GgufWriter& w) {
+    w.set("llama.rope.scaling.type", gguf::Value::str("linear"));
+    w.set("llama.rope.scaling.factor", gguf::Value::f32(4.0f));
+  }, {}));
+  ASSERT_TRUE(linear.ok()) << linear.status().to_string();
+  EXPECT_FLOAT_EQ((*linear)->hparams().rope_freq_scale, 0.25f);
+  auto yarn = model_from_bytes(rebuild(*f, [](gguf::GgufWriter& w) {
+    w.set("llama.rope.scaling.type", gguf::Value::str("yarn"));
+  }, {}));
+  ASSERT_FALSE(yarn.ok());
+  EXPECT_EQ(yarn.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(yarn.status().message().find("'yarn'"), std::string::npos) << yarn.status().to_string();
+  // Llama 3's frequency factors: a tensor of n_rot / 2 values, bound when present.
+  const int32_t half = (*linear)->hparams().n_rot / 2;
+  auto factors = model_from_bytes(rebuild(*f, [&](gguf::GgufWriter& w) {
+    std::vector<float> v(static_cast<size_t>(half), 1.0f);
+    v.back() = 8.0f;
+    EXPECT_TRUE(w.add_tensor("rope_freqs.weight", gguf::GgmlType::kF32, {static_cast<uint64_t>(half)},
+                             std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4)).ok());
+  }, {}));
+  ASSERT_TRUE(factors.ok()) << factors.status().to_string();
+  ASSERT_EQ((*factors)->rope_freq_factors().size(), static_cast<size_t>(half));
+  EXPECT_EQ((*factors)->rope_freq_factors().back(), 8.0f);
+}
+
+TEST(Model, ArchitectureSpecificTensorsAreRequired) {
+  // A qwen2 file is a llama file with biases: without them, NotFound naming one.
+  auto f = base_file();
+  auto r = model_from_bytes(rebuild(*f, [&](gguf::GgufWriter& w) {
+    w.set("general.architecture", gguf::Value::str("qwen2"));
+    for (const char* k : {"context_length", "embedding_length", "block_count", "feed_forward_length",
+                          "attention.head_count", "attention.head_count_kv"}) {
+      const gguf::Value* v = f->find(std::string("llama.") + k);
+      ASSERT_NE(v, nullptr) << k;
+      w.set(std::string("qwen2.") + k, *v);
+    }
+  }, {}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("blk.0.attn_q.bias"), std::string::npos) << r.status().to_string();
 }
 
 TEST(Model, WrongShapeIsCorruption) {

@@ -68,18 +68,36 @@ void rms_norm(const std::vector<double>& x, const std::vector<double>& w, double
   for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] * scale * w[i];
 }
 
-// Rotates pairs (2i, 2i+1) of each head's first n_rot dims (llama.cpp "normal").
-void rope(std::vector<double>& v, int64_t n_heads, int64_t head_dim, int64_t n_rot, double base, int64_t pos) {
+// Rotates pairs (2i, 2i+1) of each head's first n_rot dims (llama.cpp
+// "normal"), or with neox the pairs (i, i + n_rot/2) (GPT-NeoX, Qwen2/3).
+void rope(std::vector<double>& v, int64_t n_heads, int64_t head_dim, int64_t n_rot, double base, int64_t pos,
+          bool neox) {
   for (int64_t h = 0; h < n_heads; ++h) {
     double* x = v.data() + h * head_dim;
     for (int64_t i = 0; i < n_rot / 2; ++i) {
       const double theta = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / n_rot);
       const double c = std::cos(theta), s = std::sin(theta);
-      const double a = x[2 * i], b = x[2 * i + 1];
-      x[2 * i] = a * c - b * s;
-      x[2 * i + 1] = a * s + b * c;
+      double& a = neox ? x[i] : x[2 * i];
+      double& b = neox ? x[i + n_rot / 2] : x[2 * i + 1];
+      const double a0 = a, b0 = b;
+      a = a0 * c - b0 * s;
+      b = a0 * s + b0 * c;
     }
   }
+}
+
+// RMSNorm of each head_dim-long head of v in place (Qwen3's Q/K norms).
+void head_norm(std::vector<double>& v, int64_t head_dim, const std::vector<double>& w, double eps) {
+  std::vector<double> head, out;
+  for (size_t h0 = 0; h0 < v.size(); h0 += static_cast<size_t>(head_dim)) {
+    head.assign(v.begin() + static_cast<std::ptrdiff_t>(h0), v.begin() + static_cast<std::ptrdiff_t>(h0 + head_dim));
+    rms_norm(head, w, eps, out);
+    std::copy(out.begin(), out.end(), v.begin() + static_cast<std::ptrdiff_t>(h0));
+  }
+}
+
+void add_to(std::vector<double>& v, const std::vector<double>& b) {
+  for (size_t i = 0; i < b.size(); ++i) v[i] += b[i];
 }
 
 }  // namespace
@@ -115,42 +133,53 @@ Result<std::vector<double>> LlamaReference::load_vector(const gguf::GgufFile& fi
 
 Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFile& file) {
   SPW_ASSIGN_OR_RETURN(std::string arch, file.get_string("general.architecture"));
-  if (arch != "llama") return Status::invalid_argument("reference: architecture '" + arch + "' is not llama");
-  SPW_ASSIGN_OR_RETURN(std::string scaling, file.get_string_or("llama.rope.scaling.type", "none"));
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
+    return Status::invalid_argument("reference: architecture '" + arch + "' is not llama, qwen2 or qwen3");
+  }
+  const std::string a = arch + ".";
+  SPW_ASSIGN_OR_RETURN(std::string scaling, file.get_string_or(a + "rope.scaling.type", "none"));
   if (scaling != "none") {
-    return Status::invalid_argument("reference: llama.rope.scaling.type '" + scaling + "' is not supported");
+    return Status::invalid_argument("reference: " + a + "rope.scaling.type '" + scaling + "' is not supported");
   }
 
   std::unique_ptr<LlamaReference> ref(new LlamaReference());
   ReferenceHparams& hp = ref->hp_;
-  SPW_ASSIGN_OR_RETURN(hp.n_embd, file.get_i64("llama.embedding_length"));
-  SPW_ASSIGN_OR_RETURN(hp.n_layer, file.get_i64("llama.block_count"));
-  SPW_ASSIGN_OR_RETURN(hp.n_ff, file.get_i64("llama.feed_forward_length"));
-  SPW_ASSIGN_OR_RETURN(hp.n_head, file.get_i64("llama.attention.head_count"));
+  hp.neox = arch != "llama";
+  hp.qkv_bias = arch == "qwen2";
+  hp.qk_norm = arch == "qwen3";
+  SPW_ASSIGN_OR_RETURN(hp.n_embd, file.get_i64(a + "embedding_length"));
+  SPW_ASSIGN_OR_RETURN(hp.n_layer, file.get_i64(a + "block_count"));
+  SPW_ASSIGN_OR_RETURN(hp.n_ff, file.get_i64(a + "feed_forward_length"));
+  SPW_ASSIGN_OR_RETURN(hp.n_head, file.get_i64(a + "attention.head_count"));
   hp.n_head_kv = hp.n_head;
-  if (file.has("llama.attention.head_count_kv")) {
-    SPW_ASSIGN_OR_RETURN(hp.n_head_kv, file.get_i64("llama.attention.head_count_kv"));
+  if (file.has(a + "attention.head_count_kv")) {
+    SPW_ASSIGN_OR_RETURN(hp.n_head_kv, file.get_i64(a + "attention.head_count_kv"));
   }
   if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
-      hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0) {
+      hp.n_head % hp.n_head_kv != 0) {
     return Status::invalid_argument("reference: inconsistent hyper-parameters (n_embd " + std::to_string(hp.n_embd) +
                                     ", n_head " + std::to_string(hp.n_head) + ", n_head_kv " +
                                     std::to_string(hp.n_head_kv) + ")");
   }
   hp.head_dim = hp.n_embd / hp.n_head;
+  if (file.has(a + "attention.key_length")) {
+    SPW_ASSIGN_OR_RETURN(hp.head_dim, file.get_i64(a + "attention.key_length"));
+  } else if (hp.n_embd % hp.n_head != 0) {
+    return Status::invalid_argument("reference: n_head does not divide n_embd");
+  }
   hp.n_rot = hp.head_dim;
-  if (file.has("llama.rope.dimension_count")) {
-    SPW_ASSIGN_OR_RETURN(hp.n_rot, file.get_i64("llama.rope.dimension_count"));
+  if (file.has(a + "rope.dimension_count")) {
+    SPW_ASSIGN_OR_RETURN(hp.n_rot, file.get_i64(a + "rope.dimension_count"));
   }
   if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
-    return Status::invalid_argument("reference: llama.rope.dimension_count " + std::to_string(hp.n_rot) +
+    return Status::invalid_argument("reference: " + a + "rope.dimension_count " + std::to_string(hp.n_rot) +
                                     " invalid for head_dim " + std::to_string(hp.head_dim));
   }
-  if (file.has("llama.rope.freq_base")) {
-    SPW_ASSIGN_OR_RETURN(hp.rope_freq_base, file.get_f64("llama.rope.freq_base"));
+  if (file.has(a + "rope.freq_base")) {
+    SPW_ASSIGN_OR_RETURN(hp.rope_freq_base, file.get_f64(a + "rope.freq_base"));
   }
-  if (file.has("llama.attention.layer_norm_rms_epsilon")) {
-    SPW_ASSIGN_OR_RETURN(hp.rms_eps, file.get_f64("llama.attention.layer_norm_rms_epsilon"));
+  if (file.has(a + "attention.layer_norm_rms_epsilon")) {
+    SPW_ASSIGN_OR_RETURN(hp.rms_eps, file.get_f64(a + "attention.layer_norm_rms_epsilon"));
   }
   // The engine holds these as float; use exactly that value (a no-op for the
   // usual f32 keys, a rounding for an f64 one).
@@ -175,10 +204,20 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
     Layer& l = ref->layers_[static_cast<size_t>(i)];
     const std::string p = "blk." + std::to_string(i) + ".";
     SPW_ASSIGN_OR_RETURN(l.attn_norm, load_vector(file, p + "attn_norm.weight", hp.n_embd));
-    SPW_ASSIGN_OR_RETURN(l.wq, load_matrix(file, p + "attn_q.weight", hp.n_embd, hp.n_embd));
+    const int64_t n_embd_q = hp.head_dim * hp.n_head;
+    SPW_ASSIGN_OR_RETURN(l.wq, load_matrix(file, p + "attn_q.weight", hp.n_embd, n_embd_q));
     SPW_ASSIGN_OR_RETURN(l.wk, load_matrix(file, p + "attn_k.weight", hp.n_embd, n_embd_kv));
     SPW_ASSIGN_OR_RETURN(l.wv, load_matrix(file, p + "attn_v.weight", hp.n_embd, n_embd_kv));
-    SPW_ASSIGN_OR_RETURN(l.wo, load_matrix(file, p + "attn_output.weight", hp.n_embd, hp.n_embd));
+    SPW_ASSIGN_OR_RETURN(l.wo, load_matrix(file, p + "attn_output.weight", n_embd_q, hp.n_embd));
+    if (hp.qkv_bias) {
+      SPW_ASSIGN_OR_RETURN(l.bq, load_vector(file, p + "attn_q.bias", n_embd_q));
+      SPW_ASSIGN_OR_RETURN(l.bk, load_vector(file, p + "attn_k.bias", n_embd_kv));
+      SPW_ASSIGN_OR_RETURN(l.bv, load_vector(file, p + "attn_v.bias", n_embd_kv));
+    }
+    if (hp.qk_norm) {
+      SPW_ASSIGN_OR_RETURN(l.q_norm, load_vector(file, p + "attn_q_norm.weight", hp.head_dim));
+      SPW_ASSIGN_OR_RETURN(l.k_norm, load_vector(file, p + "attn_k_norm.weight", hp.head_dim));
+    }
     SPW_ASSIGN_OR_RETURN(l.ffn_norm, load_vector(file, p + "ffn_norm.weight", hp.n_embd));
     SPW_ASSIGN_OR_RETURN(l.w_gate, load_matrix(file, p + "ffn_gate.weight", hp.n_embd, hp.n_ff));
     SPW_ASSIGN_OR_RETURN(l.w_up, load_matrix(file, p + "ffn_up.weight", hp.n_embd, hp.n_ff));
@@ -218,15 +257,24 @@ void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logi
   };
 
   std::vector<double> x(tok_embd_.w.begin() + token * n_embd, tok_embd_.w.begin() + (token + 1) * n_embd);
-  std::vector<double> h, q, k, v, attn(static_cast<size_t>(n_embd)), o, g, u, d, scores;
+  std::vector<double> h, q, k, v, attn(static_cast<size_t>(hd * hp_.n_head)), o, g, u, d, scores;
   for (int64_t li = 0; li < hp_.n_layer; ++li) {
     const Layer& L = layers_[static_cast<size_t>(li)];
     rms_norm(x, L.attn_norm, hp_.rms_eps, h);
     mv(L.wq, h, q);
     mv(L.wk, h, k);
     mv(L.wv, h, v);
-    rope(q, hp_.n_head, hd, hp_.n_rot, hp_.rope_freq_base, pos);
-    rope(k, hp_.n_head_kv, hd, hp_.n_rot, hp_.rope_freq_base, pos);
+    if (hp_.qkv_bias) {
+      add_to(q, L.bq);
+      add_to(k, L.bk);
+      add_to(v, L.bv);
+    }
+    if (hp_.qk_norm) {
+      head_norm(q, hd, L.q_norm, hp_.rms_eps);
+      head_norm(k, hd, L.k_norm, hp_.rms_eps);
+    }
+    rope(q, hp_.n_head, hd, hp_.n_rot, hp_.rope_freq_base, pos, hp_.neox);
+    rope(k, hp_.n_head_kv, hd, hp_.n_rot, hp_.rope_freq_base, pos, hp_.neox);
     auto& kc = cache.k[static_cast<size_t>(li)];
     auto& vc = cache.v[static_cast<size_t>(li)];
     kc.insert(kc.end(), k.begin(), k.end());

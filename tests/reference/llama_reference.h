@@ -1,7 +1,10 @@
 // LlamaReference: a naive, double-precision llama forward pass for tests.
 //
-// Contract: LlamaReference::load reads a llama GGUF (general.architecture must
-// be "llama") straight from spw::gguf::GgufFile metadata and tensors -- it shares
+// Contract: LlamaReference::load reads a llama-family GGUF (general.architecture
+// "llama", or "qwen2" with Q/K/V biases added after the projections, or "qwen3"
+// with each head of Q and K RMS-normalised before RoPE; both with NeoX RoPE;
+// keys under the architecture's prefix; the head size from
+// attention.key_length when present) straight from spw::gguf::GgufFile metadata and tensors -- it shares
 // no code with the engine (src/model, src/backend) so that it can judge it. All
 // weights are dequantised once to double (F32, F16 exactly; Q8_0 as d * q with
 // ggml's block layout), so this is for tiny test models only (memory is 8 bytes
@@ -49,6 +52,9 @@ struct ReferenceHparams {
   int64_t head_dim = 0;
   double rope_freq_base = 10000.0;
   double rms_eps = 1e-5;
+  bool neox = false;      // qwen2, qwen3: RoPE pairs (i, i + n_rot/2)
+  bool qkv_bias = false;  // qwen2
+  bool qk_norm = false;   // qwen3
 };
 
 class LlamaReference {
@@ -75,6 +81,7 @@ class LlamaReference {
   };
   struct Layer {
     std::vector<double> attn_norm, ffn_norm;
+    std::vector<double> bq, bk, bv, q_norm, k_norm;  // qwen2 biases, qwen3 head norms
     Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
   };
   struct Cache {  // per layer: [pos][n_head_kv * head_dim]

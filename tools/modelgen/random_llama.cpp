@@ -80,7 +80,10 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
       s.n_ctx == 0) {
     return bad("n_embd, n_layer, n_head, n_head_kv, n_ff and n_ctx must all be nonzero");
   }
-  if (s.n_embd % s.n_head != 0) {
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
+    return bad("arch '" + s.arch + "' is not llama, qwen2 or qwen3");
+  }
+  if (s.head_dim == 0 && s.n_embd % s.n_head != 0) {
     return bad("n_embd " + std::to_string(s.n_embd) + " is not divisible by n_head " +
                std::to_string(s.n_head));
   }
@@ -88,8 +91,10 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
     return bad("n_head " + std::to_string(s.n_head) + " is not divisible by n_head_kv " +
                std::to_string(s.n_head_kv));
   }
-  if ((s.n_embd / s.n_head) % 2 != 0) {
-    return bad("head dim " + std::to_string(s.n_embd / s.n_head) + " must be even for RoPE");
+  const uint32_t hd = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
+  if (hd % 2 != 0) return bad("head dim " + std::to_string(hd) + " must be even for RoPE");
+  if (s.type == GgmlType::kQ8_0 && (hd * s.n_head) % 32 != 0) {
+    return bad("Q8_0 needs head_dim * n_head to be a multiple of 32");
   }
   if (s.type != GgmlType::kF32 && s.type != GgmlType::kF16 && s.type != GgmlType::kQ8_0) {
     return bad("type " + gguf::ggml_type_name(static_cast<uint32_t>(s.type)) +
@@ -106,10 +111,18 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
   return Status::ok_status();
 }
 
+namespace {
+uint64_t head_dim_of(const RandomLlamaSpec& s) { return s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head; }
+}  // namespace
+
 uint64_t random_llama_param_count(const RandomLlamaSpec& s, uint64_t n_vocab) {
   const uint64_t e = s.n_embd;
-  const uint64_t e_kv = static_cast<uint64_t>(s.n_embd / s.n_head) * s.n_head_kv;
-  const uint64_t per_layer = 2 * e + 2 * e * e + 2 * e * e_kv + 3 * e * s.n_ff;
+  const uint64_t hd = head_dim_of(s);
+  const uint64_t e_q = hd * s.n_head;
+  const uint64_t e_kv = hd * s.n_head_kv;
+  uint64_t per_layer = 2 * e + 2 * e * e_q + 2 * e * e_kv + 3 * e * s.n_ff;
+  if (s.arch == "qwen2") per_layer += e_q + 2 * e_kv;
+  if (s.arch == "qwen3") per_layer += 2 * hd;
   return n_vocab * e * (s.tied_output ? 1 : 2) + e + s.n_layer * per_layer;
 }
 
@@ -123,27 +136,33 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     return Status::corruption("vocab '" + s.vocab_path + "': tokenizer.ggml.tokens is empty");
   }
   const uint64_t n_vocab = tokens->items.size();
-  const uint32_t head_dim = s.n_embd / s.n_head;
+  const uint32_t head_dim = static_cast<uint32_t>(head_dim_of(s));
+  const uint32_t n_embd_q = head_dim * s.n_head;
   const uint32_t n_embd_kv = head_dim * s.n_head_kv;
 
   gguf::GgufWriter w;
-  const std::string name = "spillway-random-llama-" + std::to_string(s.n_embd) + "x" +
+  const std::string name = "spillway-random-" + s.arch + "-" + std::to_string(s.n_embd) + "x" +
                            std::to_string(s.n_layer) + "-" + type_label(s.type) + "-seed" +
                            std::to_string(s.seed);
-  w.set("general.architecture", Value::str("llama"));
+  w.set("general.architecture", Value::str(s.arch));
   w.set("general.name", Value::str(name));
   w.set("general.file_type", Value::u32(file_type_of(s.type)));
   if (s.type == GgmlType::kQ8_0) w.set("general.quantization_version", Value::u32(2));
-  w.set("llama.vocab_size", Value::u32(static_cast<uint32_t>(n_vocab)));
-  w.set("llama.context_length", Value::u32(s.n_ctx));
-  w.set("llama.embedding_length", Value::u32(s.n_embd));
-  w.set("llama.block_count", Value::u32(s.n_layer));
-  w.set("llama.feed_forward_length", Value::u32(s.n_ff));
-  w.set("llama.attention.head_count", Value::u32(s.n_head));
-  w.set("llama.attention.head_count_kv", Value::u32(s.n_head_kv));
-  w.set("llama.rope.dimension_count", Value::u32(head_dim));
-  w.set("llama.rope.freq_base", Value::f32(s.rope_freq_base));
-  w.set("llama.attention.layer_norm_rms_epsilon", Value::f32(s.rms_eps));
+  const std::string a = s.arch + ".";
+  w.set(a + "vocab_size", Value::u32(static_cast<uint32_t>(n_vocab)));
+  w.set(a + "context_length", Value::u32(s.n_ctx));
+  w.set(a + "embedding_length", Value::u32(s.n_embd));
+  w.set(a + "block_count", Value::u32(s.n_layer));
+  w.set(a + "feed_forward_length", Value::u32(s.n_ff));
+  w.set(a + "attention.head_count", Value::u32(s.n_head));
+  w.set(a + "attention.head_count_kv", Value::u32(s.n_head_kv));
+  if (s.head_dim > 0) {
+    w.set(a + "attention.key_length", Value::u32(head_dim));
+    w.set(a + "attention.value_length", Value::u32(head_dim));
+  }
+  w.set(a + "rope.dimension_count", Value::u32(head_dim));
+  w.set(a + "rope.freq_base", Value::f32(s.rope_freq_base));
+  w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(s.rms_eps));
   for (const auto& [key, value] : vocab->metadata()) {
     if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);
   }
@@ -163,11 +182,21 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     const std::string p = "blk." + std::to_string(l) + ".";
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "attn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
-    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "attn_q.weight", t, {e, e}, 0.0f, kStd));
+    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "attn_q.weight", t, {e, n_embd_q}, 0.0f, kStd));
     SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "attn_k.weight", t, {e, n_embd_kv}, 0.0f, kStd));
     SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "attn_v.weight", t, {e, n_embd_kv}, 0.0f, kStd));
+    if (s.arch == "qwen2") {
+      const std::pair<const char*, uint64_t> biases[] = {{"attn_q.bias", n_embd_q}, {"attn_k.bias", n_embd_kv},
+                                                          {"attn_v.bias", n_embd_kv}};
+      for (const auto& [bn, len] : biases)
+        SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + bn, GgmlType::kF32, {len}, 0.0f, kStd));
+    }
+    if (s.arch == "qwen3") {
+      for (const char* nn : {"attn_q_norm.weight", "attn_k_norm.weight"})
+        SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + nn, GgmlType::kF32, {head_dim}, 1.0f, kNormNoise));
+    }
     SPW_RETURN_IF_ERROR(
-        add_random_tensor(w, s.seed, p + "attn_output.weight", t, {e, e}, 0.0f, kResidualStd));
+        add_random_tensor(w, s.seed, p + "attn_output.weight", t, {n_embd_q, e}, 0.0f, kResidualStd));
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "ffn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
     SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "ffn_gate.weight", t, {e, s.n_ff}, 0.0f, kStd));

@@ -8,11 +8,12 @@
 //   output_norm.weight [n_embd]           (F32)
 //   output.weight [n_embd, n_vocab]       (matrix type; absent when tied_output)
 //   blk.N.attn_norm.weight [n_embd]       (F32)
-//   blk.N.attn_q.weight [n_embd, n_embd], attn_k / attn_v [n_embd, n_embd_kv],
-//   blk.N.attn_output.weight [n_embd, n_embd]
+//   blk.N.attn_q.weight [n_embd, n_embd_q], attn_k / attn_v [n_embd, n_embd_kv],
+//   blk.N.attn_output.weight [n_embd_q, n_embd]
 //   blk.N.ffn_norm.weight [n_embd]        (F32)
 //   blk.N.ffn_gate / ffn_up [n_embd, n_ff], ffn_down [n_ff, n_embd]
-// with n_embd_kv = (n_embd / n_head) * n_head_kv.
+// with n_embd_q = head_dim * n_head, n_embd_kv = head_dim * n_head_kv, and the
+// architecture's extra tensors (see RandomLlamaSpec::arch).
 // Weights are a pure function of (seed, tensor name, element index): each
 // tensor has its own splitmix64 stream seeded from the seed and the name, and
 // each value is an approximately normal sample (sum of four 16-bit uniforms,
@@ -48,6 +49,11 @@
 namespace spw::modelgen {
 
 struct RandomLlamaSpec {
+  // general.architecture (model/arch.h): "llama"; "qwen2" adds Q/K/V biases
+  // (blk.N.attn_{q,k,v}.bias, std 0.02); "qwen3" adds per-head Q/K norms
+  // (blk.N.attn_{q,k}_norm.weight [head_dim], 1 + noise). Keys use its prefix.
+  std::string arch = "llama";
+  uint32_t head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length / value_length
   uint32_t n_embd = 64;
   uint32_t n_layer = 2;
   uint32_t n_head = 4;

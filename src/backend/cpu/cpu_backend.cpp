@@ -55,6 +55,7 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   }
 
   const int64_t n_embd = hp.n_embd;
+  const int64_t n_q = hp.n_embd_q();
   const int64_t n_kv = hp.n_embd_kv();
   const int64_t n_ff = hp.n_ff;
   const int32_t hd = hp.head_dim();
@@ -63,10 +64,10 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   const auto n = static_cast<int64_t>(rows.size());
 
   std::vector<float> cur(static_cast<size_t>(n * n_embd));
-  std::vector<float> q(static_cast<size_t>(n * n_embd));
+  std::vector<float> q(static_cast<size_t>(n * n_q));
   std::vector<float> k(static_cast<size_t>(n * n_kv));
   std::vector<float> v(static_cast<size_t>(n * n_kv));
-  std::vector<float> att(static_cast<size_t>(n * n_embd));
+  std::vector<float> att(static_cast<size_t>(n * n_q));
   std::vector<float> gate(static_cast<size_t>(n * n_ff));
   std::vector<float> up(static_cast<size_t>(n * n_ff));
   const int32_t half = hp.n_rot / 2;
@@ -74,7 +75,8 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   {
     int64_t row = 0;
     for (const SeqSlice& sl : slices) {
-      cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, rc.data() + row * half, rs.data() + row * half);
+      cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, rc.data() + row * half, rs.data() + row * half,
+                      cpu::rope_scaling(model));
       row += sl.n_tokens;
     }
   }
@@ -87,14 +89,26 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
     // One pass over the weights for every row of every sequence.
     const cpu::MatmulOut qkv[3] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
     cpu::matmul_fused(qkv, 3, cur.data(), n, pool_.get());
+    if (!L.bq.empty()) {  // Qwen2
+      cpu::add_bias(q.data(), L.bq.data(), n, n_q);
+      cpu::add_bias(k.data(), L.bk.data(), n, n_kv);
+      cpu::add_bias(v.data(), L.bv.data(), n, n_kv);
+    }
+    if (!L.q_norm.empty()) {  // Qwen3: each head's Q and K normalised before RoPE
+      for (int64_t h = 0; h < n * n_head; ++h)
+        cpu::rms_norm(q.data() + h * hd, L.q_norm.data(), hd, hp.rms_eps, q.data() + h * hd);
+      for (int64_t h = 0; h < n * hp.n_head_kv; ++h)
+        cpu::rms_norm(k.data() + h * hd, L.k_norm.data(), hd, hp.rms_eps, k.data() + h * hd);
+    }
+    const bool neox = hp.rope_style == RopeStyle::kNeox;
     for (int64_t t = 0; t < n; ++t) {
       const Row& r = rows[static_cast<size_t>(t)];
       KvPool* kvp = r.seq->kv.pool;
       const int32_t lp = il - kvp->options().layer_begin;
       const int32_t bt = kvp->block_tokens();
-      cpu::rope_apply(q.data() + t * n_embd, n_head, hd, hp.n_rot, rc.data() + t * half, rs.data() + t * half);
+      cpu::rope_apply(q.data() + t * n_q, n_head, hd, hp.n_rot, rc.data() + t * half, rs.data() + t * half, neox);
       cpu::rope_apply(k.data() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, rc.data() + t * half,
-                      rs.data() + t * half);
+                      rs.data() + t * half, neox);
       const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
       const int32_t slot = r.pos % bt;
       std::copy_n(k.data() + t * n_kv, n_kv, kvp->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
@@ -115,14 +129,14 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
         const int32_t h = static_cast<int32_t>(i % n_head);
         const int32_t kvh = h / n_gqa;
         const int32_t pos = r.pos;
-        const float* qh = q.data() + t * n_embd + static_cast<int64_t>(h) * hd;
+        const float* qh = q.data() + t * n_q + static_cast<int64_t>(h) * hd;
         for (int32_t p = 0; p <= pos; ++p) {
           const float* kp = kvp->k(blocks[static_cast<size_t>(p / bt)], lp) +
                             static_cast<int64_t>(p % bt) * n_kv + static_cast<int64_t>(kvh) * hd;
           scores[static_cast<size_t>(p)] = cpu::dot_f32(kp, qh, hd) * kq_scale;
         }
         cpu::softmax(scores.data(), pos + 1);
-        float* out = att.data() + t * n_embd + static_cast<int64_t>(h) * hd;
+        float* out = att.data() + t * n_q + static_cast<int64_t>(h) * hd;
         std::fill(out, out + hd, 0.0f);
         for (int32_t p = 0; p <= pos; ++p) {
           const float* vp = kvp->v(blocks[static_cast<size_t>(p / bt)], lp) +

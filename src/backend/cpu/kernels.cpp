@@ -426,12 +426,14 @@ void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* 
 }
 
 void rope_table(int32_t pos0, int32_t n_tokens, int32_t n_rot, float freq_base, float* cos_out,
-                float* sin_out) {
+                float* sin_out, const RopeScaling& scaling) {
   const int32_t half = n_rot / 2;
   for (int32_t t = 0; t < n_tokens; ++t) {
     const double pos = static_cast<double>(pos0 + t);
     for (int32_t i = 0; i < half; ++i) {
-      const double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+      double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+      if (scaling.freq_scale != 1.0f) theta *= static_cast<double>(scaling.freq_scale);
+      if (scaling.factors != nullptr) theta /= static_cast<double>(scaling.factors[i]);
       cos_out[t * half + i] = static_cast<float>(std::cos(theta));
       sin_out[t * half + i] = static_cast<float>(std::sin(theta));
     }
@@ -439,16 +441,26 @@ void rope_table(int32_t pos0, int32_t n_tokens, int32_t n_rot, float freq_base, 
 }
 
 void rope_apply(float* x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float* cos_row,
-                const float* sin_row) {
+                const float* sin_row, bool neox) {
   const int32_t half = n_rot / 2;
+  // The two elements of pair i: (2i, 2i+1) normal, (i, i+half) NeoX.
+  const int32_t stride = neox ? 1 : 2;
+  const int32_t other = neox ? half : 1;
   for (int32_t h = 0; h < n_heads; ++h) {
     float* xh = x + static_cast<int64_t>(h) * head_dim;
     for (int32_t i = 0; i < half; ++i) {
-      const float x0 = xh[2 * i];
-      const float x1 = xh[2 * i + 1];
-      xh[2 * i] = x0 * cos_row[i] - x1 * sin_row[i];
-      xh[2 * i + 1] = x0 * sin_row[i] + x1 * cos_row[i];
+      float* p0 = xh + stride * i;
+      const float x0 = p0[0];
+      const float x1 = p0[other];
+      p0[0] = x0 * cos_row[i] - x1 * sin_row[i];
+      p0[other] = x0 * sin_row[i] + x1 * cos_row[i];
     }
+  }
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] += bias[i];
   }
 }
 

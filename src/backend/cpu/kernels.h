@@ -56,14 +56,31 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
 // y = x / sqrt(mean(x^2) + eps) * weight. y may alias x.
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y);
 
+// RoPE frequency scaling as llama.cpp applies it without YaRN: theta is
+// multiplied by freq_scale (1 / the linear factor) and divided by the
+// frequency's factor (Llama 3's rope_freqs.weight, [n_rot/2]) when given.
+struct RopeScaling {
+  float freq_scale = 1.0f;
+  const float* factors = nullptr;
+};
+
+// The model's scaling (hparams' linear scale, the rope_freqs factors).
+inline RopeScaling rope_scaling(const Model& m) {
+  return {m.hparams().rope_freq_scale, m.rope_freq_factors().empty() ? nullptr : m.rope_freq_factors().data()};
+}
+
 // Cos/sin table for positions pos0..pos0+n_tokens-1: [n_tokens][n_rot/2] each.
-// theta_i = pos * base^(-2i/n_rot), computed in double.
+// theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i, computed in double.
 void rope_table(int32_t pos0, int32_t n_tokens, int32_t n_rot, float freq_base, float* cos_out,
-                float* sin_out);
-// llama.cpp "normal" rope on one token's heads: pairs (x[2i], x[2i+1]) of each
-// head for i < n_rot/2 are rotated by theta_i; dims >= n_rot are unchanged.
+                float* sin_out, const RopeScaling& scaling = {});
+// RoPE on one token's heads: for i < n_rot/2, llama.cpp's "normal" style
+// rotates the pair (x[2i], x[2i+1]) of each head by theta_i, the NeoX style
+// (neox = true; Qwen2/3) the pair (x[i], x[i + n_rot/2]); dims >= n_rot are
+// unchanged.
 void rope_apply(float* x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float* cos_row,
-                const float* sin_row);
+                const float* sin_row, bool neox = false);
+// y[i] += bias[i % n] for a [rows][n] block (Qwen2's Q/K/V biases).
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n);
 
 void softmax(float* x, int64_t n);  // in place, max-subtracted
 void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up

@@ -32,7 +32,7 @@ struct ShaderDesc {
 };
 constexpr ShaderDesc kShaders[] = {
     {"matmul_f32", 4}, {"matmul_f16", 4}, {"matmul_q8_0", 4}, {"embed_f32", 3}, {"embed_f16", 3},
-    {"embed_q8_0", 3}, {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"rms_norm", 3}, {"rope", 2},    {"kv_write", 5},
+    {"embed_q8_0", 3}, {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"rms_norm", 3}, {"rope", 2}, {"rope_neox", 2}, {"add_bias", 2},    {"kv_write", 5},
     {"attention", 6},  {"swiglu", 2},     {"add", 2},
 };
 
@@ -60,6 +60,7 @@ struct DevMatrix {
 struct DevLayer {
   bool present = false;
   DeviceBuffer attn_norm, ffn_norm;
+  DeviceBuffer bq, bk, bv, q_norm, k_norm;  // the architecture's optional parts (model/arch.h)
   DevMatrix wq, wk, wv, wo, gate, up, down;
 };
 
@@ -340,6 +341,15 @@ class VulkanBackend::Impl::Recorder {
     dispatch(shader, bufs, pc, pc_size, gx, gy, 1);
   }
 
+  // rms_norm.comp over `rows` rows of `n` floats: one workgroup per row,
+  // spread over y past the 65535-group limit.
+  void rms_rows(VkBuffer x, VkBuffer w, VkBuffer y, uint64_t n, uint64_t rows, uint32_t eps_bits) {
+    const uint32_t pc[3] = {static_cast<uint32_t>(n), eps_bits, static_cast<uint32_t>(rows)};
+    const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(rows, 1), kMaxGroups));
+    const uint32_t gy = static_cast<uint32_t>((std::max<uint64_t>(rows, 1) + gx - 1) / gx);
+    dispatch("rms_norm", {x, w, y}, pc, sizeof pc, gx, gy, 1);
+  }
+
   void barrier() {
     if (!st_.ok()) return;
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
@@ -479,6 +489,10 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
     DevLayer d;
     st = upload_vector(L.attn_norm, mw.owner, d.attn_norm);
     if (st.ok()) st = upload_vector(L.ffn_norm, mw.owner, d.ffn_norm);
+    const std::pair<const std::vector<float>*, DeviceBuffer*> optional[] = {
+        {&L.bq, &d.bq}, {&L.bk, &d.bk}, {&L.bv, &d.bv}, {&L.q_norm, &d.q_norm}, {&L.k_norm, &d.k_norm}};
+    for (const auto& [v, buf] : optional)
+      if (st.ok() && !v->empty()) st = upload_vector(*v, mw.owner, *buf);
     const std::pair<const WeightMatrix*, DevMatrix*> mats[] = {{&L.wq, &d.wq},     {&L.wk, &d.wk},     {&L.wv, &d.wv},
                                                                {&L.wo, &d.wo},     {&L.w_gate, &d.gate}, {&L.w_up, &d.up},
                                                                {&L.w_down, &d.down}};
@@ -729,12 +743,12 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
   if (layer_begin == layer_end) return Status();
 
   const uint64_t E = static_cast<uint64_t>(hp.n_embd), KV = static_cast<uint64_t>(hp.n_embd_kv()),
-                 FF = static_cast<uint64_t>(hp.n_ff);
+                 FF = static_cast<uint64_t>(hp.n_ff), Q = static_cast<uint64_t>(hp.n_embd_q());
   const uint32_t hd = static_cast<uint32_t>(hp.head_dim());
   const uint32_t half = static_cast<uint32_t>(hp.n_rot / 2);
   const uint64_t n_pos = max_pos;  // the longest row's positions: the scores' stride
   const bool q8 = mw->layers[static_cast<size_t>(layer_begin)].wq.type == gguf::GgmlType::kQ8_0;
-  const uint64_t qcols = std::max(E, FF);
+  const uint64_t qcols = std::max({E, FF, Q});
   // Attention scratch: scores for up to `tc` tokens at a time.
   const uint64_t row_bytes = static_cast<uint64_t>(hp.n_head) * n_pos * sizeof(float);
   const uint64_t tc = std::max<uint64_t>(1, std::min<uint64_t>(n, im.ctx->max_buffer_bytes() / row_bytes));
@@ -747,10 +761,10 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
   SPW_RETURN_IF_ERROR(im.ensure(s.io_blocks, table.size() * 4, true));
   SPW_RETURN_IF_ERROR(im.ensure(s.x, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.cur, n * E * 4, false));
-  SPW_RETURN_IF_ERROR(im.ensure(s.q, n * E * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.q, n * Q * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.k, n * KV * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.v, n * KV * 4, false));
-  SPW_RETURN_IF_ERROR(im.ensure(s.att, n * E * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.att, n * Q * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.gate, n * FF * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.up, n * FF * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.xq, n * (qcols / 32 + 1) * 32, false));
@@ -764,7 +778,8 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
     float* cs = static_cast<float*>(s.io_rope.mapped());
     uint64_t row = 0;
     for (const SeqSlice& sl : slices) {
-      cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, cs + row * half, cs + (n + row) * half);
+      cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, cs + row * half, cs + (n + row) * half,
+                      cpu::rope_scaling(model));
       row += static_cast<uint64_t>(sl.n_tokens);
     }
   }
@@ -780,8 +795,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
   rec.copy(s.io_hidden.buffer(), s.x.buffer(), n * E * 4);
   rec.barrier();
   auto rms = [&](VkBuffer w) {
-    const uint32_t pc[2] = {static_cast<uint32_t>(E), eps_bits};
-    rec.dispatch("rms_norm", {s.x.buffer(), w, s.cur.buffer()}, pc, sizeof pc, nt);
+    rec.rms_rows(s.x.buffer(), w, s.cur.buffer(), E, n, eps_bits);
     rec.barrier();
   };
   auto add = [&](VkBuffer from, uint64_t count) {
@@ -794,15 +808,35 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
     const size_t lp = static_cast<size_t>(il - kvo.layer_begin);
     rms(L.attn_norm.buffer());
     if (q8) record_quantize(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
-    record_matmul(rec, L.wq, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.q.buffer(), static_cast<uint32_t>(E));
+    record_matmul(rec, L.wq, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.q.buffer(), static_cast<uint32_t>(Q));
     record_matmul(rec, L.wk, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.k.buffer(), static_cast<uint32_t>(KV));
     record_matmul(rec, L.wv, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.v.buffer(), static_cast<uint32_t>(KV));
     rec.barrier();
+    if (L.bq.buffer() != VK_NULL_HANDLE) {  // Qwen2
+      const std::pair<VkBuffer, std::pair<VkBuffer, uint64_t>> biases[] = {
+          {s.q.buffer(), {L.bq.buffer(), Q}}, {s.k.buffer(), {L.bk.buffer(), KV}}, {s.v.buffer(), {L.bv.buffer(), KV}}};
+      for (const auto& [y, b] : biases) {
+        const uint32_t pb[2] = {static_cast<uint32_t>(n * b.second), static_cast<uint32_t>(b.second)};
+        rec.dispatch_flat("add_bias", {y, b.first}, pb, sizeof pb, n * b.second);
+      }
+      rec.barrier();
+    }
+    if (L.q_norm.buffer() != VK_NULL_HANDLE) {  // Qwen3: each head of Q and K, through att as scratch
+      rec.rms_rows(s.q.buffer(), L.q_norm.buffer(), s.att.buffer(), hd, n * hp.n_head, eps_bits);
+      rec.barrier();
+      rec.copy(s.att.buffer(), s.q.buffer(), n * Q * 4);
+      rec.barrier();
+      rec.rms_rows(s.k.buffer(), L.k_norm.buffer(), s.att.buffer(), hd, n * hp.n_head_kv, eps_bits);
+      rec.barrier();
+      rec.copy(s.att.buffer(), s.k.buffer(), n * KV * 4);
+      rec.barrier();
+    }
     if (half > 0) {
-      const uint32_t pq[5] = {nt, static_cast<uint32_t>(hp.n_head), hd, half, static_cast<uint32_t>(E)};
-      rec.dispatch_flat("rope", {s.q.buffer(), s.io_rope.buffer()}, pq, sizeof pq, n * hp.n_head * half);
+      const char* rope = hp.rope_style == RopeStyle::kNeox ? "rope_neox" : "rope";
+      const uint32_t pq[5] = {nt, static_cast<uint32_t>(hp.n_head), hd, half, static_cast<uint32_t>(Q)};
+      rec.dispatch_flat(rope, {s.q.buffer(), s.io_rope.buffer()}, pq, sizeof pq, n * hp.n_head * half);
       const uint32_t pk[5] = {nt, static_cast<uint32_t>(hp.n_head_kv), hd, half, static_cast<uint32_t>(KV)};
-      rec.dispatch_flat("rope", {s.k.buffer(), s.io_rope.buffer()}, pk, sizeof pk, n * hp.n_head_kv * half);
+      rec.dispatch_flat(rope, {s.k.buffer(), s.io_rope.buffer()}, pk, sizeof pk, n * hp.n_head_kv * half);
       rec.barrier();
     }
     const uint32_t pw[3] = {nt, static_cast<uint32_t>(KV), static_cast<uint32_t>(bt)};
@@ -819,7 +853,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
                               static_cast<uint32_t>(bt),
                               static_cast<uint32_t>(t0),
                                static_cast<uint32_t>(n_pos),
-                               static_cast<uint32_t>(E),
+                               static_cast<uint32_t>(Q),
                                scale_bits};
       rec.dispatch("attention",
                    {s.q.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer(), s.scores.buffer(),
@@ -827,7 +861,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
                    pa, sizeof pa, static_cast<uint32_t>(hp.n_head), cnt, 1);
       rec.barrier();
     }
-    if (q8) record_quantize(rec, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
+    if (q8) record_quantize(rec, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), n * Q);
     record_matmul(rec, L.wo, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.cur.buffer(), static_cast<uint32_t>(E));
     rec.barrier();
     add(s.cur.buffer(), n * E);
@@ -878,9 +912,7 @@ Status VulkanBackend::output(const Model& model, const float* hidden, int32_t n_
   Impl::Recorder rec(im);
   rec.copy(s.io_hidden.buffer(), s.x.buffer(), n * E * 4);
   rec.barrier();
-  const uint32_t pc[2] = {static_cast<uint32_t>(E), eps_bits};
-  rec.dispatch("rms_norm", {s.x.buffer(), mw->output_norm.buffer(), s.cur.buffer()}, pc, sizeof pc,
-               static_cast<uint32_t>(n));
+  rec.rms_rows(s.x.buffer(), mw->output_norm.buffer(), s.cur.buffer(), E, n, eps_bits);
   rec.barrier();
   if (q8) record_quantize(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
   record_matmul(rec, m, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), static_cast<uint32_t>(n), s.io_logits.buffer(),
@@ -956,9 +988,9 @@ Status VulkanBackend::op_rms_norm(const float* x, const float* weight, int32_t n
   std::memcpy(bw.mapped(), weight, static_cast<size_t>(n) * 4);
   uint32_t eps_bits;
   std::memcpy(&eps_bits, &eps, 4);
-  const uint32_t pc[2] = {static_cast<uint32_t>(n), eps_bits};
   Impl::Recorder rec(im);
-  rec.dispatch("rms_norm", {bx.buffer(), bw.buffer(), by.buffer()}, pc, sizeof pc, static_cast<uint32_t>(n_tokens));
+  rec.rms_rows(bx.buffer(), bw.buffer(), by.buffer(), static_cast<uint64_t>(n), static_cast<uint64_t>(n_tokens),
+               eps_bits);
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(y, by.mapped(), bytes);
   return Status();

@@ -315,6 +315,16 @@ std::vector<ModelCase> model_cases() {
   // quantiser itself is bitwise ggml's (QuantizeQ8_0MatchesGgmlBitwise).
   // Measured on lavapipe: NMSE 3.1e-5, max |diff| 0.011 from position 26 on.
   c.push_back({"random Q8_0 256-wide, 80 positions", testing::random_model(wide), 2e-4, 80, 0.05});
+  // The architectures' parts on the device: Qwen2's biases with NeoX RoPE,
+  // Qwen3's per-head Q/K norms with a head size that is not n_embd / n_head.
+  auto qwen2 = testing::small_spec(gguf::GgmlType::kF32);
+  qwen2.arch = "qwen2";
+  qwen2.rope_freq_base = 1000000.0f;
+  c.push_back({"random qwen2 F32", testing::random_model(qwen2), 1e-9});
+  auto qwen3 = testing::small_spec(gguf::GgmlType::kQ8_0);
+  qwen3.arch = "qwen3";
+  qwen3.head_dim = 32;
+  c.push_back({"random qwen3 Q8_0 head_dim 32", testing::random_model(qwen3), 1e-6});
   auto tied = testing::small_spec(gguf::GgmlType::kF32);
   tied.tied_output = true;
   tied.n_head_kv = 1;  // GQA 4:1

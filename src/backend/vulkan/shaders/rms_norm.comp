@@ -1,5 +1,6 @@
 #version 450
-// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight; one workgroup per token,
+// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight; one workgroup per row (a
+// token, or a head for Qwen3's Q/K norms; rows over a 2-D grid: flat_group),
 // fixed tree reduction. y may alias x only through separate bindings of
 // distinct buffers (callers never alias).
 #extension GL_GOOGLE_include_directive : require
@@ -13,12 +14,14 @@ layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform PC {
   uint n;
   float eps;
+  uint rows;
 } pc;
 
 shared float red[WG];
 
 void main() {
-  const uint t = gl_WorkGroupID.x;
+  const uint t = flat_group();
+  if (t >= pc.rows) return;  // the whole workgroup: the barriers below stay uniform
   const uint tid = gl_LocalInvocationID.x;
   const uint b = t * pc.n;
   float s = 0.0;

@@ -1,6 +1,7 @@
 #version 450
-// llama.cpp "normal" RoPE in place: pairs (2i, 2i+1), i < n_rot/2, of every
-// head rotated by the host-computed table (cos then sin, [n_tokens][half]).
+// RoPE in place: llama.cpp's "normal" pairs (2i, 2i+1), or with NEOX the
+// pairs (i, i + n_rot/2) (Qwen2/3), i < n_rot/2, of every head rotated by the
+// host-computed table (cos then sin, [n_tokens][half]).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = WG) in;
@@ -22,12 +23,18 @@ void main() {
   const uint i = g % pc.half_rot;
   const uint h = (g / pc.half_rot) % pc.n_heads;
   const uint t = g / (pc.half_rot * pc.n_heads);
+#ifdef NEOX
+  const uint o = t * pc.stride + h * pc.head_dim + i;
+  const uint o1 = o + pc.half_rot;
+#else
   const uint o = t * pc.stride + h * pc.head_dim + 2u * i;
+  const uint o1 = o + 1u;
+#endif
   const float c = cs[t * pc.half_rot + i];
   const float s = cs[pc.n_tokens * pc.half_rot + t * pc.half_rot + i];
-  const float x0 = x[o], x1 = x[o + 1u];
+  const float x0 = x[o], x1 = x[o1];
   precise float a = x0 * c - x1 * s;
   precise float b = x0 * s + x1 * c;
   x[o] = a;
-  x[o + 1u] = b;
+  x[o1] = b;
 }
