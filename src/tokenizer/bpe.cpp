@@ -141,7 +141,7 @@ class BpeTokenizer final : public VocabTokenizer {
   uint64_t compute_fingerprint() const;
 
   std::unique_ptr<PreTokenizer> pre_;
-  std::vector<std::string> merges_;  // as stored, for the fingerprint
+  uint64_t merges_hash_ = 0;  // of tokenizer.ggml.merges as stored, for the fingerprint
   std::unordered_map<std::pair<std::string, std::string>, int, MergeHash, MergeEq> ranks_;
   std::vector<std::string> pieces_;  // token_piece without render_special, precomputed
   uint64_t fingerprint_ = 0;
@@ -173,12 +173,13 @@ Result<std::unique_ptr<Tokenizer>> BpeTokenizer::load(const gguf::GgufFile& file
   if (merges->items.size() > static_cast<size_t>(INT32_MAX)) {
     return Status::corruption("metadata key 'tokenizer.ggml.merges' too long");
   }
-  tok->merges_.reserve(merges->items.size());
   tok->ranks_.reserve(merges->items.size() * 2);
+  Fnv1a64 merges_hash;
+  merges_hash.u64(merges->items.size());
   for (size_t i = 0; i < merges->items.size(); ++i) {
     const auto* s = std::get_if<std::string>(&merges->items[i].v);
     if (s == nullptr) return Status::corruption("tokenizer.ggml.merges entry " + std::to_string(i) + " is not a string");
-    tok->merges_.push_back(*s);
+    merges_hash.str(*s);
     // "left right", split at the first space after the first byte. An entry
     // without one can never apply (llama.cpp stores it as an empty pair).
     size_t sp = s->find(' ', 1);
@@ -186,6 +187,7 @@ Result<std::unique_ptr<Tokenizer>> BpeTokenizer::load(const gguf::GgufFile& file
     // The first occurrence of a pair keeps its rank, as in llama.cpp.
     tok->ranks_.emplace(std::make_pair(s->substr(0, sp), s->substr(sp + 1)), static_cast<int>(i));
   }
+  tok->merges_hash_ = merges_hash.value();
 
   const size_t n = tok->v_.tokens.size();
   tok->pieces_.resize(n);
@@ -220,8 +222,7 @@ uint64_t BpeTokenizer::compute_fingerprint() const {
     h.u64(static_cast<uint64_t>(static_cast<int32_t>(v_.types[i])));
     h.u8(v_.strip[i]);
   }
-  h.u64(merges_.size());
-  for (const std::string& m : merges_) h.str(m);
+  h.u64(merges_hash_);
   for (TokenId id : {v_.bos, v_.eos, v_.unk, v_.eot, v_.eom, v_.pad}) h.u64(static_cast<uint64_t>(static_cast<int64_t>(id)));
   h.u64((v_.add_bos ? 1 : 0) | (v_.add_eos ? 2 : 0) | (v_.add_space_prefix ? 4 : 0));
   return h.value();
