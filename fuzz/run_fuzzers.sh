@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets with the `fuzz` preset (clang, ASan+UBSan) and
 # runs each for a bounded time.
 #   fuzz/run_fuzzers.sh [SECONDS_PER_TARGET=60] [extra libFuzzer flags...]
-# Targets: gguf_fuzz (GGUF reader/writer), tokenizer_fuzz (SPM encode/decode,
+# Targets: gguf_fuzz (GGUF reader/writer), tokenizer_fuzz (SPM and BPE encode/decode, BPE pre-tokenizers,
 # Utf8Stream), checkpoint_fuzz (checkpoint parser), http_fuzz (HTTP request ->
 # OpenAI request: the transport's parser and checks, then the body parsers). Exits non-zero when a
 # fuzzer finds a crash, leak, timeout or property violation; reproducers go to

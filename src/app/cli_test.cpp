@@ -95,6 +95,51 @@ TEST(CliTest, TokenizePrintsJsonIds) {
   EXPECT_NE(ids2[0], 1);
 }
 
+const std::string kGpt2Vocab = std::string(SPILLWAY_SOURCE_DIR) + "/tests/data/vocab/ggml-vocab-gpt-2.gguf";
+
+TEST(CliTest, TokenizeAndInspectByteLevelBpe) {
+  CmdResult r = run("tokenize --model " + kGpt2Vocab + " 'Hello world'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out), nlohmann::json::parse("[15496, 995]"));  // GPT-2 adds no BOS
+  CmdResult p = run("tokenize --pieces --model " + kGpt2Vocab + " 'Hello world'");
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  auto pieces = nlohmann::json::parse(p.out);
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[1]["piece"], "\xC4\xA0world");  // as stored: GPT-2's byte symbol for space
+  EXPECT_EQ(pieces[1]["text"], " world");
+
+  CmdResult i = run("inspect --json " + kGpt2Vocab);
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  auto j = nlohmann::json::parse(i.out);
+  EXPECT_EQ(j["tokenizer"]["kind"], "byte-level BPE");
+  EXPECT_EQ(j["tokenizer"]["pre_tokenizer"], "gpt-2");
+  EXPECT_EQ(j["tokenizer"]["n_vocab"], 50257);
+  EXPECT_EQ(j["tokenizer"]["eos"]["text"], "<|endoftext|>");
+  CmdResult t = run("inspect " + kStories);
+  ASSERT_EQ(t.exit_code, 0);
+  EXPECT_NE(t.out.find("tokenizer llama (SentencePiece BPE), 512 tokens"), std::string::npos) << t.out;
+}
+
+TEST(CliTest, UnsupportedPreTokenizerIsNamed) {
+  spw::gguf::GgufWriter w;
+  w.set("tokenizer.ggml.model", spw::gguf::Value::str("gpt2"));
+  w.set("tokenizer.ggml.pre", spw::gguf::Value::str("brand-new-pre"));
+  w.set("tokenizer.ggml.tokens", spw::gguf::Value::array(spw::gguf::ValueType::kString, {spw::gguf::Value::str("a")}));
+  w.set("tokenizer.ggml.merges", spw::gguf::Value::array(spw::gguf::ValueType::kString, {}));
+  auto bytes = w.serialize();
+  ASSERT_TRUE(bytes.ok());
+  const std::string path = tmp_path("newpre.gguf");
+  std::ofstream(path, std::ios::binary).write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+  CmdResult tok = run("tokenize --model " + path + " hi");
+  EXPECT_EQ(tok.exit_code, 1);
+  EXPECT_NE(tok.err.find("tokenizer.ggml.pre 'brand-new-pre'"), std::string::npos) << tok.err;
+  CmdResult i = run("inspect " + path);
+  EXPECT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_NE(i.out.find("tokenizer not supported: "), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("'brand-new-pre'"), std::string::npos) << i.out;
+  std::remove(path.c_str());
+}
+
 TEST(CliTest, GreedyGenerateTellsTheLilyStory) {
   CmdResult r = run("generate --json --model " + kStories + " --prompt 'Once upon a time' -n 48 --temp 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "core/env.h"
 #include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 namespace spw::app {
 namespace {
@@ -58,6 +59,43 @@ std::string value_to_text(const gguf::Value& v, bool full) {
   return value_to_json(v, full).dump();
 }
 
+// The vocabulary as Spillway would tokenize with it: kind, pre-tokenizer,
+// size and special tokens; or why it cannot (unsupported model or
+// pre-tokenizer, named). Null when the file has no tokenizer.ggml.model.
+nlohmann::json tokenizer_summary(const gguf::GgufFile& f) {
+  if (!f.has("tokenizer.ggml.model")) return nullptr;
+  auto t = Tokenizer::from_gguf(f);
+  if (!t.ok()) return {{"supported", false}, {"error", t.status().to_string()}};
+  const Tokenizer& tok = **t;
+  auto special = [&](TokenId id) -> nlohmann::json {
+    if (id < 0) return nullptr;
+    return {{"id", id}, {"text", tok.token_text(id)}};
+  };
+  nlohmann::json j = {{"supported", true},
+                      {"model", std::string(tok.model_name())},
+                      {"kind", tok.model_name() == "gpt2" ? "byte-level BPE" : "SentencePiece BPE"},
+                      {"n_vocab", tok.n_vocab()},
+                      {"bos", special(tok.bos_id())},
+                      {"eos", special(tok.eos_id())},
+                      {"eot", special(tok.eot_id())},
+                      {"add_bos", tok.add_bos_default()},
+                      {"add_eos", tok.add_eos_default()}};
+  if (!tok.pre_tokenizer().empty()) j["pre_tokenizer"] = std::string(tok.pre_tokenizer());
+  return j;
+}
+
+std::string tokenizer_line(const nlohmann::json& j) {
+  if (!j.value("supported", false)) return "not supported: " + j.value("error", std::string());
+  std::string s = j["model"].get<std::string>() + " (" + j["kind"].get<std::string>();
+  if (j.contains("pre_tokenizer")) s += ", pre-tokenizer " + j["pre_tokenizer"].get<std::string>();
+  s += "), " + std::to_string(j["n_vocab"].get<int>()) + " tokens";
+  for (const char* k : {"bos", "eos", "eot"}) {
+    if (!j[k].is_null()) s += ", " + std::string(k) + " " + std::to_string(j[k]["id"].get<int>()) + " " + j[k]["text"].dump();
+  }
+  s += j["add_bos"].get<bool>() ? ", adds BOS" : ", no BOS added";
+  return s;
+}
+
 int run_inspect(const InspectOptions& o) {
   auto file = gguf::GgufFile::open(Env::default_env(), o.model);
   if (!file.ok()) {
@@ -85,6 +123,7 @@ int run_inspect(const InspectOptions& o) {
     nlohmann::json meta = nlohmann::json::object();
     for (const auto& [k, v] : f.metadata()) meta[k] = value_to_json(v, o.all_metadata);
     j["metadata"] = meta;
+    j["tokenizer"] = tokenizer_summary(f);
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& t : f.tensors()) {
       nlohmann::json shape = nlohmann::json::array();
@@ -105,6 +144,9 @@ int run_inspect(const InspectOptions& o) {
               static_cast<unsigned long long>(f.file_size()),
               static_cast<unsigned long long>(f.data_offset()));
   std::printf("params    %llu (%.2f M)\n", static_cast<unsigned long long>(n_params), n_params / 1e6);
+  if (nlohmann::json tok = tokenizer_summary(f); !tok.is_null()) {
+    std::printf("tokenizer %s\n", tokenizer_line(tok).c_str());
+  }
   std::printf("\nmetadata (%zu keys)\n", f.metadata().size());
   for (const auto& [k, v] : f.metadata()) {
     std::printf("  %-44s %s\n", k.c_str(), value_to_text(v, o.all_metadata).c_str());

@@ -48,7 +48,9 @@ int run_tokenize(const TokenizeOptions& o) {
   nlohmann::json out = nlohmann::json::array();
   for (TokenId id : ids) {
     if (o.pieces) {
-      out.push_back({{"id", id}, {"piece", t.token_text(id)}});
+      // "piece": the token as the vocabulary stores it (SPM's "▁Hello",
+      // byte-level BPE's "Ġhello"); "text": the bytes it stands for.
+      out.push_back({{"id", id}, {"piece", t.token_text(id)}, {"text", t.token_piece(id, true)}});
     } else {
       out.push_back(id);
     }
@@ -62,13 +64,14 @@ int run_tokenize(const TokenizeOptions& o) {
 void add_tokenize(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<TokenizeOptions>();
   CLI::App* sub = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
-  sub->add_option("--model,-m", o->model, "GGUF file with a vocabulary")->required();
+  sub->add_option("--model,-m", o->model, "GGUF file with a vocabulary (SPM or byte-level BPE)")->required();
   auto* text = sub->add_option("text", o->text, "Text to tokenize");
   auto* file = sub->add_option("--file,-f", o->file, "Read the text from a file");
   text->excludes(file);
   sub->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
   sub->add_flag("--special", o->parse_special, "Recognise control-token texts such as <s>");
-  sub->add_flag("--pieces", o->pieces, "Print {id, piece} objects instead of bare ids");
+  sub->add_flag("--pieces", o->pieces,
+                "Print {id, piece, text} objects instead of bare ids (piece as stored in the vocab, text as decoded)");
   sub->callback([o, &exit_code] { exit_code = run_tokenize(*o); });
 }
 

@@ -9,89 +9,20 @@
 
 #include "core/env.h"
 #include "gguf/gguf.h"
+#include "tokenizer/vocab_test_util.h"
 
 namespace spw {
 namespace {
 
-std::string data_path(const std::string& rel) { return std::string(SPILLWAY_SOURCE_DIR) + "/" + rel; }
+using testing::data_path;
+using testing::escape;
+using testing::ids_str;
+using testing::read_all;
+using testing::read_outputs;
+using testing::split_inputs;
+using Loaded = testing::LoadedVocab;
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Loaded {
-  std::unique_ptr<gguf::GgufFile> file;
-  std::unique_ptr<Tokenizer> tok;
-};
-
-Loaded load(const std::string& rel) {
-  Loaded l;
-  auto f = gguf::GgufFile::open(Env::default_env(), data_path(rel));
-  EXPECT_TRUE(f.ok()) << f.status().to_string();
-  if (!f.ok()) return l;
-  l.file = std::move(f).value();
-  auto t = Tokenizer::from_gguf(*l.file);
-  EXPECT_TRUE(t.ok()) << t.status().to_string();
-  if (t.ok()) l.tok = std::move(t).value();
-  return l;
-}
-
-std::string ids_str(const std::vector<TokenId>& ids) {
-  std::string s;
-  for (TokenId id : ids) {
-    s.push_back(' ');
-    s.append(std::to_string(id));
-  }
-  return s;
-}
-
-std::string escape(const std::string& s) {
-  std::string o;
-  for (unsigned char c : s) {
-    if (c == '\n') o += "\\n";
-    else if (c == '\t') o += "\\t";
-    else if (c == '\r') o += "\\r";
-    else o.push_back(static_cast<char>(c));
-  }
-  return o;
-}
-
-// Splits the .inp file exactly as llama.cpp's test-tokenizer-0 does: inputs
-// are separated by "\n__ggml_vocab_test__\n"; the text after the last
-// separator (empty here) is not an input.
-std::vector<std::string> split_inputs(const std::string& raw) {
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos < raw.size()) {
-    size_t next = raw.find(sep, pos);
-    if (next == std::string::npos) {
-      out.push_back(raw.substr(pos));
-      break;
-    }
-    out.push_back(raw.substr(pos, next - pos));
-    pos = next + sep.size();
-  }
-  return out;
-}
-
-std::vector<std::vector<TokenId>> read_outputs(const std::string& raw) {
-  std::vector<std::vector<TokenId>> out;
-  std::istringstream in(raw);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::vector<TokenId> ids;
-    long v;
-    while (ls >> v) ids.push_back(static_cast<TokenId>(v));
-    out.push_back(ids);
-  }
-  return out;
-}
+Loaded load(const std::string& rel) { return testing::load_vocab(rel); }
 
 TEST(TokenizerVocabTest, LlamaSpmMatchesEveryLlamaCppVector) {
   Loaded l = load("tests/data/ggml-vocab-llama-spm.gguf");
@@ -375,17 +306,16 @@ std::vector<gguf::Value> strs(std::initializer_list<const char*> v) {
   return out;
 }
 
-TEST(TokenizerRejectTest, Gpt2ModelIsRefusedByName) {
+TEST(TokenizerRejectTest, UnsupportedModelIsRefusedByName) {
   gguf::GgufWriter w;
-  w.set("general.architecture", gguf::Value::str("gpt2"));
-  w.set("tokenizer.ggml.model", gguf::Value::str("gpt2"));
+  w.set("general.architecture", gguf::Value::str("bert"));
+  w.set("tokenizer.ggml.model", gguf::Value::str("bert"));
   w.set("tokenizer.ggml.tokens", gguf::Value::array(gguf::ValueType::kString, strs({"a", "b", "ab"})));
-  w.set("tokenizer.ggml.merges", gguf::Value::array(gguf::ValueType::kString, strs({"a b"})));
   std::unique_ptr<gguf::GgufFile> keep;
   auto r = from_writer(w, &keep);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(), "tokenizer model 'gpt2' is not supported; supported: llama (SPM)");
+  EXPECT_EQ(r.status().message(), "tokenizer model 'bert' is not supported; supported: llama (SPM), gpt2 (byte-level BPE)");
 }
 
 TEST(TokenizerRejectTest, MissingOrInconsistentArraysAreCorruption) {
