@@ -186,9 +186,9 @@ TEST(Q8_0, ZeroBlockAndMultiBlockErrorBound) {
       EXPECT_LE(std::fabs(y[b * 32 + j] - x[b * 32 + j]), d * 0.5f + amax * 0.0005f + 1e-7f);
     }
   }
-  Status bad = dequantize_row(GgmlType::kQ4_K, blk.data(), y.data(), 256);
+  Status bad = dequantize_row(GgmlType::kQ3_K, blk.data(), y.data(), 256);
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.message(), HasSubstr("Q4_K"));
+  EXPECT_THAT(bad.message(), HasSubstr("Q3_K"));
   EXPECT_FALSE(dequantize_row(GgmlType::kQ8_0, blk.data(), y.data(), 33).ok());
 }
 
