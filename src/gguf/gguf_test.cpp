@@ -826,6 +826,9 @@ TEST(GgufHostile, TensorShapeAndType) {
   Raw block;
   block.header(1, 0).tensor("q", {33}, 8, 0).pad().zeros(64);
   expect_error(block, StatusCode::kCorruption, {"'q'", "block size 32"});
+  Raw kblock;  // a Q4_K row of 64: a quarter of a super-block
+  kblock.header(1, 0).tensor("k", {64, 4}, 12, 0).pad().zeros(160);
+  expect_error(kblock, StatusCode::kCorruption, {"'k'", "Q4_K", "block size 256"});
   Raw unnamed;
   unnamed.header(1, 0).tensor("", {8}, 0, 0).pad().zeros(32);
   expect_error(unnamed, StatusCode::kCorruption, {"tensor #0", "empty name"});
