@@ -48,6 +48,11 @@ std::vector<TestModel> models() {
   v.push_back({"small-Q8_0", generated(spec(GgmlType::kQ8_0, 64, 96, 4, 2, 2))});
   v.push_back({"wide-Q8_0", generated(spec(GgmlType::kQ8_0, 256, 512, 8, 4, 2))});
   v.push_back({"wide-F16-tied", generated(spec(GgmlType::kF16, 256, 384, 8, 8, 3, true))});
+  v.push_back({"small-Q4_1", generated(spec(GgmlType::kQ4_1, 64, 96, 4, 2, 2))});
+  v.push_back({"wide-Q4_K", generated(spec(GgmlType::kQ4_K, 256, 512, 8, 4, 2))});
+  auto mix = spec(GgmlType::kF32, 256, 512, 8, 4, 3);
+  mix.mix = modelgen::RandomLlamaMix::kQ4_K_M;  // Q4_K, Q6_K head / some attn_v, ffn_down
+  v.push_back({"wide-Q4_K_M", generated(mix)});
   return v;
 }
 
