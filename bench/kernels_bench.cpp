@@ -1,5 +1,5 @@
-// CPU matmul kernels: bytes of weights streamed per second for F32, F16 and
-// Q8_0 at decode shape (one token) and prefill shape (64 tokens), 1 and 2
+// CPU matmul kernels: bytes of weights streamed per second for F32, F16, Q8_0,
+// Q4_K and Q6_K at decode shape (one token) and prefill shape (64 tokens), 1 and 2
 // threads. Decode speed is this rate over a model's weight bytes per token, so
 // the per-type ratios here are what the engine can reach at most.
 #include <benchmark/benchmark.h>
@@ -30,8 +30,8 @@ struct Fixture {
 };
 
 const Fixture& fixture(GgmlType type) {
-  static std::unique_ptr<Fixture> cache[3];
-  const int slot = type == GgmlType::kF32 ? 0 : type == GgmlType::kF16 ? 1 : 2;
+  static std::unique_ptr<Fixture> cache[31];  // by ggml type id
+  const auto slot = static_cast<size_t>(type);
   if (!cache[slot]) {
     auto f = std::make_unique<Fixture>();
     std::mt19937 rng(1);
@@ -72,6 +72,8 @@ void BM_Matmul(benchmark::State& state, GgmlType type) {
 BENCHMARK_CAPTURE(BM_Matmul, f32, GgmlType::kF32)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Matmul, f16, GgmlType::kF16)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Matmul, q8_0, GgmlType::kQ8_0)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Matmul, q4_k, GgmlType::kQ4_K)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Matmul, q6_k, GgmlType::kQ6_K)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();
 
 }  // namespace
 

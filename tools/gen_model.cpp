@@ -3,6 +3,7 @@
 // continuation replays the prompt's last L tokens cyclically.
 //
 //   spillway-gen-model --out m.gguf --preset 110m --type q8_0 --seed 7
+//   spillway-gen-model --out m.gguf --preset 110m --mix q4_k_m   (llama.cpp's Q4_K_M recipe)
 //   spillway-gen-model --out tiny.gguf --embd 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128
 //   spillway-gen-model --out echo.gguf --echo-period 12 --vocab models/stories260K.gguf --ctx 2048
 #include <CLI/CLI.hpp>
@@ -86,9 +87,25 @@ int main(int argc, char** argv) {
                      ->capture_default_str();
   auto* o_head_dim = app.add_option("--head-dim", head_dim, "head size (default n_embd / n_head; Qwen3 uses 128)");
   app.add_option("--ctx", ctx, "context length")->capture_default_str();
-  auto* o_type = app.add_option("--type", type, "f32 | f16 | q8_0")
-                     ->check(CLI::IsMember({"f32", "f16", "q8_0"}))
+  const std::map<std::string, GgmlType> types = {
+      {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"q8_0", GgmlType::kQ8_0}, {"q4_0", GgmlType::kQ4_0},
+      {"q4_1", GgmlType::kQ4_1}, {"q5_0", GgmlType::kQ5_0}, {"q5_1", GgmlType::kQ5_1}, {"q4_k", GgmlType::kQ4_K},
+      {"q5_k", GgmlType::kQ5_K}, {"q6_k", GgmlType::kQ6_K}};
+  std::vector<std::string> type_names;
+  for (const auto& [n, t] : types) type_names.push_back(n);
+  auto* o_type = app.add_option("--type", type,
+                                "every matrix of this type: f32 | f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | "
+                                "q5_k | q6_k (quantised as llama.cpp's reference quantiser does; n_embd and n_ff "
+                                "must be multiples of the block, 32 or 256 for the k types)")
+                     ->check(CLI::IsMember(type_names))
                      ->capture_default_str();
+  std::string mix;
+  auto* o_mix = app.add_option("--mix", mix,
+                               "llama.cpp's mixed recipe instead of one type: q4_k_m (Q4_K, with Q6_K for "
+                               "output.weight and for attn_v/ffn_down of about half the layers) | q5_k_m (the same "
+                               "over Q5_K); rows not divisible by 256 fall back as llama-quantize does")
+                    ->check(CLI::IsMember({"q4_k_m", "q5_k_m"}))
+                    ->excludes(o_type);
   auto* o_seed = app.add_option("--seed", seed, "weight seed")->capture_default_str();
   auto* o_tied = app.add_flag("--tied", tied, "no output.weight; the output projection reuses token_embd");
   app.add_option("--echo-period", echo_period,
@@ -97,7 +114,8 @@ int main(int argc, char** argv) {
                  "replays its last L tokens cyclically (next token = the token L positions back), at "
                  "every position < --ctx")
       ->check(CLI::Range(1u, 1u << 30))
-      ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_seed, o_tied, o_arch, o_head_dim);
+      ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_mix, o_seed, o_tied, o_arch,
+                 o_head_dim);
   app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
   app.add_option("--rope-freq-base", rope_base)->capture_default_str();
   app.add_option("--rms-eps", rms_eps)->capture_default_str();
@@ -129,7 +147,9 @@ int main(int argc, char** argv) {
   spec.arch = arch;
   spec.head_dim = head_dim;
   spec.n_ctx = ctx;
-  spec.type = type == "f32" ? GgmlType::kF32 : type == "f16" ? GgmlType::kF16 : GgmlType::kQ8_0;
+  spec.type = types.at(type);
+  if (mix == "q4_k_m") spec.mix = spw::modelgen::RandomLlamaMix::kQ4_K_M;
+  if (mix == "q5_k_m") spec.mix = spw::modelgen::RandomLlamaMix::kQ5_K_M;
   spec.tied_output = tied;
   spec.seed = seed;
   spec.rope_freq_base = rope_base;
@@ -144,7 +164,7 @@ int main(int argc, char** argv) {
   }
   std::printf("model: %s, n_embd %u, n_layer %u, n_head %u, n_head_kv %u, n_ff %u, n_ctx %u, n_vocab %u, %s%s\n",
               spec.arch.c_str(), spec.n_embd, spec.n_layer, spec.n_head, spec.n_head_kv, spec.n_ff, spec.n_ctx,
-              stats.n_vocab, type.c_str(), tied ? ", tied output" : "");
+              stats.n_vocab, mix.empty() ? type.c_str() : mix.c_str(), tied ? ", tied output" : "");
   std::printf("parameters: %llu (%.1f M)\n", static_cast<unsigned long long>(stats.n_params),
               static_cast<double>(stats.n_params) / 1e6);
   const auto t0 = std::chrono::steady_clock::now();

@@ -122,17 +122,43 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
   }
 }
 
+// kernels.cpp's PreparedX for m activation rows against a matrix of `type`
+// with `cols` columns, beyond the m row pointers (mirrors prepare_x):
+//   Q8_0 weights: m*nb Q8_0 blocks (34 B) + m*nb float scales + 2*m pointers
+//     (nb = cols/32);
+//   Q4_0, Q5_0: the same Q8_0 activations + m ActRows (3 pointers each);
+//   Q4_1, Q5_1: m*nb Q8_1 blocks (36 B) + 2*m*nb floats (d, s) + m ActRows;
+//   Q4_K, Q5_K, Q6_K: m*(cols/256) Q8_K blocks (292 B) + m ActRows;
+//   F32, F16: nothing.
+// A fused call whose matrices mix Q8_0 with Q4_0/Q5_0 allocates the Q4_0 term,
+// the largest, so the max over a stage's matrices still bounds it.
+uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m) {
+  const uint64_t act_row = 3 * sizeof(void*);
+  const uint64_t nb32 = cols / 32;
+  switch (static_cast<gguf::GgmlType>(type)) {
+    case gguf::GgmlType::kQ8_0:
+      return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*);
+    case gguf::GgmlType::kQ4_0:
+    case gguf::GgmlType::kQ5_0:
+      return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) + m * act_row;
+    case gguf::GgmlType::kQ4_1:
+    case gguf::GgmlType::kQ5_1:
+      return m * nb32 * 36 + 2 * m * nb32 * kF32 + m * act_row;
+    case gguf::GgmlType::kQ4_K:
+    case gguf::GgmlType::kQ5_K:
+    case gguf::GgmlType::kQ6_K:
+      return m * (cols / 256) * 292 + m * act_row;
+    default:
+      return 0;
+  }
+}
+
 // Matrix tensors of layers [b, e): (type, n_cols) pairs for the PreparedX term.
 uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64_t rows_layers) {
   uint64_t best = 0;
   auto consider = [&](const gguf::TensorInfo& t, uint64_t m) {
     if (t.n_dims != 2) return;
-    uint64_t bytes = m * sizeof(void*);
-    if (t.type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0)) {
-      const uint64_t nb = t.ne[0] / gguf::kQ8_0BlockSize;
-      bytes += m * nb * gguf::kQ8_0BlockBytes + m * nb * kF32 + 2 * m * sizeof(void*);
-    }
-    best = std::max(best, bytes);
+    best = std::max(best, m * sizeof(void*) + prepared_act_bytes(t.type, t.ne[0], m));
   };
   for (const auto& t : f.tensors()) {
     const int32_t l = layer_of(t.name);
@@ -145,12 +171,7 @@ uint64_t output_prep_bytes(const gguf::GgufFile& f, uint64_t rows) {
   const gguf::TensorInfo* t = f.find_tensor("output.weight");
   if (t == nullptr) t = f.find_tensor("token_embd.weight");
   if (t == nullptr) return 0;
-  uint64_t bytes = rows * sizeof(void*);
-  if (t->type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0)) {
-    const uint64_t nb = t->ne[0] / gguf::kQ8_0BlockSize;
-    bytes += rows * nb * gguf::kQ8_0BlockBytes + rows * nb * kF32 + 2 * rows * sizeof(void*);
-  }
-  return bytes;
+  return rows * sizeof(void*) + prepared_act_bytes(t->type, t->ne[0], rows);
 }
 
 

@@ -191,9 +191,13 @@ struct ScratchTerms {
   // each), gate, up (m*F each), rope cos/sin tables (m*n_rot/2 each).
   uint64_t layer_activations = 0;
   // kernels' matmul_fused PreparedX, one alive at a time: m row pointers, and
-  // for a Q8_0 matrix m*(cols/32) BlockQ8_0 (34 B) + as many float scales + 2*m
-  // pointers; the max over the stage's matrices (cols = E or F); plus its
-  // unit table (4 x 8 B) and a thread-pool task closure.
+  // the quantised activations of the matrix's type: for Q8_0 m*(cols/32)
+  // BlockQ8_0 (34 B) + as many float scales + 2*m pointers; Q4_0/Q5_0 that
+  // plus m ActRows (24 B); Q4_1/Q5_1 m*(cols/32) Q8_1 blocks (36 B) + two
+  // floats each + m ActRows; K types m*(cols/256) Q8_K blocks (292 B) + m
+  // ActRows (estimator.cpp prepared_act_bytes); the max over the stage's
+  // matrices (cols = E or F); plus its unit table (4 x 8 B) and a thread-pool
+  // task closure.
   uint64_t matmul_prep = 0;
   // A std::function closure handed to the thread pool (heap-allocated when the
   // lambda's captures exceed the small buffer); a constant upper bound.

@@ -50,6 +50,11 @@ std::vector<TestModel> models() {
   v.push_back({"wide-F16-tied", generated(spec(GgmlType::kF16, 256, 384, 8, 8, 3, true))});
   v.push_back({"qwen2-Q8_0", generated(testing::as_arch(spec(GgmlType::kQ8_0, 128, 256, 4, 2, 2), "qwen2"))});
   v.push_back({"qwen3-F16-hd64", generated(testing::as_arch(spec(GgmlType::kF16, 128, 256, 4, 2, 2), "qwen3", 64))});
+  v.push_back({"small-Q4_1", generated(spec(GgmlType::kQ4_1, 64, 96, 4, 2, 2))});
+  v.push_back({"wide-Q4_K", generated(spec(GgmlType::kQ4_K, 256, 512, 8, 4, 2))});
+  auto mix = spec(GgmlType::kF32, 256, 512, 8, 4, 3);
+  mix.mix = modelgen::RandomLlamaMix::kQ4_K_M;  // Q4_K, Q6_K head / some attn_v, ffn_down
+  v.push_back({"wide-Q4_K_M", generated(mix)});
   return v;
 }
 

@@ -357,9 +357,12 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     VulkanBackendOptions vo;
     vo.device = spec->vulkan_device;
     vo.memory_budget_bytes = device_memory;
-    auto v = VulkanBackend::create(vo);
+    // A model with matrices the shaders do not compute (Q4_K, ...) is served
+    // by the CPU paths only: the GPU ones are reported as not built.
+    const Status types = vulkan_check_weight_types(*file);
+    auto v = types.ok() ? VulkanBackend::create(vo) : Result<std::shared_ptr<VulkanBackend>>(types);
     if (!v.ok()) {
-      not_built.push_back({"gpu", "--device " + o.device + ": " + v.status().to_string()});
+      not_built.push_back({"gpu", types.ok() ? "--device " + o.device + ": " + v.status().to_string() : types.message()});
     } else {
       out.vulkan = std::move(*v);
       device_on_host = out.vulkan->device_info().type == "cpu" || out.vulkan->device_info().type == "integrated-gpu";

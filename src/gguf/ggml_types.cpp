@@ -15,19 +15,19 @@ struct Entry {
 constexpr std::array<Entry, kNumTypes> kTypes = {{
     {true, {"F32", 1, 4, true}},         // 0
     {true, {"F16", 1, 2, true}},         // 1
-    {true, {"Q4_0", 32, 18, false}},     // 2
-    {true, {"Q4_1", 32, 20, false}},     // 3
+    {true, {"Q4_0", 32, 18, true}},      // 2
+    {true, {"Q4_1", 32, 20, true}},      // 3
     {false, {nullptr, 0, 0, false}},     // 4 (removed Q4_2)
     {false, {nullptr, 0, 0, false}},     // 5 (removed Q4_3)
-    {true, {"Q5_0", 32, 22, false}},     // 6
-    {true, {"Q5_1", 32, 24, false}},     // 7
+    {true, {"Q5_0", 32, 22, true}},      // 6
+    {true, {"Q5_1", 32, 24, true}},      // 7
     {true, {"Q8_0", 32, 34, true}},      // 8
     {true, {"Q8_1", 32, 36, false}},     // 9
     {true, {"Q2_K", 256, 84, false}},    // 10
     {true, {"Q3_K", 256, 110, false}},   // 11
-    {true, {"Q4_K", 256, 144, false}},   // 12
-    {true, {"Q5_K", 256, 176, false}},   // 13
-    {true, {"Q6_K", 256, 210, false}},   // 14
+    {true, {"Q4_K", 256, 144, true}},    // 12
+    {true, {"Q5_K", 256, 176, true}},    // 13
+    {true, {"Q6_K", 256, 210, true}},    // 14
     {true, {"Q8_K", 256, 292, false}},   // 15
     {true, {"IQ2_XXS", 256, 66, false}}, // 16
     {true, {"IQ2_XS", 256, 74, false}},  // 17

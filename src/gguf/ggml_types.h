@@ -2,9 +2,11 @@
 //
 // Quantised types store elements in blocks: `block_size` elements occupy
 // `type_size` bytes. Q8_0: a block of 32 weights is one fp16 scale d followed by
-// 32 int8 quants q, value = d * q (34 bytes). Only the types listed with
-// supported=true are computed by Spillway's engine; the rest are known by name so
-// that errors can name them.
+// 32 int8 quants q, value = d * q (34 bytes); the other computed types' layouts
+// are in gguf/quant_blocks.h. Only the types listed with supported=true (F32,
+// F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are computed by
+// Spillway's CPU engine (the Vulkan backend computes only F32, F16 and Q8_0);
+// the rest are known by name so that errors can name them.
 #pragma once
 
 #include <cstdint>

@@ -186,9 +186,9 @@ TEST(Q8_0, ZeroBlockAndMultiBlockErrorBound) {
       EXPECT_LE(std::fabs(y[b * 32 + j] - x[b * 32 + j]), d * 0.5f + amax * 0.0005f + 1e-7f);
     }
   }
-  Status bad = dequantize_row(GgmlType::kQ4_K, blk.data(), y.data(), 256);
+  Status bad = dequantize_row(GgmlType::kQ3_K, blk.data(), y.data(), 256);
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.message(), HasSubstr("Q4_K"));
+  EXPECT_THAT(bad.message(), HasSubstr("Q3_K"));
   EXPECT_FALSE(dequantize_row(GgmlType::kQ8_0, blk.data(), y.data(), 33).ok());
 }
 
@@ -826,6 +826,9 @@ TEST(GgufHostile, TensorShapeAndType) {
   Raw block;
   block.header(1, 0).tensor("q", {33}, 8, 0).pad().zeros(64);
   expect_error(block, StatusCode::kCorruption, {"'q'", "block size 32"});
+  Raw kblock;  // a Q4_K row of 64: a quarter of a super-block
+  kblock.header(1, 0).tensor("k", {64, 4}, 12, 0).pad().zeros(160);
+  expect_error(kblock, StatusCode::kCorruption, {"'k'", "Q4_K", "block size 256"});
   Raw unnamed;
   unnamed.header(1, 0).tensor("", {8}, 0, 0).pad().zeros(32);
   expect_error(unnamed, StatusCode::kCorruption, {"tensor #0", "empty name"});

@@ -61,6 +61,51 @@ void quantize_row_f16(const float* x, void* dst, size_t n) {
   }
 }
 
+namespace {
+
+// The (de)quantiser of each computed type, with its block size.
+struct Codec {
+  uint32_t block;
+  void (*quantize)(const float*, void*, size_t);
+  void (*dequantize)(const void*, float*, size_t);
+};
+
+const Codec* codec_of(GgmlType type) {
+  static const Codec q8_0{32, quantize_row_q8_0, dequantize_row_q8_0};
+  static const Codec q4_0{32, quantize_row_q4_0, dequantize_row_q4_0};
+  static const Codec q4_1{32, quantize_row_q4_1, dequantize_row_q4_1};
+  static const Codec q5_0{32, quantize_row_q5_0, dequantize_row_q5_0};
+  static const Codec q5_1{32, quantize_row_q5_1, dequantize_row_q5_1};
+  static const Codec q4_k{256, quantize_row_q4_K, dequantize_row_q4_K};
+  static const Codec q5_k{256, quantize_row_q5_K, dequantize_row_q5_K};
+  static const Codec q6_k{256, quantize_row_q6_K, dequantize_row_q6_K};
+  switch (type) {
+    case GgmlType::kQ8_0: return &q8_0;
+    case GgmlType::kQ4_0: return &q4_0;
+    case GgmlType::kQ4_1: return &q4_1;
+    case GgmlType::kQ5_0: return &q5_0;
+    case GgmlType::kQ5_1: return &q5_1;
+    case GgmlType::kQ4_K: return &q4_k;
+    case GgmlType::kQ5_K: return &q5_k;
+    case GgmlType::kQ6_K: return &q6_k;
+    default: return nullptr;
+  }
+}
+
+const char* kCodecList = "F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+
+Status check_blocks(const char* what, GgmlType type, const Codec& c, size_t n) {
+  if (n % c.block == 0) return Status::ok_status();
+  return Status::invalid_argument(std::string(what) + " " + ggml_type_name(static_cast<uint32_t>(type)) +
+                                  ": n=" + std::to_string(n) + " is not a multiple of " + std::to_string(c.block));
+}
+
+}  // namespace
+
+bool has_reference_codec(GgmlType type) {
+  return type == GgmlType::kF32 || type == GgmlType::kF16 || codec_of(type) != nullptr;
+}
+
 Status dequantize_row(GgmlType type, const void* src, float* y, size_t n) {
   switch (type) {
     case GgmlType::kF32:
@@ -69,18 +114,17 @@ Status dequantize_row(GgmlType type, const void* src, float* y, size_t n) {
     case GgmlType::kF16:
       dequantize_row_f16(src, y, n);
       return Status::ok_status();
-    case GgmlType::kQ8_0:
-      if (n % kQ8_0BlockSize != 0) {
-        return Status::invalid_argument("dequantize Q8_0: n=" + std::to_string(n) +
-                                        " is not a multiple of 32");
-      }
-      dequantize_row_q8_0(src, y, n);
-      return Status::ok_status();
     default:
-      return Status::invalid_argument("dequantize: type " +
-                                      ggml_type_name(static_cast<uint32_t>(type)) +
-                                      " is not supported (F32, F16, Q8_0 only)");
+      break;
   }
+  const Codec* c = codec_of(type);
+  if (c == nullptr) {
+    return Status::invalid_argument("dequantize: type " + ggml_type_name(static_cast<uint32_t>(type)) +
+                                    " is not supported (" + kCodecList + " only)");
+  }
+  SPW_RETURN_IF_ERROR(check_blocks("dequantize", type, *c, n));
+  c->dequantize(src, y, n);
+  return Status::ok_status();
 }
 
 Status quantize_row(GgmlType type, const float* x, void* dst, size_t n) {
@@ -91,18 +135,17 @@ Status quantize_row(GgmlType type, const float* x, void* dst, size_t n) {
     case GgmlType::kF16:
       quantize_row_f16(x, dst, n);
       return Status::ok_status();
-    case GgmlType::kQ8_0:
-      if (n % kQ8_0BlockSize != 0) {
-        return Status::invalid_argument("quantize Q8_0: n=" + std::to_string(n) +
-                                        " is not a multiple of 32");
-      }
-      quantize_row_q8_0(x, dst, n);
-      return Status::ok_status();
     default:
-      return Status::invalid_argument("quantize: type " +
-                                      ggml_type_name(static_cast<uint32_t>(type)) +
-                                      " is not supported (F32, F16, Q8_0 only)");
+      break;
   }
+  const Codec* c = codec_of(type);
+  if (c == nullptr) {
+    return Status::invalid_argument("quantize: type " + ggml_type_name(static_cast<uint32_t>(type)) +
+                                    " is not supported (" + kCodecList + " only)");
+  }
+  SPW_RETURN_IF_ERROR(check_blocks("quantize", type, *c, n));
+  c->quantize(x, dst, n);
+  return Status::ok_status();
 }
 
 }  // namespace spw::gguf

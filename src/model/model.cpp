@@ -103,16 +103,21 @@ Status Model::bind() {
     }
     if (!supported_type(t->type))
       return Status::invalid_argument("tensor '" + name + "' has unsupported type " +
-                                      gguf::ggml_type_name(t->type) + " (supported: F32, F16, Q8_0)");
+                                      gguf::ggml_type_name(t->type) +
+                                      " (supported: F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
     *out = t;
     return Status();
   };
   auto bind_matrix = [&](const std::string& name, uint64_t cols, uint64_t rows, WeightMatrix& w) -> Status {
     const gguf::TensorInfo* t = nullptr;
     SPW_RETURN_IF_ERROR(find(name, {cols, rows}, &t));
-    if (t->type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0) && cols % gguf::kQ8_0BlockSize != 0)
-      return Status::corruption("tensor '" + name + "' is Q8_0 with " + std::to_string(cols) +
-                                " columns, not a multiple of 32");
+    // Blocks never straddle rows (ggml requires it too): a row of a 32- or
+    // 256-element block type is whole blocks.
+    const uint32_t block = gguf::ggml_type_info(t->type)->block_size;
+    if (cols % block != 0)
+      return Status::corruption("tensor '" + name + "' is " + gguf::ggml_type_name(t->type) + " with " +
+                                std::to_string(cols) + " columns, not a multiple of its block size " +
+                                std::to_string(block));
     w.data = t->data;
     w.type = static_cast<gguf::GgmlType>(t->type);
     w.n_cols = static_cast<int64_t>(cols);

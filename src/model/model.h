@@ -7,8 +7,14 @@
 // name with its expected shape and type:
 //   - a missing tensor is NotFound naming it;
 //   - a wrong shape is Corruption naming the tensor, expected and actual dims;
-//   - a tensor type other than F32, F16 or Q8_0 is InvalidArgument naming the
-//     tensor and its type.
+//   - a matrix type other than F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+//     Q5_K or Q6_K (the `supported` types of gguf/ggml_types.h) is
+//     InvalidArgument naming the tensor and its type; norm vectors must be
+//     F32 or F16;
+//   - a matrix whose row length is not a multiple of its type's block (32, or
+//     256 for the K types) is Corruption naming the tensor, type and block.
+// Files mixing matrix types (llama.cpp's Q4_K_M puts Q6_K in output.weight
+// and some attn_v / ffn_down) bind each tensor with its own type.
 // The architecture's optional tensors (biases, Q/K norms) are required when it
 // has them; rope_freqs.weight is bound when present. Without output.weight the
 // output head is tied to token_embd.weight. Matrix

@@ -23,6 +23,64 @@ std::string dims_string(const gguf::TensorInfo& t) {
   return s + "]";
 }
 
+double half_at(const uint8_t* p) { return gguf::fp16_to_fp32(static_cast<uint16_t>(p[0] | p[1] << 8)); }
+
+// Element i of one block of a llama.cpp low-bit type, decoded from the byte
+// layout (ggml-common.h's block structs), in double:
+//  Q4_0 [d][16 B nibbles]: element j < 16 is the low nibble of byte j, j >= 16
+//    the high nibble of byte j - 16; value d * (q - 8).
+//  Q4_1 [d][m][nibbles]: d * q + m.
+//  Q5_0 [d][qh u32][nibbles], Q5_1 [d][m][qh][nibbles]: bit j of qh is the
+//    fifth bit of element j; d * (q - 16), or d * q + m.
+//  Q4_K [d][dmin][12 B scales][128 B nibbles], Q5_K [.. scales][32 B qh][128 B]:
+//    sub-block s = i / 32 has a 6-bit scale and min (s < 4: bytes s and s + 4,
+//    low 6 bits; s >= 4: low / high nibble of byte s + 4, top two bits from the
+//    top of bytes s - 4 / s); its codes are nibble (s % 2) of bytes
+//    32 * (s / 2) + i % 32; Q5_K adds bit s of qh[i % 32] as bit 4.
+//    value d * scale * q - dmin * min.
+//  Q6_K [128 B ql][64 B qh][16 int8 scales][d]: element i, half h = i / 128,
+//    run k = (i % 128) / 32, l = i % 32: low 4 bits from nibble k / 2 of
+//    ql[64h + l + 32 (k % 2)], high 2 bits from bits 2k of qh[32h + l];
+//    value d * scales[i / 16] * (q - 32).
+double low_bit_value(GgmlType type, const uint8_t* b, int i) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1: {
+      const int off = type == GgmlType::kQ4_0 ? 2 : 4;
+      const int q = i < 16 ? b[off + i] & 15 : b[off + i - 16] >> 4;
+      return type == GgmlType::kQ4_0 ? half_at(b) * (q - 8) : half_at(b) * q + half_at(b + 2);
+    }
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1: {
+      const int off = type == GgmlType::kQ5_0 ? 2 : 4;
+      const uint32_t qh = static_cast<uint32_t>(b[off]) | static_cast<uint32_t>(b[off + 1]) << 8 |
+                          static_cast<uint32_t>(b[off + 2]) << 16 | static_cast<uint32_t>(b[off + 3]) << 24;
+      int q = i < 16 ? b[off + 4 + i] & 15 : b[off + 4 + i - 16] >> 4;
+      q |= static_cast<int>((qh >> i) & 1) << 4;
+      return type == GgmlType::kQ5_0 ? half_at(b) * (q - 16) : half_at(b) * q + half_at(b + 2);
+    }
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: {
+      const uint8_t* sc = b + 4;
+      const int s = i / 32, l = i % 32;
+      const int scale = s < 4 ? sc[s] & 63 : (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+      const int mn = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+      const uint8_t* qs = b + (type == GgmlType::kQ4_K ? 16 : 48);
+      int q = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
+      if (type == GgmlType::kQ5_K) q |= ((b[16 + l] >> s) & 1) << 4;
+      return half_at(b) * scale * q - half_at(b + 2) * mn;
+    }
+    case GgmlType::kQ6_K: {
+      const int h = i / 128, k = (i % 128) / 32, l = i % 32;
+      const int lo = (b[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2))) & 15;
+      const int hi = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+      return half_at(b + 208) * static_cast<int8_t>(b[192 + i / 16]) * ((lo | hi << 4) - 32);
+    }
+    default:
+      return 0;
+  }
+}
+
 // Dequantises n elements starting at element `first` of tensor `t` into `out`.
 // Written here rather than taken from src/gguf/quant.h on purpose: the
 // reference should not share the code it is used to check.
@@ -51,6 +109,21 @@ Status dequantize(const gguf::TensorInfo& t, uint64_t first, uint64_t n, double*
         std::memcpy(&d, block, 2);
         const auto q = static_cast<int8_t>(block[2 + e % gguf::kQ8_0BlockSize]);
         out[i] = static_cast<double>(gguf::fp16_to_fp32(d)) * q;
+      }
+      return Status::ok_status();
+    }
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: {
+      const gguf::GgmlTypeInfo* info = gguf::ggml_type_info(t.type);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t e = first + i;
+        out[i] = low_bit_value(static_cast<GgmlType>(t.type), t.data + (e / info->block_size) * info->type_size,
+                               static_cast<int>(e % info->block_size));
       }
       return Status::ok_status();
     }

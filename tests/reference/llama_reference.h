@@ -6,9 +6,10 @@
 // keys under the architecture's prefix; the head size from
 // attention.key_length when present) straight from spw::gguf::GgufFile metadata and tensors -- it shares
 // no code with the engine (src/model, src/backend) so that it can judge it. All
-// weights are dequantised once to double (F32, F16 exactly; Q8_0 as d * q with
-// ggml's block layout), so this is for tiny test models only (memory is 8 bytes
-// per parameter). forward() computes, in double, the logits of every position of
+// weights are dequantised once to double (F32, F16 exactly; Q8_0 as d * q;
+// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K decoded from ggml's block layouts by
+// this file's own decoder), so this is for tiny test models only (memory is 8
+// bytes per parameter). forward() computes, in double, the logits of every position of
 // a token sequence starting at position 0:
 //   x = token_embd[token]
 //   per layer: h = RMSNorm(x) * attn_norm; q,k,v = Wq h, Wk h, Wv h;

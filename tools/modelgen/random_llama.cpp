@@ -2,6 +2,7 @@
 
 #include "core/hash.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -15,20 +16,41 @@ using gguf::GgmlType;
 using gguf::Value;
 
 
-uint32_t file_type_of(GgmlType t) {
-  switch (t) {
+// llama_ftype of general.file_type (llama.h). A pure K type is labelled with
+// the closest llama.cpp ftype (Q4_K_S / Q5_K_S / Q6_K).
+uint32_t file_type_of(const RandomLlamaSpec& s) {
+  if (s.mix == RandomLlamaMix::kQ4_K_M) return 15;
+  if (s.mix == RandomLlamaMix::kQ5_K_M) return 17;
+  switch (s.type) {
     case GgmlType::kF16: return 1;
+    case GgmlType::kQ4_0: return 2;
+    case GgmlType::kQ4_1: return 3;
     case GgmlType::kQ8_0: return 7;
+    case GgmlType::kQ5_0: return 8;
+    case GgmlType::kQ5_1: return 9;
+    case GgmlType::kQ4_K: return 14;
+    case GgmlType::kQ5_K: return 16;
+    case GgmlType::kQ6_K: return 18;
     default: return 0;
   }
 }
 
-const char* type_label(GgmlType t) {
-  switch (t) {
-    case GgmlType::kF16: return "f16";
-    case GgmlType::kQ8_0: return "q8_0";
-    default: return "f32";
-  }
+std::string type_label(const RandomLlamaSpec& s) {
+  if (s.mix == RandomLlamaMix::kQ4_K_M) return "q4_k_m";
+  if (s.mix == RandomLlamaMix::kQ5_K_M) return "q5_k_m";
+  std::string l = gguf::ggml_type_name(static_cast<uint32_t>(s.type));
+  for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return l;
+}
+
+// llama.cpp's layer choice for the extra bits of Q4_K_M / Q5_K_M.
+bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// llama.cpp's fallback for rows a K type's 256-block does not divide.
+GgmlType k_fallback(GgmlType t, uint64_t ne0) {
+  if (ne0 % 256 == 0) return t;
+  const GgmlType f = t == GgmlType::kQ4_K ? GgmlType::kQ5_0 : t == GgmlType::kQ5_K ? GgmlType::kQ5_1 : GgmlType::kQ8_0;
+  return ne0 % 32 == 0 ? f : GgmlType::kF16;
 }
 
 // Adds a tensor whose values are mean + std * noise, generated and encoded one
@@ -74,6 +96,16 @@ float WeightStream::next_normal() {
   return static_cast<float>(2 * s - 262140) * (0.5f * kScale);
 }
 
+GgmlType random_llama_tensor_type(const RandomLlamaSpec& s, const std::string& name, uint32_t layer, uint64_t ne0) {
+  if (s.mix == RandomLlamaMix::kNone) return s.type;
+  const GgmlType base = s.mix == RandomLlamaMix::kQ4_K_M ? GgmlType::kQ4_K : GgmlType::kQ5_K;
+  const bool head = name == "output.weight" || (s.tied_output && name == "token_embd.weight");
+  if (head) return ne0 % 256 == 0 ? GgmlType::kQ6_K : GgmlType::kQ8_0;
+  const bool more = (name.ends_with(".attn_v.weight") || name.ends_with(".ffn_down.weight")) &&
+                    use_more_bits(static_cast<int>(layer), static_cast<int>(s.n_layer));
+  return k_fallback(more ? GgmlType::kQ6_K : base, ne0);
+}
+
 Status validate_random_llama_spec(const RandomLlamaSpec& s) {
   auto bad = [](const std::string& m) { return Status::invalid_argument("random llama spec: " + m); };
   if (s.n_embd == 0 || s.n_layer == 0 || s.n_head == 0 || s.n_head_kv == 0 || s.n_ff == 0 ||
@@ -93,16 +125,20 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
   }
   const uint32_t hd = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
   if (hd % 2 != 0) return bad("head dim " + std::to_string(hd) + " must be even for RoPE");
-  if (s.type == GgmlType::kQ8_0 && (hd * s.n_head) % 32 != 0) {
-    return bad("Q8_0 needs head_dim * n_head to be a multiple of 32");
-  }
-  if (s.type != GgmlType::kF32 && s.type != GgmlType::kF16 && s.type != GgmlType::kQ8_0) {
-    return bad("type " + gguf::ggml_type_name(static_cast<uint32_t>(s.type)) +
-               " is not F32, F16 or Q8_0");
-  }
-  if (s.type == GgmlType::kQ8_0 && (s.n_embd % 32 != 0 || s.n_ff % 32 != 0)) {
-    return bad("Q8_0 needs n_embd and n_ff to be multiples of 32 (got " + std::to_string(s.n_embd) +
-               ", " + std::to_string(s.n_ff) + ")");
+  if (s.mix == RandomLlamaMix::kNone) {
+    if (!gguf::has_reference_codec(s.type)) {
+      return bad("type " + gguf::ggml_type_name(static_cast<uint32_t>(s.type)) +
+                 " has no quantiser (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
+    }
+    const uint32_t block = gguf::ggml_type_info(static_cast<uint32_t>(s.type))->block_size;
+    if (s.n_embd % block != 0 || s.n_ff % block != 0) {
+      return bad(gguf::ggml_type_name(static_cast<uint32_t>(s.type)) + " needs n_embd and n_ff to be multiples of " +
+                 std::to_string(block) + " (got " + std::to_string(s.n_embd) + ", " + std::to_string(s.n_ff) + ")");
+    }
+    if ((hd * s.n_head) % block != 0) {
+      return bad(gguf::ggml_type_name(static_cast<uint32_t>(s.type)) + " needs head_dim * n_head (attn_output's rows) "
+                 "to be a multiple of " + std::to_string(block));
+    }
   }
   if (!(s.rms_eps > 0.0f) || !(s.rope_freq_base > 0.0f)) {
     return bad("rms_eps and rope_freq_base must be positive");
@@ -142,12 +178,12 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
 
   gguf::GgufWriter w;
   const std::string name = "spillway-random-" + s.arch + "-" + std::to_string(s.n_embd) + "x" +
-                           std::to_string(s.n_layer) + "-" + type_label(s.type) + "-seed" +
+                           std::to_string(s.n_layer) + "-" + type_label(s) + "-seed" +
                            std::to_string(s.seed);
   w.set("general.architecture", Value::str(s.arch));
   w.set("general.name", Value::str(name));
-  w.set("general.file_type", Value::u32(file_type_of(s.type)));
-  if (s.type == GgmlType::kQ8_0) w.set("general.quantization_version", Value::u32(2));
+  w.set("general.file_type", Value::u32(file_type_of(s)));
+  if (file_type_of(s) > 1) w.set("general.quantization_version", Value::u32(2));
   const std::string a = s.arch + ".";
   w.set(a + "vocab_size", Value::u32(static_cast<uint32_t>(n_vocab)));
   w.set(a + "context_length", Value::u32(s.n_ctx));
@@ -171,20 +207,24 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
   const float kResidualStd = kStd / std::sqrt(2.0f * static_cast<float>(s.n_layer));
   const float kNormNoise = 0.01f;
   const uint64_t e = s.n_embd;
-  const GgmlType t = s.type;
-  SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, "token_embd.weight", t, {e, n_vocab}, 0.0f, kStd));
+  // Matrices get their type from the spec (pure or mixed); norms are F32.
+  auto matrix = [&](const std::string& n, uint32_t layer, std::vector<uint64_t> dims, float stddev) {
+    const GgmlType t = random_llama_tensor_type(s, n, layer, dims[0]);
+    return add_random_tensor(w, s.seed, n, t, std::move(dims), 0.0f, stddev);
+  };
+  SPW_RETURN_IF_ERROR(matrix("token_embd.weight", 0, {e, n_vocab}, kStd));
   SPW_RETURN_IF_ERROR(
       add_random_tensor(w, s.seed, "output_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
   if (!s.tied_output) {
-    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, "output.weight", t, {e, n_vocab}, 0.0f, kStd));
+    SPW_RETURN_IF_ERROR(matrix("output.weight", 0, {e, n_vocab}, kStd));
   }
   for (uint32_t l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "attn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
-    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "attn_q.weight", t, {e, n_embd_q}, 0.0f, kStd));
-    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "attn_k.weight", t, {e, n_embd_kv}, 0.0f, kStd));
-    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "attn_v.weight", t, {e, n_embd_kv}, 0.0f, kStd));
+    SPW_RETURN_IF_ERROR(matrix(p + "attn_q.weight", l, {e, n_embd_q}, kStd));
+    SPW_RETURN_IF_ERROR(matrix(p + "attn_k.weight", l, {e, n_embd_kv}, kStd));
+    SPW_RETURN_IF_ERROR(matrix(p + "attn_v.weight", l, {e, n_embd_kv}, kStd));
     if (s.arch == "qwen2") {
       const std::pair<const char*, uint64_t> biases[] = {{"attn_q.bias", n_embd_q}, {"attn_k.bias", n_embd_kv},
                                                           {"attn_v.bias", n_embd_kv}};
@@ -195,14 +235,12 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
       for (const char* nn : {"attn_q_norm.weight", "attn_k_norm.weight"})
         SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + nn, GgmlType::kF32, {head_dim}, 1.0f, kNormNoise));
     }
-    SPW_RETURN_IF_ERROR(
-        add_random_tensor(w, s.seed, p + "attn_output.weight", t, {n_embd_q, e}, 0.0f, kResidualStd));
+    SPW_RETURN_IF_ERROR(matrix(p + "attn_output.weight", l, {n_embd_q, e}, kResidualStd));
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "ffn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
-    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "ffn_gate.weight", t, {e, s.n_ff}, 0.0f, kStd));
-    SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "ffn_up.weight", t, {e, s.n_ff}, 0.0f, kStd));
-    SPW_RETURN_IF_ERROR(
-        add_random_tensor(w, s.seed, p + "ffn_down.weight", t, {s.n_ff, e}, 0.0f, kResidualStd));
+    SPW_RETURN_IF_ERROR(matrix(p + "ffn_gate.weight", l, {e, s.n_ff}, kStd));
+    SPW_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", l, {e, s.n_ff}, kStd));
+    SPW_RETURN_IF_ERROR(matrix(p + "ffn_down.weight", l, {s.n_ff, e}, kResidualStd));
   }
   if (stats != nullptr) {
     stats->n_vocab = static_cast<uint32_t>(n_vocab);

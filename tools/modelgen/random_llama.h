@@ -20,9 +20,25 @@
 // integer arithmetic then one float scale, so it is bit-identical on any IEEE
 // platform without relying on libm). Matrices have std 0.02, the two residual
 // projections (attn_output, ffn_down) 0.02 / sqrt(2 n_layer) so activations stay
-// bounded through deep stacks; norm weights are 1 + 0.01 * noise. F16 and Q8_0
-// files of the same seed therefore hold the F32 file's values, rounded
-// (fp32_to_fp16 / quantize_row_q8_0). Same spec => byte-identical file.
+// bounded through deep stacks; norm weights are 1 + 0.01 * noise. F16 and
+// quantised files of the same seed therefore hold the F32 file's values,
+// rounded by gguf::quantize_row (fp32_to_fp16, or the type's quantiser, which
+// writes the bytes llama.cpp's reference quantiser writes for the same
+// floats). Same spec => byte-identical file.
+//
+// Types: `type` is the type of every matrix (F32, F16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: "pure", n_embd and n_ff must be multiples of
+// its block, 32 or 256). `mix` instead follows llama.cpp's llama-quant.cpp
+// recipe for a llama model (random_llama_tensor_type):
+//   Q4_K_M: every matrix Q4_K, except output.weight (token_embd.weight when
+//           the output is tied) Q6_K, and attn_v / ffn_down of layer i Q6_K
+//           when use_more_bits(i, n_layer): i < n/8, i >= 7n/8, or
+//           (i - n/8) % 3 == 2 -- about half the layers;
+//   Q5_K_M: the same with Q5_K as the base type.
+// A matrix whose rows are not a multiple of 256 falls back as llama.cpp does
+// (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16 if even 32 does not
+// divide it; the output head goes straight to Q8_0). Not reproduced: the
+// 70B attn_v rule and anything importance-matrix driven.
 //
 // Memory: tensors are generated row by row while the file is written, so peak
 // RAM is about the largest single tensor's encoded bytes (write_random_llama
@@ -30,8 +46,8 @@
 //
 // Failure: InvalidArgument naming the field for an inconsistent spec (zero
 // sizes, n_embd not divisible by n_head, n_head not divisible by n_head_kv, odd
-// head dim, a matrix type other than F32/F16/Q8_0, Q8_0 with n_embd or n_ff not
-// a multiple of 32, empty vocab_path); errors from reading the vocab GGUF
+// head dim, a matrix type without a quantiser, a pure type whose block does not
+// divide n_embd and n_ff, empty vocab_path); errors from reading the vocab GGUF
 // (IOError, Corruption, NotFound for a missing tokenizer.ggml.tokens); IOError
 // from writing.
 // Thread safety: functions are reentrant; no shared state.
@@ -48,6 +64,8 @@
 
 namespace spw::modelgen {
 
+enum class RandomLlamaMix { kNone, kQ4_K_M, kQ5_K_M };
+
 struct RandomLlamaSpec {
   // general.architecture (model/arch.h): "llama"; "qwen2" adds Q/K/V biases
   // (blk.N.attn_{q,k,v}.bias, std 0.02); "qwen3" adds per-head Q/K norms
@@ -61,6 +79,7 @@ struct RandomLlamaSpec {
   uint32_t n_ff = 128;
   uint32_t n_ctx = 256;
   gguf::GgmlType type = gguf::GgmlType::kF32;  // 2-D matrices and token_embd; norms are F32
+  RandomLlamaMix mix = RandomLlamaMix::kNone;  // when set, overrides `type` (see above)
   bool tied_output = false;                    // no output.weight: the output uses token_embd
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
@@ -76,6 +95,12 @@ struct RandomLlamaStats {
 
 // Checks the spec's own consistency (not the vocab file).
 Status validate_random_llama_spec(const RandomLlamaSpec& spec);
+
+// The type a matrix gets: `spec.type`, or the mix's recipe for tensor `name`
+// (llama.cpp naming) of layer `layer` (ignored for the non-layer tensors) with
+// rows of `ne0` elements.
+gguf::GgmlType random_llama_tensor_type(const RandomLlamaSpec& spec, const std::string& name, uint32_t layer,
+                                        uint64_t ne0);
 
 // Total weight count for `spec` with `n_vocab` tokens.
 uint64_t random_llama_param_count(const RandomLlamaSpec& spec, uint64_t n_vocab);

@@ -199,6 +199,82 @@ TEST(RandomLlama, QuantisedTypesRoundTheF32Values) {
   EXPECT_EQ(checked, 21u);
 }
 
+// Every low-bit file holds exactly what gguf::quantize_row makes of the F32
+// file's rows (whose bytes are llama.cpp's: gguf/quant_lowbit_test), and its
+// metadata names the llama.cpp file type.
+TEST(RandomLlama, LowBitTypesAreTheQuantisedF32Rows) {
+  RandomLlamaSpec spec = small_gqa(GgmlType::kF32, 5);
+  spec.n_embd = 256;
+  spec.n_ff = 512;
+  auto f32 = parse(*make_random_llama(spec));
+  ASSERT_NE(f32, nullptr);
+  const std::pair<GgmlType, uint32_t> cases[] = {{GgmlType::kQ4_0, 2}, {GgmlType::kQ4_1, 3}, {GgmlType::kQ5_0, 8},
+                                                 {GgmlType::kQ5_1, 9}, {GgmlType::kQ4_K, 14}, {GgmlType::kQ5_K, 16},
+                                                 {GgmlType::kQ6_K, 18}};
+  for (const auto& [type, ftype] : cases) {
+    spec.type = type;
+    auto q = parse(*make_random_llama(spec));
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(*q->get_i64("general.file_type"), ftype);
+    for (const gguf::TensorInfo& t : f32->tensors()) {
+      const gguf::TensorInfo* qt = q->find_tensor(t.name);
+      ASSERT_NE(qt, nullptr);
+      if (t.n_dims != 2) {
+        EXPECT_EQ(qt->type, 0u) << t.name;
+        continue;
+      }
+      ASSERT_EQ(qt->type, static_cast<uint32_t>(type)) << t.name;
+      std::string want(static_cast<size_t>(qt->nbytes), '\0');
+      const size_t rb = static_cast<size_t>(qt->nbytes / t.ne[1]);
+      for (uint64_t r = 0; r < t.ne[1]; ++r)
+        ASSERT_TRUE(gguf::quantize_row(type, reinterpret_cast<const float*>(t.data) + r * t.ne[0], want.data() + r * rb,
+                                       t.ne[0]).ok());
+      EXPECT_EQ(std::memcmp(want.data(), qt->data, want.size()), 0) << t.name << " " << qt->type;
+    }
+  }
+}
+
+TEST(RandomLlama, Q4KMMixFollowsLlamaCppRecipe) {
+  RandomLlamaSpec spec = small_gqa(GgmlType::kF32, 5);
+  spec.n_embd = 256;
+  spec.n_ff = 512;
+  spec.n_layer = 8;
+  spec.mix = RandomLlamaMix::kQ4_K_M;
+  auto g = parse(*make_random_llama(spec));
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(*g->get_i64("general.file_type"), 15);
+  auto type_of = [&](const std::string& n) { return static_cast<GgmlType>(g->find_tensor(n)->type); };
+  EXPECT_EQ(type_of("output.weight"), GgmlType::kQ6_K);
+  EXPECT_EQ(type_of("token_embd.weight"), GgmlType::kQ4_K);
+  // use_more_bits(i, 8): i < 1, i >= 7, (i - 1) % 3 == 2  ->  layers 0, 3, 6, 7.
+  for (uint32_t l = 0; l < 8; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    const GgmlType more = (l == 0 || l == 3 || l == 6 || l == 7) ? GgmlType::kQ6_K : GgmlType::kQ4_K;
+    EXPECT_EQ(type_of(p + "attn_v.weight"), more) << l;
+    EXPECT_EQ(type_of(p + "ffn_down.weight"), more) << l;
+    for (const char* n : {"attn_q.weight", "attn_k.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight"})
+      EXPECT_EQ(type_of(p + n), GgmlType::kQ4_K) << p << n;
+  }
+  // Tied: the head is token_embd, so it gets the head's Q6_K. Rows of 64
+  // (n_embd) take llama-quantize's fallbacks: Q4_K -> Q5_0, Q6_K -> Q8_0,
+  // the head Q8_0; ffn_down's rows are n_ff = 512 wide and stay K.
+  spec.tied_output = true;
+  EXPECT_EQ(random_llama_tensor_type(spec, "token_embd.weight", 0, 256), GgmlType::kQ6_K);
+  EXPECT_EQ(random_llama_tensor_type(spec, "token_embd.weight", 0, 64), GgmlType::kQ8_0);
+  EXPECT_EQ(random_llama_tensor_type(spec, "blk.1.attn_q.weight", 1, 64), GgmlType::kQ5_0);
+  EXPECT_EQ(random_llama_tensor_type(spec, "blk.0.attn_v.weight", 0, 64), GgmlType::kQ8_0);
+  EXPECT_EQ(random_llama_tensor_type(spec, "blk.0.ffn_down.weight", 0, 512), GgmlType::kQ6_K);
+  EXPECT_EQ(random_llama_tensor_type(spec, "blk.1.attn_q.weight", 1, 48), GgmlType::kF16);
+  spec.mix = RandomLlamaMix::kQ5_K_M;
+  EXPECT_EQ(random_llama_tensor_type(spec, "blk.1.attn_q.weight", 1, 256), GgmlType::kQ5_K);
+  EXPECT_EQ(random_llama_tensor_type(spec, "blk.1.attn_q.weight", 1, 64), GgmlType::kQ5_1);
+  EXPECT_EQ(random_llama_tensor_type(spec, "blk.3.ffn_down.weight", 3, 512), GgmlType::kQ6_K);
+  // A 64-wide mix validates (fallbacks), a pure K type does not.
+  spec = small_gqa(GgmlType::kF32);
+  spec.mix = RandomLlamaMix::kQ4_K_M;
+  EXPECT_TRUE(make_random_llama(spec).ok());
+}
+
 TEST(RandomLlama, TiedOutputAndFullVocab) {
   RandomLlamaSpec spec = small_gqa(GgmlType::kF16);
   spec.tied_output = true;
@@ -250,8 +326,13 @@ TEST(RandomLlama, RejectsBadSpecs) {
   s = small_gqa(GgmlType::kQ8_0);
   s.n_ff = 100;
   expect_bad(s, "multiples of 32");
+  s = small_gqa(GgmlType::kQ4_K);  // 64 and 96 are not multiples of 256
+  expect_bad(s, "Q4_K needs n_embd and n_ff to be multiples of 256");
   s = small_gqa(GgmlType::kQ4_0);
-  expect_bad(s, "Q4_0");
+  s.n_ff = 100;
+  expect_bad(s, "Q4_0 needs n_embd and n_ff to be multiples of 32");
+  s = small_gqa(GgmlType::kQ3_K);
+  expect_bad(s, "Q3_K has no quantiser");
   s = small_gqa(GgmlType::kF32);
   s.n_layer = 0;
   expect_bad(s, "nonzero");

@@ -1,7 +1,9 @@
 #include "backend/cpu/kernels.h"
 
+#include "backend/cpu/quant_dot.h"
 #include "gguf/fp16.h"
 #include "gguf/quant.h"
+#include "gguf/quant_blocks.h"
 
 #include <algorithm>
 #include <cassert>
@@ -270,8 +272,12 @@ void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
       }
       break;
     }
-    default:
-      assert(false && "unsupported type");
+    default: {
+      // The low-bit types: the reference dequantiser (one row per token
+      // for embedding lookups; bit-exact with ggml's).
+      [[maybe_unused]] const Status st = gguf::dequantize_row(w.type, p, out, static_cast<size_t>(w.n_cols));
+      assert(st.ok() && "unsupported type");
+    }
   }
 }
 
@@ -308,35 +314,72 @@ void matmul_rows(int64_t r0, int64_t r1, int64_t n_rows, int64_t n_tokens, float
 }  // namespace
 
 namespace {
-// Activations prepared once per matmul call (Q8_0: quantised rows and their
-// float scales), shared by every weight matrix of a fused call.
+// Activations prepared once per matmul call, shared by every weight matrix of
+// a fused call (they all pair with the same activation format): Q8_0 blocks and
+// their float scales (Q8_0, Q4_0, Q5_0 weights), Q8_1 blocks with float d and s
+// (Q4_1, Q5_1), or Q8_K blocks (K types); F32/F16 use the rows as they are.
+// Low-bit kernels read the quantised rows through `arows` (built only when
+// such a weight is in the call, so a Q8_0-only call allocates what it always
+// did; the estimator mirrors these sizes: admission/estimator.cpp).
 struct PreparedX {
   std::vector<const float*> rows;
   std::vector<BlockQ8_0> q;
   std::vector<float> d;
   std::vector<const BlockQ8_0*> qrows;
   std::vector<const float*> drows;
+  std::vector<gguf::BlockQ8_1> q1;
+  std::vector<float> s;
+  std::vector<gguf::BlockQ8_K> qk;
+  std::vector<ActRow> arows;
   int64_t nb = 0;
 };
 
-void prepare_x(gguf::GgmlType type, const float* x, int64_t n_tokens, int64_t n_cols, PreparedX& px) {
+void prepare_x(ActFormat format, bool low_bit, const float* x, int64_t n_tokens, int64_t n_cols, PreparedX& px) {
   px.rows.resize(static_cast<size_t>(n_tokens));
   for (int64_t t = 0; t < n_tokens; ++t) px.rows[static_cast<size_t>(t)] = x + t * n_cols;
-  if (type != gguf::GgmlType::kQ8_0) return;
-  assert(n_cols % 32 == 0);
-  const int64_t nb = n_cols / 32;
+  if (format == ActFormat::kFloat) return;
+  assert(n_cols % act_block_elems(format) == 0);
+  const int64_t nb = n_cols / act_block_elems(format);
+  const auto total = static_cast<size_t>(nb * n_tokens);
   px.nb = nb;
-  px.q.resize(static_cast<size_t>(nb * n_tokens));
-  px.d.resize(static_cast<size_t>(nb * n_tokens));
-  px.qrows.resize(static_cast<size_t>(n_tokens));
-  px.drows.resize(static_cast<size_t>(n_tokens));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    BlockQ8_0* qt = px.q.data() + t * nb;
-    float* dt = px.d.data() + t * nb;
-    quantize_row_q8_0(x + t * n_cols, qt, n_cols);
-    for (int64_t b = 0; b < nb; ++b) dt[b] = fp16_to_fp32(qt[b].d);
-    px.qrows[static_cast<size_t>(t)] = qt;
-    px.drows[static_cast<size_t>(t)] = dt;
+  if (low_bit) px.arows.resize(static_cast<size_t>(n_tokens));
+  switch (format) {
+    case ActFormat::kQ8_0:
+      px.q.resize(total);
+      px.d.resize(total);
+      px.qrows.resize(static_cast<size_t>(n_tokens));
+      px.drows.resize(static_cast<size_t>(n_tokens));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        BlockQ8_0* qt = px.q.data() + t * nb;
+        float* dt = px.d.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, nullptr);
+        px.qrows[static_cast<size_t>(t)] = qt;
+        px.drows[static_cast<size_t>(t)] = dt;
+        if (low_bit) px.arows[static_cast<size_t>(t)] = {qt, dt, nullptr};
+      }
+      break;
+    case ActFormat::kQ8_1:
+      px.q1.resize(total);
+      px.d.resize(total);
+      px.s.resize(total);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        gguf::BlockQ8_1* qt = px.q1.data() + t * nb;
+        float* dt = px.d.data() + t * nb;
+        float* st = px.s.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, st);
+        px.arows[static_cast<size_t>(t)] = {qt, dt, st};
+      }
+      break;
+    case ActFormat::kQ8_K:
+      px.qk.resize(total);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        gguf::BlockQ8_K* qt = px.qk.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, nullptr, nullptr);
+        px.arows[static_cast<size_t>(t)] = {qt, nullptr, nullptr};
+      }
+      break;
+    default:
+      break;
   }
 }
 
@@ -366,8 +409,15 @@ void run_rows(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1
         else dot_q8_0_n<1>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
       });
       break;
-    default:
-      assert(false && "unsupported type");
+    default: {
+      const QuantDot* qd = quant_dot(w.type);
+      assert(qd != nullptr && "unsupported type");
+      static_assert(kTokGroup == 4, "QuantDot::four is the token-group kernel");
+      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
+        const uint8_t* wr = w.data + static_cast<size_t>(r) * w.row_bytes;
+        (nt == kTokGroup ? qd->four : qd->one)(wr, &px.arows[static_cast<size_t>(t)], n_cols, out);
+      });
+    }
   }
 }
 }  // namespace
@@ -380,15 +430,20 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, T
 void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_tokens, ThreadPool* pool) {
   if (n_outs <= 0) return;
   const WeightMatrix& w0 = *outs[0].w;
-  for (int i = 1; i < n_outs; ++i) {
-    if (outs[i].w->type != w0.type || outs[i].w->n_cols != w0.n_cols) {
-      // Mixed types/widths cannot share prepared activations: run separately.
+  const ActFormat format = act_format(w0.type);
+  bool low_bit = false;  // a weight read through PreparedX::arows
+  for (int i = 0; i < n_outs; ++i) {
+    const gguf::GgmlType t = outs[i].w->type;
+    if (act_format(t) != format || outs[i].w->n_cols != w0.n_cols) {
+      // Different activation formats or widths cannot share prepared
+      // activations: run separately (each result is the same either way).
       for (int j = 0; j < n_outs; ++j) matmul_fused(&outs[j], 1, x, n_tokens, pool);
       return;
     }
+    low_bit |= format != ActFormat::kFloat && t != gguf::GgmlType::kQ8_0;
   }
   PreparedX px;
-  prepare_x(w0.type, x, n_tokens, w0.n_cols, px);
+  prepare_x(format, low_bit, x, n_tokens, w0.n_cols, px);
   // Units of kRowTile rows, concatenated over the matrices, so chunk
   // boundaries never split a tile.
   std::vector<int64_t> unit_begin(static_cast<size_t>(n_outs) + 1, 0);

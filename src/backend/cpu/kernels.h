@@ -1,7 +1,8 @@
 // CPU compute kernels for the llama forward pass.
 //
 // Contract: plain functions over host F32 activations and weights in their GGUF
-// layout (F32, F16, Q8_0). SIMD paths (AVX-512 / AVX2+FMA+F16C / VNNI) are
+// layout (F32, F16, Q8_0 here; Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K through
+// quant_dot.h, whose kernels matmul uses with the same invariance contract). SIMD paths (AVX-512 / AVX2+FMA+F16C / VNNI) are
 // chosen at compile time from the target's macros, with scalar fallbacks, so the
 // code builds without AVX. Every dot product of a given weight row with a given
 // activation row is computed by one function with a fixed summation order, so a
@@ -11,7 +12,8 @@
 // Q8_0 follows llama.cpp: the activation row is quantised to Q8_0 blocks
 // (d = max|x|/127 stored as fp16, q = round(x/d)), and each block's integer dot
 // is scaled by d_w * d_x.
-// Preconditions (checked by callers, asserted here): for Q8_0, n_cols % 32 == 0.
+// Preconditions (checked by callers, asserted here): n_cols is a multiple of
+// the weight type's block (32, or 256 for the K types).
 // Thread safety: pure functions; matmul uses the given pool (may be null = 1 thread).
 #pragma once
 
@@ -45,8 +47,9 @@ void dequantize_row(const WeightMatrix& w, int64_t row, float* out);
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool);
 
 // Several matrices over the same input in one parallel region (Q/K/V, gate/up):
-// one synchronisation and, for Q8_0, one quantisation of x. Each output is
-// bitwise what matmul() gives.
+// one synchronisation and one quantisation of x when their types share an
+// activation format (Q4_K and Q6_K do: a Q4_K_M file's mixed Q/K/V stays
+// fused). Each output is bitwise what matmul() gives.
 struct MatmulOut {
   const WeightMatrix* w;
   float* y;  // [n_tokens][w->n_rows]

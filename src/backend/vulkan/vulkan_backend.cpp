@@ -426,8 +426,10 @@ Status VulkanBackend::Impl::upload(DeviceBuffer& dst, const void* src, uint64_t 
 }
 
 Status VulkanBackend::Impl::upload_matrix(const WeightMatrix& w, const std::string& owner, DevMatrix& out) {
-  if (w.type != gguf::GgmlType::kF32 && w.type != gguf::GgmlType::kF16 && w.type != gguf::GgmlType::kQ8_0)
-    return Status::invalid_argument("vulkan: unsupported weight type for " + (w.name ? *w.name : std::string("?")));
+  if (!vulkan_computes_weight_type(w.type))  // prepare() checks first; this guards other callers
+    return Status::unimplemented("vulkan: tensor '" + (w.name ? *w.name : std::string("?")) + "' is " +
+                                 gguf::ggml_type_name(static_cast<uint32_t>(w.type)) +
+                                 "; the Vulkan backend computes F32, F16 and Q8_0 weights only");
   if (w.type == gguf::GgmlType::kF16 && w.n_cols % 2 != 0)
     return Status::invalid_argument("vulkan: F16 matrix with an odd row length");
   out.type = w.type;
@@ -468,6 +470,8 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
   if (lb < 0 || le > hp.n_layer || lb > le)
     return Status::invalid_argument(name() + ": bad layer range [" + std::to_string(lb) + ", " + std::to_string(le) + ")");
   SPW_RETURN_IF_ERROR(healthy_or_error());
+  // Refuse types without shaders before anything is allocated or uploaded.
+  SPW_RETURN_IF_ERROR(vulkan_check_weight_types(model, lb, le, embedding, output));
   auto& slot = models[&model];
   if (slot && slot->fingerprint != model.fingerprint_hash()) slot.reset();  // a different model at the same address
   const bool created = !slot;

@@ -15,7 +15,13 @@
 // batched step costs one weight pass on the device as on the CPU.
 // Numerics: F32 / F16 weights use F32 FMA dot products; Q8_0 weights run
 // against activations quantised to Q8_0 with an integer dot per block
-// (llama.cpp semantics). Reductions have a fixed order per (row, token), so
+// (llama.cpp semantics). No shaders exist for the other low-bit types the CPU
+// computes (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): prepare() refuses a
+// model whose asked layers / embedding / head hold one, before uploading
+// anything, with Unimplemented naming the tensor and its type
+// (vulkan_check_weight_types); the gateway builder asks the same of the file
+// and leaves the GPU paths unbuilt, so such a model is served by the CPU.
+// Reductions have a fixed order per (row, token), so
 // results are bitwise independent of batch size and ubatch split; they agree
 // with the CPU backend within float tolerance, not bitwise.
 // Errors: every device wait has a finite timeout (options.fence_timeout_ms).
@@ -50,6 +56,16 @@ namespace spw {
 // True when this binary was built with the Vulkan backend (not whether a
 // device exists: see list_vulkan_devices()).
 bool vulkan_built_in();
+
+// Weight (matrix) types the shaders compute: F32, F16, Q8_0.
+bool vulkan_computes_weight_type(gguf::GgmlType t);
+// OK, or Unimplemented naming the first matrix whose type the shaders do not
+// compute: of layers [layer_begin, layer_end) and, when asked, token_embd /
+// the output head (what prepare() would upload) ...
+Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool embedding,
+                                 bool output);
+// ... or of every 2-D tensor of a file (planners that have no Model yet).
+Status vulkan_check_weight_types(const gguf::GgufFile& f);
 
 struct VulkanHeapInfo {
   uint64_t size_bytes = 0;

@@ -601,6 +601,37 @@ TEST(VulkanFaults, InjectedAllocationFailure) {
   EXPECT_TRUE(b->prepare(*m, 0, 5, true, true).ok());
 }
 
+// No shaders for the low-bit types: refused by name before anything is
+// uploaded, whether or not a device exists (the check needs none).
+TEST(VulkanModel, RefusesLowBitWeightsNamingTensorAndType) {
+  auto spec = testing::small_spec();
+  spec.n_embd = 256;
+  spec.n_ff = 512;
+  spec.mix = modelgen::RandomLlamaMix::kQ4_K_M;
+  auto m = testing::random_model(spec);
+  ASSERT_NE(m, nullptr);
+  Status st = vulkan_check_weight_types(m->file());
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("Q4_K"), std::string::npos) << st.to_string();
+  st = vulkan_check_weight_types(*m, 1, 2, false, false);
+  EXPECT_NE(st.message().find("'blk.1.attn_q.weight' is Q4_K"), std::string::npos) << st.to_string();
+  st = vulkan_check_weight_types(*m, 0, 0, false, true);
+  EXPECT_NE(st.message().find("'output.weight' is Q6_K"), std::string::npos) << st.to_string();
+  auto q8 = testing::random_model(testing::small_spec(gguf::GgmlType::kQ8_0));
+  EXPECT_TRUE(vulkan_check_weight_types(q8->file()).ok());
+  VK_OR_SKIP(b);
+  st = b->prepare(*m, 0, spec.n_layer, true, true);
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st.to_string();
+  EXPECT_NE(st.message().find("token_embd.weight' is Q4_K"), std::string::npos) << st.to_string();
+  EXPECT_EQ(b->memory_stats().used_bytes, 0u);
+  EXPECT_TRUE(b->healthy());
+  // The same model runs on the CPU.
+  auto cpu = std::make_shared<CpuBackend>(1);
+  auto s = testing::make_session(m, cpu, make_pool(*m, 16, 4), SessionOptions{});
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->eval(some_tokens(8, 512)).ok());
+}
+
 TEST(VulkanSession, RejectsMismatchedKvStorage) {
   VK_OR_SKIP(b);
   auto m = testing::stories();

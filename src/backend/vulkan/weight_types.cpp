@@ -1,0 +1,44 @@
+// Which weight types the Vulkan shaders compute, shared by the real backend
+// and the stub (so planners can ask without a device).
+#include <string>
+
+#include "backend/vulkan/vulkan_backend.h"
+
+namespace spw {
+
+bool vulkan_computes_weight_type(gguf::GgmlType t) {
+  return t == gguf::GgmlType::kF32 || t == gguf::GgmlType::kF16 || t == gguf::GgmlType::kQ8_0;
+}
+
+namespace {
+Status refuse(const std::string& tensor, uint32_t type) {
+  return Status::unimplemented("vulkan: tensor '" + tensor + "' is " + gguf::ggml_type_name(type) +
+                               "; the Vulkan backend computes F32, F16 and Q8_0 weights only (run these layers "
+                               "on the CPU backend)");
+}
+}  // namespace
+
+Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool embedding,
+                                 bool output) {
+  auto check = [](const WeightMatrix& w) -> Status {
+    if (vulkan_computes_weight_type(w.type)) return Status();
+    return refuse(w.name != nullptr ? *w.name : std::string("?"), static_cast<uint32_t>(w.type));
+  };
+  if (embedding) SPW_RETURN_IF_ERROR(check(m.tok_embd()));
+  for (int32_t il = layer_begin; il < layer_end && il < m.hparams().n_layer; ++il) {
+    const LlamaLayerWeights& L = m.layer(il);
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      SPW_RETURN_IF_ERROR(check(*w));
+  }
+  if (output) SPW_RETURN_IF_ERROR(check(m.output()));
+  return Status();
+}
+
+Status vulkan_check_weight_types(const gguf::GgufFile& f) {
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    if (t.n_dims == 2 && !vulkan_computes_weight_type(static_cast<gguf::GgmlType>(t.type))) return refuse(t.name, t.type);
+  }
+  return Status();
+}
+
+}  // namespace spw
