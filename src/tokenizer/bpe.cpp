@@ -11,6 +11,8 @@
 //     absent), as llama.cpp does.
 #include "tokenizer/bpe.h"
 
+#include "tokenizer/merge.h"
+
 #include <algorithm>
 #include <cstring>
 #include <queue>
@@ -98,27 +100,6 @@ struct MergeEq {
   bool operator()(const A& a, const B& b) const {
     return std::string_view(a.first) == std::string_view(b.first) &&
            std::string_view(a.second) == std::string_view(b.second);
-  }
-};
-
-struct Symbol {
-  int prev;
-  int next;
-  size_t offset;  // into the encoded word
-  size_t n;       // bytes; 0 once merged into the left neighbour
-};
-
-struct Bigram {
-  int left;
-  int right;
-  int rank;
-  size_t size;
-};
-
-// Lowest rank first; equal ranks: leftmost first.
-struct BigramLess {
-  bool operator()(const Bigram& l, const Bigram& r) const {
-    return l.rank > r.rank || (l.rank == r.rank && l.left > r.left);
   }
 };
 
@@ -236,50 +217,13 @@ void BpeTokenizer::tokenize_word(const std::string& word, std::vector<TokenId>* 
       return;
     }
   }
-  std::vector<Symbol> symbols;
-  symbols.reserve(word.size());
-  size_t offs = 0;
-  int index = 0;
-  while (offs < word.size()) {
-    size_t len = std::min(utf8_len(static_cast<uint8_t>(word[offs])), word.size() - offs);
-    Symbol sym{index - 1, 0, offs, len};
-    offs += len;
-    sym.next = offs == word.size() ? -1 : index + 1;
-    ++index;
-    symbols.push_back(sym);
-  }
-
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue;
-  std::string_view wv(word);
-  auto try_add = [&](int left, int right) {
-    if (left == -1 || right == -1) return;
-    const Symbol& l = symbols[static_cast<size_t>(left)];
-    const Symbol& r = symbols[static_cast<size_t>(right)];
-    int rk = rank(wv.substr(l.offset, l.n), wv.substr(r.offset, r.n));
-    if (rk < 0) return;
-    queue.push(Bigram{left, right, rk, l.n + r.n});
-  };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    Bigram b = queue.top();
-    queue.pop();
-    Symbol& l = symbols[static_cast<size_t>(b.left)];
-    Symbol& r = symbols[static_cast<size_t>(b.right)];
-    // Stale entry: one side merged since (symbols only grow or drop to 0,
-    // so the sizes tell; same test as llama.cpp's text comparison).
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[static_cast<size_t>(r.next)].prev = b.left;
-    try_add(l.prev, b.left);
-    try_add(b.left, l.next);
-  }
-
-  for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[static_cast<size_t>(i)].next) {
-    const Symbol& s = symbols[static_cast<size_t>(i)];
-    std::string_view piece = wv.substr(s.offset, s.n);
+  // Merge the pair with the lowest rank (higher priority = lower rank).
+  const auto pieces = merge_pieces(word, [&](std::string_view l, std::string_view r) -> std::optional<double> {
+    const int rk = rank(l, r);
+    if (rk < 0) return std::nullopt;
+    return -static_cast<double>(rk);
+  });
+  for (std::string_view piece : pieces) {
     TokenId id = v_.find(piece);
     if (id >= 0) {
       out->push_back(id);

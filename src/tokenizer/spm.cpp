@@ -4,6 +4,8 @@
 // special-token partitioning).
 #include "tokenizer/spm.h"
 
+#include "tokenizer/merge.h"
+
 #include <algorithm>
 #include <cstring>
 #include <queue>
@@ -120,75 +122,17 @@ uint64_t SpmTokenizer::compute_fingerprint() const {
   return h.value();
 }
 
-struct Symbol {
-  int prev;
-  int next;
-  size_t offset;  // into the escaped text
-  size_t n;       // bytes; 0 once merged into the left neighbour
-};
-
-struct Bigram {
-  int left;
-  int right;
-  float score;
-  size_t size;
-};
-
-// Highest score first; equal scores: leftmost first.
-struct BigramLess {
-  bool operator()(const Bigram& l, const Bigram& r) const {
-    return l.score < r.score || (l.score == r.score && l.left > r.left);
-  }
-};
-
 void SpmTokenizer::tokenize_spm(const std::string& text, std::vector<TokenId>* out) const {
-  std::vector<Symbol> symbols;
-  symbols.reserve(text.size());
-  size_t offs = 0;
-  int index = 0;
-  while (offs < text.size()) {
-    size_t len = std::min(utf8_len(static_cast<uint8_t>(text[offs])), text.size() - offs);
-    Symbol sym{index - 1, 0, offs, len};
-    offs += len;
-    sym.next = offs == text.size() ? -1 : index + 1;
-    ++index;
-    symbols.push_back(sym);
-  }
-
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue;
-  std::string_view tv(text);
-  auto try_add = [&](int left, int right) {
-    if (left == -1 || right == -1) return;
-    const Symbol& l = symbols[static_cast<size_t>(left)];
-    const Symbol& r = symbols[static_cast<size_t>(right)];
-    std::string_view joined = tv.substr(l.offset, l.n + r.n);  // symbols are contiguous
-    TokenId id = text_to_token(joined);
-    if (id < 0) return;
-    queue.push(Bigram{left, right, v_.scores[static_cast<size_t>(id)], joined.size()});
-  };
-
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    Bigram b = queue.top();
-    queue.pop();
-    Symbol& l = symbols[static_cast<size_t>(b.left)];
-    Symbol& r = symbols[static_cast<size_t>(b.right)];
-    // Stale entry: one side already merged (sizes only grow or drop to 0).
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[static_cast<size_t>(r.next)].prev = b.left;
-    try_add(l.prev, b.left);
-    try_add(b.left, l.next);
-  }
-
+  // Merge the pair whose joined text is the highest-scoring token (symbols
+  // are contiguous, so the joined text is one substring).
+  const auto pieces = merge_pieces(text, [&](std::string_view l, std::string_view r) -> std::optional<double> {
+    const TokenId id = text_to_token(std::string_view(l.data(), l.size() + r.size()));
+    if (id < 0) return std::nullopt;
+    return v_.scores[static_cast<size_t>(id)];
+  });
   // Resegment: every merged symbol is a vocab token by construction; a single
   // character that is not becomes byte-fallback tokens.
-  for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[static_cast<size_t>(i)].next) {
-    const Symbol& s = symbols[static_cast<size_t>(i)];
-    std::string_view piece = tv.substr(s.offset, s.n);
+  for (std::string_view piece : pieces) {
     TokenId id = text_to_token(piece);
     if (id >= 0) {
       out->push_back(id);
