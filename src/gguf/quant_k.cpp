@@ -319,28 +319,15 @@ void quantize_row_q8_K(const float* x, void* blocks, size_t n) {
   }
 }
 
-void dequantize_row_q4_K(const void* blocks, float* y, size_t n) {
-  assert(n % kQK_K == 0);
-  const auto* x = static_cast<const BlockQ4_K*>(blocks);
-  for (size_t b = 0; b < n / kQK_K; ++b, y += kQK_K) {
-    const float d = fp16_to_fp32(x[b].d), dmin = fp16_to_fp32(x[b].dmin);
-    for (int c = 0; c < 4; ++c) {
-      uint8_t sc0, m0, sc1, m1;
-      unpack_scale_min_k4(x[b].scales, 2 * c, &sc0, &m0);
-      unpack_scale_min_k4(x[b].scales, 2 * c + 1, &sc1, &m1);
-      const float d0 = d * sc0, o0 = dmin * m0, d1 = d * sc1, o1 = dmin * m1;
-      const uint8_t* q = x[b].qs + 32 * c;
-      for (int l = 0; l < 32; ++l) {
-        y[64 * c + l] = d0 * static_cast<float>(q[l] & 15) - o0;
-        y[64 * c + 32 + l] = d1 * static_cast<float>(q[l] >> 4) - o1;
-      }
-    }
-  }
-}
+namespace {
 
-void dequantize_row_q5_K(const void* blocks, float* y, size_t n) {
+// Q4_K and Q5_K share their super-block: per 64 values two 6-bit scale/min
+// pairs, the low nibbles then the high ones; Q5_K adds a fifth bit per value
+// from qh (bit 2c for the low half of chunk c, 2c+1 for the high half).
+template <class Block, bool kFifthBit>
+void dequantize_row_k45(const void* blocks, float* y, size_t n) {
   assert(n % kQK_K == 0);
-  const auto* x = static_cast<const BlockQ5_K*>(blocks);
+  const auto* x = static_cast<const Block*>(blocks);
   for (size_t b = 0; b < n / kQK_K; ++b, y += kQK_K) {
     const float d = fp16_to_fp32(x[b].d), dmin = fp16_to_fp32(x[b].dmin);
     for (int c = 0; c < 4; ++c) {
@@ -350,13 +337,26 @@ void dequantize_row_q5_K(const void* blocks, float* y, size_t n) {
       const float d0 = d * sc0, o0 = dmin * m0, d1 = d * sc1, o1 = dmin * m1;
       const uint8_t* q = x[b].qs + 32 * c;
       for (int l = 0; l < 32; ++l) {
-        const int lo = (q[l] & 15) | ((x[b].qh[l] >> (2 * c)) & 1) << 4;
-        const int hi = (q[l] >> 4) | ((x[b].qh[l] >> (2 * c + 1)) & 1) << 4;
+        int lo = q[l] & 15, hi = q[l] >> 4;
+        if constexpr (kFifthBit) {
+          lo |= ((x[b].qh[l] >> (2 * c)) & 1) << 4;
+          hi |= ((x[b].qh[l] >> (2 * c + 1)) & 1) << 4;
+        }
         y[64 * c + l] = d0 * static_cast<float>(lo) - o0;
         y[64 * c + 32 + l] = d1 * static_cast<float>(hi) - o1;
       }
     }
   }
+}
+
+}  // namespace
+
+void dequantize_row_q4_K(const void* blocks, float* y, size_t n) {
+  dequantize_row_k45<BlockQ4_K, false>(blocks, y, n);
+}
+
+void dequantize_row_q5_K(const void* blocks, float* y, size_t n) {
+  dequantize_row_k45<BlockQ5_K, true>(blocks, y, n);
 }
 
 void dequantize_row_q6_K(const void* blocks, float* y, size_t n) {
