@@ -23,6 +23,7 @@ using testing::load_vocab;
 using testing::read_all;
 using testing::read_outputs;
 using testing::split_inputs;
+using testing::from_writer;
 
 std::string vocab_file(const std::string& name) { return "tests/data/vocab/ggml-vocab-" + name + ".gguf"; }
 
@@ -255,14 +256,6 @@ TEST(BpeTokenizerTest, FingerprintsDifferAndAreStable) {
 
 // ---- synthetic vocabularies ---------------------------------------------------
 
-Result<std::unique_ptr<Tokenizer>> from_writer(const gguf::GgufWriter& w, std::unique_ptr<gguf::GgufFile>* keep) {
-  auto bytes = w.serialize();
-  if (!bytes.ok()) return bytes.status();
-  auto f = gguf::GgufFile::parse(make_memory_file(std::move(bytes).value(), "tok.gguf"));
-  if (!f.ok()) return f.status();
-  *keep = std::move(f).value();
-  return Tokenizer::from_gguf(**keep);
-}
 
 gguf::Value str_array(const std::vector<std::string>& v) {
   std::vector<gguf::Value> items;

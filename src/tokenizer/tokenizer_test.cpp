@@ -20,6 +20,7 @@ using testing::ids_str;
 using testing::read_all;
 using testing::read_outputs;
 using testing::split_inputs;
+using testing::from_writer;
 using Loaded = testing::LoadedVocab;
 
 Loaded load(const std::string& rel) { return testing::load_vocab(rel); }
@@ -291,14 +292,6 @@ TEST(Utf8StreamTest, RandomTokenSequencesDecodeToValidUtf8) {
 
 // ---- Rejections --------------------------------------------------------------
 
-Result<std::unique_ptr<Tokenizer>> from_writer(const gguf::GgufWriter& w, std::unique_ptr<gguf::GgufFile>* keep) {
-  auto bytes = w.serialize();
-  if (!bytes.ok()) return bytes.status();
-  auto f = gguf::GgufFile::parse(make_memory_file(std::move(bytes).value(), "tok.gguf"));
-  if (!f.ok()) return f.status();
-  *keep = std::move(f).value();
-  return Tokenizer::from_gguf(**keep);
-}
 
 std::vector<gguf::Value> strs(std::initializer_list<const char*> v) {
   std::vector<gguf::Value> out;

@@ -96,4 +96,15 @@ inline std::vector<std::vector<TokenId>> read_outputs(const std::string& raw) {
   return out;
 }
 
+// A tokenizer from a vocabulary built in memory; `keep` owns the file it reads.
+inline Result<std::unique_ptr<Tokenizer>> from_writer(const gguf::GgufWriter& w,
+                                                      std::unique_ptr<gguf::GgufFile>* keep) {
+  auto bytes = w.serialize();
+  if (!bytes.ok()) return bytes.status();
+  auto f = gguf::GgufFile::parse(make_memory_file(std::move(bytes).value(), "tok.gguf"));
+  if (!f.ok()) return f.status();
+  *keep = std::move(f).value();
+  return Tokenizer::from_gguf(**keep);
+}
+
 }  // namespace spw::testing
