@@ -1,7 +1,5 @@
 #include "admission/estimator.h"
 
-#include "model/arch.h"
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -403,11 +401,7 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
 }
 
 Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const EstimatorConfig& config) {
-  SPW_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  if (find_arch(arch) == nullptr)
-    return Status::invalid_argument("estimate: unsupported architecture '" + arch +
-                                    "' (general.architecture); supported: " + supported_arch_names());
-  SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(f));
+  SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(f));  // refuses an unknown architecture
 
   Plan plan = plan_in;
   plan.placement = plan.placement.resolved(hp.n_layer);  // as the engine runs it

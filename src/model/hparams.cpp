@@ -1,5 +1,7 @@
 #include "model/hparams.h"
 
+#include "model/arch.h"
+
 #include <string>
 
 namespace spw {
@@ -54,6 +56,12 @@ std::string LlamaHparams::to_string() const {
 Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
   LlamaHparams hp;
   SPW_ASSIGN_OR_RETURN(hp.arch, f.get_string("general.architecture"));
+  const ArchSpec* spec = find_arch(hp.arch);
+  if (spec == nullptr) {
+    return Status::invalid_argument("unsupported architecture '" + hp.arch + "' (general.architecture); supported: " +
+                                    supported_arch_names());
+  }
+  hp.rope_style = spec->rope_style;
   const auto key = [&](const char* k) { return hp.arch + "." + k; };
   auto get_i32 = [&](const std::string& k, int32_t& out) -> Status {
     auto r = f.get_u32(k);

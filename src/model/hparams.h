@@ -1,7 +1,8 @@
 // Hyper-parameters of a llama-family transformer read from GGUF metadata.
 //
-// Contract: read_llama_hparams() reads the `<arch>.*` keys of the file's
-// general.architecture (llama, qwen2, qwen3: model/arch.h): context_length,
+// Contract: read_llama_hparams() refuses (InvalidArgument naming it and the
+// supported ones) a general.architecture that model/arch.h does not list, takes
+// that architecture's RoPE style, and reads its `<arch>.*` keys: context_length,
 // embedding_length, block_count, feed_forward_length, attention.head_count,
 // attention.head_count_kv [default head_count], attention.key_length and
 // attention.value_length [default embedding_length / head_count; they must be
@@ -61,7 +62,6 @@ struct LlamaHparams {
   std::string to_string() const;
 };
 
-// The architecture's RoPE style is set by the caller (Model, from model/arch.h).
 Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& file);
 
 }  // namespace spw

@@ -73,14 +73,8 @@ Result<std::shared_ptr<const Model>> Model::load_from(std::unique_ptr<gguf::Gguf
 
 Status Model::bind() {
   const gguf::GgufFile& f = *file_;
-  SPW_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  const ArchSpec* spec = find_arch(arch);
-  if (spec == nullptr) {
-    return Status::invalid_argument("unsupported architecture '" + arch + "' (general.architecture); supported: " +
-                                    supported_arch_names());
-  }
-  SPW_ASSIGN_OR_RETURN(hp_, read_llama_hparams(f));
-  hp_.rope_style = spec->rope_style;
+  SPW_ASSIGN_OR_RETURN(hp_, read_llama_hparams(f));  // refuses an architecture arch.h does not list
+  const ArchSpec* spec = find_arch(hp_.arch);
 
   Fnv1a64 fp;
   std::string types_summary;
@@ -224,7 +218,7 @@ Status Model::bind() {
   for (const auto& [type, bytes] : bytes_by_type_) types_summary += (types_summary.empty() ? "" : ",") + type;
   const uint64_t gguf_hash = fp.value();
   fingerprint_hash_ = fp.u64(tokenizer_->fingerprint()).value();
-  fingerprint_ = arch + ";size=" + std::to_string(f.file_size()) + ";gguf=" + hex64(gguf_hash) +
+  fingerprint_ = hp_.arch + ";size=" + std::to_string(f.file_size()) + ";gguf=" + hex64(gguf_hash) +
                  ";tok=" + hex64(tokenizer_->fingerprint()) + ";types=" + types_summary;
   return Status();
 }
