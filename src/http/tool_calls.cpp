@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/hash.h"
+
 namespace spw::http {
 namespace {
 
@@ -15,10 +17,8 @@ constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
 // Mistral's templates insist on call ids of 9 letters and digits: one made
 // from the request id and the call's index (so a replay has the same ids).
 std::string mistral_call_id(int64_t request_id, int32_t index) {
-  uint64_t x = static_cast<uint64_t>(request_id) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index) + 1;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64's finaliser
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  x ^= x >> 31;
+  uint64_t state = static_cast<uint64_t>(request_id) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index);
+  uint64_t x = splitmix64(state);
   constexpr std::string_view kAlnum = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
   std::string id(9, '0');
   for (char& ch : id) {
@@ -83,6 +83,22 @@ size_t partial_suffix(std::string_view s, std::string_view marker) {
     if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
   }
   return 0;
+}
+
+// An answer that may open with a marker token (Llama's <|python_tag|>,
+// Mistral's [TOOL_CALLS]): skips the leading whitespace of `s`, then the marker
+// and the whitespace after it. kWait while what is held could still become the
+// marker.
+enum class Opening { kWait, kMarker, kPlain };
+Opening skip_opening(std::string_view& s, std::string_view marker, bool at_end) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  if (s.starts_with(marker)) {
+    s.remove_prefix(marker.size());
+    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+    return Opening::kMarker;
+  }
+  if (!s.empty() && marker.starts_with(s) && !at_end) return Opening::kWait;
+  return Opening::kPlain;
 }
 
 // The end of the JSON object or array that starts at s[0] ('{' or '['): one
@@ -184,13 +200,7 @@ void ToolCallStream::scan(Released& out, bool at_end) {
   if (format_ == ToolFormat::kLlama3) {
     if (!decided_) {
       std::string_view s = held_;
-      while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-      if (s.size() >= kPythonTag.size() && s.substr(0, kPythonTag.size()) == kPythonTag) {
-        s.remove_prefix(kPythonTag.size());
-        while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-      } else if (!s.empty() && kPythonTag.substr(0, s.size()) == s && !at_end) {
-        return;  // could still be the tag
-      }
+      if (skip_opening(s, kPythonTag, at_end) == Opening::kWait) return;
       if (s.empty() && !at_end) return;
       decided_ = true;
       in_call_ = !s.empty() && s.front() == '{';
@@ -272,24 +282,15 @@ void ToolCallStream::scan(Released& out, bool at_end) {
 void ToolCallStream::scan_mistral(Released& out, bool at_end) {
   if (!decided_) {
     std::string_view s = held_;
-    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-    if (s.size() >= kMistralCalls.size() && s.substr(0, kMistralCalls.size()) == kMistralCalls) {
-      s.remove_prefix(kMistralCalls.size());
-      while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-      if (s.empty() && !at_end) return;
-      decided_ = true;
-      in_call_ = true;  // the marker said so: what follows is calls or shown as written
-    } else if (!s.empty() && kMistralCalls.substr(0, s.size()) == s && !at_end) {
-      return;  // could still be the marker
-    } else {
-      if (s.empty() && !at_end) return;
-      decided_ = true;
-      in_call_ = !s.empty() && s.front() == '[';
-      if (!in_call_) {
-        out.content += held_;
-        held_.clear();
-        return;
-      }
+    const Opening opening = skip_opening(s, kMistralCalls, at_end);
+    if (opening == Opening::kWait || (s.empty() && !at_end)) return;
+    decided_ = true;
+    // After the marker, what follows is calls (or shown as written).
+    in_call_ = opening == Opening::kMarker || (!s.empty() && s.front() == '[');
+    if (!in_call_) {
+      out.content += held_;
+      held_.clear();
+      return;
     }
     marker_ = held_.substr(0, held_.size() - s.size());
     held_ = std::string(s);
