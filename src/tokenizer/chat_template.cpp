@@ -470,31 +470,16 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
       }
       return out;
     }
-    case ChatTemplateKind::kMistralV3: {
-      // Mistral "v3" (Mistral-7B-Instruct-v0.3): system prepended to the LAST
-      // message when it is a user turn (dropped otherwise, as the reference
-      // does); assistant content trimmed.
-      SPW_RETURN_IF_ERROR(check_roles(messages, true, "mistral-v3"));
-      out += bos;
-      for (size_t i = first; i < messages.size(); ++i) {
-        const auto& m = messages[i];
-        if (m.role == "user") {
-          if (i + 1 == messages.size() && leading_system) {
-            out += "[INST] " + std::string(system) + "\n\n" + m.content + "[/INST]";
-          } else {
-            out += "[INST] " + m.content + "[/INST]";
-          }
-        } else {
-          out += " ";
-          out += trim(m.content);
-          out += eos;
-        }
-      }
-      return out;
+    case ChatTemplateKind::kMistralV3:
+    case ChatTemplateKind::kMistralV3Tekken: {
+      // Mistral "v3" (Mistral-7B-Instruct-v0.3) and "v3-tekken" (Nemo):
+      // system prepended to the LAST message when it is a user turn (dropped
+      // otherwise, as the reference does); v3's answers trimmed. Without
+      // tools, the tools renderer is the reference's plain path.
+      const bool tekken = kind == ChatTemplateKind::kMistralV3Tekken;
+      SPW_RETURN_IF_ERROR(check_roles(messages, true, tekken ? "mistral-v3-tekken" : "mistral-v3"));
+      return mistral_v3_with_tools(messages, {}, bos, eos, tekken);
     }
-    case ChatTemplateKind::kMistralV3Tekken:
-      // Without tools, the tools renderer is the reference's plain path.
-      return mistral_v3_with_tools(messages, {}, bos, eos, true);
     case ChatTemplateKind::kMistralLegacy: {
       // The original Mistral-7B-Instruct template. It rejects a system
       // message; we fold it into the first user turn as "v1" does.
