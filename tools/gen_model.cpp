@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 
+#include "model/arch.h"
 #include "tools/modelgen/echo_llama.h"
 #include "tools/modelgen/random_llama.h"
 
@@ -83,7 +84,11 @@ int main(int argc, char** argv) {
   auto* o_kv_heads = app.add_option("--kv-heads", kv_heads, "n_head_kv");
   auto* o_ffn = app.add_option("--ffn", ffn, "n_ff");
   auto* o_arch = app.add_option("--arch", arch, "llama | qwen2 (Q/K/V biases, NeoX RoPE) | qwen3 (Q/K norms, NeoX RoPE)")
-                     ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}))
+                     ->check(CLI::Validator(
+                         [](std::string& a) {
+                           return spw::find_arch(a) ? std::string() : "not one of " + spw::supported_arch_names();
+                         },
+                         "ARCH"))
                      ->capture_default_str();
   auto* o_head_dim = app.add_option("--head-dim", head_dim, "head size (default n_embd / n_head; Qwen3 uses 128)");
   app.add_option("--ctx", ctx, "context length")->capture_default_str();

@@ -1,5 +1,7 @@
 #include "tools/modelgen/random_llama.h"
 
+#include "model/arch.h"
+
 #include "core/hash.h"
 
 #include <cctype>
@@ -112,8 +114,8 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
       s.n_ctx == 0) {
     return bad("n_embd, n_layer, n_head, n_head_kv, n_ff and n_ctx must all be nonzero");
   }
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
-    return bad("arch '" + s.arch + "' is not llama, qwen2 or qwen3");
+  if (find_arch(s.arch) == nullptr) {
+    return bad("arch '" + s.arch + "' is not one of " + supported_arch_names());
   }
   if (s.head_dim == 0 && s.n_embd % s.n_head != 0) {
     return bad("n_embd " + std::to_string(s.n_embd) + " is not divisible by n_head " +
@@ -157,14 +159,17 @@ uint64_t random_llama_param_count(const RandomLlamaSpec& s, uint64_t n_vocab) {
   const uint64_t e_q = hd * s.n_head;
   const uint64_t e_kv = hd * s.n_head_kv;
   uint64_t per_layer = 2 * e + 2 * e * e_q + 2 * e * e_kv + 3 * e * s.n_ff;
-  if (s.arch == "qwen2") per_layer += e_q + 2 * e_kv;
-  if (s.arch == "qwen3") per_layer += 2 * hd;
+  if (const ArchSpec* a = find_arch(s.arch)) {
+    if (a->qkv_bias) per_layer += e_q + 2 * e_kv;
+    if (a->qk_norm) per_layer += 2 * hd;
+  }
   return n_vocab * e * (s.tied_output ? 1 : 2) + e + s.n_layer * per_layer;
 }
 
 Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
                                              RandomLlamaStats* stats) {
   SPW_RETURN_IF_ERROR(validate_random_llama_spec(s));
+  const ArchSpec& arch = *find_arch(s.arch);  // the spec's optional tensors
   SPW_ASSIGN_OR_RETURN(auto vocab, gguf::GgufFile::open(env, s.vocab_path));
   SPW_ASSIGN_OR_RETURN(const gguf::Array* tokens,
                        vocab->get_array("tokenizer.ggml.tokens", gguf::ValueType::kString));
@@ -225,13 +230,13 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     SPW_RETURN_IF_ERROR(matrix(p + "attn_q.weight", l, {e, n_embd_q}, kStd));
     SPW_RETURN_IF_ERROR(matrix(p + "attn_k.weight", l, {e, n_embd_kv}, kStd));
     SPW_RETURN_IF_ERROR(matrix(p + "attn_v.weight", l, {e, n_embd_kv}, kStd));
-    if (s.arch == "qwen2") {
+    if (arch.qkv_bias) {
       const std::pair<const char*, uint64_t> biases[] = {{"attn_q.bias", n_embd_q}, {"attn_k.bias", n_embd_kv},
                                                           {"attn_v.bias", n_embd_kv}};
       for (const auto& [bn, len] : biases)
         SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + bn, GgmlType::kF32, {len}, 0.0f, kStd));
     }
-    if (s.arch == "qwen3") {
+    if (arch.qk_norm) {
       for (const char* nn : {"attn_q_norm.weight", "attn_k_norm.weight"})
         SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + nn, GgmlType::kF32, {head_dim}, 1.0f, kNormNoise));
     }

@@ -67,9 +67,10 @@ namespace spw::modelgen {
 enum class RandomLlamaMix { kNone, kQ4_K_M, kQ5_K_M };
 
 struct RandomLlamaSpec {
-  // general.architecture (model/arch.h): "llama"; "qwen2" adds Q/K/V biases
-  // (blk.N.attn_{q,k,v}.bias, std 0.02); "qwen3" adds per-head Q/K norms
-  // (blk.N.attn_{q,k}_norm.weight [head_dim], 1 + noise). Keys use its prefix.
+  // general.architecture, one of model/arch.h's; its spec's optional tensors
+  // are written: Q/K/V biases (qwen2: blk.N.attn_{q,k,v}.bias, std 0.02),
+  // per-head Q/K norms (qwen3: blk.N.attn_{q,k}_norm.weight [head_dim], 1 +
+  // noise). Keys use its prefix.
   std::string arch = "llama";
   uint32_t head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length / value_length
   uint32_t n_embd = 64;
