@@ -32,6 +32,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/env.h"
+#include "engine/engine_test_util.h"
 #include "engine/kv_cache.h"
 #include "engine/session.h"
 #include "gguf/gguf.h"
@@ -50,39 +51,9 @@ constexpr double kF16Bound = 1e-4;
 constexpr double kQ8_0Bound = 3e-2;
 constexpr double kLowBitBound = 3e-2;
 
-std::string source_path(const std::string& rel) { return std::string(SPILLWAY_SOURCE_DIR) + "/" + rel; }
+using testing::source_path;
 
-// Rewrites a GGUF with every 2-D weight converted to `target` (metadata and
-// 1-D norm weights unchanged). Matrices whose rows are not a multiple of the
-// target's block stay F32.
-std::string reencode(const gguf::GgufFile& f, GgmlType target) {
-  gguf::GgufWriter w(f.alignment());
-  for (const auto& [k, v] : f.metadata()) w.set(k, v);
-  for (const gguf::TensorInfo& t : f.tensors()) {
-    std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
-    const bool convert = t.n_dims == 2 && t.type == static_cast<uint32_t>(GgmlType::kF32) &&
-                         t.ne[0] % gguf::ggml_type_info(static_cast<uint32_t>(target))->block_size == 0;
-    if (!convert) {
-      EXPECT_TRUE(w.add_tensor(t.name, static_cast<GgmlType>(t.type), dims,
-                               std::string(reinterpret_cast<const char*>(t.data), t.nbytes))
-                      .ok());
-      continue;
-    }
-    auto nbytes = gguf::ggml_nbytes(static_cast<uint32_t>(target), t.n_elements);
-    EXPECT_TRUE(nbytes.ok());
-    std::string out(*nbytes, '\0');
-    std::vector<float> row(t.ne[0]);
-    const size_t row_bytes = *nbytes / t.ne[1];
-    for (uint64_t r = 0; r < t.ne[1]; ++r) {
-      std::memcpy(row.data(), t.data + r * t.ne[0] * 4, t.ne[0] * 4);
-      EXPECT_TRUE(gguf::quantize_row(target, row.data(), out.data() + r * row_bytes, t.ne[0]).ok());
-    }
-    EXPECT_TRUE(w.add_tensor(t.name, target, dims, std::move(out)).ok());
-  }
-  auto bytes = w.serialize();
-  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
-  return bytes.ok() ? *bytes : std::string();
-}
+using testing::reencode;
 
 Result<std::shared_ptr<const Model>> load_bytes(std::string bytes, const std::string& name) {
   SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::parse(make_memory_file(std::move(bytes), name)));

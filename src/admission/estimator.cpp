@@ -238,7 +238,10 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     g.io_logits = sz(rows * V * kF32);
     const gguf::TensorInfo* head = f.find_tensor("output.weight");
     if (head == nullptr) head = f.find_tensor("token_embd.weight");
-    if (head != nullptr && head->type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0)) {
+    // A quantised head (Q8_0, or Q6_K in a Q4_K_M file) quantises its input:
+    // every format fits the same xq/xd (backend/vulkan: MatmulInput).
+    if (head != nullptr && head->type != static_cast<uint32_t>(gguf::GgmlType::kF32) &&
+        head->type != static_cast<uint32_t>(gguf::GgmlType::kF16)) {
       xq_bytes = std::max(xq_bytes, rows * (E / 32 + 1) * 32);
       xd_bytes = std::max(xd_bytes, rows * (E / 32 + 1) * kF32);
     }

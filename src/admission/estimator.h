@@ -249,8 +249,8 @@ struct GpuTerms {
   // forward_batch: io_rope (2*m*max(n_rot/2, 1) floats), io_blocks (a row
   // table of 2*m ids, then the block tables of min(P, m) sequences, ceil(c/bt)
   // ids each), cur, q, att (m*E), k, v (m*KV), gate, up (m*F), the
-  // Q8_0 activations xq (m*(max(E,F)/32+1)*32 B) and xd (a quarter of that; both
-  // allocated whatever the weight type), and scores: n_head*c floats per token
+  // quantised activations xq (m*(max(E,F)/32+1)*32 B) and xd (a quarter of that;
+  // both allocated whatever the weight type, one pair for every format), and scores: n_head*c floats per token
   // for tc = min(m, max_buffer / (n_head*c*4)) tokens at a time.
   uint64_t io_rope = 0;
   uint64_t io_blocks = 0;
@@ -258,7 +258,7 @@ struct GpuTerms {
   uint64_t xq = 0, xd = 0;
   uint64_t scores = 0;
   // output (head on the GPU): io_logits, rows*V floats (rows = P, one per
-  // sequence of a batched step, or m with logits_all); cur and, for a Q8_0 head, xq/xd for rows*E are covered above
+  // sequence of a batched step, or m with logits_all); cur and, for a quantised head, xq/xd for rows*E are covered above
   // (forward's are at least as large) or sized here when larger.
   uint64_t io_logits = 0;
   // Staging (category staging): upload() keeps one host-visible buffer of

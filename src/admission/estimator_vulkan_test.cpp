@@ -172,6 +172,17 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   ASSERT_NE(qwen2, nullptr);
   run_case("qwen2-F32", qwen2, Case{128, 32, 0});
 
+  // Low-bit weights on the device: a Q4_K_M mix (Q4_K, Q6_K attn_v / ffn_down /
+  // head: a quantised head sizes xq/xd for its rows) and a legacy type.
+  auto q4km_spec = testing::spec(GgmlType::kF32, 256, 512, 4, 2, 2, false, 5);
+  q4km_spec.mix = modelgen::RandomLlamaMix::kQ4_K_M;
+  auto q4km = testing::generated(q4km_spec);
+  ASSERT_NE(q4km, nullptr);
+  for (const Case& c : {Case{128, 32, 0}, Case{96, 16, 1}, Case{64, 8, 0, 16, true}}) run_case("small-Q4_K_M", q4km, c);
+  auto q5_1 = generated(GgmlType::kQ5_1, 64, 128, 4, 2, 2, false);
+  ASSERT_NE(q5_1, nullptr);
+  run_case("small-Q5_1", q5_1, Case{128, 32, 0});
+
   for (const auto& [cat, err] : worst())
     std::printf("worst relative error gpu %-10s %+.2f%%\n", cat.c_str(), 100 * err);
 }

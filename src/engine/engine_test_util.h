@@ -4,14 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/env.h"
 #include "engine/kv_cache.h"
 #include "engine/session.h"
 #include "gguf/gguf.h"
+#include "gguf/quant.h"
 #include "model/model.h"
 #include "tools/modelgen/random_llama.h"
 
@@ -59,6 +62,38 @@ inline std::shared_ptr<const Model> random_model(const modelgen::RandomLlamaSpec
   auto m = model_from_bytes(std::move(*bytes));
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return m.ok() ? *m : nullptr;
+}
+
+// Rewrites a GGUF with every 2-D weight converted to `target` (metadata and
+// 1-D norm weights unchanged). Matrices whose rows are not a multiple of the
+// target's block stay F32.
+inline std::string reencode(const gguf::GgufFile& f, gguf::GgmlType target) {
+  gguf::GgufWriter w(f.alignment());
+  for (const auto& [k, v] : f.metadata()) w.set(k, v);
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
+    const bool convert = t.n_dims == 2 && t.type == static_cast<uint32_t>(gguf::GgmlType::kF32) &&
+                         t.ne[0] % gguf::ggml_type_info(static_cast<uint32_t>(target))->block_size == 0;
+    if (!convert) {
+      EXPECT_TRUE(w.add_tensor(t.name, static_cast<gguf::GgmlType>(t.type), dims,
+                               std::string(reinterpret_cast<const char*>(t.data), t.nbytes))
+                      .ok());
+      continue;
+    }
+    auto nbytes = gguf::ggml_nbytes(static_cast<uint32_t>(target), t.n_elements);
+    EXPECT_TRUE(nbytes.ok());
+    std::string out(*nbytes, '\0');
+    std::vector<float> row(t.ne[0]);
+    const size_t row_bytes = *nbytes / t.ne[1];
+    for (uint64_t r = 0; r < t.ne[1]; ++r) {
+      std::memcpy(row.data(), t.data + r * t.ne[0] * 4, t.ne[0] * 4);
+      EXPECT_TRUE(gguf::quantize_row(target, row.data(), out.data() + r * row_bytes, t.ne[0]).ok());
+    }
+    EXPECT_TRUE(w.add_tensor(t.name, target, dims, std::move(out)).ok());
+  }
+  auto bytes = w.serialize();
+  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
+  return bytes.ok() ? *bytes : std::string();
 }
 
 inline std::shared_ptr<const Model> stories() {

@@ -357,8 +357,9 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     VulkanBackendOptions vo;
     vo.device = spec->vulkan_device;
     vo.memory_budget_bytes = device_memory;
-    // A model with matrices the shaders do not compute (Q4_K, ...) is served
-    // by the CPU paths only: the GPU ones are reported as not built.
+    // A model with matrices the shaders do not compute (a type the CPU does
+    // not load either, so in practice a file refused later) leaves the GPU
+    // paths unbuilt, reported with the tensor and type.
     const Status types = vulkan_check_weight_types(*file);
     auto v = types.ok() ? VulkanBackend::create(vo) : Result<std::shared_ptr<VulkanBackend>>(types);
     if (!v.ok()) {

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/quant_dot.h"
 #include "backend/vulkan/device_allocator.h"
 #include "backend/vulkan/vk_context.h"
 
@@ -26,15 +27,35 @@ constexpr uint32_t kPoolSets = 512;
 constexpr uint32_t kMaxBindings = 6;
 constexpr uint64_t kStagingBytes = 8ull << 20;
 
-struct ShaderDesc {
-  const char* name;
-  uint32_t n_bindings;
+// The weight types with shaders, and their shader-name suffix (one matmul and
+// one embed variant each: CMakeLists.txt, shaders/weights.glsl).
+struct TypeShaders {
+  gguf::GgmlType type;
+  const char* matmul;
+  const char* embed;
 };
-constexpr ShaderDesc kShaders[] = {
-    {"matmul_f32", 4}, {"matmul_f16", 4}, {"matmul_q8_0", 4}, {"embed_f32", 3}, {"embed_f16", 3},
-    {"embed_q8_0", 3}, {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"rms_norm", 3}, {"rope", 2}, {"rope_neox", 2}, {"add_bias", 2},    {"kv_write", 5},
-    {"attention", 6},  {"swiglu", 2},     {"add", 2},
+constexpr TypeShaders kTypeShaders[] = {
+    {gguf::GgmlType::kF32, "matmul_f32", "embed_f32"},    {gguf::GgmlType::kF16, "matmul_f16", "embed_f16"},
+    {gguf::GgmlType::kQ8_0, "matmul_q8_0", "embed_q8_0"}, {gguf::GgmlType::kQ4_0, "matmul_q4_0", "embed_q4_0"},
+    {gguf::GgmlType::kQ4_1, "matmul_q4_1", "embed_q4_1"}, {gguf::GgmlType::kQ5_0, "matmul_q5_0", "embed_q5_0"},
+    {gguf::GgmlType::kQ5_1, "matmul_q5_1", "embed_q5_1"}, {gguf::GgmlType::kQ4_K, "matmul_q4_k", "embed_q4_k"},
+    {gguf::GgmlType::kQ5_K, "matmul_q5_k", "embed_q5_k"}, {gguf::GgmlType::kQ6_K, "matmul_q6_k", "embed_q6_k"},
 };
+
+// Bindings per shader; matmul_* take 4 (weights, codes/x, scales, y), embed_* 3.
+uint32_t shader_bindings(const char* name) {
+  static const std::map<std::string, uint32_t> fixed = {
+      {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"quantize_q8_1", 3}, {"quantize_q8_1_f64", 3},
+      {"quantize_q8_k", 3}, {"quantize_q8_k_f64", 3}, {"rms_norm", 3},      {"rope", 2},
+      {"rope_neox", 2},     {"add_bias", 2},          {"kv_write", 5},      {"attention", 6},
+      {"swiglu", 2},        {"add", 2}};
+  if (auto it = fixed.find(name); it != fixed.end()) return it->second;
+  for (const TypeShaders& t : kTypeShaders) {
+    if (std::strcmp(t.matmul, name) == 0) return 4;
+    if (std::strcmp(t.embed, name) == 0) return 3;
+  }
+  return 0;
+}
 
 struct Pipeline {
   VkShaderModule module = VK_NULL_HANDLE;
@@ -78,20 +99,13 @@ struct Scratch {
   DeviceBuffer x, cur, q, k, v, att, gate, up, xq, xd, scores;       // device-local
 };
 
-const char* matmul_shader(gguf::GgmlType t) {
-  switch (t) {
-    case gguf::GgmlType::kF16: return "matmul_f16";
-    case gguf::GgmlType::kQ8_0: return "matmul_q8_0";
-    default: return "matmul_f32";
-  }
+const TypeShaders& type_shaders(gguf::GgmlType t) {
+  for (const TypeShaders& ts : kTypeShaders)
+    if (ts.type == t) return ts;
+  return kTypeShaders[0];  // unreachable: upload_matrix admits only listed types
 }
-const char* embed_shader(gguf::GgmlType t) {
-  switch (t) {
-    case gguf::GgmlType::kF16: return "embed_f16";
-    case gguf::GgmlType::kQ8_0: return "embed_q8_0";
-    default: return "embed_f32";
-  }
-}
+const char* matmul_shader(gguf::GgmlType t) { return type_shaders(t).matmul; }
+const char* embed_shader(gguf::GgmlType t) { return type_shaders(t).embed; }
 
 std::string hex64(uint64_t v) {
   char b[17];
@@ -190,9 +204,7 @@ struct VulkanBackend::Impl {
   Result<Pipeline*> pipeline(const char* sname) {
     auto it = pipes.find(sname);
     if (it != pipes.end()) return &it->second;
-    uint32_t nb = 0;
-    for (const auto& d : kShaders)
-      if (std::strcmp(d.name, sname) == 0) nb = d.n_bindings;
+    const uint32_t nb = shader_bindings(sname);
     const uint32_t* words = nullptr;
     size_t n_words = 0;
     if (nb == 0 || !vkshaders::find(sname, &words, &n_words))
@@ -275,11 +287,17 @@ class VulkanBackend::Impl::Recorder {
  public:
   explicit Recorder(Impl& im) : im_(im), cb_(im.ctx->command_buffer()) { begin(); }
 
-  // The Q8_0 activation quantiser: the float64 variant divides exactly, as
-  // ggml's CPU code does; without float64 the float one may differ by an ulp
-  // in a rare scale (then the equivalence probe is what catches it).
-  const char* quantize_shader() const {
-    return im_.ctx->info().shader_float64 ? "quantize_q8_0_f64" : "quantize_q8_0";
+  // The activation quantiser of format f: the float64 variants divide
+  // exactly, as ggml's CPU code does; without float64 the float ones may
+  // differ by an ulp in a rare scale (then the equivalence probe is what
+  // catches it).
+  const char* quantize_shader(cpu::ActFormat f) const {
+    const bool f64 = im_.ctx->info().shader_float64;
+    switch (f) {
+      case cpu::ActFormat::kQ8_1: return f64 ? "quantize_q8_1_f64" : "quantize_q8_1";
+      case cpu::ActFormat::kQ8_K: return f64 ? "quantize_q8_k_f64" : "quantize_q8_k";
+      default: return f64 ? "quantize_q8_0_f64" : "quantize_q8_0";
+    }
   }
 
   void dispatch(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,
@@ -426,10 +444,8 @@ Status VulkanBackend::Impl::upload(DeviceBuffer& dst, const void* src, uint64_t 
 }
 
 Status VulkanBackend::Impl::upload_matrix(const WeightMatrix& w, const std::string& owner, DevMatrix& out) {
-  if (!vulkan_computes_weight_type(w.type))  // prepare() checks first; this guards other callers
-    return Status::unimplemented("vulkan: tensor '" + (w.name ? *w.name : std::string("?")) + "' is " +
-                                 gguf::ggml_type_name(static_cast<uint32_t>(w.type)) +
-                                 "; the Vulkan backend computes F32, F16 and Q8_0 weights only");
+  // prepare() checks first; this guards other callers (op_matmul).
+  SPW_RETURN_IF_ERROR(vulkan_check_weight_type(w));
   if (w.type == gguf::GgmlType::kF16 && w.n_cols % 2 != 0)
     return Status::invalid_argument("vulkan: F16 matrix with an odd row length");
   out.type = w.type;
@@ -657,8 +673,8 @@ Status VulkanBackend::embed(const Model& model, std::span<const TokenId> tokens,
 
 namespace {
 
-// y[t][row0 + r] for every chunk; x is F32 [n][n_cols] or, for Q8_0, already
-// quantised into (xq, xd).
+// y[t][row0 + r] for every chunk; x is F32 [n][n_cols] or, for the quantised
+// types, already quantised into (xq, xd) in the type's activation format.
 void record_matmul(VulkanBackend::Impl::Recorder& rec, const DevMatrix& m, VkBuffer x, VkBuffer xq, VkBuffer xd,
                    uint32_t n_tokens, VkBuffer y, uint32_t y_stride) {
   for (const DevChunk& c : m.chunks) {
@@ -667,7 +683,7 @@ void record_matmul(VulkanBackend::Impl::Recorder& rec, const DevMatrix& m, VkBuf
     const uint32_t rows = static_cast<uint32_t>(c.n_rows);
     const uint32_t gx = std::min(rows, kMaxGroups);
     const uint32_t gz = (rows + gx - 1) / gx;
-    if (m.type == gguf::GgmlType::kQ8_0) {
+    if (cpu::act_format(m.type) != cpu::ActFormat::kFloat) {
       rec.dispatch(matmul_shader(m.type), {c.buf.buffer(), xq, xd, y}, pc, sizeof pc, gx, n_tokens, gz);
     } else {
       rec.dispatch(matmul_shader(m.type), {c.buf.buffer(), x, x, y}, pc, sizeof pc, gx, n_tokens, gz);
@@ -675,11 +691,40 @@ void record_matmul(VulkanBackend::Impl::Recorder& rec, const DevMatrix& m, VkBuf
   }
 }
 
-void record_quantize(VulkanBackend::Impl::Recorder& rec, VkBuffer x, VkBuffer xq, VkBuffer xd, uint64_t n_floats) {
-  const uint32_t pc[1] = {static_cast<uint32_t>(n_floats / 32)};
-  rec.dispatch_flat(rec.quantize_shader(), {x, xq, xd}, pc, sizeof pc, n_floats / 32);
+void record_quantize(VulkanBackend::Impl::Recorder& rec, cpu::ActFormat f, VkBuffer x, VkBuffer xq, VkBuffer xd,
+                     uint64_t n_floats) {
+  const uint64_t blocks = n_floats / static_cast<uint64_t>(cpu::act_block_elems(f));
+  const uint32_t pc[1] = {static_cast<uint32_t>(blocks)};
+  rec.dispatch_flat(rec.quantize_shader(f), {x, xq, xd}, pc, sizeof pc, blocks);
   rec.barrier();
 }
+
+// The matmuls reading one input x ([n_tokens][n_cols] floats): x is quantised
+// into (xq, xd) when a matrix needs a format other than the one there, so a
+// group sharing a format (Q4_K and Q6_K in a Q4_K_M layer, or all-Q8_0) pays
+// one quantisation, and an odd mix still computes each matrix as the CPU does.
+// One (xq, xd) pair serves every format (Q8_1 packs d and s into xd's word;
+// Q8_K has one scale per 256), so the scratch does not grow with the mix.
+class MatmulInput {
+ public:
+  MatmulInput(VulkanBackend::Impl::Recorder& rec, VkBuffer x, VkBuffer xq, VkBuffer xd, uint64_t n_floats)
+      : rec_(rec), x_(x), xq_(xq), xd_(xd), n_floats_(n_floats) {}
+  void matmul(const DevMatrix& m, uint32_t n_tokens, VkBuffer y, uint32_t y_stride) {
+    const cpu::ActFormat f = cpu::act_format(m.type);
+    if (f != cpu::ActFormat::kFloat && f != held_) {
+      if (held_ != cpu::ActFormat::kFloat) rec_.barrier();  // the previous format's readers finish first
+      record_quantize(rec_, f, x_, xq_, xd_, n_floats_);
+      held_ = f;
+    }
+    record_matmul(rec_, m, x_, xq_, xd_, n_tokens, y, y_stride);
+  }
+
+ private:
+  VulkanBackend::Impl::Recorder& rec_;
+  VkBuffer x_, xq_, xd_;
+  uint64_t n_floats_;
+  cpu::ActFormat held_ = cpu::ActFormat::kFloat;
+};
 
 }  // namespace
 
@@ -751,7 +796,6 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
   const uint32_t hd = static_cast<uint32_t>(hp.head_dim());
   const uint32_t half = static_cast<uint32_t>(hp.n_rot / 2);
   const uint64_t n_pos = max_pos;  // the longest row's positions: the scores' stride
-  const bool q8 = mw->layers[static_cast<size_t>(layer_begin)].wq.type == gguf::GgmlType::kQ8_0;
   const uint64_t qcols = std::max({E, FF, Q});
   // Attention scratch: scores for up to `tc` tokens at a time.
   const uint64_t row_bytes = static_cast<uint64_t>(hp.n_head) * n_pos * sizeof(float);
@@ -811,10 +855,12 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
     const DevLayer& L = mw->layers[static_cast<size_t>(il)];
     const size_t lp = static_cast<size_t>(il - kvo.layer_begin);
     rms(L.attn_norm.buffer());
-    if (q8) record_quantize(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
-    record_matmul(rec, L.wq, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.q.buffer(), static_cast<uint32_t>(Q));
-    record_matmul(rec, L.wk, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.k.buffer(), static_cast<uint32_t>(KV));
-    record_matmul(rec, L.wv, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.v.buffer(), static_cast<uint32_t>(KV));
+    {
+      MatmulInput in(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
+      in.matmul(L.wq, nt, s.q.buffer(), static_cast<uint32_t>(Q));
+      in.matmul(L.wk, nt, s.k.buffer(), static_cast<uint32_t>(KV));
+      in.matmul(L.wv, nt, s.v.buffer(), static_cast<uint32_t>(KV));
+    }
     rec.barrier();
     if (L.bq.buffer() != VK_NULL_HANDLE) {  // Qwen2
       const std::pair<VkBuffer, std::pair<VkBuffer, uint64_t>> biases[] = {
@@ -865,20 +911,22 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
                    pa, sizeof pa, static_cast<uint32_t>(hp.n_head), cnt, 1);
       rec.barrier();
     }
-    if (q8) record_quantize(rec, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), n * Q);
-    record_matmul(rec, L.wo, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.cur.buffer(), static_cast<uint32_t>(E));
+    MatmulInput(rec, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), n * Q).matmul(L.wo, nt, s.cur.buffer(),
+                                                                                   static_cast<uint32_t>(E));
     rec.barrier();
     add(s.cur.buffer(), n * E);
     rms(L.ffn_norm.buffer());
-    if (q8) record_quantize(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
-    record_matmul(rec, L.gate, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.gate.buffer(), static_cast<uint32_t>(FF));
-    record_matmul(rec, L.up, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.up.buffer(), static_cast<uint32_t>(FF));
+    {
+      MatmulInput in(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
+      in.matmul(L.gate, nt, s.gate.buffer(), static_cast<uint32_t>(FF));
+      in.matmul(L.up, nt, s.up.buffer(), static_cast<uint32_t>(FF));
+    }
     rec.barrier();
     const uint32_t ps[1] = {static_cast<uint32_t>(n * FF)};
     rec.dispatch_flat("swiglu", {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, n * FF);
     rec.barrier();
-    if (q8) record_quantize(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), n * FF);
-    record_matmul(rec, L.down, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), nt, s.cur.buffer(), static_cast<uint32_t>(E));
+    MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), n * FF)
+        .matmul(L.down, nt, s.cur.buffer(), static_cast<uint32_t>(E));
     rec.barrier();
     add(s.cur.buffer(), n * E);
   }
@@ -904,8 +952,7 @@ Status VulkanBackend::output(const Model& model, const float* hidden, int32_t n_
   SPW_RETURN_IF_ERROR(im.ensure(s.io_logits, n * V * 4, true));
   SPW_RETURN_IF_ERROR(im.ensure(s.x, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.cur, n * E * 4, false));
-  const bool q8 = m.type == gguf::GgmlType::kQ8_0;
-  if (q8) {
+  if (cpu::act_format(m.type) != cpu::ActFormat::kFloat) {
     SPW_RETURN_IF_ERROR(im.ensure(s.xq, n * (E / 32 + 1) * 32, false));
     SPW_RETURN_IF_ERROR(im.ensure(s.xd, n * (E / 32 + 1) * 4, false));
   }
@@ -918,9 +965,8 @@ Status VulkanBackend::output(const Model& model, const float* hidden, int32_t n_
   rec.barrier();
   rec.rms_rows(s.x.buffer(), mw->output_norm.buffer(), s.cur.buffer(), E, n, eps_bits);
   rec.barrier();
-  if (q8) record_quantize(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
-  record_matmul(rec, m, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), static_cast<uint32_t>(n), s.io_logits.buffer(),
-                static_cast<uint32_t>(V));
+  MatmulInput(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E)
+      .matmul(m, static_cast<uint32_t>(n), s.io_logits.buffer(), static_cast<uint32_t>(V));
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(logits, s.io_logits.mapped(), n * V * 4);
   return Status();
@@ -940,8 +986,10 @@ Status VulkanBackend::op_matmul(const WeightMatrix& w, const float* x, int32_t n
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   if (n_tokens <= 0) return Status::invalid_argument("op_matmul: n_tokens <= 0");
-  if (w.type == gguf::GgmlType::kQ8_0 && w.n_cols % 32 != 0)
-    return Status::invalid_argument("op_matmul: Q8_0 needs n_cols % 32 == 0");
+  const int64_t block = cpu::act_block_elems(cpu::act_format(w.type));
+  if (w.n_cols % block != 0)
+    return Status::invalid_argument("op_matmul: " + std::string(gguf::ggml_type_name(static_cast<uint32_t>(w.type))) +
+                                    " needs n_cols % " + std::to_string(block) + " == 0");
   DevMatrix m;
   SPW_RETURN_IF_ERROR(im.upload_matrix(w, "op", m));
   im.staging.reset();
@@ -954,29 +1002,30 @@ Status VulkanBackend::op_matmul(const WeightMatrix& w, const float* x, int32_t n
   SPW_ASSIGN_OR_RETURN(DeviceBuffer bd, im.alloc(n * nb * 4, MemoryCategory::kScratch, "op"));
   std::memcpy(bx.mapped(), x, xin);
   Impl::Recorder rec(im);
-  if (w.type == gguf::GgmlType::kQ8_0)
-    record_quantize(rec, bx.buffer(), bq.buffer(), bd.buffer(), n * static_cast<uint64_t>(w.n_cols));
-  record_matmul(rec, m, bx.buffer(), bq.buffer(), bd.buffer(), static_cast<uint32_t>(n), by.buffer(),
-                static_cast<uint32_t>(w.n_rows));
+  MatmulInput(rec, bx.buffer(), bq.buffer(), bd.buffer(), n * static_cast<uint64_t>(w.n_cols))
+      .matmul(m, static_cast<uint32_t>(n), by.buffer(), static_cast<uint32_t>(w.n_rows));
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(y, by.mapped(), yout);
   return Status();
 }
 
-Status VulkanBackend::op_quantize_q8_0(const float* x, int64_t n_blocks, int8_t* qs, float* d) {
+Status VulkanBackend::op_quantize(cpu::ActFormat f, const float* x, int64_t n, int8_t* qs, uint32_t* scales) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
-  const uint64_t nb = static_cast<uint64_t>(n_blocks);
-  SPW_ASSIGN_OR_RETURN(DeviceBuffer bx, im.alloc(nb * 128, MemoryCategory::kScratch, "op", true));
-  SPW_ASSIGN_OR_RETURN(DeviceBuffer bq, im.alloc(nb * 32, MemoryCategory::kScratch, "op", true));
+  const int64_t block = cpu::act_block_elems(f);
+  if (f == cpu::ActFormat::kFloat || n <= 0 || n % block != 0)
+    return Status::invalid_argument("op_quantize: n must be a positive multiple of the format's block");
+  const uint64_t un = static_cast<uint64_t>(n), nb = un / static_cast<uint64_t>(block);
+  SPW_ASSIGN_OR_RETURN(DeviceBuffer bx, im.alloc(un * 4, MemoryCategory::kScratch, "op", true));
+  SPW_ASSIGN_OR_RETURN(DeviceBuffer bq, im.alloc(un, MemoryCategory::kScratch, "op", true));
   SPW_ASSIGN_OR_RETURN(DeviceBuffer bd, im.alloc(nb * 4, MemoryCategory::kScratch, "op", true));
-  std::memcpy(bx.mapped(), x, nb * 128);
+  std::memcpy(bx.mapped(), x, un * 4);
   Impl::Recorder rec(im);
-  record_quantize(rec, bx.buffer(), bq.buffer(), bd.buffer(), nb * 32);
+  record_quantize(rec, f, bx.buffer(), bq.buffer(), bd.buffer(), un);
   SPW_RETURN_IF_ERROR(rec.finish());
-  std::memcpy(qs, bq.mapped(), nb * 32);  // little-endian packing = byte order
-  std::memcpy(d, bd.mapped(), nb * 4);
+  std::memcpy(qs, bq.mapped(), un);  // little-endian packing = byte order
+  std::memcpy(scales, bd.mapped(), nb * 4);
   return Status();
 }
 

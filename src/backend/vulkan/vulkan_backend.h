@@ -13,14 +13,17 @@
 // Batches: forward_batch runs the rows of several sequences (decode steps and
 // prefill chunks mixed) in one pass over the weights, so a session group's
 // batched step costs one weight pass on the device as on the CPU.
-// Numerics: F32 / F16 weights use F32 FMA dot products; Q8_0 weights run
-// against activations quantised to Q8_0 with an integer dot per block
-// (llama.cpp semantics). No shaders exist for the other low-bit types the CPU
-// computes (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): prepare() refuses a
-// model whose asked layers / embedding / head hold one, before uploading
-// anything, with Unimplemented naming the tensor and its type
+// Numerics: F32 / F16 weights use F32 FMA dot products; the quantised types
+// (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) run against activations
+// quantised on the device in the CPU's paired format (Q8_0 / Q8_1 / Q8_K,
+// bit for bit as ggml's reference quantisers) with an exact integer dot per
+// 32-element unit and the CPU's float steps (backend/cpu/quant_dot.h;
+// shaders/matmul.comp says where the order differs). Types without shaders
+// (those the CPU does not compute either, e.g. Q2_K, Q3_K, BF16): prepare()
+// refuses a model whose asked layers / embedding / head hold one, before
+// uploading anything, with Unimplemented naming the tensor and its type
 // (vulkan_check_weight_types); the gateway builder asks the same of the file
-// and leaves the GPU paths unbuilt, so such a model is served by the CPU.
+// and leaves the GPU paths unbuilt.
 // Reductions have a fixed order per (row, token), so
 // results are bitwise independent of batch size and ubatch split; they agree
 // with the CPU backend within float tolerance, not bitwise.
@@ -49,6 +52,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/quant_dot.h"
 #include "backend/vulkan/fault_injector.h"
 
 namespace spw {
@@ -57,8 +61,11 @@ namespace spw {
 // device exists: see list_vulkan_devices()).
 bool vulkan_built_in();
 
-// Weight (matrix) types the shaders compute: F32, F16, Q8_0.
+// Weight (matrix) types the shaders compute: F32, F16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
 bool vulkan_computes_weight_type(gguf::GgmlType t);
+// OK, or Unimplemented naming the matrix and its type.
+Status vulkan_check_weight_type(const WeightMatrix& w);
 // OK, or Unimplemented naming the first matrix whose type the shaders do not
 // compute: of layers [layer_begin, layer_end) and, when asked, token_embd /
 // the output head (what prepare() would upload) ...
@@ -192,9 +199,11 @@ class VulkanBackend final : public Backend {
   // Single ops on host data, for conformance tests and diagnostics. The weight
   // is uploaded to a temporary buffer (category scratch, owner "op").
   Status op_matmul(const WeightMatrix& w, const float* x, int32_t n_tokens, float* y);
-  // x: n_blocks * 32 floats -> qs (n_blocks * 32 int8) and the fp16-rounded
-  // scales as float.
-  Status op_quantize_q8_0(const float* x, int64_t n_blocks, int8_t* qs, float* d);
+  // n floats (a multiple of the format's block: 32, or 256 for Q8_K) quantised
+  // as the matmuls' activations: qs gets n int8 codes, scales one word per
+  // block: Q8_0 the fp16-rounded d as float bits, Q8_1 packHalf2x16(d, s),
+  // Q8_K the float d's bits (shaders/quantize_act.comp).
+  Status op_quantize(cpu::ActFormat f, const float* x, int64_t n, int8_t* qs, uint32_t* scales);
   Status op_rms_norm(const float* x, const float* weight, int32_t n, int32_t n_tokens, float eps, float* y);
   Status op_swiglu(const float* gate, const float* up, int64_t n, float* out);
   Status op_add(float* y, const float* x, int64_t n);

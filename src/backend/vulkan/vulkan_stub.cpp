@@ -44,7 +44,7 @@ std::string VulkanBackend::health_reason() const { return "built without Vulkan"
 Status VulkanBackend::reinitialize() { return not_built(); }
 Status VulkanBackend::health_check() { return not_built(); }
 Status VulkanBackend::op_matmul(const WeightMatrix&, const float*, int32_t, float*) { return not_built(); }
-Status VulkanBackend::op_quantize_q8_0(const float*, int64_t, int8_t*, float*) { return not_built(); }
+Status VulkanBackend::op_quantize(cpu::ActFormat, const float*, int64_t, int8_t*, uint32_t*) { return not_built(); }
 Status VulkanBackend::op_rms_norm(const float*, const float*, int32_t, int32_t, float, float*) { return not_built(); }
 Status VulkanBackend::op_swiglu(const float*, const float*, int64_t, float*) { return not_built(); }
 Status VulkanBackend::op_add(float*, const float*, int64_t) { return not_built(); }

@@ -7,23 +7,40 @@
 namespace spw {
 
 bool vulkan_computes_weight_type(gguf::GgmlType t) {
-  return t == gguf::GgmlType::kF32 || t == gguf::GgmlType::kF16 || t == gguf::GgmlType::kQ8_0;
+  using gguf::GgmlType;
+  switch (t) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
 }
 
 namespace {
 Status refuse(const std::string& tensor, uint32_t type) {
   return Status::unimplemented("vulkan: tensor '" + tensor + "' is " + gguf::ggml_type_name(type) +
-                               "; the Vulkan backend computes F32, F16 and Q8_0 weights only (run these layers "
-                               "on the CPU backend)");
+                               "; the Vulkan backend computes F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K "
+                               "and Q6_K weights only");
 }
 }  // namespace
 
+Status vulkan_check_weight_type(const WeightMatrix& w) {
+  if (vulkan_computes_weight_type(w.type)) return Status();
+  return refuse(w.name != nullptr ? *w.name : std::string("?"), static_cast<uint32_t>(w.type));
+}
+
 Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool embedding,
                                  bool output) {
-  auto check = [](const WeightMatrix& w) -> Status {
-    if (vulkan_computes_weight_type(w.type)) return Status();
-    return refuse(w.name != nullptr ? *w.name : std::string("?"), static_cast<uint32_t>(w.type));
-  };
+  const auto check = vulkan_check_weight_type;
   if (embedding) SPW_RETURN_IF_ERROR(check(m.tok_embd()));
   for (int32_t il = layer_begin; il < layer_end && il < m.hparams().n_layer; ++il) {
     const LlamaLayerWeights& L = m.layer(il);

@@ -1,7 +1,8 @@
 #version 450
-// out[t][:] = row tok[t] of the embedding matrix, dequantised to F32, for the
-// tokens whose row lies in this chunk [row0, row0 + n_rows). One workgroup per
-// token. WTYPE as in matmul.comp.
+// out[t][:] = row tok[t] of the embedding matrix, dequantised to F32 as the
+// CPU's dequantize_row does (weights.glsl), for the tokens whose row lies in
+// this chunk [row0, row0 + n_rows). One workgroup per token. WTYPE as in
+// weights.glsl.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = WG) in;
@@ -17,31 +18,12 @@ layout(push_constant) uniform PC {
   uint row_bytes;
 } pc;
 
-#if WTYPE != 0
-uint half_at(uint hidx) {
-  const uint word = w[hidx >> 1];
-  return (hidx & 1u) == 0u ? (word & 0xffffu) : (word >> 16);
-}
-#endif
+#include "weights.glsl"
 
 void main() {
   const uint t = gl_WorkGroupID.x;
   const int id = tok[t];
   if (id < int(pc.row0) || id >= int(pc.row0 + pc.n_rows)) return;
-  const uint r = uint(id) - pc.row0;
-  for (uint c = gl_LocalInvocationID.x; c < pc.n_cols; c += WG) {
-#if WTYPE == 0
-    const float v = uintBitsToFloat(w[r * pc.n_cols + c]);
-#elif WTYPE == 1
-    const float v = unpackHalf2x16(half_at(r * pc.n_cols + c)).x;
-#else
-    const uint h0 = ((r * pc.row_bytes) >> 1) + (c / 32u) * 17u;
-    const float d = unpackHalf2x16(half_at(h0)).x;
-    const uint j = c % 32u;
-    const uint hv = half_at(h0 + 1u + j / 2u);
-    const int q = bitfieldExtract(int(hv), int((j & 1u) * 8u), 8);
-    const float v = d * float(q);
-#endif
-    o[t * pc.n_cols + c] = v;
-  }
+  const uint rb = (uint(id) - pc.row0) * pc.row_bytes;
+  for (uint c = gl_LocalInvocationID.x; c < pc.n_cols; c += WG) o[t * pc.n_cols + c] = dequant(rb, c);
 }
