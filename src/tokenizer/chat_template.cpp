@@ -15,7 +15,7 @@ struct KindName {
 };
 
 // Canonical names first; aliases after (chat_template_name returns the first).
-constexpr std::array<KindName, 12> kNames = {{
+constexpr std::array<KindName, 14> kNames = {{
     {ChatTemplateKind::kChatML, "chatml"},
     {ChatTemplateKind::kLlama2, "llama2"},
     {ChatTemplateKind::kLlama3, "llama3"},
@@ -25,6 +25,8 @@ constexpr std::array<KindName, 12> kNames = {{
     {ChatTemplateKind::kMistralLegacy, "mistral-legacy"},
     {ChatTemplateKind::kMistralV3Tekken, "mistral-v3-tekken"},
     {ChatTemplateKind::kGemma, "gemma"},
+    {ChatTemplateKind::kMistralV7, "mistral-v7"},
+    {ChatTemplateKind::kMistralV7Tekken, "mistral-v7-tekken"},
     {ChatTemplateKind::kMistral, "mistral-v1"},
     {ChatTemplateKind::kLlama2, "llama2-sys"},
     {ChatTemplateKind::kGemma, "gemma3"},
@@ -123,8 +125,8 @@ Result<ChatTemplateKind> chat_template_from_name(std::string_view name) {
 
 // Markers and order follow llama.cpp's llm_chat_detect_template, restricted to
 // the families rendered here; near relatives that would render differently
-// (Phi-3/4, Mistral v7 / tekken, GLM, Falcon-3 style) are NotFound rather than
-// guessed.
+// (Phi-3/4, GLM, Falcon-3 style) are NotFound rather than guessed. The one
+// departure, the v7 spacing check, is explained in the header.
 Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
   if (auto by_name = chat_template_from_name(t); by_name.ok()) return by_name.value();
   if (t.empty()) {
@@ -136,7 +138,11 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
     return ChatTemplateKind::kChatML;
   }
   if (t.substr(0, 7) == "mistral" || contains(t, "[INST]")) {
-    if (contains(t, "[SYSTEM_PROMPT]")) return unsupported_template("Mistral v7");
+    if (contains(t, "[SYSTEM_PROMPT]")) {
+      // v7 writes a space after its control tokens, tekken none.
+      if (contains(t, "[INST] ") || contains(t, "[SYSTEM_PROMPT] ")) return ChatTemplateKind::kMistralV7;
+      return ChatTemplateKind::kMistralV7Tekken;
+    }
     if (contains(t, "' [INST] ' + system_message") || contains(t, "[AVAILABLE_TOOLS]")) {
       if (contains(t, " [INST]")) return ChatTemplateKind::kMistral;  // official "v1"
       if (contains(t, "\"[INST]\"")) return ChatTemplateKind::kMistralV3Tekken;
@@ -479,6 +485,26 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
       const bool tekken = kind == ChatTemplateKind::kMistralV3Tekken;
       SPW_RETURN_IF_ERROR(check_roles(messages, true, tekken ? "mistral-v3-tekken" : "mistral-v3"));
       return mistral_v3_with_tools(messages, {}, bos, eos, tekken);
+    }
+    case ChatTemplateKind::kMistralV7:
+    case ChatTemplateKind::kMistralV7Tekken: {
+      // llama.cpp's built-in v7 renderer (see the header): every message in
+      // place, no generation prompt ("[/INST]" opens the answer), no default
+      // system message.
+      const bool tekken = kind == ChatTemplateKind::kMistralV7Tekken;
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, chat_template_name(kind)));
+      const std::string sp = tekken ? "" : " ";
+      out += bos;
+      for (const auto& m : messages) {
+        if (m.role == "system") {
+          out += "[SYSTEM_PROMPT]" + sp + m.content + "[/SYSTEM_PROMPT]";
+        } else if (m.role == "user") {
+          out += "[INST]" + sp + m.content + "[/INST]";
+        } else {
+          out += sp + m.content + eos;
+        }
+      }
+      return out;
     }
     case ChatTemplateKind::kMistralLegacy: {
       // The original Mistral-7B-Instruct template. It rejects a system
