@@ -161,13 +161,18 @@ struct ChatTool {
 //           + EOS, tool results as "[TOOL_RESULTS] {"content": C, "call_id":
 //           I}[/TOOL_RESULTS]" (C pasted as is). Call ids must be 9 characters
 //           (the reference raises otherwise; InvalidArgument here).
+//   mistral-v7-tekken  Mistral-Small-3.1-24B-Instruct-2503's template: the
+//           v3 forms with a space after [AVAILABLE_TOOLS], [TOOL_CALLS] and
+//           [TOOL_RESULTS] (tekken or not), the system message after the
+//           template's fixed parallel-call preamble and "\n\n" in the
+//           [SYSTEM_PROMPT] block (the preamble alone without a system
+//           message; the template would use its dated default there), call
+//           ids of 9 or more characters cut to their last 9 (shorter:
+//           InvalidArgument, the reference raises).
 // Other families: tools, tool_calls or a "tool" message are InvalidArgument
 // naming the family (they define no tool format Spillway renders). That
-// includes mistral-v7 / mistral-v7-tekken for now: Mistral Small 3.1's
-// published template has a tool format (a space after [AVAILABLE_TOOLS],
-// [TOOL_CALLS] and [TOOL_RESULTS] even in tekken, a fixed parallel-call
-// preamble added to the system message, call ids of 9 or more characters cut
-// to their last 9) that is not rendered yet.
+// includes mistral-v7 (Mistral-Large-2411): no published v7 template with
+// tools was available to check a rendering against.
 bool chat_template_renders_tools(ChatTemplateKind kind);
 
 // bos_token / eos_token as the template sees them. Unset means the family's

@@ -550,6 +550,61 @@ TEST(ChatTemplateToolsTest, MistralV3RendersAsMistral7BInstructV03AndNemo) {
   }
 }
 
+// Mistral Small 3.1's template (the copy named in
+// tests/data/chat_templates/make_mistral_v7_refs.py, its "\n" escapes
+// restored) rendered by jinja2 on mistral_conversation() with a second call
+// id longer than 9 characters, which the template cuts to its last 9.
+TEST(ChatTemplateToolsTest, MistralV7TekkenRendersAsMistralSmall31) {
+  EXPECT_TRUE(chat_template_renders_tools(ChatTemplateKind::kMistralV7Tekken));
+  const std::string preamble =
+      "You are a helpful assistant that can call tools. If you call one or more tools, format them in a single JSON "
+      "array or objects, where each object is a tool call, not as separate objects outside of an array or multiple "
+      "arrays. Use the format [{\"name\": tool call name, \"arguments\": tool call arguments}, additional tool "
+      "calls] if you call more than one tool. If you call tools, do not attempt to interpret them or otherwise "
+      "provide a response until you receive a tool call result that you can interpret for the user.";
+  const std::string tools =
+      "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+      "\"Weather in a city, now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+      "\"string\", \"description\": \"City \u2014 name\"}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", "
+      "\"function\": {\"name\": \"now\", \"parameters\": {}, \"strict\": true}}][/AVAILABLE_TOOLS]";
+  const std::string expected =
+      "<s>[SYSTEM_PROMPT]" + preamble + "\n\nYou are terse.[/SYSTEM_PROMPT][INST] Weather in Paris and the time? "
+      "[/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": "
+      "\"\u00b0C\"}, \"id\": \"abcDEF123\"}, {\"name\": \"now\", \"arguments\": {}, \"id\": \"Z9y8X7w6V\"}]</s>"
+      "[TOOL_RESULTS] {\"content\": {\"temp\": 21}, \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS][TOOL_RESULTS] "
+      "{\"content\": line1\nline2 \"q\", \"call_id\": \"Z9y8X7w6V\"}[/TOOL_RESULTS]  21 C, 10:00.  </s>" +
+      tools + "[INST]Thanks[/INST]";
+  auto conv = mistral_conversation();
+  conv[2].tool_calls[1].id = "call_7_Z9y8X7w6V";
+  conv[4].tool_call_id = "call_7_Z9y8X7w6V";
+  auto r = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, conv, true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, expected);
+  // The first turn: the tools before the only user message.
+  conv.resize(2);
+  r = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, conv, true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, "<s>[SYSTEM_PROMPT]" + preamble + "\n\nYou are terse.[/SYSTEM_PROMPT]" + tools +
+                    "[INST] Weather in Paris and the time? [/INST]");
+  // Without a system message the preamble stands alone (the template's own
+  // branch for an undefined system message; it would use its dated default).
+  r = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, {{"user", "Hi"}}, true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "<s>[SYSTEM_PROMPT]" + preamble + "[/SYSTEM_PROMPT]" + tools + "[INST]Hi[/INST]");
+  // Ids shorter than 9: the reference raises; a 400 naming it here.
+  auto bad = mistral_conversation();
+  bad[3].tool_call_id = "short";
+  auto e = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, bad, true, {}, mistral_tools());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("at least 9 characters"), std::string::npos) << e.status().message();
+  // Without tools it renders as its plain template; v7 (spaced) refuses them.
+  const std::vector<ChatMessage> plain = {{"system", "S"}, {"user", "U"}};
+  EXPECT_EQ(*apply_chat_template(ChatTemplateKind::kMistralV7Tekken, plain, true, {}, {}),
+            "<s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]U[/INST]");
+  EXPECT_FALSE(chat_template_renders_tools(ChatTemplateKind::kMistralV7));
+}
+
 TEST(ChatTemplateToolsTest, WithoutToolsTheFamiliesRenderAsBeforeAndOthersRefuseToolsByName) {
   const std::vector<ChatMessage> plain = {{"system", "S"}, {"user", "U"}};
   for (ChatTemplateKind k : {ChatTemplateKind::kChatML, ChatTemplateKind::kLlama3, ChatTemplateKind::kMistral}) {
@@ -559,8 +614,7 @@ TEST(ChatTemplateToolsTest, WithoutToolsTheFamiliesRenderAsBeforeAndOthersRefuse
     EXPECT_EQ(*a, *b);
   }
   for (ChatTemplateKind k : {ChatTemplateKind::kMistral, ChatTemplateKind::kGemma, ChatTemplateKind::kZephyr,
-                             ChatTemplateKind::kLlama2, ChatTemplateKind::kMistralLegacy, ChatTemplateKind::kMistralV7,
-                             ChatTemplateKind::kMistralV7Tekken}) {
+                             ChatTemplateKind::kLlama2, ChatTemplateKind::kMistralLegacy, ChatTemplateKind::kMistralV7}) {
     EXPECT_FALSE(chat_template_renders_tools(k)) << chat_template_name(k);
     auto t = apply_chat_template(k, plain, true, {}, weather_tools());
     ASSERT_FALSE(t.ok());
