@@ -574,8 +574,8 @@ class HttpServer::Impl {
         e.param = "tools";
         e.code = "unsupported_parameter";
         e.message = "the server's chat template (" + std::string(chat_template_name(*options_.chat_template)) +
-                    ") has no tool-call format Spillway renders; tools work with the chatml, llama3, mistral-v3 and "
-                    "mistral-v3-tekken templates";
+                    ") has no tool-call format Spillway renders; tools work with the chatml, llama3, mistral-v3, "
+                    "mistral-v3-tekken and mistral-v7-tekken templates";
         return e;
       }
       Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true, special, cr.tools);

@@ -140,6 +140,7 @@ ToolFormat tool_format(ChatTemplateKind kind) {
       return ToolFormat::kLlama3;
     case ChatTemplateKind::kMistralV3:
     case ChatTemplateKind::kMistralV3Tekken:
+    case ChatTemplateKind::kMistralV7Tekken:
       return ToolFormat::kMistral;
     default:
       return ToolFormat::kNone;

@@ -7,7 +7,7 @@
 //    "arguments": {...}}\n</tool_call>" (several in a row when parallel);
 //    Llama 3.x one JSON object {"name": N, "parameters": {...}} (or
 //    "arguments") as the whole answer, optionally after "<|python_tag|>";
-//    Mistral v3 (and v3-tekken) "[TOOL_CALLS] [{"name": N, "arguments":
+//    Mistral v3 (v3-tekken, v7-tekken) "[TOOL_CALLS] [{"name": N, "arguments":
 //    {...}}, ...]" as the rest of the answer (the marker is a control token:
 //    where it renders as nothing, an answer that is a JSON array of calls);
 //    kNone for families without tools (chat_template_renders_tools).

@@ -147,6 +147,15 @@ TEST(ToolCallStream, MistralCallsAfterTheMarkerOrAsABareArray) {
   EXPECT_EQ(cut.content, "[TOOL_CALLS] [{\"name\": \"now\", \"argu");
 }
 
+TEST(ToolCallStream, FormatsFollowTheTemplateFamilies) {
+  // Mistral Small 3.x (v7-tekken) writes v3's "[TOOL_CALLS][...]"; v7
+  // (Large-2411) renders no tools, so it has no call format either.
+  EXPECT_EQ(tool_format(ChatTemplateKind::kMistralV7Tekken), ToolFormat::kMistral);
+  EXPECT_EQ(tool_format(ChatTemplateKind::kMistralV3), ToolFormat::kMistral);
+  EXPECT_EQ(tool_format(ChatTemplateKind::kMistralV7), ToolFormat::kNone);
+  EXPECT_EQ(tool_format(ChatTemplateKind::kGemma), ToolFormat::kNone);
+}
+
 TEST(ToolCallStream, SafePointSpansCoverACallInProgress) {
   const SafePointRules chatml = tool_safe_points(ToolFormat::kChatML);
   ASSERT_EQ(chatml.spans.size(), 1u);

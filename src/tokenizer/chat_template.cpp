@@ -15,7 +15,7 @@ struct KindName {
 };
 
 // Canonical names first; aliases after (chat_template_name returns the first).
-constexpr std::array<KindName, 12> kNames = {{
+constexpr std::array<KindName, 14> kNames = {{
     {ChatTemplateKind::kChatML, "chatml"},
     {ChatTemplateKind::kLlama2, "llama2"},
     {ChatTemplateKind::kLlama3, "llama3"},
@@ -25,6 +25,8 @@ constexpr std::array<KindName, 12> kNames = {{
     {ChatTemplateKind::kMistralLegacy, "mistral-legacy"},
     {ChatTemplateKind::kMistralV3Tekken, "mistral-v3-tekken"},
     {ChatTemplateKind::kGemma, "gemma"},
+    {ChatTemplateKind::kMistralV7, "mistral-v7"},
+    {ChatTemplateKind::kMistralV7Tekken, "mistral-v7-tekken"},
     {ChatTemplateKind::kMistral, "mistral-v1"},
     {ChatTemplateKind::kLlama2, "llama2-sys"},
     {ChatTemplateKind::kGemma, "gemma3"},
@@ -61,8 +63,8 @@ Status check_roles(const std::vector<ChatMessage>& messages, bool system_only_fi
     const std::string& r = messages[i].role;
     if (!tools && (r == "tool" || !messages[i].tool_calls.empty())) {
       return Status::invalid_argument("chat message " + std::to_string(i) + ": the " + std::string(family) +
-                                      " template has no tool-call format Spillway renders (chatml, llama3 and "
-                                      "mistral-v3 do)");
+                                      " template has no tool-call format Spillway renders (chatml, llama3, "
+                                      "mistral-v3 and mistral-v7-tekken do)");
     }
     if (tools && r == "tool") continue;
     if (r != "system" && r != "user" && r != "assistant") {
@@ -123,8 +125,8 @@ Result<ChatTemplateKind> chat_template_from_name(std::string_view name) {
 
 // Markers and order follow llama.cpp's llm_chat_detect_template, restricted to
 // the families rendered here; near relatives that would render differently
-// (Phi-3/4, Mistral v7 / tekken, GLM, Falcon-3 style) are NotFound rather than
-// guessed.
+// (Phi-3/4, GLM, Falcon-3 style) are NotFound rather than guessed. The one
+// departure, the v7 spacing check, is explained in the header.
 Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
   if (auto by_name = chat_template_from_name(t); by_name.ok()) return by_name.value();
   if (t.empty()) {
@@ -136,7 +138,11 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
     return ChatTemplateKind::kChatML;
   }
   if (t.substr(0, 7) == "mistral" || contains(t, "[INST]")) {
-    if (contains(t, "[SYSTEM_PROMPT]")) return unsupported_template("Mistral v7");
+    if (contains(t, "[SYSTEM_PROMPT]")) {
+      // v7 writes a space after its control tokens, tekken none.
+      if (contains(t, "[INST] ") || contains(t, "[SYSTEM_PROMPT] ")) return ChatTemplateKind::kMistralV7;
+      return ChatTemplateKind::kMistralV7Tekken;
+    }
     if (contains(t, "' [INST] ' + system_message") || contains(t, "[AVAILABLE_TOOLS]")) {
       if (contains(t, " [INST]")) return ChatTemplateKind::kMistral;  // official "v1"
       if (contains(t, "\"[INST]\"")) return ChatTemplateKind::kMistralV3Tekken;
@@ -195,7 +201,8 @@ std::string json_quote(std::string_view s) {
 
 bool chat_template_renders_tools(ChatTemplateKind kind) {
   return kind == ChatTemplateKind::kChatML || kind == ChatTemplateKind::kLlama3 ||
-         kind == ChatTemplateKind::kMistralV3 || kind == ChatTemplateKind::kMistralV3Tekken;
+         kind == ChatTemplateKind::kMistralV3 || kind == ChatTemplateKind::kMistralV3Tekken ||
+         kind == ChatTemplateKind::kMistralV7Tekken;
 }
 
 namespace {
@@ -293,6 +300,47 @@ Result<std::string> llama3_with_tools(const std::vector<ChatMessage>& all, bool 
   return out;
 }
 
+// The Mistral templates' tools block: each tool {"type": "function",
+// "function": {...}} from function_fields, "return" left out; `sp` after the
+// opening token.
+std::string mistral_tools_block(const std::vector<ChatTool>& tools, const std::string& sp) {
+  std::string out = "[AVAILABLE_TOOLS]" + sp + "[";
+  for (size_t t = 0; t < tools.size(); ++t) {
+    out += "{\"type\": \"function\", \"function\": {";
+    bool first_field = true;
+    for (const ChatTool::Field& f : tools[t].function_fields) {
+      if (f.key == "return") continue;
+      if (!first_field) out += ", ";
+      first_field = false;
+      out += "\"" + f.key + "\": " + (f.is_string ? "\"" + f.text + "\"" : f.text);
+    }
+    out += "}}";
+    out += t + 1 < tools.size() ? ", " : "]";
+  }
+  return out + "[/AVAILABLE_TOOLS]";
+}
+
+// One call as the Mistral templates write it: tojson of {"name",
+// "arguments"} without its closing brace, then the id.
+std::string mistral_call(const ChatToolCall& call, std::string_view id) {
+  return "{\"name\": " + json_quote(call.name) + ", \"arguments\": " + call.arguments_json + ", \"id\": \"" +
+         std::string(id) + "\"}";
+}
+
+// The last user message: the Mistral templates put the tools before it, and
+// before any earlier one that equals it (they compare the messages by value).
+const ChatMessage* last_user_message(const std::vector<ChatMessage>& messages, size_t first) {
+  const ChatMessage* last_user = nullptr;
+  for (size_t i = first; i < messages.size(); ++i) {
+    if (messages[i].role == "user") last_user = &messages[i];
+  }
+  return last_user;
+}
+
+bool is_last_user(const ChatMessage& m, const ChatMessage* last_user) {
+  return last_user != nullptr && m.content == last_user->content && m.tool_call_id == last_user->tool_call_id;
+}
+
 // Mistral-7B-Instruct-v0.3's template, or Mistral-Nemo's with `tekken` (see
 // the header). Roles: an optional first system message, then user, assistant
 // (plain or with calls) and tool messages in any order, as the reference
@@ -304,12 +352,7 @@ Result<std::string> mistral_v3_with_tools(const std::vector<ChatMessage>& messag
   const std::string sp = tekken ? "" : " ";
   const bool leading_system = !messages.empty() && messages[0].role == "system";
   const size_t first = leading_system ? 1 : 0;
-  // The tools go before the last user message, and before any earlier one
-  // that equals it (the reference compares the messages by value).
-  const ChatMessage* last_user = nullptr;
-  for (size_t i = first; i < messages.size(); ++i) {
-    if (messages[i].role == "user") last_user = &messages[i];
-  }
+  const ChatMessage* last_user = last_user_message(messages, first);
   const auto check_id = [&](const std::string& id, size_t i) -> Status {
     if (id.size() == 9) return Status::ok_status();
     return Status::invalid_argument("chat message " + std::to_string(i) + ": the " + family +
@@ -319,22 +362,7 @@ Result<std::string> mistral_v3_with_tools(const std::vector<ChatMessage>& messag
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user") {
-      if (!tools.empty() && m.content == last_user->content && m.tool_call_id == last_user->tool_call_id) {
-        out += "[AVAILABLE_TOOLS]" + sp + "[";
-        for (size_t t = 0; t < tools.size(); ++t) {
-          out += "{\"type\": \"function\", \"function\": {";
-          bool first_field = true;
-          for (const ChatTool::Field& f : tools[t].function_fields) {
-            if (f.key == "return") continue;
-            if (!first_field) out += ", ";
-            first_field = false;
-            out += "\"" + f.key + "\": " + (f.is_string ? "\"" + f.text + "\"" : f.text);
-          }
-          out += "}}";
-          out += t + 1 < tools.size() ? ", " : "]";
-        }
-        out += "[/AVAILABLE_TOOLS]";
-      }
+      if (!tools.empty() && is_last_user(m, last_user)) out += mistral_tools_block(tools, sp);
       if (i + 1 == messages.size() && leading_system) {
         out += "[INST]" + sp + messages[0].content + "\n\n" + m.content + "[/INST]";
       } else {
@@ -345,9 +373,7 @@ Result<std::string> mistral_v3_with_tools(const std::vector<ChatMessage>& messag
       for (size_t c = 0; c < m.tool_calls.size(); ++c) {
         const ChatToolCall& call = m.tool_calls[c];
         SPW_RETURN_IF_ERROR(check_id(call.id, i));
-        // tojson of {"name", "arguments"} without its closing brace, then the id.
-        out += "{\"name\": " + json_quote(call.name) + ", \"arguments\": " + call.arguments_json + ", \"id\": \"" +
-               call.id + "\"}";
+        out += mistral_call(call, call.id);
         out += c + 1 < m.tool_calls.size() ? ", " : "]" + eos;
       }
     } else if (m.role == "assistant") {
@@ -357,6 +383,70 @@ Result<std::string> mistral_v3_with_tools(const std::vector<ChatMessage>& messag
       SPW_RETURN_IF_ERROR(check_id(m.tool_call_id, i));
       out += "[TOOL_RESULTS]" + sp + "{\"content\": " + m.content + ", \"call_id\": \"" + m.tool_call_id +
              "\"}[/TOOL_RESULTS]";
+    }
+  }
+  return out;
+}
+
+// The system preamble Mistral Small 3.1's template adds when there are tools.
+constexpr std::string_view kMistralV7ToolPreamble =
+    "You are a helpful assistant that can call tools. If you call one or more tools, format them in a single JSON "
+    "array or objects, where each object is a tool call, not as separate objects outside of an array or multiple "
+    "arrays. Use the format [{\"name\": tool call name, \"arguments\": tool call arguments}, additional tool calls] "
+    "if you call more than one tool. If you call tools, do not attempt to interpret them or otherwise provide a "
+    "response until you receive a tool call result that you can interpret for the user.";
+
+// Mistral v7 (see the header). Without tools and tool messages this is
+// llama.cpp's built-in renderer: every message in place, no generation
+// prompt ("[/INST]" opens the answer), no default system message. With them
+// (tekken only; the caller refuses them for v7), Mistral Small 3.1's
+// template: the preamble above joins the system block (alone when there is
+// no system message, the template's own branch for that case), the tools go
+// before the last user message, a space after [AVAILABLE_TOOLS],
+// [TOOL_CALLS] and [TOOL_RESULTS] even in tekken, and call ids of 9 or more
+// characters are cut to their last 9 (shorter: the reference raises;
+// InvalidArgument here). A later system message stays in place as in the
+// plain path (Small 3.2's template does the same; 3.1's raises).
+Result<std::string> mistral_v7(const std::vector<ChatMessage>& messages, const std::vector<ChatTool>& tools,
+                               const std::string& bos, const std::string& eos, bool tekken) {
+  const std::string family = tekken ? "mistral-v7-tekken" : "mistral-v7";
+  SPW_RETURN_IF_ERROR(check_roles(messages, false, family, true));
+  const std::string sp = tekken ? "" : " ";
+  const bool leading_system = !messages.empty() && messages[0].role == "system";
+  const size_t first = leading_system ? 1 : 0;
+  std::string out = bos;
+  if (!tools.empty()) {
+    out += "[SYSTEM_PROMPT]" + sp + std::string(kMistralV7ToolPreamble);
+    if (leading_system) out += "\n\n" + messages[0].content;
+    out += "[/SYSTEM_PROMPT]";
+  } else if (leading_system) {
+    out += "[SYSTEM_PROMPT]" + sp + messages[0].content + "[/SYSTEM_PROMPT]";
+  }
+  const ChatMessage* last_user = last_user_message(messages, first);
+  const auto last9 = [&](const std::string& id, size_t i) -> Result<std::string> {
+    if (id.size() >= 9) return id.substr(id.size() - 9);
+    return Status::invalid_argument("chat message " + std::to_string(i) + ": the " + family +
+                                    " template needs tool call ids of at least 9 characters, got '" + id + "'");
+  };
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system") {
+      out += "[SYSTEM_PROMPT]" + sp + m.content + "[/SYSTEM_PROMPT]";
+    } else if (m.role == "user") {
+      if (!tools.empty() && is_last_user(m, last_user)) out += mistral_tools_block(tools, " ");
+      out += "[INST]" + sp + m.content + "[/INST]";
+    } else if (!m.tool_calls.empty()) {
+      out += "[TOOL_CALLS] [";
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        SPW_ASSIGN_OR_RETURN(std::string id, last9(m.tool_calls[c].id, i));
+        out += mistral_call(m.tool_calls[c], id);
+        out += c + 1 < m.tool_calls.size() ? ", " : "]" + eos;
+      }
+    } else if (m.role == "assistant") {
+      out += sp + m.content + eos;
+    } else {  // tool
+      SPW_ASSIGN_OR_RETURN(std::string id, last9(m.tool_call_id, i));
+      out += "[TOOL_RESULTS] {\"content\": " + m.content + ", \"call_id\": \"" + id + "\"}[/TOOL_RESULTS]";
     }
   }
   return out;
@@ -384,9 +474,13 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
                                    special.eos ? *special.eos : default_eos(kind),
                                    kind == ChatTemplateKind::kMistralV3Tekken);
     }
+    if (kind == ChatTemplateKind::kMistralV7Tekken) {
+      return mistral_v7(messages, tools, special.bos ? *special.bos : default_bos(kind),
+                        special.eos ? *special.eos : default_eos(kind), true);
+    }
     return Status::invalid_argument("the " + std::string(chat_template_name(kind)) +
-                                    " template has no tool-call format Spillway renders (chatml, llama3 and "
-                                    "mistral-v3 do)");
+                                    " template has no tool-call format Spillway renders (chatml, llama3, "
+                                    "mistral-v3 and mistral-v7-tekken do)");
   }
   return apply_chat_template(kind, messages, add_generation_prompt, special);
 }
@@ -479,6 +573,13 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
       const bool tekken = kind == ChatTemplateKind::kMistralV3Tekken;
       SPW_RETURN_IF_ERROR(check_roles(messages, true, tekken ? "mistral-v3-tekken" : "mistral-v3"));
       return mistral_v3_with_tools(messages, {}, bos, eos, tekken);
+    }
+    case ChatTemplateKind::kMistralV7:
+    case ChatTemplateKind::kMistralV7Tekken: {
+      // llama.cpp's built-in v7 renderer; tool messages were refused above.
+      const bool tekken = kind == ChatTemplateKind::kMistralV7Tekken;
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, chat_template_name(kind)));
+      return mistral_v7(messages, {}, bos, eos, tekken);
     }
     case ChatTemplateKind::kMistralLegacy: {
       // The original Mistral-7B-Instruct template. It rejects a system

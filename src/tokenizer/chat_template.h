@@ -6,16 +6,28 @@
 // "[INST]" -> Llama-2 when the template has "<<SYS>>", otherwise a Mistral
 // variant ("' [INST] ' + system_message" -> Mistral "v1"; "[AVAILABLE_TOOLS]"
 // without " [INST]" -> Mistral "v3", or "v3-tekken" when it writes "\"[INST]\""
-// with no space; plain "[INST]" -> the original Mistral-7B-Instruct template); "<|user|>" with an end-of-turn token
+// with no space; plain "[INST]" -> the original Mistral-7B-Instruct template;
+// "[SYSTEM_PROMPT]" first of all -> Mistral "v7", see below); "<|user|>" with an end-of-turn token
 // (eos_token, "</s>", "<|endoftext|>") -> Zephyr; "<start_of_turn>" -> Gemma;
 // "<|start_header_id|>" and "<|end_header_id|>" -> Llama-3. A template text that
 // is exactly one of the names below selects that family. Relatives that would
-// render differently (Phi-3/4, Mistral v7, GLM) and anything else
+// render differently (Phi-3/4, GLM) and anything else
 // are NotFound, with a message that says to pass --chat-template NAME and lists
 // the names. chat_template_from_name() maps user-facing names ("chatml",
 // "llama2", "llama3", "zephyr", "mistral" (= "mistral-v1"), "mistral-v3",
-// "mistral-v3-tekken", "mistral-legacy", "gemma") and rejects others with InvalidArgument listing
+// "mistral-v3-tekken", "mistral-legacy", "gemma", "mistral-v7",
+// "mistral-v7-tekken") and rejects others with InvalidArgument listing
 // the valid names.
+//
+// Mistral v7 detection: llama.cpp's llm_chat_detect_template maps every
+// template with "[SYSTEM_PROMPT]" to its "mistral-v7" (spaces after the control
+// tokens) and reaches "mistral-v7-tekken" only by name, so without --jinja it
+// renders Mistral Small 3.x (tekken) with spaces its template does not write.
+// Here the same marker selects the v7 family and the template's own spacing
+// picks the variant: "[INST] " or "[SYSTEM_PROMPT] " (a space after the
+// token, as Mistral-Large-Instruct-2411's v7 writes) -> mistral-v7; neither
+// (Mistral-Small-24B-Instruct-2501, Mistral-Small-3.1 and 3.2)
+// -> mistral-v7-tekken.
 //
 // apply_chat_template() renders exactly what the reference Jinja template of the
 // family renders (HF transformers semantics), including the BOS text where the
@@ -33,12 +45,31 @@
 //   mistral-v3-tekken  Mistral-Nemo-Instruct-2407: v3 without the spaces:
 //                   "<s>[INST]user[/INST]answer</s>[INST]sys\n\nlast[/INST]" (answer untrimmed).
 //   gemma           Gemma 1-3; system folded into the first user turn as Gemma 3 does.
+//   mistral-v7      Mistral "v7" (Mistral-Large-Instruct-2411), rendered as llama.cpp's
+//                   built-in (non-jinja) renderer does, plus the template's BOS:
+//                   "<s>[SYSTEM_PROMPT] sys[/SYSTEM_PROMPT][INST] user[/INST] answer</s>[INST] ..";
+//                   each message where it stands (a system message anywhere
+//                   becomes a [SYSTEM_PROMPT] block), content untrimmed. This is
+//                   also exactly what Mistral-Large-Instruct-2411's template
+//                   renders (tested against jinja2), with or without a system message.
+//   mistral-v7-tekken  Mistral Small 3 / 3.1 / 3.2 (tekken vocabulary): v7 without
+//                   the spaces: "<s>[SYSTEM_PROMPT]sys[/SYSTEM_PROMPT][INST]user[/INST]answer</s>".
+//                   With a leading system message this is exactly what the
+//                   published templates render (tested against jinja2).
+//   The published Mistral Small 3.x templates also write a default system
+//   message when the conversation has none ("You are Mistral Small 3, ...
+//   Your knowledge base was last updated on 2023-10-01. ...", to which 3.0 and
+//   3.1 add "The current date is " + strftime_now("%Y-%m-%d")). Spillway, like llama.cpp without
+//   --jinja, does not inject it: a conversation without a system message
+//   renders with no [SYSTEM_PROMPT] block at all (the prompt then does not
+//   depend on the day, so it renders the same after every resume). Clients
+//   that want the model's default persona send it as the system message.
 // Mistral/Llama-2/Gemma have no generation prompt of their own except Gemma's
 // "<start_of_turn>model\n"; add_generation_prompt is ignored where the
 // reference ignores it.
 // Roles are "system", "user", "assistant"; any other is InvalidArgument naming
 // it. Families that take a system prompt only as the first message (all but
-// ChatML, Llama-3, Zephyr) reject one elsewhere with InvalidArgument. Role
+// ChatML, Llama-3, Zephyr and Mistral v7) reject one elsewhere with InvalidArgument. Role
 // alternation is not enforced (the references raise; we render as they would).
 // Thread safety: pure functions.
 #pragma once
@@ -62,6 +93,8 @@ enum class ChatTemplateKind {
   kMistralV3,
   kMistralLegacy,
   kMistralV3Tekken,
+  kMistralV7,
+  kMistralV7Tekken,
 };
 
 // A tool call in an assistant message of the conversation (OpenAI's
@@ -128,8 +161,18 @@ struct ChatTool {
 //           + EOS, tool results as "[TOOL_RESULTS] {"content": C, "call_id":
 //           I}[/TOOL_RESULTS]" (C pasted as is). Call ids must be 9 characters
 //           (the reference raises otherwise; InvalidArgument here).
+//   mistral-v7-tekken  Mistral-Small-3.1-24B-Instruct-2503's template: the
+//           v3 forms with a space after [AVAILABLE_TOOLS], [TOOL_CALLS] and
+//           [TOOL_RESULTS] (tekken or not), the system message after the
+//           template's fixed parallel-call preamble and "\n\n" in the
+//           [SYSTEM_PROMPT] block (the preamble alone without a system
+//           message; the template would use its dated default there), call
+//           ids of 9 or more characters cut to their last 9 (shorter:
+//           InvalidArgument, the reference raises).
 // Other families: tools, tool_calls or a "tool" message are InvalidArgument
-// naming the family (they define no tool format Spillway renders).
+// naming the family (they define no tool format Spillway renders). That
+// includes mistral-v7 (Mistral-Large-2411): no published v7 template with
+// tools was available to check a rendering against.
 bool chat_template_renders_tools(ChatTemplateKind kind);
 
 // bos_token / eos_token as the template sees them. Unset means the family's

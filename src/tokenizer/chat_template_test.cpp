@@ -70,6 +70,19 @@ const char* kMistralLegacyTemplate =  // mistralai/Mistral-7B-Instruct-v0.2 (ori
     "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are "
     "supported!') }}{% endif %}{% endfor %}";
 
+// Mistral v7 (abridged to the lines detection reads): the user and system
+// branches of Mistral-Large-Instruct-2411's template, and of
+// Mistral-Small-3.1-24B-Instruct-2503's (tekken: no space after the tokens).
+const char* kMistralV7Template =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
+    "message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + "
+    "message['content'] + '[/SYSTEM_PROMPT]' }}{% endif %}{% endfor %}";
+const char* kMistralSmall31Template =
+    "{{- bos_token }}\n{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}\n{%- for message in "
+    "loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n        {%- if tools is not none and (message == "
+    "user_messages[-1]) %}\n            {{- \"[AVAILABLE_TOOLS] [\" }}\n        {%- endif %}\n        {{- '[INST]' + "
+    "message['content'] + '[/INST]' }}\n    {%- endif %}\n{%- endfor %}\n";
+
 const char* kGemmaTemplate =  // google/gemma-7b-it
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif "
     "%}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
@@ -114,6 +127,12 @@ TEST(ChatTemplateTest, DetectsEachFamilyFromItsRealTemplate) {
   EXPECT_EQ(detect(kMistralLegacyTemplate), ChatTemplateKind::kMistralLegacy);
   EXPECT_EQ(detect(kMistralNemoTemplate), ChatTemplateKind::kMistralV3Tekken);
   EXPECT_EQ(detect(kGemmaTemplate), ChatTemplateKind::kGemma);
+  // "[SYSTEM_PROMPT]" wins over the tool and <<SYS>> markers, as in llama.cpp;
+  // the spacing the template writes picks the variant (see the header).
+  EXPECT_EQ(detect(kMistralV7Template), ChatTemplateKind::kMistralV7);
+  EXPECT_EQ(detect(kMistralSmall31Template), ChatTemplateKind::kMistralV7Tekken);
+  EXPECT_EQ(detect("mistral-v7"), ChatTemplateKind::kMistralV7);
+  EXPECT_EQ(detect("mistral-v7-tekken"), ChatTemplateKind::kMistralV7Tekken);
   EXPECT_EQ(detect("chatml"), ChatTemplateKind::kChatML);
   EXPECT_EQ(detect("llama3"), ChatTemplateKind::kLlama3);
 }
@@ -133,7 +152,8 @@ TEST(ChatTemplateTest, UnknownTemplateTellsUserWhatToDo) {
 TEST(ChatTemplateTest, NamesRoundTripAndUnknownNameIsInvalid) {
   for (auto k : {ChatTemplateKind::kChatML, ChatTemplateKind::kLlama2, ChatTemplateKind::kLlama3,
                  ChatTemplateKind::kZephyr, ChatTemplateKind::kMistral, ChatTemplateKind::kGemma,
-                 ChatTemplateKind::kMistralV3, ChatTemplateKind::kMistralLegacy, ChatTemplateKind::kMistralV3Tekken}) {
+                 ChatTemplateKind::kMistralV3, ChatTemplateKind::kMistralLegacy, ChatTemplateKind::kMistralV3Tekken,
+                 ChatTemplateKind::kMistralV7, ChatTemplateKind::kMistralV7Tekken}) {
     auto r = chat_template_from_name(chat_template_name(k));
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r.value(), k);
@@ -216,6 +236,57 @@ TEST(ChatTemplateTest, MistralLegacy) {
   // Without a system message this is exactly the reference template's output.
   EXPECT_EQ(render(ChatTemplateKind::kMistralLegacy, true, {{"user", "Hello"}, {"assistant", "Hi"}, {"user", "Q"}}),
             "<s>[INST] Hello [/INST]Hi</s>[INST] Q [/INST]");
+}
+
+// The Mistral v7 expectations are jinja2 renderings of the published
+// templates, made by tests/data/chat_templates/make_mistral_v7_refs.py (its
+// docstring names the template copies: Mistral-Large-Instruct-2411 for v7,
+// Mistral-Small-3.1-24B-Instruct-2503 and -3.2-24B-Instruct-2506 for tekken),
+// with bos "<s>" and eos "</s>". They equal llama.cpp's built-in mistral-v7 /
+// mistral-v7-tekken renderings with the template's BOS in front.
+TEST(ChatTemplateTest, MistralV7RendersAsMistralLarge2411) {
+  const std::string expected =
+      "<s>[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST]   Hi there  </s>"
+      "[INST] Who are you[/INST]";
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7, false), expected);
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7, true), expected);  // "[/INST]" already opens the answer
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7, true, {{"system", " S \n"}, {"user", "\tU "}}),
+            "<s>[SYSTEM_PROMPT]  S \n[/SYSTEM_PROMPT][INST] \tU [/INST]");
+  // A later system message stays where it is; none at all means no block.
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7, true,
+                   {{"system", "S1"}, {"user", "U1"}, {"assistant", "A1"}, {"system", "S2"}, {"user", "U2"}}),
+            "<s>[SYSTEM_PROMPT] S1[/SYSTEM_PROMPT][INST] U1[/INST] A1</s>[SYSTEM_PROMPT] S2[/SYSTEM_PROMPT]"
+            "[INST] U2[/INST]");
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7, true, {{"user", "Hello"}, {"assistant", "  Hi there  "},
+                                                          {"user", "Who are you"}}),
+            "<s>[INST] Hello[/INST]   Hi there  </s>[INST] Who are you[/INST]");
+}
+
+TEST(ChatTemplateTest, MistralV7TekkenRendersAsMistralSmall3) {
+  const std::string expected =
+      "<s>[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT][INST]Hello[/INST]  Hi there  </s>"
+      "[INST]Who are you[/INST]";
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7Tekken, false), expected);
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7Tekken, true), expected);
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7Tekken, true, {{"system", " S \n"}, {"user", "\tU "}}),
+            "<s>[SYSTEM_PROMPT] S \n[/SYSTEM_PROMPT][INST]\tU [/INST]");
+  // Mistral-Small-3.2's template renders a later system message in place.
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7Tekken, true,
+                   {{"system", "S1"}, {"user", "U1"}, {"assistant", "A1"}, {"system", "S2"}, {"user", "U2"}}),
+            "<s>[SYSTEM_PROMPT]S1[/SYSTEM_PROMPT][INST]U1[/INST]A1</s>[SYSTEM_PROMPT]S2[/SYSTEM_PROMPT]"
+            "[INST]U2[/INST]");
+  // Where the published templates would write their dated default system
+  // message, Spillway writes none (as llama.cpp without --jinja; see the header).
+  EXPECT_EQ(render(ChatTemplateKind::kMistralV7Tekken, true, {{"user", "Hello"}}), "<s>[INST]Hello[/INST]");
+  // The vocabulary's own texts replace the defaults; "" leaves BOS out.
+  auto r = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, {{"user", "Q"}, {"assistant", "A"}}, true,
+                               ChatSpecialTexts{std::string(""), std::string("<eos>")});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "[INST]Q[/INST]A<eos>");
+  auto bad = apply_chat_template(ChatTemplateKind::kMistralV7, {{"developer", "x"}}, true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'developer'"), std::string::npos);
 }
 
 TEST(ChatTemplateTest, Gemma) {
@@ -479,6 +550,61 @@ TEST(ChatTemplateToolsTest, MistralV3RendersAsMistral7BInstructV03AndNemo) {
   }
 }
 
+// Mistral Small 3.1's template (the copy named in
+// tests/data/chat_templates/make_mistral_v7_refs.py, its "\n" escapes
+// restored) rendered by jinja2 on mistral_conversation() with a second call
+// id longer than 9 characters, which the template cuts to its last 9.
+TEST(ChatTemplateToolsTest, MistralV7TekkenRendersAsMistralSmall31) {
+  EXPECT_TRUE(chat_template_renders_tools(ChatTemplateKind::kMistralV7Tekken));
+  const std::string preamble =
+      "You are a helpful assistant that can call tools. If you call one or more tools, format them in a single JSON "
+      "array or objects, where each object is a tool call, not as separate objects outside of an array or multiple "
+      "arrays. Use the format [{\"name\": tool call name, \"arguments\": tool call arguments}, additional tool "
+      "calls] if you call more than one tool. If you call tools, do not attempt to interpret them or otherwise "
+      "provide a response until you receive a tool call result that you can interpret for the user.";
+  const std::string tools =
+      "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+      "\"Weather in a city, now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+      "\"string\", \"description\": \"City \u2014 name\"}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", "
+      "\"function\": {\"name\": \"now\", \"parameters\": {}, \"strict\": true}}][/AVAILABLE_TOOLS]";
+  const std::string expected =
+      "<s>[SYSTEM_PROMPT]" + preamble + "\n\nYou are terse.[/SYSTEM_PROMPT][INST] Weather in Paris and the time? "
+      "[/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": "
+      "\"\u00b0C\"}, \"id\": \"abcDEF123\"}, {\"name\": \"now\", \"arguments\": {}, \"id\": \"Z9y8X7w6V\"}]</s>"
+      "[TOOL_RESULTS] {\"content\": {\"temp\": 21}, \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS][TOOL_RESULTS] "
+      "{\"content\": line1\nline2 \"q\", \"call_id\": \"Z9y8X7w6V\"}[/TOOL_RESULTS]  21 C, 10:00.  </s>" +
+      tools + "[INST]Thanks[/INST]";
+  auto conv = mistral_conversation();
+  conv[2].tool_calls[1].id = "call_7_Z9y8X7w6V";
+  conv[4].tool_call_id = "call_7_Z9y8X7w6V";
+  auto r = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, conv, true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, expected);
+  // The first turn: the tools before the only user message.
+  conv.resize(2);
+  r = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, conv, true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, "<s>[SYSTEM_PROMPT]" + preamble + "\n\nYou are terse.[/SYSTEM_PROMPT]" + tools +
+                    "[INST] Weather in Paris and the time? [/INST]");
+  // Without a system message the preamble stands alone (the template's own
+  // branch for an undefined system message; it would use its dated default).
+  r = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, {{"user", "Hi"}}, true, {}, mistral_tools());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "<s>[SYSTEM_PROMPT]" + preamble + "[/SYSTEM_PROMPT]" + tools + "[INST]Hi[/INST]");
+  // Ids shorter than 9: the reference raises; a 400 naming it here.
+  auto bad = mistral_conversation();
+  bad[3].tool_call_id = "short";
+  auto e = apply_chat_template(ChatTemplateKind::kMistralV7Tekken, bad, true, {}, mistral_tools());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("at least 9 characters"), std::string::npos) << e.status().message();
+  // Without tools it renders as its plain template; v7 (spaced) refuses them.
+  const std::vector<ChatMessage> plain = {{"system", "S"}, {"user", "U"}};
+  EXPECT_EQ(*apply_chat_template(ChatTemplateKind::kMistralV7Tekken, plain, true, {}, {}),
+            "<s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]U[/INST]");
+  EXPECT_FALSE(chat_template_renders_tools(ChatTemplateKind::kMistralV7));
+}
+
 TEST(ChatTemplateToolsTest, WithoutToolsTheFamiliesRenderAsBeforeAndOthersRefuseToolsByName) {
   const std::vector<ChatMessage> plain = {{"system", "S"}, {"user", "U"}};
   for (ChatTemplateKind k : {ChatTemplateKind::kChatML, ChatTemplateKind::kLlama3, ChatTemplateKind::kMistral}) {
@@ -488,7 +614,8 @@ TEST(ChatTemplateToolsTest, WithoutToolsTheFamiliesRenderAsBeforeAndOthersRefuse
     EXPECT_EQ(*a, *b);
   }
   for (ChatTemplateKind k : {ChatTemplateKind::kMistral, ChatTemplateKind::kGemma, ChatTemplateKind::kZephyr,
-                             ChatTemplateKind::kLlama2, ChatTemplateKind::kMistralLegacy}) {
+                             ChatTemplateKind::kLlama2, ChatTemplateKind::kMistralLegacy, ChatTemplateKind::kMistralV7}) {
+    EXPECT_FALSE(chat_template_renders_tools(k)) << chat_template_name(k);
     auto t = apply_chat_template(k, plain, true, {}, weather_tools());
     ASSERT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find(std::string(chat_template_name(k))), std::string::npos) << t.status().message();

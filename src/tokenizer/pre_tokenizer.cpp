@@ -45,6 +45,12 @@ constexpr const char* kDeepseekLetters =
     R"(\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2})"
     R"(\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+)";
 constexpr const char* kDeepseekPunct = R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+)";
+// DeepSeek V3/R1: digits in threes, CJK ideographs and kana, then Llama 3's
+// split with punctuation and symbols apart from letters (to_pcre() gives its
+// \p{S} llama.cpp's meaning).
+constexpr const char* kDeepseekV3Cjk = R"([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)";
+constexpr const char* kDeepseekV3 =
+    R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 struct PreSpec {
   std::vector<std::string_view> names;
@@ -68,6 +74,12 @@ const std::vector<PreSpec>& specs() {
         "jina-v2-de", "jina-v2-code", "roberta-bpe"},
        {kGpt2}},
       {{"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"}, {kQwen2}},
+      {{"deepseek-v3"}, {R"(\p{N}{1,3})", kDeepseekV3Cjk, kDeepseekV3}},
+      {{"chameleon"},
+       {R"(<sentinel:[0-9]+>)", R"((IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z)", "([\t\n]|    |  )", R"(\p{N})",
+        R"([\p{P}!-/:-@\[-`{-~])", kGpt2},
+       false,
+       true},
       {{"poro-chat", "bloom", "gpt3-finnish"}, {kBloom}},
       {{"viking"}, {kBloom, R"(\p{N})"}},
       {{"tekken"},
@@ -81,6 +93,7 @@ const std::vector<PreSpec>& specs() {
 // ---- llama.cpp's code point view of the text ------------------------------------
 
 constexpr uint32_t kReplacementCpt = 0xFFFD;
+constexpr uint32_t kPrivateUseCpt = 0xE000;
 
 // Decodes as llama.cpp's unicode_cpts_from_utf8: lead bytes decide the length,
 // continuation bytes are checked only for their 10xxxxxx form (so overlongs
@@ -168,37 +181,76 @@ bool is_white_space(uint32_t c) {
 // The whitespace class after non-ASCII whitespace became U+000B.
 constexpr std::string_view kWsClassBody = R"(\t\n\x0B\f\r )";
 
-// Rewrites \s and \S into explicit classes (see pre_tokenizer.h). \S inside
-// a class would need set subtraction; no supported pattern has one.
-Result<std::string> rewrite_whitespace(std::string_view p) {
+// A character class's body with \s rewritten (see to_pcre).
+Result<std::string> class_body(std::string_view body, std::string_view pattern) {
   std::string out;
-  bool in_class = false;
-  for (size_t i = 0; i < p.size(); ++i) {
-    char c = p[i];
-    if (c == '\\' && i + 1 < p.size()) {
-      char e = p[i + 1];
-      ++i;
+  for (size_t i = 0; i < body.size(); ++i) {
+    if (body[i] == '\\' && i + 1 < body.size()) {
+      const char e = body[++i];
+      // \S inside a class would need set subtraction; no supported pattern has one.
+      if (e == 'S') return Status::internal("pre-tokenizer regex has \\S inside a class: " + std::string(pattern));
       if (e == 's') {
-        if (in_class) {
-          out.append(kWsClassBody);
-        } else {
-          out.append("[").append(kWsClassBody).append("]");
-        }
-      } else if (e == 'S') {
-        if (in_class) return Status::internal("pre-tokenizer regex has \\S inside a class: " + std::string(p));
-        out.append("[^").append(kWsClassBody).append("]");
+        out.append(kWsClassBody);
       } else {
         out.push_back('\\');
         out.push_back(e);
       }
       continue;
     }
-    if (c == '[' && !in_class) {
-      in_class = true;
-    } else if (c == ']' && in_class) {
-      in_class = false;
+    out.push_back(body[i]);
+  }
+  return out;
+}
+
+// llama.cpp's regex text -> what PCRE2 runs for the same matches:
+// - \s and \S become explicit classes (see pre_tokenizer.h).
+// - \p{S} loses ASCII '~': llama.cpp matches its categories on a collapsed
+//   text where ASCII keeps itself and \p{S} is rewritten to its table's
+//   symbols plus the ASCII list $+<=>^`| (unicode.cpp's k_ucat_map), which
+//   leaves out '~' (Unicode Sm). Outside a class that is [^\P{S}~]; a class
+//   with \p{S} and no '~' of its own becomes (?:(?!~)[...]), or (?:~|[^...])
+//   when negated (then '~' is outside the set, so the negation takes it).
+//   A class that writes '~' (alone or ending a range) keeps it either way.
+Result<std::string> to_pcre(std::string_view p) {
+  std::string out;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[++i];
+      if (e == 's') {
+        out.append("[").append(kWsClassBody).append("]");
+      } else if (e == 'S') {
+        out.append("[^").append(kWsClassBody).append("]");
+      } else if (e == 'p' && p.substr(i + 1, 3) == "{S}") {
+        out.append("[^\\P{S}~]");
+        i += 3;
+      } else {
+        out.push_back('\\');
+        out.push_back(e);
+      }
+      continue;
     }
-    out.push_back(c);
+    if (c != '[') {
+      out.push_back(c);
+      continue;
+    }
+    // A class: find its closing ']' (escapes skipped; no nested classes).
+    size_t end = i + 1;
+    while (end < p.size() && p[end] != ']') end += p[end] == '\\' ? 2 : 1;
+    if (end >= p.size()) return Status::internal("pre-tokenizer regex has an unclosed class: " + std::string(p));
+    const std::string_view body = p.substr(i + 1, end - i - 1);
+    SPW_ASSIGN_OR_RETURN(std::string rewritten, class_body(body, p));
+    const std::string cls = "[" + rewritten + "]";
+    const bool symbols_without_tilde =
+        body.find("\\p{S}") != std::string_view::npos && body.find('~') == std::string_view::npos;
+    if (!symbols_without_tilde) {
+      out.append(cls);
+    } else if (!body.empty() && body[0] == '^') {
+      out.append("(?:~|").append(cls).append(")");
+    } else {
+      out.append("(?:(?!~)").append(cls).append(")");
+    }
+    i = end;
   }
   return out;
 }
@@ -241,7 +293,7 @@ Result<std::unique_ptr<PreTokenizer>> PreTokenizer::create(std::string_view name
   p->add_bos_ = spec->add_bos;
   for (const char* pattern : spec->patterns) {
     p->patterns_.emplace_back(pattern);
-    SPW_ASSIGN_OR_RETURN(std::string rewritten, rewrite_whitespace(pattern));
+    SPW_ASSIGN_OR_RETURN(std::string rewritten, to_pcre(pattern));
     int err = 0;
     PCRE2_SIZE err_off = 0;
     auto re = std::make_unique<Regex>();
@@ -266,8 +318,11 @@ std::vector<std::string> PreTokenizer::split(std::string_view text) const {
   const std::vector<uint32_t> cpts = lenient_code_points(text);
 
   // The subject PCRE2 sees: valid UTF-8, non-ASCII whitespace as U+000B,
-  // code points PCRE2 would refuse (surrogates, > U+10FFFF) as U+FFFD;
-  // starts[i] = byte offset of code point i.
+  // code points PCRE2 would refuse (surrogates, > U+10FFFF) as U+E000, a
+  // private-use (category C) code point, because llama.cpp's table calls
+  // surrogates control and knows nothing beyond U+10FFFF: neither is a
+  // letter, number, punctuation, symbol or mark there (U+FFFD would be a
+  // symbol to deepseek-v3's \p{S}); starts[i] = byte offset of code point i.
   std::string subject;
   subject.reserve(text.size());
   std::vector<size_t> starts(cpts.size() + 1);
@@ -275,7 +330,7 @@ std::vector<std::string> PreTokenizer::split(std::string_view text) const {
     starts[i] = subject.size();
     uint32_t c = cpts[i];
     if (c > 0x7F && is_white_space(c)) c = 0x0B;
-    if ((c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) c = kReplacementCpt;
+    if ((c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) c = kPrivateUseCpt;
     append_utf8(c, &subject);
   }
   starts[cpts.size()] = subject.size();

@@ -25,11 +25,16 @@
 //   PCRE2_DOLLAR_ENDONLY).
 // - Each regex sees one word at a time: lookarounds and `$` do not see the
 //   neighbouring words.
-// Categories (\p{L}, \p{N}, \p{P}, \p{M}) come from PCRE2's Unicode tables
+// - `\p{S}` is llama.cpp's: Unicode's symbols without ASCII '~' (llama.cpp
+//   matches categories on a collapsed text in which ASCII stands for itself
+//   and \p{S} lists only $+<=>^`| of ASCII). deepseek-v3 is the one set that
+//   uses \p{S}; there '~' is "other": it may prefix letters, is never part
+//   of a punctuation/symbol run, and a '~' nothing matches stays a piece of
+//   its own. Surrogates (and code points beyond U+10FFFF) are "other" too,
+//   as in llama.cpp's table.
+// Categories (\p{L}, \p{N}, \p{P}, \p{M}, \p{S}) come from PCRE2's Unicode tables
 // (Unicode 14 in Debian 12's PCRE2 10.42), not llama.cpp's; code points whose
 // category differs between the two Unicode versions may split differently.
-// Sets whose llama.cpp handling has further quirks we do not reproduce
-// (deepseek-v3: its \p{S} omits ASCII '~') are not offered.
 // Code points llama.cpp cannot re-encode (> U+10FFFF from F4..F7 lead bytes;
 // llama.cpp throws) become U+FFFD. When PCRE2 gives up on a word (its match
 // or backtracking limit, only on pathological input), the rest of that word

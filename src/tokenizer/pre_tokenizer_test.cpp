@@ -1,9 +1,10 @@
 // BPE pre-tokenizers. The id-level checks against llama.cpp's vectors are in
 // bpe_test.cpp; here: the splits of the pre-tokenizers whose vocabularies are
-// not available (Llama 3's llama-bpe, qwen2, smollm), against splits made
-// offline with Python's `regex` module from llama.cpp's regexes (and checked
-// there against llama.cpp's own unicode_regex_split: no differences). This
-// checks the split, not the ids.
+// not available (Llama 3's llama-bpe, qwen2, smollm, deepseek-v3, chameleon),
+// against splits made offline with Python's `regex` module from llama.cpp's
+// regexes (deepseek-v3's \p{S} without '~' written as a set difference), and
+// checked there against llama.cpp's own unicode_regex_split: no differences
+// in 352 cases. This checks the split, not the ids.
 #include "tokenizer/pre_tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -56,6 +57,55 @@ TEST(PreTokenizerTest, SplitsMatchLlamaCppRegexesForLlama3Qwen2Smollm) {
   EXPECT_EQ(failures, 0);
 }
 
+// llama.cpp's test-tokenizer-0 texts and our extra texts (66), plus 11
+// targeted ones (digit runs, CJK and kana ranges, '~', symbols, marks,
+// newlines and whitespace runs, chameleon's sentinels), for each set.
+TEST(PreTokenizerTest, SplitsMatchLlamaCppRegexesForDeepseekV3Chameleon) {
+  int checked = 0, failures = 0;
+  for (const char* pre : {"deepseek-v3", "chameleon"}) {
+    auto p = PreTokenizer::create(pre);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    for (const SplitCase& c : split_cases()) {
+      if (std::string(c.pre) != pre) continue;
+      std::vector<std::string> want(c.words.begin(), c.words.end());
+      std::vector<std::string> got = (*p)->split(c.input);
+      ++checked;
+      if (got != want) {
+        ++failures;
+        ADD_FAILURE() << pre << " input '" << c.input << "'\n expected " << show(want) << "\n      got " << show(got);
+      }
+    }
+  }
+  std::printf("pre-tokenizer splits: %d/%d match\n", checked - failures, checked);
+  EXPECT_EQ(checked, 154);
+  EXPECT_EQ(failures, 0);
+}
+
+TEST(PreTokenizerTest, DeepseekV3TildeIsNotASymbol) {
+  // llama.cpp's \p{S} leaves out ASCII '~': it prefixes letters like a
+  // space would, never joins a punctuation run, and alone it is the text
+  // between matches. (Plain \p{S} would give " ~~", " ~", "a", " (~)".)
+  auto p = PreTokenizer::create("deepseek-v3");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->split(" ~~b ~a (~) 12345"),
+            (std::vector<std::string>{" ", "~", "~b", " ", "~a", " (", "~", ")", " ", "123", "45"}));
+  EXPECT_EQ((*p)->split("\xE4\xB8\x80\xE3\x81\x82x"),
+            (std::vector<std::string>{"\xE4\xB8\x80\xE3\x81\x82", "x"}));
+  // Invalid UTF-8, as llama.cpp's unicode_regex_split splits it (run through
+  // tests/data/vocab/tools/llama_split_ref.cpp): a surrogate is "other" and
+  // prefixes a letter; U+FFFD (from a stray byte) is a symbol.
+  EXPECT_EQ((*p)->split("\xED\xA0\x80" "a"), (std::vector<std::string>{"\xED\xA0\x80" "a"}));
+  EXPECT_EQ((*p)->split("x\xED\xA0\x80\xED\xA0\x80!"),
+            (std::vector<std::string>{"x", "\xED\xA0\x80\xED\xA0\x80", "!"}));
+  EXPECT_EQ((*p)->split("\xFF" "a"), (std::vector<std::string>{"\xEF\xBF\xBD", "a"}));
+  EXPECT_EQ((*p)->split("a\xEF\xBF\xBD!b"), (std::vector<std::string>{"a", "\xEF\xBF\xBD!", "b"}));
+  EXPECT_FALSE((*p)->add_bos_default());
+  EXPECT_FALSE((*p)->ignore_merges());
+  auto c = PreTokenizer::create("chameleon");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE((*c)->add_bos_default());
+}
+
 TEST(PreTokenizerTest, Llama3SplitsAsDocumented) {
   auto p = PreTokenizer::create("llama-bpe");
   ASSERT_TRUE(p.ok());
@@ -102,7 +152,8 @@ TEST(PreTokenizerTest, InvalidUtf8BecomesReplacementCharacters) {
 TEST(PreTokenizerTest, NamesAsLlamaCppMapsThem) {
   std::vector<std::string_view> names = PreTokenizer::supported_names();
   for (std::string_view n : {"default", "gpt-2", "llama-bpe", "llama3", "qwen2", "deepseek-llm", "deepseek-coder",
-                             "falcon", "starcoder", "mpt", "refact", "smollm", "command-r", "olmo", "tekken"}) {
+                             "falcon", "starcoder", "mpt", "refact", "smollm", "command-r", "olmo", "tekken",
+                             "deepseek-v3", "chameleon"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
     auto p = PreTokenizer::create(n);
     ASSERT_TRUE(p.ok()) << n << ": " << p.status().to_string();
