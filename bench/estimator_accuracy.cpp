@@ -84,6 +84,7 @@ struct ModelDef {
   std::string key;      // file stem
   std::string preset;   // "" = the bundled stories260K
   gguf::GgmlType type = gguf::GgmlType::kF32;
+  modelgen::RandomLlamaMix mix = modelgen::RandomLlamaMix::kNone;  // overrides type
 };
 
 struct Case {
@@ -114,7 +115,10 @@ std::vector<ModelDef> model_defs() {
   using T = gguf::GgmlType;
   return {{"stories260K", "", T::kF32},   {"15m-f32", "15m", T::kF32},   {"15m-f16", "15m", T::kF16},
           {"15m-q8_0", "15m", T::kQ8_0},  {"110m-f32", "110m", T::kF32}, {"110m-f16", "110m", T::kF16},
-          {"110m-q8_0", "110m", T::kQ8_0}, {"500m-f16", "500m", T::kF16}, {"500m-q8_0", "500m", T::kQ8_0}};
+          {"110m-q8_0", "110m", T::kQ8_0}, {"500m-f16", "500m", T::kF16}, {"500m-q8_0", "500m", T::kQ8_0},
+          // The low-bit types: a legacy one (15m's 288-wide rows hold 32-blocks,
+          // not 256-element super-blocks) and the common Q4_K_M mix.
+          {"15m-q4_0", "15m", T::kQ4_0},   {"110m-q4_k_m", "110m", T::kF32, modelgen::RandomLlamaMix::kQ4_K_M}};
 }
 
 std::vector<Case> matrix(const std::string& which) {
@@ -148,6 +152,10 @@ std::vector<Case> matrix(const std::string& which) {
       {"500m-f16", "cpu", 256, 32, 1, 2, 16},
       {"500m-q8_0", "vulkan", 48, 16, 1, 1, 16},
       {"500m-q8_0", "hybrid:12", 48, 16, 1, 1, 16},
+      {"15m-q4_0", "cpu", 256, 32, 1, 1, 16},
+      {"110m-q4_k_m", "cpu", 512, 64, 1, 2, 16},
+      {"110m-q4_k_m", "vulkan", 64, 16, 1, 1, 16},
+      {"110m-q4_k_m", "hybrid:6", 64, 16, 1, 1, 16},
   };
   full.insert(full.end(), more.begin(), more.end());
   return full;
@@ -381,6 +389,7 @@ Status ensure_model(const ModelDef& d, const std::string& dir, const std::string
   s.n_ff = p.n_ff;
   s.n_ctx = 2048;
   s.type = d.type;
+  s.mix = d.mix;
   s.seed = 7;
   s.vocab_path = source_dir + "/tests/data/ggml-vocab-llama-spm.gguf";
   std::fprintf(stderr, "generating %s ...\n", path.c_str());
