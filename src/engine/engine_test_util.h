@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,14 +65,16 @@ inline std::shared_ptr<const Model> random_model(const modelgen::RandomLlamaSpec
   return m.ok() ? *m : nullptr;
 }
 
-// Rewrites a GGUF with every 2-D weight converted to `target` (metadata and
-// 1-D norm weights unchanged). Matrices whose rows are not a multiple of the
-// target's block stay F32.
-inline std::string reencode(const gguf::GgufFile& f, gguf::GgmlType target) {
+// Rewrites a GGUF with each F32 2-D weight converted to target_of(tensor)
+// (metadata and 1-D norm weights unchanged). Matrices whose rows are not a
+// multiple of the target's block stay F32.
+inline std::string reencode(const gguf::GgufFile& f,
+                            const std::function<gguf::GgmlType(const gguf::TensorInfo&)>& target_of) {
   gguf::GgufWriter w(f.alignment());
   for (const auto& [k, v] : f.metadata()) w.set(k, v);
   for (const gguf::TensorInfo& t : f.tensors()) {
     std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
+    const gguf::GgmlType target = t.n_dims == 2 ? target_of(t) : gguf::GgmlType::kF32;
     const bool convert = t.n_dims == 2 && t.type == static_cast<uint32_t>(gguf::GgmlType::kF32) &&
                          t.ne[0] % gguf::ggml_type_info(static_cast<uint32_t>(target))->block_size == 0;
     if (!convert) {
@@ -94,6 +97,11 @@ inline std::string reencode(const gguf::GgufFile& f, gguf::GgmlType target) {
   auto bytes = w.serialize();
   EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
   return bytes.ok() ? *bytes : std::string();
+}
+
+// Every 2-D weight to one type.
+inline std::string reencode(const gguf::GgufFile& f, gguf::GgmlType target) {
+  return reencode(f, [target](const gguf::TensorInfo&) { return target; });
 }
 
 inline std::shared_ptr<const Model> stories() {

@@ -393,6 +393,26 @@ std::vector<ModelCase> model_cases() {
   c.push_back({"random Q4_K_M mix",
                testing::random_model(low_bit_spec(gguf::GgmlType::kF32, modelgen::RandomLlamaMix::kQ4_K_M)), 2e-4, 24,
                0.05});
+  // Every activation format inside one group of matmuls sharing an input
+  // (Q8_K, Q8_0, Q8_1 for Q/K/V; Q8_K then Q8_0 for gate/up): the input is
+  // quantised again for each change of format (MatmulInput).
+  auto f32_spec = low_bit_spec(gguf::GgmlType::kQ4_K);
+  f32_spec.type = gguf::GgmlType::kF32;
+  auto f32 = testing::random_model(f32_spec);
+  const std::map<std::string, gguf::GgmlType> by_role = {
+      {"attn_q", gguf::GgmlType::kQ4_K},   {"attn_k", gguf::GgmlType::kQ8_0}, {"attn_v", gguf::GgmlType::kQ4_1},
+      {"attn_output", gguf::GgmlType::kQ5_K}, {"ffn_gate", gguf::GgmlType::kQ6_K}, {"ffn_up", gguf::GgmlType::kQ5_0},
+      {"ffn_down", gguf::GgmlType::kQ4_0}, {"output", gguf::GgmlType::kQ4_1}, {"token_embd", gguf::GgmlType::kQ5_1}};
+  auto mixed = testing::model_from_bytes(testing::reencode(f32->file(), [&](const gguf::TensorInfo& t) {
+    for (const auto& [role, type] : by_role)
+      if (t.name.find(role + ".weight") != std::string::npos) return type;
+    return gguf::GgmlType::kF32;
+  }));
+  EXPECT_TRUE(mixed.ok()) << mixed.status().to_string();
+  if (mixed.ok()) {
+    EXPECT_EQ((*mixed)->layer(0).wk.type, gguf::GgmlType::kQ8_0);
+    c.push_back({"every format in one group", *mixed, 2e-4, 24, 0.05});
+  }
   return c;
 }
 
