@@ -14,7 +14,10 @@
 namespace spw::http {
 namespace {
 
-using nlohmann::json;
+// Insertion-ordered: responses list their fields as written (as OpenAI does),
+// and a completions top_logprobs entry lists its alternatives most likely
+// first (a sorted map would list them alphabetically).
+using json = nlohmann::ordered_json;
 
 ApiError bad(std::string param, std::string message, std::string code = "invalid_value") {
   ApiError e;

@@ -667,6 +667,13 @@ TEST(OpenAiRender, CompletionLogprobsListTokensTheirAlternativesAndOffsets) {
   EXPECT_EQ(lp["top_logprobs"][0], json({{"Hi", -0.25}, {"Hey", -1.5}}));
   EXPECT_EQ(lp["top_logprobs"][2], json({{"!", -0.1}, {"\xEF\xBF\xBD!", -9999.0}}))
       << "a repeated text keeps the likelier value; the chosen token is always a key";
+  // The alternatives are listed most likely first (as OpenAI does), not by
+  // key: "Hi" (-0.25) before "Hey" (-1.5).
+  const auto ordered = nlohmann::ordered_json::parse(render_completion(r))["choices"][0]["logprobs"]["top_logprobs"][0];
+  ASSERT_EQ(ordered.size(), 2u);
+  EXPECT_EQ(ordered.begin().key(), "Hi");
+  // Responses list their fields as written: id first.
+  EXPECT_EQ(nlohmann::ordered_json::parse(render_completion(r)).begin().key(), "id");
   // Asked, nothing listed: an empty object, not null; not asked: null.
   r.logprobs = ChoiceLogprobs{};
   EXPECT_EQ(json::parse(render_completion(r))["choices"][0]["logprobs"]["tokens"], json::array());
