@@ -19,22 +19,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_engine_bench import cpu_name  # noqa: E402  (one definition of the machine's name)
 
 
 def ensure_model(build, preset, typ, ctx):
