@@ -47,7 +47,7 @@ def ensure_model(build, preset, typ):
 
 
 def n_tokens(spillway, model, text):
-    out = subprocess.run([spillway, "tokenize", "--model", model, "--prompt", text], check=True,
+    out = subprocess.run([spillway, "tokenize", "--model", model, "--", text], check=True,
                          capture_output=True, text=True).stdout
     return len(json.loads(out))
 

@@ -251,6 +251,39 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
   return out;
 }
 
+void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) { dot_f32_n<4>(w, x, n, out); }
+
+#if defined(__AVX512F__)
+template <int NC>
+static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_pos, float* out) {
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const __m512 ap = _mm512_set1_ps(a[p]);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(ap, _mm512_loadu_ps(v[p] + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+#endif
+
+void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out) {
+#if defined(__AVX512F__)
+  // The plain loop below is compiled to one vfmadd per element and term
+  // (-ffp-contract=fast, GCC's default); these keep the sums in registers.
+  switch (dim) {
+    case 64: return weighted_rows_reg<4>(v, a, n_pos, out);
+    case 128: return weighted_rows_reg<8>(v, a, n_pos, out);
+    default: break;
+  }
+#endif
+  std::fill(out, out + dim, 0.0f);
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const float ap = a[p];
+    const float* vp = v[p];
+    for (int64_t d = 0; d < dim; ++d) out[d] += ap * vp[d];
+  }
+}
+
 // ---------------------------------------------------------------- rows / matmul
 
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
@@ -362,6 +395,13 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+// Pins a loaded vector in a register: without it GCC folds the activation
+// load into every FMA that uses it (one load per FMA instead of one per tile
+// column), and the tile becomes load-bound again.
+inline __m512 in_reg(__m512 v) {
+  asm("" : "+v"(v));
+  return v;
+}
 inline float scalar_w(const float* p) { return *p; }
 inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
 
@@ -377,14 +417,14 @@ void tile_float(const WT* const* w, const float* const* x, int64_t n, float* out
   int64_t i0 = 0;
   for (; i0 + 32 <= n; i0 += 32) {
     __m512 wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = load16(w[i] + i0);
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0));
     for (int j = 0; j < T; ++j) {
-      const __m512 xv = _mm512_loadu_ps(x[j] + i0);
+      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0));
       for (int i = 0; i < R; ++i) a0[i][j] = _mm512_fmadd_ps(wv[i], xv, a0[i][j]);
     }
-    for (int i = 0; i < R; ++i) wv[i] = load16(w[i] + i0 + 16);
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0 + 16));
     for (int j = 0; j < T; ++j) {
-      const __m512 xv = _mm512_loadu_ps(x[j] + i0 + 16);
+      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0 + 16));
       for (int i = 0; i < R; ++i) a1[i][j] = _mm512_fmadd_ps(wv[i], xv, a1[i][j]);
     }
   }
@@ -429,9 +469,10 @@ constexpr int kFloatTileToks = kTokGroup;
 // come from unsigned x + 128 (prepared once, `xu`: per pair and block 32 bytes
 // of token t then 32 of token t + 1) times signed w, started from
 // -128 * sum(w) so the offset cancels: one vpdpbusd per row and token pair.
+// `xd` holds each pair's block scales as 8 + 8 lanes (prepared once too).
 template <int R, int TP>
-void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, int64_t pair_stride, const float* const* xd,
-               int64_t nb, float* out) {
+void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, const float* xd, int64_t pair_stride, int64_t nb,
+               float* out) {
   constexpr int T = 2 * TP;
   __m512 acc[R][TP];
   for (int i = 0; i < R; ++i)
@@ -439,8 +480,7 @@ void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, int64_t pair_stride
   const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; ++b) {
     __m512 xs[TP];  // d_x of token 2p in the low half, of 2p + 1 in the high half
-    for (int p = 0; p < TP; ++p)
-      xs[p] = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xd[2 * p][b]), 0xFF00, _mm_set_ss(xd[2 * p + 1][b]));
+    for (int p = 0; p < TP; ++p) xs[p] = _mm512_loadu_ps(xd + p * pair_stride / 4 + b * 16);
     for (int i = 0; i < R; ++i) {
       const __m512i wq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)));
       const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, wq));
@@ -484,6 +524,7 @@ struct PreparedX {
   std::vector<gguf::BlockQ8_K> qk;
   std::vector<ActRow> arows;
   std::vector<uint8_t> xu;  // [n_tokens / 2][nb][64]: q + 128 of tokens 2p, 2p + 1
+  std::vector<float> xs;    // [n_tokens / 2][nb][16]: their d, 8 lanes each
   int64_t nb = 0;
 };
 
@@ -513,8 +554,12 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
       }
       if (q8_pairs) {
         px.xu.resize(static_cast<size_t>(n_tokens / 2 * nb * 64));
+        px.xs.resize(static_cast<size_t>(n_tokens / 2 * nb * 16));
         for (int64_t p = 0; p < n_tokens / 2; ++p)
           for (int64_t b = 0; b < nb; ++b) {
+            float* ds = px.xs.data() + (p * nb + b) * 16;
+            std::fill(ds, ds + 8, px.d[static_cast<size_t>(2 * p * nb + b)]);
+            std::fill(ds + 8, ds + 16, px.d[static_cast<size_t>((2 * p + 1) * nb + b)]);
             uint8_t* dst = px.xu.data() + (p * nb + b) * 64;
             const int8_t* q0 = px.q[static_cast<size_t>(2 * p * nb + b)].qs;
             const int8_t* q1 = px.q[static_cast<size_t>((2 * p + 1) * nb + b)].qs;
@@ -602,8 +647,8 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
         const BlockQ8_0* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(row(r + i));
-        tile_q8_0<R, TP>(wr, px.xu.data() + (t / 2) * pair_stride, pair_stride, &px.drows[static_cast<size_t>(t)],
-                         px.nb, out);
+        tile_q8_0<R, TP>(wr, px.xu.data() + (t / 2) * pair_stride, px.xs.data() + (t / 2) * pair_stride / 4,
+                         pair_stride, px.nb, out);
       }, dot);
 #else
       gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {

@@ -302,6 +302,38 @@ TEST(Kernels, FusedGemmEqualsPerToken) {
   }
 }
 
+// The attention helpers give the plain loops' bits: four scores at once
+// against dot_f32 per position, and the register-accumulated weighted sum
+// of V rows against the loop cpu_backend ran before (same contraction rules:
+// this file is compiled with the same flags as kernels.cpp).
+TEST(Kernels, AttentionHelpersMatchPlainLoops) {
+  std::mt19937 g(18);
+  for (int64_t dim : {64, 128, 48, 80, 7}) {
+    const int64_t n_pos = 37;
+    auto q = randv(g, static_cast<size_t>(dim));
+    auto kv = randv(g, static_cast<size_t>(n_pos * dim));
+    std::vector<const float*> rows(static_cast<size_t>(n_pos));
+    for (int64_t p = 0; p < n_pos; ++p) rows[static_cast<size_t>(p)] = kv.data() + (n_pos - 1 - p) * dim;
+    for (int64_t p = 0; p + 4 <= n_pos; p += 4) {
+      float four[4];
+      dot_f32_x4(q.data(), &rows[static_cast<size_t>(p)], dim, four);
+      for (int j = 0; j < 4; ++j) {
+        const float one = dot_f32(rows[static_cast<size_t>(p + j)], q.data(), dim);
+        ASSERT_EQ(0, std::memcmp(&one, &four[j], 4)) << "dim " << dim << " position " << p + j;
+      }
+    }
+    auto a = randv(g, static_cast<size_t>(n_pos));
+    std::vector<float> ref(static_cast<size_t>(dim), 0.0f), got(static_cast<size_t>(dim), -1.0f);
+    for (int64_t p = 0; p < n_pos; ++p) {
+      const float ap = a[static_cast<size_t>(p)];
+      const float* vp = rows[static_cast<size_t>(p)];
+      for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] += ap * vp[d];
+    }
+    weighted_rows(rows.data(), a.data(), n_pos, dim, got.data());
+    ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << "dim " << dim;
+  }
+}
+
 TEST(Kernels, QuantizeMatchesGgufReference) {
   std::mt19937 g(10);
   auto x = randv(g, 32 * 9, 4.0f);
