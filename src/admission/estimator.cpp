@@ -549,10 +549,11 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     t.layer_activations = (m * E + 2 * m * Q + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
-    t.attention_row = c * kF32;
-    // CpuBackend: attention goes to the pool when work >= 2^17 (worst ubatch:
+    // Per attention task: the scores and each position's K and V row pointers.
+    t.attention_row = c * (kF32 + 2 * sizeof(void*));
+    // CpuBackend: attention goes to the pool when work >= 2^15 (worst ubatch:
     // the last one of the context) and there is more than one item.
-    const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 17);
+    const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 15);
     t.attention_workers = parallel ? T : 1;
     if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows);
   }

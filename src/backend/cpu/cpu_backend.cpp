@@ -131,11 +131,16 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
         const int32_t kvh = h / n_gqa;
         const int32_t pos = r.pos;
         const float* qh = q.data() + t * n_q + static_cast<int64_t>(h) * hd;
-        for (int32_t p = 0; p <= pos; ++p) {
-          const int64_t off = static_cast<int64_t>(p % bt) * n_kv + static_cast<int64_t>(kvh) * hd;
-          const int32_t blk = blocks[static_cast<size_t>(p / bt)];
-          kr[static_cast<size_t>(p)] = kvp->k(blk, lp) + off;
-          vr[static_cast<size_t>(p)] = kvp->v(blk, lp) + off;
+        // Each position's K and V rows, a KV block at a time.
+        for (int32_t p0 = 0; p0 <= pos; p0 += bt) {
+          const int32_t blk = blocks[static_cast<size_t>(p0 / bt)];
+          const float* kb = kvp->k(blk, lp) + static_cast<int64_t>(kvh) * hd;
+          const float* vb = kvp->v(blk, lp) + static_cast<int64_t>(kvh) * hd;
+          const int32_t pe = std::min(pos + 1, p0 + bt);
+          for (int32_t p = p0; p < pe; ++p) {
+            kr[static_cast<size_t>(p)] = kb + static_cast<int64_t>(p - p0) * n_kv;
+            vr[static_cast<size_t>(p)] = vb + static_cast<int64_t>(p - p0) * n_kv;
+          }
         }
         // Scores four positions at a time (bitwise dot_f32(k, q) each).
         int32_t p = 0;
