@@ -49,9 +49,41 @@ uint16_t fp32_to_fp16(float f) {
 
 // Activations are quantised exactly as ggml quantises weights (gguf/quant.h),
 // which is what makes our Q8_0 dot products llama.cpp's.
+// The AVX-512 path repeats gguf's operations exactly: amax by fmax (NaN
+// inputs ignored, as std::fmax does), d = amax / 127, id = 1 / d, fp16 of d
+// by gguf's converter, q = roundf(x * id) with roundf (half away from zero)
+// as trunc(v) + (|v - trunc(v)| >= 0.5 ? sign(v) : 0), exact because
+// v - trunc(v) is exact. kernels_test compares it with gguf bitwise,
+// halfway cases included.
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   assert(n % 32 == 0);
+#if defined(__AVX512F__)
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 sign_bit = _mm512_set1_ps(-0.0f);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+    // max(NaN, 0) is 0 (the second operand), so NaNs drop out here as in fmax.
+    const __m512 m = _mm512_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), zero), _mm512_max_ps(_mm512_abs_ps(x1), zero));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = gguf::fp32_to_fp16(d);
+    const __m512 idv = _mm512_set1_ps(id);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 v = _mm512_mul_ps(h == 0 ? x0 : x1, idv);
+      const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+      const __mmask16 up = _mm512_cmp_ps_mask(frac, half, _CMP_GE_OQ);
+      const __m512 step = _mm512_or_ps(one, _mm512_and_ps(v, sign_bit));  // +-1 with v's sign
+      const __m512 r = _mm512_mask_add_ps(t, up, t, step);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+    }
+  }
+#else
   gguf::quantize_row_q8_0(x, y, static_cast<size_t>(n));
+#endif
 }
 
 #if defined(__AVX2__)

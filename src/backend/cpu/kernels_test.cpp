@@ -334,6 +334,28 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
   }
 }
 
+// The activation quantiser (SIMD where built) gives gguf's reference bits,
+// including x * id landing exactly on .5 (roundf rounds away from zero),
+// all-zero blocks, a block whose maximum is negative, and tiny values.
+TEST(Kernels, QuantizeQ8_0BitwiseGguf) {
+  std::mt19937 g(19);
+  const int64_t nb = 64;
+  std::vector<float> x = randv(g, static_cast<size_t>(nb * 32), 3.0f);
+  // Block 0: multiples of amax/254 give x * id = k + 0.5 (or close to it).
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(j)] = static_cast<float>(2 * (j - 16) + 1) * (127.0f / 254.0f);
+  x[31] = 127.0f;
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(32 + j)] = 0.0f;          // block 1: zeros
+  x[64 + 5] = -9.0f;                                                              // block 2: negative max
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(96 + j)] *= 1e-30f;         // block 3: tiny
+  for (int b = 4; b < 12; ++b)                                                    // blocks 4..11: halves of a grid
+    for (int j = 0; j < 32; ++j) x[static_cast<size_t>(b * 32 + j)] = static_cast<float>((j * 7 + b) % 64 - 32) * 0.5f;
+  std::vector<BlockQ8_0> got(static_cast<size_t>(nb)), want(static_cast<size_t>(nb));
+  quantize_row_q8_0(x.data(), got.data(), nb * 32);
+  gguf::quantize_row_q8_0(x.data(), want.data(), static_cast<size_t>(nb * 32));
+  for (int64_t b = 0; b < nb; ++b)
+    ASSERT_EQ(0, std::memcmp(&got[static_cast<size_t>(b)], &want[static_cast<size_t>(b)], sizeof(BlockQ8_0))) << "block " << b;
+}
+
 TEST(Kernels, QuantizeMatchesGgufReference) {
   std::mt19937 g(10);
   auto x = randv(g, 32 * 9, 4.0f);
