@@ -29,28 +29,29 @@ struct Fixture {
   WeightMatrix w;
 };
 
-const Fixture& fixture(GgmlType type) {
-  static std::unique_ptr<Fixture> cache[31];  // by ggml type id
+const Fixture& fixture(GgmlType type, int64_t rows = kRows, int64_t cols = kCols) {
+  static std::unique_ptr<Fixture> cache[2][31];  // by shape, ggml type id
   const auto slot = static_cast<size_t>(type);
-  if (!cache[slot]) {
+  auto& cached = cache[rows == kRows ? 0 : 1][slot];
+  if (!cached) {
     auto f = std::make_unique<Fixture>();
     std::mt19937 rng(1);
     std::normal_distribution<float> dist(0.0f, 0.02f);
-    std::vector<float> row(kCols);
-    uint64_t row_bytes = spw::gguf::ggml_nbytes(static_cast<uint32_t>(type), kCols).value();
-    f->bytes.resize(row_bytes * kRows);
-    for (int64_t r = 0; r < kRows; ++r) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    uint64_t row_bytes = spw::gguf::ggml_nbytes(static_cast<uint32_t>(type), static_cast<uint64_t>(cols)).value();
+    f->bytes.resize(row_bytes * rows);
+    for (int64_t r = 0; r < rows; ++r) {
       for (float& x : row) x = dist(rng);
-      (void)spw::gguf::quantize_row(type, row.data(), f->bytes.data() + r * row_bytes, kCols);
+      (void)spw::gguf::quantize_row(type, row.data(), f->bytes.data() + r * row_bytes, cols);
     }
     f->w.data = f->bytes.data();
     f->w.type = type;
-    f->w.n_cols = kCols;
-    f->w.n_rows = kRows;
+    f->w.n_cols = cols;
+    f->w.n_rows = rows;
     f->w.row_bytes = row_bytes;
-    cache[slot] = std::move(f);
+    cached = std::move(f);
   }
-  return *cache[slot];
+  return *cached;
 }
 
 void BM_Matmul(benchmark::State& state, GgmlType type) {
@@ -68,6 +69,39 @@ void BM_Matmul(benchmark::State& state, GgmlType type) {
   state.counters["tokens/s"] =
       benchmark::Counter(static_cast<double>(state.iterations() * n_tokens), benchmark::Counter::kIsRate);
 }
+
+// Prefill at gen-model 110M's FFN shape (2048 x 768, the gate/up matrices):
+// 256 tokens, the GEMM path (register tiles, blocks split over threads).
+// tokens/s here is the matmul's, not a model's.
+constexpr int64_t kFfnRows = 2048;
+constexpr int64_t kFfnCols = 768;
+
+void BM_Gemm(benchmark::State& state, GgmlType type) {
+  const int64_t n_tokens = state.range(0);
+  const int n_threads = static_cast<int>(state.range(1));
+  const Fixture& f = fixture(type, kFfnRows, kFfnCols);
+  spw::ThreadPool pool(n_threads);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tokens * kFfnCols));
+  for (float& v : x) v = dist(rng);
+  std::vector<float> y(static_cast<size_t>(n_tokens * kFfnRows));
+  for (auto _ : state) {
+    spw::cpu::matmul(f.w, x.data(), n_tokens, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 2.0 * kFfnRows * kFfnCols * static_cast<double>(n_tokens) / 1e9,
+      benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * n_tokens), benchmark::Counter::kIsRate);
+}
+
+BENCHMARK_CAPTURE(BM_Gemm, f32, GgmlType::kF32)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gemm, f16, GgmlType::kF16)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gemm, q8_0, GgmlType::kQ8_0)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gemm, q4_k, GgmlType::kQ4_K)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gemm, q6_k, GgmlType::kQ6_K)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
 
 BENCHMARK_CAPTURE(BM_Matmul, f32, GgmlType::kF32)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Matmul, f16, GgmlType::kF16)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();

@@ -7,6 +7,8 @@ Runs `spillway generate --json` once per (model, threads) in a fresh process
 session, then prints a Markdown table for docs/PERFORMANCE.md.
 
 Usage: bench/run_engine_bench.py [--build build/release] [--tokens 128] [--quick]
+Models: stories260K, gen 15M F32 and (unless --quick) gen 110M in F16, Q8_0,
+Q4_K and Q6_K.
 Models are generated on first use into BUILD/bench-models with
 spillway-gen-model (random weights, real 32000-token Llama vocabulary).
 """
@@ -71,6 +73,10 @@ def main():
     if not args.quick:
         models.append(("gen 110M F16", ensure_model(build, "gen-110m-f16.gguf", "110m", "f16")))
         models.append(("gen 110M Q8_0", ensure_model(build, "gen-110m-q8_0.gguf", "110m", "q8_0")))
+        # The K types real-world GGUF files use (Q4_K_M / Q6_K): effective
+        # bandwidth counts their bytes per weight (4.5 and 6.56 bits).
+        models.append(("gen 110M Q4_K", ensure_model(build, "gen-110m-q4_k.gguf", "110m", "q4_k")))
+        models.append(("gen 110M Q6_K", ensure_model(build, "gen-110m-q6_k.gguf", "110m", "q6_k")))
 
     bw = bandwidth(build)
     prompt = os.path.join(ROOT, "bench", "prompt.txt")

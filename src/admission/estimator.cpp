@@ -123,7 +123,8 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
 // kernels.cpp's PreparedX for m activation rows against a matrix of `type`
 // with `cols` columns, beyond the m row pointers (mirrors prepare_x):
 //   Q8_0 weights: m*nb Q8_0 blocks (34 B) + m*nb float scales + 2*m pointers
-//     (nb = cols/32);
+//     (nb = cols/32), and from 8 rows on (the GEMM) the token-pair copies:
+//     m*nb*32 bytes of offset quants + m*nb*8 floats of scales (64 B);
 //   Q4_0, Q5_0: the same Q8_0 activations + m ActRows (3 pointers each);
 //   Q4_1, Q5_1: m*nb Q8_1 blocks (36 B) + 2*m*nb floats (d, s) + m ActRows;
 //   Q4_K, Q5_K, Q6_K: m*(cols/256) Q8_K blocks (292 B) + m ActRows;
@@ -135,7 +136,7 @@ uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m) {
   const uint64_t nb32 = cols / 32;
   switch (static_cast<gguf::GgmlType>(type)) {
     case gguf::GgmlType::kQ8_0:
-      return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*);
+      return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) + (m >= 8 ? m * nb32 * 64 : 0);
     case gguf::GgmlType::kQ4_0:
     case gguf::GgmlType::kQ5_0:
       return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) + m * act_row;
@@ -551,10 +552,11 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     t.layer_activations = (m * E + 2 * m * Q + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
-    t.attention_row = c * kF32;
-    // CpuBackend: attention goes to the pool when work >= 2^17 (worst ubatch:
+    // Per attention task: the scores and each position's K and V row pointers.
+    t.attention_row = c * (kF32 + 2 * sizeof(void*));
+    // CpuBackend: attention goes to the pool when work >= 2^15 (worst ubatch:
     // the last one of the context) and there is more than one item.
-    const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 17);
+    const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 15);
     t.attention_workers = parallel ? T : 1;
     if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows);
   }

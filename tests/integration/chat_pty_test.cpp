@@ -203,7 +203,10 @@ TEST(ChatInAPty, StreamsWithItsRouteShowsTheQueueAndCtrlCCancelsTheRequestNotThe
 
   // Keep the one worker busy with two long prompts, then ask: the question
   // waits in the queue and the terminal says where and for how long.
-  const json busy_body = {{"prompt", long_prompt()}, {"max_tokens", 4}};
+  // 48 tokens each after the long prompt: with the prefill GEMM the prompts
+  // alone no longer outlast typing the question and ^C (the question had
+  // already run and finished when ^C came).
+  const json busy_body = {{"prompt", long_prompt()}, {"max_tokens", 48}};
   PendingRequest busy1(srv.port(), busy_body.dump()), busy2(srv.port(), busy_body.dump());
   ASSERT_TRUE(busy1.sent() && busy2.sent());
   const auto deadline = Clock::now() + std::chrono::seconds(30);

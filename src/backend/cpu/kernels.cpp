@@ -49,9 +49,41 @@ uint16_t fp32_to_fp16(float f) {
 
 // Activations are quantised exactly as ggml quantises weights (gguf/quant.h),
 // which is what makes our Q8_0 dot products llama.cpp's.
+// The AVX-512 path repeats gguf's operations exactly: amax by fmax (NaN
+// inputs ignored, as std::fmax does), d = amax / 127, id = 1 / d, fp16 of d
+// by gguf's converter, q = roundf(x * id) with roundf (half away from zero)
+// as trunc(v) + (|v - trunc(v)| >= 0.5 ? sign(v) : 0), exact because
+// v - trunc(v) is exact. kernels_test compares it with gguf bitwise,
+// halfway cases included.
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   assert(n % 32 == 0);
+#if defined(__AVX512F__)
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 sign_bit = _mm512_set1_ps(-0.0f);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+    // max(NaN, 0) is 0 (the second operand), so NaNs drop out here as in fmax.
+    const __m512 m = _mm512_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), zero), _mm512_max_ps(_mm512_abs_ps(x1), zero));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = gguf::fp32_to_fp16(d);
+    const __m512 idv = _mm512_set1_ps(id);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 v = _mm512_mul_ps(h == 0 ? x0 : x1, idv);
+      const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+      const __mmask16 up = _mm512_cmp_ps_mask(frac, half, _CMP_GE_OQ);
+      const __m512 step = _mm512_or_ps(one, _mm512_and_ps(v, sign_bit));  // +-1 with v's sign
+      const __m512 r = _mm512_mask_add_ps(t, up, t, step);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+    }
+  }
+#else
   gguf::quantize_row_q8_0(x, y, static_cast<size_t>(n));
+#endif
 }
 
 #if defined(__AVX2__)
@@ -251,6 +283,74 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
   return out;
 }
 
+void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) {
+#if defined(__AVX512F__)
+  // dot_f32_n<4>'s accumulation, then its four reductions done side by side:
+  // every add below is one of hsum256's adds, on the same two operands.
+  __m512 a0[4], a1[4];
+  for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  int64_t i0 = 0;
+  for (; i0 + 32 <= n; i0 += 32) {
+    const __m512 w0 = _mm512_loadu_ps(w + i0), w1 = _mm512_loadu_ps(w + i0 + 16);
+    for (int t = 0; t < 4; ++t) {
+      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
+      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + i0 + 16), a1[t]);
+    }
+  }
+  if (i0 + 16 <= n) {
+    const __m512 w0 = _mm512_loadu_ps(w + i0);
+    for (int t = 0; t < 4; ++t) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
+    i0 += 16;
+  }
+  __m512 z[4];
+  for (int t = 0; t < 4; ++t) z[t] = _mm512_add_ps(a0[t], a1[t]);
+  // y_t = low 256 + high 256 of z_t, two tokens per register.
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
+  // hsum256: x = low 128 + high 128 (token t in 128-bit lane t), then
+  // (x0 + x1) + (x2 + x3).
+  const __m512 xs = _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
+  const __m512 s2 = _mm512_add_ps(xs, _mm512_movehdup_ps(xs));
+  const __m512 r = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x02));
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r)));
+  for (int64_t i = i0; i < n; ++i)
+    for (int t = 0; t < 4; ++t) out[t] = std::fma(w[i], x[t][i], out[t]);
+#else
+  dot_f32_n<4>(w, x, n, out);
+#endif
+}
+
+#if defined(__AVX512F__)
+template <int NC>
+static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_pos, float* out) {
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const __m512 ap = _mm512_set1_ps(a[p]);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(ap, _mm512_loadu_ps(v[p] + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+#endif
+
+void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out) {
+#if defined(__AVX512F__)
+  // The plain loop below is compiled to one vfmadd per element and term
+  // (-ffp-contract=fast, GCC's default); these keep the sums in registers.
+  switch (dim) {
+    case 64: return weighted_rows_reg<4>(v, a, n_pos, out);
+    case 128: return weighted_rows_reg<8>(v, a, n_pos, out);
+    default: break;
+  }
+#endif
+  std::fill(out, out + dim, 0.0f);
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const float ap = a[p];
+    const float* vp = v[p];
+    for (int64_t d = 0; d < dim; ++d) out[d] += ap * vp[d];
+  }
+}
+
 // ---------------------------------------------------------------- rows / matmul
 
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
@@ -282,6 +382,7 @@ void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
 }
 
 namespace {
+// ---- The per-row path (decode, small batches)
 // Rows handled together so a tile of weight rows stays in cache while every
 // token of the batch passes over it.
 constexpr int64_t kRowTile = 16;
@@ -291,26 +392,182 @@ constexpr int kTokGroup = 4;
 // more than it saves.
 constexpr int64_t kMinParallelWork = 1 << 18;
 
-// dot(r, t0, nt, out): rows r against tokens t0..t0+nt-1 (nt is 1 or kTokGroup).
+// ---- The GEMM path (prefill)
+// From kGemmMinTokens tokens on, the output [tokens][rows] is cut into blocks
+// of kGemmRowBlock rows x kGemmTokBlock tokens. Blocks are the parallel work
+// items, so threads split both dimensions; a block's weight rows and token
+// rows stay in L2 while its register tiles run. A register tile is R rows x
+// T tokens (tile_* below): each weight vector is loaded once for T tokens and
+// each activation vector once for R rows, instead of once per dot product.
+// Each (row, token) of a tile keeps its own accumulators and performs exactly
+// the operations of the one-token kernel (same k order, same lanes, same
+// final reduction), so the GEMM is bitwise the per-token path for any tile
+// position, block size, batch size or thread count (kernels_test checks this
+// for every type). Rows and tokens that do not fill a tile go through the
+// per-row kernels.
+constexpr int64_t kGemmMinTokens = 8;
+constexpr int64_t kGemmRowBlock = 48;  // a multiple of every tile's R
+constexpr int64_t kGemmTokBlock = 48;  // a multiple of every tile's T (even: Q8_0 token pairs)
+
+// Rows r0..r1 against tokens t0..t1 through the per-row kernels:
+// dot(r, t, nt, out) for row r against tokens t..t+nt-1 (nt is 1 or kTokGroup).
 template <typename Dot>
-void matmul_rows(int64_t r0, int64_t r1, int64_t n_rows, int64_t n_tokens, float* y, Dot dot) {
+void matmul_rows(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, float* y, Dot dot) {
   float out[kTokGroup];
   for (int64_t rt = r0; rt < r1; rt += kRowTile) {
     const int64_t re = std::min(r1, rt + kRowTile);
-    int64_t t = 0;
-    for (; t + kTokGroup <= n_tokens; t += kTokGroup) {
+    int64_t t = t0;
+    for (; t + kTokGroup <= t1; t += kTokGroup) {
       for (int64_t r = rt; r < re; ++r) {
         dot(r, t, kTokGroup, out);
         for (int k = 0; k < kTokGroup; ++k) y[(t + k) * n_rows + r] = out[k];
       }
     }
-    for (; t < n_tokens; ++t)
+    for (; t < t1; ++t)
       for (int64_t r = rt; r < re; ++r) {
         dot(r, t, 1, out);
         y[t * n_rows + r] = out[0];
       }
   }
 }
+
+// One GEMM block: tile(r, t, out) computes rows r..r+R-1 against tokens
+// t..t+T-1 into out[i * T + j]; the edges go through dot.
+template <int R, int T, typename Tile, typename Dot>
+void gemm_block(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, float* y, Tile tile, Dot dot) {
+  static_assert(kGemmRowBlock % R == 0 && kGemmTokBlock % T == 0, "blocks must hold whole tiles");
+  float out[R * T];
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) {
+    int64_t t = t0;
+    for (; t + T <= t1; t += T) {
+      tile(r, t, out);
+      for (int j = 0; j < T; ++j)
+        for (int i = 0; i < R; ++i) y[(t + j) * n_rows + r + i] = out[i * T + j];
+    }
+    if (t < t1) matmul_rows(r, r + R, t, t1, n_rows, y, dot);
+  }
+  if (r < r1) matmul_rows(r, r1, t0, t1, n_rows, y, dot);
+}
+
+#if defined(__AVX512F__)
+// dot_f32_n / dot_f16_n end with (a0 + a1), the two 256-bit halves added, hsum256.
+inline float reduce_pair512(__m512 a0, __m512 a1) {
+  const __m512 a = _mm512_add_ps(a0, a1);
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+}
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// Pins a loaded vector in a register: without it GCC folds the activation
+// load into every FMA that uses it (one load per FMA instead of one per tile
+// column), and the tile becomes load-bound again.
+inline __m512 in_reg(__m512 v) {
+  asm("" : "+v"(v));
+  return v;
+}
+inline float scalar_w(const float* p) { return *p; }
+inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
+
+// R x T tile of dot_f32_n / dot_f16_n (AVX-512): per (row, token) the
+// accumulators a0 (elements 0..15 of each 32) and a1 (16..31), a 16-wide
+// remainder into a0, the reduction, then the scalar tail, in the one-token
+// order.
+template <int R, int T, typename WT>
+void tile_float(const WT* const* w, const float* const* x, int64_t n, float* out) {
+  __m512 a0[R][T], a1[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) a0[i][j] = a1[i][j] = _mm512_setzero_ps();
+  int64_t i0 = 0;
+  for (; i0 + 32 <= n; i0 += 32) {
+    __m512 wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0));
+    for (int j = 0; j < T; ++j) {
+      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0));
+      for (int i = 0; i < R; ++i) a0[i][j] = _mm512_fmadd_ps(wv[i], xv, a0[i][j]);
+    }
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0 + 16));
+    for (int j = 0; j < T; ++j) {
+      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0 + 16));
+      for (int i = 0; i < R; ++i) a1[i][j] = _mm512_fmadd_ps(wv[i], xv, a1[i][j]);
+    }
+  }
+  if (i0 + 16 <= n) {
+    for (int i = 0; i < R; ++i) {
+      const __m512 wv = load16(w[i] + i0);
+      for (int j = 0; j < T; ++j) a0[i][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + i0), a0[i][j]);
+    }
+    i0 += 16;
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) out[i * T + j] = reduce_pair512(a0[i][j], a1[i][j]);
+  for (int64_t k = i0; k < n; ++k)
+    for (int i = 0; i < R; ++i) {
+      const float wk = scalar_w(w[i] + k);
+      for (int j = 0; j < T; ++j) out[i * T + j] = std::fma(wk, x[j][k], out[i * T + j]);
+    }
+}
+constexpr int kFloatTileRows = 4;
+constexpr int kFloatTileToks = 3;  // 4 x 3 x 2 = 24 of the 32 zmm registers accumulate
+#else
+// Without AVX-512 a tile is its rows through the multi-token kernel.
+template <int R, int T>
+void tile_float(const float* const* w, const float* const* x, int64_t n, float* out) {
+  for (int i = 0; i < R; ++i) dot_f32_n<T>(w[i], x, n, out + i * T);
+}
+template <int R, int T>
+void tile_float(const uint16_t* const* w, const float* const* x, int64_t n, float* out) {
+  for (int i = 0; i < R; ++i) dot_f16_n<T>(w[i], x, n, out + i * T);
+}
+constexpr int kFloatTileRows = 4;
+constexpr int kFloatTileToks = kTokGroup;
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define SPW_GEMM_Q8_0_VNNI512 1
+// R rows x TP token pairs of dot_q8_0_n (AVX-512 VNNI). A zmm register holds
+// one row's 8-lane accumulator for two tokens (low half token t, high half
+// t + 1), so every lane runs the one-token kernel's sequence:
+//   lane = fma(d_w * d_x, float(i_lane), lane),  i_lane = sum of 4 products,
+// then hsum256 per half. The integer lanes are exact either way; here they
+// come from unsigned x + 128 (prepared once, `xu`: per pair and block 32 bytes
+// of token t then 32 of token t + 1) times signed w, started from
+// -128 * sum(w) so the offset cancels: one vpdpbusd per row and token pair.
+// `xd` holds each pair's block scales as 8 + 8 lanes (prepared once too).
+template <int R, int TP>
+void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, const float* xd, int64_t pair_stride, int64_t nb,
+               float* out) {
+  constexpr int T = 2 * TP;
+  __m512 acc[R][TP];
+  for (int i = 0; i < R; ++i)
+    for (int p = 0; p < TP; ++p) acc[i][p] = _mm512_setzero_ps();
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512 xs[TP];  // d_x of token 2p in the low half, of 2p + 1 in the high half
+    for (int p = 0; p < TP; ++p) xs[p] = _mm512_loadu_ps(xd + p * pair_stride / 4 + b * 16);
+    for (int i = 0; i < R; ++i) {
+      const __m512i wq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)));
+      const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, wq));
+      const __m512 dw = _mm512_set1_ps(fp16_to_fp32(w[i][b].d));
+      for (int p = 0; p < TP; ++p) {
+        const __m512i xv = _mm512_loadu_si512(xu + p * pair_stride + b * 64);
+        const __m512i s32 = _mm512_dpbusd_epi32(neg, xv, wq);
+        acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xs[p]), _mm512_cvtepi32_ps(s32), acc[i][p]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int p = 0; p < TP; ++p) {
+      out[i * T + 2 * p] = hsum256(_mm512_castps512_ps256(acc[i][p]));
+      out[i * T + 2 * p + 1] = hsum256(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][p]), 1)));
+    }
+}
+constexpr int kQ8TileRows = 4;
+constexpr int kQ8TilePairs = 4;  // 16 accumulators
+#endif
 }  // namespace
 
 namespace {
@@ -320,7 +577,9 @@ namespace {
 // (Q4_1, Q5_1), or Q8_K blocks (K types); F32/F16 use the rows as they are.
 // Low-bit kernels read the quantised rows through `arows` (built only when
 // such a weight is in the call, so a Q8_0-only call allocates what it always
-// did; the estimator mirrors these sizes: admission/estimator.cpp).
+// did); the Q8_0 GEMM reads token pairs from `xu` (built only for GEMM-sized
+// Q8_0 calls where the AVX-512 VNNI tile is compiled in). The estimator
+// mirrors these sizes: admission/estimator.cpp.
 struct PreparedX {
   std::vector<const float*> rows;
   std::vector<BlockQ8_0> q;
@@ -331,10 +590,13 @@ struct PreparedX {
   std::vector<float> s;
   std::vector<gguf::BlockQ8_K> qk;
   std::vector<ActRow> arows;
+  std::vector<uint8_t> xu;  // [n_tokens / 2][nb][64]: q + 128 of tokens 2p, 2p + 1
+  std::vector<float> xs;    // [n_tokens / 2][nb][16]: their d, 8 lanes each
   int64_t nb = 0;
 };
 
-void prepare_x(ActFormat format, bool low_bit, const float* x, int64_t n_tokens, int64_t n_cols, PreparedX& px) {
+void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_tokens, int64_t n_cols,
+               PreparedX& px) {
   px.rows.resize(static_cast<size_t>(n_tokens));
   for (int64_t t = 0; t < n_tokens; ++t) px.rows[static_cast<size_t>(t)] = x + t * n_cols;
   if (format == ActFormat::kFloat) return;
@@ -356,6 +618,23 @@ void prepare_x(ActFormat format, bool low_bit, const float* x, int64_t n_tokens,
         px.qrows[static_cast<size_t>(t)] = qt;
         px.drows[static_cast<size_t>(t)] = dt;
         if (low_bit) px.arows[static_cast<size_t>(t)] = {qt, dt, nullptr};
+      }
+      if (q8_pairs) {
+        px.xu.resize(static_cast<size_t>(n_tokens / 2 * nb * 64));
+        px.xs.resize(static_cast<size_t>(n_tokens / 2 * nb * 16));
+        for (int64_t p = 0; p < n_tokens / 2; ++p)
+          for (int64_t b = 0; b < nb; ++b) {
+            float* ds = px.xs.data() + (p * nb + b) * 16;
+            std::fill(ds, ds + 8, px.d[static_cast<size_t>(2 * p * nb + b)]);
+            std::fill(ds + 8, ds + 16, px.d[static_cast<size_t>((2 * p + 1) * nb + b)]);
+            uint8_t* dst = px.xu.data() + (p * nb + b) * 64;
+            const int8_t* q0 = px.q[static_cast<size_t>(2 * p * nb + b)].qs;
+            const int8_t* q1 = px.q[static_cast<size_t>((2 * p + 1) * nb + b)].qs;
+            for (int j = 0; j < 32; ++j) {
+              dst[j] = static_cast<uint8_t>(q0[j] ^ static_cast<int8_t>(0x80));
+              dst[32 + j] = static_cast<uint8_t>(q1[j] ^ static_cast<int8_t>(0x80));
+            }
+          }
       }
       break;
     case ActFormat::kQ8_1:
@@ -383,40 +662,81 @@ void prepare_x(ActFormat format, bool low_bit, const float* x, int64_t n_tokens,
   }
 }
 
-void run_rows(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t n_tokens, float* y) {
+// Rows r0..r1 x tokens t0..t1 of w: register tiles when `gemm`, else the
+// per-row kernels.
+void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
+               bool gemm, float* y) {
   const int64_t n_rows = w.n_rows;
   const int64_t n_cols = w.n_cols;
+  auto row = [&](int64_t r) { return w.data + static_cast<size_t>(r) * w.row_bytes; };
   switch (w.type) {
-    case gguf::GgmlType::kF32:
-      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
-        const float* wr = reinterpret_cast<const float*>(w.data + static_cast<size_t>(r) * w.row_bytes);
+    case gguf::GgmlType::kF32: {
+      auto dot = [&](int64_t r, int64_t t, int nt, float* out) {
+        const float* wr = reinterpret_cast<const float*>(row(r));
         if (nt == kTokGroup) dot_f32_n<kTokGroup>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
         else dot_f32_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
-      });
-      break;
-    case gguf::GgmlType::kF16:
-      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
-        const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.data + static_cast<size_t>(r) * w.row_bytes);
+      };
+      if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
+      constexpr int R = kFloatTileRows, T = kFloatTileToks;
+      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+        const float* wr[R];
+        for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
+        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+      }, dot);
+      return;
+    }
+    case gguf::GgmlType::kF16: {
+      auto dot = [&](int64_t r, int64_t t, int nt, float* out) {
+        const uint16_t* wr = reinterpret_cast<const uint16_t*>(row(r));
         if (nt == kTokGroup) dot_f16_n<kTokGroup>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
         else dot_f16_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
-      });
-      break;
-    case gguf::GgmlType::kQ8_0:
-      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
-        const BlockQ8_0* wr = reinterpret_cast<const BlockQ8_0*>(w.data + static_cast<size_t>(r) * w.row_bytes);
+      };
+      if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
+      constexpr int R = kFloatTileRows, T = kFloatTileToks;
+      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+        const uint16_t* wr[R];
+        for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const uint16_t*>(row(r + i));
+        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+      }, dot);
+      return;
+    }
+    case gguf::GgmlType::kQ8_0: {
+      auto dot = [&](int64_t r, int64_t t, int nt, float* out) {
+        const BlockQ8_0* wr = reinterpret_cast<const BlockQ8_0*>(row(r));
         const auto ti = static_cast<size_t>(t);
         if (nt == kTokGroup) dot_q8_0_n<kTokGroup>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
         else dot_q8_0_n<1>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
-      });
-      break;
+      };
+      if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
+#if defined(SPW_GEMM_Q8_0_VNNI512)
+      constexpr int R = kQ8TileRows, TP = kQ8TilePairs;
+      const int64_t pair_stride = px.nb * 64;
+      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+        const BlockQ8_0* wr[R];
+        for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(row(r + i));
+        tile_q8_0<R, TP>(wr, px.xu.data() + (t / 2) * pair_stride, px.xs.data() + (t / 2) * pair_stride / 4,
+                         pair_stride, px.nb, out);
+      }, dot);
+#else
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+        for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
+      }, dot);
+#endif
+      return;
+    }
     default: {
       const QuantDot* qd = quant_dot(w.type);
       assert(qd != nullptr && "unsupported type");
       static_assert(kTokGroup == 4, "QuantDot::four is the token-group kernel");
-      matmul_rows(r0, r1, n_rows, n_tokens, y, [&](int64_t r, int64_t t, int nt, float* out) {
-        const uint8_t* wr = w.data + static_cast<size_t>(r) * w.row_bytes;
-        (nt == kTokGroup ? qd->four : qd->one)(wr, &px.arows[static_cast<size_t>(t)], n_cols, out);
-      });
+      auto dot = [&](int64_t r, int64_t t, int nt, float* out) {
+        (nt == kTokGroup ? qd->four : qd->one)(row(r), &px.arows[static_cast<size_t>(t)], n_cols, out);
+      };
+      // Low-bit types: GEMM blocks (cache locality, both dimensions split)
+      // around the multi-token kernel.
+      if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+        for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
+      }, dot);
     }
   }
 }
@@ -432,6 +752,7 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
   const WeightMatrix& w0 = *outs[0].w;
   const ActFormat format = act_format(w0.type);
   bool low_bit = false;  // a weight read through PreparedX::arows
+  bool has_q8_0 = false;
   for (int i = 0; i < n_outs; ++i) {
     const gguf::GgmlType t = outs[i].w->type;
     if (act_format(t) != format || outs[i].w->n_cols != w0.n_cols) {
@@ -441,16 +762,28 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
       return;
     }
     low_bit |= format != ActFormat::kFloat && t != gguf::GgmlType::kQ8_0;
+    has_q8_0 |= t == gguf::GgmlType::kQ8_0;
   }
+  const bool gemm = n_tokens >= kGemmMinTokens;
+#if defined(SPW_GEMM_Q8_0_VNNI512)
+  const bool q8_pairs = gemm && has_q8_0;
+#else
+  const bool q8_pairs = false;
+#endif
   PreparedX px;
-  prepare_x(format, low_bit, x, n_tokens, w0.n_cols, px);
-  // Units of kRowTile rows, concatenated over the matrices, so chunk
-  // boundaries never split a tile.
+  prepare_x(format, low_bit, q8_pairs, x, n_tokens, w0.n_cols, px);
+  // Work units concatenated over the matrices: per-row path, kRowTile rows
+  // each (chunk boundaries never split a tile); GEMM path, one block of
+  // kGemmRowBlock rows x kGemmTokBlock tokens each (token blocks inner, so a
+  // chunk of consecutive units reuses its weight rows from cache).
+  const int64_t row_unit = gemm ? kGemmRowBlock : kRowTile;
+  const int64_t tok_blocks = gemm ? (n_tokens + kGemmTokBlock - 1) / kGemmTokBlock : 1;
+  const int64_t tok_unit = gemm ? kGemmTokBlock : n_tokens;
   std::vector<int64_t> unit_begin(static_cast<size_t>(n_outs) + 1, 0);
   int64_t work = 0;
   for (int i = 0; i < n_outs; ++i) {
     unit_begin[static_cast<size_t>(i) + 1] =
-        unit_begin[static_cast<size_t>(i)] + (outs[i].w->n_rows + kRowTile - 1) / kRowTile;
+        unit_begin[static_cast<size_t>(i)] + (outs[i].w->n_rows + row_unit - 1) / row_unit * tok_blocks;
     work += outs[i].w->n_rows * outs[i].w->n_cols * n_tokens;
   }
   auto body = [&](int64_t u0, int64_t u1) {
@@ -460,7 +793,16 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
       if (b >= e) continue;
       const int64_t base = unit_begin[static_cast<size_t>(i)];
       const WeightMatrix& w = *outs[i].w;
-      run_rows(w, px, (b - base) * kRowTile, std::min(w.n_rows, (e - base) * kRowTile), n_tokens, outs[i].y);
+      if (!gemm) {
+        run_block(w, px, (b - base) * kRowTile, std::min(w.n_rows, (e - base) * kRowTile), 0, n_tokens, false,
+                  outs[i].y);
+        continue;
+      }
+      for (int64_t u = b - base; u < e - base; ++u) {
+        const int64_t rb = u / tok_blocks, tb = u % tok_blocks;
+        run_block(w, px, rb * row_unit, std::min(w.n_rows, (rb + 1) * row_unit), tb * tok_unit,
+                  std::min(n_tokens, (tb + 1) * tok_unit), true, outs[i].y);
+      }
     }
   };
   const int64_t n_units = unit_begin[static_cast<size_t>(n_outs)];

@@ -7,8 +7,10 @@
 // code builds without AVX. Every dot product of a given weight row with a given
 // activation row is computed by one function with a fixed summation order, so a
 // matmul over a batch gives bitwise the same values as matvecs token by token,
-// and the result does not depend on the thread count (rows are split, never
-// the reduction).
+// and the result does not depend on the thread count (rows and tokens are
+// split, never the reduction). From 8 tokens on, matmul runs as a GEMM:
+// blocks of rows x tokens are the parallel work items and register tiles
+// replay the one-token operation sequence per (row, token) (kernels.cpp).
 // Q8_0 follows llama.cpp: the activation row is quantised to Q8_0 blocks
 // (d = max|x|/127 stored as fp16, q = round(x/d)), and each block's integer dot
 // is scaled by d_w * d_x.
@@ -39,6 +41,17 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);  // n % 32 == 0
 float dot_f32(const float* w, const float* x, int64_t n);
 float dot_f16(const uint16_t* w, const float* x, int64_t n);
 float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t n_blocks);
+
+// Attention helpers (cpu_backend.cpp), same results as the plain loops:
+// out[j] = dot_f32(x[j], w, n) bitwise for j < 4 (four positions' scores
+// against one query; fma's product is symmetric, so the query may be the
+// "weight" row and is loaded once for the four).
+void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out);
+// out[d] = 0, then for p < n_pos in order out[d] += a[p] * v[p][d], for
+// d < dim (as the compiler contracts it: one fused multiply-add per term where
+// the target has FMA); accumulates in registers when dim is a multiple of 16
+// up to 128 with AVX-512 (one head's attention output).
+void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out);
 
 // One row of a weight matrix as F32.
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out);

@@ -185,6 +185,177 @@ TEST(Kernels, FusedMatmulEqualsSeparate) {
   }
 }
 
+// Any weight type through gguf's reference quantiser (the low-bit types too).
+OwnedMatrix make_any(gguf::GgmlType type, int64_t rows, int64_t cols, std::mt19937& g) {
+  if (type == gguf::GgmlType::kF32 || type == gguf::GgmlType::kF16 || type == gguf::GgmlType::kQ8_0) {
+    std::vector<double> ref;
+    return make_matrix(type, rows, cols, randv(g, static_cast<size_t>(rows * cols)), ref);
+  }
+  OwnedMatrix m;
+  const auto row_bytes = static_cast<size_t>(gguf::ggml_nbytes(static_cast<uint32_t>(type), static_cast<uint64_t>(cols)).value());
+  m.bytes.resize(row_bytes * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    auto src = randv(g, static_cast<size_t>(cols));
+    EXPECT_TRUE(gguf::quantize_row(type, src.data(), m.bytes.data() + static_cast<size_t>(r) * row_bytes,
+                                   static_cast<size_t>(cols)).ok());
+  }
+  m.w.row_bytes = row_bytes;
+  m.w.data = reinterpret_cast<const uint8_t*>(m.bytes.data());
+  m.w.type = type;
+  m.w.n_rows = rows;
+  m.w.n_cols = cols;
+  m.w.name = &m.name;
+  return m;
+}
+
+// The prefill GEMM (register tiles over rows x tokens inside blocks of rows x
+// tokens split across threads) against the one-token path, bitwise, for every
+// weight type: row counts that are not multiples of the tile or the block,
+// token counts on both sides of the GEMM threshold and of the tile and block
+// edges (odd ones leave a Q8_0 token pair open), column counts with 16-wide and
+// scalar tails for F32/F16, and 1 to 4 threads.
+TEST(Kernels, GemmBitwiseEqualsPerToken) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const std::vector<gguf::GgmlType> types = {
+      gguf::GgmlType::kF32,  gguf::GgmlType::kF16,  gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_0,
+      gguf::GgmlType::kQ4_1, gguf::GgmlType::kQ5_0, gguf::GgmlType::kQ5_1, gguf::GgmlType::kQ4_K,
+      gguf::GgmlType::kQ5_K, gguf::GgmlType::kQ6_K};
+  const int64_t token_counts[] = {7, 8, 9, 13, 50, 61, 97};
+  std::mt19937 g(15);
+  for (auto type : types) {
+    const bool k_type = type == gguf::GgmlType::kQ4_K || type == gguf::GgmlType::kQ5_K || type == gguf::GgmlType::kQ6_K;
+    std::vector<Shape> shapes;
+    if (k_type) shapes = {{101, 256}, {50, 512}};
+    else if (type == gguf::GgmlType::kF32 || type == gguf::GgmlType::kF16) shapes = {{101, 96}, {53, 75}, {49, 131}, {7, 16}};
+    else shapes = {{101, 96}, {53, 160}, {7, 32}};
+    for (const Shape& sh : shapes) {
+      OwnedMatrix m = make_any(type, sh.rows, sh.cols, g);
+      for (int64_t tokens : token_counts) {
+        auto x = randv(g, static_cast<size_t>(tokens * sh.cols), 2.0f);
+        std::vector<float> ref(static_cast<size_t>(tokens * sh.rows));
+        for (int64_t t = 0; t < tokens; ++t)
+          matmul(m.w, x.data() + t * sh.cols, 1, ref.data() + t * sh.rows, nullptr);
+        for (int threads = 1; threads <= 4; ++threads) {
+          ThreadPool pool(threads);
+          std::vector<float> y(ref.size(), -7.0f);
+          matmul(m.w, x.data(), tokens, y.data(), &pool);
+          ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 4))
+              << gguf::ggml_type_name(static_cast<uint32_t>(type)) << " " << sh.rows << "x" << sh.cols << " tokens "
+              << tokens << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
+// A matrix large enough that the GEMM runs in parallel (above the work
+// threshold, several row and token blocks per thread), for the types with
+// their own register tiles: 1, 2 and 3 threads give the same bits as 1 token
+// at a time.
+TEST(Kernels, GemmParallelBlocksBitwise) {
+  std::mt19937 g(16);
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_K}) {
+    const int64_t rows = 197, cols = 256, tokens = 131;
+    OwnedMatrix m = make_any(type, rows, cols, g);
+    auto x = randv(g, static_cast<size_t>(tokens * cols));
+    std::vector<float> ref(static_cast<size_t>(tokens * rows));
+    for (int64_t t = 0; t < tokens; ++t) matmul(m.w, x.data() + t * cols, 1, ref.data() + t * rows, nullptr);
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> y(ref.size());
+      matmul(m.w, x.data(), tokens, y.data(), &pool);
+      ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 4))
+          << gguf::ggml_type_name(static_cast<uint32_t>(type)) << " threads " << threads;
+    }
+  }
+}
+
+// Fused GEMM (Q/K/V-like matrices of different heights, prefill-sized batch)
+// equals the one-token path.
+TEST(Kernels, FusedGemmEqualsPerToken) {
+  std::mt19937 g(17);
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ6_K}) {
+    const int64_t cols = 256, tokens = 57;
+    const int64_t rows[3] = {100, 52, 9};
+    std::vector<OwnedMatrix> ms;
+    ms.reserve(3);
+    for (int64_t r : rows) ms.push_back(make_any(type, r, cols, g));
+    for (auto& m : ms) m.w.data = reinterpret_cast<const uint8_t*>(m.bytes.data());
+    auto x = randv(g, static_cast<size_t>(tokens * cols));
+    ThreadPool pool(2);
+    std::vector<std::vector<float>> fused(3);
+    std::vector<MatmulOut> outs;
+    for (int i = 0; i < 3; ++i) {
+      fused[static_cast<size_t>(i)].resize(static_cast<size_t>(rows[i] * tokens));
+      outs.push_back({&ms[static_cast<size_t>(i)].w, fused[static_cast<size_t>(i)].data()});
+    }
+    matmul_fused(outs.data(), 3, x.data(), tokens, &pool);
+    for (int i = 0; i < 3; ++i)
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<float> one(static_cast<size_t>(rows[i]));
+        matmul(ms[static_cast<size_t>(i)].w, x.data() + t * cols, 1, one.data(), nullptr);
+        ASSERT_EQ(0, std::memcmp(one.data(), fused[static_cast<size_t>(i)].data() + t * rows[i], one.size() * 4))
+            << gguf::ggml_type_name(static_cast<uint32_t>(type)) << " matrix " << i << " token " << t;
+      }
+  }
+}
+
+// The attention helpers give the plain loops' bits: four scores at once
+// against dot_f32 per position, and the register-accumulated weighted sum
+// of V rows against the loop cpu_backend ran before (same contraction rules:
+// this file is compiled with the same flags as kernels.cpp).
+TEST(Kernels, AttentionHelpersMatchPlainLoops) {
+  std::mt19937 g(18);
+  for (int64_t dim : {64, 128, 48, 80, 7}) {
+    const int64_t n_pos = 37;
+    auto q = randv(g, static_cast<size_t>(dim));
+    auto kv = randv(g, static_cast<size_t>(n_pos * dim));
+    std::vector<const float*> rows(static_cast<size_t>(n_pos));
+    for (int64_t p = 0; p < n_pos; ++p) rows[static_cast<size_t>(p)] = kv.data() + (n_pos - 1 - p) * dim;
+    for (int64_t p = 0; p + 4 <= n_pos; p += 4) {
+      float four[4];
+      dot_f32_x4(q.data(), &rows[static_cast<size_t>(p)], dim, four);
+      for (int j = 0; j < 4; ++j) {
+        const float one = dot_f32(rows[static_cast<size_t>(p + j)], q.data(), dim);
+        ASSERT_EQ(0, std::memcmp(&one, &four[j], 4)) << "dim " << dim << " position " << p + j;
+      }
+    }
+    auto a = randv(g, static_cast<size_t>(n_pos));
+    std::vector<float> ref(static_cast<size_t>(dim), 0.0f), got(static_cast<size_t>(dim), -1.0f);
+    for (int64_t p = 0; p < n_pos; ++p) {
+      const float ap = a[static_cast<size_t>(p)];
+      const float* vp = rows[static_cast<size_t>(p)];
+      for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] += ap * vp[d];
+    }
+    weighted_rows(rows.data(), a.data(), n_pos, dim, got.data());
+    ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << "dim " << dim;
+  }
+}
+
+// The activation quantiser (SIMD where built) gives gguf's reference bits,
+// including x * id landing exactly on .5 (roundf rounds away from zero),
+// all-zero blocks, a block whose maximum is negative, and tiny values.
+TEST(Kernels, QuantizeQ8_0BitwiseGguf) {
+  std::mt19937 g(19);
+  const int64_t nb = 64;
+  std::vector<float> x = randv(g, static_cast<size_t>(nb * 32), 3.0f);
+  // Block 0: multiples of amax/254 give x * id = k + 0.5 (or close to it).
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(j)] = static_cast<float>(2 * (j - 16) + 1) * (127.0f / 254.0f);
+  x[31] = 127.0f;
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(32 + j)] = 0.0f;          // block 1: zeros
+  x[64 + 5] = -9.0f;                                                              // block 2: negative max
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(96 + j)] *= 1e-30f;         // block 3: tiny
+  for (int b = 4; b < 12; ++b)                                                    // blocks 4..11: halves of a grid
+    for (int j = 0; j < 32; ++j) x[static_cast<size_t>(b * 32 + j)] = static_cast<float>((j * 7 + b) % 64 - 32) * 0.5f;
+  std::vector<BlockQ8_0> got(static_cast<size_t>(nb)), want(static_cast<size_t>(nb));
+  quantize_row_q8_0(x.data(), got.data(), nb * 32);
+  gguf::quantize_row_q8_0(x.data(), want.data(), static_cast<size_t>(nb * 32));
+  for (int64_t b = 0; b < nb; ++b)
+    ASSERT_EQ(0, std::memcmp(&got[static_cast<size_t>(b)], &want[static_cast<size_t>(b)], sizeof(BlockQ8_0))) << "block " << b;
+}
+
 TEST(Kernels, QuantizeMatchesGgufReference) {
   std::mt19937 g(10);
   auto x = randv(g, 32 * 9, 4.0f);

@@ -60,7 +60,7 @@ void quantize_act_row(ActFormat f, const float* x, int64_t n, void* blocks, floa
   const auto un = static_cast<size_t>(n);
   switch (f) {
     case ActFormat::kQ8_0: {
-      gguf::quantize_row_q8_0(x, blocks, un);
+      quantize_row_q8_0(x, static_cast<BlockQ8_0*>(blocks), n);  // kernels.h: gguf's bits, SIMD
       const auto* b = static_cast<const BlockQ8_0*>(blocks);
       for (int64_t i = 0; i < n / 32; ++i) d[i] = fp16_to_fp32(b[i].d);
       break;

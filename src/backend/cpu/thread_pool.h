@@ -3,10 +3,11 @@
 // Contract: ThreadPool(n) starts n-1 workers; the calling thread is the n-th
 // participant of every parallel_for. parallel_for(n_items, fn) calls
 // fn(begin, end) over disjoint contiguous ranges covering [0, n_items) and
-// returns when all calls have finished. Ranges are claimed dynamically (a few
-// per thread), so a worker that the OS has descheduled does not stall the
+// returns when all calls have finished. Ranges are claimed dynamically (4 per
+// thread, shrinking toward the end when there are 8 or more items per
+// thread), so a worker that the OS has descheduled does not stall the
 // caller; callers must therefore make fn's result independent of which thread
-// runs which range (the kernels split rows, never a reduction, so results are
+// runs which range (the kernels split rows and tokens, never a reduction, so results are
 // bitwise independent of the thread count). Idle workers block on a condition
 // variable after a short spin (no CPU burnt when idle).
 // Thread safety: parallel_for may be called from several threads; calls are

@@ -12,9 +12,10 @@ namespace spw {
 namespace {
 
 TEST(ThreadPool, CoversEveryItemOnce) {
-  for (int threads : {1, 2, 3}) {
+  for (int threads : {1, 2, 3, 4}) {
     ThreadPool pool(threads);
-    for (int64_t n : {1, 2, 7, 1000}) {
+    // Below, at and above the guided split's threshold (8 items per thread).
+    for (int64_t n : {1, 2, 7, 15, 16, 17, 24, 31, 32, 33, 1000}) {
       std::vector<int> hits(static_cast<size_t>(n), 0);
       for (int rep = 0; rep < 50; ++rep) {
         pool.parallel_for(n, [&](int64_t b, int64_t e) {
