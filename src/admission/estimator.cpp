@@ -552,8 +552,13 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     t.layer_activations = (m * E + 2 * m * Q + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
-    // Per attention task: the scores and each position's K and V row pointers.
-    t.attention_row = c * (kF32 + 2 * sizeof(void*));
+    // Per attention worker: the scores of its chunk of heads and each
+    // position's K and V row pointers. CpuBackend gives a pass of n rows
+    // clamp(ceil(T / n), 1, n_head) chunks per row; the most heads per chunk
+    // come with the most rows (the ubatch, m).
+    const uint64_t chunks = std::clamp<uint64_t>((static_cast<uint64_t>(T) + m - 1) / m, 1, nh);
+    const uint64_t heads_per = (nh + chunks - 1) / chunks;
+    t.attention_row = c * (heads_per * kF32 + 2 * sizeof(void*));
     // CpuBackend: attention goes to the pool when work >= 2^15 (worst ubatch:
     // the last one of the context) and there is more than one item.
     const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 15);

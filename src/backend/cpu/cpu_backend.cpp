@@ -117,40 +117,72 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
     // Attention: one work item per (row, head); each reads its sequence's
     // K/V through its block table in position order, so the sums depend
     // neither on the batch nor on the other sequences in it.
+    // Work items are (row, chunk of heads): a decode step of one sequence
+    // splits its heads over the threads, a prompt gives each row all heads.
+    // An item reads each K/V row of its sequence once for all its heads (a
+    // KV block at a time), instead of once per head: at long contexts those
+    // per-head passes over the cache were most of the cost. Each (row, head)
+    // still computes exactly what the per-head loop did -- its scores in
+    // position order (four at a time from position 0), softmax, its weighted
+    // V sum in position order -- so results depend on neither the batch, the
+    // chunking, the thread count nor the other sequences.
+    const int64_t n_threads = pool_ ? pool_->n_threads() : 1;
+    const int64_t chunks = std::clamp<int64_t>((n_threads + n - 1) / n, 1, n_head);
+    const int64_t heads_per = (n_head + chunks - 1) / chunks;
     auto attend = [&](int64_t i0, int64_t i1) {
-      std::vector<float> scores(static_cast<size_t>(max_pos));
+      std::vector<float> scores(static_cast<size_t>(heads_per * max_pos));
       std::vector<const float*> kr(static_cast<size_t>(max_pos)), vr(static_cast<size_t>(max_pos));
+      const float* part[16];  // one head's rows of a block of four (scores) or of one KV block (V)
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / n_head;
+        const int64_t t = i / chunks;
+        const int32_t h0 = static_cast<int32_t>((i % chunks) * heads_per);
+        const int32_t h1 = static_cast<int32_t>(std::min<int64_t>(n_head, h0 + heads_per));
+        if (h0 >= h1) continue;
         const Row& r = rows[static_cast<size_t>(t)];
         KvPool* kvp = r.seq->kv.pool;
         const int32_t lp = il - kvp->options().layer_begin;
         const int32_t bt = kvp->block_tokens();
         const auto& blocks = r.seq->kv.table->blocks();
-        const int32_t h = static_cast<int32_t>(i % n_head);
-        const int32_t kvh = h / n_gqa;
-        const int32_t pos = r.pos;
-        const float* qh = q.data() + t * n_q + static_cast<int64_t>(h) * hd;
-        // Each position's K and V rows, a KV block at a time.
-        for (int32_t p0 = 0; p0 <= pos; p0 += bt) {
+        const int32_t np = r.pos + 1;
+        // Each position's K and V rows (all heads), a KV block at a time.
+        for (int32_t p0 = 0; p0 < np; p0 += bt) {
           const int32_t blk = blocks[static_cast<size_t>(p0 / bt)];
-          const float* kb = kvp->k(blk, lp) + static_cast<int64_t>(kvh) * hd;
-          const float* vb = kvp->v(blk, lp) + static_cast<int64_t>(kvh) * hd;
-          const int32_t pe = std::min(pos + 1, p0 + bt);
+          const float* kb = kvp->k(blk, lp);
+          const float* vb = kvp->v(blk, lp);
+          const int32_t pe = std::min(np, p0 + bt);
           for (int32_t p = p0; p < pe; ++p) {
             kr[static_cast<size_t>(p)] = kb + static_cast<int64_t>(p - p0) * n_kv;
             vr[static_cast<size_t>(p)] = vb + static_cast<int64_t>(p - p0) * n_kv;
           }
         }
-        // Scores four positions at a time (bitwise dot_f32(k, q) each).
+        auto head_q = [&](int32_t h) { return q.data() + t * n_q + static_cast<int64_t>(h) * hd; };
+        auto head_off = [&](int32_t h) { return static_cast<int64_t>(h / n_gqa) * hd; };
+        auto head_scores = [&](int32_t h) { return scores.data() + static_cast<int64_t>(h - h0) * max_pos; };
+        // Scores four positions at a time (bitwise dot_f32(k, q) each), every
+        // head of the chunk while the four K rows are in cache.
         int32_t p = 0;
-        for (; p + 4 <= pos + 1; p += 4) {
-          cpu::dot_f32_x4(qh, &kr[static_cast<size_t>(p)], hd, &scores[static_cast<size_t>(p)]);
-          for (int32_t j = 0; j < 4; ++j) scores[static_cast<size_t>(p + j)] *= kq_scale;
+        for (; p + 4 <= np; p += 4) {
+          for (int32_t h = h0; h < h1; ++h) {
+            for (int32_t j = 0; j < 4; ++j) part[j] = kr[static_cast<size_t>(p + j)] + head_off(h);
+            float* sh = head_scores(h) + p;
+            cpu::dot_f32_x4(head_q(h), part, hd, sh);
+            for (int32_t j = 0; j < 4; ++j) sh[j] *= kq_scale;
+          }
         }
-        for (; p <= pos; ++p) scores[static_cast<size_t>(p)] = cpu::dot_f32(kr[static_cast<size_t>(p)], qh, hd) * kq_scale;
-        cpu::softmax(scores.data(), pos + 1);
-        cpu::weighted_rows(vr.data(), scores.data(), pos + 1, hd, att.data() + t * n_q + static_cast<int64_t>(h) * hd);
+        for (; p < np; ++p)
+          for (int32_t h = h0; h < h1; ++h)
+            head_scores(h)[p] = cpu::dot_f32(kr[static_cast<size_t>(p)] + head_off(h), head_q(h), hd) * kq_scale;
+        for (int32_t h = h0; h < h1; ++h) cpu::softmax(head_scores(h), np);
+        // Weighted V sums, every head of the chunk per KV block (bt <= 16
+        // rows; larger blocks go in pieces of 16, still in position order).
+        for (int32_t p0 = 0; p0 < np; p0 += 16) {
+          const int32_t pe = std::min(np, p0 + 16);
+          for (int32_t h = h0; h < h1; ++h) {
+            for (int32_t pp = p0; pp < pe; ++pp) part[pp - p0] = vr[static_cast<size_t>(pp)] + head_off(h);
+            cpu::weighted_rows(part, head_scores(h) + p0, pe - p0, hd, att.data() + t * n_q + static_cast<int64_t>(h) * hd,
+                               /*accumulate=*/p0 > 0);
+          }
+        }
       }
     };
     // Work ~ rows * heads * positions * head_dim; small jobs stay on this
@@ -159,9 +191,9 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
     // heads from a context of ~40 positions on (12 heads of 64).
     const int64_t attn_work = n * n_head * max_pos * hd;
     if (attn_work >= (1 << 15)) {
-      pool_->parallel_for(n * n_head, attend);
+      pool_->parallel_for(n * chunks, attend);
     } else {
-      attend(0, n * n_head);
+      attend(0, n * chunks);
     }
     cpu::matmul(L.wo, att.data(), n, cur.data(), pool_.get());
     cpu::add(hidden, cur.data(), n * n_embd);

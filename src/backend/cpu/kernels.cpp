@@ -322,9 +322,9 @@ void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) {
 
 #if defined(__AVX512F__)
 template <int NC>
-static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_pos, float* out) {
+static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_pos, float* out, bool accumulate) {
   __m512 acc[NC];
-  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int c = 0; c < NC; ++c) acc[c] = accumulate ? _mm512_loadu_ps(out + 16 * c) : _mm512_setzero_ps();
   for (int64_t p = 0; p < n_pos; ++p) {
     const __m512 ap = _mm512_set1_ps(a[p]);
     for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(ap, _mm512_loadu_ps(v[p] + 16 * c), acc[c]);
@@ -333,17 +333,17 @@ static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_p
 }
 #endif
 
-void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out) {
+void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out, bool accumulate) {
 #if defined(__AVX512F__)
   // The plain loop below is compiled to one vfmadd per element and term
   // (-ffp-contract=fast, GCC's default); these keep the sums in registers.
   switch (dim) {
-    case 64: return weighted_rows_reg<4>(v, a, n_pos, out);
-    case 128: return weighted_rows_reg<8>(v, a, n_pos, out);
+    case 64: return weighted_rows_reg<4>(v, a, n_pos, out, accumulate);
+    case 128: return weighted_rows_reg<8>(v, a, n_pos, out, accumulate);
     default: break;
   }
 #endif
-  std::fill(out, out + dim, 0.0f);
+  if (!accumulate) std::fill(out, out + dim, 0.0f);
   for (int64_t p = 0; p < n_pos; ++p) {
     const float ap = a[p];
     const float* vp = v[p];

@@ -47,11 +47,14 @@ float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t n_blocks);
 // against one query; fma's product is symmetric, so the query may be the
 // "weight" row and is loaded once for the four).
 void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out);
-// out[d] = 0, then for p < n_pos in order out[d] += a[p] * v[p][d], for
-// d < dim (as the compiler contracts it: one fused multiply-add per term where
-// the target has FMA); accumulates in registers when dim is a multiple of 16
-// up to 128 with AVX-512 (one head's attention output).
-void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out);
+// out[d] = 0 (unless `accumulate`: out's values go on), then for p < n_pos in
+// order out[d] += a[p] * v[p][d], for d < dim (as the compiler contracts it:
+// one fused multiply-add per term where the target has FMA); accumulates in
+// registers when dim is 64 or 128 with AVX-512 (one head's attention output).
+// Calls over consecutive position ranges, the first without `accumulate`,
+// give bitwise what one call over all of them gives.
+void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out,
+                   bool accumulate = false);
 
 // One row of a weight matrix as F32.
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out);

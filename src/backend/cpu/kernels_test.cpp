@@ -331,6 +331,14 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
     }
     weighted_rows(rows.data(), a.data(), n_pos, dim, got.data());
     ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << "dim " << dim;
+    // In pieces (as cpu_backend goes, 16 positions at a time for a chunk of
+    // heads): the first without `accumulate`, the rest with it, same bits.
+    for (int64_t piece : {1, 5, 16}) {
+      std::fill(got.begin(), got.end(), -1.0f);
+      for (int64_t p0 = 0; p0 < n_pos; p0 += piece)
+        weighted_rows(rows.data() + p0, a.data() + p0, std::min(piece, n_pos - p0), dim, got.data(), p0 > 0);
+      ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << "dim " << dim << " pieces of " << piece;
+    }
   }
 }
 
