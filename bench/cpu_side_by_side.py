@@ -29,12 +29,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_engine_bench import cpu_name  # noqa: E402  (one definition of the machine's name)
 
 
 def ensure_model(build, preset, typ):
@@ -87,17 +88,6 @@ def llama_run(llama_bench, model, n_prompt, n_gen, threads, ubatch):
            "-r", "1", "-o", "json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)[0]["avg_ts"]
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():
