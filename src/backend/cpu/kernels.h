@@ -48,8 +48,9 @@ float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t n_blocks);
 // "weight" row and is loaded once for the four).
 void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out);
 // out[d] = 0 (unless `accumulate`: out's values go on), then for p < n_pos in
-// order out[d] += a[p] * v[p][d], for d < dim (as the compiler contracts it:
-// one fused multiply-add per term where the target has FMA); accumulates in
+// order out[d] = a[p] * v[p][d] + out[d], for d < dim, one fused multiply-add
+// per term where the target has FMA (spelled out, so every optimisation level
+// gives the same bits), a multiply and an add otherwise; accumulates in
 // registers when dim is 64 or 128 with AVX-512 (one head's attention output).
 // Calls over consecutive position ranges, the first without `accumulate`,
 // give bitwise what one call over all of them gives.

@@ -304,8 +304,9 @@ TEST(Kernels, FusedGemmEqualsPerToken) {
 
 // The attention helpers give the plain loops' bits: four scores at once
 // against dot_f32 per position, and the register-accumulated weighted sum
-// of V rows against the loop cpu_backend ran before (same contraction rules:
-// this file is compiled with the same flags as kernels.cpp).
+// of V rows against a plain loop with kernels.h's rounding (one fused
+// multiply-add per term where the target has FMA), at every optimisation
+// level (the sanitizer builds are -O1, where GCC does not contract).
 TEST(Kernels, AttentionHelpersMatchPlainLoops) {
   std::mt19937 g(18);
   for (int64_t dim : {64, 128, 48, 80, 7}) {
@@ -327,7 +328,12 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
     for (int64_t p = 0; p < n_pos; ++p) {
       const float ap = a[static_cast<size_t>(p)];
       const float* vp = rows[static_cast<size_t>(p)];
-      for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] += ap * vp[d];
+      // One rounding per term where the target has FMA (kernels.h), two otherwise.
+#if defined(__FMA__)
+      for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] = std::fma(ap, vp[d], ref[static_cast<size_t>(d)]);
+#else
+      for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] = ap * vp[d] + ref[static_cast<size_t>(d)];
+#endif
     }
     weighted_rows(rows.data(), a.data(), n_pos, dim, got.data());
     ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << "dim " << dim;
