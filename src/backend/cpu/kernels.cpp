@@ -346,8 +346,8 @@ static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_p
 
 void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out, bool accumulate) {
 #if defined(__AVX512F__)
-  // The plain loop below is compiled to one vfmadd per element and term
-  // (-ffp-contract=fast, GCC's default); these keep the sums in registers.
+  // The same fused multiply-adds as the loop below (madd), with the sums
+  // kept in registers.
   switch (dim) {
     case 64: return weighted_rows_reg<4>(v, a, n_pos, out, accumulate);
     case 128: return weighted_rows_reg<8>(v, a, n_pos, out, accumulate);

@@ -41,6 +41,7 @@ constexpr TypeShaders kTypeShaders[] = {
     {gguf::GgmlType::kQ5_1, "matmul_q5_1", "embed_q5_1"}, {gguf::GgmlType::kQ4_K, "matmul_q4_k", "embed_q4_k"},
     {gguf::GgmlType::kQ5_K, "matmul_q5_k", "embed_q5_k"}, {gguf::GgmlType::kQ6_K, "matmul_q6_k", "embed_q6_k"},
 };
+static_assert(std::size(kTypeShaders) == std::size(kVulkanWeightTypes), "a shader pair per computed type");
 
 // Bindings per shader; matmul_* take 4 (weights, codes/x, scales, y), embed_* 3.
 uint32_t shader_bindings(const char* name) {

@@ -61,9 +61,12 @@ namespace spw {
 // device exists: see list_vulkan_devices()).
 bool vulkan_built_in();
 
-// Weight (matrix) types the shaders compute: F32, F16, Q8_0, Q4_0, Q4_1,
-// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
-bool vulkan_computes_weight_type(gguf::GgmlType t);
+// Weight (matrix) types the shaders compute (one matmul and one embed
+// variant each).
+inline constexpr gguf::GgmlType kVulkanWeightTypes[] = {
+    gguf::GgmlType::kF32,  gguf::GgmlType::kF16,  gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_0, gguf::GgmlType::kQ4_1,
+    gguf::GgmlType::kQ5_0, gguf::GgmlType::kQ5_1, gguf::GgmlType::kQ4_K, gguf::GgmlType::kQ5_K, gguf::GgmlType::kQ6_K};
+bool vulkan_computes_weight_type(gguf::GgmlType t);  // t is in kVulkanWeightTypes
 // OK, or Unimplemented naming the matrix and its type.
 Status vulkan_check_weight_type(const WeightMatrix& w);
 // OK, or Unimplemented naming the first matrix whose type the shaders do not

@@ -27,10 +27,6 @@ namespace {
 
 using testing::make_pool;
 
-constexpr gguf::GgmlType kAllWeightTypes[] = {
-    gguf::GgmlType::kF32,  gguf::GgmlType::kF16,  gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_0, gguf::GgmlType::kQ4_1,
-    gguf::GgmlType::kQ5_0, gguf::GgmlType::kQ5_1, gguf::GgmlType::kQ4_K, gguf::GgmlType::kQ5_K, gguf::GgmlType::kQ6_K};
-
 // A small model of a low-bit type: the K types need rows of 256.
 modelgen::RandomLlamaSpec low_bit_spec(gguf::GgmlType type,
                                        modelgen::RandomLlamaMix mix = modelgen::RandomLlamaMix::kNone) {
@@ -226,7 +222,7 @@ TEST(VulkanOps, MatmulMatchesCpuAllTypesAndShapes) {
   };
   const Shape shapes[] = {{1, 32, 1},  {7, 64, 3},     {100, 256, 5},  {33, 1024, 2},
                           {130, 96, 4}, {512, 256, 80}, {256, 512, 80}, {9, 768, 7}};
-  for (auto type : kAllWeightTypes) {
+  for (auto type : kVulkanWeightTypes) {
     const int64_t block = cpu::act_block_elems(cpu::act_format(type));
     for (const Shape& sh : shapes) {
       if (sh.cols % block != 0) continue;
@@ -490,31 +486,44 @@ TEST(VulkanModel, ForwardBatchOverTwoPools) {
 
 // Greedy tokens of `m` on the CPU, on the device, and split both ways
 // (CPU layers first, then device first).
-void expect_greedy_agree(VulkanBackend& vk, std::shared_ptr<VulkanBackend> b, std::shared_ptr<const Model> m,
-                         const std::vector<TokenId>& prompt, int n_gen, const std::string& name) {
+// `m` on the device alone, then split both ways (CPU layers [0, L/2) before
+// the device's, and the device's [0, L - L/2) before the CPU's): the three
+// placements the CPU is compared with.
+std::vector<std::unique_ptr<Session>> device_placements(const std::shared_ptr<VulkanBackend>& b,
+                                                        const std::shared_ptr<const Model>& m) {
   const int32_t L = m->hparams().n_layer, s1 = L / 2, s2 = L - L / 2;
   auto cpu = std::make_shared<CpuBackend>(1);
+  std::vector<std::unique_ptr<Session>> out;
+  out.push_back(vk_session(m, b, 16, 4));
+  const std::vector<SessionStage> splits[] = {
+      {{cpu, host_pool(*m, 0, s1, 16, 4), 0, s1}, {b, vk_pool(*b, *m, s1, L, 16, 4), s1, L}},
+      {{b, vk_pool(*b, *m, 0, s2, 16, 4), 0, s2}, {cpu, host_pool(*m, s2, L, 16, 4), s2, L}}};
+  for (const auto& stages : splits) {
+    auto h = Session::create_staged(m, stages);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    out.push_back(h.ok() ? std::move(*h) : nullptr);
+  }
+  return out;
+}
+
+// Greedy tokens of `m` on the CPU and on each device placement.
+void expect_greedy_agree(const std::shared_ptr<VulkanBackend>& b, const std::shared_ptr<const Model>& m,
+                         const std::vector<TokenId>& prompt, int n_gen, const std::string& name) {
+  auto cpu = std::make_shared<CpuBackend>(1);
   auto t_cpu = greedy(*testing::make_session(m, cpu, make_pool(*m, 16, 4)), prompt, n_gen);
-  auto t_vk = greedy(*vk_session(m, b, 16, 4), prompt, n_gen);
-  std::vector<SessionStage> st1 = {{cpu, host_pool(*m, 0, s1, 16, 4), 0, s1}, {b, vk_pool(vk, *m, s1, L, 16, 4), s1, L}};
-  auto h1 = Session::create_staged(m, st1);
-  ASSERT_TRUE(h1.ok()) << h1.status().to_string();
-  auto t_h1 = greedy(**h1, prompt, n_gen);
-  std::vector<SessionStage> st2 = {{b, vk_pool(vk, *m, 0, s2, 16, 4), 0, s2}, {cpu, host_pool(*m, s2, L, 16, 4), s2, L}};
-  auto h2 = Session::create_staged(m, st2);
-  ASSERT_TRUE(h2.ok()) << h2.status().to_string();
-  auto t_h2 = greedy(**h2, prompt, n_gen);
   ASSERT_EQ(t_cpu.size(), static_cast<size_t>(n_gen)) << name;
-  EXPECT_EQ(t_vk, t_cpu) << name;
-  EXPECT_EQ(t_h1, t_cpu) << name;
-  EXPECT_EQ(t_h2, t_cpu) << name;
+  auto placements = device_placements(b, m);
+  for (size_t k = 0; k < placements.size(); ++k) {
+    ASSERT_NE(placements[k], nullptr) << name << " placement " << k;
+    EXPECT_EQ(greedy(*placements[k], prompt, n_gen), t_cpu) << name << " placement " << k;
+  }
 }
 
 TEST(VulkanModel, GreedyTokensAgreeCpuVulkanHybrid) {
   VK_OR_SKIP(b);
   auto m = testing::stories();
   ASSERT_NE(m, nullptr);
-  expect_greedy_agree(*b, b, m, {1, 403, 407, 261, 378}, 24, "stories260K");
+  expect_greedy_agree(b, m, {1, 403, 407, 261, 378}, 24, "stories260K");
 }
 
 // Every low-bit type and the Q4_K_M / Q5_K_M mixes on the CPU, the device and
@@ -538,16 +547,8 @@ TEST(VulkanModel, GreedyTokensAgreeOnLowBitTypes) {
     spec.n_layer = 3;
     auto m = testing::random_model(spec);
     ASSERT_NE(m, nullptr) << name;
-    const int32_t L = 3;
-    std::vector<std::unique_ptr<Session>> others;
-    others.push_back(vk_session(m, b, 16, 4));
-    std::vector<SessionStage> st1 = {{cpu, host_pool(*m, 0, 1, 16, 4), 0, 1}, {b, vk_pool(*b, *m, 1, L, 16, 4), 1, L}};
-    std::vector<SessionStage> st2 = {{b, vk_pool(*b, *m, 0, 2, 16, 4), 0, 2}, {cpu, host_pool(*m, 2, L, 16, 4), 2, L}};
-    for (auto* st : {&st1, &st2}) {
-      auto h = Session::create_staged(m, *st);
-      ASSERT_TRUE(h.ok()) << h.status().to_string();
-      others.push_back(std::move(*h));
-    }
+    auto others = device_placements(b, m);
+    for (const auto& o : others) ASSERT_NE(o, nullptr) << name;
     auto ref = testing::make_session(m, cpu, make_pool(*m, 16, 4));
     std::vector<TokenId> feed = {1, 40, 7, 261, 378, 90};
     int agree = 0, tie_positions = 0;
@@ -779,7 +780,13 @@ TEST(VulkanModel, RefusesTypesWithoutShadersNamingTensorAndType) {
   st = vulkan_check_weight_type(wm);
   EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
   EXPECT_NE(st.message().find("'output.weight' is Q2_K"), std::string::npos) << st.to_string();
-  for (auto t : kAllWeightTypes) EXPECT_TRUE(vulkan_computes_weight_type(t)) << static_cast<int>(t);
+  // Every type the CPU computes, the device computes.
+  for (uint32_t t = 0; t < 64; ++t) {
+    const auto type = static_cast<gguf::GgmlType>(t);
+    if (cpu::quant_dot(type) != nullptr || type == gguf::GgmlType::kF32 || type == gguf::GgmlType::kF16 ||
+        type == gguf::GgmlType::kQ8_0)
+      EXPECT_TRUE(vulkan_computes_weight_type(type)) << gguf::ggml_type_name(t);
+  }
   auto mix = testing::random_model(low_bit_spec(gguf::GgmlType::kF32, modelgen::RandomLlamaMix::kQ4_K_M));
   ASSERT_NE(mix, nullptr);
   EXPECT_TRUE(vulkan_check_weight_types(mix->file()).ok());

@@ -1,5 +1,7 @@
 // Which weight types the Vulkan shaders compute, shared by the real backend
 // and the stub (so planners can ask without a device).
+#include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "backend/vulkan/vulkan_backend.h"
@@ -7,22 +9,7 @@
 namespace spw {
 
 bool vulkan_computes_weight_type(gguf::GgmlType t) {
-  using gguf::GgmlType;
-  switch (t) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
+  return std::find(std::begin(kVulkanWeightTypes), std::end(kVulkanWeightTypes), t) != std::end(kVulkanWeightTypes);
 }
 
 namespace {

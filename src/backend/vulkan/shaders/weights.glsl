@@ -112,8 +112,8 @@ float dequant(uint rb, uint c) {
   const uint o = rb + (c / BLOCK_ELEMS) * BLOCK_BYTES;
   const uint e = c % BLOCK_ELEMS;
 #if WTYPE <= WT_Q5_1
-  const uint j = e & 15u;  // element e is in unit 0, word (e >> 4) * 4 + j / 4, byte j % 4
-  const int q = int((unit_codes(o, 0u, (e >> 4) * 4u + (j >> 2)) >> (8u * (j & 3u))) & 0xffu);
+  // unit_codes' word i holds elements 4i..4i+3.
+  const int q = int((unit_codes(o, 0u, e >> 2) >> (8u * (e & 3u))) & 0xffu);
 #if WTYPE == WT_Q4_0
   precise const float v = float(q - 8) * w_half(o);
 #elif WTYPE == WT_Q5_0
