@@ -114,14 +114,17 @@ describe('the status page in headless chromium', () => {
 
     // Work: one request running, three waiting behind it, each with a
     // prompt of about 1,500 tokens (400 under a sanitizer, which is slow
-    // enough as it is).
+    // enough as it is). The three ahead of the last one also decode 400
+    // tokens, so that it is still queued seconds later, when the page's
+    // button is clicked (with 16 tokens each, the faster CPU path reached it
+    // first in a loaded run, and the "cancelled" request simply finished).
     const repeats = SLOWDOWN > 1 ? 30 : 110;
     const prompt = (i) => `Story ${i}: ` + 'the little dog ran to the park and '.repeat(repeats);
-    const running = complete(srv, prompt(0), 16);
+    const running = complete(srv, prompt(0), 400);
     const queued = [];
     for (let i = 1; i <= 3; i++) {
       await sleep(30);
-      queued.push(complete(srv, prompt(i), 16));
+      queued.push(complete(srv, prompt(i), i < 3 ? 400 : 16));
     }
     const listed = await bounded((async () => {
       for (;;) {
