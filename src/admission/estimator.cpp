@@ -35,6 +35,12 @@ constexpr uint64_t kSessionPerStage = 96;
 constexpr uint64_t kMatmulUnits = 32;
 // A std::function closure of a [&] lambda handed to ThreadPool::parallel_for.
 constexpr uint64_t kTaskClosure = 128;
+// backend/cpu/attention.h: a worker's scratch is kAttnQueryTile rows of
+// kAttnKvTile scores, head_dim outputs and a running maximum and sum; items
+// are (tile of kAttnQueryTile rows, head). Mirrored here (admission does not
+// link the backend); estimator_test measures the allocations against them.
+constexpr uint64_t kAttnQueryTile = 32;
+constexpr uint64_t kAttnKvTile = 32;
 // std::map node overhead (red-black node header) in libstdc++.
 constexpr uint64_t kMapNode = 32;
 
@@ -552,16 +558,13 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     t.layer_activations = (m * E + 2 * m * Q + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
-    // Per attention worker: the scores of its chunk of heads and each
-    // position's K and V row pointers. CpuBackend gives a pass of n rows
-    // clamp(ceil(T / n), 1, n_head) chunks per row; the most heads per chunk
-    // come with the most rows (the ubatch, m).
-    const uint64_t chunks = std::clamp<uint64_t>((static_cast<uint64_t>(T) + m - 1) / m, 1, nh);
-    const uint64_t heads_per = (nh + chunks - 1) / chunks;
-    t.attention_row = c * (heads_per * kF32 + 2 * sizeof(void*));
-    // CpuBackend: attention goes to the pool when work >= 2^15 (worst ubatch:
-    // the last one of the context) and there is more than one item.
-    const bool parallel = T > 1 && m * nh > 1 && m * nh * c * hd >= (1u << 15);
+    // Per attention worker: one scratch allocation (attention.h), whatever
+    // the context. The pool runs the pass when it has more than one item
+    // (ceil(m / kAttnQueryTile) tiles x heads) and work >= 2^15 (worst
+    // ubatch: the last one of the context).
+    t.attention_row = kAttnQueryTile * (kAttnKvTile + hd + 2) * kF32;
+    const uint64_t items = (m + kAttnQueryTile - 1) / kAttnQueryTile * nh;
+    const bool parallel = T > 1 && items > 1 && m * nh * c * hd >= (1u << 15);
     t.attention_workers = parallel ? T : 1;
     if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows);
   }

@@ -175,7 +175,7 @@ struct Amount {
 //   forward  layer_activations + max(matmul_prep, attention_row + task_closure)
 //            + (attention_workers - 1) * attention_row + 2 * tokens
 //            (one forward_layers call; its matmuls and its attention do not
-//            overlap, and pool workers hold one score row each)
+//            overlap, and pool workers hold one attention scratch each)
 //   output   output_transient + logits_row + 2 * tokens (head; the new row)
 //   append   logits_row + 3 * tokens         (tokens_ grows: old + new arrays)
 // on top of what the session always holds: hidden + session_state (+ logits).
@@ -204,10 +204,13 @@ struct ScratchTerms {
   // A std::function closure handed to the thread pool (heap-allocated when the
   // lambda's captures exceed the small buffer); a constant upper bound.
   uint64_t task_closure = 0;
-  // Attention scores: c floats per concurrent attention worker. The backend
-  // runs attention on its thread pool only when m*n_head*c*head_dim >= 2^17
-  // (and more than one (token, head) item); otherwise inline on one thread.
-  uint64_t attention_row = 0;      // bytes of one worker's row
+  // Attention (backend/cpu/attention.h): one scratch per concurrent worker,
+  // 32 * (32 + head_dim + 2) floats whatever the context (a tile of 32 query
+  // rows' scores over 32 positions, their outputs, running maxima and sums).
+  // The backend runs attention on its thread pool only when
+  // m*n_head*c*head_dim >= 2^15 and the pass has more than one (32-row tile,
+  // head) item; otherwise inline on one thread.
+  uint64_t attention_row = 0;      // bytes of one worker's scratch
   uint64_t attention_workers = 1;  // n_threads when parallel, else 1
   // CpuBackend::output per call: cur (rows*E) + PreparedX of the head, rows =
   // 1 (eval) or m (eval_all_logits).

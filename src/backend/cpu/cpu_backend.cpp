@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/attention.h"
 #include "backend/cpu/kernels.h"
 
 namespace spw {
@@ -48,11 +49,8 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
     int32_t pos;
   };
   std::vector<Row> rows;
-  int32_t max_pos = 0;
-  for (const SeqSlice& sl : slices) {
+  for (const SeqSlice& sl : slices)
     for (int32_t t = 0; t < sl.n_tokens; ++t) rows.push_back({&sl, sl.pos0 + t});
-    max_pos = std::max(max_pos, sl.pos0 + sl.n_tokens);
-  }
 
   const int64_t n_embd = hp.n_embd;
   const int64_t n_q = hp.n_embd_q();
@@ -60,7 +58,6 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   const int64_t n_ff = hp.n_ff;
   const int32_t hd = hp.head_dim();
   const int32_t n_head = hp.n_head;
-  const int32_t n_gqa = hp.n_gqa();
   const auto n = static_cast<int64_t>(rows.size());
 
   std::vector<float> cur(static_cast<size_t>(n * n_embd));
@@ -80,7 +77,7 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
       row += sl.n_tokens;
     }
   }
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const cpu::AttentionShape attn_shape{n_head, hp.n_head_kv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
 
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const LlamaLayerWeights& L = model.layer(il);
@@ -114,87 +111,9 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
       std::copy_n(k.data() + t * n_kv, n_kv, kvp->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
       std::copy_n(v.data() + t * n_kv, n_kv, kvp->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
     }
-    // Attention: one work item per (row, head); each reads its sequence's
-    // K/V through its block table in position order, so the sums depend
-    // neither on the batch nor on the other sequences in it.
-    // Work items are (row, chunk of heads): a decode step of one sequence
-    // splits its heads over the threads, a prompt gives each row all heads.
-    // An item reads each K/V row of its sequence once for all its heads (a
-    // KV block at a time), instead of once per head: at long contexts those
-    // per-head passes over the cache were most of the cost. Each (row, head)
-    // still computes exactly what the per-head loop did -- its scores in
-    // position order (four at a time from position 0), softmax, its weighted
-    // V sum in position order -- so results depend on neither the batch, the
-    // chunking, the thread count nor the other sequences.
-    const int64_t n_threads = pool_ ? pool_->n_threads() : 1;
-    const int64_t chunks = std::clamp<int64_t>((n_threads + n - 1) / n, 1, n_head);
-    const int64_t heads_per = (n_head + chunks - 1) / chunks;
-    auto attend = [&](int64_t i0, int64_t i1) {
-      std::vector<float> scores(static_cast<size_t>(heads_per * max_pos));
-      std::vector<const float*> kr(static_cast<size_t>(max_pos)), vr(static_cast<size_t>(max_pos));
-      const float* part[16];  // one head's rows of a block of four (scores) or of one KV block (V)
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / chunks;
-        const int32_t h0 = static_cast<int32_t>((i % chunks) * heads_per);
-        const int32_t h1 = static_cast<int32_t>(std::min<int64_t>(n_head, h0 + heads_per));
-        if (h0 >= h1) continue;
-        const Row& r = rows[static_cast<size_t>(t)];
-        KvPool* kvp = r.seq->kv.pool;
-        const int32_t lp = il - kvp->options().layer_begin;
-        const int32_t bt = kvp->block_tokens();
-        const auto& blocks = r.seq->kv.table->blocks();
-        const int32_t np = r.pos + 1;
-        // Each position's K and V rows (all heads), a KV block at a time.
-        for (int32_t p0 = 0; p0 < np; p0 += bt) {
-          const int32_t blk = blocks[static_cast<size_t>(p0 / bt)];
-          const float* kb = kvp->k(blk, lp);
-          const float* vb = kvp->v(blk, lp);
-          const int32_t pe = std::min(np, p0 + bt);
-          for (int32_t p = p0; p < pe; ++p) {
-            kr[static_cast<size_t>(p)] = kb + static_cast<int64_t>(p - p0) * n_kv;
-            vr[static_cast<size_t>(p)] = vb + static_cast<int64_t>(p - p0) * n_kv;
-          }
-        }
-        auto head_q = [&](int32_t h) { return q.data() + t * n_q + static_cast<int64_t>(h) * hd; };
-        auto head_off = [&](int32_t h) { return static_cast<int64_t>(h / n_gqa) * hd; };
-        auto head_scores = [&](int32_t h) { return scores.data() + static_cast<int64_t>(h - h0) * max_pos; };
-        // Scores four positions at a time (bitwise dot_f32(k, q) each), every
-        // head of the chunk while the four K rows are in cache.
-        int32_t p = 0;
-        for (; p + 4 <= np; p += 4) {
-          for (int32_t h = h0; h < h1; ++h) {
-            for (int32_t j = 0; j < 4; ++j) part[j] = kr[static_cast<size_t>(p + j)] + head_off(h);
-            float* sh = head_scores(h) + p;
-            cpu::dot_f32_x4(head_q(h), part, hd, sh);
-            for (int32_t j = 0; j < 4; ++j) sh[j] *= kq_scale;
-          }
-        }
-        for (; p < np; ++p)
-          for (int32_t h = h0; h < h1; ++h)
-            head_scores(h)[p] = cpu::dot_f32(kr[static_cast<size_t>(p)] + head_off(h), head_q(h), hd) * kq_scale;
-        for (int32_t h = h0; h < h1; ++h) cpu::softmax(head_scores(h), np);
-        // Weighted V sums, every head of the chunk per KV block (bt <= 16
-        // rows; larger blocks go in pieces of 16, still in position order).
-        for (int32_t p0 = 0; p0 < np; p0 += 16) {
-          const int32_t pe = std::min(np, p0 + 16);
-          for (int32_t h = h0; h < h1; ++h) {
-            for (int32_t pp = p0; pp < pe; ++pp) part[pp - p0] = vr[static_cast<size_t>(pp)] + head_off(h);
-            cpu::weighted_rows(part, head_scores(h) + p0, pe - p0, hd, att.data() + t * n_q + static_cast<int64_t>(h) * hd,
-                               /*accumulate=*/p0 > 0);
-          }
-        }
-      }
-    };
-    // Work ~ rows * heads * positions * head_dim; small jobs stay on this
-    // thread. The pool's workers are spinning between the regions of one
-    // step, so a region costs a microsecond or two: a decode step splits its
-    // heads from a context of ~40 positions on (12 heads of 64).
-    const int64_t attn_work = n * n_head * max_pos * hd;
-    if (attn_work >= (1 << 15)) {
-      pool_->parallel_for(n * chunks, attend);
-    } else {
-      attend(0, n * chunks);
-    }
+    // Attention over each row's own sequence (attention.h: tiled, bitwise
+    // independent of the batch and the thread count).
+    cpu::attention(slices, il, attn_shape, q.data(), att.data(), pool_.get());
     cpu::matmul(L.wo, att.data(), n, cur.data(), pool_.get());
     cpu::add(hidden, cur.data(), n * n_embd);
 

@@ -283,10 +283,28 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
   return out;
 }
 
+#if defined(__AVX512F__)
+// The reductions of four dot_f32_n accumulators side by side: z_t = a0_t +
+// a1_t, then every add below is one of hsum256's adds on the same two
+// operands, so out[t] is bitwise what dot_f32 returns for token t.
+static inline void reduce_x4(const __m512* a0, const __m512* a1, float* out) {
+  __m512 z[4];
+  for (int t = 0; t < 4; ++t) z[t] = _mm512_add_ps(a0[t], a1[t]);
+  // y_t = low 256 + high 256 of z_t, two tokens per register.
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
+  // hsum256: x = low 128 + high 128 (token t in 128-bit lane t), then
+  // (x0 + x1) + (x2 + x3).
+  const __m512 xs = _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
+  const __m512 s2 = _mm512_add_ps(xs, _mm512_movehdup_ps(xs));
+  const __m512 r = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x02));
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r)));
+}
+#endif
+
 void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) {
 #if defined(__AVX512F__)
-  // dot_f32_n<4>'s accumulation, then its four reductions done side by side:
-  // every add below is one of hsum256's adds, on the same two operands.
+  // dot_f32_n<4>'s accumulation, then its four reductions done side by side.
   __m512 a0[4], a1[4];
   for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
   int64_t i0 = 0;
@@ -302,21 +320,72 @@ void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) {
     for (int t = 0; t < 4; ++t) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
     i0 += 16;
   }
-  __m512 z[4];
-  for (int t = 0; t < 4; ++t) z[t] = _mm512_add_ps(a0[t], a1[t]);
-  // y_t = low 256 + high 256 of z_t, two tokens per register.
-  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
-  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
-  // hsum256: x = low 128 + high 128 (token t in 128-bit lane t), then
-  // (x0 + x1) + (x2 + x3).
-  const __m512 xs = _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
-  const __m512 s2 = _mm512_add_ps(xs, _mm512_movehdup_ps(xs));
-  const __m512 r = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x02));
-  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r)));
+  reduce_x4(a0, a1, out);
   for (int64_t i = i0; i < n; ++i)
     for (int t = 0; t < 4; ++t) out[t] = std::fma(w[i], x[t][i], out[t]);
 #else
   dot_f32_n<4>(w, x, n, out);
+#endif
+}
+
+#if defined(__AVX512F__)
+// dot_f32_x4 for two w rows at once: each x chunk is loaded once for both
+// rows. NC = n / 16 chunks when known at compile time (a head's width: the
+// loops unroll and the 16 accumulators stay in registers), 0 for any n.
+template <int NC>
+static inline void dot_f32_2x4_impl(const float* const* w, const float* const* x, int64_t n, float* out0,
+                                     float* out1) {
+  if constexpr (NC > 0) n = 16 * NC;
+  __m512 a0[2][4], a1[2][4];
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < 4; ++t) a0[r][t] = a1[r][t] = _mm512_setzero_ps();
+  int64_t i0 = 0;
+  for (; i0 + 32 <= n; i0 += 32) {
+    const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w01 = _mm512_loadu_ps(w[0] + i0 + 16);
+    const __m512 w10 = _mm512_loadu_ps(w[1] + i0), w11 = _mm512_loadu_ps(w[1] + i0 + 16);
+    for (int t = 0; t < 4; ++t) {
+      const __m512 x0 = _mm512_loadu_ps(x[t] + i0);
+      a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
+      a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
+      const __m512 x1 = _mm512_loadu_ps(x[t] + i0 + 16);
+      a1[0][t] = _mm512_fmadd_ps(w01, x1, a1[0][t]);
+      a1[1][t] = _mm512_fmadd_ps(w11, x1, a1[1][t]);
+    }
+  }
+  if (i0 + 16 <= n) {
+    const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w10 = _mm512_loadu_ps(w[1] + i0);
+    for (int t = 0; t < 4; ++t) {
+      const __m512 x0 = _mm512_loadu_ps(x[t] + i0);
+      a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
+      a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
+    }
+    i0 += 16;
+  }
+  float* out[2] = {out0, out1};
+  for (int r = 0; r < 2; ++r) {
+    reduce_x4(a0[r], a1[r], out[r]);
+    if constexpr (NC == 0) {  // a width that is not a multiple of 16
+      for (int64_t i = i0; i < n; ++i)
+        for (int t = 0; t < 4; ++t) out[r][t] = std::fma(w[r][i], x[t][i], out[r][t]);
+    }
+  }
+}
+#endif
+
+void dot_f32_2x4(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1) {
+#if defined(__AVX512F__)
+  using Fixed = void (*)(const float* const*, const float* const*, int64_t, float*, float*);
+  static constexpr Fixed kFixed[] = {dot_f32_2x4_impl<1>,  dot_f32_2x4_impl<2>,  dot_f32_2x4_impl<3>,
+                                     dot_f32_2x4_impl<4>,  dot_f32_2x4_impl<5>,  dot_f32_2x4_impl<6>,
+                                     dot_f32_2x4_impl<7>,  dot_f32_2x4_impl<8>,  dot_f32_2x4_impl<9>,
+                                     dot_f32_2x4_impl<10>, dot_f32_2x4_impl<11>, dot_f32_2x4_impl<12>,
+                                     dot_f32_2x4_impl<13>, dot_f32_2x4_impl<14>, dot_f32_2x4_impl<15>,
+                                     dot_f32_2x4_impl<16>};
+  if (n % 16 == 0 && n >= 16 && n <= 256) return kFixed[n / 16 - 1](w, x, n, out0, out1);
+  dot_f32_2x4_impl<0>(w, x, n, out0, out1);
+#else
+  dot_f32_x4(w[0], x, n, out0);
+  dot_f32_x4(w[1], x, n, out1);
 #endif
 }
 
@@ -344,15 +413,57 @@ static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_p
 }
 #endif
 
+#if defined(__AVX512F__)
+// weighted_rows for R rows of weights over the same V rows: R * NC
+// independent chains (one row's NC chains wait on the FMA latency at every
+// position), each V chunk loaded once for the R rows.
+template <int R, int NC>
+static void weighted_rows_multi_reg(const float* const* v, const float* const* a, int64_t n_pos, float* const* out,
+                                    bool accumulate) {
+  __m512 acc[R][NC];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = accumulate ? _mm512_loadu_ps(out[r] + 16 * c) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < n_pos; ++p) {
+    for (int c = 0; c < NC; ++c) {
+      const __m512 vc = _mm512_loadu_ps(v[p] + 16 * c);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][p]), vc, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[r] + 16 * c, acc[r][c]);
+}
+#endif
+
+void weighted_rows_x4(const float* const* v, const float* const* a, int64_t n_pos, int64_t dim, float* const* out,
+                      bool accumulate) {
+#if defined(__AVX512F__)
+  using Reg = void (*)(const float* const*, const float* const*, int64_t, float* const*, bool);
+  static constexpr Reg kFour[] = {weighted_rows_multi_reg<4, 1>, weighted_rows_multi_reg<4, 2>,
+                                  weighted_rows_multi_reg<4, 3>, weighted_rows_multi_reg<4, 4>};
+  static constexpr Reg kTwo[] = {weighted_rows_multi_reg<2, 5>, weighted_rows_multi_reg<2, 6>,
+                                 weighted_rows_multi_reg<2, 7>, weighted_rows_multi_reg<2, 8>};
+  if (dim % 16 == 0 && dim >= 16 && dim <= 64) return kFour[dim / 16 - 1](v, a, n_pos, out, accumulate);
+  if (dim % 16 == 0 && dim > 64 && dim <= 128) {
+    kTwo[dim / 16 - 5](v, a, n_pos, out, accumulate);
+    kTwo[dim / 16 - 5](v, a + 2, n_pos, out + 2, accumulate);
+    return;
+  }
+#endif
+  for (int r = 0; r < 4; ++r) weighted_rows(v, a[r], n_pos, dim, out[r], accumulate);
+}
+
 void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out, bool accumulate) {
 #if defined(__AVX512F__)
   // The same fused multiply-adds as the loop below (madd), with the sums
   // kept in registers.
-  switch (dim) {
-    case 64: return weighted_rows_reg<4>(v, a, n_pos, out, accumulate);
-    case 128: return weighted_rows_reg<8>(v, a, n_pos, out, accumulate);
-    default: break;
-  }
+  using Reg = void (*)(const float* const*, const float*, int64_t, float*, bool);
+  static constexpr Reg kReg[] = {weighted_rows_reg<1>,  weighted_rows_reg<2>,  weighted_rows_reg<3>,
+                                 weighted_rows_reg<4>,  weighted_rows_reg<5>,  weighted_rows_reg<6>,
+                                 weighted_rows_reg<7>,  weighted_rows_reg<8>,  weighted_rows_reg<9>,
+                                 weighted_rows_reg<10>, weighted_rows_reg<11>, weighted_rows_reg<12>,
+                                 weighted_rows_reg<13>, weighted_rows_reg<14>, weighted_rows_reg<15>,
+                                 weighted_rows_reg<16>};
+  if (dim % 16 == 0 && dim >= 16 && dim <= 256) return kReg[dim / 16 - 1](v, a, n_pos, out, accumulate);
 #endif
   if (!accumulate) std::fill(out, out + dim, 0.0f);
   for (int64_t p = 0; p < n_pos; ++p) {

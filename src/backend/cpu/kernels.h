@@ -47,15 +47,23 @@ float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t n_blocks);
 // against one query; fma's product is symmetric, so the query may be the
 // "weight" row and is loaded once for the four).
 void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out);
+// out0[j] = dot_f32(x[j], w[0], n) and out1[j] = dot_f32(x[j], w[1], n)
+// bitwise for j < 4 (two query rows against four positions; each x row is
+// loaded once for both).
+void dot_f32_2x4(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1);
 // out[d] = 0 (unless `accumulate`: out's values go on), then for p < n_pos in
 // order out[d] = a[p] * v[p][d] + out[d], for d < dim, one fused multiply-add
 // per term where the target has FMA (spelled out, so every optimisation level
 // gives the same bits), a multiply and an add otherwise; accumulates in
-// registers when dim is 64 or 128 with AVX-512 (one head's attention output).
+// registers when dim is a multiple of 16 up to 256 with AVX-512 (one head's output).
 // Calls over consecutive position ranges, the first without `accumulate`,
 // give bitwise what one call over all of them gives.
 void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out,
                    bool accumulate = false);
+// weighted_rows(v, a[r], n_pos, dim, out[r], accumulate) for r < 4, bitwise,
+// with each V row loaded once for the four (four query rows of a tile).
+void weighted_rows_x4(const float* const* v, const float* const* a, int64_t n_pos, int64_t dim, float* const* out,
+                      bool accumulate = false);
 
 // One row of a weight matrix as F32.
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out);

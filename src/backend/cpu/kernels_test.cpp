@@ -309,7 +309,7 @@ TEST(Kernels, FusedGemmEqualsPerToken) {
 // level (the sanitizer builds are -O1, where GCC does not contract).
 TEST(Kernels, AttentionHelpersMatchPlainLoops) {
   std::mt19937 g(18);
-  for (int64_t dim : {64, 128, 48, 80, 7}) {
+  for (int64_t dim : {64, 128, 48, 80, 112, 256, 272, 7}) {
     const int64_t n_pos = 37;
     auto q = randv(g, static_cast<size_t>(dim));
     auto kv = randv(g, static_cast<size_t>(n_pos * dim));
@@ -321,6 +321,17 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
       for (int j = 0; j < 4; ++j) {
         const float one = dot_f32(rows[static_cast<size_t>(p + j)], q.data(), dim);
         ASSERT_EQ(0, std::memcmp(&one, &four[j], 4)) << "dim " << dim << " position " << p + j;
+      }
+      // Two query rows at once (the second a K row read as a query).
+      const float* qs[2] = {q.data(), rows[static_cast<size_t>(n_pos / 2)]};
+      float eight[8];
+      dot_f32_2x4(qs, &rows[static_cast<size_t>(p)], dim, eight, eight + 4);
+      for (int r = 0; r < 2; ++r) {
+        for (int j = 0; j < 4; ++j) {
+          const float one = dot_f32(rows[static_cast<size_t>(p + j)], qs[r], dim);
+          ASSERT_EQ(0, std::memcmp(&one, &eight[4 * r + j], 4)) << "dim " << dim << " row " << r << " position "
+                                                                 << p + j;
+        }
       }
     }
     auto a = randv(g, static_cast<size_t>(n_pos));
@@ -344,6 +355,21 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
       for (int64_t p0 = 0; p0 < n_pos; p0 += piece)
         weighted_rows(rows.data() + p0, a.data() + p0, std::min(piece, n_pos - p0), dim, got.data(), p0 > 0);
       ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << "dim " << dim << " pieces of " << piece;
+    }
+    // Four weight rows at once (attention's query rows), the second piece
+    // accumulating: each output is what weighted_rows gives for its row.
+    std::vector<std::vector<float>> a4(4), got4(4, std::vector<float>(static_cast<size_t>(dim), -1.0f));
+    for (auto& ar : a4) ar = randv(g, static_cast<size_t>(n_pos));
+    const float* a4p[4] = {a4[0].data(), a4[1].data(), a4[2].data(), a4[3].data()};
+    float* o4[4] = {got4[0].data(), got4[1].data(), got4[2].data(), got4[3].data()};
+    const int64_t cut = n_pos / 3;
+    weighted_rows_x4(rows.data(), a4p, cut, dim, o4);
+    const float* a4q[4] = {a4p[0] + cut, a4p[1] + cut, a4p[2] + cut, a4p[3] + cut};
+    weighted_rows_x4(rows.data() + cut, a4q, n_pos - cut, dim, o4, /*accumulate=*/true);
+    for (int r = 0; r < 4; ++r) {
+      weighted_rows(rows.data(), a4p[r], n_pos, dim, got.data());
+      ASSERT_EQ(0, std::memcmp(got.data(), got4[static_cast<size_t>(r)].data(), got.size() * 4))
+          << "dim " << dim << " row " << r;
     }
   }
 }

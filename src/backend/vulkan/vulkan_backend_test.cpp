@@ -784,8 +784,9 @@ TEST(VulkanModel, RefusesTypesWithoutShadersNamingTensorAndType) {
   for (uint32_t t = 0; t < 64; ++t) {
     const auto type = static_cast<gguf::GgmlType>(t);
     if (cpu::quant_dot(type) != nullptr || type == gguf::GgmlType::kF32 || type == gguf::GgmlType::kF16 ||
-        type == gguf::GgmlType::kQ8_0)
+        type == gguf::GgmlType::kQ8_0) {
       EXPECT_TRUE(vulkan_computes_weight_type(type)) << gguf::ggml_type_name(t);
+    }
   }
   auto mix = testing::random_model(low_bit_spec(gguf::GgmlType::kF32, modelgen::RandomLlamaMix::kQ4_K_M));
   ASSERT_NE(mix, nullptr);
