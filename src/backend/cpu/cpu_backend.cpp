@@ -111,8 +111,8 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
                       rs.data() + t * half, neox);
       const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
       const int32_t slot = r.pos % bt;
-      std::copy_n(k.data() + t * n_kv, n_kv, kvp->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
-      std::copy_n(v.data() + t * n_kv, n_kv, kvp->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+      // Converted to the pool's type (an F32 pool: a plain copy).
+      kvp->store_rows(blk, lp, slot, k.data() + t * n_kv, v.data() + t * n_kv);
     }
     // Attention: one work item per (row, head); each reads its sequence's
     // K/V through its block table in position order, so the sums depend
@@ -133,6 +133,10 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
       std::vector<float> scores(static_cast<size_t>(heads_per * max_pos));
       std::vector<const float*> kr(static_cast<size_t>(max_pos)), vr(static_cast<size_t>(max_pos));
       const float* part[16];  // one head's rows of a block of four (scores) or of one KV block (V)
+      // A pool that is not F32: 16 positions' K (then V) rows converted to
+      // F32 (KvPool::rows_to_f32), allocated on first use; the estimator's
+      // attention_row counts it for such pools.
+      std::vector<float> tile;
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t t = i / chunks;
         const int32_t h0 = static_cast<int32_t>((i % chunks) * heads_per);
@@ -145,7 +149,8 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
         const auto& blocks = r.seq->kv.table->blocks();
         const int32_t np = r.pos + 1;
         // Each position's K and V rows (all heads), a KV block at a time.
-        for (int32_t p0 = 0; p0 < np; p0 += bt) {
+        const bool f32_pool = kvp->type() == KvType::kF32;
+        for (int32_t p0 = 0; f32_pool && p0 < np; p0 += bt) {
           const int32_t blk = blocks[static_cast<size_t>(p0 / bt)];
           const float* kb = kvp->k(blk, lp);
           const float* vb = kvp->v(blk, lp);
@@ -155,6 +160,24 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
             vr[static_cast<size_t>(p)] = vb + static_cast<int64_t>(p - p0) * n_kv;
           }
         }
+        // Other pools: positions [p0, pe) (at most 16) of K or V converted
+        // into `tile`, their row pointers set to it. The loops below call it
+        // per 16 positions from 0, so their grouping (fours, pieces of 16)
+        // and hence their arithmetic is that of an F32 pool holding the
+        // converted values.
+        auto convert = [&](bool want_v, int32_t p0, int32_t pe) {
+          if (f32_pool) return;
+          tile.resize(static_cast<size_t>(16 * n_kv));
+          std::vector<const float*>& rows_of = want_v ? vr : kr;
+          for (int32_t p = p0; p < pe;) {
+            const int32_t slot = p % bt;
+            const int32_t cnt = std::min(pe - p, bt - slot);
+            float* dst = tile.data() + static_cast<int64_t>(p - p0) * n_kv;
+            kvp->rows_to_f32(want_v, blocks[static_cast<size_t>(p / bt)], lp, slot, cnt, dst);
+            for (int32_t j = 0; j < cnt; ++j) rows_of[static_cast<size_t>(p + j)] = dst + static_cast<int64_t>(j) * n_kv;
+            p += cnt;
+          }
+        };
         auto head_q = [&](int32_t h) { return q.data() + t * n_q + static_cast<int64_t>(h) * hd; };
         auto head_off = [&](int32_t h) { return static_cast<int64_t>(h / n_gqa) * hd; };
         auto head_scores = [&](int32_t h) { return scores.data() + static_cast<int64_t>(h - h0) * max_pos; };
@@ -162,6 +185,7 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
         // head of the chunk while the four K rows are in cache.
         int32_t p = 0;
         for (; p + 4 <= np; p += 4) {
+          if (p % 16 == 0) convert(false, p, std::min(np, p + 16));
           for (int32_t h = h0; h < h1; ++h) {
             for (int32_t j = 0; j < 4; ++j) part[j] = kr[static_cast<size_t>(p + j)] + head_off(h);
             float* sh = head_scores(h) + p;
@@ -169,6 +193,7 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
             for (int32_t j = 0; j < 4; ++j) sh[j] *= kq_scale;
           }
         }
+        if (p < np && p % 16 == 0) convert(false, p, np);
         for (; p < np; ++p)
           for (int32_t h = h0; h < h1; ++h)
             head_scores(h)[p] = cpu::dot_f32(kr[static_cast<size_t>(p)] + head_off(h), head_q(h), hd) * kq_scale;
@@ -177,6 +202,7 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
         // rows; larger blocks go in pieces of 16, still in position order).
         for (int32_t p0 = 0; p0 < np; p0 += 16) {
           const int32_t pe = std::min(np, p0 + 16);
+          convert(true, p0, pe);
           for (int32_t h = h0; h < h1; ++h) {
             for (int32_t pp = p0; pp < pe; ++pp) part[pp - p0] = vr[static_cast<size_t>(pp)] + head_off(h);
             cpu::weighted_rows(part, head_scores(h) + p0, pe - p0, hd, att.data() + t * n_q + static_cast<int64_t>(h) * hd,
