@@ -161,7 +161,8 @@ std::vector<Case> matrix(const std::string& which) {
       // pools, the device KV buffers and the attention's conversion tile.
       {"110m-q8_0", "cpu", 512, 64, 2, 2, 16, "f16"},
       {"110m-q8_0", "cpu", 512, 64, 2, 2, 16, "q8_0"},
-      {"15m-q8_0", "cpu", 1024, 32, 1, 2, 16, "q8_0"},
+      {"110m-q8_0", "cpu", 1024, 32, 1, 1, 32, "q8_0"},
+      {"15m-q8_0", "cpu", 1024, 32, 1, 2, 16, "f16"},  // head_dim 48: no q8_0
       {"110m-q8_0", "vulkan", 64, 16, 1, 1, 16, "f16"},
       {"15m-f16", "hybrid:3", 128, 16, 1, 1, 16, "f16"},
   };
