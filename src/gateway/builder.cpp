@@ -598,7 +598,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.startup_ms = static_cast<double>(env.now_ns() - t0) / 1e6;
     out.log.push_back(ps.name + " path: " + serving.placement_detail + ", model " + ps.model_name + ", " +
                       std::to_string(ps.workers) + " workers, queue " + std::to_string(ps.queue) + ", ctx " +
-                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks, replica " +
+                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks (" + std::string(kv_type_name(kv_type)) +
+                      "), replica " +
                       ps.replica.mode + (ps.replica.why.empty() ? "" : " (" + ps.replica.why + ")") + ", ready in " +
                       std::to_string(static_cast<int64_t>(p.startup_ms)) + " ms");
     paths.push_back(std::move(p));
