@@ -95,6 +95,7 @@ struct Case {
   int32_t parallel = 1;
   int32_t threads = 1;
   int32_t kv_block = 16;
+  std::string kv_type = "f32";  // the pools' element type (--kv-type)
 };
 
 struct Preset {
@@ -156,6 +157,14 @@ std::vector<Case> matrix(const std::string& which) {
       {"110m-q4_k_m", "cpu", 512, 64, 1, 2, 16},
       {"110m-q4_k_m", "vulkan", 64, 16, 1, 1, 16},
       {"110m-q4_k_m", "hybrid:6", 64, 16, 1, 1, 16},
+      // The KV types (the server's default f16, and q8_0 on the CPU): the
+      // pools, the device KV buffers and the attention's conversion tile.
+      {"110m-q8_0", "cpu", 512, 64, 2, 2, 16, "f16"},
+      {"110m-q8_0", "cpu", 512, 64, 2, 2, 16, "q8_0"},
+      {"110m-q8_0", "cpu", 1024, 32, 1, 1, 32, "q8_0"},
+      {"15m-q8_0", "cpu", 1024, 32, 1, 2, 16, "f16"},  // head_dim 48: no q8_0
+      {"110m-q8_0", "vulkan", 64, 16, 1, 1, 16, "f16"},
+      {"15m-f16", "hybrid:3", 128, 16, 1, 1, 16, "f16"},
   };
   full.insert(full.end(), more.begin(), more.end());
   return full;
@@ -164,7 +173,7 @@ std::vector<Case> matrix(const std::string& which) {
 std::string case_name(const Case& c) {
   return c.model + " " + c.device + " ctx=" + std::to_string(c.ctx) + " ub=" + std::to_string(c.ubatch) +
          " par=" + std::to_string(c.parallel) + " thr=" + std::to_string(c.threads) +
-         " bt=" + std::to_string(c.kv_block);
+         " bt=" + std::to_string(c.kv_block) + (c.kv_type == "f32" ? "" : " kv=" + c.kv_type);
 }
 
 // ----------------------------------------------------------------- child ----
@@ -247,6 +256,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
   plan.n_parallel = c.parallel;
   plan.n_threads = c.threads;
   plan.kv_block_tokens = c.kv_block;
+  SPW_ASSIGN_OR_RETURN(plan.kv_type, parse_kv_type(c.kv_type));
   admission::EstimatorConfig cfg;
   cfg.host.fixed_overhead = m0.process_rss_bytes.value();
 
@@ -259,6 +269,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
     go.n_ctx = c.ctx;
     go.n_ubatch = c.ubatch;
     go.kv_block_tokens = c.kv_block;
+    go.kv_type = plan.kv_type;
     SPW_ASSIGN_OR_RETURN(KvPoolOptions po, session_group_host_pool(**model, go));
     const int64_t heap_kv0 = tracker::live_bytes();
     SPW_ASSIGN_OR_RETURN(std::shared_ptr<KvPool> pool, KvPool::create(po));
@@ -292,6 +303,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
     go.n_ctx = c.ctx;
     go.n_ubatch = c.ubatch;
     go.kv_block_tokens = c.kv_block;
+    go.kv_type = plan.kv_type;
     SPW_ASSIGN_OR_RETURN(SessionGroup ds, open_session_group(*model, go));
     if (!ds.vulkan) return Status::internal("no Vulkan backend in a GPU case");
     SPW_RETURN_IF_ERROR(fill_group(ds, c, hp.n_vocab));
@@ -435,7 +447,7 @@ int parent(const std::string& which, const std::string& models_dir, const std::s
     auto out = run_process({self, "--run-case", "--model-path", path, "--model", c.model, "--device", c.device,
                             "--ctx", std::to_string(c.ctx), "--ubatch", std::to_string(c.ubatch), "--parallel",
                             std::to_string(c.parallel), "--threads", std::to_string(c.threads), "--kv-block",
-                            std::to_string(c.kv_block)});
+                            std::to_string(c.kv_block), "--kv-type", c.kv_type});
     if (!out.ok()) {
       std::fprintf(stderr, "%s: %s\n", name.c_str(), out.status().to_string().c_str());
       ++failures;
@@ -541,6 +553,7 @@ int main(int argc, char** argv) {
   app.add_option("--parallel", c.parallel);
   app.add_option("--threads", c.threads);
   app.add_option("--kv-block", c.kv_block);
+  app.add_option("--kv-type", c.kv_type);
   CLI11_PARSE(app, argc, argv);
   if (run_case) {
     auto r = spw::run_child(c, model_path);

@@ -305,9 +305,7 @@ Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sess
 
 }  // namespace
 
-std::string_view kv_type_name(KvType t) { return t == KvType::kF16 ? "F16" : "F32"; }
 std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "host"; }
-size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
 
 uint64_t ScratchTerms::transient_peak() const {
   const uint64_t fwd = layer_activations > 0 ? forward_phase() : 0;
@@ -434,6 +432,19 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   est.hparams = hp;
   est.config = config;
   SPW_ASSIGN_OR_RETURN(est.stages, plan_stages(plan, hp.n_layer));
+  // The KV type: what KvPool::create and VulkanBackend::create_kv_pool accept.
+  {
+    const std::string kvt(kv_type_name(plan.kv_type));
+    Status st = check_kv_type(plan.kv_type, hp.n_embd_kv(), hp.head_dim());
+    if (!st.ok()) return Status::invalid_argument("plan kv_type: " + st.message());
+    for (const auto& s : est.stages) {
+      if (s.device != DeviceKind::kGpu) continue;
+      if (plan.kv_type == KvType::kQ8_0)
+        return Status::invalid_argument("plan kv_type = " + kvt + ": not supported by the Vulkan backend (use f16 or f32)");
+      if (plan.kv_type == KvType::kF16 && (hp.n_embd_kv() % 2 != 0 || hp.head_dim() % 2 != 0))
+        return Status::invalid_argument("plan kv_type = " + kvt + " on the GPU needs an even n_embd_kv and head_dim");
+    }
+  }
 
   const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
   const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
@@ -523,20 +534,20 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   }
 
   // KV pools: one per stage, allocated whole by KvPool::create; on the GPU one
-  // K and one V buffer of F32 per layer (VulkanBackend::create_kv_pool), with
+  // K and one V buffer of kv_type rows per layer (VulkanBackend::create_kv_pool), with
   // the pool's block stack and object on the host.
   for (const auto& s : est.stages) {
     const int d = static_cast<int>(s.device);
     const bool gpu = s.device == DeviceKind::kGpu;
     const uint64_t n_layers = static_cast<uint64_t>(s.layer_end - s.layer_begin);
-    const uint64_t elem = gpu ? kF32 : kv_type_size(plan.kv_type);
-    const uint64_t per_tok = 2 * n_layers * KV * elem;
+    const uint64_t row = kv_row_bytes(plan.kv_type, KV);
+    const uint64_t per_tok = 2 * n_layers * row;
     const uint64_t n_blocks = plan.kv_blocks > 0 ? static_cast<uint64_t>(plan.kv_blocks) : blocks_per_seq * P;
     est.devices[d].kv_bytes_per_token += per_tok;
     est.devices[d].kv_bytes_per_block += per_tok * static_cast<uint64_t>(plan.kv_block_tokens);
     est.devices[d].kv_storage += per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * n_blocks;
     if (gpu) {
-      kv[d].add(vk_alloc_size(n_blocks * static_cast<uint64_t>(plan.kv_block_tokens) * KV * kF32), 2 * n_layers);
+      kv[d].add(vk_alloc_size(n_blocks * static_cast<uint64_t>(plan.kv_block_tokens) * row), 2 * n_layers);
     } else {
       kv[d].add(per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * n_blocks);
     }
@@ -559,10 +570,12 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
     // Per attention worker: one scratch allocation (attention.h), whatever
-    // the context. The pool runs the pass when it has more than one item
-    // (ceil(m / kAttnQueryTile) tiles x heads) and work >= 2^15 (worst
-    // ubatch: the last one of the context).
-    t.attention_row = kAttnQueryTile * (kAttnKvTile + hd + 2) * kF32;
+    // the context, plus two tiles of this head's K and V slices converted to
+    // F32 for a pool that is not F32. The pool runs the pass when it has more
+    // than one item (ceil(m / kAttnQueryTile) tiles x heads) and work >= 2^15
+    // (worst ubatch: the last one of the context).
+    t.attention_row = (kAttnQueryTile * (kAttnKvTile + hd + 2) +
+                       (plan.kv_type == KvType::kF32 ? 0 : 2 * kAttnKvTile * hd)) * kF32;
     const uint64_t items = (m + kAttnQueryTile - 1) / kAttnQueryTile * nh;
     const bool parallel = T > 1 && items > 1 && m * nh * c * hd >= (1u << 15);
     t.attention_workers = parallel ? T : 1;

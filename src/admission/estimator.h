@@ -21,13 +21,14 @@
 //             weights are mapped in place.
 //   kv        the KvPool(s) the plan allocates up front: per stage
 //             Plan::kv_blocks, or n_parallel * ceil(n_ctx / kv_block_tokens), blocks of
-//             bytes_per_block = block_tokens * 2 * n_stage_layers * n_embd_kv *
-//             sizeof(kv_type) (KvPool::create allocates exactly that as one
+//             bytes_per_block = block_tokens * 2 * n_stage_layers *
+//             kv_row_bytes(kv_type, n_embd_kv) (4, 2 or 34/32 bytes an element
+//             for f32, f16, q8_0; KvPool::create allocates exactly that as one
 //             array), plus the pool's free-block stack (4 B per block) and object.
 //             GPU (VulkanBackend::create_kv_pool): one K and one V buffer per
-//             layer of n_blocks * block_tokens * n_embd_kv F32 (the device pool
-//             stores F32 whatever kv_type says); the block stack and pool object
-//             are host heap and counted in the host's kv.
+//             layer of n_blocks * block_tokens * kv_row_bytes(kv_type, n_embd_kv)
+//             (f32 or f16: halves packed two per uint); the block stack and
+//             pool object are host heap and counted in the host's kv.
 //   scratch   host: per-ubatch compute buffers, n_parallel sessions in flight
 //             (a batched step of B <= n_parallel sequences holds at most
 //             max(n_ubatch, B) rows: decode tokens plus prompt chunks, never
@@ -77,6 +78,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/kv_type.h"
 #include "core/placement.h"
 #include "core/status.h"
 #include "gguf/gguf.h"
@@ -84,13 +86,14 @@
 
 namespace spw::admission {
 
-enum class KvType { kF32, kF16 };
+// The KV element type is the engine's (core/kv_type.h), so a plan and the
+// pools it describes spell it alike.
+using spw::KvType;
+using spw::kv_type_name;
 enum class DeviceKind { kHost = 0, kGpu = 1 };
 inline constexpr int kNumDeviceKinds = 2;
 
-std::string_view kv_type_name(KvType t);
 std::string_view device_kind_name(DeviceKind d);
-size_t kv_type_size(KvType t);  // bytes per K or V element
 
 struct Plan {
   // Where the layers run, as `--device` says (core/placement.h): cpu; vulkan
@@ -104,7 +107,11 @@ struct Plan {
   int32_t n_ubatch = 64;     // tokens per forward pass (Session's n_ubatch)
   int32_t n_parallel = 1;    // sequences (sessions) evaluated concurrently
   int32_t n_threads = 1;     // CPU backend threads (one attention row buffer each)
-  KvType kv_type = KvType::kF32;  // the CPU KvPool stores F32 today
+  // The KvPools' element type (KvPoolOptions::type), on every stage. The
+  // library default is f32; `spillway serve` and the CLI default to f16.
+  // q8_0 is CPU only (the Vulkan backend refuses it) and needs n_embd_kv and
+  // head_dim multiples of 32; a plan against either is InvalidArgument.
+  KvType kv_type = KvType::kF32;
   int32_t kv_block_tokens = 16;
   // KV pool capacity in blocks per stage; 0 = n_parallel full contexts (the
   // server's default, `serve --kv-blocks 0`).
@@ -206,10 +213,11 @@ struct ScratchTerms {
   uint64_t task_closure = 0;
   // Attention (backend/cpu/attention.h): one scratch per concurrent worker,
   // 32 * (32 + head_dim + 2) floats whatever the context (a tile of 32 query
-  // rows' scores over 32 positions, their outputs, running maxima and sums).
-  // The backend runs attention on its thread pool only when
-  // m*n_head*c*head_dim >= 2^15 and the pass has more than one (32-row tile,
-  // head) item; otherwise inline on one thread.
+  // rows' scores over 32 positions, their outputs, running maxima and sums),
+  // plus 2 * 32 * head_dim floats (a K and a V tile converted to F32) for a
+  // pool that is not F32. The backend runs attention on its thread pool only
+  // when m*n_head*c*head_dim >= 2^15 and the pass has more than one (32-row
+  // tile, head) item; otherwise inline on one thread.
   uint64_t attention_row = 0;      // bytes of one worker's scratch
   uint64_t attention_workers = 1;  // n_threads when parallel, else 1
   // CpuBackend::output per call: cur (rows*E) + PreparedX of the head, rows =

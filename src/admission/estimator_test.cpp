@@ -96,7 +96,8 @@ void expect_close(const std::string& what, uint64_t est, uint64_t allowance, int
 
 std::string cfg(const std::string& model, const Plan& p) {
   return model + " ctx=" + std::to_string(p.n_ctx) + " ub=" + std::to_string(p.n_ubatch) +
-         " threads=" + std::to_string(p.n_threads) + " bt=" + std::to_string(p.kv_block_tokens);
+         " threads=" + std::to_string(p.n_threads) + " bt=" + std::to_string(p.kv_block_tokens) +
+         (p.kv_type == KvType::kF32 ? "" : " kv=" + std::string(kv_type_name(p.kv_type)));
 }
 
 TEST(Estimator, WeightsAreExactTensorBytes) {
@@ -212,6 +213,53 @@ TEST(Estimator, KvMatchesPoolAllocation) {
   }
 }
 
+// Every KV type: the estimate's per-token, per-block and storage figures are
+// the pool's exactly (f32 4, f16 2, q8_0 34/32 bytes an element), the kv
+// category within the allowance of what KvPool::create allocates; a type the
+// model's shape cannot store is refused as the pool refuses it.
+TEST(Estimator, KvMatchesPoolAllocationPerType) {
+  for (const auto& tm : models()) {
+    ASSERT_NE(tm.model, nullptr);
+    const Model& m = *tm.model;
+    const LlamaHparams& hp = m.hparams();
+    for (KvType kvt : kAllKvTypes) {
+      for (int32_t bt : {1, 16}) {
+        for (int32_t par : {1, 3}) {
+          Plan p = cpu_plan(200, 16, 1, bt);
+          p.n_parallel = par;
+          p.kv_type = kvt;
+          auto e = estimate(m.file(), p);
+          KvPoolOptions o;
+          o.layer_end = hp.n_layer;
+          o.n_embd_kv = hp.n_embd_kv();
+          o.head_dim = hp.head_dim();
+          o.block_tokens = bt;
+          o.n_blocks = par * ((200 + bt - 1) / bt);
+          o.type = kvt;
+          if (!check_kv_type(kvt, hp.n_embd_kv(), hp.head_dim()).ok()) {
+            ASSERT_FALSE(e.ok()) << tm.name << " " << kv_type_name(kvt);
+            EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+            EXPECT_NE(e.status().message().find("kv_type"), std::string::npos) << e.status().to_string();
+            EXPECT_FALSE(KvPool::create(o).ok());
+            continue;
+          }
+          ASSERT_TRUE(e.ok()) << e.status().to_string();
+          PeakScope scope;
+          auto pool = KvPool::create(o);
+          ASSERT_TRUE(pool.ok());
+          const int64_t measured = scope.live_delta();
+          const uint64_t row = kv_row_bytes(kvt, static_cast<uint64_t>(hp.n_embd_kv()));
+          EXPECT_EQ(e->host().kv_bytes_per_token, 2 * static_cast<uint64_t>(hp.n_layer) * row);
+          EXPECT_EQ(e->host().kv_bytes_per_token, (*pool)->bytes_per_token());
+          EXPECT_EQ(e->host().kv_bytes_per_block, (*pool)->bytes_per_block());
+          EXPECT_EQ(e->host().kv_storage, static_cast<uint64_t>((*pool)->n_blocks()) * (*pool)->bytes_per_block());
+          expect_close("kv-pool " + cfg(tm.name, p), e->host().kv.bytes, e->host().kv.allowance, measured);
+        }
+      }
+    }
+  }
+}
+
 TEST(Estimator, RequestKvIsTheBlocksASessionHolds) {
   auto m = load_stories();
   ASSERT_NE(m, nullptr);
@@ -261,12 +309,21 @@ TEST(Estimator, ScratchMatchesCpuBackend) {
       auto cpu = std::make_shared<CpuBackend>(threads);
       for (int32_t ctx : {64, 256}) {
         for (int32_t ub : {1, 8, 32}) {
+         // F16 and Q8_0 pools (where the model's head_dim allows) add the
+         // attention's conversion tile: checked at the longer context.
+         for (KvType kvt : kAllKvTypes) {
+          if (kvt != KvType::kF32 && (ctx != 256 || !check_kv_type(kvt, hp.n_embd_kv(), hp.head_dim()).ok()))
+            continue;
           Plan p = cpu_plan(ctx, ub, threads);
+          p.kv_type = kvt;
           auto e = estimate(model->file(), p);
           ASSERT_TRUE(e.ok()) << e.status().to_string();
           const ScratchTerms& t = e->host().terms;
           const DeviceCosts& costs = e->config.host;
-          auto pool = KvPool::create({0, hp.n_layer, hp.n_embd_kv(), 16, (ctx + 15) / 16});
+          KvPoolOptions po{0, hp.n_layer, hp.n_embd_kv(), 16, (ctx + 15) / 16};
+          po.type = kvt;
+          po.head_dim = hp.head_dim();
+          auto pool = KvPool::create(po);
           ASSERT_TRUE(pool.ok());
 
           // (a) forward_layers at the worst position: the last ubatch of the context.
@@ -348,6 +405,7 @@ TEST(Estimator, ScratchMatchesCpuBackend) {
               EXPECT_GE(measured, static_cast<int64_t>((r->scratch[0].bytes - sched) * 9 / 10)) << what;
             }
           }
+         }
         }
       }
     }
@@ -555,6 +613,10 @@ TEST(Estimator, F16KvHalvesKvAndTotalsAddUp) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->host().kv_storage, 2 * b->host().kv_storage);
   EXPECT_EQ(a->kv_bytes_per_token, 2 * b->kv_bytes_per_token);
+  // The attention's conversion tile (16 rows of n_embd_kv floats) is the only
+  // scratch an F16 KV adds.
+  EXPECT_EQ(b->host().terms.attention_row,
+            a->host().terms.attention_row + 16u * static_cast<uint64_t>(m->hparams().n_embd_kv()) * 4u);
   const DeviceEstimate& h = a->host();
   EXPECT_EQ(h.bytes(), h.weights.bytes + h.kv.bytes + h.scratch.bytes + h.logits.bytes + h.overhead.bytes);
   EXPECT_EQ(a->total(), h.total());

@@ -61,6 +61,7 @@ struct Case {
   int32_t gpu_layers;  // 0 = vulkan (all layers + head), else hybrid:N
   int32_t block_tokens = 16;
   bool logits_all = false;
+  KvType kv_type = KvType::kF32;
 };
 
 std::vector<TokenId> tokens(int n, int n_vocab, int salt) {
@@ -73,7 +74,8 @@ void run_case(const std::string& name, const std::shared_ptr<const Model>& model
   const auto& hp = model->hparams();
   const std::string what = name + " " + (c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan") +
                            " ctx=" + std::to_string(c.n_ctx) + " ub=" + std::to_string(c.n_ubatch) +
-                           " bt=" + std::to_string(c.block_tokens) + (c.logits_all ? " all-logits" : "");
+                           " bt=" + std::to_string(c.block_tokens) + (c.logits_all ? " all-logits" : "") +
+                           " kv=" + std::string(kv_type_name(c.kv_type));
   SCOPED_TRACE(what);
   DeviceSessionOptions o;
   auto spec = Placement::parse(c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan");
@@ -82,6 +84,7 @@ void run_case(const std::string& name, const std::shared_ptr<const Model>& model
   o.n_ctx = c.n_ctx;
   o.n_ubatch = c.n_ubatch;
   o.kv_block_tokens = c.block_tokens;
+  o.kv_type = c.kv_type;
   const auto t0 = std::chrono::steady_clock::now();
   auto ds = open_device_session(model, o);
   ASSERT_TRUE(ds.ok()) << ds.status().to_string();
@@ -112,6 +115,7 @@ void run_case(const std::string& name, const std::shared_ptr<const Model>& model
   p.n_ubatch = c.n_ubatch;
   p.kv_block_tokens = c.block_tokens;
   p.logits_all = c.logits_all;
+  p.kv_type = c.kv_type;
   EstimatorConfig cfg;
   const VulkanDeviceInfo& info = ds->vulkan->device_info();
   cfg.gpu_limits.max_buffer_bytes = largest_buffer_bytes(info);
@@ -129,6 +133,7 @@ void run_case(const std::string& name, const std::shared_ptr<const Model>& model
               static_cast<unsigned long long>(g.gpu_terms.staging),
               static_cast<unsigned long long>(peak(MemoryCategory::kStaging)), secs);
   EXPECT_EQ(g.weights.bytes, peak(MemoryCategory::kWeights)) << "weights are exact";
+  EXPECT_EQ(g.kv.bytes, peak(MemoryCategory::kKv)) << "the KV buffers are exact, whatever their type";
   expect_close("weights", what, g.weights.bytes, g.weights.allowance, peak(MemoryCategory::kWeights), 0.0);
   expect_close("kv", what, g.kv.bytes, g.kv.allowance, peak(MemoryCategory::kKv), 0.10);
   expect_close("scratch", what, g.scratch.bytes, g.scratch.allowance, peak(MemoryCategory::kScratch), 0.10);
@@ -152,9 +157,15 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   for (const Case& c : {Case{128, 48, 0}, Case{256, 32, 3}, Case{128, 16, 1, 8}, Case{96, 24, 0, 16, true}})
     run_case("stories260K", *stories, c);
 
+  // F16 KV (the server's default): the device buffers and the host stage's
+  // pool and conversion tile follow it.
+  for (const Case& c : {Case{128, 48, 0, 16, false, KvType::kF16}, Case{256, 32, 3, 16, false, KvType::kF16}})
+    run_case("stories260K", *stories, c);
+
   auto f16 = generated(GgmlType::kF16, 64, 96, 4, 2, 2, false);  // GQA 2:1
   ASSERT_NE(f16, nullptr);
-  for (const Case& c : {Case{256, 64, 0}, Case{128, 32, 1}}) run_case("small-F16-gqa", f16, c);
+  for (const Case& c : {Case{256, 64, 0}, Case{128, 32, 1}, Case{128, 32, 1, 16, false, KvType::kF16}})
+    run_case("small-F16-gqa", f16, c);
 
   auto q8 = generated(GgmlType::kQ8_0, 64, 128, 4, 1, 2, false);  // GQA 4:1
   ASSERT_NE(q8, nullptr);
@@ -182,6 +193,23 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   auto q5_1 = generated(GgmlType::kQ5_1, 64, 128, 4, 2, 2, false);
   ASSERT_NE(q5_1, nullptr);
   run_case("small-Q5_1", q5_1, Case{128, 32, 0});
+
+  // Q8_0 KV is CPU only: a plan with a GPU stage is refused by name.
+  {
+    Plan p;
+    p.placement = Placement::parse("hybrid:1").value();
+    p.n_ctx = 128;
+    p.n_batch = 128;
+    p.kv_type = KvType::kQ8_0;
+    auto wide = generated(GgmlType::kQ8_0, 128, 256, 4, 2, 2, false);  // head_dim 32
+    ASSERT_NE(wide, nullptr);
+    auto e = estimate(wide->file(), p);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("Vulkan"), std::string::npos) << e.status().to_string();
+    p.placement = Placement::cpu();
+    EXPECT_TRUE(estimate(wide->file(), p).ok());
+  }
 
   for (const auto& [cat, err] : worst())
     std::printf("worst relative error gpu %-10s %+.2f%%\n", cat.c_str(), 100 * err);

@@ -188,9 +188,21 @@ TEST(CliTest, EstimateBreaksDownMemoryByCategory) {
   EXPECT_NE(r.out.find("kv_bytes_per_token"), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j.is_object());
-  // stories260K: 5 layers x 2 (K and V) x 4 KV heads x head dim 8 x 4 bytes.
-  EXPECT_NE(r.out.find("\"kv_bytes_per_token\": 1280"), std::string::npos) << r.out;
+  // stories260K: 5 layers x 2 (K and V) x 4 KV heads x head dim 8 x 2 bytes
+  // (f16, the default), x 4 bytes with --kv-type f32.
+  EXPECT_NE(r.out.find("\"kv_bytes_per_token\": 640"), std::string::npos) << r.out;
+  EXPECT_EQ(j["plan"]["kv_type"], "f16");
   EXPECT_EQ(j["plan"]["placement"], "cpu");
+  CmdResult f32 = run("estimate --json --model " + kStories + " --ctx 256 --ubatch 32 --device cpu --kv-type f32");
+  ASSERT_EQ(f32.exit_code, 0) << f32.err;
+  EXPECT_NE(f32.out.find("\"kv_bytes_per_token\": 1280"), std::string::npos) << f32.out;
+  CmdResult bad_kv = run("estimate --model " + kStories + " --kv-type f8");
+  EXPECT_NE(bad_kv.exit_code, 0);
+  EXPECT_NE(bad_kv.err.find("'f8'"), std::string::npos) << bad_kv.err;
+  // q8_0 needs head_dim % 32 == 0; stories260K's is 8.
+  CmdResult q8 = run("estimate --model " + kStories + " --kv-type q8_0");
+  EXPECT_NE(q8.exit_code, 0);
+  EXPECT_NE(q8.err.find("head_dim"), std::string::npos) << q8.err;
   CmdResult bad = run("estimate --model " + kStories + " --device hybrid:x");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--device"), std::string::npos) << bad.err;

@@ -31,7 +31,7 @@ struct EstimateOptions {
   int32_t threads = 1;
   int32_t block_tokens = 16;
   std::string device = "cpu";
-  std::string kv_type = "f32";
+  std::string kv_type = "f16";  // as serve's default
   bool logits_all = false;
   std::optional<int32_t> prompt_tokens;
   std::optional<int32_t> max_tokens;
@@ -137,12 +137,10 @@ int run_estimate(const EstimateOptions& o) {
   plan.n_threads = o.threads;
   plan.kv_block_tokens = o.block_tokens;
   plan.logits_all = o.logits_all;
-  if (o.kv_type == "f32" || o.kv_type == "F32") {
-    plan.kv_type = admission::KvType::kF32;
-  } else if (o.kv_type == "f16" || o.kv_type == "F16") {
-    plan.kv_type = admission::KvType::kF16;
+  if (auto kvt = parse_kv_type(o.kv_type); kvt.ok()) {
+    plan.kv_type = *kvt;
   } else {
-    std::fprintf(stderr, "spillway estimate: --kv-type %s: expected f32 or f16\n", o.kv_type.c_str());
+    std::fprintf(stderr, "spillway estimate: --kv-type: %s\n", kvt.status().message().c_str());
     return 1;
   }
   if (auto placement = parse_device(o.device); placement.ok()) {
@@ -293,7 +291,7 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--device", o->device,
                   "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] as for serve and generate (embedding and first N "
                   "layers on Vulkan; hybrid:0 is cpu, N >= the layer count is vulkan); gpu = vulkan (older spelling)");
-  sub->add_option("--kv-type", o->kv_type, "f32 or f16");
+  sub->add_option("--kv-type", o->kv_type, "KV cache element type: f16, f32 or q8_0 (CPU only)")->capture_default_str();
   sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");
   sub->add_option("--max-tokens", o->max_tokens, "Request: maximum new tokens");

@@ -28,6 +28,7 @@ struct GenerateCliOptions {
   int32_t ctx = 0;
   int32_t ubatch = 64;
   int32_t kv_block = 16;
+  std::string kv_type = "f16";
   bool no_bos = false;
   bool ignore_eos = false;
   bool json = false;
@@ -79,6 +80,11 @@ int run_generate(GenerateCliOptions o) {
   dso.n_ctx = o.ctx;
   dso.n_ubatch = o.ubatch;
   dso.kv_block_tokens = o.kv_block;
+  {
+    auto kvt = parse_kv_type(o.kv_type);
+    if (!kvt.ok()) return fail(kvt.status().with_context("--kv-type"));
+    dso.kv_type = *kvt;
+  }
   auto placed = open_device_session(*model, dso);
   if (!placed.ok()) {
     Status s = placed.status();
@@ -187,6 +193,7 @@ void add_generate(CLI::App& app, int& exit_code) {
   sub->add_option("--ctx,-c", o->ctx, "Context size (default: the model's)")->check(CLI::Range(0, 1 << 20));
   sub->add_option("--ubatch", o->ubatch, "Prefill batch size")->check(CLI::Range(1, 4096));
   sub->add_option("--kv-block", o->kv_block, "KV cache block size in tokens")->check(CLI::Range(1, 1024));
+  sub->add_option("--kv-type", o->kv_type, "KV cache element type: f16, f32 or q8_0 (CPU only)")->capture_default_str();
   sub->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy)");
   sub->add_option("--top-k", o->sampler.top_k, "Top-k (0 = off)");
   sub->add_option("--top-p", o->sampler.top_p, "Top-p (1 = off)");

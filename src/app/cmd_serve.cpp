@@ -364,6 +364,10 @@ void add_serve(CLI::App& app, int& exit_code) {
   first->add_option("--ctx,-c", g.ctx, "Context positions per request (0 = the model's context_length)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  first->add_option("--kv-type", g.kv_type,
+                    "KV cache element type of every path: f16 (as llama.cpp), f32, or q8_0 (CPU only; about "
+                    "half of f16's memory)")
+      ->capture_default_str();
   first->add_option("--kv-blocks", g.kv_blocks,
                     "KV pool of the first path in blocks of 16 positions, shared by its requests "
                     "(0 = what the memory allows, up to parallel x ctx)")

@@ -110,7 +110,8 @@ bool Checkpoint::operator==(const Checkpoint& o) const {
          finish_reason == o.finish_reason && options.max_tokens == o.options.max_tokens &&
          options.stop == o.options.stop && options.ignore_eos == o.options.ignore_eos &&
          a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
-         a.repeat_penalty == b.repeat_penalty && a.repeat_last_n == b.repeat_last_n && a.seed == b.seed;
+         a.repeat_penalty == b.repeat_penalty && a.repeat_last_n == b.repeat_last_n && a.seed == b.seed &&
+         kv_type == o.kv_type;
 }
 
 std::string serialize_checkpoint(const Checkpoint& c) {
@@ -137,6 +138,7 @@ std::string serialize_checkpoint(const Checkpoint& c) {
   p.u64(s.seed);
   p.u32(static_cast<uint32_t>(c.options.stop.size()));
   for (const auto& st : c.options.stop) p.str(st);
+  p.str(c.kv_type);  // version 2
 
   Writer w;
   w.out.assign(kMagic, sizeof kMagic);
@@ -155,7 +157,7 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   uint32_t version;
   uint64_t size;
   SPW_RETURN_IF_ERROR(r0.u32(version, "version"));
-  if (version != Checkpoint::kVersion)
+  if (version != Checkpoint::kVersion && version != 1)
     return Status::invalid_argument("checkpoint: unsupported version " + std::to_string(version));
   SPW_RETURN_IF_ERROR(r0.u64(size, "payload_size"));
   if (size > r0.remaining() || r0.remaining() - size < 8)
@@ -200,6 +202,7 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   if (n_stop > r.remaining() / 4) return Status::corruption("checkpoint: field 'options.stop' count too large");
   c.options.stop.resize(n_stop);
   for (auto& st : c.options.stop) SPW_RETURN_IF_ERROR(r.str(st, "options.stop"));
+  if (version >= 2) SPW_RETURN_IF_ERROR(r.str(c.kv_type, "kv_type"));
   if (r.remaining() != 0)
     return Status::corruption("checkpoint: " + std::to_string(r.remaining()) + " unparsed payload bytes");
   if (c.n_prompt < 0 || static_cast<size_t>(c.n_prompt) > c.tokens.size())

@@ -5,11 +5,18 @@
 // generated), how many are prompt, the sampler state (RNG words and penalty
 // window), the StopMatcher's held text, the Utf8Stream's pending bytes, the text
 // emitted so far, the options and the model's compatibility fingerprint. The KV
-// cache is NOT part of it: resume re-evaluates the tokens.
+// cache is NOT part of it: resume re-evaluates the tokens. It records the KV
+// element type the generated tokens were chosen with (kv_type: "f32", "f16",
+// "q8_0"; "" while none was generated, as in start_checkpoint): the same tokens on a KV
+// of another type give other logits, so Generator::resume refuses a session
+// of another KV type (FailedPrecondition naming both) rather than continue
+// with an outcome the checkpoint does not promise.
 // serialize_checkpoint() writes a versioned little-endian binary format:
 //   "SPWCKPT\0" | u32 version | u64 payload_size | payload | u64 FNV-1a(payload)
 // where payload is the fields in declaration order (strings and arrays are a
-// u32 count then the items; floats as IEEE-754 bit patterns).
+// u32 count then the items; floats as IEEE-754 bit patterns). Version 2 added
+// kv_type at the end of the payload; version 1 files still parse (kv_type "":
+// not recorded).
 // parse_checkpoint() returns Corruption naming the field for a bad magic,
 // truncation, checksum mismatch, trailing bytes or inconsistent counts, and
 // InvalidArgument for an unknown version.
@@ -36,7 +43,7 @@
 namespace spw {
 
 struct Checkpoint {
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
 
   std::string model_fingerprint;
   std::vector<TokenId> tokens;  // prompt + generated
@@ -48,6 +55,7 @@ struct Checkpoint {
   std::string text;             // emitted so far
   std::string finish_reason;    // "" unless the generation had already finished
   GenerateOptions options;
+  std::string kv_type;          // KvType name the generated tokens were chosen with; "" = none yet
   // Log-probability entries not released yet (generate.h): in memory only,
   // for a migration within the process; not serialized, not compared. A
   // checkpoint read back from its bytes has none (nor options.logprobs).

@@ -37,6 +37,8 @@ KvPoolOptions stage_pool(const Model& m, const SessionGroupOptions& o, int32_t n
   po.n_embd_kv = m.hparams().n_embd_kv();
   po.block_tokens = o.kv_block_tokens;
   po.n_blocks = o.kv_blocks == 0 ? full_blocks(o, n_ctx) : o.kv_blocks;
+  po.type = o.kv_type;
+  po.head_dim = m.hparams().head_dim();
   return po;
 }
 
@@ -80,7 +82,7 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
     if (host_pool) {
       const KvPoolOptions& have = host_pool->options();
       if (have.n_blocks != po.n_blocks || have.block_tokens != po.block_tokens ||
-          have.layer_begin != po.layer_begin || have.layer_end != po.layer_end) {
+          have.layer_begin != po.layer_begin || have.layer_end != po.layer_end || have.type != po.type) {
         return Status::invalid_argument("open_session_group: the given host pool does not match the options");
       }
     } else {

@@ -46,6 +46,11 @@ struct SessionGroupOptions {
   int32_t n_ubatch = 64;
   int32_t kv_blocks = 0;
   int32_t kv_block_tokens = 16;
+  // Element type of every stage's KV pool (KvPoolOptions::type). The library
+  // default is f32; `spillway serve` / run / chat default to f16. The Vulkan
+  // stage refuses q8_0 (Unimplemented); q8_0 needs n_embd_kv and head_dim
+  // multiples of 32 (InvalidArgument).
+  KvType kv_type = KvType::kF32;
 };
 
 // One session's options are a group's with n_sessions = 1 (anything else is

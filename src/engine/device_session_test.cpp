@@ -114,6 +114,53 @@ TEST(DeviceSessionTest, GroupSharesOneBackendAndPoolPerStageAcrossThreads) {
       << "all layers on Vulkan: no host stage";
 }
 
+// SessionGroupOptions::kv_type reaches every stage's pool; the KV bytes
+// follow it; a type a stage cannot store is refused by name.
+TEST(DeviceSessionTest, KvTypeReachesEveryStagePool) {
+  auto model = testing::stories();
+  SessionGroupOptions o;
+  o.n_sessions = 2;
+  o.n_ctx = 64;
+  o.kv_type = KvType::kF16;
+  auto cpu = open_session_group(model, o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  ASSERT_EQ(cpu->pools.size(), 1u);
+  EXPECT_EQ(cpu->pools[0]->type(), KvType::kF16);
+  EXPECT_EQ(cpu->pools[0]->bytes_per_token(), 640u);  // 5 layers x K,V x 32 x 2 bytes
+  EXPECT_EQ(cpu->sessions[0]->kv_type(), KvType::kF16);
+  auto host = session_group_host_pool(*model, o);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->type, KvType::kF16);
+  // stories260K's head_dim is 8: no whole Q8_0 blocks per head.
+  o.kv_type = KvType::kQ8_0;
+  auto q8 = open_session_group(model, o);
+  ASSERT_FALSE(q8.ok());
+  EXPECT_EQ(q8.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(q8.status().message().find("head_dim"), std::string::npos) << q8.status().to_string();
+  std::string why;
+  if (!vulkan_available(&why)) GTEST_SKIP() << why;
+  o.kv_type = KvType::kF16;
+  o.device = Placement::parse("hybrid:3").value();
+  auto g = open_session_group(model, o);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_EQ(g->pools.size(), 2u);
+  for (const auto& p : g->pools) EXPECT_EQ(p->type(), KvType::kF16);
+  EXPECT_EQ(g->pools[0]->device_storage()->bytes(), 3u * 2 * 8 * 16 * 32 * 2) << "3 layers, K and V, 8 blocks";
+  EXPECT_EQ(greedy_tokens(*g->sessions[0], *model, 16),
+            greedy_tokens(*cpu->sessions[0], *model, 16)) << "hybrid f16 = cpu f16";
+  // A model whose head_dim allows Q8_0 on the CPU is still refused on Vulkan.
+  auto spec = testing::small_spec(gguf::GgmlType::kQ8_0);
+  spec.n_embd = 128;
+  auto m32 = testing::random_model(spec);
+  ASSERT_NE(m32, nullptr);
+  o.kv_type = KvType::kQ8_0;
+  o.device = Placement::parse("vulkan").value();
+  auto vq = open_session_group(m32, o);
+  ASSERT_FALSE(vq.ok());
+  EXPECT_EQ(vq.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(vq.status().message().find("q8_0"), std::string::npos) << vq.status().to_string();
+}
+
 TEST(DeviceSessionTest, BudgetTooSmallForTheWeightsIsResourceExhausted) {
   std::string why;
   if (!vulkan_available(&why)) GTEST_SKIP() << why;

@@ -110,8 +110,11 @@ inline std::shared_ptr<const Model> stories() {
   return m.ok() ? *m : nullptr;
 }
 
-inline std::shared_ptr<KvPool> make_pool(const Model& m, int32_t block_tokens, int32_t n_blocks) {
+inline std::shared_ptr<KvPool> make_pool(const Model& m, int32_t block_tokens, int32_t n_blocks,
+                                         KvType type = KvType::kF32) {
   KvPoolOptions o;
+  o.type = type;
+  o.head_dim = m.hparams().head_dim();
   o.layer_begin = 0;
   o.layer_end = m.hparams().n_layer;
   o.n_embd_kv = m.hparams().n_embd_kv();

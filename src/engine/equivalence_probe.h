@@ -14,6 +14,9 @@
 // probe passed (design invariant 6).
 // Both sessions must serve the same model file (FailedPrecondition otherwise,
 // unless require_same_model is off; the vocabularies must match in any case)
+// and keep their KV in the same element type (Session::kv_type; unless
+// require_same_kv_type is off): a placement is verified on the KV type it
+// serves with, which the summary names ("..., f16 KV")
 // and are truncated to 0 before each prompt; their KV is left holding the last
 // run. Errors from the sessions (ResourceExhausted for a too-long prompt, a
 // device error) are returned as they are.
@@ -37,6 +40,8 @@ struct EquivalenceOptions {
   // Off only to measure how far two different files of one model (say F32 and
   // Q8_0) are apart; a migration decision always requires the same model.
   bool require_same_model = true;
+  // Off only to measure what the KV type itself changes (f16 vs f32).
+  bool require_same_kv_type = true;
 };
 
 struct PromptEquivalence {

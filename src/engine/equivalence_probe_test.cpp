@@ -8,9 +8,10 @@
 namespace spw {
 namespace {
 
-std::unique_ptr<Session> cpu_session(std::shared_ptr<const Model> m, int threads) {
+std::unique_ptr<Session> cpu_session(std::shared_ptr<const Model> m, int threads, KvType kv = KvType::kF32) {
   DeviceSessionOptions o;
   o.n_threads = threads;
+  o.kv_type = kv;
   o.n_ctx = 256;
   auto ds = open_device_session(std::move(m), o);
   EXPECT_TRUE(ds.ok()) << ds.status().to_string();
@@ -32,6 +33,43 @@ TEST(EquivalenceProbeTest, CpuThreadCountsAreEquivalentWithZeroDifference) {
     EXPECT_EQ(p.n_positions, 24);
     EXPECT_EQ(p.first_divergence, -1);
     EXPECT_TRUE(p.sampled_equal);
+  }
+}
+
+// The server's KV type (f16): CPU and the device placements are verified on
+// it; sessions of different KV types are not compared unless asked, and then
+// the figure is what the KV type alone changes.
+TEST(EquivalenceProbeTest, F16KvPlacementsAreEquivalentAndKvTypesMustMatch) {
+  auto m = testing::stories();
+  auto cpu16 = cpu_session(m, 1, KvType::kF16), cpu32 = cpu_session(m, 1);
+  EquivalenceOptions eo;
+  eo.n_tokens = 16;
+  auto refused = run_equivalence_probe(*cpu16, *cpu32, eo);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("f16 and f32"), std::string::npos) << refused.status().to_string();
+  eo.require_same_kv_type = false;
+  auto across = run_equivalence_probe(*cpu16, *cpu32, eo);
+  ASSERT_TRUE(across.ok()) << across.status().to_string();
+  std::printf("cpu f16 KV vs cpu f32 KV: %s\n", across->summary.c_str());
+  EXPECT_GT(across->max_logit_diff, 0.0f);
+  EXPECT_NE(across->summary.find("f16 vs f32 KV"), std::string::npos) << across->summary;
+  eo.require_same_kv_type = true;
+  auto devices = list_vulkan_devices();
+  if (!devices.ok() || devices->empty()) GTEST_SKIP() << "no Vulkan device";
+  for (const std::string spec : {"vulkan", "hybrid:2"}) {
+    DeviceSessionOptions o;
+    o.device = Placement::parse(spec).value();
+    o.n_ctx = 256;
+    o.kv_type = KvType::kF16;
+    auto ds = open_device_session(m, o);
+    ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+    auto v = run_equivalence_probe(*cpu16, *ds->session, eo);
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    EXPECT_TRUE(v->equivalent) << spec << ": " << v->summary;
+    EXPECT_LT(v->max_logit_diff, 1e-3f) << spec;
+    EXPECT_NE(v->summary.find(", f16 KV"), std::string::npos) << v->summary;
+    std::printf("cpu f16 KV vs %s f16 KV: %s\n", spec.c_str(), v->summary.c_str());
   }
 }
 

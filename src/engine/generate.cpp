@@ -48,6 +48,10 @@ Result<std::unique_ptr<Generator>> Generator::resume(Session& session, const Che
   if (cp.model_fingerprint != session.model().fingerprint())
     return Status::failed_precondition("checkpoint is for model '" + cp.model_fingerprint + "', session has '" +
                                        session.model().fingerprint() + "'");
+  if (!cp.kv_type.empty() && cp.kv_type != kv_type_name(session.kv_type()))
+    return Status::failed_precondition("checkpoint was computed with a " + cp.kv_type + " KV cache, session has " +
+                                       std::string(kv_type_name(session.kv_type())) +
+                                       " (its continuation would differ; resume on a " + cp.kv_type + " KV)");
   if (cp.n_prompt <= 0 || static_cast<size_t>(cp.n_prompt) > cp.tokens.size() ||
       cp.n_generated != static_cast<int32_t>(cp.tokens.size()) - cp.n_prompt)
     return Status::invalid_argument("checkpoint: inconsistent n_prompt/n_generated");
@@ -255,6 +259,9 @@ Checkpoint Generator::checkpoint() const {
   cp.text = result_.text;
   cp.finish_reason = result_.finish_reason;
   cp.options = options_;
+  // What the generated tokens were chosen with; none yet: the checkpoint
+  // is start_checkpoint's, valid on any KV type.
+  if (!result_.tokens.empty()) cp.kv_type = std::string(kv_type_name(session_.kv_type()));
   cp.logprobs_pending.assign(pending_logprobs_.begin(), pending_logprobs_.end());
   return cp;
 }

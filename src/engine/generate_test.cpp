@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/hash.h"
 #include "engine/checkpoint.h"
 #include "engine/engine_test_util.h"
 
@@ -19,7 +20,8 @@ using testing::make_session;
 struct Fixture {
   std::shared_ptr<const Model> model = testing::stories();
   std::shared_ptr<CpuBackend> cpu = std::make_shared<CpuBackend>(1);
-  std::unique_ptr<Session> session() { return make_session(model, cpu, make_pool(*model, 16, 32)); }
+  KvType kv_type = KvType::kF32;
+  std::unique_ptr<Session> session() { return make_session(model, cpu, make_pool(*model, 16, 32, kv_type)); }
   std::vector<TokenId> prompt(const std::string& text = "Once upon a time") {
     return model->tokenizer().encode(text, /*add_bos=*/true);
   }
@@ -114,8 +116,9 @@ TEST(Generate, SessionPrefixIsReused) {
   EXPECT_EQ(a->text, b->text);
 }
 
-void check_resume_equivalence(const GenerateOptions& opts) {
+void check_resume_equivalence(const GenerateOptions& opts, KvType kv_type = KvType::kF32) {
   Fixture f;
+  f.kv_type = kv_type;
   ASSERT_NE(f.model, nullptr);
   auto ref = generate(*f.session(), f.prompt(), opts);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
@@ -138,7 +141,8 @@ void check_resume_equivalence(const GenerateOptions& opts) {
     EXPECT_TRUE(*parsed == cp);
     g->reset();
     // A fresh session on a different backend (2 threads) continues the run.
-    auto s2 = make_session(f.model, std::make_shared<CpuBackend>(2), make_pool(*f.model, 8, 64));
+    auto s2 = make_session(f.model, std::make_shared<CpuBackend>(2), make_pool(*f.model, 8, 64, kv_type));
+    EXPECT_EQ(parsed->kv_type, cut == 0 ? "" : std::string(kv_type_name(kv_type))) << "cut " << cut;
     auto r = resume(*s2, *parsed, collect);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(r->tokens, ref->tokens) << "cut " << cut;
@@ -149,6 +153,61 @@ void check_resume_equivalence(const GenerateOptions& opts) {
 }
 
 TEST(Checkpoint, ResumeEqualsUninterruptedGreedy) { check_resume_equivalence(greedy(40)); }
+
+// The KV type the tokens were chosen with travels in the checkpoint; resumed
+// on that type (another block size and thread count), the run is the same.
+TEST(Checkpoint, ResumeEqualsUninterruptedWithF16Kv) {
+  check_resume_equivalence(greedy(40), KvType::kF16);
+  auto o = seeded(40, 99);
+  o.stop = {"zzz-never"};
+  check_resume_equivalence(o, KvType::kF16);
+}
+
+// A checkpoint of tokens chosen on an F16 KV is refused by an F32 session
+// (the continuation would be another run), naming both types; a start
+// checkpoint (nothing generated) resumes on any type.
+TEST(Checkpoint, ResumeRefusesAnotherKvType) {
+  Fixture f;
+  f.kv_type = KvType::kF16;
+  auto s = f.session();
+  auto g = Generator::start(*s, f.prompt(), greedy(10));
+  ASSERT_TRUE(g.ok());
+  const Checkpoint at_start = (*g)->checkpoint();
+  ASSERT_TRUE((*g)->step().ok());
+  const Checkpoint cp = (*g)->checkpoint();
+  EXPECT_EQ(cp.kv_type, "f16");
+  EXPECT_EQ(at_start.kv_type, "");
+  auto s32 = make_session(f.model, f.cpu, make_pool(*f.model, 16, 32, KvType::kF32));
+  auto r = Generator::resume(*s32, cp);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("f16"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("f32"), std::string::npos) << r.status().to_string();
+  EXPECT_TRUE(Generator::resume(*s32, at_start).ok());
+  EXPECT_TRUE(Generator::resume(*f.session(), cp).ok());
+}
+
+// A version-1 checkpoint (before kv_type) still parses, kv_type "".
+TEST(Checkpoint, VersionOneBytesParseWithoutKvType) {
+  Fixture f;
+  Checkpoint cp = start_checkpoint(f.model->fingerprint(), f.prompt(), greedy(5));
+  const std::string v2 = serialize_checkpoint(cp);
+  // v2 = magic(8) | version(4) | size(8) | payload | checksum(8); the payload
+  // ends with kv_type's u32 length 0. Drop it and re-frame as version 1.
+  const std::string payload = v2.substr(20, v2.size() - 28 - 4);
+  std::string v1(v2.substr(0, 8));
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) v1.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(1, 4);
+  put(payload.size(), 8);
+  v1 += payload;
+  put(fnv1a64(payload), 8);
+  auto parsed = parse_checkpoint(v1);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_TRUE(*parsed == cp);
+  EXPECT_EQ(parsed->kv_type, "");
+}
 
 TEST(Checkpoint, ResumeEqualsUninterruptedSeededSampling) {
   auto o = seeded(40, 1234);
@@ -203,9 +262,9 @@ TEST(Checkpoint, CorruptOrTruncatedBytesAreCorruption) {
     ASSERT_FALSE(r.ok()) << pos;
     EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << pos;
   }
-  std::string v2 = bytes;
-  v2[8] = 2;
-  EXPECT_EQ(parse_checkpoint(v2).status().code(), StatusCode::kInvalidArgument);
+  std::string v3 = bytes;
+  v3[8] = 3;
+  EXPECT_EQ(parse_checkpoint(v3).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(parse_checkpoint(bytes + "x").status().code(), StatusCode::kCorruption);
 }
 

@@ -1,8 +1,16 @@
 #include "engine/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <string>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "gguf/fp16.h"
+#include "gguf/quant.h"
 
 namespace spw {
 
@@ -16,9 +24,15 @@ Status check_options(const KvPoolOptions& o) {
   if (o.n_embd_kv <= 0) return bad("n_embd_kv", o.n_embd_kv);
   if (o.block_tokens <= 0) return bad("block_tokens", o.block_tokens);
   if (o.n_blocks <= 0) return bad("n_blocks", o.n_blocks);
-  return Status();
+  if (o.head_dim < 0 || (o.head_dim > 0 && o.n_embd_kv % o.head_dim != 0)) return bad("head_dim", o.head_dim);
+  if (o.type != KvType::kF32 && o.type != KvType::kF16 && o.type != KvType::kQ8_0)
+    return bad("type", static_cast<int64_t>(o.type));
+  return check_kv_type(o.type, o.n_embd_kv, o.head_dim > 0 ? o.head_dim : o.n_embd_kv);
 }
 }  // namespace
+
+KvPool::KvPool(const KvPoolOptions& o)
+    : opts_(o), row_bytes_(static_cast<size_t>(kv_row_bytes(o.type, static_cast<uint64_t>(o.n_embd_kv)))) {}
 
 Result<std::shared_ptr<KvPool>> KvPool::create_on_device(const KvPoolOptions& o,
                                                          std::unique_ptr<KvDeviceStorage> storage) {
@@ -34,26 +48,89 @@ Result<std::shared_ptr<KvPool>> KvPool::create_on_device(const KvPoolOptions& o,
 Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
   SPW_RETURN_IF_ERROR(check_options(o));
   std::shared_ptr<KvPool> p(new KvPool(o));
-  const size_t floats = static_cast<size_t>(o.n_blocks) * static_cast<size_t>(o.layer_end - o.layer_begin) * 2 *
-                        p->block_layer_floats();
-  p->data_.reset(new (std::nothrow) float[floats]);
-  if (!p->data_)
-    return Status::resource_exhausted("KvPool: cannot allocate " + std::to_string(floats * sizeof(float)) +
-                                      " bytes");
+  const size_t bytes = static_cast<size_t>(o.n_blocks) * static_cast<size_t>(o.layer_end - o.layer_begin) * 2 *
+                       p->block_layer_bytes();
+  p->data_.reset(new (std::nothrow) uint8_t[bytes]);
+  if (!p->data_) return Status::resource_exhausted("KvPool: cannot allocate " + std::to_string(bytes) + " bytes");
   // Commit the pages now: an untouched allocation is only address space, and
   // the kernel would find (or fail to find) the memory mid-generation, where
   // the answer is the OOM killer rather than a status. Touching it here makes
   // the pool's bytes real at plan time, as the estimator and the host ledger
   // count them.
-  std::fill_n(p->data_.get(), floats, 0.0f);
+  // (All-zero bytes are +0.0 in every type: a zero half, a Q8_0 block of
+  // scale 0.)
+  std::memset(p->data_.get(), 0, bytes);
   p->free_.reserve(static_cast<size_t>(o.n_blocks));
   // Stack: lowest ids handed out first.
   for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);
   return p;
 }
 
-size_t KvPool::bytes_per_token() const {
-  return 2 * static_cast<size_t>(n_layers()) * static_cast<size_t>(opts_.n_embd_kv) * sizeof(float);
+size_t KvPool::bytes_per_token() const { return 2 * static_cast<size_t>(n_layers()) * row_bytes_; }
+
+namespace {
+// F16 rows: F16C where the build has it (the attention converts every
+// position's rows at every step, and the portable conversion branches per
+// element: 4x slower decode at 1024 positions on the 110M model). Both are
+// exact to F32 and round to nearest even from F32 (gguf/fp16.h), so the
+// stored and read bits do not depend on the build (kv_cache_test checks them).
+void f16_from_f32(const float* x, uint8_t* dst, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
+  }
+#endif
+  gguf::quantize_row_f16(x + i, dst + 2 * i, n - i);
+}
+void f16_to_f32(const uint8_t* src, float* y, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+#endif
+  gguf::dequantize_row_f16(src + 2 * i, y + i, n - i);
+}
+
+void store_row(KvType t, const float* x, uint8_t* dst, size_t n) {
+  switch (t) {
+    case KvType::kF32: std::memcpy(dst, x, n * sizeof(float)); return;
+    case KvType::kF16: f16_from_f32(x, dst, n); return;
+    case KvType::kQ8_0: gguf::quantize_row_q8_0(x, dst, n); return;
+  }
+}
+void load_rows(KvType t, const uint8_t* src, float* y, size_t n) {
+  switch (t) {
+    case KvType::kF32: std::memcpy(y, src, n * sizeof(float)); return;
+    case KvType::kF16: f16_to_f32(src, y, n); return;
+    case KvType::kQ8_0: gguf::dequantize_row_q8_0(src, y, n); return;
+  }
+}
+}  // namespace
+
+void KvPool::store_rows(int32_t block, int32_t layer, int32_t slot, const float* k_row, const float* v_row) {
+  const size_t n = static_cast<size_t>(opts_.n_embd_kv);
+  const size_t off = static_cast<size_t>(slot) * row_bytes_;
+  store_row(opts_.type, k_row, k_bytes(block, layer) + off, n);
+  store_row(opts_.type, v_row, v_bytes(block, layer) + off, n);
+}
+
+void KvPool::rows_to_f32(bool v, int32_t block, int32_t layer, int32_t slot0, int32_t n, float* out) const {
+  const uint8_t* src = (v ? v_bytes(block, layer) : k_bytes(block, layer)) + static_cast<size_t>(slot0) * row_bytes_;
+  // Consecutive slots are consecutive rows, and every type's rows are whole
+  // blocks (q8_0: n_embd_kv % 32 == 0), so n rows convert as one.
+  load_rows(opts_.type, src, out, static_cast<size_t>(n) * static_cast<size_t>(opts_.n_embd_kv));
+}
+
+const uint8_t* KvPool::slice_bytes(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0) const {
+  return (v ? v_bytes(block, layer) : k_bytes(block, layer)) + static_cast<size_t>(slot) * row_bytes_ +
+         kv_row_bytes(opts_.type, static_cast<uint64_t>(elem0));
+}
+
+void KvPool::slice_to_f32(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0, int32_t n,
+                          float* out) const {
+  load_rows(opts_.type, slice_bytes(v, block, layer, slot, elem0), out, static_cast<size_t>(n));
 }
 
 int32_t KvPool::blocks_in_use() const {

@@ -3,10 +3,17 @@
 // Contract: a KvPool owns `n_blocks` blocks; each block holds K and V for
 // `block_tokens` consecutive token positions of every layer in the pool's layer
 // range [layer_begin, layer_end) (hybrid execution gives each backend the pool
-// of its own layers). Storage is host F32: for a block b, layer l (relative to
-// layer_begin) and token slot s, K lives at k(b, l) + s * n_embd_kv and V at
-// v(b, l) + s * n_embd_kv. (F16 KV can come later; bytes_per_token() already
-// reports the real size so admission control needs no change.)
+// of its own layers). Rows are stored as KvPoolOptions::type (core/kv_type.h:
+// f32, f16 or q8_0; the library default is f32, the server's f16): for a
+// block b, layer l (relative to layer_begin) and token slot s, the K row is
+// row_bytes() bytes at k_bytes(b, l) + s * row_bytes(), V likewise at
+// v_bytes(b, l). For an F32 pool k(b, l) / v(b, l) are the same rows as
+// floats (nullptr for other types). store_rows() converts a token's F32 K and
+// V rows into the pool's type (F16: round to nearest even; Q8_0: the GGUF
+// quantiser, bit for bit); rows_to_f32() converts n consecutive slots back to
+// F32 (exact for F32, the exact value of each stored half or Q8_0 block).
+// A Q8_0 pool needs n_embd_kv and head_dim to be multiples of 32 (create
+// refuses it otherwise, check_kv_type); bytes_per_token() is the stored size.
 // A BlockTable maps a sequence's logical positions to blocks: position p lives in
 // block blocks()[p / block_tokens], slot p % block_tokens.
 // KvPool::reserve(table, n) grows a table to hold n positions, a block at a time;
@@ -33,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "core/kv_type.h"
 #include "core/status.h"
 
 namespace spw {
@@ -43,6 +51,10 @@ struct KvPoolOptions {
   int32_t n_embd_kv = 0;    // floats of K (or V) per token per layer
   int32_t block_tokens = 16;
   int32_t n_blocks = 0;     // capacity
+  KvType type = KvType::kF32;  // element type of the stored rows
+  // The model's head_dim, checked for q8_0 (each head's slice of a row must
+  // be whole blocks); 0 = n_embd_kv (one head).
+  int32_t head_dim = 0;
 };
 
 // K/V storage that lives in a device backend's memory. Opaque to the engine:
@@ -85,6 +97,9 @@ class KvPool {
   int32_t block_tokens() const { return opts_.block_tokens; }
   int32_t n_layers() const { return opts_.layer_end - opts_.layer_begin; }
   int32_t n_embd_kv() const { return opts_.n_embd_kv; }
+  KvType type() const { return opts_.type; }
+  // Bytes of one stored K (or V) row: kv_row_bytes(type, n_embd_kv).
+  size_t row_bytes() const { return row_bytes_; }
 
   size_t bytes_per_token() const;  // K+V, all layers of the pool
   size_t bytes_per_block() const { return bytes_per_token() * static_cast<size_t>(opts_.block_tokens); }
@@ -103,25 +118,55 @@ class KvPool {
   void release(BlockTable& table) { shrink(table, 0); }
 
   // Layer index `layer` is relative to layer_begin. Host pools only (nullptr
-  // for a device pool).
-  float* k(int32_t block, int32_t layer) { return base(block, layer); }
-  float* v(int32_t block, int32_t layer) { return base(block, layer) + block_layer_floats(); }
+  // for a device pool). The stored rows of block b, layer l: K then V, each
+  // block_tokens rows of row_bytes().
+  uint8_t* k_bytes(int32_t block, int32_t layer) { return base(block, layer); }
+  uint8_t* v_bytes(int32_t block, int32_t layer) {
+    uint8_t* b = base(block, layer);
+    return b ? b + block_layer_bytes() : nullptr;
+  }
+  const uint8_t* k_bytes(int32_t block, int32_t layer) const { return const_cast<KvPool*>(this)->k_bytes(block, layer); }
+  const uint8_t* v_bytes(int32_t block, int32_t layer) const { return const_cast<KvPool*>(this)->v_bytes(block, layer); }
+  // F32 pools only (nullptr for other types and device pools): the rows as
+  // floats, K at k(b, l) + s * n_embd_kv.
+  float* k(int32_t block, int32_t layer) { return as_f32(k_bytes(block, layer)); }
+  float* v(int32_t block, int32_t layer) { return as_f32(v_bytes(block, layer)); }
   const float* k(int32_t block, int32_t layer) const { return const_cast<KvPool*>(this)->k(block, layer); }
   const float* v(int32_t block, int32_t layer) const { return const_cast<KvPool*>(this)->v(block, layer); }
 
+  // Host pools: stores one token's K and V rows (n_embd_kv floats each) in
+  // slot `slot` of block `block`, layer `layer`, converted to the pool's type.
+  void store_rows(int32_t block, int32_t layer, int32_t slot, const float* k_row, const float* v_row);
+  // Host pools: the F32 values of n consecutive slots [slot0, slot0 + n) of
+  // one block and layer, K (v = false) or V (v = true), into out (n *
+  // n_embd_kv floats, row after row). The read path for pools that are not
+  // F32 (an F32 pool's rows can be read in place through k()/v()).
+  void rows_to_f32(bool v, int32_t block, int32_t layer, int32_t slot0, int32_t n, float* out) const;
+  // Host pools: elements [elem0, elem0 + n) of one slot's K (v = false) or V
+  // row as F32 -- one head's slice, as the CPU attention reads it. For q8_0,
+  // elem0 and n are multiples of 32 (whole blocks; head_dim is, see above).
+  void slice_to_f32(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0, int32_t n, float* out) const;
+  // The stored bytes where that slice begins (for prefetching).
+  const uint8_t* slice_bytes(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0) const;
+
  private:
-  explicit KvPool(const KvPoolOptions& o) : opts_(o) {}
-  size_t block_layer_floats() const {
-    return static_cast<size_t>(opts_.block_tokens) * static_cast<size_t>(opts_.n_embd_kv);
-  }
-  float* base(int32_t block, int32_t layer) {
+  explicit KvPool(const KvPoolOptions& o);
+  size_t block_layer_bytes() const { return static_cast<size_t>(opts_.block_tokens) * row_bytes_; }
+  uint8_t* base(int32_t block, int32_t layer) {
     if (!data_) return nullptr;
     return data_.get() + (static_cast<size_t>(block) * static_cast<size_t>(n_layers()) +
-                          static_cast<size_t>(layer)) * 2 * block_layer_floats();
+                          static_cast<size_t>(layer)) * 2 * block_layer_bytes();
+  }
+  float* as_f32(uint8_t* p) const {
+    return p != nullptr && opts_.type == KvType::kF32 ? reinterpret_cast<float*>(p) : nullptr;
   }
 
   KvPoolOptions opts_;
-  std::unique_ptr<float[]> data_;
+  size_t row_bytes_ = 0;
+  // The rows, as one array (the estimator counts it as one allocation); an
+  // unsigned char array provides storage for the floats of an F32 pool
+  // (operator new[] aligns it for any fundamental type).
+  std::unique_ptr<uint8_t[]> data_;
   std::unique_ptr<KvDeviceStorage> device_storage_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // stack of free block ids

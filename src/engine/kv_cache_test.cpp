@@ -2,7 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <set>
+#include <vector>
+
+#include "gguf/fp16.h"
+#include "gguf/quant.h"
 
 namespace spw {
 namespace {
@@ -76,6 +83,151 @@ TEST(KvPool, BlocksDoNotOverlap) {
         ASSERT_EQ(pool->k(b, l)[i], static_cast<float>(1000 * b + 100 * l + i));
         ASSERT_EQ(pool->v(b, l)[i], static_cast<float>(-(1000 * b + 100 * l + i)));
       }
+}
+
+KvPoolOptions typed(KvType t, int32_t n_embd_kv, int32_t head_dim, int32_t blocks = 3, int32_t bt = 4) {
+  KvPoolOptions o;
+  o.layer_begin = 1;
+  o.layer_end = 3;
+  o.n_embd_kv = n_embd_kv;
+  o.head_dim = head_dim;
+  o.block_tokens = bt;
+  o.n_blocks = blocks;
+  o.type = t;
+  return o;
+}
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// Row storage per type: f32 4 B, f16 2 B, q8_0 34 B per 32 elements, so a
+// pool's bytes follow its type exactly.
+TEST(KvPoolTypes, SizesFollowTheType) {
+  EXPECT_EQ(kv_row_bytes(KvType::kF32, 64), 256u);
+  EXPECT_EQ(kv_row_bytes(KvType::kF16, 64), 128u);
+  EXPECT_EQ(kv_row_bytes(KvType::kQ8_0, 64), 68u);
+  for (KvType t : kAllKvTypes) {
+    auto pool = KvPool::create(typed(t, 64, 32));
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    EXPECT_EQ((*pool)->type(), t);
+    EXPECT_EQ((*pool)->row_bytes(), kv_row_bytes(t, 64));
+    EXPECT_EQ((*pool)->bytes_per_token(), 2u * 2u * kv_row_bytes(t, 64));
+    EXPECT_EQ((*pool)->bytes_per_block(), 4u * (*pool)->bytes_per_token());
+    // Float views exist only for F32 pools.
+    EXPECT_EQ((*pool)->k(0, 0) != nullptr, t == KvType::kF32);
+    EXPECT_NE((*pool)->k_bytes(0, 0), nullptr);
+  }
+}
+
+TEST(KvPoolTypes, ParseAndNames) {
+  for (KvType t : kAllKvTypes) {
+    auto p = parse_kv_type(kv_type_name(t));
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(*p, t);
+  }
+  EXPECT_EQ(*parse_kv_type("F16"), KvType::kF16);
+  auto bad = parse_kv_type("bf16");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'bf16'"), std::string::npos) << bad.status().to_string();
+}
+
+// Q8_0 blocks of 32 must not straddle rows or heads.
+TEST(KvPoolTypes, Q8_0RefusesRowsOrHeadsNotMultiplesOf32) {
+  auto r = KvPool::create(typed(KvType::kQ8_0, 48, 16));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("n_embd_kv"), std::string::npos) << r.status().to_string();
+  r = KvPool::create(typed(KvType::kQ8_0, 64, 16));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("head_dim"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("16"), std::string::npos) << r.status().to_string();
+  // F16 and F32 store any shape.
+  EXPECT_TRUE(KvPool::create(typed(KvType::kF16, 3, 3)).ok());
+}
+
+// F16: every value a half represents comes back bit for bit; others round
+// to nearest, ties to even (gguf::fp32_to_fp16), including subnormals,
+// overflow to inf and signed zeros.
+TEST(KvPoolTypes, F16RoundTripIsExactForHalvesAndRoundsToNearestEven) {
+  const int32_t n = 8;
+  auto pool = *KvPool::create(typed(KvType::kF16, n, n, 2, 2));
+  std::vector<float> k(n), v(n);
+  // All 65536 halves that are not NaN, eight at a time, K and V.
+  for (uint32_t h0 = 0; h0 < 65536; h0 += 2 * n) {
+    for (int32_t i = 0; i < n; ++i) {
+      k[i] = gguf::fp16_to_fp32(static_cast<uint16_t>(h0 + i));
+      v[i] = gguf::fp16_to_fp32(static_cast<uint16_t>(h0 + n + i));
+    }
+    pool->store_rows(1, 1, 1, k.data(), v.data());
+    std::vector<float> kb(n), vb(n);
+    pool->rows_to_f32(false, 1, 1, 1, 1, kb.data());
+    pool->rows_to_f32(true, 1, 1, 1, 1, vb.data());
+    for (int32_t i = 0; i < n; ++i) {
+      if (std::isnan(k[i]) || std::isnan(v[i])) continue;
+      ASSERT_EQ(bits(kb[i]), bits(k[i])) << h0 + i;
+      ASSERT_EQ(bits(vb[i]), bits(v[i])) << h0 + n + i;
+    }
+  }
+  // Rounding: 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1);
+  // 1 + 3 * 2^-11 ties up to 1 + 2^-9; just above halfway rounds up; 65520
+  // rounds past 65504 to inf; 2^-25 ties to 0; 3 * 2^-26 rounds to the
+  // smallest subnormal 2^-24; -0 stays -0.
+  const float in[n] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-20f, 65520.0f,
+                       0x1p-25f, 3 * 0x1p-26f, -0.0f, -2.5f};
+  const float want[n] = {1.0f, 1.0f + 0x1p-9f, 1.0f + 0x1p-10f, INFINITY, 0.0f, 0x1p-24f, -0.0f, -2.5f};
+  pool->store_rows(0, 0, 0, in, in);
+  std::vector<float> out(n);
+  pool->rows_to_f32(true, 0, 0, 0, 1, out.data());
+  for (int32_t i = 0; i < n; ++i) EXPECT_EQ(bits(out[i]), bits(want[i])) << i;
+  // The stored bytes are the halves themselves.
+  uint16_t h;
+  std::memcpy(&h, pool->k_bytes(0, 0) + 2, 2);
+  EXPECT_EQ(h, gguf::fp32_to_fp16(in[1]));
+}
+
+// Q8_0: the stored bytes are the GGUF quantiser's blocks, and reading them
+// back is its dequantisation; slots and blocks do not overlap.
+TEST(KvPoolTypes, Q8_0RowsAreTheGgufQuantisersBlocks) {
+  const int32_t n = 64, bt = 4;
+  auto pool = *KvPool::create(typed(KvType::kQ8_0, n, 32, 3, bt));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> rows(static_cast<size_t>(3 * 2 * bt * 2 * n));
+  for (float& x : rows) x = dist(rng);
+  auto row = [&](int b, int l, int s, int kv) { return rows.data() + ((((b * 2 + l) * bt + s) * 2 + kv) * n); };
+  for (int b = 0; b < 3; ++b)
+    for (int l = 0; l < 2; ++l)
+      for (int s = 0; s < bt; ++s) pool->store_rows(b, l, s, row(b, l, s, 0), row(b, l, s, 1));
+  std::vector<uint8_t> want(68);
+  std::vector<float> deq(static_cast<size_t>(bt * n)), got(static_cast<size_t>(bt * n));
+  for (int b = 0; b < 3; ++b)
+    for (int l = 0; l < 2; ++l)
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint8_t* base = kv ? pool->v_bytes(b, l) : pool->k_bytes(b, l);
+        for (int s = 0; s < bt; ++s) {
+          gguf::quantize_row_q8_0(row(b, l, s, kv), want.data(), n);
+          ASSERT_EQ(std::memcmp(base + s * 68, want.data(), 68), 0) << b << l << s << kv;
+          gguf::dequantize_row_q8_0(want.data(), deq.data() + s * n, n);
+        }
+        // Slots 1..3 in one call, as the attention reads a run of slots.
+        pool->rows_to_f32(kv == 1, b, l, 1, bt - 1, got.data());
+        for (int i = 0; i < (bt - 1) * n; ++i) ASSERT_EQ(bits(got[i]), bits(deq[n + i])) << i;
+      }
+}
+
+// F32 pools keep their rows bit for bit, through store_rows and k()/v().
+TEST(KvPoolTypes, F32StoreIsACopy) {
+  auto pool = *KvPool::create(typed(KvType::kF32, 5, 5));
+  const float k[5] = {1.5f, -0.0f, 0x1p-140f, 3e38f, -7.25f}, v[5] = {2, 3, 4, 5, 6};
+  pool->store_rows(2, 1, 3, k, v);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(bits(pool->k(2, 1)[3 * 5 + i]), bits(k[i]));
+    EXPECT_EQ(pool->v(2, 1)[3 * 5 + i], v[i]);
+  }
 }
 
 }  // namespace

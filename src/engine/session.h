@@ -114,6 +114,9 @@ class Session {
   const Model& model() const { return *model_; }
   const std::shared_ptr<const Model>& model_ptr() const { return model_; }
   const SessionOptions& options() const { return options_; }
+  // The element type of its KV (the first stage's pool; open_session_group
+  // gives every stage the same type). Checkpoints record it.
+  KvType kv_type() const { return stages_.front().pool->type(); }
 
  private:
   friend class StepBatcher;

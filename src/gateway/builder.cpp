@@ -55,8 +55,10 @@ Result<std::shared_ptr<journal::Journal>> open_journal(Env& env, const GatewayOp
 // The estimator's plan for one path of the serving layout (ubatch 64 or the
 // context when smaller; last row of logits per eval).
 // estimate() resolves the placement for the model, as the engine runs it.
-admission::Plan path_plan(const Placement& where, int32_t n_ctx, int32_t workers, int32_t kv_blocks, int n_threads) {
+admission::Plan path_plan(const Placement& where, int32_t n_ctx, int32_t workers, int32_t kv_blocks, int n_threads,
+                          KvType kv_type) {
   admission::Plan plan;
+  plan.kv_type = kv_type;
   plan.placement = where;
   plan.n_ctx = n_ctx;
   plan.n_parallel = workers;
@@ -89,13 +91,14 @@ struct PathPlan {
 // is its KV: the estimate's difference over its blocks. Its host cost is the
 // CPU layers' KV and scratch; their weights are the shared mapping.
 Result<PathPlan> plan_offload(const gguf::GgufFile& file, const Placement& gpu, int32_t n, int32_t n_ctx,
-                              int32_t block_tokens, int n_threads, const admission::EstimatorConfig& cfg) {
+                              int32_t block_tokens, int n_threads, KvType kv_type,
+                              const admission::EstimatorConfig& cfg) {
   const Placement where = Placement::hybrid(n, gpu.vulkan_device);
   const int32_t blocks = admission::kv_blocks_for(n_ctx, block_tokens);
   SPW_ASSIGN_OR_RETURN(admission::Estimate e0,
-                       admission::estimate(file, path_plan(where, n_ctx, 1, 1, n_threads), cfg));
+                       admission::estimate(file, path_plan(where, n_ctx, 1, 1, n_threads, kv_type), cfg));
   SPW_ASSIGN_OR_RETURN(admission::Estimate e,
-                       admission::estimate(file, path_plan(where, n_ctx, 1, blocks + 1, n_threads), cfg));
+                       admission::estimate(file, path_plan(where, n_ctx, 1, blocks + 1, n_threads, kv_type), cfg));
   PathPlan p;
   p.kv_blocks = blocks;
   p.device_bytes = e.gpu().total() - std::min(e.gpu().total(), e0.gpu().total());
@@ -259,6 +262,9 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                          "--min-shrink-tokens >= 1");
   }
   if (!parse_overflow(o.overflow).ok()) return invalid_field("overflow", parse_overflow(o.overflow).status().message());
+  Result<KvType> kv_type_or = parse_kv_type(o.kv_type);
+  if (!kv_type_or.ok()) return invalid_field("kv-type", "--kv-type: " + kv_type_or.status().message());
+  const KvType kv_type = *kv_type_or;
   if (o.replica != "auto" && o.replica != "warm" && o.replica != "mmap" && o.replica != "on-demand") {
     return invalid_field("replica", "--replica must be auto, warm, mmap or on-demand, got '" + o.replica + "'");
   }
@@ -276,6 +282,10 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   }
   auto spec = Placement::parse(o.device);
   if (!spec.ok()) return spec.status().with_context("--device");
+  if (kv_type == KvType::kQ8_0 && spec->on_gpu()) {
+    return invalid_field("kv-type", "--kv-type q8_0 is CPU only (the Vulkan backend stores f32 or f16), got --device " +
+                                        o.device);
+  }
   uint64_t device_memory = 0;
   if (!o.device_memory.empty()) {
     SPW_ASSIGN_OR_RETURN(device_memory, parse_memory_size(o.device_memory));
@@ -391,9 +401,9 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       (void)observe_device(*out.vulkan, *out.device_ledger);
       // Size the pool to what the device has left after weights and scratch.
       SPW_ASSIGN_OR_RETURN(admission::Estimate e1,
-                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 1, n_threads), cfg));
+                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 1, n_threads, kv_type), cfg));
       SPW_ASSIGN_OR_RETURN(admission::Estimate e2,
-                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 2, n_threads), cfg));
+                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 2, n_threads, kv_type), cfg));
       const uint64_t per_block = std::max<uint64_t>(1, e2.gpu().total() - e1.gpu().total());
       const uint64_t fixed = e1.gpu().total() - std::min(e1.gpu().total(), per_block);
       const uint64_t available_all = out.device_ledger->available();
@@ -405,7 +415,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       // The offload path's device KV comes out of the budget first: it is
       // what serves the prompts the GPU pool cannot hold.
       if (o.offload_layers > 0) {
-        SPW_ASSIGN_OR_RETURN(offload, plan_offload(*file, *spec, o.offload_layers, n_ctx, kBlockTokens, n_threads, cfg));
+        SPW_ASSIGN_OR_RETURN(offload, plan_offload(*file, *spec, o.offload_layers, n_ctx, kBlockTokens, n_threads, kv_type, cfg));
         if (fit_in(available_all > offload.device_bytes ? available_all - offload.device_bytes : 0) < 2) {
           not_built.push_back({"hybrid", "its KV for one full context on " + std::to_string(o.offload_layers) +
                                              " GPU layers (" + format_bytes(offload.device_bytes) +
@@ -425,7 +435,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                         out.device_ledger->name() + ", --device-memory / --device-headroom / co-tenants)"});
       } else {
         SPW_ASSIGN_OR_RETURN(admission::Estimate e,
-                             admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, blocks, n_threads), cfg));
+                             admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, blocks, n_threads, kv_type), cfg));
         // One device ticket for the GPU path and the offload path beside it.
         const uint64_t device_bytes = e.gpu().total() + offload.device_bytes;
         auto t = out.device_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, device_bytes);
@@ -470,7 +480,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
                                                           : cpu_workers * admission::kv_blocks_for(cpu_n_ctx, kBlockTokens);
     SPW_ASSIGN_OR_RETURN(admission::Estimate e,
                          admission::estimate(cpu_primary ? *file : cpu_file,
-                                             path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads), cfg));
+                                             path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads, kv_type), cfg));
     uint64_t need = host_bytes_beyond_baseline(e, cfg);
     // The same file's mapping is shared with the GPU path: counted there
     // already. A fallback model's weights are its own, whatever its replica
@@ -536,6 +546,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     so.n_ctx = ps.ctx;
     so.kv_blocks = ps.blocks;
     so.kv_block_tokens = kBlockTokens;
+    so.kv_type = kv_type;
     so.queue_capacity = ps.queue;
     // The journal and, on a GPU-side path, the device's breaker hear every
     // request's outcome.
@@ -579,6 +590,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.breaker = ps.breaker;
     p.device = ps.device;
     p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
+    p.kv_type = std::string(kv_type_name(kv_type));
     p.scheduler = std::move(serving.scheduler);
     p.batcher = serving.batcher;
     // An on-demand path is not warmed up: that would load it.
@@ -586,7 +598,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.startup_ms = static_cast<double>(env.now_ns() - t0) / 1e6;
     out.log.push_back(ps.name + " path: " + serving.placement_detail + ", model " + ps.model_name + ", " +
                       std::to_string(ps.workers) + " workers, queue " + std::to_string(ps.queue) + ", ctx " +
-                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks, replica " +
+                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks (" + std::string(kv_type_name(kv_type)) +
+                      "), replica " +
                       ps.replica.mode + (ps.replica.why.empty() ? "" : " (" + ps.replica.why + ")") + ", ready in " +
                       std::to_string(static_cast<int64_t>(p.startup_ms)) + " ms");
     paths.push_back(std::move(p));

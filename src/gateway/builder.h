@@ -75,6 +75,9 @@ struct GatewayOptions {
   int32_t ctx = 0;              // its context (0: the model's)
   int32_t kv_blocks = 0;        // its KV pool in blocks of 16 (0: what fits, up to parallel x ctx)
   int threads = 0;              // CPU threads (0: all)
+  // Element type of every path's KV cache: f16 (as llama.cpp), f32, or q8_0
+  // (CPU only). Sizes the pools and the ledgers' KV figures.
+  std::string kv_type = "f16";
   // Continuous batching of every path's workers (serve::EngineServeOptions).
   bool batching = true;
   int32_t batch_max_wait_us = 1000;

@@ -59,9 +59,11 @@ class BuilderTest : public ::testing::Test {
   }
 
   // The GPU path of the integration test: 3.6 MiB of lavapipe for the
-  // bundled model leaves a handful of KV blocks.
+  // bundled model leaves a handful of KV blocks (of F32 rows: the figures
+  // below were sized for them; F16 would fit twice the blocks).
   GatewayOptions gpu_options() const {
     GatewayOptions o;
+    o.kv_type = "f32";
     o.model = stories();
     o.device = "vulkan";
     o.device_memory = "3.6MiB";
@@ -135,6 +137,45 @@ TEST_F(BuilderTest, BadReplicaAndOffloadOptionsNameTheirFlag) {
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().field(), "offload-layers");
   EXPECT_NE(b.status().message().find("[1, 4]"), std::string::npos) << b.status().to_string();
+}
+
+// --kv-type: f16 by default, shown per path; the host ledger holds the f16
+// plan (less than the f32 one by half the pool); a bad value or q8_0 on a GPU
+// placement is refused naming the flag.
+TEST_F(BuilderTest, KvTypeDefaultsToF16AndIsCheckedByFlag) {
+  GatewayOptions o;
+  o.model = stories();
+  o.journal = "none";
+  o.threads = 1;
+  o.ctx = 512;
+  uint64_t reserved[2] = {0, 0};
+  for (const char* t : {"f16", "f32"}) {
+    o.kv_type = t;
+    Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    GatewayStatus st = b->gateway->status();
+    ASSERT_EQ(st.paths.size(), 1u);
+    EXPECT_EQ(st.paths[0].kv_type, t);
+    reserved[std::string(t) == "f32"] = b->host_ledger->snapshot().reserved_ours;
+  }
+  // stories260K: 640 B a token in f16, 1280 in f32; 512 positions x 1 worker:
+  // at least the pools' difference, less the f16 attention's 2 KiB conversion
+  // tile. (Not more precisely: each plan's overhead allowance is a share of
+  // the RSS observed at its start, which grows from one gateway to the next.)
+  ASSERT_GT(reserved[1], reserved[0]);
+  EXPECT_GE(reserved[1] - reserved[0], 512u * 640u - 4096u) << "the ledgers follow the KV type";
+  EXPECT_EQ(GatewayOptions{}.kv_type, "f16");
+  o.kv_type = "f8";
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().field(), "kv-type");
+  EXPECT_NE(b.status().message().find("'f8'"), std::string::npos) << b.status().to_string();
+  o.kv_type = "q8_0";
+  o.device = "vulkan";
+  b = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().field(), "kv-type");
+  EXPECT_NE(b.status().message().find("CPU only"), std::string::npos) << b.status().to_string();
 }
 
 TEST_F(BuilderTest, AutoReplicaFollowsTheRecoveryBudgetAndShowsItsFigures) {

@@ -1258,6 +1258,7 @@ GatewayStatus Gateway::status() {
     ps.kv_block_tokens = s.kv_block_tokens();
     ps.kv_blocks_total = load.kv_blocks_total;
     ps.kv_blocks_free = load.kv_blocks_free;
+    ps.kv_type = p.kv_type;
     ps.rates = load.rates;
     if (p.breaker) ps.breaker = p.breaker->snapshot();
     if (p.device) ps.device = p.device->status();

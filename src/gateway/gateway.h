@@ -173,6 +173,9 @@ struct ExecutionPath {
   // template, tokenizer and tensor types; a checkpoint carries its model's).
   // Empty: unknown, never migrated to or from.
   std::string fingerprint;
+  // The element type of its KV cache ("f16", "f32", "q8_0"; `--kv-type`):
+  // for status. "" when not known (a path built by hand).
+  std::string kv_type;
   // The workers' step batcher (continuous batching); null: each worker
   // passes over the weights alone. For status only.
   std::shared_ptr<StepBatcher> batcher;
@@ -326,6 +329,7 @@ struct PathStatus {
   int32_t workers = 0, running = 0, queue_depth = 0, queue_capacity = 0, n_ctx = 0;
   double oldest_queued_s = 0;
   int32_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_free = 0;
+  std::string kv_type;  // ExecutionPath::kv_type
   admission::PathRates rates;
   serve::SchedulerStats stats;  // probes included
   std::optional<BreakerSnapshot> breaker;  // the path's device breaker; none on the CPU path

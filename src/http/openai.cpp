@@ -1331,7 +1331,7 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                      {"queue_capacity", p.queue_capacity},
                      {"oldest_queued_s", p.oldest_queued_s},
                      {"n_ctx", p.n_ctx},
-                     {"kv", {{"block_tokens", p.kv_block_tokens}, {"blocks_total", p.kv_blocks_total}, {"blocks_free", p.kv_blocks_free}}},
+                     {"kv", {{"block_tokens", p.kv_block_tokens}, {"blocks_total", p.kv_blocks_total}, {"blocks_free", p.kv_blocks_free}, {"type", p.kv_type}}},
                      {"rates", rates_json(p.rates)},
                      {"breaker", breaker_json(p.breaker)},
                      {"device", device_json(p.device, p.name)},

@@ -53,6 +53,7 @@ struct EngineServeOptions {
   int32_t n_ctx = 0;      // 0: the model's context_length
   int32_t kv_blocks = 0;  // per stage; 0: n_workers full contexts
   int32_t kv_block_tokens = 16;
+  KvType kv_type = KvType::kF32;  // SessionGroupOptions::kv_type (serve passes f16 by default)
   int32_t queue_capacity = 64;
   SchedulerHooks hooks;
   std::shared_ptr<RequestObserver> observer;  // e.g. a JournalObserver; null: none

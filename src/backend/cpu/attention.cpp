@@ -110,9 +110,9 @@ QueryTile query_tile(std::span<const SeqSlice> slices, int64_t ti) {
   return {};
 }
 
-// Asks the cache for the lines of n floats at p (a hint; no effect on results).
-inline void prefetch_row(const float* p, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+// Asks the cache for the lines of n bytes at p (a hint; no effect on results).
+inline void prefetch_bytes(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
 // out[d] *= c for d < dim (a plain multiply: each lane's rounding is the same
@@ -193,13 +193,17 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
     max_pos = std::max(max_pos, sl.pos0 + sl.n_tokens);
   }
   const int64_t n_items = attention_items(slices, sh.n_head);
+  bool converts = false;
+  for (const SeqSlice& sl : slices) converts = converts || sl.kv.pool->type() != KvType::kF32;
 
   auto run = [&](int64_t i0, int64_t i1) {
-    std::vector<float> scratch(static_cast<size_t>(attention_scratch_floats(hd)));
+    std::vector<float> scratch(static_cast<size_t>(attention_scratch_floats(hd, converts)));
     float* scores = scratch.data();                  // [kQueryTile][kKvTile]
     float* acc = scores + kQueryTile * kKvTile;      // [kQueryTile][hd]
     float* run_max = acc + kQueryTile * hd;          // [kQueryTile]
     float* run_sum = run_max + kQueryTile;           // [kQueryTile]
+    float* k_f32 = run_sum + kQueryTile;             // [kKvTile][hd] when converting
+    float* v_f32 = k_f32 + kKvTile * hd;             // [kKvTile][hd]
     const float* kp[kKvTile];
     const float* vp[kKvTile];
     QueryTile tile;
@@ -215,6 +219,7 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
       const int32_t bt = kvp->block_tokens();
       const auto& blocks = tile.seq->kv.table->blocks();
       const int64_t off = static_cast<int64_t>(h / n_gqa) * hd;
+      const size_t slice_size = kv_row_bytes(kvp->type(), static_cast<uint64_t>(hd));
       const int32_t np = tile.pos0 + tile.n;  // positions the tile's last row sees
       for (int32_t p0 = 0; p0 < np; p0 += kKvTile) {
         const int32_t pe = std::min(np, p0 + kKvTile);
@@ -224,11 +229,21 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
         // too short a run for the hardware prefetcher to lock on.
         for (int32_t p = p0 + kKvTile, p_end = std::min(np, p0 + 2 * kKvTile); p < p_end; ++p) {
           const int32_t blk = blocks[static_cast<size_t>(p / bt)];
-          const int64_t at = static_cast<int64_t>(p % bt) * n_kv + off;
-          prefetch_row(kvp->k(blk, lp) + at, hd);
-          prefetch_row(kvp->v(blk, lp) + at, hd);
+          prefetch_bytes(kvp->slice_bytes(false, blk, lp, p % bt, static_cast<int32_t>(off)), slice_size);
+          prefetch_bytes(kvp->slice_bytes(true, blk, lp, p % bt, static_cast<int32_t>(off)), slice_size);
         }
-        for (int32_t p = p0; p < pe;) {
+        if (kvp->type() != KvType::kF32) {
+          for (int32_t p = p0; p < pe; ++p) {
+            const int32_t blk = blocks[static_cast<size_t>(p / bt)];
+            float* kd = k_f32 + static_cast<int64_t>(p - p0) * hd;
+            float* vd = v_f32 + static_cast<int64_t>(p - p0) * hd;
+            kvp->slice_to_f32(false, blk, lp, p % bt, static_cast<int32_t>(off), static_cast<int32_t>(hd), kd);
+            kvp->slice_to_f32(true, blk, lp, p % bt, static_cast<int32_t>(off), static_cast<int32_t>(hd), vd);
+            kp[p - p0] = kd;
+            vp[p - p0] = vd;
+          }
+        }
+        for (int32_t p = p0; p < pe && kvp->type() == KvType::kF32;) {
           const int32_t blk = blocks[static_cast<size_t>(p / bt)];
           const int32_t b_end = std::min(pe, (p / bt + 1) * bt);
           const int32_t b_start = p / bt * bt;

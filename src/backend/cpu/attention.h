@@ -22,9 +22,13 @@
 // head): a prompt chunk shares each K/V tile among its rows while the tile is
 // in cache; a decode step (one row per sequence) splits its heads over the
 // threads. Small passes run on the calling thread (attention_parallel()).
-// Memory: each running worker holds attention_scratch_floats(head_dim) floats
-// (one allocation), whatever the context length; the admission estimator
-// counts exactly that (estimator.cpp).
+// Memory: each running worker holds attention_scratch_floats(head_dim, ...)
+// floats (one allocation), whatever the context length; the admission
+// estimator counts exactly that (estimator.cpp).
+// KV types: an F32 pool's rows are read in place; an F16 or Q8_0 pool's
+// slices are converted to F32 a tile at a time (exactly: every stored value
+// is a float), so a pool computes what an F32 pool holding the stored values
+// would, bit for bit.
 // Thread safety: reads the pools' K/V and q; writes only its rows of `out`.
 #pragma once
 
@@ -46,10 +50,12 @@ struct AttentionShape {
   float kq_scale = 1.0f;
 };
 
-// Floats of one worker's scratch: scores and outputs of a query tile, plus
-// its running maxima and sums.
-inline constexpr int64_t attention_scratch_floats(int64_t head_dim) {
-  return static_cast<int64_t>(kQueryTile) * (kKvTile + head_dim + 2);
+// Floats of one worker's scratch: scores and outputs of a query tile, its
+// running maxima and sums, and -- when a pass reads a pool that is not F32
+// (`converts`) -- a K and a V tile of one head's slices converted to F32
+// (KvPool::slice_to_f32), which the tile's rows then share.
+inline constexpr int64_t attention_scratch_floats(int64_t head_dim, bool converts) {
+  return static_cast<int64_t>(kQueryTile) * (kKvTile + head_dim + 2) + (converts ? 2 * kKvTile * head_dim : 0);
 }
 
 // Work items of a pass: sum over slices of ceil(n_tokens / kQueryTile), times

@@ -58,7 +58,8 @@ struct Fixture {
   std::vector<BlockTable> tables;
   std::mt19937 g{11};
 
-  Fixture(int32_t n_head, int32_t n_head_kv, int32_t hd, int32_t block_tokens, int n_seqs, int32_t n_pos) {
+  Fixture(int32_t n_head, int32_t n_head_kv, int32_t hd, int32_t block_tokens, int n_seqs, int32_t n_pos,
+          KvType type = KvType::kF32) {
     shape = {n_head, n_head_kv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
     n_kv = n_head_kv * hd;
     KvPoolOptions o;
@@ -67,6 +68,8 @@ struct Fixture {
     o.n_embd_kv = n_kv;
     o.block_tokens = block_tokens;
     o.n_blocks = n_seqs * ((n_pos + block_tokens - 1) / block_tokens);
+    o.type = type;
+    o.head_dim = hd;
     pool = *KvPool::create(o);
     tables.resize(static_cast<size_t>(n_seqs));
     // Scores spread over several units, so the softmax has a real range and
@@ -74,11 +77,10 @@ struct Fixture {
     std::normal_distribution<float> d(0.0f, 1.5f);
     for (auto& t : tables) {
       EXPECT_TRUE(pool->reserve(t, n_pos).ok());
+      std::vector<float> k(static_cast<size_t>(n_kv)), v(k.size());
       for (int32_t p = 0; p < n_pos; ++p) {
-        const int32_t blk = t.blocks()[static_cast<size_t>(p / block_tokens)];
-        float* k = pool->k(blk, 0) + static_cast<int64_t>(p % block_tokens) * n_kv;
-        float* v = pool->v(blk, 0) + static_cast<int64_t>(p % block_tokens) * n_kv;
-        for (int32_t i = 0; i < n_kv; ++i) k[i] = d(g), v[i] = d(g);
+        for (size_t i = 0; i < k.size(); ++i) k[i] = d(g), v[i] = d(g);
+        pool->store_rows(t.blocks()[static_cast<size_t>(p / block_tokens)], 0, p % block_tokens, k.data(), v.data());
       }
     }
   }
@@ -185,12 +187,37 @@ TEST(Attention, BitwiseIndependentOfBatchSplitAndThreads) {
   }
 }
 
+// An F16 or Q8_0 pool computes bit for bit what an F32 pool holding its
+// stored values computes (its slices are converted exactly, a tile at a time).
+TEST(Attention, TypedPoolsComputeWhatF32PoolsOfTheirValuesDo) {
+  for (KvType type : {KvType::kF16, KvType::kQ8_0}) {
+    Fixture typed(4, 2, 64, 16, 1, 90, type);
+    Fixture plain(4, 2, 64, 16, 1, 90, KvType::kF32);
+    std::vector<float> k(static_cast<size_t>(typed.n_kv)), v(k.size());
+    for (int32_t p = 0; p < 90; ++p) {
+      const int32_t blk = typed.tables[0].blocks()[static_cast<size_t>(p / 16)];
+      ASSERT_EQ(blk, plain.tables[0].blocks()[static_cast<size_t>(p / 16)]);
+      typed.pool->rows_to_f32(false, blk, 0, p % 16, 1, k.data());
+      typed.pool->rows_to_f32(true, blk, 0, p % 16, 1, v.data());
+      plain.pool->store_rows(blk, 0, p % 16, k.data(), v.data());
+    }
+    const std::vector<float> q = typed.queries(80);
+    const SeqSlice a = typed.slice(0, 10, 80), b = plain.slice(0, 10, 80);
+    std::vector<float> got(q.size()), want(q.size());
+    ThreadPool pool(2);
+    attention(std::span<const SeqSlice>(&a, 1), 0, typed.shape, q.data(), got.data(), &pool);
+    attention(std::span<const SeqSlice>(&b, 1), 0, plain.shape, q.data(), want.data(), &pool);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << kv_type_name(type);
+  }
+}
+
 TEST(Attention, ItemsAreQueryTilesTimesHeads) {
   Fixture f(4, 2, 48, 16, 2, 100);
   const SeqSlice s[3] = {f.slice(0, 0, 33), f.slice(1, 0, 1), f.slice(0, 40, 64)};
   EXPECT_EQ(attention_items(s, 4), (2 + 1 + 2) * 4);
   // Scratch does not grow with the context.
-  EXPECT_EQ(attention_scratch_floats(48), kQueryTile * (kKvTile + 48 + 2));
+  EXPECT_EQ(attention_scratch_floats(48, false), kQueryTile * (kKvTile + 48 + 2));
+  EXPECT_EQ(attention_scratch_floats(48, true), kQueryTile * (kKvTile + 48 + 2) + 2 * kKvTile * 48);
 }
 
 }  // namespace

@@ -108,8 +108,8 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
                       rs.data() + t * half, neox);
       const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
       const int32_t slot = r.pos % bt;
-      std::copy_n(k.data() + t * n_kv, n_kv, kvp->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
-      std::copy_n(v.data() + t * n_kv, n_kv, kvp->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+      // Converted to the pool's type (an F32 pool: a plain copy).
+      kvp->store_rows(blk, lp, slot, k.data() + t * n_kv, v.data() + t * n_kv);
     }
     // Attention over each row's own sequence (attention.h: tiled, bitwise
     // independent of the batch and the thread count).

@@ -49,7 +49,7 @@ uint32_t shader_bindings(const char* name) {
       {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"quantize_q8_1", 3}, {"quantize_q8_1_f64", 3},
       {"quantize_q8_k", 3}, {"quantize_q8_k_f64", 3}, {"rms_norm", 3},      {"rope", 2},
       {"rope_neox", 2},     {"add_bias", 2},          {"kv_write", 5},      {"attention", 6},
-      {"swiglu", 2},        {"add", 2}};
+      {"kv_write_f16", 5},  {"attention_f16", 6},     {"swiglu", 2},        {"add", 2}};
   if (auto it = fixed.find(name); it != fixed.end()) return it->second;
   for (const TypeShaders& t : kTypeShaders) {
     if (std::strcmp(t.matmul, name) == 0) return 4;
@@ -123,6 +123,7 @@ class VulkanKvStorage final : public KvDeviceStorage {
  public:
   std::shared_ptr<VulkanContext> ctx;  // declared first: destroyed last
   std::string dev_name;
+  KvType type = KvType::kF32;  // f32: floats; f16: two halves per uint (low first)
   std::vector<DeviceBuffer> k, v;
   size_t total = 0;
   std::string device_name() const override { return dev_name; }
@@ -612,11 +613,21 @@ Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOption
   SPW_RETURN_IF_ERROR(impl_->healthy_or_error());
   if (o.layer_end <= o.layer_begin || o.n_blocks <= 0 || o.block_tokens <= 0 || o.n_embd_kv <= 0)
     return KvPool::create_on_device(o, nullptr).status();  // the pool's own option errors
+  // F16 rows are packed two halves per uint (unpackHalf2x16 in the shaders,
+  // no 16-bit storage feature needed), so a row must be whole uints and a
+  // head's slice must not start mid-uint. Q8_0 blocks (34 bytes) would need
+  // byte writes shared between invocations: not implemented on the device.
+  if (o.type == KvType::kQ8_0)
+    return Status::unimplemented("KV type q8_0 is not supported by the Vulkan backend (use f16 or f32)");
+  if (o.type == KvType::kF16 && (o.n_embd_kv % 2 != 0 || (o.head_dim > 0 && o.head_dim % 2 != 0)))
+    return Status::invalid_argument("KV type f16 on " + impl_->name() + " needs an even n_embd_kv and head_dim, got " +
+                                    std::to_string(o.n_embd_kv) + " and " + std::to_string(o.head_dim));
   auto st = std::make_unique<VulkanKvStorage>();
   st->ctx = impl_->ctx;
   st->dev_name = impl_->name();
+  st->type = o.type;
   const uint64_t layer_bytes = static_cast<uint64_t>(o.n_blocks) * static_cast<uint64_t>(o.block_tokens) *
-                               static_cast<uint64_t>(o.n_embd_kv) * sizeof(float);
+                               kv_row_bytes(o.type, static_cast<uint64_t>(o.n_embd_kv));
   if (layer_bytes > impl_->ctx->max_buffer_bytes())
     return Status::invalid_argument("KV of one layer (" + std::to_string(layer_bytes) + " bytes) exceeds the largest " +
                                     impl_->name() + " buffer (" + std::to_string(impl_->ctx->max_buffer_bytes()) +
@@ -786,6 +797,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
   if (kvs == nullptr || kvs->ctx != im.ctx)
     return Status::invalid_argument("forward_layers: KV pool is not in " + im.name() +
                                     " memory (make it with create_kv_pool, after the last reinitialize)");
+  const bool kv_f16 = kvs->type == KvType::kF16;
   SPW_ASSIGN_OR_RETURN(ModelWeights * mw, im.weights(model));
   for (int32_t il = layer_begin; il < layer_end; ++il)
     if (!mw->layers[static_cast<size_t>(il)].present)
@@ -891,9 +903,10 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
       rec.barrier();
     }
     const uint32_t pw[3] = {nt, static_cast<uint32_t>(KV), static_cast<uint32_t>(bt)};
-    rec.dispatch_flat("kv_write",
+    // F16: one invocation per pair of halves (one uint of the cache).
+    rec.dispatch_flat(kv_f16 ? "kv_write_f16" : "kv_write",
                       {s.k.buffer(), s.v.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer()}, pw,
-                      sizeof pw, n * KV);
+                      sizeof pw, kv_f16 ? n * KV / 2 : n * KV);
     rec.barrier();
     for (uint64_t t0 = 0; t0 < n; t0 += tc) {
       const uint32_t cnt = static_cast<uint32_t>(std::min(tc, n - t0));
@@ -906,7 +919,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
                                static_cast<uint32_t>(n_pos),
                                static_cast<uint32_t>(Q),
                                scale_bits};
-      rec.dispatch("attention",
+      rec.dispatch(kv_f16 ? "attention_f16" : "attention",
                    {s.q.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer(), s.scores.buffer(),
                     s.att.buffer()},
                    pa, sizeof pa, static_cast<uint32_t>(hp.n_head), cnt, 1);

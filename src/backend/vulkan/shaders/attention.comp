@@ -11,8 +11,19 @@
 layout(local_size_x = WG) in;
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
+// KV_F16: the cache holds halves, two per uint (kv_write.comp), read
+// exactly (unpackHalf2x16) and computed with in F32 as the F32 cache is.
+#ifdef KV_F16
+layout(std430, binding = 1) readonly buffer KC { uint kc[]; };
+layout(std430, binding = 2) readonly buffer VC { uint vc[]; };
+float kval(uint i) { return unpackHalf2x16(kc[i >> 1])[i & 1u]; }
+float vval(uint i) { return unpackHalf2x16(vc[i >> 1])[i & 1u]; }
+#else
 layout(std430, binding = 1) readonly buffer KC { float kc[]; };
 layout(std430, binding = 2) readonly buffer VC { float vc[]; };
+float kval(uint i) { return kc[i]; }
+float vval(uint i) { return vc[i]; }
+#endif
 layout(std430, binding = 3) readonly buffer BT { int bt[]; };
 layout(std430, binding = 4) coherent buffer S { float sc[]; };
 layout(std430, binding = 5) writeonly buffer O { float o[]; };
@@ -50,7 +61,7 @@ void main() {
   for (uint p = tid; p <= pos; p += WG) {
     const uint kb = kv_row(boff, p, kvh);
     float s = 0.0;
-    for (uint d = 0u; d < pc.head_dim; ++d) s = fma(kc[kb + d], q[qb + d], s);
+    for (uint d = 0u; d < pc.head_dim; ++d) s = fma(kval(kb + d), q[qb + d], s);
     s *= pc.scale;
     sc[sb + p] = s;
     mx = max(mx, s);
@@ -79,7 +90,7 @@ void main() {
   const float inv = 1.0 / red[0];
   for (uint d = tid; d < pc.head_dim; d += WG) {
     float acc = 0.0;
-    for (uint p = 0u; p <= pos; ++p) acc = fma(sc[sb + p] * inv, vc[kv_row(boff, p, kvh) + d], acc);
+    for (uint p = 0u; p <= pos; ++p) acc = fma(sc[sb + p] * inv, vval(kv_row(boff, p, kvh) + d), acc);
     o[qb + d] = acc;
   }
 }
