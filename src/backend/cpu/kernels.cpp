@@ -9,6 +9,8 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
@@ -442,33 +444,32 @@ void matmul_rows(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows,
   }
 }
 
-// One GEMM block: tile(r, t, out) computes rows r..r+R-1 against tokens
-// t..t+T-1 into out[i * T + j]; the edges go through dot.
+// One GEMM block: tile(r, t) computes rows r..r+R-1 against tokens
+// t..t+T-1 and stores them into y; the edges go through dot. Token tiles
+// are the outer loop: a tile's T activation rows stay in L1 while the
+// block's weight rows stream past them from L2 (R weight rows per tile are
+// fewer bytes than T activation rows for every tile below, and F16/Q8_0
+// weights are smaller than their F32 activations).
 template <int R, int T, typename Tile, typename Dot>
 void gemm_block(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, float* y, Tile tile, Dot dot) {
   static_assert(kGemmRowBlock % R == 0 && kGemmTokBlock % T == 0, "blocks must hold whole tiles");
-  float out[R * T];
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    int64_t t = t0;
-    for (; t + T <= t1; t += T) {
-      tile(r, t, out);
-      for (int j = 0; j < T; ++j)
-        for (int i = 0; i < R; ++i) y[(t + j) * n_rows + r + i] = out[i * T + j];
-    }
-    if (t < t1) matmul_rows(r, r + R, t, t1, n_rows, y, dot);
-  }
-  if (r < r1) matmul_rows(r, r1, t0, t1, n_rows, y, dot);
+  const int64_t r_end = r0 + (r1 - r0) / R * R;
+  const int64_t t_end = t0 + (t1 - t0) / T * T;
+  for (int64_t t = t0; t < t_end; t += T)
+    for (int64_t r = r0; r < r_end; r += R) tile(r, t);
+  const int64_t t = t_end;
+  if (t < t1) matmul_rows(r0, r_end, t, t1, n_rows, y, dot);
+  if (r_end < r1) matmul_rows(r_end, r1, t0, t1, n_rows, y, dot);
+}
+
+// Tile results computed into out[i * T + j] (row i, token j), stored into y.
+template <int R, int T>
+inline void store_tile(const float* out, int64_t r, int64_t t, int64_t n_rows, float* y) {
+  for (int j = 0; j < T; ++j)
+    for (int i = 0; i < R; ++i) y[(t + j) * n_rows + r + i] = out[i * T + j];
 }
 
 #if defined(__AVX512F__)
-// dot_f32_n / dot_f16_n end with (a0 + a1), the two 256-bit halves added, hsum256.
-inline float reduce_pair512(__m512 a0, __m512 a1) {
-  const __m512 a = _mm512_add_ps(a0, a1);
-  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
-                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
-}
-
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -483,55 +484,89 @@ inline __m512 in_reg(__m512 v) {
 inline float scalar_w(const float* p) { return *p; }
 inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
 
-// R x T tile of dot_f32_n / dot_f16_n (AVX-512): per (row, token) the
-// accumulators a0 (elements 0..15 of each 32) and a1 (16..31), a 16-wide
-// remainder into a0, the reduction, then the scalar tail, in the one-token
-// order.
+// One pass of tile_float over the k range: acc[i][j] accumulates, in k
+// order, w[i][k0 + off + l] * x[j][k0 + off + l] for lanes l < 16 and k0 a
+// multiple of 32 with k0 + 32 <= n; with `rem`, then the 16-wide remainder
+// at n / 32 * 32 (which the one-token kernel adds into its first
+// accumulator).
 template <int R, int T, typename WT>
-void tile_float(const WT* const* w, const float* const* x, int64_t n, float* out) {
-  __m512 a0[R][T], a1[R][T];
+__attribute__((always_inline)) inline void tile_pass(const WT* const* w, const float* const* x, int64_t n,
+                                                     int64_t off, bool rem, __m512 (&acc)[R][T]) {
   for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) a0[i][j] = a1[i][j] = _mm512_setzero_ps();
-  int64_t i0 = 0;
-  for (; i0 + 32 <= n; i0 += 32) {
+    for (int j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t n32 = n / 32 * 32;
+  auto step = [&](int64_t k) {
     __m512 wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0));
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + k));
     for (int j = 0; j < T; ++j) {
-      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0));
-      for (int i = 0; i < R; ++i) a0[i][j] = _mm512_fmadd_ps(wv[i], xv, a0[i][j]);
+      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + k));
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
     }
-    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0 + 16));
-    for (int j = 0; j < T; ++j) {
-      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0 + 16));
-      for (int i = 0; i < R; ++i) a1[i][j] = _mm512_fmadd_ps(wv[i], xv, a1[i][j]);
-    }
-  }
-  if (i0 + 16 <= n) {
-    for (int i = 0; i < R; ++i) {
-      const __m512 wv = load16(w[i] + i0);
-      for (int j = 0; j < T; ++j) a0[i][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + i0), a0[i][j]);
-    }
-    i0 += 16;
-  }
+  };
+  for (int64_t k = 0; k < n32; k += 32) step(k + off);
+  if (rem && n32 + 16 <= n) step(n32);
+}
+
+// reduce_pair512 (dot_f32_n's final reduction: a0 + a1, the two 256-bit
+// halves added, hsum256) of four (a0, a1) pairs side by side: every add is
+// one of those adds on the same two operands (fp addition commutes), so each
+// lane holds the one-token result bitwise. Returns the four sums in order.
+inline __m128 reduce4_pair512(const __m512* a0, const __m512* a1) {
+  __m512 z[4];
+  for (int i = 0; i < 4; ++i) z[i] = _mm512_add_ps(a0[i], a1[i]);
+  // y_i = low 256 + high 256 of z_i, two per register.
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
+  // hsum256: x = low 128 + high 128 (z_i's in 128-bit lane i), then
+  // (x0 + x1) + (x2 + x3).
+  const __m512 xs = _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
+  const __m512 s2 = _mm512_add_ps(xs, _mm512_movehdup_ps(xs));
+  const __m512 r = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x02));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
+}
+
+// R x T tile of dot_f32_n / dot_f16_n (AVX-512), stored into y (row stride
+// ldy = the matrix's row count, token-major). The one-token kernel keeps two
+// independent accumulators per (row, token): a0 over elements 0..15 of each
+// 32 (plus the 16-wide remainder) and a1 over 16..31. The tile computes the
+// two chains one after the other (a pass each), so only R x T accumulators
+// are live at a time: 4 x 6 = 24 zmm, plus 4 weight vectors and one
+// activation vector, 2.4 FMAs per load (two live chains allowed 4 x 3 at
+// 1.7). Each chain's operations and order are the one-token kernel's, then
+// the reduction (four rows of a token side by side), then the scalar tail.
+template <int R, int T, typename WT>
+void tile_float(const WT* const* w, const float* const* x, int64_t n, float* y, int64_t ldy) {
+  static_assert(R == 4, "the reduction takes four rows of a token");
+  __m512 acc[R][T];
+  __m512 a0[T][R];  // the first chain's results, token-major for the reduction
+  tile_pass<R, T>(w, x, n, 0, true, acc);
   for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) out[i * T + j] = reduce_pair512(a0[i][j], a1[i][j]);
-  for (int64_t k = i0; k < n; ++k)
+    for (int j = 0; j < T; ++j) a0[j][i] = acc[i][j];
+  tile_pass<R, T>(w, x, n, 16, false, acc);
+  for (int j = 0; j < T; ++j) {
+    const __m512 a1[R] = {acc[0][j], acc[1][j], acc[2][j], acc[3][j]};
+    _mm_storeu_ps(y + j * ldy, reduce4_pair512(a0[j], a1));
+  }
+  const int64_t n32 = n / 32 * 32;
+  for (int64_t k = n32 + (n32 + 16 <= n ? 16 : 0); k < n; ++k)
     for (int i = 0; i < R; ++i) {
       const float wk = scalar_w(w[i] + k);
-      for (int j = 0; j < T; ++j) out[i * T + j] = std::fma(wk, x[j][k], out[i * T + j]);
+      for (int j = 0; j < T; ++j) y[j * ldy + i] = std::fma(wk, x[j][k], y[j * ldy + i]);
     }
 }
 constexpr int kFloatTileRows = 4;
-constexpr int kFloatTileToks = 3;  // 4 x 3 x 2 = 24 of the 32 zmm registers accumulate
+constexpr int kFloatTileToks = 6;
 #else
 // Without AVX-512 a tile is its rows through the multi-token kernel.
-template <int R, int T>
-void tile_float(const float* const* w, const float* const* x, int64_t n, float* out) {
-  for (int i = 0; i < R; ++i) dot_f32_n<T>(w[i], x, n, out + i * T);
-}
-template <int R, int T>
-void tile_float(const uint16_t* const* w, const float* const* x, int64_t n, float* out) {
-  for (int i = 0; i < R; ++i) dot_f16_n<T>(w[i], x, n, out + i * T);
+template <int R, int T, typename WT>
+void tile_float(const WT* const* w, const float* const* x, int64_t n, float* y, int64_t ldy) {
+  float out[T];
+  for (int i = 0; i < R; ++i) {
+    if constexpr (std::is_same_v<WT, float>) dot_f32_n<T>(w[i], x, n, out);
+    else dot_f16_n<T>(w[i], x, n, out);
+    for (int j = 0; j < T; ++j) y[j * ldy + i] = out[j];
+  }
 }
 constexpr int kFloatTileRows = 4;
 constexpr int kFloatTileToks = kTokGroup;
@@ -558,14 +593,17 @@ void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, const float* xd, in
   const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; ++b) {
     __m512 xs[TP];  // d_x of token 2p in the low half, of 2p + 1 in the high half
-    for (int p = 0; p < TP; ++p) xs[p] = _mm512_loadu_ps(xd + p * pair_stride / 4 + b * 16);
+    __m512i xv[TP];  // the pairs' offset quants, loaded once for the R rows
+    for (int p = 0; p < TP; ++p) {
+      xs[p] = _mm512_loadu_ps(xd + p * pair_stride / 4 + b * 16);
+      xv[p] = _mm512_loadu_si512(xu + p * pair_stride + b * 64);
+    }
     for (int i = 0; i < R; ++i) {
       const __m512i wq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)));
       const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, wq));
       const __m512 dw = _mm512_set1_ps(fp16_to_fp32(w[i][b].d));
       for (int p = 0; p < TP; ++p) {
-        const __m512i xv = _mm512_loadu_si512(xu + p * pair_stride + b * 64);
-        const __m512i s32 = _mm512_dpbusd_epi32(neg, xv, wq);
+        const __m512i s32 = _mm512_dpbusd_epi32(neg, xv[p], wq);
         acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xs[p]), _mm512_cvtepi32_ps(s32), acc[i][p]);
       }
     }
@@ -582,6 +620,29 @@ constexpr int kQ8TilePairs = 4;  // 16 accumulators
 }  // namespace
 
 namespace {
+// A buffer of n trivially constructible T left uninitialised: exactly the
+// n * sizeof(T) bytes a std::vector<T>(n) allocates (the estimator counts
+// those), without the vector's zero fill, which prepare_x overwrites anyway
+// (the fill was ~5% of a Q8_0 prefill in perf: megabytes per matmul, every
+// page touched twice).
+template <typename T>
+class Uninit {
+ public:
+  void resize(size_t n) {
+    p_.reset(new T[n]);  // default-initialised: no fill for trivial T
+    n_ = n;
+  }
+  T* data() { return p_.get(); }
+  const T* data() const { return p_.get(); }
+  T& operator[](size_t i) { return p_[i]; }
+  const T& operator[](size_t i) const { return p_[i]; }
+  size_t size() const { return n_; }
+
+ private:
+  std::unique_ptr<T[]> p_;
+  size_t n_ = 0;
+};
+
 // Activations prepared once per matmul call, shared by every weight matrix of
 // a fused call (they all pair with the same activation format): Q8_0 blocks and
 // their float scales (Q8_0, Q4_0, Q5_0 weights), Q8_1 blocks with float d and s
@@ -593,21 +654,78 @@ namespace {
 // mirrors these sizes: admission/estimator.cpp.
 struct PreparedX {
   std::vector<const float*> rows;
-  std::vector<BlockQ8_0> q;
-  std::vector<float> d;
+  Uninit<BlockQ8_0> q;
+  Uninit<float> d;
   std::vector<const BlockQ8_0*> qrows;
   std::vector<const float*> drows;
-  std::vector<gguf::BlockQ8_1> q1;
-  std::vector<float> s;
-  std::vector<gguf::BlockQ8_K> qk;
+  Uninit<gguf::BlockQ8_1> q1;
+  Uninit<float> s;
+  Uninit<gguf::BlockQ8_K> qk;
   std::vector<ActRow> arows;
-  std::vector<uint8_t> xu;  // [n_tokens / 2][nb][64]: q + 128 of tokens 2p, 2p + 1
-  std::vector<float> xs;    // [n_tokens / 2][nb][16]: their d, 8 lanes each
+  Uninit<uint8_t> xu;  // [n_tokens / 2][nb][64]: q + 128 of tokens 2p, 2p + 1
+  Uninit<float> xs;    // [n_tokens / 2][nb][16]: their d, 8 lanes each
   int64_t nb = 0;
 };
 
+// Quantises tokens [t0, t1) into px's buffers (sized by prepare_x); with
+// q8_pairs, also the token pairs whose both tokens are in the range (t0 is
+// even). Each token's blocks depend on its row only, so any split gives the
+// same bytes.
+void prepare_tokens(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_cols, int64_t t0,
+                    int64_t t1, PreparedX& px) {
+  const int64_t nb = px.nb;
+  for (int64_t t = t0; t < t1; ++t) {
+    const auto ti = static_cast<size_t>(t);
+    switch (format) {
+      case ActFormat::kQ8_0: {
+        BlockQ8_0* qt = px.q.data() + t * nb;
+        float* dt = px.d.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, nullptr);
+        px.qrows[ti] = qt;
+        px.drows[ti] = dt;
+        if (low_bit) px.arows[ti] = {qt, dt, nullptr};
+        break;
+      }
+      case ActFormat::kQ8_1: {
+        gguf::BlockQ8_1* qt = px.q1.data() + t * nb;
+        float* dt = px.d.data() + t * nb;
+        float* st = px.s.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, st);
+        px.arows[ti] = {qt, dt, st};
+        break;
+      }
+      case ActFormat::kQ8_K: {
+        gguf::BlockQ8_K* qt = px.qk.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, nullptr, nullptr);
+        px.arows[ti] = {qt, nullptr, nullptr};
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  if (!q8_pairs) return;
+  for (int64_t p = t0 / 2; p < t1 / 2; ++p)
+    for (int64_t b = 0; b < nb; ++b) {
+      float* ds = px.xs.data() + (p * nb + b) * 16;
+      std::fill(ds, ds + 8, px.d[static_cast<size_t>(2 * p * nb + b)]);
+      std::fill(ds + 8, ds + 16, px.d[static_cast<size_t>((2 * p + 1) * nb + b)]);
+      uint8_t* dst = px.xu.data() + (p * nb + b) * 64;
+      const int8_t* q0 = px.q[static_cast<size_t>(2 * p * nb + b)].qs;
+      const int8_t* q1 = px.q[static_cast<size_t>((2 * p + 1) * nb + b)].qs;
+      for (int j = 0; j < 32; ++j) {
+        dst[j] = static_cast<uint8_t>(q0[j] ^ static_cast<int8_t>(0x80));
+        dst[32 + j] = static_cast<uint8_t>(q1[j] ^ static_cast<int8_t>(0x80));
+      }
+    }
+}
+
+// Below this many activation values a prompt's quantisation stays on the
+// calling thread (waking the pool costs a few microseconds).
+constexpr int64_t kMinParallelPrep = 1 << 15;
+
 void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_tokens, int64_t n_cols,
-               PreparedX& px) {
+               PreparedX& px, ThreadPool* pool) {
   px.rows.resize(static_cast<size_t>(n_tokens));
   for (int64_t t = 0; t < n_tokens; ++t) px.rows[static_cast<size_t>(t)] = x + t * n_cols;
   if (format == ActFormat::kFloat) return;
@@ -622,54 +740,34 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
       px.d.resize(total);
       px.qrows.resize(static_cast<size_t>(n_tokens));
       px.drows.resize(static_cast<size_t>(n_tokens));
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        BlockQ8_0* qt = px.q.data() + t * nb;
-        float* dt = px.d.data() + t * nb;
-        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, nullptr);
-        px.qrows[static_cast<size_t>(t)] = qt;
-        px.drows[static_cast<size_t>(t)] = dt;
-        if (low_bit) px.arows[static_cast<size_t>(t)] = {qt, dt, nullptr};
-      }
       if (q8_pairs) {
         px.xu.resize(static_cast<size_t>(n_tokens / 2 * nb * 64));
         px.xs.resize(static_cast<size_t>(n_tokens / 2 * nb * 16));
-        for (int64_t p = 0; p < n_tokens / 2; ++p)
-          for (int64_t b = 0; b < nb; ++b) {
-            float* ds = px.xs.data() + (p * nb + b) * 16;
-            std::fill(ds, ds + 8, px.d[static_cast<size_t>(2 * p * nb + b)]);
-            std::fill(ds + 8, ds + 16, px.d[static_cast<size_t>((2 * p + 1) * nb + b)]);
-            uint8_t* dst = px.xu.data() + (p * nb + b) * 64;
-            const int8_t* q0 = px.q[static_cast<size_t>(2 * p * nb + b)].qs;
-            const int8_t* q1 = px.q[static_cast<size_t>((2 * p + 1) * nb + b)].qs;
-            for (int j = 0; j < 32; ++j) {
-              dst[j] = static_cast<uint8_t>(q0[j] ^ static_cast<int8_t>(0x80));
-              dst[32 + j] = static_cast<uint8_t>(q1[j] ^ static_cast<int8_t>(0x80));
-            }
-          }
       }
       break;
     case ActFormat::kQ8_1:
       px.q1.resize(total);
       px.d.resize(total);
       px.s.resize(total);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        gguf::BlockQ8_1* qt = px.q1.data() + t * nb;
-        float* dt = px.d.data() + t * nb;
-        float* st = px.s.data() + t * nb;
-        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, st);
-        px.arows[static_cast<size_t>(t)] = {qt, dt, st};
-      }
       break;
     case ActFormat::kQ8_K:
       px.qk.resize(total);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        gguf::BlockQ8_K* qt = px.qk.data() + t * nb;
-        quantize_act_row(format, x + t * n_cols, n_cols, qt, nullptr, nullptr);
-        px.arows[static_cast<size_t>(t)] = {qt, nullptr, nullptr};
-      }
       break;
     default:
-      break;
+      return;
+  }
+  // Work items are token pairs (a pair's copy needs both its tokens).
+  const int64_t n_pairs = (n_tokens + 1) / 2;
+  auto run = [&](int64_t p0, int64_t p1) {
+    prepare_tokens(format, low_bit, q8_pairs, x, n_cols, 2 * p0, std::min(n_tokens, 2 * p1), px);
+  };
+  if (pool != nullptr && pool->n_threads() > 1 && n_pairs > 1 && n_tokens * n_cols >= kMinParallelPrep) {
+    // One pointer captured: the std::function keeps it inline (no heap
+    // closure beyond the estimator's task-closure term).
+    const auto* fn = &run;
+    pool->parallel_for(n_pairs, [fn](int64_t a, int64_t b) { (*fn)(a, b); });
+  } else {
+    run(0, n_pairs);
   }
 }
 
@@ -689,10 +787,10 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       };
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
       constexpr int R = kFloatTileRows, T = kFloatTileToks;
-      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
         const float* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
-        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, y + t * n_rows + r, n_rows);
       }, dot);
       return;
     }
@@ -704,10 +802,10 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       };
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
       constexpr int R = kFloatTileRows, T = kFloatTileToks;
-      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
         const uint16_t* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const uint16_t*>(row(r + i));
-        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, y + t * n_rows + r, n_rows);
       }, dot);
       return;
     }
@@ -722,15 +820,19 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
 #if defined(SPW_GEMM_Q8_0_VNNI512)
       constexpr int R = kQ8TileRows, TP = kQ8TilePairs;
       const int64_t pair_stride = px.nb * 64;
-      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
         const BlockQ8_0* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(row(r + i));
+        float out[R * 2 * TP];
         tile_q8_0<R, TP>(wr, px.xu.data() + (t / 2) * pair_stride, px.xs.data() + (t / 2) * pair_stride / 4,
                          pair_stride, px.nb, out);
+        store_tile<R, 2 * TP>(out, r, t, n_rows, y);
       }, dot);
 #else
-      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
+        float out[kFloatTileRows * kTokGroup];
         for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
+        store_tile<kFloatTileRows, kTokGroup>(out, r, t, n_rows, y);
       }, dot);
 #endif
       return;
@@ -745,8 +847,10 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       // Low-bit types: GEMM blocks (cache locality, both dimensions split)
       // around the multi-token kernel.
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
+        float out[kFloatTileRows * kTokGroup];
         for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
+        store_tile<kFloatTileRows, kTokGroup>(out, r, t, n_rows, y);
       }, dot);
     }
   }
@@ -782,7 +886,7 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
   const bool q8_pairs = false;
 #endif
   PreparedX px;
-  prepare_x(format, low_bit, q8_pairs, x, n_tokens, w0.n_cols, px);
+  prepare_x(format, low_bit, q8_pairs, x, n_tokens, w0.n_cols, px, pool);
   // Work units concatenated over the matrices: per-row path, kRowTile rows
   // each (chunk boundaries never split a tile); GEMM path, one block of
   // kGemmRowBlock rows x kGemmTokBlock tokens each (token blocks inner, so a
