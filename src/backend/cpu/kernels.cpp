@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
@@ -420,10 +419,7 @@ constexpr int64_t kMinParallelWork = 1 << 18;
 // per-row kernels.
 constexpr int64_t kGemmMinTokens = 8;
 constexpr int64_t kGemmRowBlock = 48;  // a multiple of every tile's R
-constexpr int64_t kGemmTokBlock = 48;
-// Rows per GEMM tile of the types without their own register tile (their
-// multi-token kernel on kTokGroup tokens, row by row).
-constexpr int kQuantTileRows = 4;  // a multiple of every tile's T (even: Q8_0 token pairs)
+constexpr int64_t kGemmTokBlock = 48;  // a multiple of every tile's T (even: Q8_0 token pairs)
 
 // Rows r0..r1 against tokens t0..t1 through the per-row kernels:
 // dot(r, t, nt, out) for row r against tokens t..t+nt-1 (nt is 1 or kTokGroup).
@@ -447,32 +443,33 @@ void matmul_rows(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows,
   }
 }
 
-// One GEMM block: tile(r, t) computes rows r..r+R-1 against tokens
-// t..t+T-1 and stores them into y; the edges go through dot. Token tiles
-// are the outer loop: a tile's T activation rows stay in L1 while the
-// block's weight rows stream past them from L2 (R weight rows per tile are
-// fewer bytes than T activation rows for every tile below, and F16/Q8_0
-// weights are smaller than their F32 activations).
+// One GEMM block: tile(r, t, out) computes rows r..r+R-1 against tokens
+// t..t+T-1 into out[i * T + j]; the edges go through dot.
 template <int R, int T, typename Tile, typename Dot>
 void gemm_block(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, float* y, Tile tile, Dot dot) {
   static_assert(kGemmRowBlock % R == 0 && kGemmTokBlock % T == 0, "blocks must hold whole tiles");
-  const int64_t r_end = r0 + (r1 - r0) / R * R;
-  const int64_t t_end = t0 + (t1 - t0) / T * T;
-  for (int64_t t = t0; t < t_end; t += T)
-    for (int64_t r = r0; r < r_end; r += R) tile(r, t);
-  const int64_t t = t_end;
-  if (t < t1) matmul_rows(r0, r_end, t, t1, n_rows, y, dot);
-  if (r_end < r1) matmul_rows(r_end, r1, t0, t1, n_rows, y, dot);
-}
-
-// Tile results computed into out[i * T + j] (row i, token j), stored into y.
-template <int R, int T>
-inline void store_tile(const float* out, int64_t r, int64_t t, int64_t n_rows, float* y) {
-  for (int j = 0; j < T; ++j)
-    for (int i = 0; i < R; ++i) y[(t + j) * n_rows + r + i] = out[i * T + j];
+  float out[R * T];
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) {
+    int64_t t = t0;
+    for (; t + T <= t1; t += T) {
+      tile(r, t, out);
+      for (int j = 0; j < T; ++j)
+        for (int i = 0; i < R; ++i) y[(t + j) * n_rows + r + i] = out[i * T + j];
+    }
+    if (t < t1) matmul_rows(r, r + R, t, t1, n_rows, y, dot);
+  }
+  if (r < r1) matmul_rows(r, r1, t0, t1, n_rows, y, dot);
 }
 
 #if defined(__AVX512F__)
+// dot_f32_n / dot_f16_n end with (a0 + a1), the two 256-bit halves added, hsum256.
+inline float reduce_pair512(__m512 a0, __m512 a1) {
+  const __m512 a = _mm512_add_ps(a0, a1);
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+}
+
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -487,28 +484,46 @@ inline __m512 in_reg(__m512 v) {
 inline float scalar_w(const float* p) { return *p; }
 inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
 
-// One pass of tile_float over the k range: acc[i][j] accumulates, in k
-// order, w[i][k0 + off + l] * x[j][k0 + off + l] for lanes l < 16 and k0 a
-// multiple of 32 with k0 + 32 <= n; with `rem`, then the 16-wide remainder
-// at n / 32 * 32 (which the one-token kernel adds into its first
-// accumulator).
+// R x T tile of dot_f32_n / dot_f16_n (AVX-512): per (row, token) the
+// accumulators a0 (elements 0..15 of each 32) and a1 (16..31), a 16-wide
+// remainder into a0, the reduction, then the scalar tail, in the one-token
+// order.
 template <int R, int T, typename WT>
-__attribute__((always_inline)) inline void tile_pass(const WT* const* w, const float* const* x, int64_t n,
-                                                     int64_t off, bool rem, __m512 (&acc)[R][T]) {
+void tile_float(const WT* const* w, const float* const* x, int64_t n, float* out) {
+  __m512 a0[R][T], a1[R][T];
   for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
-  const int64_t n32 = n / 32 * 32;
-  auto step = [&](int64_t k) {
+    for (int j = 0; j < T; ++j) a0[i][j] = a1[i][j] = _mm512_setzero_ps();
+  int64_t i0 = 0;
+  for (; i0 + 32 <= n; i0 += 32) {
     __m512 wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + k));
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0));
     for (int j = 0; j < T; ++j) {
-      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + k));
-      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0));
+      for (int i = 0; i < R; ++i) a0[i][j] = _mm512_fmadd_ps(wv[i], xv, a0[i][j]);
     }
-  };
-  for (int64_t k = 0; k < n32; k += 32) step(k + off);
-  if (rem && n32 + 16 <= n) step(n32);
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0 + 16));
+    for (int j = 0; j < T; ++j) {
+      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0 + 16));
+      for (int i = 0; i < R; ++i) a1[i][j] = _mm512_fmadd_ps(wv[i], xv, a1[i][j]);
+    }
+  }
+  if (i0 + 16 <= n) {
+    for (int i = 0; i < R; ++i) {
+      const __m512 wv = load16(w[i] + i0);
+      for (int j = 0; j < T; ++j) a0[i][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + i0), a0[i][j]);
+    }
+    i0 += 16;
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) out[i * T + j] = reduce_pair512(a0[i][j], a1[i][j]);
+  for (int64_t k = i0; k < n; ++k)
+    for (int i = 0; i < R; ++i) {
+      const float wk = scalar_w(w[i] + k);
+      for (int j = 0; j < T; ++j) out[i * T + j] = std::fma(wk, x[j][k], out[i * T + j]);
+    }
 }
+constexpr int kFloatTileRows = 4;
+constexpr int kFloatTileToks = 3;  // 4 x 3 x 2 = 24 of the 32 zmm registers accumulate
 
 // reduce_pair512 (dot_f32_n's final reduction: a0 + a1, the two 256-bit
 // halves added, hsum256) of four (a0, a1) pairs side by side: every add is
@@ -528,40 +543,6 @@ inline __m128 reduce4_pair512(const __m512* a0, const __m512* a1) {
   return _mm512_castps512_ps128(
       _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
 }
-
-// R x T tile of dot_f32_n / dot_f16_n (AVX-512), stored into y (row stride
-// ldy = the matrix's row count, token-major). The one-token kernel keeps two
-// independent accumulators per (row, token): a0 over elements 0..15 of each
-// 32 (plus the 16-wide remainder) and a1 over 16..31. The tile computes the
-// two chains one after the other (a pass each), so only R x T accumulators
-// are live at a time: 4 x 6 = 24 zmm, plus 4 weight vectors and one
-// activation vector, 2.4 FMAs per load (two live chains allowed 4 x 3 at
-// 1.7). Each chain's operations and order are the one-token kernel's, then
-// the reduction (four rows of a token side by side), then the scalar tail.
-template <int R, int T, typename WT>
-void tile_float(const WT* const* w, const float* const* x, int64_t n, float* y, int64_t ldy) {
-  static_assert(R == 4, "the reduction takes four rows of a token");
-  __m512 acc[R][T];
-  __m512 a0[T][R];  // the first chain's results, token-major for the reduction
-  tile_pass<R, T>(w, x, n, 0, true, acc);
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) a0[j][i] = acc[i][j];
-  tile_pass<R, T>(w, x, n, 16, false, acc);
-  for (int j = 0; j < T; ++j) {
-    const __m512 a1[R] = {acc[0][j], acc[1][j], acc[2][j], acc[3][j]};
-    _mm_storeu_ps(y + j * ldy, reduce4_pair512(a0[j], a1));
-  }
-  const int64_t n32 = n / 32 * 32;
-  for (int64_t k = n32 + (n32 + 16 <= n ? 16 : 0); k < n; ++k)
-    for (int i = 0; i < R; ++i) {
-      const float wk = scalar_w(w[i] + k);
-      for (int j = 0; j < T; ++j) y[j * ldy + i] = std::fma(wk, x[j][k], y[j * ldy + i]);
-    }
-}
-// Measured (kernels_bench BM_Gemm, 2048 x 768 x 256 tokens, 1 thread, same
-// minute): 4 x 6 F32 6.0 ms / F16 5.2 ms; 2 x 12 7.9 / 6.5; 2 x 8 6.4 / 5.5.
-constexpr int kFloatTileRows = 4;
-constexpr int kFloatTileToks = 6;
 
 // Four rows of dot_f32_n<1> / dot_f16_n<1> against one token (decode's
 // matvec): the same two accumulators per row in the same order, the four
@@ -595,14 +576,13 @@ void rows4_float(const WT* const* w, const float* x, int64_t n, float* y) {
 #define SPW_ROWS4_FLOAT 1
 #else
 // Without AVX-512 a tile is its rows through the multi-token kernel.
-template <int R, int T, typename WT>
-void tile_float(const WT* const* w, const float* const* x, int64_t n, float* y, int64_t ldy) {
-  float out[T];
-  for (int i = 0; i < R; ++i) {
-    if constexpr (std::is_same_v<WT, float>) dot_f32_n<T>(w[i], x, n, out);
-    else dot_f16_n<T>(w[i], x, n, out);
-    for (int j = 0; j < T; ++j) y[j * ldy + i] = out[j];
-  }
+template <int R, int T>
+void tile_float(const float* const* w, const float* const* x, int64_t n, float* out) {
+  for (int i = 0; i < R; ++i) dot_f32_n<T>(w[i], x, n, out + i * T);
+}
+template <int R, int T>
+void tile_float(const uint16_t* const* w, const float* const* x, int64_t n, float* out) {
+  for (int i = 0; i < R; ++i) dot_f16_n<T>(w[i], x, n, out + i * T);
 }
 constexpr int kFloatTileRows = 4;
 constexpr int kFloatTileToks = kTokGroup;
@@ -629,17 +609,14 @@ void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, const float* xd, in
   const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; ++b) {
     __m512 xs[TP];  // d_x of token 2p in the low half, of 2p + 1 in the high half
-    __m512i xv[TP];  // the pairs' offset quants, loaded once for the R rows
-    for (int p = 0; p < TP; ++p) {
-      xs[p] = _mm512_loadu_ps(xd + p * pair_stride / 4 + b * 16);
-      xv[p] = _mm512_loadu_si512(xu + p * pair_stride + b * 64);
-    }
+    for (int p = 0; p < TP; ++p) xs[p] = _mm512_loadu_ps(xd + p * pair_stride / 4 + b * 16);
     for (int i = 0; i < R; ++i) {
       const __m512i wq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)));
       const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, wq));
       const __m512 dw = _mm512_set1_ps(fp16_to_fp32(w[i][b].d));
       for (int p = 0; p < TP; ++p) {
-        const __m512i s32 = _mm512_dpbusd_epi32(neg, xv[p], wq);
+        const __m512i xv = _mm512_loadu_si512(xu + p * pair_stride + b * 64);
+        const __m512i s32 = _mm512_dpbusd_epi32(neg, xv, wq);
         acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xs[p]), _mm512_cvtepi32_ps(s32), acc[i][p]);
       }
     }
@@ -659,8 +636,9 @@ namespace {
 // A buffer of n trivially constructible T left uninitialised: exactly the
 // n * sizeof(T) bytes a std::vector<T>(n) allocates (the estimator counts
 // those), without the vector's zero fill, which prepare_x overwrites anyway
-// (the fill was ~5% of a Q8_0 prefill in perf: megabytes per matmul, every
-// page touched twice).
+// (megabytes per matmul; the fill was 2% of a Q8_0 prefill in perf. The page
+// faults of the fresh allocation remain, taken by the quantiser's first
+// write instead).
 template <typename T>
 class Uninit {
  public:
@@ -834,10 +812,10 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
 #endif
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
       constexpr int R = kFloatTileRows, T = kFloatTileToks;
-      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
+      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
         const float* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
-        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, y + t * n_rows + r, n_rows);
+        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
       }, dot);
       return;
     }
@@ -849,10 +827,10 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       };
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
       constexpr int R = kFloatTileRows, T = kFloatTileToks;
-      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
+      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
         const uint16_t* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const uint16_t*>(row(r + i));
-        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, y + t * n_rows + r, n_rows);
+        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
       }, dot);
       return;
     }
@@ -867,19 +845,15 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
 #if defined(SPW_GEMM_Q8_0_VNNI512)
       constexpr int R = kQ8TileRows, TP = kQ8TilePairs;
       const int64_t pair_stride = px.nb * 64;
-      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
+      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
         const BlockQ8_0* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(row(r + i));
-        float out[R * 2 * TP];
         tile_q8_0<R, TP>(wr, px.xu.data() + (t / 2) * pair_stride, px.xs.data() + (t / 2) * pair_stride / 4,
                          pair_stride, px.nb, out);
-        store_tile<R, 2 * TP>(out, r, t, n_rows, y);
       }, dot);
 #else
-      gemm_block<kQuantTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
-        float out[kQuantTileRows * kTokGroup];
-        for (int i = 0; i < kQuantTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
-        store_tile<kQuantTileRows, kTokGroup>(out, r, t, n_rows, y);
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+        for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
       }, dot);
 #endif
       return;
@@ -894,10 +868,8 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       // Low-bit types: GEMM blocks (cache locality, both dimensions split)
       // around the multi-token kernel.
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-      gemm_block<kQuantTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t) {
-        float out[kQuantTileRows * kTokGroup];
-        for (int i = 0; i < kQuantTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
-        store_tile<kQuantTileRows, kTokGroup>(out, r, t, n_rows, y);
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+        for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
       }, dot);
     }
   }
