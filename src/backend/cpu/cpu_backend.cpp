@@ -9,23 +9,6 @@
 
 namespace spw {
 
-namespace {
-// Runs fn(r0, r1) over the rows [0, n) of a row-wise operation (norms,
-// RoPE, element-wise ops): on the pool for a prompt-sized batch, where these
-// otherwise run on one thread while the other waits (a tenth of a 2-thread
-// prefill), inline for a decode step (waking the pool would cost more).
-// Each row's values depend on that row only, so the split never changes a
-// result. The std::function gets one captured pointer (kept inline, no heap
-// closure).
-template <typename Fn>
-void for_rows(ThreadPool* pool, int64_t n, const Fn& fn) {
-  constexpr int64_t kMinParallelRows = 8;
-  if (pool == nullptr || pool->n_threads() == 1 || n < kMinParallelRows) return fn(0, n);
-  const Fn* f = &fn;
-  pool->parallel_for(n, [f](int64_t r0, int64_t r1) { (*f)(r0, r1); });
-}
-}  // namespace
-
 CpuBackend::CpuBackend(int n_threads) : pool_(std::make_unique<ThreadPool>(n_threads)) {}
 CpuBackend::~CpuBackend() = default;
 
@@ -101,10 +84,8 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
 
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const LlamaLayerWeights& L = model.layer(il);
-    for_rows(pool_.get(), n, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        cpu::rms_norm(hidden + t * n_embd, L.attn_norm.data(), n_embd, hp.rms_eps, cur.data() + t * n_embd);
-    });
+    for (int64_t t = 0; t < n; ++t)
+      cpu::rms_norm(hidden + t * n_embd, L.attn_norm.data(), n_embd, hp.rms_eps, cur.data() + t * n_embd);
     // One pass over the weights for every row of every sequence.
     const cpu::MatmulOut qkv[3] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
     cpu::matmul_fused(qkv, 3, cur.data(), n, pool_.get());
@@ -120,22 +101,19 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
         cpu::rms_norm(k.data() + h * hd, L.k_norm.data(), hd, hp.rms_eps, k.data() + h * hd);
     }
     const bool neox = hp.rope_style == RopeStyle::kNeox;
-    // Each row writes its own KV slot.
-    for_rows(pool_.get(), n, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const Row& r = rows[static_cast<size_t>(t)];
-        KvPool* kvp = r.seq->kv.pool;
-        const int32_t lp = il - kvp->options().layer_begin;
-        const int32_t bt = kvp->block_tokens();
-        cpu::rope_apply(q.data() + t * n_q, n_head, hd, hp.n_rot, rc.data() + t * half, rs.data() + t * half, neox);
-        cpu::rope_apply(k.data() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, rc.data() + t * half,
-                        rs.data() + t * half, neox);
-        const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
-        const int32_t slot = r.pos % bt;
-        std::copy_n(k.data() + t * n_kv, n_kv, kvp->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
-        std::copy_n(v.data() + t * n_kv, n_kv, kvp->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
-      }
-    });
+    for (int64_t t = 0; t < n; ++t) {
+      const Row& r = rows[static_cast<size_t>(t)];
+      KvPool* kvp = r.seq->kv.pool;
+      const int32_t lp = il - kvp->options().layer_begin;
+      const int32_t bt = kvp->block_tokens();
+      cpu::rope_apply(q.data() + t * n_q, n_head, hd, hp.n_rot, rc.data() + t * half, rs.data() + t * half, neox);
+      cpu::rope_apply(k.data() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, rc.data() + t * half,
+                      rs.data() + t * half, neox);
+      const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
+      const int32_t slot = r.pos % bt;
+      std::copy_n(k.data() + t * n_kv, n_kv, kvp->k(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+      std::copy_n(v.data() + t * n_kv, n_kv, kvp->v(blk, lp) + static_cast<int64_t>(slot) * n_kv);
+    }
     // Attention: one work item per (row, head); each reads its sequence's
     // K/V through its block table in position order, so the sums depend
     // neither on the batch nor on the other sequences in it.
@@ -218,22 +196,15 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
       attend(0, n * chunks);
     }
     cpu::matmul(L.wo, att.data(), n, cur.data(), pool_.get());
-    // The residual add and the FFN norm, row by row in one region.
-    for_rows(pool_.get(), n, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        cpu::add(hidden + t * n_embd, cur.data() + t * n_embd, n_embd);
-        cpu::rms_norm(hidden + t * n_embd, L.ffn_norm.data(), n_embd, hp.rms_eps, cur.data() + t * n_embd);
-      }
-    });
+    cpu::add(hidden, cur.data(), n * n_embd);
+
+    for (int64_t t = 0; t < n; ++t)
+      cpu::rms_norm(hidden + t * n_embd, L.ffn_norm.data(), n_embd, hp.rms_eps, cur.data() + t * n_embd);
     const cpu::MatmulOut gate_up[2] = {{&L.w_gate, gate.data()}, {&L.w_up, up.data()}};
     cpu::matmul_fused(gate_up, 2, cur.data(), n, pool_.get());
-    for_rows(pool_.get(), n, [&](int64_t t0, int64_t t1) {
-      cpu::swiglu(gate.data() + t0 * n_ff, up.data() + t0 * n_ff, gate.data() + t0 * n_ff, (t1 - t0) * n_ff);
-    });
+    cpu::swiglu(gate.data(), up.data(), gate.data(), n * n_ff);
     cpu::matmul(L.w_down, gate.data(), n, cur.data(), pool_.get());
-    for_rows(pool_.get(), n, [&](int64_t t0, int64_t t1) {
-      cpu::add(hidden + t0 * n_embd, cur.data() + t0 * n_embd, (t1 - t0) * n_embd);
-    });
+    cpu::add(hidden, cur.data(), n * n_embd);
   }
   return Status();
 }

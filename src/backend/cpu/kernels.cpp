@@ -683,8 +683,7 @@ struct PreparedX {
 
 // Quantises tokens [t0, t1) into px's buffers (sized by prepare_x); with
 // q8_pairs, also the token pairs whose both tokens are in the range (t0 is
-// even). Each token's blocks depend on its row only, so any split gives the
-// same bytes.
+// even).
 void prepare_tokens(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_cols, int64_t t0,
                     int64_t t1, PreparedX& px) {
   const int64_t nb = px.nb;
@@ -734,12 +733,8 @@ void prepare_tokens(ActFormat format, bool low_bit, bool q8_pairs, const float* 
     }
 }
 
-// Below this many activation values a prompt's quantisation stays on the
-// calling thread (waking the pool costs a few microseconds).
-constexpr int64_t kMinParallelPrep = 1 << 15;
-
 void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_tokens, int64_t n_cols,
-               PreparedX& px, ThreadPool* pool) {
+               PreparedX& px) {
   px.rows.resize(static_cast<size_t>(n_tokens));
   for (int64_t t = 0; t < n_tokens; ++t) px.rows[static_cast<size_t>(t)] = x + t * n_cols;
   if (format == ActFormat::kFloat) return;
@@ -770,19 +765,11 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
     default:
       return;
   }
-  // Work items are token pairs (a pair's copy needs both its tokens).
-  const int64_t n_pairs = (n_tokens + 1) / 2;
-  auto run = [&](int64_t p0, int64_t p1) {
-    prepare_tokens(format, low_bit, q8_pairs, x, n_cols, 2 * p0, std::min(n_tokens, 2 * p1), px);
-  };
-  if (pool != nullptr && pool->n_threads() > 1 && n_pairs > 1 && n_tokens * n_cols >= kMinParallelPrep) {
-    // One pointer captured: the std::function keeps it inline (no heap
-    // closure beyond the estimator's task-closure term).
-    const auto* fn = &run;
-    pool->parallel_for(n_pairs, [fn](int64_t a, int64_t b) { (*fn)(a, b); });
-  } else {
-    run(0, n_pairs);
-  }
+  // On the calling thread: splitting this ~1% of a Q8_0 prefill over the
+  // pool added a parallel region per matmul, and on this shared 2-core
+  // machine a region whose worker is descheduled waits a time slice
+  // (measured: 2-thread prefill up to 2x slower under load).
+  prepare_tokens(format, low_bit, q8_pairs, x, n_cols, 0, n_tokens, px);
 }
 
 // Rows r0..r1 x tokens t0..t1 of w: register tiles when `gemm`, else the
@@ -905,7 +892,7 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
   const bool q8_pairs = false;
 #endif
   PreparedX px;
-  prepare_x(format, low_bit, q8_pairs, x, n_tokens, w0.n_cols, px, pool);
+  prepare_x(format, low_bit, q8_pairs, x, n_tokens, w0.n_cols, px);
   // Work units concatenated over the matrices: per-row path, kRowTile rows
   // each (chunk boundaries never split a tile); GEMM path, one block of
   // kGemmRowBlock rows x kGemmTokBlock tokens each (token blocks inner, so a

@@ -286,10 +286,8 @@ TEST(Kernels, OneTokenMatmulEqualsRowDots) {
 // A matrix large enough that the GEMM runs in parallel (above the work
 // threshold, several row and token blocks per thread), for the types with
 // their own register tiles and one type per other activation format (Q4_0:
-// Q8_0 rows read by a low-bit kernel, Q4_1: Q8_1, Q4_K: Q8_K), whose
-// quantisation is also split over the threads here (above
-// kMinParallelPrep): 1, 2 and 3 threads give the same bits as 1 token at a
-// time.
+// Q8_0 rows read by a low-bit kernel, Q4_1: Q8_1, Q4_K: Q8_K): 1, 2 and 3
+// threads give the same bits as 1 token at a time.
 TEST(Kernels, GemmParallelBlocksBitwise) {
   std::mt19937 g(16);
   for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_0,
