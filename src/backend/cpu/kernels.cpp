@@ -681,58 +681,6 @@ struct PreparedX {
   int64_t nb = 0;
 };
 
-// Quantises tokens [t0, t1) into px's buffers (sized by prepare_x); with
-// q8_pairs, also the token pairs whose both tokens are in the range (t0 is
-// even).
-void prepare_tokens(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_cols, int64_t t0,
-                    int64_t t1, PreparedX& px) {
-  const int64_t nb = px.nb;
-  for (int64_t t = t0; t < t1; ++t) {
-    const auto ti = static_cast<size_t>(t);
-    switch (format) {
-      case ActFormat::kQ8_0: {
-        BlockQ8_0* qt = px.q.data() + t * nb;
-        float* dt = px.d.data() + t * nb;
-        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, nullptr);
-        px.qrows[ti] = qt;
-        px.drows[ti] = dt;
-        if (low_bit) px.arows[ti] = {qt, dt, nullptr};
-        break;
-      }
-      case ActFormat::kQ8_1: {
-        gguf::BlockQ8_1* qt = px.q1.data() + t * nb;
-        float* dt = px.d.data() + t * nb;
-        float* st = px.s.data() + t * nb;
-        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, st);
-        px.arows[ti] = {qt, dt, st};
-        break;
-      }
-      case ActFormat::kQ8_K: {
-        gguf::BlockQ8_K* qt = px.qk.data() + t * nb;
-        quantize_act_row(format, x + t * n_cols, n_cols, qt, nullptr, nullptr);
-        px.arows[ti] = {qt, nullptr, nullptr};
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  if (!q8_pairs) return;
-  for (int64_t p = t0 / 2; p < t1 / 2; ++p)
-    for (int64_t b = 0; b < nb; ++b) {
-      float* ds = px.xs.data() + (p * nb + b) * 16;
-      std::fill(ds, ds + 8, px.d[static_cast<size_t>(2 * p * nb + b)]);
-      std::fill(ds + 8, ds + 16, px.d[static_cast<size_t>((2 * p + 1) * nb + b)]);
-      uint8_t* dst = px.xu.data() + (p * nb + b) * 64;
-      const int8_t* q0 = px.q[static_cast<size_t>(2 * p * nb + b)].qs;
-      const int8_t* q1 = px.q[static_cast<size_t>((2 * p + 1) * nb + b)].qs;
-      for (int j = 0; j < 32; ++j) {
-        dst[j] = static_cast<uint8_t>(q0[j] ^ static_cast<int8_t>(0x80));
-        dst[32 + j] = static_cast<uint8_t>(q1[j] ^ static_cast<int8_t>(0x80));
-      }
-    }
-}
-
 void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_tokens, int64_t n_cols,
                PreparedX& px) {
   px.rows.resize(static_cast<size_t>(n_tokens));
@@ -749,27 +697,55 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
       px.d.resize(total);
       px.qrows.resize(static_cast<size_t>(n_tokens));
       px.drows.resize(static_cast<size_t>(n_tokens));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        BlockQ8_0* qt = px.q.data() + t * nb;
+        float* dt = px.d.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, nullptr);
+        px.qrows[static_cast<size_t>(t)] = qt;
+        px.drows[static_cast<size_t>(t)] = dt;
+        if (low_bit) px.arows[static_cast<size_t>(t)] = {qt, dt, nullptr};
+      }
       if (q8_pairs) {
         px.xu.resize(static_cast<size_t>(n_tokens / 2 * nb * 64));
         px.xs.resize(static_cast<size_t>(n_tokens / 2 * nb * 16));
+        for (int64_t p = 0; p < n_tokens / 2; ++p)
+          for (int64_t b = 0; b < nb; ++b) {
+            float* ds = px.xs.data() + (p * nb + b) * 16;
+            std::fill(ds, ds + 8, px.d[static_cast<size_t>(2 * p * nb + b)]);
+            std::fill(ds + 8, ds + 16, px.d[static_cast<size_t>((2 * p + 1) * nb + b)]);
+            uint8_t* dst = px.xu.data() + (p * nb + b) * 64;
+            const int8_t* q0 = px.q[static_cast<size_t>(2 * p * nb + b)].qs;
+            const int8_t* q1 = px.q[static_cast<size_t>((2 * p + 1) * nb + b)].qs;
+            for (int j = 0; j < 32; ++j) {
+              dst[j] = static_cast<uint8_t>(q0[j] ^ static_cast<int8_t>(0x80));
+              dst[32 + j] = static_cast<uint8_t>(q1[j] ^ static_cast<int8_t>(0x80));
+            }
+          }
       }
       break;
     case ActFormat::kQ8_1:
       px.q1.resize(total);
       px.d.resize(total);
       px.s.resize(total);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        gguf::BlockQ8_1* qt = px.q1.data() + t * nb;
+        float* dt = px.d.data() + t * nb;
+        float* st = px.s.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, dt, st);
+        px.arows[static_cast<size_t>(t)] = {qt, dt, st};
+      }
       break;
     case ActFormat::kQ8_K:
       px.qk.resize(total);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        gguf::BlockQ8_K* qt = px.qk.data() + t * nb;
+        quantize_act_row(format, x + t * n_cols, n_cols, qt, nullptr, nullptr);
+        px.arows[static_cast<size_t>(t)] = {qt, nullptr, nullptr};
+      }
       break;
     default:
-      return;
+      break;
   }
-  // On the calling thread: splitting this ~1% of a Q8_0 prefill over the
-  // pool added a parallel region per matmul, and on this shared 2-core
-  // machine a region whose worker is descheduled waits a time slice
-  // (measured: 2-thread prefill up to 2x slower under load).
-  prepare_tokens(format, low_bit, q8_pairs, x, n_cols, 0, n_tokens, px);
 }
 
 // Rows r0..r1 x tokens t0..t1 of w: register tiles when `gemm`, else the
