@@ -30,9 +30,9 @@ struct Fixture {
 };
 
 const Fixture& fixture(GgmlType type, int64_t rows = kRows, int64_t cols = kCols) {
-  static std::unique_ptr<Fixture> cache[2][31];  // by shape, ggml type id
+  static std::unique_ptr<Fixture> cache[3][31];  // by shape (4096 square, taller, wider), ggml type id
   const auto slot = static_cast<size_t>(type);
-  auto& cached = cache[rows == kRows ? 0 : 1][slot];
+  auto& cached = cache[rows == kRows && cols == kCols ? 0 : (rows > cols ? 1 : 2)][slot];
   if (!cached) {
     auto f = std::make_unique<Fixture>();
     std::mt19937 rng(1);
@@ -97,11 +97,35 @@ void BM_Gemm(benchmark::State& state, GgmlType type) {
       benchmark::Counter(static_cast<double>(state.iterations() * n_tokens), benchmark::Counter::kIsRate);
 }
 
+// The FFN down projection (768 x 2048): its activation rows are 8 KiB, so a
+// tile's token rows no longer fit in L1 as the 2048 x 768 shape's do.
+void BM_GemmDown(benchmark::State& state, GgmlType type) {
+  const int64_t n_tokens = state.range(0);
+  const int n_threads = static_cast<int>(state.range(1));
+  const Fixture& f = fixture(type, kFfnCols, kFfnRows);
+  spw::ThreadPool pool(n_threads);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tokens * kFfnRows));
+  for (float& v : x) v = dist(rng);
+  std::vector<float> y(static_cast<size_t>(n_tokens * kFfnCols));
+  for (auto _ : state) {
+    spw::cpu::matmul(f.w, x.data(), n_tokens, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 2.0 * kFfnRows * kFfnCols * static_cast<double>(n_tokens) / 1e9,
+      benchmark::Counter::kIsRate);
+}
+
 BENCHMARK_CAPTURE(BM_Gemm, f32, GgmlType::kF32)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gemm, f16, GgmlType::kF16)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gemm, q8_0, GgmlType::kQ8_0)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gemm, q4_k, GgmlType::kQ4_K)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gemm, q6_k, GgmlType::kQ6_K)->ArgsProduct({{256}, {1, 2}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmDown, f32, GgmlType::kF32)->ArgsProduct({{256}, {1}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmDown, f16, GgmlType::kF16)->ArgsProduct({{256}, {1}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmDown, q8_0, GgmlType::kQ8_0)->ArgsProduct({{256}, {1}})->UseRealTime();
 
 BENCHMARK_CAPTURE(BM_Matmul, f32, GgmlType::kF32)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_Matmul, f16, GgmlType::kF16)->ArgsProduct({{1, 64}, {1, 2}})->UseRealTime();

@@ -250,13 +250,48 @@ TEST(Kernels, GemmBitwiseEqualsPerToken) {
   }
 }
 
+// A one-token matmul (decode's matvec; F32 runs four rows at a time with
+// AVX-512) gives each row's dot_f32 / dot_f16 bitwise, which is what the
+// GEMM's tiles replay: row counts around the group of four, columns with
+// 16-wide and scalar tails, 1 and 2 threads (the work is above the parallel
+// threshold for the larger shapes).
+TEST(Kernels, OneTokenMatmulEqualsRowDots) {
+  std::mt19937 g(18);
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16}) {
+    for (int64_t rows : {1, 3, 4, 5, 9, 38, 517}) {
+      for (int64_t cols : {16, 53, 96, 131, 768}) {
+        std::vector<double> wref;
+        OwnedMatrix m = make_matrix(type, rows, cols, randv(g, static_cast<size_t>(rows * cols)), wref);
+        auto x = randv(g, static_cast<size_t>(cols), 2.0f);
+        std::vector<float> ref(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* row = m.w.data + static_cast<size_t>(r) * m.w.row_bytes;
+          ref[static_cast<size_t>(r)] = type == gguf::GgmlType::kF32
+                                            ? dot_f32(reinterpret_cast<const float*>(row), x.data(), cols)
+                                            : dot_f16(reinterpret_cast<const uint16_t*>(row), x.data(), cols);
+        }
+        for (int threads : {1, 2}) {
+          ThreadPool pool(threads);
+          std::vector<float> y(ref.size(), -7.0f);
+          matmul(m.w, x.data(), 1, y.data(), &pool);
+          ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 4))
+              << gguf::ggml_type_name(static_cast<uint32_t>(type)) << " " << rows << "x" << cols << " threads "
+              << threads;
+        }
+      }
+    }
+  }
+}
+
 // A matrix large enough that the GEMM runs in parallel (above the work
 // threshold, several row and token blocks per thread), for the types with
-// their own register tiles: 1, 2 and 3 threads give the same bits as 1 token
-// at a time.
+// their own register tiles and one type per other activation format (Q4_0:
+// Q8_0 rows read by a low-bit kernel, Q4_1: Q8_1, Q4_K: Q8_K): 1, 2 and 3
+// threads give the same bits as 1 token at a time.
 TEST(Kernels, GemmParallelBlocksBitwise) {
   std::mt19937 g(16);
-  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_K}) {
+  for (auto type : {gguf::GgmlType::kF32, gguf::GgmlType::kF16, gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_0,
+                    gguf::GgmlType::kQ4_1, gguf::GgmlType::kQ4_K}) {
     const int64_t rows = 197, cols = 256, tokens = 131;
     OwnedMatrix m = make_any(type, rows, cols, g);
     auto x = randv(g, static_cast<size_t>(tokens * cols));
