@@ -11,6 +11,10 @@ over all rows.
 
 Usage: bench/run_long_context.py [--build build/release] [--preset 15m]
        [--type f32] [--depths 512,2048,8192] [--threads 1,2] [--decode 16]
+       [--kv-types f16] [--baseline OTHER_BUILD]
+--kv-types runs each row once per KV cache type (`generate --kv-type`);
+--baseline adds a second build's spillway (e.g. before a change; it runs
+with its own default KV type and no --kv-type flag) to the interleaving.
 The model is generated on first use into BUILD/bench-models with a context
 long enough for the deepest prompt (random weights, real 32000-token Llama
 vocabulary). Prints a Markdown table for docs/PERFORMANCE.md.
@@ -51,9 +55,11 @@ def prompt_file(build, depth):
     return path
 
 
-def run(build, model, prompt, threads, ctx, n_decode):
+def run(build, model, prompt, threads, ctx, n_decode, kv_type=None):
     cmd = [os.path.join(build, "spillway"), "generate", "--model", model, "--file", prompt, "-n", str(n_decode),
            "--temp", "0", "--threads", str(threads), "--ctx", str(ctx), "--json"]
+    if kv_type:
+        cmd += ["--kv-type", kv_type]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -66,32 +72,41 @@ def main():
     ap.add_argument("--depths", default="512,2048,8192")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--kv-types", default="f16")
+    ap.add_argument("--baseline", default=None)
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     ctx = max(depths) + max(256, args.decode * 2)
     model = ensure_model(args.build, args.preset, args.type, ctx)
     prompts = {d: prompt_file(args.build, d) for d in depths}
+    # (label, build, kv type flag) per program; every row runs each of them
+    # back to back so drift on a shared machine hits all alike.
+    programs = [(f"kv {kv}", args.build, kv) for kv in args.kv_types.split(",")]
+    if args.baseline:
+        programs.append(("baseline", args.baseline, None))
     rows = []
     for d in depths:
         for t in threads:
-            r = run(args.build, model, prompts[d], t, ctx, args.decode)
-            tm = r["timings"]
-            rows.append((len(r["prompt_tokens"]), t, tm["prefill_tokens_per_s"], tm["decode_tokens_per_s"],
-                         tm["peak_rss_bytes"] / 2**20))
-            print(f"depth {rows[-1][0]} threads {t}: prefill {rows[-1][2]:.1f} tok/s, decode {rows[-1][3]:.1f} tok/s, "
-                  f"peak RSS {rows[-1][4]:.0f} MiB", file=sys.stderr)
-    print(f"Long context, {args.preset} {args.type.upper()}, {datetime.date.today()}, {cpu_name()}, "
+            for label, build, kv in programs:
+                r = run(build, model, prompts[d], t, ctx, args.decode, kv)
+                tm = r["timings"]
+                rows.append((label, len(r["prompt_tokens"]), t, tm["prefill_tokens_per_s"],
+                             tm["decode_tokens_per_s"], tm["peak_rss_bytes"] / 2**20))
+                print(f"{label} depth {rows[-1][1]} threads {t}: prefill {rows[-1][3]:.1f} tok/s, "
+                      f"decode {rows[-1][4]:.1f} tok/s, peak RSS {rows[-1][5]:.0f} MiB", file=sys.stderr)
+    print(f"Long context, {args.preset} {args.type.upper()} weights, {datetime.date.today()}, {cpu_name()}, "
           f"{os.cpu_count()} cores; decode = {args.decode} tokens after the prompt.\n")
-    print("| prompt tokens | threads | prefill tok/s | decode tok/s at that depth | peak RSS MiB |")
-    print("|---:|---:|---:|---:|---:|")
-    for n, t, p, dec, rss in rows:
-        print(f"| {n} | {t} | {p:.1f} | {dec:.1f} | {rss:.0f} |")
-    base = {t: (p, dec) for n, t, p, dec, _ in rows if n == rows[0][0]}
-    print("\nRelative to the shallowest prompt (same threads): "
-          + "; ".join(f"{n} tok x{t}: prefill {p / base[t][0]:.2f}x, decode {dec / base[t][1]:.2f}x"
-                      for n, t, p, dec, _ in rows if n != rows[0][0]))
-
+    print("| program | prompt tokens | threads | prefill tok/s | decode tok/s at that depth | peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, n, t, p, dec, rss in rows:
+        print(f"| {label} | {n} | {t} | {p:.1f} | {dec:.1f} | {rss:.0f} |")
+    first = rows[0][1]
+    base = {(label, t): (p, dec) for label, n, t, p, dec, _ in rows if n == first}
+    print("\nRelative to the shallowest prompt (same program and threads): "
+          + "; ".join(f"{label} {n} tok x{t}: prefill {p / base[(label, t)][0]:.2f}x, "
+                      f"decode {dec / base[(label, t)][1]:.2f}x"
+                      for label, n, t, p, dec, _ in rows if n != first))
 
 if __name__ == "__main__":
     main()

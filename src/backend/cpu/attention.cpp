@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -108,6 +109,20 @@ QueryTile query_tile(std::span<const SeqSlice> slices, int64_t ti) {
     row0 += sl.n_tokens;
   }
   return {};
+}
+
+// n IEEE halves at src as floats (exact, whichever path converts them).
+inline void halves_to_f32(const uint8_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
+#endif
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = fp16_to_fp32(h);
+  }
 }
 
 // Asks the cache for the lines of n bytes at p (a hint; no effect on results).
@@ -232,7 +247,21 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
           prefetch_bytes(kvp->slice_bytes(false, blk, lp, p % bt, static_cast<int32_t>(off)), slice_size);
           prefetch_bytes(kvp->slice_bytes(true, blk, lp, p % bt, static_cast<int32_t>(off)), slice_size);
         }
-        if (kvp->type() != KvType::kF32) {
+        if (kvp->type() == KvType::kF16) {
+          // Inline: at short contexts a decode step's per-position calls
+          // through the pool's generic conversion cost ~10% of the step.
+          const size_t row = kvp->row_bytes();
+          for (int32_t p = p0; p < pe; ++p) {
+            const int32_t blk = blocks[static_cast<size_t>(p / bt)];
+            const size_t at = static_cast<size_t>(p % bt) * row + static_cast<size_t>(off) * 2;
+            float* kd = k_f32 + static_cast<int64_t>(p - p0) * hd;
+            float* vd = v_f32 + static_cast<int64_t>(p - p0) * hd;
+            halves_to_f32(kvp->k_bytes(blk, lp) + at, kd, hd);
+            halves_to_f32(kvp->v_bytes(blk, lp) + at, vd, hd);
+            kp[p - p0] = kd;
+            vp[p - p0] = vd;
+          }
+        } else if (kvp->type() != KvType::kF32) {
           for (int32_t p = p0; p < pe; ++p) {
             const int32_t blk = blocks[static_cast<size_t>(p / bt)];
             float* kd = k_f32 + static_cast<int64_t>(p - p0) * hd;
