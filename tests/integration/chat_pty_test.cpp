@@ -113,12 +113,15 @@ class Terminal {
 
 std::string slow_model() {
   static const std::string path = [] {
+    // ~14M parameters: slow enough per token that the two long requests
+    // below hold the one worker for seconds even on this session's faster
+    // CPU path (with 5M, the queue drained before ^C in a loaded full run).
     modelgen::RandomLlamaSpec s;
-    s.n_embd = 256;
-    s.n_layer = 6;
+    s.n_embd = 384;
+    s.n_layer = 8;
     s.n_head = 8;
     s.n_head_kv = 8;
-    s.n_ff = 768;
+    s.n_ff = 1024;
     s.n_ctx = 2048;
     s.vocab_path = testing::kStoriesModel;
     const std::string p =
