@@ -18,21 +18,10 @@ namespace {
 using testing::make_pool;
 using testing::make_session;
 
-std::vector<TokenId> some_tokens(int n, int n_vocab, int salt = 0) {
-  std::vector<TokenId> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + 11 + salt * 101) % n_vocab;
-  t[0] = 1;  // BOS
-  return t;
-}
-
 std::vector<float> all_logits(Session& s, std::span<const TokenId> toks) {
   auto r = s.eval_all_logits(toks);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return r.ok() ? *r : std::vector<float>{};
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // sum (a - ref)^2 / sum ref^2.
@@ -91,7 +80,7 @@ TEST(KvType, LogitsCloseToF32KvAndGreedyTokensEqual) {
                         {"generated q8_0 hd32", gen, KvType::kF16, 4e-4},
                         {"generated q8_0 hd32", gen, KvType::kQ8_0, 8e-4}};
   for (const Case& c : cases) {
-    const auto toks = some_tokens(60, c.model->hparams().n_vocab);
+    const auto toks = testing::batch_tokens(60, c.model->hparams().n_vocab, 0);
     auto ref = all_logits(*make_session(c.model, cpu, make_pool(*c.model, 16, 8)), toks);
     auto got = all_logits(*make_session(c.model, cpu, make_pool(*c.model, 16, 8, c.type)), toks);
     ASSERT_EQ(got.size(), ref.size());
@@ -117,7 +106,7 @@ TEST(KvType, BatchBlockAndThreadInvariance) {
   spec.n_ff = 512;
   auto m = testing::random_model(spec);
   ASSERT_NE(m, nullptr);
-  const auto toks = some_tokens(45, m->hparams().n_vocab);
+  const auto toks = testing::batch_tokens(45, m->hparams().n_vocab, 0);
   const size_t V = static_cast<size_t>(m->hparams().n_vocab);
   for (KvType t : {KvType::kF16, KvType::kQ8_0}) {
     SCOPED_TRACE(std::string(kv_type_name(t)));
@@ -125,14 +114,14 @@ TEST(KvType, BatchBlockAndThreadInvariance) {
     auto ref = all_logits(*make_session(m, cpu, make_pool(*m, 512, 1, t)), toks);
     ASSERT_EQ(ref.size(), toks.size() * V);
     for (int bt : {1, 5, 16}) {
-      EXPECT_TRUE(bitwise_equal(all_logits(*make_session(m, cpu, make_pool(*m, bt, 64, t)), toks), ref))
+      EXPECT_TRUE(testing::same_floats(all_logits(*make_session(m, cpu, make_pool(*m, bt, 64, t)), toks), ref))
           << "block_tokens " << bt;
     }
     SessionOptions so;
     so.n_ubatch = 7;
-    EXPECT_TRUE(bitwise_equal(all_logits(*make_session(m, cpu, make_pool(*m, 16, 4, t), so), toks), ref));
+    EXPECT_TRUE(testing::same_floats(all_logits(*make_session(m, cpu, make_pool(*m, 16, 4, t), so), toks), ref));
     auto two = all_logits(*make_session(m, std::make_shared<CpuBackend>(2), make_pool(*m, 16, 4, t)), toks);
-    EXPECT_TRUE(bitwise_equal(two, ref)) << "2 threads";
+    EXPECT_TRUE(testing::same_floats(two, ref)) << "2 threads";
     auto one = make_session(m, cpu, make_pool(*m, 3, 16, t));
     for (size_t i = 0; i < toks.size(); ++i) {
       auto r = one->eval(std::span<const TokenId>(&toks[i], 1));

@@ -7,18 +7,8 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-// GCC 12's AVX-512 intrinsics use _mm512_undefined_* internally and trip
-// -Wmaybe-uninitialized where they are inlined (as in kernels.cpp).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd.h"
 
 namespace spw::cpu {
 

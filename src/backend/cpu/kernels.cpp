@@ -1,6 +1,7 @@
 #include "backend/cpu/kernels.h"
 
 #include "backend/cpu/quant_dot.h"
+#include "backend/cpu/simd.h"
 #include "gguf/fp16.h"
 #include "gguf/quant.h"
 #include "gguf/quant_blocks.h"
@@ -11,18 +12,6 @@
 #include <cstring>
 #include <memory>
 #include <vector>
-
-#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
-
-// GCC 12's AVX-512 intrinsics (_mm512_cvtph_ps, _mm512_reduce_add_ps) use
-// _mm512_undefined_* internally and trip -W(maybe-)uninitialized at every
-// inlined call site; the values are fully defined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace spw::cpu {
 
