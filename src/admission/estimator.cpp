@@ -570,12 +570,12 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
     // Per attention worker: one scratch allocation (attention.h), whatever
-    // the context, plus two tiles of this head's K and V slices converted to
-    // F32 for a pool that is not F32. The pool runs the pass when it has more
+    // the context, plus two tiles of this head's K and V slices dequantised
+    // to F32 for a Q8_0 pool (F32 and F16 rows are read in place). The pool runs the pass when it has more
     // than one item (ceil(m / kAttnQueryTile) tiles x heads) and work >= 2^15
     // (worst ubatch: the last one of the context).
     t.attention_row = (kAttnQueryTile * (kAttnKvTile + hd + 2) +
-                       (plan.kv_type == KvType::kF32 ? 0 : 2 * kAttnKvTile * hd)) * kF32;
+                       (plan.kv_type == KvType::kQ8_0 ? 2 * kAttnKvTile * hd : 0)) * kF32;
     const uint64_t items = (m + kAttnQueryTile - 1) / kAttnQueryTile * nh;
     const bool parallel = T > 1 && items > 1 && m * nh * c * hd >= (1u << 15);
     t.attention_workers = parallel ? T : 1;

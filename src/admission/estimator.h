@@ -214,8 +214,8 @@ struct ScratchTerms {
   // Attention (backend/cpu/attention.h): one scratch per concurrent worker,
   // 32 * (32 + head_dim + 2) floats whatever the context (a tile of 32 query
   // rows' scores over 32 positions, their outputs, running maxima and sums),
-  // plus 2 * 32 * head_dim floats (a K and a V tile converted to F32) for a
-  // pool that is not F32. The backend runs attention on its thread pool only
+  // plus 2 * 32 * head_dim floats (a K and a V tile dequantised to F32) for a
+  // Q8_0 pool (F32 and F16 rows are read in place). The backend runs attention on its thread pool only
   // when m*n_head*c*head_dim >= 2^15 and the pass has more than one (32-row
   // tile, head) item; otherwise inline on one thread.
   uint64_t attention_row = 0;      // bytes of one worker's scratch

@@ -613,10 +613,19 @@ TEST(Estimator, F16KvHalvesKvAndTotalsAddUp) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->host().kv_storage, 2 * b->host().kv_storage);
   EXPECT_EQ(a->kv_bytes_per_token, 2 * b->kv_bytes_per_token);
-  // The attention's conversion tile (16 rows of n_embd_kv floats) is the only
-  // scratch an F16 KV adds.
-  EXPECT_EQ(b->host().terms.attention_row,
-            a->host().terms.attention_row + 16u * static_cast<uint64_t>(m->hparams().n_embd_kv()) * 4u);
+  // The attention reads F16 rows in place: no scratch of its own. A Q8_0
+  // KV's slices are dequantised into two tiles of 32 rows of head_dim floats.
+  EXPECT_EQ(b->host().terms.attention_row, a->host().terms.attention_row);
+  // (stories260K's head_dim 8 holds no Q8_0 block: a model whose does.)
+  auto wide = generated(spec(gguf::GgmlType::kQ8_0, 256, 512, 8, 4, 2));
+  ASSERT_NE(wide, nullptr);
+  Plan q8 = cpu_plan(256, 32, 2);
+  auto wf = estimate(wide->file(), q8);
+  q8.kv_type = KvType::kQ8_0;
+  auto wq = estimate(wide->file(), q8);
+  ASSERT_TRUE(wf.ok() && wq.ok()) << wq.status().to_string();
+  EXPECT_EQ(wq->host().terms.attention_row,
+            wf->host().terms.attention_row + 2u * 32u * static_cast<uint64_t>(wide->hparams().head_dim()) * 4u);
   const DeviceEstimate& h = a->host();
   EXPECT_EQ(h.bytes(), h.weights.bytes + h.kv.bytes + h.scratch.bytes + h.logits.bytes + h.overhead.bytes);
   EXPECT_EQ(a->total(), h.total());

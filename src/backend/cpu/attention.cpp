@@ -101,20 +101,6 @@ QueryTile query_tile(std::span<const SeqSlice> slices, int64_t ti) {
   return {};
 }
 
-// n IEEE halves at src as floats (exact, whichever path converts them).
-inline void halves_to_f32(const uint8_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
-#endif
-  for (; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);
-    dst[i] = fp16_to_fp32(h);
-  }
-}
-
 // Asks the cache for the lines of n bytes at p (a hint; no effect on results).
 inline void prefetch_bytes(const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n; i += 64) __builtin_prefetch(p + i, 0, 3);
@@ -182,6 +168,84 @@ float tile_softmax(float* s, int32_t len, float kq_scale, float* run_max, float*
   return c;
 }
 
+// What a work item's tile step reads and writes: the pass's queries, the
+// item's scratch (scores, outputs, running maxima and sums of its rows).
+struct TileScratch {
+  const float* q;
+  int64_t n_q;
+  int64_t hd;
+  float kq_scale;
+  float* scores;   // [kQueryTile][kKvTile]
+  float* acc;      // [kQueryTile][hd]
+  float* run_max;  // [kQueryTile]
+  float* run_sum;  // [kQueryTile]
+};
+
+inline float dot_one(const float* k, const float* q, int64_t n) { return dot_f32(k, q, n); }
+inline float dot_one(const uint16_t* k, const float* q, int64_t n) { return dot_f16(k, q, n); }
+
+// One KV tile [p0, pe) of one head for the rows of a query tile: scores,
+// the online softmax step, the weighted V sums. kp / vp: the head's K and V
+// slice of each position of the tile, F32 or F16 (read in place; the F16
+// kernels give the F32 kernels' bits on the converted values).
+template <typename KT>
+void tile_step(const KT* const* kp, const KT* const* vp, const TileScratch& ts, const QueryTile& tile, int32_t h,
+               int32_t p0, int32_t pe, bool first) {
+  // Scores: rows in pairs share each K row's loads (dot_f32_2x4) for
+  // the positions both see; the rest row by row. Each score is
+  // dot_f32(k, q) bitwise either way.
+  const int32_t r_begin = std::max(0, p0 - tile.pos0);  // earlier rows ended before p0
+  for (int32_t r = r_begin; r < tile.n; r += 2) {
+    const int32_t nr = std::min(2, tile.n - r);
+    int32_t j = 0;
+    if (nr == 2) {
+      const int32_t common = std::min(pe, tile.pos0 + r + 1) - p0;  // the first row sees fewer
+      const float* qr[2] = {ts.q + (tile.row0 + r) * ts.n_q + static_cast<int64_t>(h) * ts.hd,
+                            ts.q + (tile.row0 + r + 1) * ts.n_q + static_cast<int64_t>(h) * ts.hd};
+      float* s0 = ts.scores + static_cast<int64_t>(r) * kKvTile;
+      for (; j + 4 <= common; j += 4) dot_f32_2x4(qr, kp + j, ts.hd, s0 + j, s0 + kKvTile + j);
+    }
+    for (int32_t i = 0; i < nr; ++i) {
+      const int32_t len = std::min(pe, tile.pos0 + r + i + 1) - p0;
+      const float* qr = ts.q + (tile.row0 + r + i) * ts.n_q + static_cast<int64_t>(h) * ts.hd;
+      float* sr = ts.scores + static_cast<int64_t>(r + i) * kKvTile;
+      int32_t jj = j;
+      for (; jj + 4 <= len; jj += 4) dot_f32_x4(qr, kp + jj, ts.hd, sr + jj);
+      for (; jj < len; ++jj) sr[jj] = dot_one(kp[jj], qr, ts.hd);
+    }
+  }
+  for (int32_t r = r_begin; r < tile.n; ++r) {
+    const int32_t len = std::min(pe, tile.pos0 + r + 1) - p0;
+    float* sr = ts.scores + static_cast<int64_t>(r) * kKvTile;
+    float* o = ts.acc + static_cast<int64_t>(r) * ts.hd;
+    const float c = tile_softmax(sr, len, ts.kq_scale, ts.run_max + r, ts.run_sum + r, first);
+    if (!first && c != 1.0f) scale_row(o, ts.hd, c);
+  }
+  // Weighted V sums, rows in fours over the positions all four see
+  // (each V row loaded once for them), the rest row by row; each row
+  // gets weighted_rows' sequence either way.
+  for (int32_t r = r_begin; r < tile.n; r += 4) {
+    const int32_t nr = std::min(4, tile.n - r);
+    int32_t j = 0;
+    if (nr == 4) {
+      j = std::min(pe, tile.pos0 + r + 1) - p0;  // the group's first row sees fewest
+      const float* a[4];
+      float* o[4];
+      for (int32_t i = 0; i < 4; ++i) {
+        a[i] = ts.scores + static_cast<int64_t>(r + i) * kKvTile;
+        o[i] = ts.acc + static_cast<int64_t>(r + i) * ts.hd;
+      }
+      weighted_rows_x4(vp, a, j, ts.hd, o, /*accumulate=*/!first);
+    }
+    for (int32_t i = 0; i < nr; ++i) {
+      const int32_t len = std::min(pe, tile.pos0 + r + i + 1) - p0;
+      if (len == j) continue;
+      weighted_rows(vp + j, ts.scores + static_cast<int64_t>(r + i) * kKvTile + j, len - j, ts.hd,
+                    ts.acc + static_cast<int64_t>(r + i) * ts.hd, /*accumulate=*/!first || j > 0);
+    }
+  }
+}
+
 }  // namespace
 
 void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionShape& sh, const float* q, float* out,
@@ -198,8 +262,8 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
     max_pos = std::max(max_pos, sl.pos0 + sl.n_tokens);
   }
   const int64_t n_items = attention_items(slices, sh.n_head);
-  bool converts = false;
-  for (const SeqSlice& sl : slices) converts = converts || sl.kv.pool->type() != KvType::kF32;
+  bool converts = false;  // a Q8_0 pool: its slices are dequantised into the scratch
+  for (const SeqSlice& sl : slices) converts = converts || sl.kv.pool->type() == KvType::kQ8_0;
 
   auto run = [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(static_cast<size_t>(attention_scratch_floats(hd, converts)));
@@ -207,10 +271,13 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
     float* acc = scores + kQueryTile * kKvTile;      // [kQueryTile][hd]
     float* run_max = acc + kQueryTile * hd;          // [kQueryTile]
     float* run_sum = run_max + kQueryTile;           // [kQueryTile]
-    float* k_f32 = run_sum + kQueryTile;             // [kKvTile][hd] when converting
+    float* k_f32 = run_sum + kQueryTile;             // [kKvTile][hd] for a Q8_0 pool
     float* v_f32 = k_f32 + kKvTile * hd;             // [kKvTile][hd]
     const float* kp[kKvTile];
     const float* vp[kKvTile];
+    const uint16_t* kh[kKvTile];
+    const uint16_t* vh[kKvTile];
+    const TileScratch ts{q, n_q, hd, sh.kq_scale, scores, acc, run_max, run_sum};
     QueryTile tile;
     int64_t tile_index = -1;
     for (int64_t it = i0; it < i1; ++it) {
@@ -237,21 +304,16 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
           prefetch_bytes(kvp->slice_bytes(false, blk, lp, p % bt, static_cast<int32_t>(off)), slice_size);
           prefetch_bytes(kvp->slice_bytes(true, blk, lp, p % bt, static_cast<int32_t>(off)), slice_size);
         }
+        const bool first = p0 == 0;
         if (kvp->type() == KvType::kF16) {
-          // Inline: at short contexts a decode step's per-position calls
-          // through the pool's generic conversion cost ~10% of the step.
           const size_t row = kvp->row_bytes();
           for (int32_t p = p0; p < pe; ++p) {
             const int32_t blk = blocks[static_cast<size_t>(p / bt)];
             const size_t at = static_cast<size_t>(p % bt) * row + static_cast<size_t>(off) * 2;
-            float* kd = k_f32 + static_cast<int64_t>(p - p0) * hd;
-            float* vd = v_f32 + static_cast<int64_t>(p - p0) * hd;
-            halves_to_f32(kvp->k_bytes(blk, lp) + at, kd, hd);
-            halves_to_f32(kvp->v_bytes(blk, lp) + at, vd, hd);
-            kp[p - p0] = kd;
-            vp[p - p0] = vd;
+            kh[p - p0] = reinterpret_cast<const uint16_t*>(kvp->k_bytes(blk, lp) + at);
+            vh[p - p0] = reinterpret_cast<const uint16_t*>(kvp->v_bytes(blk, lp) + at);
           }
-        } else if (kvp->type() != KvType::kF32) {
+        } else if (kvp->type() != KvType::kF32) {  // q8_0: converted into the scratch
           for (int32_t p = p0; p < pe; ++p) {
             const int32_t blk = blocks[static_cast<size_t>(p / bt)];
             float* kd = k_f32 + static_cast<int64_t>(p - p0) * hd;
@@ -273,59 +335,10 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
             vp[p - p0] = vb + static_cast<int64_t>(p - b_start) * n_kv;
           }
         }
-        // Scores: rows in pairs share each K row's loads (dot_f32_2x4) for
-        // the positions both see; the rest row by row. Each score is
-        // dot_f32(k, q) bitwise either way.
-        const int32_t r_begin = std::max(0, p0 - tile.pos0);  // earlier rows ended before p0
-        for (int32_t r = r_begin; r < tile.n; r += 2) {
-          const int32_t nr = std::min(2, tile.n - r);
-          int32_t j = 0;
-          if (nr == 2) {
-            const int32_t common = std::min(pe, tile.pos0 + r + 1) - p0;  // the first row sees fewer
-            const float* qr[2] = {q + (tile.row0 + r) * n_q + static_cast<int64_t>(h) * hd,
-                                  q + (tile.row0 + r + 1) * n_q + static_cast<int64_t>(h) * hd};
-            float* s0 = scores + static_cast<int64_t>(r) * kKvTile;
-            for (; j + 4 <= common; j += 4) dot_f32_2x4(qr, kp + j, hd, s0 + j, s0 + kKvTile + j);
-          }
-          for (int32_t i = 0; i < nr; ++i) {
-            const int32_t len = std::min(pe, tile.pos0 + r + i + 1) - p0;
-            const float* qr = q + (tile.row0 + r + i) * n_q + static_cast<int64_t>(h) * hd;
-            float* sr = scores + static_cast<int64_t>(r + i) * kKvTile;
-            int32_t jj = j;
-            for (; jj + 4 <= len; jj += 4) dot_f32_x4(qr, kp + jj, hd, sr + jj);
-            for (; jj < len; ++jj) sr[jj] = dot_f32(kp[jj], qr, hd);
-          }
-        }
-        const bool first = p0 == 0;
-        for (int32_t r = r_begin; r < tile.n; ++r) {
-          const int32_t len = std::min(pe, tile.pos0 + r + 1) - p0;
-          float* sr = scores + static_cast<int64_t>(r) * kKvTile;
-          float* o = acc + static_cast<int64_t>(r) * hd;
-          const float c = tile_softmax(sr, len, sh.kq_scale, run_max + r, run_sum + r, first);
-          if (!first && c != 1.0f) scale_row(o, hd, c);
-        }
-        // Weighted V sums, rows in fours over the positions all four see
-        // (each V row loaded once for them), the rest row by row; each row
-        // gets weighted_rows' sequence either way.
-        for (int32_t r = r_begin; r < tile.n; r += 4) {
-          const int32_t nr = std::min(4, tile.n - r);
-          int32_t j = 0;
-          if (nr == 4) {
-            j = std::min(pe, tile.pos0 + r + 1) - p0;  // the group's first row sees fewest
-            const float* a[4];
-            float* o[4];
-            for (int32_t i = 0; i < 4; ++i) {
-              a[i] = scores + static_cast<int64_t>(r + i) * kKvTile;
-              o[i] = acc + static_cast<int64_t>(r + i) * hd;
-            }
-            weighted_rows_x4(vp, a, j, hd, o, /*accumulate=*/!first);
-          }
-          for (int32_t i = 0; i < nr; ++i) {
-            const int32_t len = std::min(pe, tile.pos0 + r + i + 1) - p0;
-            if (len == j) continue;
-            weighted_rows(vp + j, scores + static_cast<int64_t>(r + i) * kKvTile + j, len - j, hd,
-                          acc + static_cast<int64_t>(r + i) * hd, /*accumulate=*/!first || j > 0);
-          }
+        if (kvp->type() == KvType::kF16) {
+          tile_step<uint16_t>(kh, vh, ts, tile, h, p0, pe, first);
+        } else {
+          tile_step<float>(kp, vp, ts, tile, h, p0, pe, first);
         }
       }
       for (int32_t r = 0; r < tile.n; ++r) {

@@ -25,10 +25,11 @@
 // Memory: each running worker holds attention_scratch_floats(head_dim, ...)
 // floats (one allocation), whatever the context length; the admission
 // estimator counts exactly that (estimator.cpp).
-// KV types: an F32 pool's rows are read in place; an F16 or Q8_0 pool's
-// slices are converted to F32 a tile at a time (exactly: every stored value
-// is a float), so a pool computes what an F32 pool holding the stored values
-// would, bit for bit.
+// KV types: F32 and F16 pools are read in place (the F16 forms of the
+// kernels.h helpers convert in registers); a Q8_0 pool's slices are
+// dequantised a tile at a time. Every stored value is exactly a float, so a
+// pool of any type computes what an F32 pool holding its values would, bit
+// for bit.
 // Thread safety: reads the pools' K/V and q; writes only its rows of `out`.
 #pragma once
 
@@ -51,8 +52,8 @@ struct AttentionShape {
 };
 
 // Floats of one worker's scratch: scores and outputs of a query tile, its
-// running maxima and sums, and -- when a pass reads a pool that is not F32
-// (`converts`) -- a K and a V tile of one head's slices converted to F32
+// running maxima and sums, and -- when a pass reads a Q8_0 pool
+// (`converts`) -- a K and a V tile of one head's slices dequantised to F32
 // (KvPool::slice_to_f32), which the tile's rows then share.
 inline constexpr int64_t attention_scratch_floats(int64_t head_dim, bool converts) {
   return static_cast<int64_t>(kQueryTile) * (kKvTile + head_dim + 2) + (converts ? 2 * kKvTile * head_dim : 0);

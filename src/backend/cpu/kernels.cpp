@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace spw::cpu {
@@ -273,7 +274,20 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
   return out;
 }
 
+// ---------------------------------------------------------------- attention helpers
+// K and V rows are F32, or F16 read from an F16 KV cache as they are: an F16
+// value converts to F32 exactly, so the same fused steps on the converted
+// lanes give bitwise what the F32 kernels give on a converted copy.
+
+static inline float ld1(const float* p) { return *p; }
+static inline float ld1(const uint16_t* p) { return fp16_to_fp32(*p); }
+
 #if defined(__AVX512F__)
+static inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 ld16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // The reductions of four dot_f32_n accumulators side by side: z_t = a0_t +
 // a1_t, then every add below is one of hsum256's adds on the same two
 // operands, so out[t] is bitwise what dot_f32 returns for token t.
@@ -292,7 +306,8 @@ static inline void reduce_x4(const __m512* a0, const __m512* a1, float* out) {
 }
 #endif
 
-void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) {
+template <typename XT>
+static void dot_x4(const float* w, const XT* const* x, int64_t n, float* out) {
 #if defined(__AVX512F__)
   // dot_f32_n<4>'s accumulation, then its four reductions done side by side.
   __m512 a0[4], a1[4];
@@ -301,30 +316,36 @@ void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) {
   for (; i0 + 32 <= n; i0 += 32) {
     const __m512 w0 = _mm512_loadu_ps(w + i0), w1 = _mm512_loadu_ps(w + i0 + 16);
     for (int t = 0; t < 4; ++t) {
-      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
-      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + i0 + 16), a1[t]);
+      a0[t] = _mm512_fmadd_ps(w0, ld16(x[t] + i0), a0[t]);
+      a1[t] = _mm512_fmadd_ps(w1, ld16(x[t] + i0 + 16), a1[t]);
     }
   }
   if (i0 + 16 <= n) {
     const __m512 w0 = _mm512_loadu_ps(w + i0);
-    for (int t = 0; t < 4; ++t) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
+    for (int t = 0; t < 4; ++t) a0[t] = _mm512_fmadd_ps(w0, ld16(x[t] + i0), a0[t]);
     i0 += 16;
   }
   reduce_x4(a0, a1, out);
   for (int64_t i = i0; i < n; ++i)
-    for (int t = 0; t < 4; ++t) out[t] = std::fma(w[i], x[t][i], out[t]);
+    for (int t = 0; t < 4; ++t) out[t] = std::fma(w[i], ld1(x[t] + i), out[t]);
 #else
-  dot_f32_n<4>(w, x, n, out);
+  if constexpr (std::is_same_v<XT, float>) {
+    dot_f32_n<4>(w, x, n, out);
+  } else {
+    for (int t = 0; t < 4; ++t) out[t] = dot_f16(x[t], w, n);  // the same steps with the rows converted
+  }
 #endif
 }
+
+void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) { dot_x4(w, x, n, out); }
+void dot_f32_x4(const float* w, const uint16_t* const* x, int64_t n, float* out) { dot_x4(w, x, n, out); }
 
 #if defined(__AVX512F__)
 // dot_f32_x4 for two w rows at once: each x chunk is loaded once for both
 // rows. NC = n / 16 chunks when known at compile time (a head's width: the
 // loops unroll and the 16 accumulators stay in registers), 0 for any n.
-template <int NC>
-static inline void dot_f32_2x4_impl(const float* const* w, const float* const* x, int64_t n, float* out0,
-                                     float* out1) {
+template <int NC, typename XT>
+static inline void dot_2x4_impl(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
   if constexpr (NC > 0) n = 16 * NC;
   __m512 a0[2][4], a1[2][4];
   for (int r = 0; r < 2; ++r)
@@ -334,10 +355,10 @@ static inline void dot_f32_2x4_impl(const float* const* w, const float* const* x
     const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w01 = _mm512_loadu_ps(w[0] + i0 + 16);
     const __m512 w10 = _mm512_loadu_ps(w[1] + i0), w11 = _mm512_loadu_ps(w[1] + i0 + 16);
     for (int t = 0; t < 4; ++t) {
-      const __m512 x0 = _mm512_loadu_ps(x[t] + i0);
+      const __m512 x0 = ld16(x[t] + i0);
       a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
       a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
-      const __m512 x1 = _mm512_loadu_ps(x[t] + i0 + 16);
+      const __m512 x1 = ld16(x[t] + i0 + 16);
       a1[0][t] = _mm512_fmadd_ps(w01, x1, a1[0][t]);
       a1[1][t] = _mm512_fmadd_ps(w11, x1, a1[1][t]);
     }
@@ -345,7 +366,7 @@ static inline void dot_f32_2x4_impl(const float* const* w, const float* const* x
   if (i0 + 16 <= n) {
     const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w10 = _mm512_loadu_ps(w[1] + i0);
     for (int t = 0; t < 4; ++t) {
-      const __m512 x0 = _mm512_loadu_ps(x[t] + i0);
+      const __m512 x0 = ld16(x[t] + i0);
       a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
       a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
     }
@@ -356,27 +377,35 @@ static inline void dot_f32_2x4_impl(const float* const* w, const float* const* x
     reduce_x4(a0[r], a1[r], out[r]);
     if constexpr (NC == 0) {  // a width that is not a multiple of 16
       for (int64_t i = i0; i < n; ++i)
-        for (int t = 0; t < 4; ++t) out[r][t] = std::fma(w[r][i], x[t][i], out[r][t]);
+        for (int t = 0; t < 4; ++t) out[r][t] = std::fma(w[r][i], ld1(x[t] + i), out[r][t]);
     }
   }
 }
 #endif
 
-void dot_f32_2x4(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1) {
+template <typename XT>
+static void dot_2x4(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
 #if defined(__AVX512F__)
-  using Fixed = void (*)(const float* const*, const float* const*, int64_t, float*, float*);
-  static constexpr Fixed kFixed[] = {dot_f32_2x4_impl<1>,  dot_f32_2x4_impl<2>,  dot_f32_2x4_impl<3>,
-                                     dot_f32_2x4_impl<4>,  dot_f32_2x4_impl<5>,  dot_f32_2x4_impl<6>,
-                                     dot_f32_2x4_impl<7>,  dot_f32_2x4_impl<8>,  dot_f32_2x4_impl<9>,
-                                     dot_f32_2x4_impl<10>, dot_f32_2x4_impl<11>, dot_f32_2x4_impl<12>,
-                                     dot_f32_2x4_impl<13>, dot_f32_2x4_impl<14>, dot_f32_2x4_impl<15>,
-                                     dot_f32_2x4_impl<16>};
+  using Fixed = void (*)(const float* const*, const XT* const*, int64_t, float*, float*);
+  static constexpr Fixed kFixed[] = {dot_2x4_impl<1, XT>,  dot_2x4_impl<2, XT>,  dot_2x4_impl<3, XT>,
+                                     dot_2x4_impl<4, XT>,  dot_2x4_impl<5, XT>,  dot_2x4_impl<6, XT>,
+                                     dot_2x4_impl<7, XT>,  dot_2x4_impl<8, XT>,  dot_2x4_impl<9, XT>,
+                                     dot_2x4_impl<10, XT>, dot_2x4_impl<11, XT>, dot_2x4_impl<12, XT>,
+                                     dot_2x4_impl<13, XT>, dot_2x4_impl<14, XT>, dot_2x4_impl<15, XT>,
+                                     dot_2x4_impl<16, XT>};
   if (n % 16 == 0 && n >= 16 && n <= 256) return kFixed[n / 16 - 1](w, x, n, out0, out1);
-  dot_f32_2x4_impl<0>(w, x, n, out0, out1);
+  dot_2x4_impl<0, XT>(w, x, n, out0, out1);
 #else
-  dot_f32_x4(w[0], x, n, out0);
-  dot_f32_x4(w[1], x, n, out1);
+  dot_x4(w[0], x, n, out0);
+  dot_x4(w[1], x, n, out1);
 #endif
+}
+
+void dot_f32_2x4(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1) {
+  dot_2x4(w, x, n, out0, out1);
+}
+void dot_f32_2x4(const float* const* w, const uint16_t* const* x, int64_t n, float* out0, float* out1) {
+  dot_2x4(w, x, n, out0, out1);
 }
 
 // a * b + c with one rounding where the target has FMA (as the AVX-512 path's
@@ -391,31 +420,18 @@ static inline float madd(float a, float b, float c) {
 }
 
 #if defined(__AVX512F__)
-template <int NC>
-static void weighted_rows_reg(const float* const* v, const float* a, int64_t n_pos, float* out, bool accumulate) {
-  __m512 acc[NC];
-  for (int c = 0; c < NC; ++c) acc[c] = accumulate ? _mm512_loadu_ps(out + 16 * c) : _mm512_setzero_ps();
-  for (int64_t p = 0; p < n_pos; ++p) {
-    const __m512 ap = _mm512_set1_ps(a[p]);
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(ap, _mm512_loadu_ps(v[p] + 16 * c), acc[c]);
-  }
-  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
-}
-#endif
-
-#if defined(__AVX512F__)
 // weighted_rows for R rows of weights over the same V rows: R * NC
 // independent chains (one row's NC chains wait on the FMA latency at every
 // position), each V chunk loaded once for the R rows.
-template <int R, int NC>
-static void weighted_rows_multi_reg(const float* const* v, const float* const* a, int64_t n_pos, float* const* out,
-                                    bool accumulate) {
+template <int R, int NC, typename VT>
+static void weighted_rows_reg(const VT* const* v, const float* const* a, int64_t n_pos, float* const* out,
+                              bool accumulate) {
   __m512 acc[R][NC];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = accumulate ? _mm512_loadu_ps(out[r] + 16 * c) : _mm512_setzero_ps();
   for (int64_t p = 0; p < n_pos; ++p) {
     for (int c = 0; c < NC; ++c) {
-      const __m512 vc = _mm512_loadu_ps(v[p] + 16 * c);
+      const __m512 vc = ld16(v[p] + 16 * c);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][p]), vc, acc[r][c]);
     }
   }
@@ -424,14 +440,40 @@ static void weighted_rows_multi_reg(const float* const* v, const float* const* a
 }
 #endif
 
-void weighted_rows_x4(const float* const* v, const float* const* a, int64_t n_pos, int64_t dim, float* const* out,
-                      bool accumulate) {
+template <typename VT>
+static void weighted_rows_one(const VT* const* v, const float* a, int64_t n_pos, int64_t dim, float* out,
+                              bool accumulate) {
 #if defined(__AVX512F__)
-  using Reg = void (*)(const float* const*, const float* const*, int64_t, float* const*, bool);
-  static constexpr Reg kFour[] = {weighted_rows_multi_reg<4, 1>, weighted_rows_multi_reg<4, 2>,
-                                  weighted_rows_multi_reg<4, 3>, weighted_rows_multi_reg<4, 4>};
-  static constexpr Reg kTwo[] = {weighted_rows_multi_reg<2, 5>, weighted_rows_multi_reg<2, 6>,
-                                 weighted_rows_multi_reg<2, 7>, weighted_rows_multi_reg<2, 8>};
+  // The same fused multiply-adds as the loop below (madd), with the sums
+  // kept in registers.
+  using Reg = void (*)(const VT* const*, const float* const*, int64_t, float* const*, bool);
+  static constexpr Reg kReg[] = {weighted_rows_reg<1, 1, VT>,  weighted_rows_reg<1, 2, VT>,
+                                 weighted_rows_reg<1, 3, VT>,  weighted_rows_reg<1, 4, VT>,
+                                 weighted_rows_reg<1, 5, VT>,  weighted_rows_reg<1, 6, VT>,
+                                 weighted_rows_reg<1, 7, VT>,  weighted_rows_reg<1, 8, VT>,
+                                 weighted_rows_reg<1, 9, VT>,  weighted_rows_reg<1, 10, VT>,
+                                 weighted_rows_reg<1, 11, VT>, weighted_rows_reg<1, 12, VT>,
+                                 weighted_rows_reg<1, 13, VT>, weighted_rows_reg<1, 14, VT>,
+                                 weighted_rows_reg<1, 15, VT>, weighted_rows_reg<1, 16, VT>};
+  if (dim % 16 == 0 && dim >= 16 && dim <= 256) return kReg[dim / 16 - 1](v, &a, n_pos, &out, accumulate);
+#endif
+  if (!accumulate) std::fill(out, out + dim, 0.0f);
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const float ap = a[p];
+    const VT* vp = v[p];
+    for (int64_t d = 0; d < dim; ++d) out[d] = madd(ap, ld1(vp + d), out[d]);
+  }
+}
+
+template <typename VT>
+static void weighted_rows_four(const VT* const* v, const float* const* a, int64_t n_pos, int64_t dim,
+                               float* const* out, bool accumulate) {
+#if defined(__AVX512F__)
+  using Reg = void (*)(const VT* const*, const float* const*, int64_t, float* const*, bool);
+  static constexpr Reg kFour[] = {weighted_rows_reg<4, 1, VT>, weighted_rows_reg<4, 2, VT>,
+                                  weighted_rows_reg<4, 3, VT>, weighted_rows_reg<4, 4, VT>};
+  static constexpr Reg kTwo[] = {weighted_rows_reg<2, 5, VT>, weighted_rows_reg<2, 6, VT>,
+                                 weighted_rows_reg<2, 7, VT>, weighted_rows_reg<2, 8, VT>};
   if (dim % 16 == 0 && dim >= 16 && dim <= 64) return kFour[dim / 16 - 1](v, a, n_pos, out, accumulate);
   if (dim % 16 == 0 && dim > 64 && dim <= 128) {
     kTwo[dim / 16 - 5](v, a, n_pos, out, accumulate);
@@ -439,28 +481,23 @@ void weighted_rows_x4(const float* const* v, const float* const* a, int64_t n_po
     return;
   }
 #endif
-  for (int r = 0; r < 4; ++r) weighted_rows(v, a[r], n_pos, dim, out[r], accumulate);
+  for (int r = 0; r < 4; ++r) weighted_rows_one(v, a[r], n_pos, dim, out[r], accumulate);
 }
 
 void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t dim, float* out, bool accumulate) {
-#if defined(__AVX512F__)
-  // The same fused multiply-adds as the loop below (madd), with the sums
-  // kept in registers.
-  using Reg = void (*)(const float* const*, const float*, int64_t, float*, bool);
-  static constexpr Reg kReg[] = {weighted_rows_reg<1>,  weighted_rows_reg<2>,  weighted_rows_reg<3>,
-                                 weighted_rows_reg<4>,  weighted_rows_reg<5>,  weighted_rows_reg<6>,
-                                 weighted_rows_reg<7>,  weighted_rows_reg<8>,  weighted_rows_reg<9>,
-                                 weighted_rows_reg<10>, weighted_rows_reg<11>, weighted_rows_reg<12>,
-                                 weighted_rows_reg<13>, weighted_rows_reg<14>, weighted_rows_reg<15>,
-                                 weighted_rows_reg<16>};
-  if (dim % 16 == 0 && dim >= 16 && dim <= 256) return kReg[dim / 16 - 1](v, a, n_pos, out, accumulate);
-#endif
-  if (!accumulate) std::fill(out, out + dim, 0.0f);
-  for (int64_t p = 0; p < n_pos; ++p) {
-    const float ap = a[p];
-    const float* vp = v[p];
-    for (int64_t d = 0; d < dim; ++d) out[d] = madd(ap, vp[d], out[d]);
-  }
+  weighted_rows_one(v, a, n_pos, dim, out, accumulate);
+}
+void weighted_rows(const uint16_t* const* v, const float* a, int64_t n_pos, int64_t dim, float* out,
+                   bool accumulate) {
+  weighted_rows_one(v, a, n_pos, dim, out, accumulate);
+}
+void weighted_rows_x4(const float* const* v, const float* const* a, int64_t n_pos, int64_t dim, float* const* out,
+                      bool accumulate) {
+  weighted_rows_four(v, a, n_pos, dim, out, accumulate);
+}
+void weighted_rows_x4(const uint16_t* const* v, const float* const* a, int64_t n_pos, int64_t dim,
+                      float* const* out, bool accumulate) {
+  weighted_rows_four(v, a, n_pos, dim, out, accumulate);
 }
 
 // ---------------------------------------------------------------- rows / matmul

@@ -53,6 +53,11 @@ void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out);
 // bitwise for j < 4 (two query rows against four positions; each x row is
 // loaded once for both).
 void dot_f32_2x4(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1);
+// The same three helpers over F16 K/V rows (an F16 KV cache read in place):
+// bitwise what the F32 forms give on the rows converted to F32 (exact), as
+// dot_f16(x, w, n) is dot_f32 of the converted row.
+void dot_f32_x4(const float* w, const uint16_t* const* x, int64_t n, float* out);
+void dot_f32_2x4(const float* const* w, const uint16_t* const* x, int64_t n, float* out0, float* out1);
 // out[d] = 0 (unless `accumulate`: out's values go on), then for p < n_pos in
 // order out[d] = a[p] * v[p][d] + out[d], for d < dim, one fused multiply-add
 // per term where the target has FMA (spelled out, so every optimisation level
@@ -66,6 +71,10 @@ void weighted_rows(const float* const* v, const float* a, int64_t n_pos, int64_t
 // with each V row loaded once for the four (four query rows of a tile).
 void weighted_rows_x4(const float* const* v, const float* const* a, int64_t n_pos, int64_t dim, float* const* out,
                       bool accumulate = false);
+void weighted_rows(const uint16_t* const* v, const float* a, int64_t n_pos, int64_t dim, float* out,
+                   bool accumulate = false);
+void weighted_rows_x4(const uint16_t* const* v, const float* const* a, int64_t n_pos, int64_t dim,
+                      float* const* out, bool accumulate = false);
 
 // One row of a weight matrix as F32.
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out);

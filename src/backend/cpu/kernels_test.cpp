@@ -409,6 +409,51 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
   }
 }
 
+// The F16 forms (an F16 KV cache read in place) give bitwise what the F32
+// forms give on the rows converted to F32.
+TEST(Kernels, AttentionHelpersOverHalvesMatchConvertedRows) {
+  std::mt19937 g(21);
+  for (int64_t dim : {64, 128, 48, 80, 112, 256, 272, 7}) {
+    const int64_t n_pos = 37;
+    const auto q = randv(g, static_cast<size_t>(dim)), q2 = randv(g, static_cast<size_t>(dim));
+    const auto kv = randv(g, static_cast<size_t>(n_pos * dim));
+    std::vector<uint16_t> halves(kv.size());
+    std::vector<float> conv(kv.size());
+    for (size_t i = 0; i < kv.size(); ++i) conv[i] = fp16_to_fp32(halves[i] = fp32_to_fp16(kv[i]));
+    std::vector<const uint16_t*> hr(static_cast<size_t>(n_pos));
+    std::vector<const float*> fr(static_cast<size_t>(n_pos));
+    for (int64_t p = 0; p < n_pos; ++p) {
+      hr[static_cast<size_t>(p)] = halves.data() + p * dim;
+      fr[static_cast<size_t>(p)] = conv.data() + p * dim;
+    }
+    auto same = [](const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; };
+    for (int64_t p = 0; p + 4 <= n_pos; p += 4) {
+      float h4[4], f4[4];
+      dot_f32_x4(q.data(), hr.data() + p, dim, h4);
+      dot_f32_x4(q.data(), fr.data() + p, dim, f4);
+      ASSERT_TRUE(same(h4, f4, 4)) << "dot_f32_x4 dim " << dim << " at " << p;
+      const float* qs[2] = {q.data(), q2.data()};
+      float h8[8], f8[8];
+      dot_f32_2x4(qs, hr.data() + p, dim, h8, h8 + 4);
+      dot_f32_2x4(qs, fr.data() + p, dim, f8, f8 + 4);
+      ASSERT_TRUE(same(h8, f8, 8)) << "dot_f32_2x4 dim " << dim << " at " << p;
+      const float one = dot_f16(hr[static_cast<size_t>(p)], q.data(), dim);
+      ASSERT_TRUE(same(&one, &f4[0], 1)) << "dot_f16 dim " << dim;
+    }
+    const auto a = randv(g, static_cast<size_t>(4 * n_pos));
+    const float* ar[4] = {a.data(), a.data() + n_pos, a.data() + 2 * n_pos, a.data() + 3 * n_pos};
+    std::vector<float> ho(static_cast<size_t>(4 * dim)), fo(ho.size());
+    float* hp[4] = {ho.data(), ho.data() + dim, ho.data() + 2 * dim, ho.data() + 3 * dim};
+    float* fp[4] = {fo.data(), fo.data() + dim, fo.data() + 2 * dim, fo.data() + 3 * dim};
+    weighted_rows_x4(hr.data(), ar, n_pos, dim, hp);
+    weighted_rows_x4(fr.data(), ar, n_pos, dim, fp);
+    ASSERT_TRUE(same(ho.data(), fo.data(), ho.size())) << "weighted_rows_x4 dim " << dim;
+    weighted_rows(hr.data(), a.data(), n_pos, dim, ho.data());
+    weighted_rows(fr.data(), a.data(), n_pos, dim, fo.data());
+    ASSERT_TRUE(same(ho.data(), fo.data(), static_cast<size_t>(dim))) << "weighted_rows dim " << dim;
+  }
+}
+
 // The activation quantiser (SIMD where built) gives gguf's reference bits,
 // including x * id landing exactly on .5 (roundf rounds away from zero),
 // all-zero blocks, a block whose maximum is negative, and tiny values.
