@@ -288,21 +288,27 @@ static inline __m512 ld16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// The reductions of four dot_f32_n accumulators side by side: z_t = a0_t +
-// a1_t, then every add below is one of hsum256's adds on the same two
-// operands, so out[t] is bitwise what dot_f32 returns for token t.
-static inline void reduce_x4(const __m512* a0, const __m512* a1, float* out) {
+// reduce_pair512 (dot_f32_n's final reduction: a0 + a1, the two 256-bit
+// halves added, hsum256) of four (a0, a1) pairs side by side: every add is
+// one of those adds on the same two operands (fp addition commutes), so each
+// lane holds the one-token result bitwise. Returns the four sums in order.
+static inline __m128 reduce4_pair512(const __m512* a0, const __m512* a1) {
   __m512 z[4];
-  for (int t = 0; t < 4; ++t) z[t] = _mm512_add_ps(a0[t], a1[t]);
-  // y_t = low 256 + high 256 of z_t, two tokens per register.
+  for (int i = 0; i < 4; ++i) z[i] = _mm512_add_ps(a0[i], a1[i]);
+  // y_i = low 256 + high 256 of z_i, two per register.
   const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
   const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
-  // hsum256: x = low 128 + high 128 (token t in 128-bit lane t), then
+  // hsum256: x = low 128 + high 128 (z_i's in 128-bit lane i), then
   // (x0 + x1) + (x2 + x3).
   const __m512 xs = _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
   const __m512 s2 = _mm512_add_ps(xs, _mm512_movehdup_ps(xs));
   const __m512 r = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x02));
-  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r)));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
+}
+// The same, stored: out[t] is bitwise what dot_f32 returns for row t.
+static inline void reduce_x4(const __m512* a0, const __m512* a1, float* out) {
+  _mm_storeu_ps(out, reduce4_pair512(a0, a1));
 }
 #endif
 
@@ -662,24 +668,6 @@ void tile_float(const WT* const* w, const float* const* x, int64_t n, float* out
 constexpr int kFloatTileRows = 4;
 constexpr int kFloatTileToks = 3;  // 4 x 3 x 2 = 24 of the 32 zmm registers accumulate
 
-// reduce_pair512 (dot_f32_n's final reduction: a0 + a1, the two 256-bit
-// halves added, hsum256) of four (a0, a1) pairs side by side: every add is
-// one of those adds on the same two operands (fp addition commutes), so each
-// lane holds the one-token result bitwise. Returns the four sums in order.
-inline __m128 reduce4_pair512(const __m512* a0, const __m512* a1) {
-  __m512 z[4];
-  for (int i = 0; i < 4; ++i) z[i] = _mm512_add_ps(a0[i], a1[i]);
-  // y_i = low 256 + high 256 of z_i, two per register.
-  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
-  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
-  // hsum256: x = low 128 + high 128 (z_i's in 128-bit lane i), then
-  // (x0 + x1) + (x2 + x3).
-  const __m512 xs = _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
-  const __m512 s2 = _mm512_add_ps(xs, _mm512_movehdup_ps(xs));
-  const __m512 r = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x02));
-  return _mm512_castps512_ps128(
-      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
-}
 
 // Four rows of dot_f32_n<1> / dot_f16_n<1> against one token (decode's
 // matvec): the same two accumulators per row in the same order, the four
