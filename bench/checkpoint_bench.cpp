@@ -346,7 +346,7 @@ int main(int argc, char** argv) {
         s.round = round;
         s.order = static_cast<int>(i);
         const nlohmann::json body = {{"prompt", prompt}, {"max_tokens", tokens}, {"temperature", 0}};
-        auto a = journal->accept({"", "/v1/completions", body.dump()});
+        auto a = journal->accept({"", "/v1/completions", body.dump(), ""});
         if (!a.ok()) {
           std::fprintf(stderr, "checkpoint_bench: accept: %s\n", a.status().to_string().c_str());
           return 1;

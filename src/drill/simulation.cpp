@@ -1038,7 +1038,7 @@ void Simulation::send(Chain* c, const std::string& f) {
     after_end(c);
   };
   if (!proc_ || !journal_ || !serving_) return fail_now(0, "connection_refused", "the server is down");
-  Result<journal::AcceptResult> acc = journal_->accept({c->key, "/v1/completions", c->body});
+  Result<journal::AcceptResult> acc = journal_->accept({c->key, "/v1/completions", c->body, ""});
   if (!acc.ok()) {
     const bool conflict = acc.status().reason() == FailureReason::kIdempotencyConflict ||
                           acc.status().code() == StatusCode::kFailedPrecondition;
@@ -1387,7 +1387,7 @@ void Simulation::cancel_queued(const std::string& phase) {
     chains_.push_back(std::move(c));
     Op inv = rec_.invoke(request_op(*chain, "complete"));
     chain->first_op = inv.op_id;
-    Result<journal::AcceptResult> acc = journal_->accept({"", "/v1/completions", chain->body});
+    Result<journal::AcceptResult> acc = journal_->accept({"", "/v1/completions", chain->body, ""});
     Result<std::vector<TokenId>> toks = [&]() -> Result<std::vector<TokenId>> {
       serve::GenerationRequest g;
       g.prompt = chain->prompt;

@@ -517,7 +517,7 @@ TEST(Scheduler, AnInterruptedJournaledRequestKeepsItsCheckpointInTheJournal) {
   auto s = Scheduler::create(Env::default_env(), spw::testing::stories_tokenizer(),
                              testing::make_fake_executors(Env::default_env(), 1, testing::FakeSpeed{0, 0, 0}, faults), o);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
-  auto acc = j->accept({"", "/v1/completions", "{}"});
+  auto acc = j->accept({"", "/v1/completions", "{}", ""});
   ASSERT_TRUE(acc.ok());
   faults->fail_after(10, Status(StatusCode::kDeviceLost, "injected device loss", FailureReason::kDeviceLost));
   GenerationRequest g = greedy("Once upon a time", 30);
