@@ -100,14 +100,15 @@ void store_row(KvType t, const float* x, uint8_t* dst, size_t n) {
     case KvType::kQ8_0: gguf::quantize_row_q8_0(x, dst, n); return;
   }
 }
-void load_rows(KvType t, const uint8_t* src, float* y, size_t n) {
+}  // namespace
+
+void kv_values_to_f32(KvType t, const uint8_t* src, float* y, size_t n) {
   switch (t) {
     case KvType::kF32: std::memcpy(y, src, n * sizeof(float)); return;
     case KvType::kF16: f16_to_f32(src, y, n); return;
     case KvType::kQ8_0: gguf::dequantize_row_q8_0(src, y, n); return;
   }
 }
-}  // namespace
 
 void KvPool::store_rows(int32_t block, int32_t layer, int32_t slot, const float* k_row, const float* v_row) {
   const size_t n = static_cast<size_t>(opts_.n_embd_kv);
@@ -120,17 +121,7 @@ void KvPool::rows_to_f32(bool v, int32_t block, int32_t layer, int32_t slot0, in
   const uint8_t* src = (v ? v_bytes(block, layer) : k_bytes(block, layer)) + static_cast<size_t>(slot0) * row_bytes_;
   // Consecutive slots are consecutive rows, and every type's rows are whole
   // blocks (q8_0: n_embd_kv % 32 == 0), so n rows convert as one.
-  load_rows(opts_.type, src, out, static_cast<size_t>(n) * static_cast<size_t>(opts_.n_embd_kv));
-}
-
-const uint8_t* KvPool::slice_bytes(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0) const {
-  return (v ? v_bytes(block, layer) : k_bytes(block, layer)) + static_cast<size_t>(slot) * row_bytes_ +
-         kv_row_bytes(opts_.type, static_cast<uint64_t>(elem0));
-}
-
-void KvPool::slice_to_f32(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0, int32_t n,
-                          float* out) const {
-  load_rows(opts_.type, slice_bytes(v, block, layer, slot, elem0), out, static_cast<size_t>(n));
+  kv_values_to_f32(opts_.type, src, out, static_cast<size_t>(n) * static_cast<size_t>(opts_.n_embd_kv));
 }
 
 int32_t KvPool::blocks_in_use() const {

@@ -139,15 +139,8 @@ class KvPool {
   void store_rows(int32_t block, int32_t layer, int32_t slot, const float* k_row, const float* v_row);
   // Host pools: the F32 values of n consecutive slots [slot0, slot0 + n) of
   // one block and layer, K (v = false) or V (v = true), into out (n *
-  // n_embd_kv floats, row after row). The read path for pools that are not
-  // F32 (an F32 pool's rows can be read in place through k()/v()).
+  // n_embd_kv floats, row after row).
   void rows_to_f32(bool v, int32_t block, int32_t layer, int32_t slot0, int32_t n, float* out) const;
-  // Host pools: elements [elem0, elem0 + n) of one slot's K (v = false) or V
-  // row as F32 -- one head's slice, as the CPU attention reads it. For q8_0,
-  // elem0 and n are multiples of 32 (whole blocks; head_dim is, see above).
-  void slice_to_f32(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0, int32_t n, float* out) const;
-  // The stored bytes where that slice begins (for prefetching).
-  const uint8_t* slice_bytes(bool v, int32_t block, int32_t layer, int32_t slot, int32_t elem0) const;
 
  private:
   explicit KvPool(const KvPoolOptions& o);
@@ -171,6 +164,12 @@ class KvPool {
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // stack of free block ids
 };
+
+// n stored K/V elements of type t at src (kv_row_bytes(t, n) bytes; for q8_0
+// n a multiple of 32 starting on a block) as F32: exact, every stored value
+// is a float. The read path of KvPool::rows_to_f32 and of a backend that
+// reads a pool's bytes itself (the CPU attention's Q8_0 head slices).
+void kv_values_to_f32(KvType t, const uint8_t* src, float* out, size_t n);
 
 // What a backend's forward pass reads and writes: one sequence in one pool.
 struct KvSequence {

@@ -54,7 +54,7 @@ struct AttentionShape {
 // Floats of one worker's scratch: scores and outputs of a query tile, its
 // running maxima and sums, and -- when a pass reads a Q8_0 pool
 // (`converts`) -- a K and a V tile of one head's slices dequantised to F32
-// (KvPool::slice_to_f32), which the tile's rows then share.
+// (kv_values_to_f32), which the tile's rows then share.
 inline constexpr int64_t attention_scratch_floats(int64_t head_dim, bool converts) {
   return static_cast<int64_t>(kQueryTile) * (kKvTile + head_dim + 2) + (converts ? 2 * kKvTile * head_dim : 0);
 }

@@ -279,12 +279,12 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
 // value converts to F32 exactly, so the same fused steps on the converted
 // lanes give bitwise what the F32 kernels give on a converted copy.
 
-static inline float ld1(const float* p) { return *p; }
-static inline float ld1(const uint16_t* p) { return fp16_to_fp32(*p); }
+static inline float scalar_w(const float* p) { return *p; }
+static inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
 
 #if defined(__AVX512F__)
-static inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 ld16(const uint16_t* p) {
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
@@ -322,18 +322,18 @@ static void dot_x4(const float* w, const XT* const* x, int64_t n, float* out) {
   for (; i0 + 32 <= n; i0 += 32) {
     const __m512 w0 = _mm512_loadu_ps(w + i0), w1 = _mm512_loadu_ps(w + i0 + 16);
     for (int t = 0; t < 4; ++t) {
-      a0[t] = _mm512_fmadd_ps(w0, ld16(x[t] + i0), a0[t]);
-      a1[t] = _mm512_fmadd_ps(w1, ld16(x[t] + i0 + 16), a1[t]);
+      a0[t] = _mm512_fmadd_ps(w0, load16(x[t] + i0), a0[t]);
+      a1[t] = _mm512_fmadd_ps(w1, load16(x[t] + i0 + 16), a1[t]);
     }
   }
   if (i0 + 16 <= n) {
     const __m512 w0 = _mm512_loadu_ps(w + i0);
-    for (int t = 0; t < 4; ++t) a0[t] = _mm512_fmadd_ps(w0, ld16(x[t] + i0), a0[t]);
+    for (int t = 0; t < 4; ++t) a0[t] = _mm512_fmadd_ps(w0, load16(x[t] + i0), a0[t]);
     i0 += 16;
   }
   reduce_x4(a0, a1, out);
   for (int64_t i = i0; i < n; ++i)
-    for (int t = 0; t < 4; ++t) out[t] = std::fma(w[i], ld1(x[t] + i), out[t]);
+    for (int t = 0; t < 4; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
 #else
   if constexpr (std::is_same_v<XT, float>) {
     dot_f32_n<4>(w, x, n, out);
@@ -361,10 +361,10 @@ static inline void dot_2x4_impl(const float* const* w, const XT* const* x, int64
     const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w01 = _mm512_loadu_ps(w[0] + i0 + 16);
     const __m512 w10 = _mm512_loadu_ps(w[1] + i0), w11 = _mm512_loadu_ps(w[1] + i0 + 16);
     for (int t = 0; t < 4; ++t) {
-      const __m512 x0 = ld16(x[t] + i0);
+      const __m512 x0 = load16(x[t] + i0);
       a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
       a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
-      const __m512 x1 = ld16(x[t] + i0 + 16);
+      const __m512 x1 = load16(x[t] + i0 + 16);
       a1[0][t] = _mm512_fmadd_ps(w01, x1, a1[0][t]);
       a1[1][t] = _mm512_fmadd_ps(w11, x1, a1[1][t]);
     }
@@ -372,7 +372,7 @@ static inline void dot_2x4_impl(const float* const* w, const XT* const* x, int64
   if (i0 + 16 <= n) {
     const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w10 = _mm512_loadu_ps(w[1] + i0);
     for (int t = 0; t < 4; ++t) {
-      const __m512 x0 = ld16(x[t] + i0);
+      const __m512 x0 = load16(x[t] + i0);
       a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
       a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
     }
@@ -383,7 +383,7 @@ static inline void dot_2x4_impl(const float* const* w, const XT* const* x, int64
     reduce_x4(a0[r], a1[r], out[r]);
     if constexpr (NC == 0) {  // a width that is not a multiple of 16
       for (int64_t i = i0; i < n; ++i)
-        for (int t = 0; t < 4; ++t) out[r][t] = std::fma(w[r][i], ld1(x[t] + i), out[r][t]);
+        for (int t = 0; t < 4; ++t) out[r][t] = std::fma(w[r][i], scalar_w(x[t] + i), out[r][t]);
     }
   }
 }
@@ -437,7 +437,7 @@ static void weighted_rows_reg(const VT* const* v, const float* const* a, int64_t
     for (int c = 0; c < NC; ++c) acc[r][c] = accumulate ? _mm512_loadu_ps(out[r] + 16 * c) : _mm512_setzero_ps();
   for (int64_t p = 0; p < n_pos; ++p) {
     for (int c = 0; c < NC; ++c) {
-      const __m512 vc = ld16(v[p] + 16 * c);
+      const __m512 vc = load16(v[p] + 16 * c);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][p]), vc, acc[r][c]);
     }
   }
@@ -467,7 +467,7 @@ static void weighted_rows_one(const VT* const* v, const float* a, int64_t n_pos,
   for (int64_t p = 0; p < n_pos; ++p) {
     const float ap = a[p];
     const VT* vp = v[p];
-    for (int64_t d = 0; d < dim; ++d) out[d] = madd(ap, ld1(vp + d), out[d]);
+    for (int64_t d = 0; d < dim; ++d) out[d] = madd(ap, scalar_w(vp + d), out[d]);
   }
 }
 
@@ -613,10 +613,6 @@ inline float reduce_pair512(__m512 a0, __m512 a1) {
                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
 }
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 // Pins a loaded vector in a register: without it GCC folds the activation
 // load into every FMA that uses it (one load per FMA instead of one per tile
 // column), and the tile becomes load-bound again.
@@ -624,8 +620,6 @@ inline __m512 in_reg(__m512 v) {
   asm("" : "+v"(v));
   return v;
 }
-inline float scalar_w(const float* p) { return *p; }
-inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
 
 // R x T tile of dot_f32_n / dot_f16_n (AVX-512): per (row, token) the
 // accumulators a0 (elements 0..15 of each 32) and a1 (16..31), a 16-wide
@@ -669,36 +663,6 @@ constexpr int kFloatTileRows = 4;
 constexpr int kFloatTileToks = 3;  // 4 x 3 x 2 = 24 of the 32 zmm registers accumulate
 
 
-// Four rows of dot_f32_n<1> / dot_f16_n<1> against one token (decode's
-// matvec): the same two accumulators per row in the same order, the four
-// reductions side by side, stored into y[0..3]. Four rows at once give the
-// core four independent streams of weights, which keeps more cache misses
-// in flight than one row after another: F32 decode's matvec (kernels_bench
-// BM_Matmul/f32/1/1, 64 MiB) went from 3.2-4.8 ms to 3.0-3.5 ms, near the
-// core's read bandwidth. F16 measured slower this way (1.7-1.9 ms against
-// 1.0-1.4) and keeps the row-by-row loop.
-template <typename WT>
-void rows4_float(const WT* const* w, const float* x, int64_t n, float* y) {
-  __m512 a0[4], a1[4];
-  for (int i = 0; i < 4; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= n; k += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-    for (int i = 0; i < 4; ++i) {
-      a0[i] = _mm512_fmadd_ps(load16(w[i] + k), x0, a0[i]);
-      a1[i] = _mm512_fmadd_ps(load16(w[i] + k + 16), x1, a1[i]);
-    }
-  }
-  if (k + 16 <= n) {
-    const __m512 x0 = _mm512_loadu_ps(x + k);
-    for (int i = 0; i < 4; ++i) a0[i] = _mm512_fmadd_ps(load16(w[i] + k), x0, a0[i]);
-    k += 16;
-  }
-  _mm_storeu_ps(y, reduce4_pair512(a0, a1));
-  for (; k < n; ++k)
-    for (int i = 0; i < 4; ++i) y[i] = std::fma(scalar_w(w[i] + k), x[k], y[i]);
-}
-#define SPW_ROWS4_FLOAT 1
 #else
 // Without AVX-512 a tile is its rows through the multi-token kernel.
 template <int R, int T>
@@ -887,13 +851,22 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
         if (nt == kTokGroup) dot_f32_n<kTokGroup>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
         else dot_f32_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
       };
-#if defined(SPW_ROWS4_FLOAT)
-      if (!gemm && t1 - t0 == 1) {  // one token: four rows at a time
+#if defined(__AVX512F__)
+      // One token (decode's matvec): four weight rows at a time, the
+      // attention's dot_f32_x4 with the activation as its one row (the
+      // same fused steps and reduction per row as dot_f32: the product
+      // commutes). Four rows give the core four independent weight streams,
+      // which keeps more cache misses in flight than one row after another:
+      // F32 decode's matvec (kernels_bench BM_Matmul/f32/1/1, 64 MiB) went
+      // from 3.2-4.8 ms to 3.0-3.5 ms, near the core's read bandwidth. F16
+      // measured slower this way (1.7-1.9 ms against 1.0-1.4) and keeps the
+      // row-by-row loop.
+      if (!gemm && t1 - t0 == 1) {
         int64_t r = r0;
         for (; r + 4 <= r1; r += 4) {
           const float* wr[4];
           for (int i = 0; i < 4; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
-          rows4_float(wr, px.rows[static_cast<size_t>(t0)], n_cols, y + t0 * n_rows + r);
+          dot_f32_x4(px.rows[static_cast<size_t>(t0)], wr, n_cols, y + t0 * n_rows + r);
         }
         return matmul_rows(r, r1, t0, t1, n_rows, y, dot);
       }
