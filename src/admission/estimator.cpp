@@ -439,10 +439,8 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     if (!st.ok()) return Status::invalid_argument("plan kv_type: " + st.message());
     for (const auto& s : est.stages) {
       if (s.device != DeviceKind::kGpu) continue;
-      if (plan.kv_type == KvType::kQ8_0)
-        return Status::invalid_argument("plan kv_type = " + kvt + ": not supported by the Vulkan backend (use f16 or f32)");
-      if (plan.kv_type == KvType::kF16 && (hp.n_embd_kv() % 2 != 0 || hp.head_dim() % 2 != 0))
-        return Status::invalid_argument("plan kv_type = " + kvt + " on the GPU needs an even n_embd_kv and head_dim");
+      st = check_device_kv_type(plan.kv_type, hp.n_embd_kv(), hp.head_dim());
+      if (!st.ok()) return Status::invalid_argument("plan kv_type = " + kvt + ": " + st.message());
     }
   }
 

@@ -41,4 +41,12 @@ Status check_kv_type(KvType t, int64_t n_embd_kv, int64_t head_dim) {
   return Status();
 }
 
+Status check_device_kv_type(KvType t, int64_t n_embd_kv, int64_t head_dim) {
+  if (t == KvType::kQ8_0) return Status::unimplemented("KV type q8_0 is not supported by the Vulkan backend (use f16 or f32)");
+  if (t == KvType::kF16 && (n_embd_kv % 2 != 0 || head_dim % 2 != 0))
+    return Status::invalid_argument("KV type f16 on the Vulkan backend needs an even n_embd_kv and head_dim, got " +
+                                    std::to_string(n_embd_kv) + " and " + std::to_string(head_dim));
+  return Status();
+}
+
 }  // namespace spw

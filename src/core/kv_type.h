@@ -34,5 +34,11 @@ Result<KvType> parse_kv_type(std::string_view s);
 // Bytes of one K or V row of n elements (n a multiple of 32 for q8_0).
 uint64_t kv_row_bytes(KvType t, uint64_t n);
 Status check_kv_type(KvType t, int64_t n_embd_kv, int64_t head_dim);
+// What a device (Vulkan) KV buffer holds: f32, or f16 packed two halves per
+// 32-bit word, so n_embd_kv and head_dim must be even (a head's slice starts
+// on a word; InvalidArgument naming both); q8_0 is not stored there
+// (Unimplemented: its 34-byte blocks would need byte writes shared between
+// shader invocations). The one rule for the backend and the estimator.
+Status check_device_kv_type(KvType t, int64_t n_embd_kv, int64_t head_dim);
 
 }  // namespace spw

@@ -614,14 +614,9 @@ Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOption
   if (o.layer_end <= o.layer_begin || o.n_blocks <= 0 || o.block_tokens <= 0 || o.n_embd_kv <= 0)
     return KvPool::create_on_device(o, nullptr).status();  // the pool's own option errors
   // F16 rows are packed two halves per uint (unpackHalf2x16 in the shaders,
-  // no 16-bit storage feature needed), so a row must be whole uints and a
-  // head's slice must not start mid-uint. Q8_0 blocks (34 bytes) would need
-  // byte writes shared between invocations: not implemented on the device.
-  if (o.type == KvType::kQ8_0)
-    return Status::unimplemented("KV type q8_0 is not supported by the Vulkan backend (use f16 or f32)");
-  if (o.type == KvType::kF16 && (o.n_embd_kv % 2 != 0 || (o.head_dim > 0 && o.head_dim % 2 != 0)))
-    return Status::invalid_argument("KV type f16 on " + impl_->name() + " needs an even n_embd_kv and head_dim, got " +
-                                    std::to_string(o.n_embd_kv) + " and " + std::to_string(o.head_dim));
+  // no 16-bit storage feature needed); Q8_0 is not stored on the device.
+  SPW_RETURN_IF_ERROR(check_device_kv_type(o.type, o.n_embd_kv, o.head_dim > 0 ? o.head_dim : o.n_embd_kv)
+                          .with_context(impl_->name()));
   auto st = std::make_unique<VulkanKvStorage>();
   st->ctx = impl_->ctx;
   st->dev_name = impl_->name();
