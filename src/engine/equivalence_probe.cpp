@@ -59,7 +59,7 @@ Result<EquivalenceVerdict> run_equivalence_probe(Session& a, Session& b, const E
                                        a.model().fingerprint() + " vs " + b.model().fingerprint() + ")");
   }
   const std::string kv_a(kv_type_name(a.kv_type())), kv_b(kv_type_name(b.kv_type()));
-  if (o.require_same_kv_type && kv_a != kv_b) {
+  if (o.require_same_kv_type && a.kv_type() != b.kv_type()) {
     return Status::failed_precondition("equivalence probe: sessions keep their KV as " + kv_a + " and " + kv_b +
                                        " (compare placements on the KV type they serve with)");
   }
@@ -111,7 +111,7 @@ Result<EquivalenceVerdict> run_equivalence_probe(Session& a, Session& b, const E
                 v.equivalent ? "equivalent" : "NOT equivalent", 100.0 * v.agreement_rate,
                 static_cast<long long>(positions), static_cast<double>(v.max_logit_diff));
   v.summary = buf;
-  v.summary += kv_a == kv_b ? ", " + kv_a + " KV" : ", " + kv_a + " vs " + kv_b + " KV";
+  v.summary += a.kv_type() == b.kv_type() ? ", " + kv_a + " KV" : ", " + kv_a + " vs " + kv_b + " KV";
   for (const auto& p : v.prompts) {
     if (p.first_divergence >= 0) {
       std::snprintf(buf, sizeof buf, "; '%s' diverges at token %d (%s, margin %.3g)", p.prompt.c_str(),
