@@ -67,7 +67,11 @@ TEST(EquivalenceProbeTest, F16KvPlacementsAreEquivalentAndKvTypesMustMatch) {
     auto v = run_equivalence_probe(*cpu16, *ds->session, eo);
     ASSERT_TRUE(v.ok()) << v.status().to_string();
     EXPECT_TRUE(v->equivalent) << spec << ": " << v->summary;
-    EXPECT_LT(v->max_logit_diff, 1e-3f) << spec;
+    // Two placements' F32 K/V differ in their last bits (8.6e-6 in the
+    // logits with an F32 cache, the test below); rounded to F16, a value
+    // near a rounding boundary then lands one F16 step apart, so the bound
+    // is a fraction of what the KV type itself changes, not the F32 one.
+    EXPECT_LT(v->max_logit_diff, 0.25f * across->max_logit_diff) << spec;
     EXPECT_NE(v->summary.find(", f16 KV"), std::string::npos) << v->summary;
     std::printf("cpu f16 KV vs %s f16 KV: %s\n", spec.c_str(), v->summary.c_str());
   }

@@ -1354,10 +1354,15 @@ class HttpServer::Impl {
       };
       std::string out;
       if (!c.started) {
+        // The opening chunk (path, degraded, queue position, estimated
+        // delay, limits) goes out at once, not with the first token or the
+        // first keep-alive: a request queued behind a long one would
+        // otherwise learn where it stands only a keep-alive interval later.
         c.started = true;
         fill_times(c);
         out = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
         if (!c.unsent.empty()) out += released_chunks(c, tool_pass(c, std::move(c.unsent), false), false, std::nullopt);
+        return sink.write(out) ? true : fail();
       }
       serve::RequestEvent ev;
       serve::PopResult r = c.ticket->next_event(ev, keepalive);

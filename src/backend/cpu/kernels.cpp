@@ -90,6 +90,19 @@ static inline float hsum256(__m256 v) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// The F32/F16 dot order with AVX-512: one 16-lane accumulator per (weight
+// row, activation row), a fused multiply-add per 16 elements in k order, then
+// this reduction (the two 256-bit halves added, hsum256), then the scalar tail.
+// One accumulator rather than two interleaved ones is what lets a GEMM tile
+// hold 24 (row, token) pairs in registers (4 x 6); a one-token matvec gets its
+// independent chains from rows side by side instead.
+static inline float reduce512(__m512 a) {
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+}
+#endif
+
 // Multi-token dot products: one weight row against NT activation rows. The
 // weight row is loaded once per chunk; every token's accumulation is exactly
 // the sequence of operations the NT = 1 instantiation performs, so batching
@@ -141,25 +154,13 @@ template <int NT>
 static void dot_f32_n(const float* w, const float* const* x, int64_t n, float* out) {
   int64_t i0 = 0;
 #if defined(__AVX512F__)
-  __m512 a0[NT], a1[NT];
-  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
-  for (; i0 + 32 <= n; i0 += 32) {
-    const __m512 w0 = _mm512_loadu_ps(w + i0), w1 = _mm512_loadu_ps(w + i0 + 16);
-    for (int t = 0; t < NT; ++t) {
-      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
-      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + i0 + 16), a1[t]);
-    }
+  __m512 a[NT];
+  for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
+  for (; i0 + 16 <= n; i0 += 16) {
+    const __m512 wv = _mm512_loadu_ps(w + i0);
+    for (int t = 0; t < NT; ++t) a[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i0), a[t]);
   }
-  if (i0 + 16 <= n) {
-    const __m512 w0 = _mm512_loadu_ps(w + i0);
-    for (int t = 0; t < NT; ++t) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
-    i0 += 16;
-  }
-  for (int t = 0; t < NT; ++t) {
-    const __m512 a = _mm512_add_ps(a0[t], a1[t]);
-    out[t] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
-                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
-  }
+  for (int t = 0; t < NT; ++t) out[t] = reduce512(a[t]);
 #elif defined(__AVX2__) && defined(__FMA__)
   __m256 a0[NT], a1[NT];
   for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
@@ -196,26 +197,13 @@ template <int NT>
 static void dot_f16_n(const uint16_t* w, const float* const* x, int64_t n, float* out) {
   int64_t i0 = 0;
 #if defined(__AVX512F__)
-  __m512 a0[NT], a1[NT];
-  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
-  for (; i0 + 32 <= n; i0 += 32) {
-    const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i0)));
-    const __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i0 + 16)));
-    for (int t = 0; t < NT; ++t) {
-      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
-      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + i0 + 16), a1[t]);
-    }
+  __m512 a[NT];
+  for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
+  for (; i0 + 16 <= n; i0 += 16) {
+    const __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i0)));
+    for (int t = 0; t < NT; ++t) a[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i0), a[t]);
   }
-  if (i0 + 16 <= n) {
-    const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i0)));
-    for (int t = 0; t < NT; ++t) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + i0), a0[t]);
-    i0 += 16;
-  }
-  for (int t = 0; t < NT; ++t) {
-    const __m512 a = _mm512_add_ps(a0[t], a1[t]);
-    out[t] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
-                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
-  }
+  for (int t = 0; t < NT; ++t) out[t] = reduce512(a[t]);
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   __m256 a0[NT], a1[NT];
   for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
@@ -288,13 +276,11 @@ static inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// reduce_pair512 (dot_f32_n's final reduction: a0 + a1, the two 256-bit
-// halves added, hsum256) of four (a0, a1) pairs side by side: every add is
-// one of those adds on the same two operands (fp addition commutes), so each
-// lane holds the one-token result bitwise. Returns the four sums in order.
-static inline __m128 reduce4_pair512(const __m512* a0, const __m512* a1) {
-  __m512 z[4];
-  for (int i = 0; i < 4; ++i) z[i] = _mm512_add_ps(a0[i], a1[i]);
+// reduce512 (the dot order's final reduction) of four accumulators side by
+// side: every add is one of reduce512's adds on the same two operands (fp
+// addition commutes), so each lane holds the one-token result bitwise.
+// Returns the four sums in order.
+static inline __m128 reduce4_512(const __m512* z) {
   // y_i = low 256 + high 256 of z_i, two per register.
   const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
   const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
@@ -307,40 +293,39 @@ static inline __m128 reduce4_pair512(const __m512* a0, const __m512* a1) {
       _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
 }
 // The same, stored: out[t] is bitwise what dot_f32 returns for row t.
-static inline void reduce_x4(const __m512* a0, const __m512* a1, float* out) {
-  _mm_storeu_ps(out, reduce4_pair512(a0, a1));
-}
+static inline void reduce_x4(const __m512* a, float* out) { _mm_storeu_ps(out, reduce4_512(a)); }
 #endif
 
-template <typename XT>
-static void dot_x4(const float* w, const XT* const* x, int64_t n, float* out) {
+// out[j] = dot_f32(x[j], w, n) bitwise for j < N (N a multiple of 4): w is
+// loaded once for the N rows, whose accumulators are N independent chains.
+template <int N, typename XT>
+static void dot_xn(const float* w, const XT* const* x, int64_t n, float* out) {
+  static_assert(N % 4 == 0, "rows in fours");
 #if defined(__AVX512F__)
-  // dot_f32_n<4>'s accumulation, then its four reductions done side by side.
-  __m512 a0[4], a1[4];
-  for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  // dot_f32_n<N>'s accumulation, then its reductions four at a time.
+  __m512 a[N];
+  for (int t = 0; t < N; ++t) a[t] = _mm512_setzero_ps();
   int64_t i0 = 0;
-  for (; i0 + 32 <= n; i0 += 32) {
-    const __m512 w0 = _mm512_loadu_ps(w + i0), w1 = _mm512_loadu_ps(w + i0 + 16);
-    for (int t = 0; t < 4; ++t) {
-      a0[t] = _mm512_fmadd_ps(w0, load16(x[t] + i0), a0[t]);
-      a1[t] = _mm512_fmadd_ps(w1, load16(x[t] + i0 + 16), a1[t]);
+  for (; i0 + 16 <= n; i0 += 16) {
+    const __m512 wv = _mm512_loadu_ps(w + i0);
+    for (int t = 0; t < N; ++t) a[t] = _mm512_fmadd_ps(wv, load16(x[t] + i0), a[t]);
+  }
+  for (int t = 0; t < N; t += 4) reduce_x4(a + t, out + t);
+  for (int64_t i = i0; i < n; ++i)
+    for (int t = 0; t < N; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
+#else
+  for (int g = 0; g < N; g += 4) {
+    if constexpr (std::is_same_v<XT, float>) {
+      dot_f32_n<4>(w, x + g, n, out + g);
+    } else {
+      for (int t = g; t < g + 4; ++t) out[t] = dot_f16(x[t], w, n);  // the same steps with the rows converted
     }
   }
-  if (i0 + 16 <= n) {
-    const __m512 w0 = _mm512_loadu_ps(w + i0);
-    for (int t = 0; t < 4; ++t) a0[t] = _mm512_fmadd_ps(w0, load16(x[t] + i0), a0[t]);
-    i0 += 16;
-  }
-  reduce_x4(a0, a1, out);
-  for (int64_t i = i0; i < n; ++i)
-    for (int t = 0; t < 4; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
-#else
-  if constexpr (std::is_same_v<XT, float>) {
-    dot_f32_n<4>(w, x, n, out);
-  } else {
-    for (int t = 0; t < 4; ++t) out[t] = dot_f16(x[t], w, n);  // the same steps with the rows converted
-  }
 #endif
+}
+template <typename XT>
+static void dot_x4(const float* w, const XT* const* x, int64_t n, float* out) {
+  dot_xn<4>(w, x, n, out);
 }
 
 void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) { dot_x4(w, x, n, out); }
@@ -353,34 +338,21 @@ void dot_f32_x4(const float* w, const uint16_t* const* x, int64_t n, float* out)
 template <int NC, typename XT>
 static inline void dot_2x4_impl(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
   if constexpr (NC > 0) n = 16 * NC;
-  __m512 a0[2][4], a1[2][4];
+  __m512 a[2][4];
   for (int r = 0; r < 2; ++r)
-    for (int t = 0; t < 4; ++t) a0[r][t] = a1[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < 4; ++t) a[r][t] = _mm512_setzero_ps();
   int64_t i0 = 0;
-  for (; i0 + 32 <= n; i0 += 32) {
-    const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w01 = _mm512_loadu_ps(w[0] + i0 + 16);
-    const __m512 w10 = _mm512_loadu_ps(w[1] + i0), w11 = _mm512_loadu_ps(w[1] + i0 + 16);
+  for (; i0 + 16 <= n; i0 += 16) {
+    const __m512 w0 = _mm512_loadu_ps(w[0] + i0), w1 = _mm512_loadu_ps(w[1] + i0);
     for (int t = 0; t < 4; ++t) {
-      const __m512 x0 = load16(x[t] + i0);
-      a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
-      a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
-      const __m512 x1 = load16(x[t] + i0 + 16);
-      a1[0][t] = _mm512_fmadd_ps(w01, x1, a1[0][t]);
-      a1[1][t] = _mm512_fmadd_ps(w11, x1, a1[1][t]);
+      const __m512 xv = load16(x[t] + i0);
+      a[0][t] = _mm512_fmadd_ps(w0, xv, a[0][t]);
+      a[1][t] = _mm512_fmadd_ps(w1, xv, a[1][t]);
     }
-  }
-  if (i0 + 16 <= n) {
-    const __m512 w00 = _mm512_loadu_ps(w[0] + i0), w10 = _mm512_loadu_ps(w[1] + i0);
-    for (int t = 0; t < 4; ++t) {
-      const __m512 x0 = load16(x[t] + i0);
-      a0[0][t] = _mm512_fmadd_ps(w00, x0, a0[0][t]);
-      a0[1][t] = _mm512_fmadd_ps(w10, x0, a0[1][t]);
-    }
-    i0 += 16;
   }
   float* out[2] = {out0, out1};
   for (int r = 0; r < 2; ++r) {
-    reduce_x4(a0[r], a1[r], out[r]);
+    reduce_x4(a[r], out[r]);
     if constexpr (NC == 0) {  // a width that is not a multiple of 16
       for (int64_t i = i0; i < n; ++i)
         for (int t = 0; t < 4; ++t) out[r][t] = std::fma(w[r][i], scalar_w(x[t] + i), out[r][t]);
@@ -586,33 +558,34 @@ void matmul_rows(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows,
   }
 }
 
-// One GEMM block: tile(r, t, out) computes rows r..r+R-1 against tokens
-// t..t+T-1 into out[i * T + j]; the edges go through dot.
+// One GEMM block: tile(r, t, yt) computes rows r..r+R-1 against tokens
+// t..t+T-1 into yt[j * n_rows + i] (yt = y + t * n_rows + r); the edges go
+// through dot. Tokens are the outer loop: a tile's T activation rows stay in
+// L1 while the block's weight rows stream past them from L2 (measured faster
+// than rows outer for both the 2048 x 768 and the 768 x 2048 shapes).
 template <int R, int T, typename Tile, typename Dot>
 void gemm_block(int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, float* y, Tile tile, Dot dot) {
   static_assert(kGemmRowBlock % R == 0 && kGemmTokBlock % T == 0, "blocks must hold whole tiles");
-  float out[R * T];
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    int64_t t = t0;
-    for (; t + T <= t1; t += T) {
-      tile(r, t, out);
-      for (int j = 0; j < T; ++j)
-        for (int i = 0; i < R; ++i) y[(t + j) * n_rows + r + i] = out[i * T + j];
-    }
-    if (t < t1) matmul_rows(r, r + R, t, t1, n_rows, y, dot);
+  const int64_t rf = r0 + (r1 - r0) / R * R;  // the rows in whole tiles
+  int64_t t = t0;
+  for (; t + T <= t1; t += T)
+    for (int64_t r = r0; r < rf; r += R) tile(r, t, y + t * n_rows + r);
+  if (t < t1) matmul_rows(r0, rf, t, t1, n_rows, y, dot);
+  if (rf < r1) matmul_rows(rf, r1, t0, t1, n_rows, y, dot);
+}
+
+// A tile from the multi-token kernel, row by row: dot(r + i, t, T, ...) for
+// i < R, stored as gemm_block's tiles are (T is kTokGroup).
+template <int R, int T, typename Dot>
+void rows_tile(int64_t r, int64_t t, float* yt, int64_t ldy, Dot dot) {
+  float out[T];
+  for (int i = 0; i < R; ++i) {
+    dot(r + i, t, T, out);
+    for (int j = 0; j < T; ++j) yt[j * ldy + i] = out[j];
   }
-  if (r < r1) matmul_rows(r, r1, t0, t1, n_rows, y, dot);
 }
 
 #if defined(__AVX512F__)
-// dot_f32_n / dot_f16_n end with (a0 + a1), the two 256-bit halves added, hsum256.
-inline float reduce_pair512(__m512 a0, __m512 a1) {
-  const __m512 a = _mm512_add_ps(a0, a1);
-  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
-                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
-}
-
 // Pins a loaded vector in a register: without it GCC folds the activation
 // load into every FMA that uses it (one load per FMA instead of one per tile
 // column), and the tile becomes load-bound again.
@@ -621,61 +594,41 @@ inline __m512 in_reg(__m512 v) {
   return v;
 }
 
-// R x T tile of dot_f32_n / dot_f16_n (AVX-512): per (row, token) the
-// accumulators a0 (elements 0..15 of each 32) and a1 (16..31), a 16-wide
-// remainder into a0, the reduction, then the scalar tail, in the one-token
-// order.
-template <int R, int T, typename WT>
-void tile_float(const WT* const* w, const float* const* x, int64_t n, float* out) {
-  __m512 a0[R][T], a1[R][T];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) a0[i][j] = a1[i][j] = _mm512_setzero_ps();
+// 4 x T tile of dot_f32_n / dot_f16_n (AVX-512): per (row, token) one
+// accumulator in the one-token order, then per token the four rows'
+// reductions side by side (reduce4_512, bitwise reduce512) stored as four
+// consecutive outputs, then the scalar tail on them. 4 x 6 = 24 accumulators
+// plus four weight vectors and one activation vector fill 29 of the 32 zmm
+// registers: 2.4 FMAs per load (the two-accumulator order this replaced fit
+// only 4 x 3, 1.7 per load; kernels_bench BM_Gemm F32 went from about 55%
+// to about 75% of the core's FMA peak).
+template <int T, typename WT>
+void tile_float(const WT* const* w, const float* const* x, int64_t n, float* yt, int64_t ldy) {
+  constexpr int R = 4;
+  __m512 a[T][R];
+  for (int j = 0; j < T; ++j)
+    for (int i = 0; i < R; ++i) a[j][i] = _mm512_setzero_ps();
   int64_t i0 = 0;
-  for (; i0 + 32 <= n; i0 += 32) {
+  for (; i0 + 16 <= n; i0 += 16) {
     __m512 wv[R];
     for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0));
     for (int j = 0; j < T; ++j) {
       const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0));
-      for (int i = 0; i < R; ++i) a0[i][j] = _mm512_fmadd_ps(wv[i], xv, a0[i][j]);
-    }
-    for (int i = 0; i < R; ++i) wv[i] = in_reg(load16(w[i] + i0 + 16));
-    for (int j = 0; j < T; ++j) {
-      const __m512 xv = in_reg(_mm512_loadu_ps(x[j] + i0 + 16));
-      for (int i = 0; i < R; ++i) a1[i][j] = _mm512_fmadd_ps(wv[i], xv, a1[i][j]);
+      for (int i = 0; i < R; ++i) a[j][i] = _mm512_fmadd_ps(wv[i], xv, a[j][i]);
     }
   }
-  if (i0 + 16 <= n) {
-    for (int i = 0; i < R; ++i) {
-      const __m512 wv = load16(w[i] + i0);
-      for (int j = 0; j < T; ++j) a0[i][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + i0), a0[i][j]);
-    }
-    i0 += 16;
-  }
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) out[i * T + j] = reduce_pair512(a0[i][j], a1[i][j]);
+  for (int j = 0; j < T; ++j) reduce_x4(a[j], yt + j * ldy);
   for (int64_t k = i0; k < n; ++k)
     for (int i = 0; i < R; ++i) {
       const float wk = scalar_w(w[i] + k);
-      for (int j = 0; j < T; ++j) out[i * T + j] = std::fma(wk, x[j][k], out[i * T + j]);
+      for (int j = 0; j < T; ++j) yt[j * ldy + i] = std::fma(wk, x[j][k], yt[j * ldy + i]);
     }
 }
-constexpr int kFloatTileRows = 4;
-constexpr int kFloatTileToks = 3;  // 4 x 3 x 2 = 24 of the 32 zmm registers accumulate
-
-
+constexpr int kFloatTileToks = 6;
 #else
-// Without AVX-512 a tile is its rows through the multi-token kernel.
-template <int R, int T>
-void tile_float(const float* const* w, const float* const* x, int64_t n, float* out) {
-  for (int i = 0; i < R; ++i) dot_f32_n<T>(w[i], x, n, out + i * T);
-}
-template <int R, int T>
-void tile_float(const uint16_t* const* w, const float* const* x, int64_t n, float* out) {
-  for (int i = 0; i < R; ++i) dot_f16_n<T>(w[i], x, n, out + i * T);
-}
-constexpr int kFloatTileRows = 4;
-constexpr int kFloatTileToks = kTokGroup;
+constexpr int kFloatTileToks = kTokGroup;  // rows_tile
 #endif
+constexpr int kFloatTileRows = 4;
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define SPW_GEMM_Q8_0_VNNI512 1
@@ -690,8 +643,7 @@ constexpr int kFloatTileToks = kTokGroup;
 // `xd` holds each pair's block scales as 8 + 8 lanes (prepared once too).
 template <int R, int TP>
 void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, const float* xd, int64_t pair_stride, int64_t nb,
-               float* out) {
-  constexpr int T = 2 * TP;
+               float* yt, int64_t ldy) {
   __m512 acc[R][TP];
   for (int i = 0; i < R; ++i)
     for (int p = 0; p < TP; ++p) acc[i][p] = _mm512_setzero_ps();
@@ -712,8 +664,8 @@ void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, const float* xd, in
   }
   for (int i = 0; i < R; ++i)
     for (int p = 0; p < TP; ++p) {
-      out[i * T + 2 * p] = hsum256(_mm512_castps512_ps256(acc[i][p]));
-      out[i * T + 2 * p + 1] = hsum256(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][p]), 1)));
+      yt[2 * p * ldy + i] = hsum256(_mm512_castps512_ps256(acc[i][p]));
+      yt[(2 * p + 1) * ldy + i] = hsum256(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][p]), 1)));
     }
 }
 constexpr int kQ8TileRows = 4;
@@ -852,31 +804,32 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
         else dot_f32_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
       };
 #if defined(__AVX512F__)
-      // One token (decode's matvec): four weight rows at a time, the
-      // attention's dot_f32_x4 with the activation as its one row (the
-      // same fused steps and reduction per row as dot_f32: the product
-      // commutes). Four rows give the core four independent weight streams,
-      // which keeps more cache misses in flight than one row after another:
-      // F32 decode's matvec (kernels_bench BM_Matmul/f32/1/1, 64 MiB) went
-      // from 3.2-4.8 ms to 3.0-3.5 ms, near the core's read bandwidth. F16
-      // measured slower this way (1.7-1.9 ms against 1.0-1.4) and keeps the
-      // row-by-row loop.
+      // One token (decode's matvec): eight weight rows at a time, each with
+      // dot_f32's one accumulator (the activation is loaded once for the
+      // eight; the product commutes). One row after another would leave each
+      // FMA waiting on the previous one; eight streams also keep more cache
+      // misses in flight (the 32000 x 768 output head: 1.2x four rows, 1.4x
+      // one row). F16 keeps the row-by-row loop, which measured faster for
+      // weights streamed from memory (more streams than the prefetchers follow).
       if (!gemm && t1 - t0 == 1) {
         int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) {
-          const float* wr[4];
-          for (int i = 0; i < 4; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
-          dot_f32_x4(px.rows[static_cast<size_t>(t0)], wr, n_cols, y + t0 * n_rows + r);
+        for (; r + 8 <= r1; r += 8) {
+          const float* wr[8];
+          for (int i = 0; i < 8; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
+          dot_xn<8>(px.rows[static_cast<size_t>(t0)], wr, n_cols, y + t0 * n_rows + r);
         }
         return matmul_rows(r, r1, t0, t1, n_rows, y, dot);
       }
 #endif
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-      constexpr int R = kFloatTileRows, T = kFloatTileToks;
-      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
-        const float* wr[R];
-        for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
-        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+      gemm_block<kFloatTileRows, kFloatTileToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
+#if defined(__AVX512F__)
+        const float* wr[kFloatTileRows];
+        for (int i = 0; i < kFloatTileRows; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
+        tile_float<kFloatTileToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
+#else
+        rows_tile<kFloatTileRows, kFloatTileToks>(r, t, yt, n_rows, dot);
+#endif
       }, dot);
       return;
     }
@@ -887,11 +840,14 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
         else dot_f16_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
       };
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-      constexpr int R = kFloatTileRows, T = kFloatTileToks;
-      gemm_block<R, T>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
-        const uint16_t* wr[R];
-        for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const uint16_t*>(row(r + i));
-        tile_float<R, T>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
+      gemm_block<kFloatTileRows, kFloatTileToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
+#if defined(__AVX512F__)
+        const uint16_t* wr[kFloatTileRows];
+        for (int i = 0; i < kFloatTileRows; ++i) wr[i] = reinterpret_cast<const uint16_t*>(row(r + i));
+        tile_float<kFloatTileToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
+#else
+        rows_tile<kFloatTileRows, kFloatTileToks>(r, t, yt, n_rows, dot);
+#endif
       }, dot);
       return;
     }
@@ -906,15 +862,15 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
 #if defined(SPW_GEMM_Q8_0_VNNI512)
       constexpr int R = kQ8TileRows, TP = kQ8TilePairs;
       const int64_t pair_stride = px.nb * 64;
-      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
+      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
         const BlockQ8_0* wr[R];
         for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(row(r + i));
         tile_q8_0<R, TP>(wr, px.xu.data() + (t / 2) * pair_stride, px.xs.data() + (t / 2) * pair_stride / 4,
-                         pair_stride, px.nb, out);
+                         pair_stride, px.nb, yt, n_rows);
       }, dot);
 #else
-      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
-        for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
+        rows_tile<kFloatTileRows, kTokGroup>(r, t, yt, n_rows, dot);
       }, dot);
 #endif
       return;
@@ -929,8 +885,8 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       // Low-bit types: GEMM blocks (cache locality, both dimensions split)
       // around the multi-token kernel.
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* out) {
-        for (int i = 0; i < kFloatTileRows; ++i) dot(r + i, t, kTokGroup, out + i * kTokGroup);
+      gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
+        rows_tile<kFloatTileRows, kTokGroup>(r, t, yt, n_rows, dot);
       }, dot);
     }
   }

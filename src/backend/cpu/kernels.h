@@ -11,8 +11,10 @@
 // split, never the reduction). From 8 tokens on, matmul runs as a GEMM:
 // blocks of rows x tokens are the parallel work items and register tiles
 // replay the one-token operation sequence per (row, token) (kernels.cpp).
-// One F32 token (decode's matvec) runs four rows side by side, each row's
-// operations unchanged.
+// With AVX-512 an F32/F16 dot product keeps one 16-lane accumulator in k
+// order and reduces it at the end (kernels.cpp, reduce512); one F32 token
+// (decode's matvec) runs eight rows side by side, each row's operations
+// unchanged.
 // Q8_0 follows llama.cpp: the activation row is quantised to Q8_0 blocks
 // (d = max|x|/127 stored as fp16, q = round(x/d)), and each block's integer dot
 // is scaled by d_w * d_x.
