@@ -7,11 +7,13 @@
 #include "gguf/quant_blocks.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace spw::cpu {
@@ -332,19 +334,20 @@ void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) { 
 void dot_f32_x4(const float* w, const uint16_t* const* x, int64_t n, float* out) { dot_x4(w, x, n, out); }
 
 #if defined(__AVX512F__)
-// dot_f32_x4 for two w rows at once: each x chunk is loaded once for both
-// rows. NC = n / 16 chunks when known at compile time (a head's width: the
-// loops unroll and the 16 accumulators stay in registers), 0 for any n.
-template <int NC, typename XT>
-static inline void dot_2x4_impl(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
+// dot_xn<P> for two w rows at once: each x chunk is loaded once for both
+// rows, 2 * P independent accumulators. NC = n / 16 chunks when known at
+// compile time (a head's width: the loops unroll and the accumulators stay in
+// registers), 0 for any n.
+template <int P, int NC, typename XT>
+static inline void dot_2xp_impl(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
   if constexpr (NC > 0) n = 16 * NC;
-  __m512 a[2][4];
+  __m512 a[2][P];
   for (int r = 0; r < 2; ++r)
-    for (int t = 0; t < 4; ++t) a[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < P; ++t) a[r][t] = _mm512_setzero_ps();
   int64_t i0 = 0;
   for (; i0 + 16 <= n; i0 += 16) {
     const __m512 w0 = _mm512_loadu_ps(w[0] + i0), w1 = _mm512_loadu_ps(w[1] + i0);
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < P; ++t) {
       const __m512 xv = load16(x[t] + i0);
       a[0][t] = _mm512_fmadd_ps(w0, xv, a[0][t]);
       a[1][t] = _mm512_fmadd_ps(w1, xv, a[1][t]);
@@ -352,38 +355,44 @@ static inline void dot_2x4_impl(const float* const* w, const XT* const* x, int64
   }
   float* out[2] = {out0, out1};
   for (int r = 0; r < 2; ++r) {
-    reduce_x4(a[r], out[r]);
+    for (int t = 0; t < P; t += 4) reduce_x4(a[r] + t, out[r] + t);
     if constexpr (NC == 0) {  // a width that is not a multiple of 16
       for (int64_t i = i0; i < n; ++i)
-        for (int t = 0; t < 4; ++t) out[r][t] = std::fma(w[r][i], scalar_w(x[t] + i), out[r][t]);
+        for (int t = 0; t < P; ++t) out[r][t] = std::fma(w[r][i], scalar_w(x[t] + i), out[r][t]);
     }
   }
 }
+
+template <int P, typename XT, size_t... I>
+static constexpr auto fixed_2xp(std::index_sequence<I...>) {
+  using Fixed = void (*)(const float* const*, const XT* const*, int64_t, float*, float*);
+  return std::array<Fixed, sizeof...(I)>{dot_2xp_impl<P, static_cast<int>(I) + 1, XT>...};
+}
 #endif
 
-template <typename XT>
-static void dot_2x4(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
+template <int P, typename XT>
+static void dot_2xp(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
 #if defined(__AVX512F__)
-  using Fixed = void (*)(const float* const*, const XT* const*, int64_t, float*, float*);
-  static constexpr Fixed kFixed[] = {dot_2x4_impl<1, XT>,  dot_2x4_impl<2, XT>,  dot_2x4_impl<3, XT>,
-                                     dot_2x4_impl<4, XT>,  dot_2x4_impl<5, XT>,  dot_2x4_impl<6, XT>,
-                                     dot_2x4_impl<7, XT>,  dot_2x4_impl<8, XT>,  dot_2x4_impl<9, XT>,
-                                     dot_2x4_impl<10, XT>, dot_2x4_impl<11, XT>, dot_2x4_impl<12, XT>,
-                                     dot_2x4_impl<13, XT>, dot_2x4_impl<14, XT>, dot_2x4_impl<15, XT>,
-                                     dot_2x4_impl<16, XT>};
-  if (n % 16 == 0 && n >= 16 && n <= 256) return kFixed[n / 16 - 1](w, x, n, out0, out1);
-  dot_2x4_impl<0, XT>(w, x, n, out0, out1);
+  static constexpr auto kFixed = fixed_2xp<P, XT>(std::make_index_sequence<16>());  // widths 16..256
+  if (n % 16 == 0 && n >= 16 && n <= 256) return kFixed[static_cast<size_t>(n / 16 - 1)](w, x, n, out0, out1);
+  dot_2xp_impl<P, 0, XT>(w, x, n, out0, out1);
 #else
-  dot_x4(w[0], x, n, out0);
-  dot_x4(w[1], x, n, out1);
+  dot_xn<P>(w[0], x, n, out0);
+  dot_xn<P>(w[1], x, n, out1);
 #endif
 }
 
 void dot_f32_2x4(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1) {
-  dot_2x4(w, x, n, out0, out1);
+  dot_2xp<4>(w, x, n, out0, out1);
 }
 void dot_f32_2x4(const float* const* w, const uint16_t* const* x, int64_t n, float* out0, float* out1) {
-  dot_2x4(w, x, n, out0, out1);
+  dot_2xp<4>(w, x, n, out0, out1);
+}
+void dot_f32_2x8(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1) {
+  dot_2xp<8>(w, x, n, out0, out1);
+}
+void dot_f32_2x8(const float* const* w, const uint16_t* const* x, int64_t n, float* out0, float* out1) {
+  dot_2xp<8>(w, x, n, out0, out1);
 }
 
 // a * b + c with one rounding where the target has FMA (as the AVX-512 path's

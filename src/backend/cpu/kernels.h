@@ -55,11 +55,16 @@ void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out);
 // bitwise for j < 4 (two query rows against four positions; each x row is
 // loaded once for both).
 void dot_f32_2x4(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1);
-// The same three helpers over F16 K/V rows (an F16 KV cache read in place):
+// dot_f32_2x4 over eight positions (16 independent accumulators: a head of
+// 48-64 values is only 3-4 fused steps per chain, too short to hide the FMA
+// latency with eight).
+void dot_f32_2x8(const float* const* w, const float* const* x, int64_t n, float* out0, float* out1);
+// The same helpers over F16 K/V rows (an F16 KV cache read in place):
 // bitwise what the F32 forms give on the rows converted to F32 (exact), as
 // dot_f16(x, w, n) is dot_f32 of the converted row.
 void dot_f32_x4(const float* w, const uint16_t* const* x, int64_t n, float* out);
 void dot_f32_2x4(const float* const* w, const uint16_t* const* x, int64_t n, float* out0, float* out1);
+void dot_f32_2x8(const float* const* w, const uint16_t* const* x, int64_t n, float* out0, float* out1);
 // out[d] = 0 (unless `accumulate`: out's values go on), then for p < n_pos in
 // order out[d] = a[p] * v[p][d] + out[d], for d < dim, one fused multiply-add
 // per term where the target has FMA (spelled out, so every optimisation level

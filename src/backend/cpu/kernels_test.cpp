@@ -369,6 +369,19 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
         }
       }
     }
+    // Two query rows against eight positions at once.
+    for (int64_t p = 0; p + 8 <= n_pos; p += 8) {
+      const float* qs[2] = {q.data(), rows[static_cast<size_t>(n_pos / 2)]};
+      float two[16];
+      dot_f32_2x8(qs, &rows[static_cast<size_t>(p)], dim, two, two + 8);
+      for (int j = 0; j < 8; ++j) {
+        for (int r = 0; r < 2; ++r) {
+          const float rj = dot_f32(rows[static_cast<size_t>(p + j)], qs[r], dim);
+          ASSERT_EQ(0, std::memcmp(&rj, &two[8 * r + j], 4)) << "2x8 dim " << dim << " row " << r << " position "
+                                                              << p + j;
+        }
+      }
+    }
     auto a = randv(g, static_cast<size_t>(n_pos));
     std::vector<float> ref(static_cast<size_t>(dim), 0.0f), got(static_cast<size_t>(dim), -1.0f);
     for (int64_t p = 0; p < n_pos; ++p) {
@@ -439,6 +452,12 @@ TEST(Kernels, AttentionHelpersOverHalvesMatchConvertedRows) {
       ASSERT_TRUE(same(h8, f8, 8)) << "dot_f32_2x4 dim " << dim << " at " << p;
       const float one = dot_f16(hr[static_cast<size_t>(p)], q.data(), dim);
       ASSERT_TRUE(same(&one, &f4[0], 1)) << "dot_f16 dim " << dim;
+      if (p + 8 <= n_pos) {
+        float h16[16], f16[16];
+        dot_f32_2x8(qs, hr.data() + p, dim, h16, h16 + 8);
+        dot_f32_2x8(qs, fr.data() + p, dim, f16, f16 + 8);
+        ASSERT_TRUE(same(h16, f16, 16)) << "dot_f32_2x8 dim " << dim << " at " << p;
+      }
     }
     const auto a = randv(g, static_cast<size_t>(4 * n_pos));
     const float* ar[4] = {a.data(), a.data() + n_pos, a.data() + 2 * n_pos, a.data() + 3 * n_pos};
