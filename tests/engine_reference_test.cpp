@@ -33,7 +33,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/env.h"
 #include "engine/engine_test_util.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "engine/session.h"
 #include "gguf/gguf.h"
 #include "gguf/quant.h"

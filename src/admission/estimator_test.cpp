@@ -13,7 +13,7 @@
 #include "admission/alloc_tracker.h"
 #include "backend/cpu/cpu_backend.h"
 #include "engine/device_session.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "engine/session.h"
 #include "model/model.h"
 #include "tools/modelgen/random_llama.h"

@@ -1,4 +1,4 @@
-// `spillway reserve --bytes SIZE [--name N] [--server URL] [--ttl-s S] -- CMD ARGS...`:
+// `spillway reserve --bytes SIZE [--name N] [--server URL] [--api-key K] [--ttl-s S] -- CMD ARGS...`:
 // holds a co-tenant reservation on a running `spillway serve` for the
 // lifetime of a child process, so that another service (transcription, image
 // search) started under it is counted by admission from its first byte.
@@ -9,7 +9,9 @@
 // refuses, CMD is not started (exit 1): a service started without its
 // reservation is exactly what this verb exists to prevent. If renewals fail
 // while CMD runs (server restarted), a warning is printed and CMD keeps
-// running; the lease then expires on its own.
+// running; the lease then expires on its own. A server started with
+// --api-key needs the key (--api-key, or $SPILLWAY_API_KEY as `spillway chat`
+// reads it), sent as a bearer token on every call.
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <mutex>
@@ -37,6 +40,7 @@ struct ReserveOptions {
   std::string bytes;
   std::string name = "co-tenant";
   std::string server = "http://127.0.0.1:8080";
+  std::string api_key;  // empty: $SPILLWAY_API_KEY, else none
   double ttl_s = 30;
   std::vector<std::string> command;
 };
@@ -47,7 +51,20 @@ extern "C" void forward_signal(int sig) {
   if (g_child > 0) kill(g_child, sig);
 }
 
+// A client of the server with the bearer token set when there is a key.
+httplib::Client server_client(const ReserveOptions& o, const std::string& key) {
+  httplib::Client c(o.server);
+  c.set_connection_timeout(5, 0);
+  c.set_read_timeout(10, 0);
+  if (!key.empty()) c.set_bearer_token_auth(key);
+  return c;
+}
+
 int run_reserve(const ReserveOptions& o) {
+  std::string key = o.api_key;
+  if (key.empty()) {
+    if (const char* k = std::getenv("SPILLWAY_API_KEY")) key = k;
+  }
   auto bytes = parse_memory_size(o.bytes);
   if (!bytes.ok()) {
     std::fprintf(stderr, "spillway reserve: --bytes %s: %s\n", o.bytes.c_str(), bytes.status().message().c_str());
@@ -57,9 +74,7 @@ int run_reserve(const ReserveOptions& o) {
     std::fprintf(stderr, "spillway reserve: no command given (spillway reserve --bytes 2GiB -- CMD ARGS...)\n");
     return 2;
   }
-  httplib::Client http(o.server);
-  http.set_connection_timeout(5, 0);
-  http.set_read_timeout(10, 0);
+  httplib::Client http = server_client(o, key);
   const nlohmann::json req = {{"name", o.name}, {"bytes", *bytes}, {"ttl_s", o.ttl_s}};
   auto res = http.Post("/v1/reservations", req.dump(), "application/json");
   if (!res) {
@@ -68,8 +83,11 @@ int run_reserve(const ReserveOptions& o) {
     return 1;
   }
   if (res->status != 201) {
-    std::fprintf(stderr, "spillway reserve: %s refused the reservation (HTTP %d): %s\n", o.server.c_str(), res->status,
-                 res->body.c_str());
+    std::fprintf(stderr, "spillway reserve: %s refused the reservation (HTTP %d): %s%s\n", o.server.c_str(), res->status,
+                 res->body.c_str(),
+                 res->status != 401   ? ""
+                 : key.empty()        ? "; the server wants an API key: --api-key or $SPILLWAY_API_KEY"
+                                      : "; the API key given is not one of the server's");
     return 1;
   }
   const auto info = nlohmann::json::parse(res->body, nullptr, false);
@@ -104,9 +122,7 @@ int run_reserve(const ReserveOptions& o) {
   std::condition_variable cv;
   bool done = false;
   std::thread heartbeat([&] {
-    httplib::Client hb(o.server);
-    hb.set_connection_timeout(5, 0);
-    hb.set_read_timeout(10, 0);
+    httplib::Client hb = server_client(o, key);
     const auto period = std::chrono::milliseconds(static_cast<int64_t>(o.ttl_s * 1000 / 3));
     std::unique_lock<std::mutex> lk(mu);
     while (!cv.wait_for(lk, period, [&] { return done; })) {
@@ -149,6 +165,7 @@ void add_reserve(CLI::App& app, int& exit_code) {
   sub->add_option("--bytes", o->bytes, "Memory the command will use, e.g. 2GiB")->required();
   sub->add_option("--name", o->name, "Name shown in /v1/status")->capture_default_str();
   sub->add_option("--server", o->server, "The Spillway server")->capture_default_str();
+  sub->add_option("--api-key", o->api_key, "API key of the server (default: $SPILLWAY_API_KEY)");
   sub->add_option("--ttl-s", o->ttl_s, "Lease length; renewed every ttl/3 while the command runs")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 86400.0));

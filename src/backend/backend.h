@@ -43,7 +43,7 @@
 #include <string>
 
 #include "core/status.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 

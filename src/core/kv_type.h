@@ -1,6 +1,6 @@
 // KvType: the element type of the KV cache (`--kv-type f32|f16|q8_0`).
 //
-// Contract: one enum shared by the engine (engine/kv_cache.h stores rows of
+// Contract: one enum shared by the KV cache (kv/kv_cache.h stores rows of
 // this type), the backends and the estimator (admission/estimator.h sizes
 // them), so the pool, the device buffers and the estimate agree on one byte
 // count: kv_row_bytes(type, n) is the storage of one K (or V) row of n

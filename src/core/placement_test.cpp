@@ -46,7 +46,8 @@ TEST(Placement, ErrorsNameTheTextAndTheAcceptedForms) {
     auto p = Placement::parse(bad);
     ASSERT_FALSE(p.ok()) << bad;
     EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(p.status().message().find("'" + std::string(bad) + "'"), std::string::npos) << p.status().to_string();
+    const std::string quoted = std::string("'").append(bad).append("'");
+    EXPECT_NE(p.status().message().find(quoted), std::string::npos) << p.status().to_string();
     EXPECT_NE(p.status().message().find("cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX"),
               std::string::npos)
         << p.status().to_string();

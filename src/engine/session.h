@@ -47,7 +47,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 

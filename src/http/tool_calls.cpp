@@ -30,7 +30,10 @@ std::string mistral_call_id(int64_t request_id, int32_t index) {
 
 void py_dump(const ojson& j, int indent, int level, std::string& out) {
   const auto newline = [&](int lv) {
-    if (indent > 0) out += "\n" + std::string(static_cast<size_t>(indent * lv), ' ');
+    if (indent > 0) {
+      out += '\n';
+      out.append(static_cast<size_t>(indent * lv), ' ');
+    }
   };
   const std::string_view sep = indent > 0 ? "," : ", ";
   if (j.is_object()) {

@@ -127,3 +127,37 @@ TEST_F(ReserveCli, NeverStartsTheCommandWithoutItsReservation) {
 }
 
 }  // namespace
+
+// A server with API keys: without the key the reservation is refused (401,
+// with the hint) and the command never starts; with --api-key it is held,
+// renewed and released as on an open server.
+TEST_F(ReserveCli, SendsTheApiKeyToAServerThatWantsOne) {
+  Server s({"--device", "cpu", "--api-key", "k-reserve-0123456789"});
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  std::vector<std::string> args = {"reserve", "--bytes", "1MiB", "--server", s.url()};
+  for (auto& a : child(0)) args.push_back(a);
+  int err = -1;
+  pid_t pid = spw::testing::start(args, &err);
+  ASSERT_GT(pid, 0);
+  spw::testing::Finished f = spw::testing::wait_for(pid, err, std::chrono::seconds(30));
+  EXPECT_EQ(f.exit_code, 1) << f.err;
+  EXPECT_NE(f.err.find("(HTTP 401)"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("--api-key or $SPILLWAY_API_KEY"), std::string::npos) << f.err;
+  EXPECT_FALSE(std::filesystem::exists(marker()));
+
+  args = {"reserve", "--bytes", "1MiB", "--server", s.url(), "--api-key", "k-reserve-0123456789", "--ttl-s", "1"};
+  for (auto& a : child(3)) args.push_back(a);
+  pid = spw::testing::start(args, &err);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_until(std::chrono::seconds(30), [&] { return std::filesystem::exists(marker()); }))
+      << "the command never started";
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_bearer_token_auth("k-reserve-0123456789");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // 1.5 ttls: renewals carry the key too
+  EXPECT_EQ(get_json(c, "/v1/reservations")["data"].size(), 1u);
+  std::filesystem::remove(marker());
+  f = spw::testing::wait_for(pid, err, std::chrono::seconds(30));
+  EXPECT_EQ(f.exit_code, 3) << f.err;
+  EXPECT_NE(f.err.find("released"), std::string::npos) << f.err;
+  EXPECT_TRUE(get_json(c, "/v1/reservations")["data"].empty());
+}

@@ -9,7 +9,7 @@
 // Tensors larger than one buffer may hold (maxStorageBufferRange, 128 MiB on
 // lavapipe, or options.max_buffer_bytes) are split by rows over several
 // buffers (options.max_buffer_bytes can lower this for weights). K/V live in device memory: make pools with create_kv_pool() (the
-// engine's block tables and counters are unchanged; see engine/kv_cache.h).
+// block tables and counters are unchanged; see kv/kv_cache.h).
 // Batches: forward_batch runs the rows of several sequences (decode steps and
 // prefill chunks mixed) in one pass over the weights, so a session group's
 // batched step costs one weight pass on the device as on the CPU.

@@ -6,7 +6,7 @@
 #include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/fault_injector.h"
 #include "backend/vulkan/vulkan_backend.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 
 namespace spw {
 namespace {

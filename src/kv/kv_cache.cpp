@@ -1,4 +1,4 @@
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 
 #include <algorithm>
 #include <cstring>
