@@ -52,6 +52,14 @@ class ReserveCli : public ::testing::Test {
                 std::to_string(code)};
   }
   std::string marker() const { return (dir_ / "running").string(); }
+  // `spillway ARGS -- child(code)`, run to its end (at most 30 s).
+  static spw::testing::Finished run_to_end(std::vector<std::string> args, const std::vector<std::string>& cmd) {
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    int err = -1;
+    const pid_t pid = spw::testing::start(args, &err);
+    if (pid <= 0) return {};
+    return spw::testing::wait_for(pid, err, std::chrono::seconds(30));
+  }
   std::filesystem::path dir_;
 };
 
@@ -92,12 +100,8 @@ TEST_F(ReserveCli, HoldsTheReservationWhileTheCommandRunsAndExitsWithItsStatus) 
 
 TEST_F(ReserveCli, NeverStartsTheCommandWithoutItsReservation) {
   // No server there: exit 1, the command does not run.
-  std::vector<std::string> args = {"reserve", "--bytes", "1MiB", "--server", "http://127.0.0.1:1"};
-  for (auto& a : child(0)) args.push_back(a);
-  int err = -1;
-  pid_t pid = spw::testing::start(args, &err);
-  ASSERT_GT(pid, 0);
-  spw::testing::Finished f = spw::testing::wait_for(pid, err, std::chrono::seconds(30));
+  spw::testing::Finished f =
+      run_to_end({"reserve", "--bytes", "1MiB", "--server", "http://127.0.0.1:1"}, child(0));
   EXPECT_EQ(f.exit_code, 1) << f.err;
   EXPECT_NE(f.err.find("not starting the command"), std::string::npos) << f.err;
   EXPECT_FALSE(std::filesystem::exists(marker()));
@@ -106,21 +110,14 @@ TEST_F(ReserveCli, NeverStartsTheCommandWithoutItsReservation) {
   // 1 with the server's reason.
   Server s({"--device", "cpu"});
   ASSERT_GT(s.port(), 0) << s.ready_line();
-  args = {"reserve", "--bytes", "1MiB", "--server", s.url(), "--name", std::string(70, 'n')};
-  for (auto& a : child(0)) args.push_back(a);
-  pid = spw::testing::start(args, &err);
-  ASSERT_GT(pid, 0);
-  f = spw::testing::wait_for(pid, err, std::chrono::seconds(30));
+  f = run_to_end({"reserve", "--bytes", "1MiB", "--server", s.url(), "--name", std::string(70, 'n')}, child(0));
   EXPECT_EQ(f.exit_code, 1) << f.err;
   EXPECT_NE(f.err.find("refused the reservation (HTTP 400)"), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("\"param\":\"name\""), std::string::npos) << f.err;
   EXPECT_FALSE(std::filesystem::exists(marker()));
 
   // A bad size is the CLI's own error, before any request.
-  args = {"reserve", "--bytes", "lots", "--server", s.url()};
-  for (auto& a : child(0)) args.push_back(a);
-  pid = spw::testing::start(args, &err);
-  f = spw::testing::wait_for(pid, err, std::chrono::seconds(30));
+  f = run_to_end({"reserve", "--bytes", "lots", "--server", s.url()}, child(0));
   EXPECT_EQ(f.exit_code, 2) << f.err;
   EXPECT_NE(f.err.find("--bytes lots"), std::string::npos) << f.err;
   EXPECT_FALSE(std::filesystem::exists(marker()));
@@ -134,20 +131,17 @@ TEST_F(ReserveCli, NeverStartsTheCommandWithoutItsReservation) {
 TEST_F(ReserveCli, SendsTheApiKeyToAServerThatWantsOne) {
   Server s({"--device", "cpu", "--api-key", "k-reserve-0123456789"});
   ASSERT_GT(s.port(), 0) << s.ready_line();
-  std::vector<std::string> args = {"reserve", "--bytes", "1MiB", "--server", s.url()};
-  for (auto& a : child(0)) args.push_back(a);
-  int err = -1;
-  pid_t pid = spw::testing::start(args, &err);
-  ASSERT_GT(pid, 0);
-  spw::testing::Finished f = spw::testing::wait_for(pid, err, std::chrono::seconds(30));
+  spw::testing::Finished f = run_to_end({"reserve", "--bytes", "1MiB", "--server", s.url()}, child(0));
   EXPECT_EQ(f.exit_code, 1) << f.err;
   EXPECT_NE(f.err.find("(HTTP 401)"), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("--api-key or $SPILLWAY_API_KEY"), std::string::npos) << f.err;
   EXPECT_FALSE(std::filesystem::exists(marker()));
 
-  args = {"reserve", "--bytes", "1MiB", "--server", s.url(), "--api-key", "k-reserve-0123456789", "--ttl-s", "1"};
+  std::vector<std::string> args = {"reserve", "--bytes", "1MiB", "--server", s.url(), "--api-key",
+                                   "k-reserve-0123456789", "--ttl-s", "1"};
   for (auto& a : child(3)) args.push_back(a);
-  pid = spw::testing::start(args, &err);
+  int err = -1;
+  const pid_t pid = spw::testing::start(args, &err);
   ASSERT_GT(pid, 0);
   ASSERT_TRUE(wait_until(std::chrono::seconds(30), [&] { return std::filesystem::exists(marker()); }))
       << "the command never started";

@@ -798,6 +798,25 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
   }
 }
 
+// An F32 (WT float) or F16 (uint16_t) GEMM block: the register tiles with
+// AVX-512, else each tile's rows through the multi-token kernel (dot).
+template <typename WT, typename Row, typename Dot>
+void float_gemm(const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, int64_t n_cols,
+                float* y, Row row, Dot dot) {
+  gemm_block<kFloatTileRows, kFloatTileToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
+#if defined(__AVX512F__)
+    const WT* wr[kFloatTileRows];
+    for (int i = 0; i < kFloatTileRows; ++i) wr[i] = reinterpret_cast<const WT*>(row(r + i));
+    tile_float<kFloatTileToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
+#else
+    (void)px;
+    (void)n_cols;
+    (void)row;
+    rows_tile<kFloatTileRows, kFloatTileToks>(r, t, yt, n_rows, dot);
+#endif
+  }, dot);
+}
+
 // Rows r0..r1 x tokens t0..t1 of w: register tiles when `gemm`, else the
 // per-row kernels.
 void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
@@ -831,16 +850,7 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       }
 #endif
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-      gemm_block<kFloatTileRows, kFloatTileToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
-#if defined(__AVX512F__)
-        const float* wr[kFloatTileRows];
-        for (int i = 0; i < kFloatTileRows; ++i) wr[i] = reinterpret_cast<const float*>(row(r + i));
-        tile_float<kFloatTileToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
-#else
-        rows_tile<kFloatTileRows, kFloatTileToks>(r, t, yt, n_rows, dot);
-#endif
-      }, dot);
-      return;
+      return float_gemm<float>(px, r0, r1, t0, t1, n_rows, n_cols, y, row, dot);
     }
     case gguf::GgmlType::kF16: {
       auto dot = [&](int64_t r, int64_t t, int nt, float* out) {
@@ -849,16 +859,7 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
         else dot_f16_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
       };
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-      gemm_block<kFloatTileRows, kFloatTileToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
-#if defined(__AVX512F__)
-        const uint16_t* wr[kFloatTileRows];
-        for (int i = 0; i < kFloatTileRows; ++i) wr[i] = reinterpret_cast<const uint16_t*>(row(r + i));
-        tile_float<kFloatTileToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
-#else
-        rows_tile<kFloatTileRows, kFloatTileToks>(r, t, yt, n_rows, dot);
-#endif
-      }, dot);
-      return;
+      return float_gemm<uint16_t>(px, r0, r1, t0, t1, n_rows, n_cols, y, row, dot);
     }
     case gguf::GgmlType::kQ8_0: {
       auto dot = [&](int64_t r, int64_t t, int nt, float* out) {
