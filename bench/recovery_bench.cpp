@@ -65,7 +65,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/vulkan/fault_injector.h"
+#include "backend/fault_injector.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
 #include "gateway/builder.h"

@@ -89,6 +89,7 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
       SPW_ASSIGN_OR_RETURN(host_pool, KvPool::create(po));
     }
     g.cpu = std::make_shared<CpuBackend>(o.n_threads);
+    g.cpu->set_faults(o.cpu_faults);
     stages.push_back({g.cpu, host_pool, g.n_gpu_layers, n_layer});
     g.pools.push_back(std::move(host_pool));
   }

@@ -51,6 +51,9 @@ struct SessionGroupOptions {
   // stage refuses q8_0 (Unimplemented); q8_0 needs n_embd_kv and head_dim
   // multiples of 32 (InvalidArgument).
   KvType kv_type = KvType::kF32;
+  // Slow faults for the CPU stage (CpuBackend::set_faults; not owned, must
+  // outlive the group); null: none. The gateway gives each CPU path one.
+  FaultInjector* cpu_faults = nullptr;
 };
 
 // One session's options are a group's with n_sessions = 1 (anything else is

@@ -547,6 +547,9 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     so.kv_blocks = ps.blocks;
     so.kv_block_tokens = kBlockTokens;
     so.kv_type = kv_type;
+    // A path without a device gets an injector for its cores' slow faults.
+    std::shared_ptr<FaultInjector> cpu_faults = ps.device ? nullptr : std::make_shared<FaultInjector>();
+    so.cpu_faults = cpu_faults.get();
     so.queue_capacity = ps.queue;
     // The journal and, on a GPU-side path, the device's breaker hear every
     // request's outcome.
@@ -589,6 +592,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.ledger = std::move(ps.ledger);
     p.breaker = ps.breaker;
     p.device = ps.device;
+    p.cpu_faults = std::move(cpu_faults);
     p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
     p.kv_type = std::string(kv_type_name(kv_type));
     p.scheduler = std::move(serving.scheduler);

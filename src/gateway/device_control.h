@@ -30,7 +30,7 @@
 #include <mutex>
 #include <string>
 
-#include "backend/vulkan/fault_injector.h"
+#include "backend/fault_injector.h"
 #include "core/env.h"
 #include "core/status.h"
 

@@ -168,6 +168,13 @@ struct ExecutionPath {
   // re-initialisation, armed faults); null: nothing (the CPU path). Paths on
   // one device share one.
   std::shared_ptr<DeviceControl> device;
+  // A path without a device (the CPU path): the slow faults of its cores,
+  // armed through the admin API as a device's are (CpuBackend::set_faults);
+  // null on paths with a device, whose injector is device->faults().
+  std::shared_ptr<FaultInjector> cpu_faults;
+  // The injector the admin API arms for this path: the device's, else the
+  // cores'; null: none.
+  FaultInjector* faults() const { return device ? device->faults() : cpu_faults.get(); }
   // The compatibility fingerprint of the model it serves (Model::
   // fingerprint(): file identity, every metadata key including the chat
   // template, tokenizer and tensor types; a checkpoint carries its model's).

@@ -455,34 +455,42 @@ class HttpServer::Impl {
       e.message = "no path named \"" + fr.path + "\" (paths: " + names + ")";
       return set_error(res, e);
     }
-    FaultInjector* faults = path->device ? path->device->faults() : nullptr;
-    if (faults == nullptr) {
+    // A path without a device takes slow faults on its cores only (the
+    // other kinds are a device's).
+    FaultInjector* faults = path->faults();
+    if (faults == nullptr || (!path->device && fr.spec.kind != FaultKind::kSlow)) {
       ApiError e;
       e.param = "path";
       e.code = "invalid_value";
       e.message = "a " + std::string(fault_kind_name(fr.spec.kind)) + " fault needs a device; the " + path->name +
-                  " path (" + path->placement + ") runs on none";
+                  " path (" + path->placement + ") runs on none" + (faults ? " (it takes slow faults)" : "");
       return set_error(res, e);
     }
     Result<ArmedFault> armed = faults->arm(fr.spec);
     if (!armed.ok()) return set_error(res, api_error_from_status(armed.status()));
+    const std::string where = fault_target(*path);
     std::fprintf(stderr, "spillway: admin: armed fault %llu: %s on %s (after %lld, count %lld)\n",
                  static_cast<unsigned long long>(armed->id), std::string(fault_kind_name(fr.spec.kind)).c_str(),
-                 path->device->name().c_str(), static_cast<long long>(fr.spec.after),
-                 static_cast<long long>(fr.spec.count));
+                 where.c_str(), static_cast<long long>(fr.spec.after), static_cast<long long>(fr.spec.count));
     res.status = 201;
-    res.set_content(render_fault({path->name, path->device->name(), *armed}), kJson);
+    res.set_content(render_fault({path->name, where, *armed}), kJson);
   }
 
-  // Every device's faults once, labelled with the first path on it.
+  // What a path's faults act on: its device's name, else its placement ("cpu").
+  static std::string fault_target(const gateway::ExecutionPath& p) {
+    return p.device ? p.device->name() : p.placement;
+  }
+
+  // Every injector's faults once (a device's, a CPU path's), labelled with
+  // the first path on it.
   std::vector<FaultView> armed_faults() {
     std::vector<FaultView> out;
     std::vector<const FaultInjector*> seen;
     for (const gateway::ExecutionPath& p : gateway_.paths()) {
-      FaultInjector* f = p.device ? p.device->faults() : nullptr;
+      FaultInjector* f = p.faults();
       if (f == nullptr || std::find(seen.begin(), seen.end(), f) != seen.end()) continue;
       seen.push_back(f);
-      for (const ArmedFault& a : f->list()) out.push_back({p.name, p.device->name(), a});
+      for (const ArmedFault& a : f->list()) out.push_back({p.name, fault_target(p), a});
     }
     return out;
   }
@@ -490,7 +498,7 @@ class HttpServer::Impl {
   void disarm_faults(Response& res) {
     const size_t n = armed_faults().size();
     for (const gateway::ExecutionPath& p : gateway_.paths()) {
-      if (FaultInjector* f = p.device ? p.device->faults() : nullptr) f->disarm();
+      if (FaultInjector* f = p.faults()) f->disarm();
     }
     std::fprintf(stderr, "spillway: admin: disarmed %zu faults\n", n);
     res.set_content(render_disarmed(n), kJson);

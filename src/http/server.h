@@ -63,7 +63,7 @@
 // a missing or wrong bearer token is 401 (compared in constant time); a bad
 // body is 400 naming the field (`param`), and a path without a device (the
 // CPU path) is 400 naming `path`. Armed faults act inside the backend, where
-// real ones happen (backend/vulkan/fault_injector.h).
+// real ones happen (backend/fault_injector.h).
 // Every completion goes through the Gateway: admission decides its path
 // (admit / delay / shrink / offload / redirect) before anything runs, or
 // refuses it (429 with Retry-After when the queues are full, 503 when no path

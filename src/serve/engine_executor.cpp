@@ -265,6 +265,7 @@ SessionGroupOptions group_options(const EngineServeOptions& o, int32_t n_ctx) {
   go.kv_blocks = o.kv_blocks;
   go.kv_block_tokens = o.kv_block_tokens;
   go.kv_type = o.kv_type;
+  go.cpu_faults = o.cpu_faults;
   return go;
 }
 

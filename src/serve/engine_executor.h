@@ -33,6 +33,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/fault_injector.h"
 #include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
@@ -54,6 +55,7 @@ struct EngineServeOptions {
   int32_t kv_blocks = 0;  // per stage; 0: n_workers full contexts
   int32_t kv_block_tokens = 16;
   KvType kv_type = KvType::kF32;  // SessionGroupOptions::kv_type (serve passes f16 by default)
+  FaultInjector* cpu_faults = nullptr;  // SessionGroupOptions::cpu_faults (not owned)
   int32_t queue_capacity = 64;
   SchedulerHooks hooks;
   std::shared_ptr<RequestObserver> observer;  // e.g. a JournalObserver; null: none

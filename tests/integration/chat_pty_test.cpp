@@ -172,6 +172,22 @@ class PendingRequest {
   bool sent_ = false;
 };
 
+constexpr const char* kAdmin = "chat-pty-admin-token";
+
+// Arms (slow = true) a slow fault of factor 50 on the server's cpu path, or
+// disarms every fault, through the admin API.
+bool set_slow_cpu(int port, bool slow) {
+  httplib::Client c("127.0.0.1", port);
+  const httplib::Headers auth = {{"Authorization", std::string("Bearer ") + kAdmin}};
+  if (!slow) {
+    auto r = c.Delete("/v1/admin/faults", auth);
+    return r && r->status == 200;
+  }
+  auto r = c.Post("/v1/admin/faults", auth, R"({"kind":"slow","path":"cpu","factor":50,"count":0})",
+                  "application/json");
+  return r && r->status == 201;
+}
+
 json in_flight(const std::string& url) {
   httplib::Client c(url);
   auto r = c.Get("/v1/requests");
@@ -180,7 +196,7 @@ json in_flight(const std::string& url) {
 
 TEST(ChatInAPty, StreamsWithItsRouteShowsTheQueueAndCtrlCCancelsTheRequestNotTheProgram) {
   const std::string model = slow_model();
-  testing::Server srv({"--model", model, "--parallel", "1", "--journal", "none"});
+  testing::Server srv({"--model", model, "--parallel", "1", "--journal", "none", "--admin-token", kAdmin});
   ASSERT_GT(srv.port(), 0) << srv.ready_line();
   Terminal t({"--url", srv.url(), "--max-tokens", "8"});
   ASSERT_TRUE(t.started());
@@ -211,6 +227,10 @@ TEST(ChatInAPty, StreamsWithItsRouteShowsTheQueueAndCtrlCCancelsTheRequestNotThe
   // already run and finished when ^C came), and 48 did not either in a loaded
   // full run (the queue drained in about a second, before the terminal showed
   // its place in it). Closing the sockets at the end cancels what is left.
+  // The cpu path is slowed 50x (an armed slow fault, the admin API) until
+  // the cancellation is checked, so the question stays queued behind them
+  // however fast the machine.
+  ASSERT_TRUE(set_slow_cpu(srv.port(), true));
   const json busy_body = {{"prompt", long_prompt()}, {"max_tokens", 400}};
   PendingRequest busy1(srv.port(), busy_body.dump()), busy2(srv.port(), busy_body.dump());
   ASSERT_TRUE(busy1.sent() && busy2.sent());
@@ -251,6 +271,7 @@ TEST(ChatInAPty, StreamsWithItsRouteShowsTheQueueAndCtrlCCancelsTheRequestNotThe
   const auto gone_by = Clock::now() + std::chrono::seconds(20);
   while (listed() && Clock::now() < gone_by) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_FALSE(listed()) << "it left the server";
+  EXPECT_TRUE(set_slow_cpu(srv.port(), false));
   {
     httplib::Client c(srv.url());
     auto st = c.Get("/v1/status");

@@ -4,6 +4,7 @@
 // gpu_unavailable, the device is re-initialised before the breaker's probes,
 // and the GPU serves again. The device tests run on lavapipe and skip without
 // a Vulkan device; every wait polls /v1/status against a deadline.
+#include <algorithm>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -116,11 +117,12 @@ TEST(FaultAdmin, BearerAndBodyAreChecked) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400) << r->body;
   EXPECT_EQ(json::parse(r->body)["error"]["param"], "count") << r->body;
-  // The only path is the CPU's: no device to fault.
+  // The only path is the CPU's: no device to fault (slow faults only).
   r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"device_lost"})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400) << r->body;
   EXPECT_EQ(json::parse(r->body)["error"]["param"], "path") << r->body;
+  EXPECT_NE(r->body.find("it takes slow faults"), std::string::npos) << r->body;
   r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"device_lost","path":"nowhere"})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400) << r->body;
@@ -129,6 +131,43 @@ TEST(FaultAdmin, BearerAndBodyAreChecked) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_TRUE(json::parse(r->body)["data"].empty()) << r->body;
+}
+
+// A slow fault on the CPU path (its cores taken by another workload): every
+// forward pass counts as an event and takes `factor` times its wall time
+// until disarmed. Tests use it to keep a queue queued (status page, chat,
+// the npm cancel test); here the same request runs with and without it.
+TEST(FaultAdmin, SlowFaultOnTheCpuPathStretchesEveryForwardPass) {
+  Server s({"--device", "cpu", "--admin-token", kToken, "--parallel", "1"});
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(120, 0);
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":12,"temperature":0})";
+  auto run_ms = [&] {
+    auto r = c.Post("/v1/completions", body, "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    return r && r->status == 200 ? json::parse(r->body)["spillway"]["run_ms"].get<double>() : -1.0;
+  };
+  const double before = run_ms();
+  auto r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"slow","factor":25,"count":0})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  json armed = json::parse(r->body);
+  EXPECT_EQ(armed["path"], "cpu") << r->body;
+  EXPECT_EQ(armed["device"], "cpu") << r->body;
+  const double slowed = run_ms();
+  r = c.Get("/v1/admin/faults", bearer(kToken));
+  ASSERT_TRUE(r && r->status == 200);
+  const json listed = json::parse(r->body)["data"];
+  ASSERT_EQ(listed.size(), 1u) << r->body;
+  // One event per forward pass: the prompt's, then one per decoded token.
+  EXPECT_GE(listed[0]["fired"].get<int64_t>(), 12) << r->body;
+  r = c.Delete("/v1/admin/faults", bearer(kToken));
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "");
+  const double after = run_ms();
+  // 25x the passes' time: the ratio is far above any run-to-run noise (the
+  // request's own overhead outside the passes keeps it below 25).
+  EXPECT_GT(slowed, 4 * std::max(before, after)) << before << " / " << slowed << " / " << after;
 }
 
 // device_lost x3: the GPU requests fail before their first token and fail

@@ -17,7 +17,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded, sleep } from './harness.mjs';
+import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded, sleep, slowCpuPath } from './harness.mjs';
 
 // The GPU path's device budget and context: 3.6 MiB leaves 12 KV blocks of 16
 // tokens (192 positions) after the weights and scratch (3.18 MiB) on
@@ -33,6 +33,7 @@ const CTX = 512;
 const CPU_CTX = 2048;
 const LONG_PROMPT = Array(40).fill('the little dog ran to the park').join(' ');
 const SHORT_PROMPT = 'Once upon a time';
+const ADMIN = 'gateway-admission-admin';
 
 
 describe('spillway serve through the openai client', () => {
@@ -83,7 +84,7 @@ describe('spillway serve through the openai client', () => {
     const args = ['serve', '--model', MODEL, '--host', '127.0.0.1', '--port', '0', '--device', 'vulkan',
       '--device-memory', DEVICE_MEMORY, '--ctx', String(CTX), '--parallel', '2',
       '--cpu-parallel', '1', '--cpu-queue', '4', '--cpu-ctx', String(CPU_CTX),
-      '--journal', journal, '--threads', '1'];
+      '--journal', journal, '--threads', '1', '--admin-token', ADMIN];
     server = spawn(BINARY, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     exited = new Promise((resolve) => server.on('exit', (code, signal) => {
       exitCode = code === null ? `signal ${signal}` : code;
@@ -221,7 +222,11 @@ describe('spillway serve through the openai client', () => {
   });
 
   it('DELETE /v1/requests/{id} cancels a queued cpu request', async () => {
-    // A long generation occupies the cpu path's only worker (seconds).
+    // A long generation occupies the cpu path's only worker, slowed 50x (an
+    // armed slow fault) until both cancellations are checked, so the requests
+    // behind it stay queued however fast the machine; then it ends at full
+    // speed.
+    const restoreSpeed = await slowCpuPath(base, ADMIN, 50);
     const busy = client.completions.create({ model: 'stories260K', prompt: LONG_PROMPT, temperature: 0, max_tokens: 1500 },
       { timeout: 60_000 * SLOWDOWN });
     busy.catch(() => {}); // awaited below
@@ -330,6 +335,7 @@ describe('spillway serve through the openai client', () => {
       seenIds.add(plainId);
     } finally {
       controller.abort();
+      await restoreSpeed();
     }
     const done = await bounded(busy, 60_000 * SLOWDOWN, 'the long cpu request');
     remember(done.spillway, done.id);

@@ -73,3 +73,20 @@ export async function killServer(srv) {
     await bounded(srv.exited, 10_000, `server ${srv.name}: SIGKILL`, SLOWDOWN).catch(() => {});
   }
 }
+
+// Arms a slow fault on a server's cpu path through the admin API (each
+// forward pass takes `factor` times its time, count 0: until disarmed), so
+// that a queue stays queued while a test acts on it, however fast the
+// machine; resolves with a function that disarms it. The server runs with
+// --admin-token `token`.
+export async function slowCpuPath(base, token, factor = 20) {
+  const headers = { authorization: `Bearer ${token}`, 'content-type': 'application/json' };
+  const r = await fetch(`${base}/v1/admin/faults`, {
+    method: 'POST', headers, body: JSON.stringify({ kind: 'slow', path: 'cpu', factor, count: 0 }),
+  });
+  if (r.status !== 201) throw new Error(`arming a slow fault on the cpu path: HTTP ${r.status} ${await r.text()}`);
+  return async () => {
+    const d = await fetch(`${base}/v1/admin/faults`, { method: 'DELETE', headers });
+    if (d.status !== 200) throw new Error(`disarming the faults: HTTP ${d.status} ${await d.text()}`);
+  };
+}

@@ -1,7 +1,8 @@
 // The status page of `spillway serve` (GET /) in a real headless browser:
 // Debian's chromium driven by puppeteer-core (the npm package; it downloads
 // no browser). The server runs with an API key, one worker and a generated
-// model slow enough that requests queue behind each other:
+// model, its cpu path slowed by an armed slow fault (admin API) so that
+// requests stay queued behind each other while the page is driven:
 //   - the page asks for the key (the API answers 401 without it) and, once
 //     given, shows the live figures of the running server: the host ledger's
 //     timeline drawn against capacity and the safe limit, the cpu path with
@@ -23,10 +24,11 @@ import { createRequire } from 'node:module';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BINARY, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, killServer, sleep, spawnServer } from './harness.mjs';
+import { BINARY, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, killServer, sleep, slowCpuPath, spawnServer } from './harness.mjs';
 
 const GEN_MODEL = process.env.SPILLWAY_GEN_MODEL || path.join(path.dirname(BINARY), 'spillway-gen-model');
 const KEY = 'status-page-test-key';
+const ADMIN = 'status-page-admin-token';
 const bounded = (promise, ms, what) => boundedBy(promise, ms, what, SLOWDOWN);
 
 function findChromium() {
@@ -50,7 +52,8 @@ async function loadPuppeteer() {
 }
 
 const startServer = (model) => spawnServer('status', ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0',
-  '--threads', '1', '--parallel', '1', '--queue', '8', '--journal', 'none', '--api-key', KEY]);
+  '--threads', '1', '--parallel', '1', '--queue', '8', '--journal', 'none', '--api-key', KEY,
+  '--admin-token', ADMIN]);
 
 // A non-streaming completion; resolves with the HTTP status and body.
 function complete(srv, prompt, maxTokens) {
@@ -113,18 +116,19 @@ describe('the status page in headless chromium', () => {
       'two updates with the key');
 
     // Work: one request running, three waiting behind it, each with a
-    // prompt of about 1,500 tokens (400 under a sanitizer, which is slow
-    // enough as it is). The three ahead of the last one also decode 400
-    // tokens, so that it is still queued seconds later, when the page's
-    // button is clicked (with 16 tokens each, the faster CPU path reached it
-    // first in a loaded run, and the "cancelled" request simply finished).
+    // prompt of about 1,500 tokens (400 under a sanitizer). The cpu path is
+    // slowed 50x (an armed slow fault) until the cancellation is seen, so
+    // the last one is still queued when the page's button is clicked however
+    // fast the machine (sizing the work instead lost that race to every
+    // faster CPU path); the rest then finish at full speed.
+    const restoreSpeed = await slowCpuPath(srv.base, ADMIN, 50);
     const repeats = SLOWDOWN > 1 ? 30 : 110;
     const prompt = (i) => `Story ${i}: ` + 'the little dog ran to the park and '.repeat(repeats);
-    const running = complete(srv, prompt(0), 400);
+    const running = complete(srv, prompt(0), 32);
     const queued = [];
     for (let i = 1; i <= 3; i++) {
       await sleep(30);
-      queued.push(complete(srv, prompt(i), i < 3 ? 400 : 16));
+      queued.push(complete(srv, prompt(i), i < 3 ? 32 : 16));
     }
     const listed = await bounded((async () => {
       for (;;) {
@@ -173,6 +177,7 @@ describe('the status page in headless chromium', () => {
     })(), 10_000, 'the cancelled request leaving the list');
     await bounded(page.waitForFunction((sel) => !document.querySelector(sel), {}, row), 10_000,
       'its row leaving the page');
+    await restoreSpeed();
 
     // The decisions are listed with their reasons.
     await bounded(page.waitForFunction(() => document.querySelectorAll('#decisions tr[data-kind="delay"]').length >= 2),

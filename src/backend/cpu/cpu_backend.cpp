@@ -1,9 +1,11 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/attention.h"
@@ -42,6 +44,22 @@ Status CpuBackend::forward_layers(const Model& model, int32_t layer_begin, int32
 
 Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
                                  std::span<const SeqSlice> slices, float* hidden) {
+  if (faults_ == nullptr || !faults_->armed()) return run_batch(model, layer_begin, layer_end, slices, hidden);
+  // An armed slow fault: the pass runs for real, then the thread sleeps
+  // (factor - 1) x its time. Real time on purpose, as the Vulkan fault's:
+  // it stands in for cores taken by another workload, on the wall clock
+  // whatever Env the server was given.
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = run_batch(model, layer_begin, layer_end, slices, hidden);
+  const double factor = faults_->take_slow_factor();
+  if (factor > 1.0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0) * (factor - 1.0));
+  }
+  return st;
+}
+
+Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
+                             std::span<const SeqSlice> slices, float* hidden) {
   const LlamaHparams& hp = model.hparams();
   SPW_RETURN_IF_ERROR(check_slices(hp, layer_begin, layer_end, slices));
   // Every row's sequence, position and KV: rows are the slices' rows in order.

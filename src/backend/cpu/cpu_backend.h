@@ -5,13 +5,19 @@
 // ThreadPool of n_threads (matmuls and attention are split over output rows /
 // heads), and K/V in host KvPools. Results are bitwise independent of
 // n_threads and of batch size.
+// Fault injection: set_faults() attaches a FaultInjector (backend/
+// fault_injector.h) whose `slow` faults count one event per forward pass:
+// a firing one makes the pass take `factor` times its wall time (the CPU
+// path under a co-tenant's load, for drills and for tests that need a queue
+// to stay queued). The other kinds are device faults and never fire here.
 // Thread safety: one CpuBackend may serve several sessions concurrently; their
-// parallel regions take turns on the pool.
+// parallel regions take turns on the pool. set_faults() before use.
 #pragma once
 
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/fault_injector.h"
 #include "backend/cpu/thread_pool.h"
 
 namespace spw {
@@ -24,6 +30,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   int n_threads() const { return pool_->n_threads(); }
   ThreadPool& pool() { return *pool_; }
+  void set_faults(FaultInjector* faults) { faults_ = faults; }
 
   Status prepare(const Model& model, int32_t layer_begin, int32_t layer_end, bool embedding,
                  bool output) override;
@@ -37,7 +44,11 @@ class CpuBackend final : public Backend {
   Status output(const Model& model, const float* hidden, int32_t n_rows, float* logits) override;
 
  private:
+  Status run_batch(const Model& model, int32_t layer_begin, int32_t layer_end, std::span<const SeqSlice> slices,
+                   float* hidden);
+
   std::unique_ptr<ThreadPool> pool_;
+  FaultInjector* faults_ = nullptr;  // not owned; null: none
 };
 
 }  // namespace spw

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/vulkan/fault_injector.h"
+#include "backend/fault_injector.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/status.h"
 

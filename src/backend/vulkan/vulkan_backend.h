@@ -53,7 +53,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/quant_dot.h"
-#include "backend/vulkan/fault_injector.h"
+#include "backend/fault_injector.h"
 
 namespace spw {
 

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/vulkan/device_spec.h"
-#include "backend/vulkan/fault_injector.h"
+#include "backend/fault_injector.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "kv/kv_cache.h"
 

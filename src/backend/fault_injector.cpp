@@ -1,4 +1,4 @@
-#include "backend/vulkan/fault_injector.h"
+#include "backend/fault_injector.h"
 
 #include <algorithm>
 #include <cmath>

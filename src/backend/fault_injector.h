@@ -1,5 +1,7 @@
 // FaultInjector: explicit, compiled-in injection of the Vulkan faults that
-// lavapipe cannot produce on demand, at the points where real ones happen.
+// lavapipe cannot produce on demand, at the points where real ones happen,
+// and of a slowed CPU (CpuBackend counts a kSlow event per forward pass: the
+// cores taken by another workload; the other kinds never fire there).
 //
 // Contract: nothing happens until a test or an operator (the admin API,
 // `spillway serve --admin-token`) arms a fault. arm(spec) adds one armed

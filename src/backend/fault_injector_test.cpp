@@ -1,6 +1,6 @@
 // FaultInjector's counting: after N events, K firings, count 0 = until
 // disarmed, slow factors, several faults of one kind, spec validation.
-#include "backend/vulkan/fault_injector.h"
+#include "backend/fault_injector.h"
 
 #include <gtest/gtest.h>
 
