@@ -221,15 +221,12 @@ TEST(ChatInAPty, StreamsWithItsRouteShowsTheQueueAndCtrlCCancelsTheRequestNotThe
   ASSERT_TRUE(t.alive());
 
   // Keep the one worker busy with two long prompts, then ask: the question
-  // waits in the queue and the terminal says where and for how long.
-  // 400 tokens each after the long prompt: with the prefill GEMM the prompts
-  // alone no longer outlast typing the question and ^C (the question had
-  // already run and finished when ^C came), and 48 did not either in a loaded
-  // full run (the queue drained in about a second, before the terminal showed
-  // its place in it). Closing the sockets at the end cancels what is left.
-  // The cpu path is slowed 50x (an armed slow fault, the admin API) until
-  // the cancellation is checked, so the question stays queued behind them
-  // however fast the machine.
+  // waits in the queue and the terminal says where and for how long. The cpu
+  // path is slowed 50x (an armed slow fault, the admin API) until the
+  // cancellation is checked, so the question stays queued behind them
+  // however fast the machine (sizing the work to outlast typing and ^C was
+  // undone by every faster CPU path). Closing the sockets at the end cancels
+  // what is left.
   ASSERT_TRUE(set_slow_cpu(srv.port(), true));
   const json busy_body = {{"prompt", long_prompt()}, {"max_tokens", 400}};
   PendingRequest busy1(srv.port(), busy_body.dump()), busy2(srv.port(), busy_body.dump());
