@@ -1010,8 +1010,11 @@ void rope_apply(float* x, int32_t n_heads, int32_t head_dim, int32_t n_rot, cons
       float* p0 = xh + stride * i;
       const float x0 = p0[0];
       const float x1 = p0[other];
-      p0[0] = x0 * cos_row[i] - x1 * sin_row[i];
-      p0[other] = x0 * sin_row[i] + x1 * cos_row[i];
+      // One fused multiply-add each, spelled out: left to the compiler, -O2
+      // contracts these and -O1 (the sanitizer builds) does not, and an F16
+      // KV cache then rounds the two builds' keys differently.
+      p0[0] = std::fma(x0, cos_row[i], -(x1 * sin_row[i]));
+      p0[other] = std::fma(x0, sin_row[i], x1 * cos_row[i]);
     }
   }
 }
