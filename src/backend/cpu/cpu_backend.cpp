@@ -53,7 +53,16 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   Status st = run_batch(model, layer_begin, layer_end, slices, hidden);
   const double factor = faults_->take_slow_factor();
   if (factor > 1.0) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0) * (factor - 1.0));
+    // In slices, so that disarming ends a long stretch at once (a sanitizer
+    // build's prefill pass times a large factor is minutes).
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0) * (factor - 1.0));
+    while (faults_->armed()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= until) break;
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(10)));
+    }
   }
   return st;
 }

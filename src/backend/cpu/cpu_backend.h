@@ -9,7 +9,8 @@
 // fault_injector.h) whose `slow` faults count one event per forward pass:
 // a firing one makes the pass take `factor` times its wall time (the CPU
 // path under a co-tenant's load, for drills and for tests that need a queue
-// to stay queued). The other kinds are device faults and never fire here.
+// to stay queued); disarming ends a stretch in progress within 10 ms. The
+// other kinds are device faults and never fire here.
 // Thread safety: one CpuBackend may serve several sessions concurrently; their
 // parallel regions take turns on the pool. set_faults() before use.
 #pragma once
