@@ -55,9 +55,8 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   if (factor > 1.0) {
     // In slices, so that disarming ends a long stretch at once (a sanitizer
     // build's prefill pass times a large factor is minutes).
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0) * (factor - 1.0));
+    const auto t1 = std::chrono::steady_clock::now();
+    const auto until = t1 + std::chrono::duration_cast<std::chrono::steady_clock::duration>((t1 - t0) * (factor - 1.0));
     while (faults_->armed()) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= until) break;
