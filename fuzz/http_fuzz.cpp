@@ -5,12 +5,15 @@
 //
 // Properties beyond "never crash": a parsed request never took more bytes
 // than it was given, its body stays within the limit, a refusal is a 4xx/5xx
-// with a code, and every error body the server would render stays short
-// (no echo of the input, however large or hostile).
+// with a code, every error body the server would render stays short (no
+// echo of the input, however large or hostile), and an accepted reservation
+// holds a size and a lease inside their domains (no size a ledger's sum
+// could wrap on: core/size.h).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "core/size.h"
 #include "http/openai.h"
 #include "http/transport.h"
 
@@ -40,7 +43,11 @@ void parse_body(const std::string& path, const std::string& body) {
     check_error(parse_resume_request(body, r));
   } else if (path == "/v1/reservations") {
     ReservationRequest r;
-    check_error(parse_reservation_request(body, r));
+    const std::optional<ApiError> e = parse_reservation_request(body, r);
+    check_error(e);
+    if (!e && (r.bytes == 0 || r.bytes > spw::kMaxByteSize)) violated("a reservation size outside (0, 1 PiB]");
+    if (!e && !(r.ttl_s > 0 && r.ttl_s <= 86400)) violated("a reservation lease outside (0, 86400] s");
+    if (!e && (r.name.empty() || r.name.size() > 64)) violated("a reservation name outside 1..64 bytes");
   } else if (path == "/v1/admin/faults") {
     FaultRequest r;
     check_error(parse_fault_request(body, r));
@@ -67,6 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The same bytes as a body of every route: most inputs never get past the
   // request line, and the JSON parsers deserve the fuzzer's time too.
   const std::string body(bytes);
-  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/v1/requests/1/resume"}) parse_body(path, body);
+  for (const char* path :
+       {"/v1/completions", "/v1/chat/completions", "/v1/requests/1/resume", "/v1/reservations", "/v1/admin/faults"}) {
+    parse_body(path, body);
+  }
   return 0;
 }

@@ -4,12 +4,21 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/size.h"
+
 namespace spw::admission {
 
 namespace {
 bool is_ours(OwnerKind k) { return k != OwnerKind::kCoTenant; }
 uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 std::string owner_str(const Owner& o) { return std::string(owner_kind_name(o.kind)) + " '" + o.id + "'"; }
+// Sizes beyond the one domain (core/size.h) are refused at the door, so the
+// ledger's sums (at most a few thousand entries of at most 2^50 each) cannot
+// wrap around: one wrapped total once erased every co-tenant's declaration.
+Status check_entry_size(const std::string& ledger, std::string_view what, uint64_t bytes, const Owner& owner) {
+  if (bytes == 0) return Status::invalid_argument("ledger '" + ledger + "': " + std::string(what) + " of 0 bytes for " + owner_str(owner));
+  return check_byte_size(bytes, "ledger '" + ledger + "': " + std::string(what) + " for " + owner_str(owner));
+}
 Status check_headroom(const HeadroomPolicy& h) {
   if (!(h.fraction >= 0.0) || !(h.fraction < 1.0))
     return Status::invalid_argument("ledger headroom fraction " + std::to_string(h.fraction) +
@@ -74,7 +83,7 @@ void MemoryLedger::set_observed_locked(uint64_t observed) {
 }
 
 Result<Ticket> MemoryLedger::reserve(const Owner& owner, uint64_t bytes) {
-  if (bytes == 0) return Status::invalid_argument("ledger '" + name_ + "': reserve of 0 bytes for " + owner_str(owner));
+  SPW_RETURN_IF_ERROR(check_entry_size(name_, "reserve", bytes, owner));
   std::lock_guard<std::mutex> lk(mu_);
   const Figures f = figures_locked();
   if (bytes > f.limit)
@@ -96,7 +105,7 @@ Result<Ticket> MemoryLedger::reserve(const Owner& owner, uint64_t bytes) {
 }
 
 Result<Ticket> MemoryLedger::declare(const Owner& owner, uint64_t bytes) {
-  if (bytes == 0) return Status::invalid_argument("ledger '" + name_ + "': declaration of 0 bytes for " + owner_str(owner));
+  SPW_RETURN_IF_ERROR(check_entry_size(name_, "declaration", bytes, owner));
   if (owner.kind != OwnerKind::kCoTenant) {
     return Status::invalid_argument("ledger '" + name_ + "': only a co-tenant's memory is declared, not " +
                                     owner_str(owner) + "'s");
@@ -114,6 +123,7 @@ Status MemoryLedger::commit(Ticket t, uint64_t actual) {
   if (it == entries_.end())
     return Status::not_found("ledger '" + name_ + "': commit of unknown ticket " + std::to_string(t.id));
   Entry& e = it->second;
+  if (actual > kMaxByteSize) SPW_RETURN_IF_ERROR(check_entry_size(name_, "commit", actual, e.owner));
   const int k = static_cast<int>(e.owner.kind);
   const bool ours = is_ours(e.owner.kind);
   if (actual > e.bytes) {

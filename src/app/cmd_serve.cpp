@@ -6,8 +6,13 @@
 // it accepts connections, and one line per path built or not built (and
 // why) on stderr; a GPU plan that does not fit no longer stops the server, it
 // starts with the paths that fit. SIGINT/SIGTERM stop it gracefully (running
-// and queued requests get --grace seconds to finish, a second signal cancels
-// them), then it exits 0. Only flag parsing and printing live here.
+// and queued requests get --grace seconds to finish), then it exits 0. The
+// stop is bounded whatever the devices do: a second signal cancels what
+// runs and exits within kCancelWindow, and a drain still not done
+// kStopMargin after the grace (a worker inside a device call that does not
+// return) exits 1 without it. Either way the journal is as a kill -9 leaves
+// it: the next start marks the unfinished requests interrupted (failed,
+// resumable). Only flag parsing and printing live here.
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -20,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -245,20 +251,42 @@ int run_serve(const ServeCliOptions& o) {
   std::fflush(stdout);
 
   const int sig = wait_stop_signal(-1);
-  std::fprintf(stderr, "spillway serve: %s received, stopping (grace %.0f s; signal again to cancel)\n",
+  std::fprintf(stderr, "spillway serve: %s received, stopping (grace %.0f s; signal again to cancel and exit)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", o.grace_s);
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
-  std::thread drainer([&gw, grace] { gw.shutdown(grace); });
-  // Wait for the drain, but a second signal cuts the grace short.
-  for (;;) {
-    if (gw.in_flight() == 0) break;
+  // Why the bounds: a worker inside a device call that hangs (a submission
+  // the driver never finishes, a slow device) cannot be joined, and a
+  // server that ignores SIGTERM is killed by its supervisor anyway, later
+  // and without saying why. The drain runs on its own thread; the main
+  // thread only waits, and leaves without it when the bounds run out.
+  constexpr auto kStopMargin = std::chrono::seconds(5);    // cancellations landing, handlers writing
+  constexpr auto kCancelWindow = std::chrono::seconds(1);  // after the second signal
+  auto drained = std::make_shared<std::atomic<bool>>(false);
+  std::thread drainer([&gw, grace, drained] {
+    gw.shutdown(grace);
+    drained->store(true);
+  });
+  std::thread canceller;
+  auto leave_now = [](const char* why) {
+    std::fprintf(stderr, "spillway serve: %s; exiting without it (the journal marks unfinished requests "
+                 "interrupted at the next start)\n", why);
+    std::fflush(nullptr);
+    std::_Exit(1);  // no destructors: they would join the threads that do not return
+  };
+  const auto give_up_at = std::chrono::steady_clock::now() + grace + kStopMargin;
+  while (!drained->load()) {
     if (wait_stop_signal(100) != 0) {
       std::fprintf(stderr, "spillway serve: cancelling in-flight requests\n");
-      gw.shutdown(std::chrono::milliseconds(0));
+      canceller = std::thread([&gw] { gw.shutdown(std::chrono::milliseconds(0)); });
+      const auto cancel_by = std::chrono::steady_clock::now() + kCancelWindow;
+      while (!drained->load() && std::chrono::steady_clock::now() < cancel_by) (void)wait_stop_signal(20);
+      if (!drained->load()) leave_now("the cancelled requests did not end within 1 s");
       break;
     }
+    if (std::chrono::steady_clock::now() >= give_up_at) leave_now("the drain did not end within the grace and 5 s");
   }
   drainer.join();
+  if (canceller.joinable()) canceller.join();
   // Handlers have their final events by now; let them write them, then close.
   (*server)->stop();
   serve::SchedulerStats total;
@@ -428,6 +456,11 @@ void add_serve(CLI::App& app, int& exit_code) {
   mem->add_option("--co-tenant", g.co_tenants,
                   "Another service's device memory, NAME=SIZE (repeatable), e.g. whisper=3GiB (see also POST "
                   "/v1/reservations and `spillway reserve`)");
+  mem->add_option("--reservation-max-share", g.reservation_max_share,
+                  "Share of the GPU's (CPU-only: the host budget's) safe limit that clients' reservations may hold in "
+                  "all; below 1 a reservation that would leave a model no path is also refused, 1 allows it")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
 
   CLI::Option_group* adm = section("admission");
   adm->add_option("--pressure-threshold", g.pressure_threshold,

@@ -64,6 +64,7 @@ void FaultInjector::disarm() {
   std::lock_guard<std::mutex> lk(mu_);
   faults_.clear();
   live_.store(0);
+  disarms_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 bool FaultInjector::armed() const { return live_.load() > 0; }

@@ -79,6 +79,10 @@ class FaultInjector {
   std::vector<ArmedFault> list() const;
   void disarm();
   bool armed() const;  // some fault not spent
+  // How many times disarm() has run. A stretch a slow fault started goes on
+  // while this is unchanged (its own fault may be spent by then: one with a
+  // count), and ends as soon as an operator disarms.
+  uint64_t disarms() const { return disarms_.load(std::memory_order_acquire); }
 
   void fail_allocation(int32_t n_before = 0) { (void)arm({FaultKind::kAllocFail, n_before, 1, 1.0}); }
   void device_lost_at_next_submit() { (void)arm({FaultKind::kDeviceLost, 0, 1, 1.0}); }
@@ -106,6 +110,7 @@ class FaultInjector {
   std::vector<ArmedFault> faults_;
   uint64_t next_id_ = 1;
   std::atomic<int32_t> live_{0};  // faults not spent: the hooks' lock-free fast path
+  std::atomic<uint64_t> disarms_{0};
 };
 
 }  // namespace spw

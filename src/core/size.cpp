@@ -37,8 +37,24 @@ Result<uint64_t> parse_byte_size(std::string_view text, bool allow_zero) {
   }
   if (!suf.empty()) return bad();
   const double bytes = std::round(v * mult);
-  if (bytes > 1.8e19 || (bytes < 1 && !allow_zero)) return bad();
+  if (bytes < 1 && !allow_zero) return bad();
+  // Compared as a double before the conversion (a double beyond 2^64 has no
+  // defined conversion); kMaxByteSize is a power of two, exact in a double.
+  if (bytes > static_cast<double>(kMaxByteSize)) {
+    return Status::invalid_argument("size '" + std::string(text) + "': more than the largest size accepted, " +
+                                    std::to_string(kMaxByteSize) + " bytes (1 PiB)");
+  }
   return static_cast<uint64_t>(bytes);
+}
+
+Status check_byte_size(uint64_t bytes, std::string_view what, bool allow_zero) {
+  if (bytes == 0 && !allow_zero) return Status::invalid_argument(std::string(what) + ": must be above 0 bytes");
+  if (bytes > kMaxByteSize) {
+    return Status::invalid_argument(std::string(what) + ": " + std::to_string(bytes) +
+                                    " bytes is more than the largest size accepted, " + std::to_string(kMaxByteSize) +
+                                    " bytes (1 PiB)");
+  }
+  return Status();
 }
 
 }  // namespace spw

@@ -5,9 +5,17 @@
 // "B" ("512M", "1.5GiB", "64 MiB", "1048576", "7b"), case-insensitive,
 // surrounding and inner spaces allowed; the result is rounded to a whole
 // byte. InvalidArgument naming the text otherwise (a sign, another suffix,
-// more than 2^64 - 1), and for zero unless allow_zero. The flags
-// (--device-memory, --host-budget, ...) and drill scenarios share it, so one
-// text means one size everywhere.
+// more than kMaxByteSize), and for zero unless allow_zero. The flags
+// (--device-memory, --host-budget, ...), the config file, the HTTP API's size
+// fields (reservations) and drill scenarios share it, so one text means one
+// size everywhere.
+// check_byte_size() is the same domain rule for a size that arrived as a
+// number (a JSON integer): InvalidArgument naming `what` above kMaxByteSize
+// or, unless allow_zero, at zero.
+// Why a domain far below 2^64: every ledger adds sizes up (reservations,
+// co-tenants, observed use). With each size at most 2^50 (1 PiB, beyond any
+// memory a machine has), sums of millions of them cannot wrap, so no client
+// can declare a size that turns a total into a small number.
 // Thread safety: pure.
 #pragma once
 
@@ -18,6 +26,9 @@
 
 namespace spw {
 
+inline constexpr uint64_t kMaxByteSize = uint64_t{1} << 50;  // 1 PiB
+
 Result<uint64_t> parse_byte_size(std::string_view text, bool allow_zero = false);
+Status check_byte_size(uint64_t bytes, std::string_view what, bool allow_zero = false);
 
 }  // namespace spw

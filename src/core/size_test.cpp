@@ -1,5 +1,7 @@
 #include "core/size.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
 
 namespace spw {
@@ -25,6 +27,27 @@ TEST(ByteSize, RefusalsNameTheText) {
   EXPECT_FALSE(parse_byte_size("0").ok()) << "zero is no size for a budget";
   EXPECT_FALSE(parse_byte_size("0.2").ok()) << "rounds to zero";
   EXPECT_EQ(parse_byte_size("0", /*allow_zero=*/true).value(), 0u);
+}
+
+// One domain for every size: at most 1 PiB, so sums of sizes never wrap
+// (a reservation of 2^64 - 2 GiB once turned a ledger's co-tenant total into 1 byte).
+TEST(ByteSize, DomainEndsAtOnePebibyteForTextAndNumbers) {
+  EXPECT_EQ(parse_byte_size("1024T").value(), kMaxByteSize);
+  EXPECT_EQ(parse_byte_size(std::to_string(kMaxByteSize)).value(), kMaxByteSize);
+  for (const std::string big : {std::string("1025T"), std::to_string(kMaxByteSize + 1), std::string("18446744071669442151"),
+                                std::string("18446744073709551615"), std::string("99999999999999999999999")}) {
+    auto r = parse_byte_size(big);
+    ASSERT_FALSE(r.ok()) << big;
+    EXPECT_NE(r.status().message().find("1 PiB"), std::string::npos) << r.status().message();
+  }
+  EXPECT_TRUE(check_byte_size(kMaxByteSize, "bytes").ok());
+  EXPECT_TRUE(check_byte_size(0, "bytes", /*allow_zero=*/true).ok());
+  const Status zero = check_byte_size(0, "bytes");
+  EXPECT_EQ(zero.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.message().find("bytes: must be above 0"), std::string::npos) << zero.message();
+  const Status wrap = check_byte_size(18446744071669442151ull, "bytes");
+  EXPECT_EQ(wrap.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrap.message().find("18446744071669442151 bytes is more than"), std::string::npos) << wrap.message();
 }
 
 }  // namespace

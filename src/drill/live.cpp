@@ -1506,7 +1506,9 @@ Result<History> run_live(const Scenario& sc, const LiveOptions& o) {
       for (const char* suffix : {"", "-wal", "-shm", ".lock"}) fs::remove(journal + suffix, ec);
       d.server_args_ = {o.spillway_binary, "serve", "--host", "127.0.0.1", "--model", resolve_model(sc, o),
                         "--device", sc.server.device, "--journal", journal, "--admin-token", d.admin_token_,
-                        "--overflow", o.overflow.empty() ? "planned" : o.overflow};
+                        "--overflow", o.overflow.empty() ? "planned" : o.overflow,
+                        // The drill's co-tenant stands for real memory: it may take it all.
+                        "--reservation-max-share", "1"};
       if (!sc.server.device_memory.empty()) {
         d.server_args_.insert(d.server_args_.end(), {"--device-memory", sc.server.device_memory});
       }

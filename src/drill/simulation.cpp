@@ -767,6 +767,9 @@ Status Simulation::start_process() {
     dl->observe(l->snapshot().committed_ours + device_.competing_at(env_.now_ns() - lag));
   };
   gp.health_interval_s = 0;
+  // The drill's co-tenant stands for real memory another process takes:
+  // the operator's leave for it to take everything.
+  gp.reservation_max_share = 1.0;
   gp.log = [this](const std::string& line) {
     std::lock_guard<std::mutex> lk(log_mu_);
     log_.push_back({env_.now_ns(), line});

@@ -721,6 +721,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   policy.overflow = *parse_overflow(o.overflow);
   policy.health_interval_s = o.health_interval_s;
   policy.health_timeout_s = o.health_timeout_s;
+  policy.reservation_max_share = o.reservation_max_share;
   policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
   auto host_ledger = out.host_ledger;
   auto device_ledger = out.device_ledger;

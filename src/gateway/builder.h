@@ -111,6 +111,10 @@ struct GatewayOptions {
   std::string device_headroom = "0";
   double device_headroom_share = 0.05;
   std::vector<std::string> co_tenants;  // NAME=SIZE
+  // Share of the co-tenant ledger's limit that clients' reservations (POST
+  // /v1/reservations) may hold in all; 1 also lets them take a model's last
+  // path (GatewayPolicy::reservation_max_share).
+  double reservation_max_share = 0.8;
   // Admission.
   double pressure_threshold = 1.0;
   double max_delay_s = 2.0;

@@ -30,10 +30,25 @@
 //             cancel returns), running ones at their next token boundary.
 //   reserve_cotenant() declares another process's memory on a ledger (the GPU
 //             ledger when there is one): accepted even when it leaves Spillway
-//             no room (`fits` says so) and counted by the next decision;
-//             renew() extends its lease, release() ends it, and a lease not
-//             renewed within its ttl is released by the next call that
-//             refreshes (submit, quote, status, reservations()).
+//             no room on that ledger (`fits` says so) and counted by the next
+//             decision; renew() extends its lease, release() ends it, and a
+//             lease not renewed within its ttl is released by the next call
+//             that refreshes (submit, quote, status, reservations()).
+//             Reservations belong to the caller that made them
+//             (ReservationCaller::owner, the API key's owner): another owner
+//             gets NotFound from renew()/release() and does not see them in
+//             reservations(); the admin sees and may end every one. Refused
+//             (nothing declared): a size outside core/size.h's domain
+//             (InvalidArgument); an owner's kMaxReservationsPerOwner-th+1 or
+//             the gateway's kMaxReservations-th+1 live lease
+//             (ResourceExhausted); and, unless policy.reservation_max_share is
+//             1 (the operator's leave for co-tenants to take everything),
+//             FailedPrecondition naming the figures when the leases on the
+//             ledger would hold more than that share of its limit, or when
+//             the smallest request (one prompt token, one generated) of some
+//             model that some path admits now would be admitted by none
+//             after it: a client's declaration never takes a model's last
+//             path away (a CPU-only server's host ledger, say).
 //   status()  paths (each with its breaker's snapshot), ledgers,
 //             reservations and decision counters.
 // Circuit breakers (gateway/breaker.h): a path may carry its device's breaker
@@ -234,7 +249,20 @@ struct GatewayPolicy {
   float equivalence_temperature = 0.8f;
   uint64_t equivalence_seed = 42;
   double equivalence_timeout_s = 120;  // per run, on the Env's clock
+  // Co-tenant leases (reserve_cotenant) on a ledger hold at most this share
+  // of its limit; 1 lets them take it all, the last path of a model
+  // included (the drill's co-tenant, which stands for real memory).
+  double reservation_max_share = 0.8;
 };
+
+// Who asks about co-tenant reservations: the API key's owner ("" when the
+// server has no keys) and whether it is the admin (sees every lease).
+struct ReservationCaller {
+  std::string owner;
+  bool admin = false;
+};
+inline constexpr size_t kMaxReservationsPerOwner = 32;
+inline constexpr size_t kMaxReservations = 1024;  // bounds the gateway's memory, not the bytes
 
 // Whether a request may move between two paths mid-generation: both serve
 // one fingerprint and their runs of the same requests gave the same text.
@@ -317,6 +345,7 @@ struct Quote {
 
 struct ReservationInfo {
   uint64_t id = 0;
+  std::string owner;  // ReservationCaller::owner of its maker (not rendered to clients)
   std::string name;
   std::string ledger;
   uint64_t bytes = 0;
@@ -429,10 +458,12 @@ class Gateway {
   // Position of a queued ticket on its path and its current estimated delay.
   Progress progress(const serve::Ticket& ticket);
 
-  Result<ReservationInfo> reserve_cotenant(const std::string& name, uint64_t bytes, double ttl_s);
-  Result<ReservationInfo> renew(uint64_t reservation_id);
-  Status release(uint64_t reservation_id);
-  std::vector<ReservationInfo> reservations();
+  Result<ReservationInfo> reserve_cotenant(const std::string& name, uint64_t bytes, double ttl_s,
+                                           const ReservationCaller& who = {});
+  Result<ReservationInfo> renew(uint64_t reservation_id, const ReservationCaller& who = {});
+  Status release(uint64_t reservation_id, const ReservationCaller& who = {});
+  // The caller's live leases (every lease for the admin), oldest first.
+  std::vector<ReservationInfo> reservations(const ReservationCaller& who = {});
 
   GatewayStatus status();
   // Some path can take work: not shutting down, queue not full, breaker closed.
@@ -479,6 +510,9 @@ class Gateway {
   Status reject_status(const admission::Decision& d, const std::vector<admission::PathSnapshot>& snaps) const;
   admission::MemoryLedger* cotenant_ledger() const;
   ReservationInfo info_locked(uint64_t id, int64_t now) const;
+  // Why declaring `bytes` more on `ledger` would leave some model that a
+  // path admits now with no path for its smallest request; "" when not.
+  std::string takes_last_path(const admission::MemoryLedger& ledger, uint64_t bytes) const;
   void track(const std::shared_ptr<serve::Ticket>& t);
   // A request that failed on paths_[from] before its first token: decided
   // again without that path and adopted by the chosen one (same ticket, id
@@ -511,8 +545,10 @@ class Gateway {
   size_t longest_token_bytes_ = 0;  // precheck()'s bound, set once
 
   mutable std::mutex mu_;
+  std::mutex reserve_mu_;  // one reserve_cotenant() check-and-declare at a time (before mu_)
   int64_t last_observe_ns_ = 0;
   struct Lease {
+    std::string owner;  // ReservationCaller::owner of its maker
     std::string name;
     admission::MemoryLedger* ledger = nullptr;
     admission::Ticket ticket;

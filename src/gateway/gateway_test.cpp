@@ -24,6 +24,7 @@
 #include "admission/controller.h"
 #include "admission/ledger.h"
 #include "core/failure.h"
+#include "core/size.h"
 #include "core/sim_env.h"
 #include "engine/engine_test_util.h"
 #include "gguf/gguf.h"
@@ -145,7 +146,8 @@ RouteRequest request(int32_t prompt_tokens, std::optional<int32_t> max_tokens, b
 class Harness {
  public:
   explicit Harness(std::vector<PathSpec> specs, admission::AdmissionPolicy policy = {},
-                   std::vector<PathNotBuilt> not_built = {}, Overflow overflow = Overflow::kPlanned) {
+                   std::vector<PathNotBuilt> not_built = {}, Overflow overflow = Overflow::kPlanned,
+                   double reservation_max_share = GatewayPolicy{}.reservation_max_share) {
     std::vector<ExecutionPath> paths;
     for (const PathSpec& s : specs) {
       auto f = std::make_shared<FakeFaults>();
@@ -190,6 +192,7 @@ class Harness {
     GatewayPolicy gp;
     gp.admission = policy;
     gp.overflow = overflow;
+    gp.reservation_max_share = reservation_max_share;
     gp.log = [this](const std::string& line) {
       std::lock_guard<std::mutex> lock(log_mu);
       log.push_back(line);
@@ -655,6 +658,101 @@ TEST(GatewayTest, CoTenantReservationMovesNewRequestsToCpuUntilReleasedOrExpired
   h.run_for(2);
   EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
   h.run_to_idle();
+}
+
+// A reservation belongs to the key that made them: another key neither sees,
+// renews nor releases it (NotFound, as if absent); the admin sees and ends
+// every one. Each key has its own cap, so one key filling its own cannot
+// refuse another's.
+TEST(GatewayTest, ReservationsBelongToTheKeyThatMadeThem) {
+  Ledgers l = make_ledgers();
+  PathSpec gpu;
+  gpu.ledger = l.gpu;
+  PathSpec cpu = cpu_spec();
+  cpu.ledger = l.host;
+  Harness h({gpu, cpu});
+  ASSERT_NE(h.gw, nullptr);
+  const ReservationCaller a{"key-a", false}, b{"key-b", false}, admin{"", true};
+  auto mine = h.gw->reserve_cotenant("whisper", kMiB, 60, a);
+  ASSERT_TRUE(mine.ok()) << mine.status().to_string();
+  EXPECT_EQ(h.gw->reservations(a).size(), 1u);
+  EXPECT_TRUE(h.gw->reservations(b).empty());
+  EXPECT_EQ(h.gw->renew(mine->id, b).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(h.gw->release(mine->id, b).code(), StatusCode::kNotFound);
+  EXPECT_EQ(h.gw->reservations(a).size(), 1u) << "B's release did nothing";
+  EXPECT_TRUE(h.gw->renew(mine->id, a).ok());
+  EXPECT_EQ(h.gw->status().reservations.size(), 1u) << "status lists every lease; the HTTP layer filters";
+
+  // Per-key caps: A fills its own, B still reserves.
+  for (size_t i = 1; i < kMaxReservationsPerOwner; ++i) ASSERT_TRUE(h.gw->reserve_cotenant("w", kMiB, 60, a).ok()) << i;
+  auto over = h.gw->reserve_cotenant("w", kMiB, 60, a);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("for this API key"), std::string::npos) << over.status().to_string();
+  EXPECT_TRUE(h.gw->reserve_cotenant("w", kMiB, 60, b).ok());
+
+  EXPECT_EQ(h.gw->reservations(admin).size(), kMaxReservationsPerOwner + 1);
+  ASSERT_TRUE(h.gw->release(mine->id, admin).ok());
+  EXPECT_EQ(h.gw->reservations(a).size(), kMaxReservationsPerOwner - 1);
+  h.run_to_idle();
+}
+
+// Sizes outside the domain are refused whole (nothing declared): a second
+// reservation of 2^64 - 1.9 GiB once wrapped the ledger's co-tenant total to
+// 1 byte and sent work to a GPU whose memory whisper held. Clients' leases
+// together hold at most reservation_max_share of the ledger's limit.
+TEST(GatewayTest, ReservationSizesStayInTheirDomainAndShare) {
+  Ledgers l = make_ledgers();
+  PathSpec gpu;
+  gpu.ledger = l.gpu;
+  PathSpec cpu = cpu_spec();
+  cpu.ledger = l.host;
+  Harness h({gpu, cpu});
+  ASSERT_NE(h.gw, nullptr);
+  auto whisper = h.gw->reserve_cotenant("whisper", 300 * kMiB, 60);
+  ASSERT_TRUE(whisper.ok()) << whisper.status().to_string();
+  for (const uint64_t bytes : std::vector<uint64_t>{18446744073709551615ull, 18446744071669442151ull, kMaxByteSize + 1}) {
+    auto r = h.gw->reserve_cotenant("wrap", bytes, 60);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bytes;
+    EXPECT_EQ(r.status().field(), "bytes");
+  }
+  EXPECT_EQ(l.gpu->snapshot().reserved[static_cast<int>(admission::OwnerKind::kCoTenant)], 300 * kMiB)
+      << "whisper's bytes are still in the ledger";
+  EXPECT_EQ(h.submit(request(20, 10))->path(), "gpu");
+  // 300 + 501 MiB > 80% of the 1000 MiB limit: refused, naming the share.
+  auto big = h.gw->reserve_cotenant("trainer", 501 * kMiB, 60);
+  EXPECT_EQ(big.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(big.status().message().find("more than 80% of its limit"), std::string::npos) << big.status().to_string();
+  EXPECT_NE(big.status().message().find("--reservation-max-share"), std::string::npos);
+  EXPECT_TRUE(h.gw->reserve_cotenant("trainer", 500 * kMiB, 60).ok()) << "exactly at the share";
+  h.run_to_idle();
+}
+
+// A CPU-only server (one path, on the host ledger): a reservation that would
+// leave the model no path for its smallest request is refused with the
+// reason, unless the operator set the share to 1; one that leaves room passes.
+TEST(GatewayTest, AReservationNeverTakesTheLastPathWithoutTheOperatorsLeave) {
+  for (const double share : {0.9, 1.0}) {
+    Ledgers l = make_ledgers();
+    auto weights = l.host->reserve({admission::OwnerKind::kModelWeights, "stories260K"}, 2048 * kMiB);
+    ASSERT_TRUE(weights.ok());
+    PathSpec cpu = cpu_spec();
+    cpu.ledger = l.host;
+    Harness h({cpu}, {}, {}, Overflow::kPlanned, share);
+    ASSERT_NE(h.gw, nullptr);
+    EXPECT_TRUE(h.gw->reserve_cotenant("small", 1024 * kMiB, 60).ok()) << "leaves 1 GiB: the model still runs";
+    auto last = h.gw->reserve_cotenant("hog", 1536 * kMiB, 60);
+    if (share < 1.0) {
+      ASSERT_EQ(last.status().code(), StatusCode::kFailedPrecondition) << last.status().to_string();
+      EXPECT_NE(last.status().message().find("would have no path left"), std::string::npos) << last.status().to_string();
+      EXPECT_NE(last.status().message().find("--reservation-max-share 1"), std::string::npos);
+      auto t = h.submit(request(20, 10));
+      ASSERT_NE(t, nullptr) << "the server still serves";
+      EXPECT_EQ(t->path(), "cpu");
+    } else {
+      EXPECT_TRUE(last.ok()) << "the operator's leave: " << last.status().to_string();
+    }
+    h.run_to_idle();
+  }
 }
 
 // The drill's baselines (Overflow): a naive free-memory check does not see a

@@ -32,15 +32,15 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-Status check_api_key_rules(std::string_view key) {
+Status check_api_key_rules(std::string_view key, std::string_view what) {
   // Positions and lengths only: the key itself must not reach a log.
   if (key.size() < kMinApiKeyChars) {
-    return Status::invalid_argument("an API key must be at least " + std::to_string(kMinApiKeyChars) +
+    return Status::invalid_argument(std::string(what) + " must be at least " + std::to_string(kMinApiKeyChars) +
                                     " characters long (this one has " + std::to_string(key.size()) + ")");
   }
   for (size_t i = 0; i < key.size(); ++i) {
     if (!is_key_char(key[i])) {
-      return Status::invalid_argument("an API key must be printable ASCII without spaces (character " +
+      return Status::invalid_argument(std::string(what) + " must be printable ASCII without spaces (character " +
                                       std::to_string(i + 1) + " of " + std::to_string(key.size()) + " is not)");
     }
   }

@@ -51,8 +51,10 @@ bool constant_time_equal(std::string_view a, std::string_view b);
 
 // OK when `key` may be an API key: at least kMinApiKeyChars characters, all
 // printable ASCII (0x21..0x7E: no spaces or control characters, which a
-// bearer header could not carry intact). Else InvalidArgument naming the rule.
-Status check_api_key_rules(std::string_view key);
+// bearer header could not carry intact). Else InvalidArgument naming the rule
+// and `what` the secret is ("an API key", "the admin token": the admin
+// token is a bearer secret too, with more power, so the same rules).
+Status check_api_key_rules(std::string_view key, std::string_view what = "an API key");
 
 // "sha256:<64 lowercase hex>" of `key`: the form add_hash() reads and a serve
 // config file holds (`api-key-hash = "sha256:..."`).

@@ -2,6 +2,7 @@
 
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
+#include "core/size.h"
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -1426,6 +1427,8 @@ std::optional<ApiError> parse_reservation_request(std::string_view body, Reserva
   if (b == obj.end()) return bad("bytes", "'bytes' is required (an integer, or a size such as \"2GiB\")", "missing_required_parameter");
   if (b->is_number_unsigned()) {
     out.bytes = b->get<uint64_t>();
+    // The same domain as a size string (core/size.h): no size a sum could wrap on.
+    if (Status st = check_byte_size(out.bytes, "'bytes'"); !st.ok()) return bad("bytes", st.message(), "invalid_value");
   } else if (b->is_string()) {
     auto v = parse_memory_size(b->get<std::string>());
     if (!v.ok()) {  // its message quotes the whole string

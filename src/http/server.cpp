@@ -335,9 +335,13 @@ class HttpServer::Impl {
       res.status = ready ? 200 : 503;
       res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", kJson);
     }, true);
-    r.add("GET", "/v1/status", kInline, authed([this](const Request&, Response& res, const Principal&) {
+    r.add("GET", "/v1/status", kInline, authed([this](const Request&, Response& res, const Principal& p) {
       const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
-      res.set_content(render_status(gateway_.status(), &http), kJson);
+      gateway::GatewayStatus st = gateway_.status();
+      // A key sees its own leases; the ledgers' co-tenant totals stay (they
+      // explain the decisions), not whose they are.
+      std::erase_if(st.reservations, [&](const gateway::ReservationInfo& r) { return !p.admin && r.owner != p.owner; });
+      res.set_content(render_status(st, &http), kJson);
     }), true);
     // On a worker thread: the journal's figures are an SQLite query, which
     // may wait for a writer's commit.
@@ -374,21 +378,21 @@ class HttpServer::Impl {
           authed([this](const Request& req, Response& res, const Principal& p) { resume_request(req, res, p); }));
     r.add("POST", "/v1/quote", kWorker, authed([this](const Request& req, Response& res, const Principal&) { quote(req, res); }));
     r.add("POST", "/v1/reservations", kWorker,
-          authed([this](const Request& req, Response& res, const Principal&) { reserve(req, res); }));
-    r.add("GET", "/v1/reservations", kInline, authed([this](const Request&, Response& res, const Principal&) {
-      res.set_content(render_reservations(gateway_.reservations()), kJson);
+          authed([this](const Request& req, Response& res, const Principal& p) { reserve(req, res, p); }));
+    r.add("GET", "/v1/reservations", kInline, authed([this](const Request&, Response& res, const Principal& p) {
+      res.set_content(render_reservations(gateway_.reservations(caller(p))), kJson);
     }));
-    r.add("POST", "/v1/reservations/{}/renew", kWorker, authed([this](const Request& req, Response& res, const Principal&) {
+    r.add("POST", "/v1/reservations/{}/renew", kWorker, authed([this](const Request& req, Response& res, const Principal& p) {
       const std::optional<uint64_t> id = reservation_id(req, res);
       if (!id) return;
-      auto rr = gateway_.renew(*id);
+      auto rr = gateway_.renew(*id, caller(p));
       if (!rr.ok()) return set_error(res, reservation_error(rr.status()));
       res.set_content(render_reservation(*rr), kJson);
     }));
-    r.add("DELETE", "/v1/reservations/{}", kWorker, authed([this](const Request& req, Response& res, const Principal&) {
+    r.add("DELETE", "/v1/reservations/{}", kWorker, authed([this](const Request& req, Response& res, const Principal& p) {
       const std::optional<uint64_t> id = reservation_id(req, res);
       if (!id) return;
-      Status st = gateway_.release(*id);
+      Status st = gateway_.release(*id, caller(p));
       if (!st.ok()) return set_error(res, reservation_error(st));
       res.set_content(R"({"released":true})", kJson);
     }));
@@ -1160,10 +1164,13 @@ class HttpServer::Impl {
     return e;
   }
 
-  void reserve(const Request& req, Response& res) {
+  // Reservations belong to the key that made them (the admin sees all).
+  static gateway::ReservationCaller caller(const Principal& p) { return {p.owner, p.admin}; }
+
+  void reserve(const Request& req, Response& res, const Principal& p) {
     ReservationRequest r;
     if (auto e = parse_reservation_request(req.body, r)) return set_error(res, *e);
-    auto info = gateway_.reserve_cotenant(r.name, r.bytes, r.ttl_s);
+    auto info = gateway_.reserve_cotenant(r.name, r.bytes, r.ttl_s, caller(p));
     if (!info.ok()) return set_error(res, reservation_error(info.status()));
     res.status = 201;
     res.set_content(render_reservation(*info), kJson);
@@ -1457,6 +1464,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, gateway::Gatewa
   }
   SPW_RETURN_IF_ERROR(
       check_listen_auth(options.host, options.api_keys && !options.api_keys->empty(), options.insecure_no_auth));
+  if (!options.admin_token.empty()) {
+    SPW_RETURN_IF_ERROR(check_api_key_rules(options.admin_token, "the admin token (--admin-token)"));
+  }
   std::vector<std::string> fallback_ids;
   for (const gateway::ExecutionPath& p : gateway.paths())
     if (p.fallback_model) fallback_ids.push_back(p.model);

@@ -161,8 +161,10 @@ ParseError parse_error(int status, std::string code, std::string message) {
   return ParseError{status, std::move(code), std::move(message)};
 }
 
-// The transport's answer to a parser error.
-ParseError from_beast(const beast::error_code& ec, const TransportOptions& o) {
+// The transport's answer to a parser error; `unparsed`: the bytes the parser
+// refused, from where it stopped (to tell a malformed line from a version
+// we do not serve).
+ParseError from_beast(const beast::error_code& ec, const TransportOptions& o, std::string_view unparsed = {}) {
   if (ec == bhttp::error::header_limit) {
     return parse_error(431, "request_header_fields_too_large",
                        "the request line and headers exceed " + std::to_string(o.max_header_bytes) + " bytes");
@@ -182,6 +184,12 @@ ParseError from_beast(const beast::error_code& ec, const TransportOptions& o) {
     return parse_error(400, "invalid_chunk", "malformed chunked body");
   }
   if (ec == bhttp::error::bad_version) {
+    // Beast reads the line's end as part of the version: "HTTP/1.1" ended
+    // by a bare LF is a malformed line, not an unsupported version.
+    const std::string_view line = unparsed.substr(0, unparsed.find('\n'));
+    if (line.size() < unparsed.size() && (line.ends_with(" HTTP/1.1") || line.ends_with(" HTTP/1.0"))) {
+      return parse_error(400, "invalid_request_line", "the request line must end with CR LF, not a bare LF");
+    }
     return parse_error(505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are served");
   }
   return parse_error(400, "invalid_request", "malformed HTTP request (" + ec.message() + ")");
@@ -270,7 +278,7 @@ std::optional<ParsedRequest> parse_request(std::string_view bytes, const Transpo
     used += n;
     if (ec == bhttp::error::need_more) return std::nullopt;
     if (ec) {
-      if (error) *error = from_beast(ec, options);
+      if (error) *error = from_beast(ec, options, bytes.substr(used));
       return std::nullopt;
     }
     if (p.is_header_done() && !head_checked) {
@@ -586,7 +594,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       buf_.consume(n);
       if (state_ == State::kHead && !parser_->is_header_done()) head_bytes_ += n;
       if (ec == bhttp::error::need_more) break;
-      if (ec) return send_error(from_beast(ec, o()));
+      if (ec) {
+        return send_error(
+            from_beast(ec, o(), std::string_view(static_cast<const char*>(buf_.data().data()), buf_.size())));
+      }
       if (state_ == State::kHead && parser_->is_header_done()) {
         state_ = State::kBody;
         if (auto e = on_head()) return send_error(*e);

@@ -33,7 +33,7 @@ using nlohmann::json;
 using spw::testing::Server;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kToken = "drill-token-1";
+constexpr const char* kToken = "fault-admin-token-1";
 
 std::optional<std::string> no_vulkan() {
   auto d = spw::list_vulkan_devices();
@@ -266,6 +266,68 @@ TEST(FaultAdmin, DeviceLostOpensTheBreakerAndTheGpuRecovers) {
   ASSERT_TRUE(del);
   EXPECT_EQ(del->status, 200);
   EXPECT_EQ(json::parse(del->body)["disarmed"], 1) << del->body;
+}
+
+// A GPU whose every submission takes 1000x its time (a big prefill on a
+// small card, a driver that hangs): the front end must never wait on it.
+// /health/live and /v1/status answer at once while a request sits in a
+// stretched submission (they once waited on the backend's queue mutex:
+// three 10 s timeouts in a row), and SIGTERM stops the server within its
+// grace and the stop margin although the worker inside the device call
+// cannot be joined (it once ignored two SIGTERMs for 35 s).
+TEST(FaultAdmin, ASlowGpuNeverStallsHealthStatusOrShutdown) {
+  if (auto why = no_vulkan()) GTEST_SKIP() << *why;
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  constexpr double kScale = 4;  // the sanitizers' own overhead on every answer
+#else
+  constexpr double kScale = 1;
+#endif
+  Server s({"--device", "vulkan", "--ctx", "256", "--admin-token", kToken, "--grace", "1"});
+  ASSERT_GT(s.port(), 0) << s.ready_line();
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(10, 0);
+  auto r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"slow","factor":1000,"count":0})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  ASSERT_EQ(json::parse(r->body)["path"], "gpu") << r->body;
+  std::thread victim([port = s.port()] {
+    httplib::Client v("127.0.0.1", port);
+    v.set_read_timeout(60, 0);
+    (void)v.Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":8})", "application/json");
+  });
+  json gpu;
+  const bool running =
+      wait_gpu(c, std::chrono::seconds(10), [](const json& p) { return p["running"].get<int>() >= 1; }, &gpu);
+  std::vector<double> live_ms, status_ms;
+  auto timed = [&](const char* path, std::vector<double>& out) {
+    const auto t0 = Clock::now();
+    auto a = c.Get(path);
+    out.push_back(a && a->status == 200 ? std::chrono::duration<double, std::milli>(Clock::now() - t0).count() : 1e9);
+  };
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  while (running && Clock::now() < until) {
+    timed("/health/live", live_ms);
+    timed("/v1/status", status_ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const json during = path_status(c, "gpu");
+  const auto t_term = Clock::now();
+  s.signal(SIGTERM);
+  const std::optional<int> code = s.wait_exit(std::chrono::seconds(20));
+  const double stop_s = std::chrono::duration<double>(Clock::now() - t_term).count();
+  victim.join();
+  ASSERT_TRUE(running) << "the request never ran on the GPU: " << gpu.dump();
+  EXPECT_EQ(during["running"], 1) << "still inside the slowed submission while sampled: " << during.dump();
+  auto p99 = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 1e9 : v[std::min(v.size() - 1, v.size() * 99 / 100)];
+  };
+  ASSERT_GE(live_ms.size(), 20u);
+  EXPECT_LT(p99(live_ms), 100 * kScale) << "/health/live p99 over " << live_ms.size() << " calls";
+  EXPECT_LT(p99(status_ms), 250 * kScale) << "/v1/status p99 over " << status_ms.size() << " calls";
+  ASSERT_TRUE(code.has_value()) << "SIGTERM did not stop the server within 20 s";
+  // Grace 1 s + the 5 s stop margin, then it leaves without the hung worker.
+  EXPECT_LT(stop_s, 9.0 * (kScale > 1 ? 2 : 1)) << "exit code " << *code;
 }
 
 // health_fail x3 with a short health interval: three failed checks in a row

@@ -1002,6 +1002,68 @@ TEST(HostileClient, ARequestRecordIsVisibleOnlyToItsKeyAndTheAdmin) {
   EXPECT_EQ(json::parse(a_after->body)["state"], "cancelled") << a_after->body;
 }
 
+// Co-tenant reservations on a CPU-only server (the host ledger): a size that
+// would wrap the ledger's total is refused and the first reservation's bytes
+// stay counted; another key neither sees, renews nor deletes it; a 100 GiB
+// reservation that would leave the model no path is refused with its
+// reason, and the server keeps serving every key.
+TEST(HostileClient, ReservationsCannotWrapTheLedgerCrossKeysOrStopTheServer) {
+  START_SERVER(s, "--api-key", kKeyA, "--api-key", kKeyB, "--admin-token", kAdmin);
+  auto a = client(s.port(), kKeyA);
+  auto b = client(s.port(), kKeyB);
+  auto admin = client(s.port(), kAdmin);
+  auto r = a->Post("/v1/reservations", R"({"name":"whisper","bytes":"1MiB","ttl_s":60})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  const std::string id = json::parse(r->body)["id"].dump();
+  auto cotenant_bytes = [&] {
+    auto l = admin->Get("/v1/reservations");
+    return l && l->status == 200 && !json::parse(l->body)["data"].empty()
+               ? json::parse(l->body)["data"][0]["ledger_after"]["reserved_bytes"]["co-tenant"].get<uint64_t>()
+               : 0;
+  };
+  const uint64_t before = cotenant_bytes();
+  EXPECT_GE(before, 1u << 20);
+  for (const std::string bytes : {"18446744071669442151", "18446744073709551615", "\"16777216TiB\"", "-1", "1e30"}) {
+    auto w = a->Post("/v1/reservations", R"({"name":"wrap","bytes":)" + bytes + "}", "application/json");
+    ASSERT_TRUE(w);
+    EXPECT_EQ(w->status, 400) << bytes << ": " << w->body;
+    EXPECT_EQ(json::parse(w->body)["error"]["param"], "bytes") << w->body;
+  }
+  EXPECT_EQ(cotenant_bytes(), before) << "the first reservation's bytes are still counted";
+
+  // B: as if A's reservation did not exist.
+  auto lb = b->Get("/v1/reservations");
+  ASSERT_TRUE(lb);
+  EXPECT_TRUE(json::parse(lb->body)["data"].empty()) << lb->body;
+  auto sb = b->Get("/v1/status");
+  ASSERT_TRUE(sb);
+  EXPECT_TRUE(json::parse(sb->body)["reservations"].empty()) << "B's status listed A's lease";
+  auto renew = b->Post("/v1/reservations/" + id + "/renew", "", "application/json");
+  ASSERT_TRUE(renew);
+  EXPECT_EQ(renew->status, 404) << renew->body;
+  auto del = b->Delete("/v1/reservations/" + id);
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 404) << del->body;
+  auto la = a->Get("/v1/reservations");
+  ASSERT_TRUE(la);
+  EXPECT_EQ(json::parse(la->body)["data"].size(), 1u) << la->body;
+
+  // 100 GiB on the only path's ledger: refused, saying why; every key is served.
+  auto hog = b->Post("/v1/reservations", R"({"name":"hog","bytes":"100GiB","ttl_s":86400})", "application/json");
+  ASSERT_TRUE(hog);
+  EXPECT_EQ(hog->status, 409) << hog->body;
+  EXPECT_TRUE(contains(hog->body, "--reservation-max-share")) << hog->body;
+  for (auto* c : {a.get(), b.get()}) {
+    auto done = c->Post("/v1/completions", R"({"prompt":"Once","max_tokens":2})", "application/json");
+    ASSERT_TRUE(done);
+    EXPECT_EQ(done->status, 200) << done->body;
+  }
+  auto gone = admin->Delete("/v1/reservations/" + id);
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->status, 200) << "the admin ends any lease: " << gone->body;
+}
+
 TEST(HostileClient, IdempotencyKeysAreScopedPerKeyAndRequestIdsAreRandom) {
   START_SERVER(s, "--api-key", kKeyA, "--api-key", kKeyB);
   const std::string body = R"({"prompt":"Once upon a time","max_tokens":4,"seed":3})";
@@ -1102,6 +1164,8 @@ TEST(HostileClient, MalformedRequestsGetPreciseRefusals) {
       {"logit_bias", post_json("/v1/completions", R"({"prompt":"a","max_tokens":1,"logit_bias":{"1":5}})"), 400,
        "unsupported_parameter"},
       {"an absolute-form target", http_request("GET", "http://127.0.0.1/health"), 400, "invalid_target"},
+      {"a request line ended by a bare LF", "GET /health HTTP/1.1\nHost: x\n\n", 400, "invalid_request_line"},
+      {"HTTP/2.0", "GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"},
   };
   for (const Case& c : cases) {
     const Exchange e = exchange(s.port(), c.bytes, seconds(10));

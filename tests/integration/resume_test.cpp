@@ -41,7 +41,7 @@ using nlohmann::json;
 using spw::testing::Server;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kToken = "resume-token-1";
+constexpr const char* kToken = "resume-admin-token-1";
 constexpr const char* kPrompt = "Once upon a time";
 constexpr int kMaxTokens = 128;
 // The stream is killed once this many text chunks (one per token) arrived;

@@ -50,6 +50,7 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
   // it stands in for cores taken by another workload, on the wall clock
   // whatever Env the server was given.
   const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t disarms = faults_->disarms();
   Status st = run_batch(model, layer_begin, layer_end, slices, hidden);
   const double factor = faults_->take_slow_factor();
   if (factor > 1.0) {
@@ -57,7 +58,7 @@ Status CpuBackend::forward_batch(const Model& model, int32_t layer_begin, int32_
     // build's prefill pass times a large factor is minutes).
     const auto t1 = std::chrono::steady_clock::now();
     const auto until = t1 + std::chrono::duration_cast<std::chrono::steady_clock::duration>((t1 - t0) * (factor - 1.0));
-    while (faults_->armed()) {
+    while (faults_->disarms() == disarms) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= until) break;
       std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(10)));

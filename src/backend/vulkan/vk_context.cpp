@@ -421,6 +421,7 @@ Status VulkanContext::submit_and_wait() {
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &cmd_;
+  const uint64_t disarms = faults_ ? faults_->disarms() : 0;
   const double slow = faults_ ? faults_->take_slow_factor() : 1.0;
   // Real time on purpose: the slowness stands in for a device's own work,
   // which runs on the wall clock whatever Env the server was given.
@@ -436,16 +437,31 @@ Status VulkanContext::submit_and_wait() {
     r = vkResetFences(device_, 1, &fence_);
   }
   fence_lock.unlock();
+  bool stretched_past_timeout = false;
   if (r == VK_SUCCESS && slow > 1.0) {
     // The submission takes `slow` times its real time (FaultKind::kSlow);
-    // the queue stays busy meanwhile, as a slow device's would.
-    const auto gpu = std::chrono::steady_clock::now() - t_submit;
-    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(gpu * (slow - 1.0)));
+    // the queue stays busy meanwhile, as a slow device's would. A real wait
+    // gives up at the fence timeout, so a stretch that would outlast it ends
+    // there as a timeout (the device is then unhealthy, and the breaker
+    // hears of it): a slow device is a fault after a bounded time, never a
+    // queue held for minutes. Slept in slices so that disarming ends it.
+    const auto now = std::chrono::steady_clock::now();
+    const auto want = t_submit + std::chrono::duration_cast<std::chrono::steady_clock::duration>((now - t_submit) * slow);
+    const auto limit = t_submit + std::chrono::milliseconds(fence_timeout_ms_);
+    stretched_past_timeout = want > limit;
+    const auto until = std::min(want, limit);
+    while (faults_->disarms() == disarms) {
+      const auto t = std::chrono::steady_clock::now();
+      if (t >= until) break;
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - t, std::chrono::milliseconds(10)));
+    }
+    if (faults_->disarms() != disarms) stretched_past_timeout = false;  // disarmed meanwhile: the device answered
   }
-  if (r == VK_SUCCESS && inject_timeout) r = VK_TIMEOUT;  // the real work finished: nothing left in flight
+  if (r == VK_SUCCESS && (inject_timeout || stretched_past_timeout)) r = VK_TIMEOUT;  // the real work finished: nothing left in flight
   if (r == VK_TIMEOUT)
     return check(r, ("vkWaitForFences (" + std::to_string(fence_timeout_ms_) + " ms" +
-                     (inject_timeout ? ", injected)" : ")")).c_str());
+                     (inject_timeout ? ", injected)" : stretched_past_timeout ? ", slowed past it by a slow fault)" : ")"))
+                        .c_str());
   return check(r, "vkWaitForFences");
 }
 

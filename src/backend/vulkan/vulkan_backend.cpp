@@ -1,10 +1,12 @@
 #include "backend/vulkan/vulkan_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/quant_dot.h"
@@ -133,8 +135,25 @@ class VulkanKvStorage final : public KvDeviceStorage {
 struct VulkanBackend::Impl {
   VulkanBackendOptions opts;
   FaultInjector faults;
-  mutable std::mutex mu;
+  // The queue: every call that records, submits or changes device state
+  // holds it, for as long as its submissions run. Timed so that a health
+  // check gives up on a queue that a hung submission holds.
+  mutable std::timed_mutex mu;
   std::shared_ptr<VulkanContext> ctx;  // declared before everything allocated from it
+  // `ctx` as the readers that never touch the queue see it (memory_stats,
+  // healthy, health_reason: status, health and admission read them from the
+  // front end, which must never wait behind a submission). Set under both
+  // locks, read under ctx_mu alone.
+  mutable std::mutex ctx_mu;
+  std::shared_ptr<VulkanContext> published;
+  void publish(std::shared_ptr<VulkanContext> c) {
+    std::lock_guard<std::mutex> lk(ctx_mu);
+    published = std::move(c);
+  }
+  std::shared_ptr<VulkanContext> published_ctx() const {
+    std::lock_guard<std::mutex> lk(ctx_mu);
+    return published;
+  }
   VulkanDeviceInfo info;
   VkDescriptorPool dpool = VK_NULL_HANDLE;
   std::map<std::string, Pipeline> pipes;
@@ -146,6 +165,7 @@ struct VulkanBackend::Impl {
 
   Status init() {
     SPW_ASSIGN_OR_RETURN(ctx, VulkanContext::create(opts, &faults));
+    publish(ctx);
     info = ctx->info();
     VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kPoolSets * kMaxBindings};
     VkDescriptorPoolCreateInfo pci{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
@@ -157,6 +177,7 @@ struct VulkanBackend::Impl {
 
   void teardown() {
     if (!ctx) return;
+    publish(nullptr);
     ctx->wait_idle();
     if (ctx->in_flight()) {
       // The GPU never finished: keep every object alive (leaked with the
@@ -571,45 +592,43 @@ const VulkanDeviceInfo& VulkanBackend::device_info() const { return impl_->info;
 const VulkanBackendOptions& VulkanBackend::options() const { return impl_->opts; }
 FaultInjector& VulkanBackend::faults() { return impl_->faults; }
 
+// These three never take the queue (impl_->mu): the allocator and the
+// context's health have locks of their own, held for microseconds.
 DeviceMemoryStats VulkanBackend::memory_stats() const {
-  std::shared_ptr<VulkanContext> c;
-  {
-    std::lock_guard<std::mutex> lk(impl_->mu);
-    c = impl_->ctx;
-  }
+  const std::shared_ptr<VulkanContext> c = impl_->published_ctx();
   return c ? c->allocator().stats() : DeviceMemoryStats{};
 }
 
 bool VulkanBackend::healthy() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->ctx && impl_->ctx->healthy();
+  const std::shared_ptr<VulkanContext> c = impl_->published_ctx();
+  return c && c->healthy();
 }
 
 std::string VulkanBackend::health_reason() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  if (!impl_->ctx) return "not initialised";
-  return impl_->ctx->healthy() ? std::string() : impl_->ctx->health_reason();
+  const std::shared_ptr<VulkanContext> c = impl_->published_ctx();
+  if (!c) return "not initialised";
+  return c->healthy() ? std::string() : c->health_reason();
 }
 
 Status VulkanBackend::reinitialize() {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   impl_->teardown();
   return impl_->init();
 }
 
 void VulkanBackend::release_model(const Model& model) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   if (impl_->ctx) impl_->ctx->wait_idle();
   impl_->models.erase(&model);
 }
 
 Status VulkanBackend::prepare(const Model& model, int32_t lb, int32_t le, bool embedding, bool output) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   return impl_->prepare(model, lb, le, embedding, output);
 }
 
 Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOptions& o, const std::string& owner) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   SPW_RETURN_IF_ERROR(impl_->healthy_or_error());
   if (o.layer_end <= o.layer_begin || o.n_blocks <= 0 || o.block_tokens <= 0 || o.n_embd_kv <= 0)
     return KvPool::create_on_device(o, nullptr).status();  // the pool's own option errors
@@ -640,12 +659,12 @@ Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOption
 
 bool VulkanBackend::accepts_kv(const KvPool& pool) const {
   auto* st = dynamic_cast<const VulkanKvStorage*>(pool.device_storage());
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   return st != nullptr && impl_->ctx != nullptr && st->ctx == impl_->ctx;
 }
 
 Status VulkanBackend::embed(const Model& model, std::span<const TokenId> tokens, float* hidden) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   const auto& hp = model.hparams();
   for (TokenId t : tokens)
@@ -759,7 +778,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
       return Status();
     }
   }
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   KvPool* pool = slices[0].kv.pool;
   const auto& kvo = pool->options();
@@ -946,7 +965,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
 }
 
 Status VulkanBackend::output(const Model& model, const float* hidden, int32_t n_rows, float* logits) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   const auto& hp = model.hparams();
   if (n_rows <= 0) return n_rows == 0 ? Status() : Status::invalid_argument("output: n_rows < 0");
@@ -991,7 +1010,7 @@ struct OpBuffers {
 }  // namespace
 
 Status VulkanBackend::op_matmul(const WeightMatrix& w, const float* x, int32_t n_tokens, float* y) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   if (n_tokens <= 0) return Status::invalid_argument("op_matmul: n_tokens <= 0");
@@ -1019,7 +1038,7 @@ Status VulkanBackend::op_matmul(const WeightMatrix& w, const float* x, int32_t n
 }
 
 Status VulkanBackend::op_quantize(cpu::ActFormat f, const float* x, int64_t n, int8_t* qs, uint32_t* scales) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const int64_t block = cpu::act_block_elems(f);
@@ -1039,7 +1058,7 @@ Status VulkanBackend::op_quantize(cpu::ActFormat f, const float* x, int64_t n, i
 }
 
 Status VulkanBackend::op_rms_norm(const float* x, const float* weight, int32_t n, int32_t n_tokens, float eps, float* y) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint64_t bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(n_tokens) * 4;
@@ -1059,7 +1078,7 @@ Status VulkanBackend::op_rms_norm(const float* x, const float* weight, int32_t n
 }
 
 Status VulkanBackend::op_swiglu(const float* gate, const float* up, int64_t n, float* out) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint64_t bytes = static_cast<uint64_t>(n) * 4;
@@ -1076,7 +1095,7 @@ Status VulkanBackend::op_swiglu(const float* gate, const float* up, int64_t n, f
 }
 
 Status VulkanBackend::op_add(float* y, const float* x, int64_t n) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint64_t bytes = static_cast<uint64_t>(n) * 4;
@@ -1099,7 +1118,16 @@ Status VulkanBackend::health_check() {
     return Status(StatusCode::kUnavailable, "health check of " + name() + " failed (injected)",
                   FailureReason::kUnhealthy);
   }
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  // A submission holding the queue longer than a fence wait may last is
+  // hung (each of its waits ends at the fence timeout): the check says so
+  // instead of joining the wait, so the prober and shutdown stay bounded.
+  std::unique_lock<std::timed_mutex> lk(impl_->mu, std::defer_lock);
+  if (!lk.try_lock_for(std::chrono::milliseconds(impl_->opts.fence_timeout_ms))) {
+    return Status(StatusCode::kDeadlineExceeded,
+                  "health check of " + name() + ": the queue stayed busy for the whole fence timeout (" +
+                      std::to_string(impl_->opts.fence_timeout_ms) + " ms)",
+                  FailureReason::kTimeout);
+  }
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   constexpr int64_t kN = 64;
@@ -1137,7 +1165,7 @@ Status VulkanBackend::health_check() {
 
 Status VulkanBackend::op_rope(float* x, int32_t n_tokens, int32_t n_heads, int32_t head_dim, int32_t n_rot, int32_t pos0,
                               float freq_base) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::lock_guard<std::timed_mutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint32_t half = static_cast<uint32_t>(n_rot / 2);
