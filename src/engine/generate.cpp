@@ -130,7 +130,7 @@ void Generator::keep_released() {
 
 void Generator::finish(const std::string& reason, const TokenCallback& cb, bool flush) {
   if (flush) {
-    const size_t held_before = stop_.held().size();
+    const size_t held_before = stop_.held_size();
     std::string rest = utf8_.flush();
     StopMatcher::Step st = stop_.push(rest);
     std::string out = std::move(st.emit);
@@ -192,7 +192,7 @@ Result<bool> Generator::step(const TokenCallback& cb) {
   result_.tokens.push_back(id);
   pending_eval_ = true;
   const std::string piece = tok.token_piece(id);
-  const size_t held_before = stop_.held().size();
+  const size_t held_before = stop_.held_size();
   std::string pending_before;
   if (options_.logprobs >= 0) pending_before = utf8_.pending();
   const std::string decoded = utf8_.push(piece);

@@ -34,6 +34,11 @@ ApiError wrong_type(const std::string& param, const char* expected, const json& 
              "invalid_type");
 }
 
+// A cost limit's message (openai.h's kMax*Bytes): the limit and the size sent.
+std::string over_limit(const std::string& what, size_t limit, size_t got) {
+  return what + " may be at most " + std::to_string(limit) + " bytes, got " + std::to_string(got) + " bytes";
+}
+
 // Each getter leaves `out` alone when the field is absent or null.
 std::optional<ApiError> get_int(const json& obj, const char* key, std::optional<int64_t>& out) {
   auto it = obj.find(key);
@@ -416,18 +421,27 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   auto stop = obj.find("stop");
   if (stop != obj.end() && !stop->is_null()) {
     if (stop->is_string()) {
+      const size_t n = stop->get_ref<const std::string&>().size();
+      if (n > kMaxStopBytes) return bad("stop", over_limit("'stop'", kMaxStopBytes, n));
       s.stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
-      constexpr size_t kMaxStop = 16;
       if (stop->size() > kMaxStop) {
         return bad("stop", "'stop' may hold at most " + std::to_string(kMaxStop) + " strings, got " +
                                std::to_string(stop->size()));
       }
+      size_t total = 0;
       for (size_t k = 0; k < stop->size(); ++k) {
         const json& e = (*stop)[k];
-        if (!e.is_string()) return wrong_type("stop[" + std::to_string(k) + "]", "a string", e);
-        s.stop.push_back(e.get<std::string>());
+        const std::string at = "stop[" + std::to_string(k) + "]";
+        if (!e.is_string()) return wrong_type(at, "a string", e);
+        const size_t n = e.get_ref<const std::string&>().size();
+        if (n > kMaxStopBytes) return bad(at, over_limit("'" + at + "'", kMaxStopBytes, n));
+        total += n;
       }
+      if (total > kMaxStopTotalBytes) {
+        return bad("stop", over_limit("the 'stop' strings together", kMaxStopTotalBytes, total));
+      }
+      for (const json& e : *stop) s.stop.push_back(e.get<std::string>());
     } else {
       return wrong_type("stop", "a string or an array of strings", *stop);
     }
@@ -526,6 +540,11 @@ std::optional<ApiError> parse_chat_tools(std::string_view body, const json& obj,
   if (tools == obj.end() || tools->is_null()) return std::nullopt;
   if (!tools->is_array()) return wrong_type("tools", "an array", *tools);
   if (tools->size() > 128) return bad("tools", "'tools' may list at most 128 tools, got " + std::to_string(tools->size()));
+  // Sized before the body is parsed again below and each tool rendered twice.
+  const size_t tools_bytes = tools->dump(-1, ' ', false, json::error_handler_t::replace).size();
+  if (tools_bytes > kMaxToolsBytes) {
+    return bad("tools", over_limit("'tools' (as compact JSON)", kMaxToolsBytes, tools_bytes));
+  }
   const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body, nullptr, false);
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
@@ -710,6 +729,9 @@ std::optional<ApiError> parse_completion_request(std::string_view body, Completi
     return wrong_type("prompt", "a string", *p);
   }
   if (out.prompt.empty()) return bad("prompt", "'prompt' must not be empty");
+  if (out.prompt.size() > kMaxPromptBytes) {
+    return bad("prompt", over_limit("'prompt'", kMaxPromptBytes, out.prompt.size()));
+  }
   std::optional<bool> echo;
   SPW_TRY_FIELD(get_bool(obj, "echo", echo));
   if (echo.value_or(false)) return bad("echo", "echo is not supported by this server", "unsupported_parameter");
@@ -730,6 +752,7 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
   }
   if (!m->is_array()) return wrong_type("messages", "an array", *m);
   if (m->empty()) return bad("messages", "'messages' must not be empty");
+  size_t prompt_bytes = 0;  // content and tool-call arguments as sent: the text the template renders
   for (size_t k = 0; k < m->size(); ++k) {
     const json& msg = (*m)[k];
     const std::string at = "messages[" + std::to_string(k) + "]";
@@ -749,6 +772,9 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
     if (calls != msg.end() && !calls->is_null()) {
       if (cm.role != "assistant") return bad(at + ".tool_calls", "only an assistant message has tool_calls");
       SPW_TRY_FIELD(parse_message_tool_calls(*calls, at, cm));
+      for (const json& c : *calls) {
+        prompt_bytes += c.at("function").at("arguments").get_ref<const std::string&>().size();
+      }
     }
     if (cm.role == "tool") {
       auto id = msg.find("tool_call_id");
@@ -779,7 +805,11 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
     } else {
       return wrong_type(at + ".content", "a string or an array of text parts", *content);
     }
+    prompt_bytes += cm.content.size();
     out.messages.push_back(std::move(cm));
+  }
+  if (prompt_bytes > kMaxPromptBytes) {
+    return bad("messages", over_limit("the text of 'messages'", kMaxPromptBytes, prompt_bytes));
   }
   SPW_TRY_FIELD(parse_sampling(obj, /*chat=*/true, out.sampling, out.model));
   SPW_TRY_FIELD(parse_chat_only(obj, out.sampling));

@@ -7,7 +7,12 @@
 // min_p outside [0,1], repeat_penalty <= 0, n != 1, ...), an empty prompt, or
 // malformed messages give an ApiError with HTTP 400, type
 // "invalid_request_error", `param` naming the field and a message naming the
-// problem.
+// problem. So does a request over one of the cost limits below (the message
+// names the limit and the size sent): more than kMaxStop stop strings, a stop
+// string over kMaxStopBytes or all of them over kMaxStopTotalBytes, tools
+// over kMaxToolsBytes, a prompt (or the messages' text) over
+// kMaxPromptBytes. These are checked while parsing, before anything is
+// tokenized or queued.
 //
 // Strict, honest parsing (every parse_*_request below):
 //  - The body is exactly one JSON value: bytes after it (other than JSON
@@ -68,6 +73,31 @@ ApiError api_error_from_status(const Status& s);
 inline constexpr size_t kInputExcerptBytes = 40;
 inline constexpr size_t kMaxErrorMessageBytes = 512;
 inline constexpr size_t kMaxParamBytes = 128;
+
+// Request cost limits (see the contract above). Each is far above what a real
+// client sends, and low enough that a request at the limit costs the worker
+// no more than an ordinary one:
+//  - stop strings are matched on every generated token (engine/stop_rules.h
+//    makes that cost independent of their length, but each is held in
+//    memory per generation and compiled per request); real ones are
+//    delimiters of a few to a few dozen bytes ("\n\nUser:", "</s>").
+//    kMaxStop is OpenAI's own limit times four.
+inline constexpr size_t kMaxStop = 16;
+inline constexpr size_t kMaxStopBytes = 4 * 1024;
+inline constexpr size_t kMaxStopTotalBytes = 16 * 1024;
+//  - tools are rendered into the prompt of every request that lists them;
+//    a real tool's JSON is a few hundred bytes to a few KiB, so 128 tools
+//    (the count limit) of 2 KiB each fit. Measured as the `tools` array's
+//    compact JSON (which is what the templates render).
+inline constexpr size_t kMaxToolsBytes = 256 * 1024;
+//  - the prompt (/v1/completions) or the text of all messages (content and
+//    tool-call arguments, /v1/chat/completions): half the transport's
+//    default body limit (16 MiB) and about two million tokens of text at ~4
+//    bytes a token, more than a local model's context holds, so it refuses
+//    only prompts that could not run anyway, but says so by name. Smaller prompts that cannot fit
+//    are refused cheaply by Gateway::precheck (400 context_length_exceeded),
+//    before tokenization too.
+inline constexpr size_t kMaxPromptBytes = 8 * 1024 * 1024;
 
 // `text` when it is at most `max_bytes` long; else its first bytes (cut on a
 // UTF-8 character boundary) followed by "... (N bytes)". For quoting client

@@ -418,6 +418,97 @@ TEST(OpenAiParse, MaxCompletionTokensOnBothEndpoints) {
   EXPECT_EQ(c.sampling.max_tokens, 4);
 }
 
+// A cost limit's refusal: 400, the param, and a message naming the limit and
+// the size sent.
+void expect_over_limit(const ApiError& e, const std::string& param, size_t limit, size_t got) {
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.type, "invalid_request_error");
+  EXPECT_EQ(e.param, param);
+  EXPECT_NE(e.message.find("at most " + std::to_string(limit) + " bytes"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("got " + std::to_string(got) + " bytes"), std::string::npos) << e.message;
+}
+
+TEST(OpenAiLimits, StopStringBytes) {
+  CompletionRequest r;
+  const std::string at_limit(kMaxStopBytes, 's');
+  ASSERT_FALSE(parse_completion_request(json{{"prompt", "a"}, {"stop", at_limit}}.dump(), r).has_value());
+  EXPECT_EQ(r.sampling.stop, std::vector<std::string>{at_limit});
+  const std::string over(kMaxStopBytes + 1, 's');
+  expect_over_limit(completion_error(json{{"prompt", "a"}, {"stop", over}}.dump()), "stop", kMaxStopBytes,
+                    kMaxStopBytes + 1);
+  // In an array the string is named by its index, on both endpoints.
+  expect_over_limit(completion_error(json{{"prompt", "a"}, {"stop", {"x", over}}}.dump()), "stop[1]", kMaxStopBytes,
+                    kMaxStopBytes + 1);
+  expect_over_limit(chat_error(json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"stop", {over}}}.dump()),
+                    "stop[0]", kMaxStopBytes, kMaxStopBytes + 1);
+}
+
+TEST(OpenAiLimits, StopStringsTogether) {
+  static_assert(kMaxStopTotalBytes % kMaxStopBytes == 0 && kMaxStopTotalBytes / kMaxStopBytes < kMaxStop);
+  std::vector<std::string> stops(kMaxStopTotalBytes / kMaxStopBytes, std::string(kMaxStopBytes, 's'));
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(json{{"prompt", "a"}, {"stop", stops}}.dump(), r).has_value());
+  EXPECT_EQ(r.sampling.stop, stops);
+  stops.push_back("x");
+  expect_over_limit(completion_error(json{{"prompt", "a"}, {"stop", stops}}.dump()), "stop", kMaxStopTotalBytes,
+                    kMaxStopTotalBytes + 1);
+  // The count limit still holds on its own.
+  const std::vector<std::string> many(kMaxStop + 1, "x");
+  const ApiError e = completion_error(json{{"prompt", "a"}, {"stop", many}}.dump());
+  EXPECT_EQ(e.param, "stop");
+  EXPECT_NE(e.message.find("at most " + std::to_string(kMaxStop) + " strings"), std::string::npos) << e.message;
+}
+
+TEST(OpenAiLimits, SixteenMegabyteStopStringsAreRefused) {
+  // The hostile request: 16 stop strings of 1 MB with max_tokens 2000.
+  const std::vector<std::string> stops(16, std::string(1 << 20, 'z'));
+  const ApiError e = completion_error(json{{"prompt", "a"}, {"max_tokens", 2000}, {"stop", stops}}.dump());
+  expect_over_limit(e, "stop[0]", kMaxStopBytes, size_t{1} << 20);
+  EXPECT_LE(e.message.size(), kMaxErrorMessageBytes);  // none of the 16 MB comes back
+}
+
+TEST(OpenAiLimits, ToolsBytes) {
+  // One tool whose compact JSON array is exactly the limit, padded in its description.
+  const auto body = [](size_t tools_bytes) {
+    json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"description", ""}}}}});
+    const size_t base = tools.dump().size();
+    tools[0]["function"]["description"] = std::string(tools_bytes - base, 'd');
+    EXPECT_EQ(tools.dump().size(), tools_bytes);
+    return json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", tools}}.dump();
+  };
+  ChatRequest r;
+  const auto ok = parse_chat_request(body(kMaxToolsBytes), r);
+  ASSERT_FALSE(ok.has_value()) << ok->message;
+  EXPECT_EQ(r.tools.size(), 1u);
+  expect_over_limit(chat_error(body(kMaxToolsBytes + 1)), "tools", kMaxToolsBytes, kMaxToolsBytes + 1);
+}
+
+TEST(OpenAiLimits, PromptBytes) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(json{{"prompt", std::string(kMaxPromptBytes, 'p')}}.dump(), r).has_value());
+  EXPECT_EQ(r.prompt.size(), kMaxPromptBytes);
+  expect_over_limit(completion_error(json{{"prompt", std::string(kMaxPromptBytes + 1, 'p')}}.dump()), "prompt",
+                    kMaxPromptBytes, kMaxPromptBytes + 1);
+  // Chat: the messages' text together (content parts and tool-call
+  // arguments count; the limit is on all of it, not each message).
+  const auto chat = [](size_t total) {
+    const std::string args = R"({"q":"x"})";
+    const size_t rest = total - args.size() - 1;
+    return json{{"messages",
+                 {{{"role", "system"}, {"content", std::string(rest / 2, 's')}},
+                  {{"role", "user"}, {"content", {{{"type", "text"}, {"text", std::string(rest - rest / 2, 'u')}}}}},
+                  {{"role", "assistant"},
+                   {"tool_calls",
+                    {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", args}}}}}}},
+                  {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "r"}}}}}
+        .dump();
+  };
+  ChatRequest c;
+  const auto ok = parse_chat_request(chat(kMaxPromptBytes), c);
+  ASSERT_FALSE(ok.has_value()) << ok->message;
+  expect_over_limit(chat_error(chat(kMaxPromptBytes + 1)), "messages", kMaxPromptBytes, kMaxPromptBytes + 1);
+}
+
 TEST(OpenAiParse, PenaltiesOtherThanZeroAreRefusedNotIgnored) {
   for (const char* key : {"frequency_penalty", "presence_penalty"}) {
     for (const char* ok : {"0", "0.0", "-0", "null"}) {
