@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,6 +59,9 @@ struct ServeCliOptions {
   std::vector<std::string> api_key_hashes;
   bool insecure_no_auth = false;
   std::string max_body = "16MiB";
+  // Sizes as text (parse_byte_size), like --max-body; defaults: GatewayOptions'.
+  std::string journal_max_bytes = "1GiB";
+  std::string journal_max_body_bytes = "64KiB";
   int max_connections = 512;
   int max_connections_per_client = 64;
   double idle_timeout_s = 60;
@@ -171,6 +175,22 @@ int run_serve(const ServeCliOptions& o) {
   if (!keys.ok()) return fail(keys.status());
   auto max_body = parse_byte_size(o.max_body);
   if (!max_body.ok()) return fail(max_body.status(), "--max-body: ");
+  gateway::GatewayOptions g = o.g;
+  {
+    auto journal_max = parse_byte_size(o.journal_max_bytes, /*allow_zero=*/true);
+    if (!journal_max.ok()) return fail(journal_max.status(), "--journal-max-bytes: ");
+    auto body_max = parse_byte_size(o.journal_max_body_bytes, /*allow_zero=*/true);
+    if (!body_max.ok()) return fail(body_max.status(), "--journal-max-body-bytes: ");
+    // Beyond int64_t no file grows anyway: as good as no limit.
+    constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    g.journal_max_bytes = *journal_max > kMax ? 0 : static_cast<int64_t>(*journal_max);
+    g.journal_max_body_bytes = *body_max > kMax ? 0 : static_cast<int64_t>(*body_max);
+    if (g.journal_max_bytes > 0 && g.journal_max_bytes < journal::kMinJournalBytes) {
+      return fail(Status::invalid_argument("--journal-max-bytes: " + o.journal_max_bytes + " is below the least a " +
+                                           "journal needs, " + std::to_string(journal::kMinJournalBytes / 1024) +
+                                           "KiB (0: no limit)"));
+    }
+  }
   // Checked before the model loads (seconds to minutes), with the ids the
   // files will be served under; the server checks again with the built paths.
   std::vector<std::string> fallback_ids;
@@ -178,7 +198,7 @@ int run_serve(const ServeCliOptions& o) {
   if (Status st = http::validate_aliases(o.aliases, gateway::model_name_from_path(o.g.model), fallback_ids); !st.ok()) {
     return fail(st);
   }
-  auto built = gateway::build_gateway(env, o.g);
+  auto built = gateway::build_gateway(env, g);
   if (!built.ok()) return fail(built.status());
   gateway::BuiltGateway& b = *built;
   for (const std::string& line : b.log) std::fprintf(stderr, "spillway serve: %s\n", line.c_str());
@@ -532,6 +552,14 @@ void add_serve(CLI::App& app, int& exit_code) {
   jr->add_option("--journal-retention-hours", g.journal_retention_hours, "How long finished requests stay in the journal")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 24.0 * 3650));
+  jr->add_option("--journal-max-bytes", o->journal_max_bytes,
+                 "Size budget of the journal, its WAL included (e.g. 512MiB; 0: none): finished requests are pruned, "
+                 "oldest first, to keep within it, and a new request that cannot fit is refused (503 journal_full)")
+      ->capture_default_str();
+  jr->add_option("--journal-max-body-bytes", o->journal_max_body_bytes,
+                 "Request bodies larger than this are dropped from the journal once nothing can run from them "
+                 "(the request finished, or failed for good); its size and digest stay (0: keep every body)")
+      ->capture_default_str();
   jr->add_option("--checkpoint-every", g.checkpoint_every,
                  "Write a running request's checkpoint to the journal every N generated tokens (0: only when it is "
                  "interrupted); a resume after a crash continues from the last one")

@@ -32,6 +32,10 @@ FailureClass by_reason(FailureReason r) {
       return {499, kServer, code, true, false, false};
     case FailureReason::kJournalUnavailable:
       return {503, kServer, code, true, false, false};
+    case FailureReason::kJournalFull:
+      // Room comes back as running requests finish and their rows become
+      // prunable: worth retrying later, on this server (not a device fault).
+      return {503, kServer, code, true, false, false};
     case FailureReason::kIdempotencyConflict:
       return {409, kInvalid, code, false, false, false};
     case FailureReason::kResumable:

@@ -41,6 +41,7 @@ std::string_view failure_reason_name(FailureReason r) {
     case FailureReason::kResumable: return "resumable";
     case FailureReason::kNotSafePoint: return "not_safe_point";
     case FailureReason::kReplayMismatch: return "replay_mismatch";
+    case FailureReason::kJournalFull: return "journal_full";
   }
   return "unknown";
 }

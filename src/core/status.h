@@ -59,8 +59,9 @@ enum class FailureReason : uint8_t {
   kResumable,            // generation stopped after text was streamed; its checkpoint is kept for a resume
   kNotSafePoint,         // a checkpoint here could not be migrated or resumed (e.g. inside a tool call)
   kReplayMismatch,       // a resumed generation regenerated text that differs from what the client has
+  kJournalFull,          // the request journal's size budget is held by requests still running or resumable
 };
-inline constexpr int kNumFailureReasons = 18;
+inline constexpr int kNumFailureReasons = 19;
 std::string_view failure_reason_name(FailureReason r);  // "queue_full", "kv_exhausted", ...
 
 class [[nodiscard]] Status {

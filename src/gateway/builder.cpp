@@ -48,6 +48,8 @@ Result<std::shared_ptr<journal::Journal>> open_journal(Env& env, const GatewayOp
   if (ec) return Status::io_error("journal folder " + parent.string() + ": " + ec.message());
   journal::JournalOptions jo;
   jo.retention_ms = static_cast<int64_t>(o.journal_retention_hours * 3600 * 1000);
+  jo.max_bytes = o.journal_max_bytes;
+  jo.max_body_bytes_kept = o.journal_max_body_bytes;
   SPW_ASSIGN_OR_RETURN(std::unique_ptr<journal::Journal> j, journal::Journal::open(env, path, jo));
   return std::shared_ptr<journal::Journal>(std::move(j));
 }

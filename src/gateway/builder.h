@@ -142,6 +142,18 @@ struct GatewayOptions {
   // Journal.
   std::string journal;          // "" = default place, "none" = no journal
   double journal_retention_hours = 168;
+  // The journal's size budget (database and WAL, bytes; 0: none): finished
+  // rows are pruned, oldest first, to keep within it, and a request that
+  // cannot fit is refused with 503 journal_full (journal.h, Size budget).
+  // 1 GiB by default: retention alone let a flood of large requests grow it
+  // without bound, and 1 GiB still holds dozens of the largest bodies the
+  // server accepts (--max-body 16MiB) in flight.
+  int64_t journal_max_bytes = int64_t{1} << 30;
+  // Bodies larger than this are dropped once nothing can run from them
+  // (done, or failed for good: journal.h, finish()); 0: all are kept. A
+  // finished request's body is not served back (GET shows its size and
+  // digest), so only forensics lose it; 64 KiB keeps ordinary prompts.
+  int64_t journal_max_body_bytes = int64_t{64} << 10;
   // A running journaled request's checkpoint is written every this many
   // generated tokens (0: only when it is interrupted), so that after a crash
   // POST /v1/requests/{id}/resume continues from there (one synchronous

@@ -1153,8 +1153,9 @@ std::string render_request_record(const journal::Record& r) {
   json admission = r.admission.empty() ? json(nullptr) : json::parse(r.admission, nullptr, /*allow_exceptions=*/false);
   j["admission"] = admission.is_object() ? std::move(admission) : json(nullptr);
   // The request body as stored: its size and digest always; the body itself
-  // is not kept for a refused request (body_kept false), so that refusals
-  // cost a summary, not their payload.
+  // is not kept (body_kept false) for a refused request, so that refusals
+  // cost a summary, not their payload, nor, over the journal's body limit,
+  // once nothing can run from it (done, or failed for good).
   j["body"] = {{"bytes", r.body_bytes},
                {"sha256", nullable(r.body_sha256)},
                {"kept", r.body_kept},

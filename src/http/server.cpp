@@ -703,7 +703,17 @@ class HttpServer::Impl {
 
     if (options_.journal) {
       Result<journal::AcceptResult> acc = options_.journal->accept({key, req.path, req.body, who.owner});
-      if (!acc.ok()) return set_error(res, journal_error(acc.status()), options_.model_name);
+      if (!acc.ok()) {
+        if (acc.status().reason() == FailureReason::kJournalFull) {
+          // Its budget is held by requests in flight: refused, and recorded
+          // as a summary when finished rows can make room for one (the
+          // journal refuses that too when not: logged, the client still
+          // gets its 503).
+          const int64_t public_id = record_refusal(req, who, key, acc.status(), admission::Decision{});
+          if (public_id != 0) res.set_header("X-Spillway-Request-Id", std::to_string(public_id));
+        }
+        return set_error(res, journal_error(acc.status()), options_.model_name);
+      }
       call->record_id = acc->record.id;
       call->public_id = acc->record.public_id;
       start_tools(*call, tool_use);
@@ -991,6 +1001,14 @@ class HttpServer::Impl {
       e.http_status = 409;
       e.param = "Idempotency-Key";
       e.code = "idempotency_conflict";
+    } else if (st.reason() == FailureReason::kJournalFull) {
+      // Room comes back as requests in flight finish (set_error adds
+      // Retry-After to a 503).
+      e.http_status = 503;
+      e.type = "server_error";
+      e.code = "journal_full";
+      e.message = "the request journal is full of requests still in flight, so this one is not accepted; retry "
+                  "shortly: " + st.message();
     } else {
       e.http_status = 503;
       e.type = "server_error";

@@ -82,7 +82,9 @@
 // reused with another body, gets 409 (idempotency_conflict); a failed or
 // cancelled one runs again under the same id. If the journal cannot record
 // the request it is refused with 503 (journal_unavailable): nothing is
-// accepted that could be lost. The admission decision (admitted or refused:
+// accepted that could be lost; when its size budget is held by requests in
+// flight, with 503 (journal_full, Retry-After) and, when finished rows can
+// make room for one, a refusal summary (X-Spillway-Request-Id). The admission decision (admitted or refused:
 // kind, path, reason, limits, predictions, per-path verdicts) is written to
 // the record before the response, and GET /v1/requests/{id} shows it as
 // "admission"; a failed write of it is logged, not fatal.

@@ -1,16 +1,18 @@
 #include "journal/journal.h"
 
-#include <filesystem>
-
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -197,6 +199,12 @@ class Stmt {
     sqlite3_bind_double(s_, i, v);
     return *this;
   }
+  // Ready to run again, with no parameters bound.
+  Stmt& reset() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+    return *this;
+  }
   int param_count() const { return sqlite3_bind_parameter_count(s_); }
   int step() { return sqlite3_step(s_); }
   std::string col_text(int i) const {
@@ -282,6 +290,37 @@ void bind_outcome(Stmt& s, int first, const Outcome& o) {
   else s.null(first + 11);
 }
 
+// The database files Journals of this process have open, by (device,
+// inode), each with the descriptors of that file that open() could not close
+// (see Journal::lock_file). Never destroyed: a Journal may outlive statics.
+struct OpenFiles {
+  std::mutex mu;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<int>> parked;  // present: open here
+};
+
+OpenFiles& open_files() {
+  static OpenFiles* files = new OpenFiles;
+  return *files;
+}
+
+// What a write adds to the journal's size (see Size budget in journal.h): the
+// database pages its row takes (the body in overflow pages of page_size - 4
+// bytes, plus its other columns) and the WAL frames its transaction writes
+// (those pages and the pages it changes besides: the table's and the three
+// indexes' leaves, the header page, sqlite_sequence), each a page and a
+// 24-byte header. An estimate: the budget check measures again after pruning.
+struct WriteCost {
+  int64_t db = 0;
+  int64_t wal = 0;
+};
+
+WriteCost write_cost(int64_t body_bytes, int64_t page_size) {
+  constexpr int64_t kRowBytes = 512;    // a row's columns other than the body
+  constexpr int64_t kPagesChanged = 6;  // leaves of the table and indexes, page 1, sqlite_sequence
+  const int64_t pages = (body_bytes + kRowBytes + page_size - 5) / (page_size - 4);
+  return {pages * page_size, (pages + kPagesChanged) * (page_size + 24)};
+}
+
 }  // namespace
 
 std::string_view state_name(RequestState s) {
@@ -299,8 +338,85 @@ Journal::Journal(Env& env, std::string path, JournalOptions options)
     : env_(env), path_(std::move(path)), options_(options) {}
 
 Journal::~Journal() {
+  // SQLite first: its locks go with its connection, so closing our
+  // descriptors after it drops nothing of its.
   if (db_ != nullptr) sqlite3_close_v2(db_);
-  if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
+  if (lock_fd_ < 0) return;
+  OpenFiles& files = open_files();
+  std::lock_guard<std::mutex> lk(files.mu);
+  close(lock_fd_);  // releases the flock
+  const auto it = files.parked.find({file_dev_, file_ino_});
+  if (it != files.parked.end()) {
+    for (int fd : it->second) close(fd);
+    files.parked.erase(it);
+  }
+}
+
+Status Journal::lock_file() {
+  // Held from the stat to the registration: two Journals of this process
+  // opening one file at once see each other.
+  OpenFiles& files = open_files();
+  std::lock_guard<std::mutex> lk(files.mu);
+  const Status here =
+      Status::unavailable("journal " + path_ +
+                          " is in use by another Journal in this process (the same file, perhaps under another "
+                          "name: a symlink or a hard link to it)");
+  // Before opening a descriptor: closing one (as a refusal would) drops every
+  // POSIX lock this process holds on the file, which would pull the live
+  // Journal's SQLite locks from under it.
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 &&
+      files.parked.count({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)}) != 0) {
+    return here;
+  }
+  // O_CREAT before the lock: of two processes creating one new journal,
+  // both open the same new file and only one gets its lock.
+  const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::io_error("journal " + path_ + ": " + std::strerror(errno));
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::io_error("journal " + path_ + ": fstat: " + std::strerror(err));
+  }
+  const std::pair<uint64_t, uint64_t> id{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+  if (const auto it = files.parked.find(id); it != files.parked.end()) {
+    // The path came to name a file open here between the stat and the open
+    // (renamed or linked meanwhile): parked, to be closed with that Journal,
+    // for the reason above.
+    it->second.push_back(fd);
+    return here;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return Status::io_error("journal " + path_ + ": not a regular file");
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    close(fd);  // no Journal of this process has this file: no lock of ours goes with it
+    if (err == EWOULDBLOCK) {
+      return Status::unavailable("journal " + path_ +
+                                 " is in use by another Spillway process (the file is locked, under this name or "
+                                 "another: a symlink or a hard link to it); give this server its own --journal");
+    }
+    return Status::io_error("journal " + path_ + ": flock: " + std::strerror(err));
+  }
+  // SQLite names the -wal and -shm files after the path it opens, symlinks
+  // resolved (as its unix VFS does itself): every symlink to the file shares
+  // them, and stats() and the budget find the -wal there. (A hard link's
+  // name would not: the lock keeps two of them from being open at once.)
+  char* real = realpath(path_.c_str(), nullptr);
+  db_path_ = real != nullptr ? real : path_;
+  std::free(real);
+  struct stat resolved {};
+  if (::stat(db_path_.c_str(), &resolved) != 0 || resolved.st_dev != st.st_dev || resolved.st_ino != st.st_ino) {
+    close(fd);
+    return Status::io_error("journal " + path_ + ": the file changed (renamed or replaced) while it was being opened");
+  }
+  lock_fd_ = fd;
+  file_dev_ = id.first;
+  file_ino_ = id.second;
+  files.parked.emplace(id, std::vector<int>());
+  return Status();
 }
 
 Status Journal::error_locked(const std::string& what) const {
@@ -321,21 +437,20 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
   if (options.retention_ms <= 0 || options.prune_every <= 0) {
     return Status::invalid_argument("journal: retention_ms and prune_every must be > 0");
   }
-  std::unique_ptr<Journal> j(new Journal(env, path, options));
-  // One process per journal: open() fails the previous owner's unfinished
-  // requests, which must not happen to a live server's.
-  const std::string lock_path = path + ".lock";
-  j->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (j->lock_fd_ < 0) return Status::io_error("journal " + lock_path + ": " + std::strerror(errno));
-  if (flock(j->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return Status::unavailable("journal " + path + " is in use by another Spillway process (" + lock_path +
-                                 " is locked); give this server its own --journal");
-    }
-    return Status::io_error("journal " + lock_path + ": flock: " + std::strerror(errno));
+  if (options.max_bytes < 0 || (options.max_bytes > 0 && options.max_bytes < kMinJournalBytes)) {
+    return Status::invalid_argument("journal: a size budget of " + std::to_string(options.max_bytes) +
+                                    " bytes; use 0 (none) or at least " + std::to_string(kMinJournalBytes));
   }
+  if (options.max_body_bytes_kept < 0) {
+    return Status::invalid_argument("journal: max_body_bytes_kept " + std::to_string(options.max_body_bytes_kept) +
+                                    " is negative");
+  }
+  std::unique_ptr<Journal> j(new Journal(env, path, options));
+  // One owner per journal: open() fails the previous owner's unfinished
+  // requests, which must not happen to a live server's.
+  SPW_RETURN_IF_ERROR(j->lock_file());
   const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
-  if (sqlite3_open_v2(path.c_str(), &j->db_, flags, nullptr) != SQLITE_OK) {
+  if (sqlite3_open_v2(j->db_path_.c_str(), &j->db_, flags, nullptr) != SQLITE_OK) {
     const std::string m = j->db_ ? sqlite3_errmsg(j->db_) : "out of memory";
     return Status::io_error("journal " + path + ": cannot open: " + m);
   }
@@ -343,6 +458,26 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
   sqlite3_busy_timeout(j->db_, 5000);
   // WAL: readers never block the writer; FULL: a commit is on disk when it returns.
   SPW_RETURN_IF_ERROR(j->exec_locked("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
+  {
+    Stmt q(j->db_, "PRAGMA page_size");
+    if (!q.ok() || q.step() != SQLITE_ROW) return j->error_locked("reading page_size");
+    j->page_size_ = std::max<int64_t>(q.col_i64(0), 512);
+  }
+  if (options.max_bytes > 0) {
+    // The WAL within the budget (see Size budget): checkpointed every
+    // max_bytes / 16 (SQLite's default of 1000 pages at most, so a large
+    // budget checkpoints as often as before), and truncated back to that
+    // size once checkpointed, however far one large write took it.
+    // secure_delete=FAST: pruning must not write every freed page again, as
+    // zeros through the WAL (Debian builds SQLite with secure_delete on,
+    // which made deleting 26 rows of 64 KiB write 1.7 MB of WAL); freed
+    // pages keep their bytes until the next writes reuse them.
+    const int64_t pages = std::clamp<int64_t>(options.max_bytes / 16 / j->page_size_, 16, 1000);
+    SPW_RETURN_IF_ERROR(j->exec_locked(("PRAGMA wal_autocheckpoint=" + std::to_string(pages) +
+                                        "; PRAGMA journal_size_limit=" + std::to_string(pages * j->page_size_) +
+                                        "; PRAGMA secure_delete=FAST")
+                                           .c_str()));
+  }
   int64_t version = 0;
   {
     Stmt q(j->db_, "PRAGMA user_version");
@@ -381,6 +516,12 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
     j->recovered_ = sqlite3_changes(j->db_);
   }
   if (st.ok()) st = j->prune_locked();
+  // Down to the budget, should it have been lowered: a full journal still
+  // opens (room comes as requests finish), so only real errors fail here.
+  if (st.ok()) {
+    st = j->make_room_locked(0, 0);
+    if (st.reason() == FailureReason::kJournalFull) st = Status();
+  }
   if (!st.ok()) {
     (void)j->exec_locked("ROLLBACK");
     return st;
@@ -475,19 +616,110 @@ Result<JournalStats> Journal::stats() {
     while ((rc = q.step()) == SQLITE_ROW) out.rows_by_state[q.col_text(0)] = q.col_i64(1);
     if (rc != SQLITE_DONE) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
   }
-  for (const char* pragma : {"PRAGMA page_count", "PRAGMA page_size"}) {
-    Stmt q(db_, pragma);
+  {
+    Stmt q(db_, "PRAGMA page_count");
     if (!q.ok() || q.step() != SQLITE_ROW) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
-    out.file_bytes = out.file_bytes == 0 ? q.col_i64(0) : out.file_bytes * q.col_i64(0);
+    out.file_bytes = q.col_i64(0) * page_size_;
   }
-  std::error_code ec;
-  const auto wal = std::filesystem::file_size(path_ + "-wal", ec);
-  out.wal_bytes = ec ? 0 : static_cast<int64_t>(wal);
+  SPW_ASSIGN_OR_RETURN(out.used_bytes, used_bytes_locked());
+  out.wal_bytes = wal_bytes_locked();
+  out.max_bytes = options_.max_bytes;
+  out.pruned_for_space = pruned_for_space_;
   return out;
 }
 
 Status Journal::count_accept_locked() {
   if (++accepts_since_prune_ >= options_.prune_every) return prune_locked();
+  return Status();
+}
+
+Result<int64_t> Journal::used_bytes_locked() {
+  int64_t pages[2] = {0, 0};
+  const char* pragmas[2] = {"PRAGMA page_count", "PRAGMA freelist_count"};
+  for (int i = 0; i < 2; ++i) {
+    Stmt q(db_, pragmas[i]);
+    if (!q.ok() || q.step() != SQLITE_ROW) return error_locked("measuring the database");
+    pages[i] = q.col_i64(0);
+  }
+  return (pages[0] - pages[1]) * page_size_;
+}
+
+int64_t Journal::wal_bytes_locked() const {
+  struct stat st {};
+  return ::stat((db_path_ + "-wal").c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+}
+
+void Journal::bound_wal_locked(int64_t body_bytes) {
+  if (options_.max_bytes == 0) return;
+  const int64_t wal = wal_bytes_locked();
+  if (wal == 0 || wal + write_cost(body_bytes, page_size_).wal <= options_.max_bytes / 8) return;
+  // Copies the WAL into the database and truncates it to nothing. Best
+  // effort: should a reader outside this process hold it back (SQLITE_BUSY),
+  // the budget check counts the WAL as it is.
+  (void)sqlite3_wal_checkpoint_v2(db_, "main", SQLITE_CHECKPOINT_TRUNCATE, nullptr, nullptr);
+}
+
+Status Journal::make_room_locked(int64_t body_bytes, int64_t keep_id) {
+  if (options_.max_bytes == 0) return Status();
+  const int64_t budget = options_.max_bytes;
+  const WriteCost cost = write_cost(body_bytes, page_size_);
+  SPW_ASSIGN_OR_RETURN(int64_t used, used_bytes_locked());
+  int64_t size_after = used + wal_bytes_locked() + cost.db + cost.wal;
+  auto full = [&](const std::string& why) {
+    return Status(StatusCode::kResourceExhausted,
+                  "journal " + path_ + " is full: a write of about " + std::to_string(cost.db + cost.wal) +
+                      " bytes would take it to " + std::to_string(size_after) + " bytes, over its size budget of " +
+                      std::to_string(budget) + " bytes (--journal-max-bytes; " + std::to_string(used) +
+                      " bytes in use), " + why,
+                  FailureReason::kJournalFull);
+  };
+  // The schema's pages (about 8) and the write: more than the budget holds
+  // however much is pruned.
+  if (8 * page_size_ + cost.db + cost.wal > budget) return full("more than the whole budget holds");
+  // Each pass deletes what should free the excess and a further budget / 32,
+  // so that the scan for candidates runs once per many writes, not on each.
+  while (size_after > budget) {
+    const int64_t excess = size_after - budget;
+    const int64_t wanted = excess + budget / 32;
+    std::vector<int64_t> ids;
+    int64_t freed = 0;    // what the rows hold
+    int64_t at_most = 0;  // the same rounded up to whole pages: never less than deleting them frees
+    bool exhausted = false;
+    {
+      // Rows nothing can resume first, then resumable ones; oldest first in each.
+      Stmt q(db_,
+             "SELECT id, (CASE WHEN body_kept = 1 THEN body_bytes ELSE 0 END) + length(text) + "
+             "IFNULL(length(checkpoint), 0) + IFNULL(length(admission), 0) + length(error_message) + 100 "
+             "FROM requests WHERE state IN ('done','cancelled','failed') AND id != ?1 "
+             "ORDER BY (resumable = 1 AND body_kept = 1), updated_ms, id");
+      if (!q.ok()) return error_locked("preparing the rows to prune");
+      q.i64(1, keep_id);
+      int rc = SQLITE_DONE;
+      while (freed < wanted && (rc = q.step()) == SQLITE_ROW) {
+        ids.push_back(q.col_i64(0));
+        const int64_t n = q.col_i64(1);
+        freed += n;
+        at_most += (n / (page_size_ - 4) + 1) * page_size_;
+      }
+      if (freed < wanted) {
+        if (rc != SQLITE_DONE) return error_locked("reading the rows to prune");
+        exhausted = true;
+      }
+    }
+    // Everything prunable cannot free enough: refused without deleting
+    // anything (the transaction would be rolled back anyway).
+    if (ids.empty() || (exhausted && at_most < excess)) {
+      return full("and the rows in it are requests still running or resumable; retry when some have finished");
+    }
+    Stmt d(db_, "DELETE FROM requests WHERE id = ?1");
+    if (!d.ok()) return error_locked("preparing a prune");
+    for (int64_t id : ids) {
+      if (d.reset().i64(1, id).step() != SQLITE_DONE) return error_locked("pruning for space");
+    }
+    pruned_for_space_ += static_cast<int64_t>(ids.size());
+    SPW_ASSIGN_OR_RETURN(used, used_bytes_locked());
+    size_after = used + wal_bytes_locked() + cost.db + cost.wal;
+  }
   return Status();
 }
 
@@ -497,6 +729,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
   const auto body_bytes = static_cast<int64_t>(req.body.size());
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = env_.wall_time_ms();
+  bound_wal_locked(body_bytes);
   SPW_RETURN_IF_ERROR(exec_locked("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<AcceptResult> {
     if (!req.idempotency_key.empty()) {
@@ -522,6 +755,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
         // from scratch (a resume from the checkpoint is reopen(), not this).
         // The body goes back in: a refusal (finish_refused) dropped it, and
         // this attempt runs from it.
+        SPW_RETURN_IF_ERROR(make_room_locked(body_bytes, old->id));
         Stmt u(db_,
                "UPDATE requests SET state='accepted', attempts=attempts+1, updated_ms=?1, resumable=0, "
                "finish_reason='', text='', prompt_tokens=0, completion_tokens=0, error_code='', error_message='', "
@@ -534,6 +768,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
         return AcceptResult{std::move(*again), false};
       }
     }
+    SPW_RETURN_IF_ERROR(make_room_locked(body_bytes, 0));
     SPW_ASSIGN_OR_RETURN(const int64_t public_id, new_public_id_locked());
     Stmt ins(db_,
              "INSERT INTO requests (idempotency_key, endpoint, body, state, created_ms, updated_ms, public_id, owner, "
@@ -580,18 +815,23 @@ Status Journal::finish_row(int64_t id, const Outcome& o, bool drop_body) {
   // it, and it may be large); a failure or cancellation keeps it, since that
   // is what a resume continues from. A refusal (drop_body) drops the body
   // and with it the checkpoint, which cannot be resumed without the body;
-  // the body's size and digest stay for the next attempt's comparison.
+  // the body's size and digest stay for the next attempt's comparison. A
+  // body over max_body_bytes_kept (?16) goes too once nothing can run from
+  // it: kDone, or an end that is not resumable (reopen() requires
+  // resumable); a resumable one keeps it for the resume.
   Stmt u(db_,
          "UPDATE requests SET state=?1, resumable=?2, finish_reason=?3, text=?4, prompt_tokens=?5, "
          "completion_tokens=?6, error_code=?7, error_message=?8, seed=?9, queue_ms=?10, run_ms=?11, "
          "max_tokens_requested=?12, updated_ms=?13, "
          "checkpoint=CASE WHEN ?1='done' OR ?15 THEN NULL ELSE checkpoint END, "
          "checkpoint_tokens=CASE WHEN ?1='done' OR ?15 THEN 0 ELSE checkpoint_tokens END, "
-         "body=CASE WHEN ?15 THEN '' ELSE body END, body_kept=CASE WHEN ?15 THEN 0 ELSE body_kept END "
+         "body=CASE WHEN ?15 OR (?16 > 0 AND body_bytes > ?16 AND (?1='done' OR ?2=0)) THEN '' ELSE body END, "
+         "body_kept=CASE WHEN ?15 OR (?16 > 0 AND body_bytes > ?16 AND (?1='done' OR ?2=0)) THEN 0 "
+         "ELSE body_kept END "
          "WHERE id=?14 AND state IN ('accepted','running')");
   if (!u.ok()) return error_locked("preparing finish");
   bind_outcome(u, 1, o);
-  u.i64(13, env_.wall_time_ms()).i64(14, id).i64(15, drop_body ? 1 : 0);
+  u.i64(13, env_.wall_time_ms()).i64(14, id).i64(15, drop_body ? 1 : 0).i64(16, options_.max_body_bytes_kept);
   if (u.step() != SQLITE_DONE) return error_locked("finishing request " + std::to_string(id));
   if (sqlite3_changes(db_) == 0) {
     return Status::failed_precondition("journal: request " + std::to_string(id) +
@@ -610,8 +850,11 @@ Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o
     return Status::invalid_argument("journal record_refusal: body_sha256 '" + s.body_sha256 +
                                     "' is not 64 lowercase hex characters");
   }
+  // No body: what the row holds besides its fixed columns.
+  const auto row_bytes = static_cast<int64_t>(s.reason.size() + o.text.size() + o.error_message.size());
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = env_.wall_time_ms();
+  bound_wal_locked(row_bytes);
   SPW_RETURN_IF_ERROR(exec_locked("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<Record> {
     if (!s.idempotency_key.empty()) {
@@ -632,6 +875,7 @@ Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o
         }
         // The next attempt under the key, refused: as accept() then
         // finish_refused() would leave it, without writing the body.
+        SPW_RETURN_IF_ERROR(make_room_locked(row_bytes, old->id));
         Stmt u(db_,
                "UPDATE requests SET attempts=attempts+1, state=?1, resumable=?2, finish_reason=?3, text=?4, "
                "prompt_tokens=?5, completion_tokens=?6, error_code=?7, error_message=?8, seed=?9, queue_ms=?10, "
@@ -645,6 +889,7 @@ Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o
         return std::move(*again);
       }
     }
+    SPW_RETURN_IF_ERROR(make_room_locked(row_bytes, 0));
     SPW_ASSIGN_OR_RETURN(const int64_t public_id, new_public_id_locked());
     // No body: the row says that a request came and why it was refused, and
     // costs little.

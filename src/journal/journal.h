@@ -20,17 +20,33 @@
 // can neither replay nor block another's request by guessing its key.
 //
 // Contract:
-//   open(env, path)  takes PATH.lock (flock, exclusive, for the Journal's
-//       life: Unavailable when another process holds it, since recovery below
-//       would fail that process's requests), creates the file and schema when
-//       missing (parent folder must exist), WAL mode, synchronous=FULL: a row written by accept() or
+//   open(env, path)  locks the database file itself, not its name: the file
+//       is created when missing (parent folder must exist; O_CREAT, then the
+//       lock, so two processes creating one new journal cannot both win) and
+//       flock()ed exclusively through a descriptor held for the Journal's
+//       life. The lock belongs to the file (its inode), so a symlink or a
+//       hard link to a live journal is refused as the path itself is:
+//       Unavailable naming the path when another process holds it, or when
+//       another Journal in this process has the same file open (checked by
+//       device and inode before any descriptor is opened: closing a
+//       descriptor of a file drops every POSIX lock this process holds on it,
+//       SQLite's included). Recovery below would fail the other owner's
+//       requests, and a resume would run them twice. flock and SQLite's own
+//       fcntl locks are independent on Linux (not on NFS, where flock is
+//       emulated with fcntl locks: a journal on NFS is not supported, as
+//       SQLite's WAL is not). SQLite opens the file by its resolved path
+//       (symlinks followed), so every symlink to it shares one -wal file.
+//       Creates the schema when missing, WAL mode, synchronous=FULL: a row
+//       written by accept() or
 //       finish() survives a crash of the process or of the machine once the
 //       call returned. Rows left non-terminal by a previous process (it
 //       crashed or was killed mid-request) become kFailed with resumable =
 //       true and an error naming the interruption, keeping their checkpoint
 //       (see reopen()); recovered() says how many.
 //       Terminal rows older than options.retention_ms are deleted then (and
-//       on every options.prune_every-th accept() or record_refusal()).
+//       on every options.prune_every-th accept() or record_refusal()), and,
+//       with a size budget, rows are pruned down to it (see Size budget).
+//       InvalidArgument for options out of range (see JournalOptions).
 //       IOError naming the path when
 //       the file cannot be opened or is not a journal. A journal of an older
 //       schema version is migrated in place (one transaction: it keeps every
@@ -53,6 +69,11 @@
 //           id (attempts + 1, result, error, admission and checkpoint
 //           cleared, the body stored again, state kAccepted: it runs from the
 //           start), replay = false.
+//       With a size budget (options.max_bytes > 0) a write that stores a body
+//       first makes room for it (see Size budget): ResourceExhausted with
+//       FailureReason::kJournalFull, naming the budget and the size in use,
+//       and nothing changes, when even pruning every prunable row cannot. A
+//       replay and a conflict write nothing and are never refused for space.
 //   find_key(owner, key)  the row the owner's idempotency key names, if any
 //       (an empty key names none: std::nullopt).
 //   mark_running(id, placement)  kAccepted -> kRunning; on a kRunning row it
@@ -64,7 +85,15 @@
 //       FailedPrecondition when the row is already terminal (a
 //       terminal state is written once per attempt). kDone clears the
 //       checkpoint (nothing resumes a finished request); kFailed / kCancelled
-//       keep it for reopen().
+//       keep it for reopen(). A body over options.max_body_bytes_kept is
+//       dropped as finish_refused() drops it (body empty, body_kept = false,
+//       size and digest kept) when the row ends kDone, or any terminal state
+//       that is not resumable: nothing can run it from its body any more (a
+//       replay serves the stored result; a retry under its key is a new
+//       attempt that stores the body again). A resumable failure or
+//       cancellation keeps it: a resume rebuilds the prompt from it. Never
+//       refused for space (an accepted request must reach its terminal
+//       state): what it adds is made up for at the next accept().
 //   finish_refused(id, outcome)  finish() for a request the gateway refused
 //       after accept() recorded it (admission, a full queue): the same
 //       preconditions and errors, and it also drops the stored body and any
@@ -92,7 +121,8 @@
 //   save_checkpoint(id, bytes, generated_tokens)  replaces the row's
 //       checkpoint: opaque bytes (NUL bytes included) from which generation
 //       can continue, holding generated_tokens generated tokens. Only while
-//       the row is kRunning: FailedPrecondition naming the state otherwise (a
+//       the row is kRunning (never refused for space, as finish()):
+//       FailedPrecondition naming the state otherwise (a
 //       worker's late write after finish() or after a recovery must not
 //       resurrect the request or replace what a resume reads). Updates
 //       updated_ms (a checkpoint is progress). Empty bytes clear it
@@ -123,6 +153,30 @@
 //   get(id)          the record (checkpoint included), or NotFound.
 //   get_public(public_id)  the same by public id, or NotFound naming the
 //       public id (also for ids out of range: every miss looks the same).
+// Size budget (options.max_bytes > 0; 0: none, as before). The journal's
+//   size is the database's pages in use ((page_count - freelist_count) x
+//   page_size: SQLite reuses free pages, so the file stops growing once rows
+//   are deleted, and never shrinks; VACUUM it offline to return the space)
+//   plus its -wal file, which the budget bounds too: the WAL is checkpointed
+//   every max_bytes / 16 (16 to 1000 pages, SQLite's default) and truncated
+//   to that after a checkpoint (journal_size_limit), and a write that would
+//   take it past max_bytes / 8 checkpoints and truncates it first. Before a
+//   write that stores a body (accept(), record_refusal()), if the size after
+//   it (estimated from the body's size: pages for the row and the WAL
+//   frames it writes) would pass max_bytes, terminal rows are deleted, in
+//   one transaction with the write, until it fits with max_bytes / 32 to
+//   spare (pruning in chunks keeps the scan for candidates rare), in this
+//   order: rows nothing can resume (done, refused, failed or cancelled
+//   without resumable, or whose body was dropped) oldest first (by
+//   updated_ms, then id), then resumable failures and cancellations oldest
+//   first; accepted and running rows never. So the database and WAL
+//   together stay within about max_bytes; a single write larger than the
+//   WAL's share (max_bytes / 8) passes it by its own size while the WAL holds
+//   it, until the next write checkpoints and truncates the WAL. With a
+//   budget, secure_delete is FAST: freed pages are not zeroed (which would
+//   write each again, through the WAL) but reused by later writes. open()
+//   prunes an over-budget journal (a lowered budget) the same way. finish(),
+//   save_checkpoint() and the other updates are not checked (see finish()).
 // Times are Env::wall_time_ms(). Every write is one transaction.
 // Thread safety: all methods may be called from any thread (one connection,
 // serialised by a mutex).
@@ -193,7 +247,8 @@ struct Record {
   std::string owner;      // empty: no API key in use
   int64_t body_bytes = 0;    // the body's size as received, also when not kept
   std::string body_sha256;   // its SHA-256, 64 lowercase hex (empty: a refusal recorded without one)
-  bool body_kept = true;     // false: a refusal, only the size and digest are stored (body is empty)
+  bool body_kept = true;     // false: only the size and digest are stored (body empty): a refusal, or a
+                             // body over max_body_bytes_kept that nothing can run from any more
   std::string refusal_reason;  // record_refusal()'s reason; empty for every other row
 };
 
@@ -232,12 +287,24 @@ struct JournalStats {
   std::map<std::string, int64_t> rows_by_state;  // state_name -> rows (every state present, 0 included)
   int64_t file_bytes = 0;  // the database (page_count x page_size), not its write-ahead log
   int64_t wal_bytes = 0;   // the -wal file beside it (0: none)
+  int64_t used_bytes = 0;  // the database's pages in use ((page_count - freelist_count) x page_size)
+  int64_t max_bytes = 0;   // the size budget (0: none)
+  int64_t pruned_for_space = 0;  // rows deleted to keep to the budget since open()
 };
 
 struct JournalOptions {
   int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // terminal rows kept this long
   int64_t prune_every = 1000;                     // accepts between prunes
+  // The size budget (see Size budget), bytes; 0: none. Otherwise at least
+  // kMinJournalBytes (the schema and a few rows).
+  int64_t max_bytes = 0;
+  // Bodies larger than this (bytes) are kept only while the request may
+  // still run from them (see finish()); 0: every body is kept.
+  int64_t max_body_bytes_kept = 0;
 };
+
+// The smallest size budget open() accepts.
+inline constexpr int64_t kMinJournalBytes = 256 * 1024;
 
 class Journal {
  public:
@@ -281,15 +348,34 @@ class Journal {
   Status finish_row(int64_t id, const Outcome& outcome, bool drop_body);
   Status count_accept_locked();
   Status error_locked(const std::string& what) const;
+  // Creates the file when missing and locks it (see open()); sets lock_fd_,
+  // file_dev_, file_ino_ and db_path_.
+  Status lock_file();
+  // The database's pages in use, in bytes (see Size budget).
+  Result<int64_t> used_bytes_locked();
+  // The -wal file's size (0: none).
+  int64_t wal_bytes_locked() const;
+  // Outside a transaction: checkpoints and truncates the WAL when writing a
+  // body of body_bytes would take it past its share of the budget.
+  void bound_wal_locked(int64_t body_bytes);
+  // Inside the write's transaction: prunes rows (never keep_id) until a
+  // write storing body_bytes fits the budget; ResourceExhausted
+  // (kJournalFull) when it cannot. A no-op without a budget.
+  Status make_room_locked(int64_t body_bytes, int64_t keep_id);
 
   Env& env_;
   const std::string path_;
   const JournalOptions options_;
   std::mutex mu_;
   sqlite3* db_ = nullptr;
-  int lock_fd_ = -1;
+  std::string db_path_;    // the file SQLite opened: path_ with symlinks resolved
+  int lock_fd_ = -1;       // the database file, flock()ed
+  uint64_t file_dev_ = 0;  // its identity, registered while this Journal lives
+  uint64_t file_ino_ = 0;
+  int64_t page_size_ = 4096;
   int64_t recovered_ = 0;
   int64_t accepts_since_prune_ = 0;
+  int64_t pruned_for_space_ = 0;
 };
 
 }  // namespace spw::journal
