@@ -84,7 +84,9 @@ describe('spillway serve through the openai client', () => {
     const args = ['serve', '--model', MODEL, '--host', '127.0.0.1', '--port', '0', '--device', 'vulkan',
       '--device-memory', DEVICE_MEMORY, '--ctx', String(CTX), '--parallel', '2',
       '--cpu-parallel', '1', '--cpu-queue', '4', '--cpu-ctx', String(CPU_CTX),
-      '--journal', journal, '--threads', '1', '--admin-token', ADMIN];
+      '--journal', journal, '--threads', '1', '--admin-token', ADMIN,
+      // Its co-tenant is declared over the GPU's limit on purpose (the redirect under test).
+      '--reservation-max-share', '1'];
     server = spawn(BINARY, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     exited = new Promise((resolve) => server.on('exit', (code, signal) => {
       exitCode = code === null ? `signal ${signal}` : code;
