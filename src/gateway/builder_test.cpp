@@ -219,6 +219,7 @@ TEST_F(BuilderTest, OnDemandFallbackModelLoadsAtTheFirstRedirectAndIsLabelled) {
   GatewayOptions o = gpu_options();
   o.fallback_model = fallback();
   o.replica = "on-demand";
+  o.reservation_max_share = 1;  // its co-tenant takes the whole device on purpose
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   Gateway& gw = *b->gateway;
