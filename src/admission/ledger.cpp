@@ -123,7 +123,7 @@ Status MemoryLedger::commit(Ticket t, uint64_t actual) {
   if (it == entries_.end())
     return Status::not_found("ledger '" + name_ + "': commit of unknown ticket " + std::to_string(t.id));
   Entry& e = it->second;
-  if (actual > kMaxByteSize) SPW_RETURN_IF_ERROR(check_entry_size(name_, "commit", actual, e.owner));
+  if (actual > kMaxByteSize) return check_entry_size(name_, "commit", actual, e.owner);
   const int k = static_cast<int>(e.owner.kind);
   const bool ours = is_ours(e.owner.kind);
   if (actual > e.bytes) {

@@ -1226,11 +1226,9 @@ Result<ReservationInfo> Gateway::reserve_cotenant(const std::string& name, uint6
   // the share alone must not both pass on the same figures.
   std::lock_guard<std::mutex> serial(reserve_mu_);
   const admission::LedgerSnapshot before = ledger->snapshot();
-  uint64_t leased = 0;  // what clients' leases hold on this ledger now
+  uint64_t leased = 0;  // what clients' leases hold on this ledger now (refresh() dropped the lapsed ones)
   {
-    const int64_t now = env_.now_ns();
     std::lock_guard<std::mutex> lk(mu_);
-    expire_locked(now);
     size_t mine = 0;
     for (const auto& [id, l] : leases_) {
       if (l.owner == who.owner) ++mine;

@@ -583,13 +583,18 @@ Ledgers make_ledgers() {
   return l;
 }
 
-TEST(GatewayTest, CoTenantReservationMovesNewRequestsToCpuUntilReleasedOrExpired) {
-  Ledgers l = make_ledgers();
+// The GPU path on the device ledger and the CPU fallback on the host ledger.
+std::vector<PathSpec> gpu_and_cpu(const Ledgers& l) {
   PathSpec gpu;
   gpu.ledger = l.gpu;
   PathSpec cpu = cpu_spec();
   cpu.ledger = l.host;
-  Harness h({gpu, cpu});
+  return {gpu, cpu};
+}
+
+TEST(GatewayTest, CoTenantReservationMovesNewRequestsToCpuUntilReleasedOrExpired) {
+  Ledgers l = make_ledgers();
+  Harness h(gpu_and_cpu(l));
   ASSERT_NE(h.gw, nullptr);
 
   auto running = h.submit(request(20, 100));  // 1.02 s on the gpu
@@ -666,11 +671,7 @@ TEST(GatewayTest, CoTenantReservationMovesNewRequestsToCpuUntilReleasedOrExpired
 // refuse another's.
 TEST(GatewayTest, ReservationsBelongToTheKeyThatMadeThem) {
   Ledgers l = make_ledgers();
-  PathSpec gpu;
-  gpu.ledger = l.gpu;
-  PathSpec cpu = cpu_spec();
-  cpu.ledger = l.host;
-  Harness h({gpu, cpu});
+  Harness h(gpu_and_cpu(l));
   ASSERT_NE(h.gw, nullptr);
   const ReservationCaller a{"key-a", false}, b{"key-b", false}, admin{"", true};
   auto mine = h.gw->reserve_cotenant("whisper", kMiB, 60, a);
@@ -702,11 +703,7 @@ TEST(GatewayTest, ReservationsBelongToTheKeyThatMadeThem) {
 // together hold at most reservation_max_share of the ledger's limit.
 TEST(GatewayTest, ReservationSizesStayInTheirDomainAndShare) {
   Ledgers l = make_ledgers();
-  PathSpec gpu;
-  gpu.ledger = l.gpu;
-  PathSpec cpu = cpu_spec();
-  cpu.ledger = l.host;
-  Harness h({gpu, cpu});
+  Harness h(gpu_and_cpu(l));
   ASSERT_NE(h.gw, nullptr);
   auto whisper = h.gw->reserve_cotenant("whisper", 300 * kMiB, 60);
   ASSERT_TRUE(whisper.ok()) << whisper.status().to_string();
@@ -761,11 +758,7 @@ TEST(GatewayTest, AReservationNeverTakesTheLastPathWithoutTheOperatorsLeave) {
 TEST(GatewayOverflowTest, BaselinesIgnoreThePlanAndRecordTheTruePressure) {
   {
     Ledgers l = make_ledgers();
-    PathSpec gpu;
-    gpu.ledger = l.gpu;
-    PathSpec cpu = cpu_spec();
-    cpu.ledger = l.host;
-    Harness h({gpu, cpu}, {}, {}, Overflow::kNaive);
+    Harness h(gpu_and_cpu(l), {}, {}, Overflow::kNaive);
     ASSERT_NE(h.gw, nullptr);
     auto big = h.gw->reserve_cotenant("trainer", 500 * kMiB, 60);
     ASSERT_TRUE(big.ok());

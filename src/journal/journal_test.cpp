@@ -55,6 +55,14 @@ class JournalTest : public ::testing::Test {
     EXPECT_TRUE(j.ok()) << j.status().to_string();
     return j.ok() ? std::move(*j) : nullptr;
   }
+  // The lock tests' setup: a live journal holding a running request, and a
+  // symlink and a hard link to its file.
+  struct LinkedJournal {
+    std::unique_ptr<Journal> journal;
+    std::string symlink, hardlink;
+    int64_t id = 0;  // the running request
+  };
+  LinkedJournal open_running_with_links();
   fs::path dir_;
   std::string path_;
   // The journal reads only the wall clock; the test moves it with advance().
@@ -302,19 +310,27 @@ int posix_locks_held(const std::string& path) {
   return n;
 }
 
+JournalTest::LinkedJournal JournalTest::open_running_with_links() {
+  LinkedJournal out{open(), (dir_ / "symlink.sqlite").string(), (dir_ / "hardlink.sqlite").string()};
+  if (!out.journal) return out;
+  out.id = out.journal->accept(req("k"))->record.id;
+  EXPECT_TRUE(out.journal->mark_running(out.id, "cpu").ok());
+  fs::create_symlink(path_, out.symlink);
+  fs::create_hard_link(path_, out.hardlink);
+  return out;
+}
+
 // The lock belongs to the file, not to its name: a symlink or a hard link to
 // a live journal is refused as its own path is (a second server on a link
 // once marked the first one's running request interrupted, and a resume ran
 // it twice).
 TEST_F(JournalTest, ALinkToALiveJournalIsRefusedInThisProcess) {
-  const std::string symlink = (dir_ / "symlink.sqlite").string();
-  const std::string hardlink = (dir_ / "hardlink.sqlite").string();
-  auto first = open();
-  ASSERT_NE(first, nullptr);
-  const int64_t id = first->accept(req("k"))->record.id;
-  ASSERT_TRUE(first->mark_running(id, "cpu").ok());
-  fs::create_symlink(path_, symlink);
-  fs::create_hard_link(path_, hardlink);
+  LinkedJournal linked = open_running_with_links();
+  ASSERT_NE(linked.journal, nullptr);
+  std::unique_ptr<Journal>& first = linked.journal;
+  const int64_t id = linked.id;
+  const std::string& symlink = linked.symlink;
+  const std::string& hardlink = linked.hardlink;
   const int sqlite_locks = posix_locks_held(path_);
   // WAL mode: the connection holds a shared lock on the database for its life.
   EXPECT_GE(sqlite_locks, 1);
@@ -387,19 +403,17 @@ int open_in_another_process(const std::string& path, const std::string& expect, 
 }
 
 TEST_F(JournalTest, AnotherProcessIsRefusedThroughALink) {
-  const std::string symlink = (dir_ / "symlink.sqlite").string();
-  const std::string hardlink = (dir_ / "hardlink.sqlite").string();
   const std::string log = (dir_ / "child.log").string();
   auto read_log = [&] {
     std::ifstream f(log);
     return std::string(std::istreambuf_iterator<char>(f), {});
   };
-  auto first = open();
-  ASSERT_NE(first, nullptr);
-  const int64_t id = first->accept(req("k"))->record.id;
-  ASSERT_TRUE(first->mark_running(id, "cpu").ok());
-  fs::create_symlink(path_, symlink);
-  fs::create_hard_link(path_, hardlink);
+  LinkedJournal linked = open_running_with_links();
+  ASSERT_NE(linked.journal, nullptr);
+  std::unique_ptr<Journal>& first = linked.journal;
+  const int64_t id = linked.id;
+  const std::string& symlink = linked.symlink;
+  const std::string& hardlink = linked.hardlink;
   for (const std::string& link : {path_, symlink, hardlink}) {
     EXPECT_EQ(open_in_another_process(link, "unavailable", log), 0) << link << "\n" << read_log();
   }
