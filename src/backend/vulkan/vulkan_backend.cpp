@@ -12,6 +12,7 @@
 #include "backend/cpu/quant_dot.h"
 #include "backend/vulkan/device_allocator.h"
 #include "backend/vulkan/vk_context.h"
+#include "core/timed_mutex.h"
 
 namespace spw {
 namespace vkshaders {
@@ -138,7 +139,7 @@ struct VulkanBackend::Impl {
   // The queue: every call that records, submits or changes device state
   // holds it, for as long as its submissions run. Timed so that a health
   // check gives up on a queue that a hung submission holds.
-  mutable std::timed_mutex mu;
+  mutable TimedMutex mu;
   std::shared_ptr<VulkanContext> ctx;  // declared before everything allocated from it
   // `ctx` as the readers that never touch the queue see it (memory_stats,
   // healthy, health_reason: status, health and admission read them from the
@@ -611,24 +612,24 @@ std::string VulkanBackend::health_reason() const {
 }
 
 Status VulkanBackend::reinitialize() {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   impl_->teardown();
   return impl_->init();
 }
 
 void VulkanBackend::release_model(const Model& model) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   if (impl_->ctx) impl_->ctx->wait_idle();
   impl_->models.erase(&model);
 }
 
 Status VulkanBackend::prepare(const Model& model, int32_t lb, int32_t le, bool embedding, bool output) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   return impl_->prepare(model, lb, le, embedding, output);
 }
 
 Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOptions& o, const std::string& owner) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   SPW_RETURN_IF_ERROR(impl_->healthy_or_error());
   if (o.layer_end <= o.layer_begin || o.n_blocks <= 0 || o.block_tokens <= 0 || o.n_embd_kv <= 0)
     return KvPool::create_on_device(o, nullptr).status();  // the pool's own option errors
@@ -659,12 +660,12 @@ Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOption
 
 bool VulkanBackend::accepts_kv(const KvPool& pool) const {
   auto* st = dynamic_cast<const VulkanKvStorage*>(pool.device_storage());
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   return st != nullptr && impl_->ctx != nullptr && st->ctx == impl_->ctx;
 }
 
 Status VulkanBackend::embed(const Model& model, std::span<const TokenId> tokens, float* hidden) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   const auto& hp = model.hparams();
   for (TokenId t : tokens)
@@ -778,7 +779,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
       return Status();
     }
   }
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   KvPool* pool = slices[0].kv.pool;
   const auto& kvo = pool->options();
@@ -965,7 +966,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
 }
 
 Status VulkanBackend::output(const Model& model, const float* hidden, int32_t n_rows, float* logits) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   const auto& hp = model.hparams();
   if (n_rows <= 0) return n_rows == 0 ? Status() : Status::invalid_argument("output: n_rows < 0");
@@ -1010,7 +1011,7 @@ struct OpBuffers {
 }  // namespace
 
 Status VulkanBackend::op_matmul(const WeightMatrix& w, const float* x, int32_t n_tokens, float* y) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   if (n_tokens <= 0) return Status::invalid_argument("op_matmul: n_tokens <= 0");
@@ -1038,7 +1039,7 @@ Status VulkanBackend::op_matmul(const WeightMatrix& w, const float* x, int32_t n
 }
 
 Status VulkanBackend::op_quantize(cpu::ActFormat f, const float* x, int64_t n, int8_t* qs, uint32_t* scales) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const int64_t block = cpu::act_block_elems(f);
@@ -1058,7 +1059,7 @@ Status VulkanBackend::op_quantize(cpu::ActFormat f, const float* x, int64_t n, i
 }
 
 Status VulkanBackend::op_rms_norm(const float* x, const float* weight, int32_t n, int32_t n_tokens, float eps, float* y) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint64_t bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(n_tokens) * 4;
@@ -1078,7 +1079,7 @@ Status VulkanBackend::op_rms_norm(const float* x, const float* weight, int32_t n
 }
 
 Status VulkanBackend::op_swiglu(const float* gate, const float* up, int64_t n, float* out) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint64_t bytes = static_cast<uint64_t>(n) * 4;
@@ -1095,7 +1096,7 @@ Status VulkanBackend::op_swiglu(const float* gate, const float* up, int64_t n, f
 }
 
 Status VulkanBackend::op_add(float* y, const float* x, int64_t n) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint64_t bytes = static_cast<uint64_t>(n) * 4;
@@ -1121,7 +1122,7 @@ Status VulkanBackend::health_check() {
   // A submission holding the queue longer than a fence wait may last is
   // hung (each of its waits ends at the fence timeout): the check says so
   // instead of joining the wait, so the prober and shutdown stay bounded.
-  std::unique_lock<std::timed_mutex> lk(impl_->mu, std::defer_lock);
+  std::unique_lock<TimedMutex> lk(impl_->mu, std::defer_lock);
   if (!lk.try_lock_for(std::chrono::milliseconds(impl_->opts.fence_timeout_ms))) {
     return Status(StatusCode::kDeadlineExceeded,
                   "health check of " + name() + ": the queue stayed busy for the whole fence timeout (" +
@@ -1165,7 +1166,7 @@ Status VulkanBackend::health_check() {
 
 Status VulkanBackend::op_rope(float* x, int32_t n_tokens, int32_t n_heads, int32_t head_dim, int32_t n_rot, int32_t pos0,
                               float freq_base) {
-  std::lock_guard<std::timed_mutex> lk(impl_->mu);
+  std::lock_guard<TimedMutex> lk(impl_->mu);
   Impl& im = *impl_;
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
   const uint32_t half = static_cast<uint32_t>(n_rot / 2);
