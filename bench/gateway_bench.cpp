@@ -3,8 +3,8 @@
 // are from what then happens. On the bundled models/stories260K.gguf, CPU.
 //
 // Part 1, overhead (--requests N, default 300, --max-tokens, default 16):
-// one request at a time, greedy, prompt "Once upon a time", three variants
-// interleaved A,B,C,A,B,C,... so that machine noise hits all of them alike:
+// one request at a time, greedy, prompt "Once upon a time", four variants
+// interleaved A,B,C,D,A,B,C,D,... so that machine noise hits all of them alike:
 //   A  direct engine: generate() on a Session of a CPU session group, as the
 //      scheduler's SessionExecutor calls it (reserve_kv, the session keeps its
 //      KV between requests); the prompt is tokenized outside the timed part.
@@ -15,7 +15,12 @@
 //   C  HTTP: the same gateway behind the real HttpServer on 127.0.0.1 (port
 //      0), POST /v1/completions non-streaming from a keep-alive cpp-httplib
 //      client: B plus HTTP parse, JSON in and out, loopback TCP.
-// Every iteration checks that A, B and C produced the same text (greedy, same
+//   D  C with the most stop strings the API takes (16 of 1 KiB: 16 KiB),
+//      each opening with a piece the model writes all the time and never
+//      completed: what a request at the stop limits costs (D/C; the
+//      matcher is Aho-Corasick, so its cost per token does not grow with
+//      the strings' length).
+// Every iteration checks that A, B, C and D produced the same text (greedy, same
 // tokens): a mismatch aborts the run, since the variants would then not be
 // doing the same work. Reported per variant: p50, p99 and mean latency (ms);
 // the overheads B-A and C-A as differences of those percentiles (ms) and as
@@ -277,8 +282,9 @@ class CompletionClient {
     client_.set_read_timeout(60, 0);
   }
 
-  std::string complete(const serve::GenerationRequest& g) {
-    const json body = {{"prompt", g.prompt}, {"max_tokens", *g.max_tokens}, {"temperature", 0}};
+  std::string complete(const serve::GenerationRequest& g, const std::vector<std::string>& stop = {}) {
+    json body = {{"prompt", g.prompt}, {"max_tokens", *g.max_tokens}, {"temperature", 0}};
+    if (!stop.empty()) body["stop"] = stop;
     httplib::Result r = client_.Post("/v1/completions", body.dump(), "application/json");
     if (!r) fail("POST /v1/completions: " + httplib::to_string(r.error()));
     if (r->status != 200) fail("POST /v1/completions: HTTP " + std::to_string(r->status) + ": " + r->body);
@@ -290,8 +296,23 @@ class CompletionClient {
   httplib::Client client_;
 };
 
+// D's stop strings: the most the API takes (16 strings, 16 KiB in all, 1 KiB
+// each), each opening with a piece the model writes all the time (a space, a
+// common letter, punctuation) and never completed, so the matcher holds text
+// back and lets it go on nearly every token: its worst case, with the same
+// output as C.
+std::vector<std::string> stops_at_the_limit() {
+  std::vector<std::string> out;
+  for (const char* head : {" ", "e", "t", "a", "o", " the", ".", ",", "s", "n", "i", "h", "r", "d", "l", " a"}) {
+    std::string s = head;
+    s.resize(1024, 'Q');
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 struct OverheadSamples {
-  std::vector<double> direct_ms, gateway_ms, http_ms;
+  std::vector<double> direct_ms, gateway_ms, http_ms, http_stops_ms;
   std::vector<double> submit_ms, submit_cpu_ms, queued_ms, tokenize_ms;
   std::vector<double> text_events, voluntary_switches, involuntary_switches;  // per B request
   std::string text;
@@ -318,6 +339,7 @@ OverheadSamples measure_overhead(const Options& o) {
   CompletionClient client(server->port());
   const serve::GenerationRequest g = greedy_request("Once upon a time", o.max_tokens);
   const gateway::RouteRequest r = route(g);
+  const std::vector<std::string> stops = stops_at_the_limit();
 
   OverheadSamples s;
   for (int i = -o.warmup; i < o.requests; ++i) {
@@ -331,10 +353,13 @@ OverheadSamples measure_overhead(const Options& o) {
     const auto c0 = Clock::now();
     const std::string c_text = client.complete(g);
     const auto c1 = Clock::now();
+    const std::string d_text = client.complete(g, stops);
+    const auto d1 = Clock::now();
 
     if (a_text.empty()) fail("the direct engine produced no text");
     check_same_text(a_text, b.text, "B (gateway)", i);
     check_same_text(a_text, c_text, "C (HTTP)", i);
+    check_same_text(a_text, d_text, "D (HTTP, stop strings at the limit)", i);
     if (!keep) continue;
     s.text = a_text;
     s.tokenize_ms.push_back(ms_between(k0, a0));
@@ -347,6 +372,7 @@ OverheadSamples measure_overhead(const Options& o) {
     s.involuntary_switches.push_back(static_cast<double>(b.involuntary_switches));
     s.queued_ms.push_back(b.queued_ms);
     s.http_ms.push_back(ms_between(c0, c1));
+    s.http_stops_ms.push_back(ms_between(c1, d1));
   }
   server->stop();
   built.gateway->shutdown(std::chrono::milliseconds(0));
@@ -378,9 +404,11 @@ json overhead_json(const OverheadSamples& s) {
   j["text"] = s.text;
   j["variants"] = {{"A_direct", latency_summary(s.direct_ms)},
                    {"B_gateway", latency_summary(s.gateway_ms)},
-                   {"C_http", latency_summary(s.http_ms)}};
+                   {"C_http", latency_summary(s.http_ms)},
+                   {"D_http_stops", latency_summary(s.http_stops_ms)}};
   j["overhead"] = {{"B_minus_A", overhead_vs_direct(s.gateway_ms, s.direct_ms)},
-                   {"C_minus_A", overhead_vs_direct(s.http_ms, s.direct_ms)}};
+                   {"C_minus_A", overhead_vs_direct(s.http_ms, s.direct_ms)},
+                   {"D_minus_C", overhead_vs_direct(s.http_stops_ms, s.http_ms)}};
   j["breakdown"] = {{"tokenize", latency_summary(s.tokenize_ms)},
                     {"B_submit_call", latency_summary(s.submit_ms)},
                     {"B_submit_call_cpu", latency_summary(s.submit_cpu_ms)},
@@ -391,6 +419,7 @@ json overhead_json(const OverheadSamples& s) {
       {"voluntary_context_switches_mean", mean(s.voluntary_switches)},
       {"involuntary_context_switches_mean", mean(s.involuntary_switches)}};
   j["samples_ms"] = {{"A_direct", s.direct_ms}, {"B_gateway", s.gateway_ms}, {"C_http", s.http_ms},
+                     {"D_http_stops", s.http_stops_ms},
                      {"tokenize", s.tokenize_ms}, {"B_submit_call", s.submit_ms}, {"B_submit_call_cpu", s.submit_cpu_ms},
                      {"B_queued", s.queued_ms}};
   return j;
@@ -403,7 +432,8 @@ void print_overhead(const json& j, const Options& o) {
   std::printf("text: %s\n\n", j["text"].dump().c_str());
   std::printf("| variant | p50 ms | p99 ms | mean ms |\n|---|---|---|---|\n");
   const std::pair<const char*, const char*> rows[] = {
-      {"A_direct", "A direct engine (generate)"}, {"B_gateway", "B in-process gateway"}, {"C_http", "C HTTP /v1/completions"}};
+      {"A_direct", "A direct engine (generate)"}, {"B_gateway", "B in-process gateway"}, {"C_http", "C HTTP /v1/completions"},
+      {"D_http_stops", "D C + 16 stop strings, 16 KiB (the limit)"}};
   for (const auto& [key, label] : rows) {
     const json& v = j["variants"][key];
     std::printf("| %s | %.3f | %.3f | %.3f |\n", label, v["p50_ms"].get<double>(), v["p99_ms"].get<double>(),
@@ -411,7 +441,7 @@ void print_overhead(const json& j, const Options& o) {
   }
   std::printf("\n| overhead | p50 ms | p50 ratio | p99 ms | p99 ratio | median of paired diffs ms |\n"
               "|---|---|---|---|---|---|\n");
-  for (const char* key : {"B_minus_A", "C_minus_A"}) {
+  for (const char* key : {"B_minus_A", "C_minus_A", "D_minus_C"}) {
     const json& v = j["overhead"][key];
     std::printf("| %s | %+.3f | %.2fx | %+.3f | %.2fx | %+.3f |\n", key, v["p50_ms"].get<double>(),
                 v["p50_ratio"].get<double>(), v["p99_ms"].get<double>(), v["p99_ratio"].get<double>(),

@@ -66,7 +66,7 @@ int connect_to(int port) {
 
 // One GET on fd, reading the response through its Content-Length.
 bool get(int fd, std::string& buf) {
-  static const std::string req = "GET /health HTTP/1.1\r\nHost: bench\r\n\r\n";
+  static const std::string req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return false;
   buf.clear();
   char tmp[4096];
@@ -192,7 +192,7 @@ Probe with_slowloris(int port, int slow, int probes) {
   for (int i = 0; i < slow; ++i) fds.push_back(connect_to(port));
   std::atomic<bool> stop{false};
   std::thread drip([&] {
-    const std::string head = "GET /health HTTP/1.1\r\nHost: slow\r\nX-Slow: ";
+    const std::string head = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
     size_t at = 0;
     while (!stop.load()) {
       for (int fd : fds) {

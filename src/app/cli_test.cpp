@@ -395,6 +395,14 @@ TEST(CliTest, ServeConfigRefusesUnknownKeysSectionsAndUnreadableFiles) {
   refused("api-key-hash = [true]\n", "api-key-hash: expected an array of strings, got a boolean");
   refused("host = { a = 1 }\n", "host: expected a string, got a table");
   refused("config = \"other.toml\"\n", "'config' cannot be set");
+  // A text setting takes a string, not a number that would become a file name.
+  refused("port = 8081\njournal = 5\n", "line 2: journal: expected a string, got an integer");
+  refused("api-key = [\"0123456789abcdef\",\n  5]\n", "line 2: api-key: expected an array of strings, got an integer");
+  // A key's rules are checked where the file gives it (lengths, never the key).
+  refused("port = 8081\napi-key = [\"short-key\"]\n", "line 2: api-key: an API key (--api-key) must be at least 16");
+  refused("admin-token = \"tok\"\n", "line 1: admin-token: the admin token (--admin-token) must be at least 16");
+  // A size is a byte count or a string with its unit, nothing else.
+  refused("journal-max-bytes = 1.5\n", "journal-max-bytes: expected a size");
   const std::string missing = tmp_path("missing.toml");
   CmdResult r = run("serve --model " + kStories + " --config " + missing);
   EXPECT_EQ(r.exit_code, 2);
@@ -429,12 +437,14 @@ TEST(CliTest, ServeConfigSettingsAreApplied) {
   // Every kind of value lands: what --dump-config prints after reading it.
   const std::string all = write_config("all.toml",
                                        "port = 9123\ncpu-queue = 5\nhost-memory-share = 0.25\nno-batching = true\n"
-                                       "log-requests = false\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\n");
+                                       "log-requests = false\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\njournal-max-bytes = 1048576\n"
+                                       "journal-max-body-bytes = \"32KiB\"\n");
   CmdResult d = run("serve --config " + all + " --dump-config");
   ASSERT_EQ(d.exit_code, 0) << d.err;
   for (const char* line : {"\nport = 9123\n", "\ncpu-queue = 5\n", "\nhost-memory-share = 0.25\n",
                            "\nno-batching = true\n", "\nlog-requests = false\n",
-                           "\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\n", "\nqueue = 64\n"}) {
+                           "\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\n", "\nqueue = 64\n",
+                           "\njournal-max-bytes = 1048576\n", "\njournal-max-body-bytes = \"32KiB\"\n"}) {
     EXPECT_NE(d.out.find(line), std::string::npos) << line << d.out;
   }
   for (const std::string& f : {open, bad_hash, all}) std::remove(f.c_str());
@@ -472,7 +482,7 @@ TEST(CliTest, ServeDumpConfigReadsBack) {
   // Settings given as flags come back the same through a file.
   CmdResult set = run("serve --port 9000 --cpu-queue 3 --no-batching --api-key-hash " + kKeyHash +
                       " --co-tenant a=1GiB --co-tenant b=2GiB --host-memory-share 0.25 --host-budget 2GiB "
-                      "--admin-token 'tok\"en' --dump-config");
+                      "--admin-token 'tok\"en-0123456789abcdef' --dump-config");
   ASSERT_EQ(set.exit_code, 0) << set.err;
   EXPECT_NE(set.out.find("\napi-key-hash = [\"" + kKeyHash + "\"]\n"), std::string::npos) << set.out;
   const std::string dumped_set = write_config("dumped_set.toml", set.out);

@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cerrno>
 #include <csignal>
@@ -64,6 +65,7 @@ struct ServeCliOptions {
   std::string journal_max_body_bytes = "64KiB";
   int max_connections = 512;
   int max_connections_per_client = 64;
+  std::vector<std::string> allowed_hosts;
   double idle_timeout_s = 60;
   double header_timeout_s = 10;
   double body_timeout_s = 60;
@@ -241,6 +243,7 @@ int run_serve(const ServeCliOptions& o) {
   ho.insecure_no_auth = o.insecure_no_auth;
   ho.transport.max_body_bytes = static_cast<size_t>(*max_body);
   ho.transport.max_connections = o.max_connections;
+  ho.transport.allowed_hosts = o.allowed_hosts;
   ho.transport.max_connections_per_client = o.max_connections_per_client;
   ho.transport.idle_timeout = seconds_ms(o.idle_timeout_s);
   ho.transport.header_timeout = seconds_ms(o.header_timeout_s);
@@ -323,6 +326,19 @@ int run_serve(const ServeCliOptions& o) {
   return 0;
 }
 
+// A key's rules checked as the value arrives, so that a bad key in --config
+// is reported with the file and line (config_file.cpp runs the option's
+// validators there). The message names lengths and positions, never the key.
+CLI::Validator key_rules(std::string what, bool allow_empty = false) {
+  return CLI::Validator(
+      [what, allow_empty](std::string& key) -> std::string {
+        if (allow_empty && key.empty()) return {};
+        Status s = http::check_api_key_rules(key, what);
+        return s.ok() ? std::string() : s.message();
+      },
+      "", "key rules");
+}
+
 }  // namespace
 
 void add_serve(CLI::App& app, int& exit_code) {
@@ -355,20 +371,34 @@ void add_serve(CLI::App& app, int& exit_code) {
   srv->add_flag("--log-requests", o->log_requests, "Log one line per HTTP request to stderr");
   srv->add_option("--admin-token", o->admin_token,
                   "Enables the admin API (POST/GET/DELETE /v1/admin/faults: arm faults on the GPU for drills) "
-                  "for loopback clients sending 'Authorization: Bearer TOKEN'; off when empty");
+                  "for loopback clients sending 'Authorization: Bearer TOKEN'; off when empty")
+      ->check(key_rules("the admin token (--admin-token)", /*allow_empty=*/true));
   CLI::Option_group* cl = section("clients");
   cl->add_option("--api-key", o->api_keys,
                  "An API key (repeatable; at least 16 printable characters): with keys, /v1/* and /metrics need "
-                 "'Authorization: Bearer KEY' and each key sees only its own requests");
+                 "'Authorization: Bearer KEY' and each key sees only its own requests")
+      ->check(key_rules("an API key (--api-key)"));
   cl->add_option("--api-key-hash", o->api_key_hashes,
                  "An API key as 'sha256:HEX' (repeatable; for config files, so they hold no secret; "
                  "`spillway hash-key` prints one)");
   cl->add_flag("--insecure-no-auth", o->insecure_no_auth,
                "Allow a non-loopback --host without any API key (every client on the network is one user)");
-  cl->add_option("--max-body", o->max_body, "Largest request body, after de-chunking (413 beyond)")->capture_default_str();
+  cl->add_option("--max-body", o->max_body, "Largest request body, after de-chunking (413 beyond)")->capture_default_str()
+      ->type_name("SIZE");
   cl->add_option("--max-connections", o->max_connections, "Open connections in all (past it: health and status only)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  cl->add_option("--allowed-host", o->allowed_hosts,
+                 "A host name clients may reach this server by (repeatable; '*': any). Without API keys the "
+                 "server answers only to IP addresses and localhost in the Host header (a defence against DNS "
+                 "rebinding from a browser); with keys, any name")
+      ->transform(CLI::Validator(
+          [](std::string& name) -> std::string {
+            for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            Status s = http::check_allowed_host(name);
+            return s.ok() ? std::string() : s.message();
+          },
+          "", "host name"));
   cl->add_option("--max-connections-per-client", o->max_connections_per_client,
                  "Open connections from one address (past it: health and status only)")
       ->capture_default_str()
@@ -463,12 +493,15 @@ void add_serve(CLI::App& app, int& exit_code) {
                   "Share of MemAvailable the server may use (the cgroup's room counts at 0.8)")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1.0));
-  mem->add_option("--host-budget", g.host_budget, "Fixed ceiling on the host memory budget, e.g. 2GiB");
+  mem->add_option("--host-budget", g.host_budget, "Fixed ceiling on the host memory budget, e.g. 2GiB")
+      ->type_name("SIZE");
   mem->add_option("--device-memory", g.device_memory,
-                  "Device memory Spillway may use, e.g. 8GiB (default: the largest device-local heap)");
+                  "Device memory Spillway may use, e.g. 8GiB (default: the largest device-local heap)")
+      ->type_name("SIZE");
   mem->add_option("--device-headroom", g.device_headroom,
                   "Device memory always kept free, e.g. 512MiB (on top of --device-headroom-share)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("SIZE");
   mem->add_option("--device-headroom-share", g.device_headroom_share,
                   "Share of the device capacity always kept free (kernels, driver, bursts)")
       ->capture_default_str()
@@ -555,11 +588,13 @@ void add_serve(CLI::App& app, int& exit_code) {
   jr->add_option("--journal-max-bytes", o->journal_max_bytes,
                  "Size budget of the journal, its WAL included (e.g. 512MiB; 0: none): finished requests are pruned, "
                  "oldest first, to keep within it, and a new request that cannot fit is refused (503 journal_full)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("SIZE");
   jr->add_option("--journal-max-body-bytes", o->journal_max_body_bytes,
                  "Request bodies larger than this are dropped from the journal once nothing can run from them "
                  "(the request finished, or failed for good); its size and digest stay (0: keep every body)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("SIZE");
   jr->add_option("--checkpoint-every", g.checkpoint_every,
                  "Write a running request's checkpoint to the journal every N generated tokens (0: only when it is "
                  "interrupted); a resume after a crash continues from the last one")

@@ -73,10 +73,18 @@ std::optional<std::string> scalar_text(const CLI::Option& opt, const toml::node&
     if (auto b = n.value_exact<bool>()) return std::string(*b ? "true" : "false");
     return std::nullopt;
   }
-  if (auto i = n.value_exact<int64_t>()) return std::to_string(*i);
+  const bool numeric = integral || type == "FLOAT";
+  // A size takes a byte count or a string with a unit ("512MiB"); every
+  // other text option only a string: `journal = 5` is a mistake, not a file
+  // named "5".
+  if (numeric || type == "SIZE") {
+    if (auto i = n.value_exact<int64_t>()) return std::to_string(*i);
+  }
   if (integral) return std::nullopt;
-  if (auto d = n.value_exact<double>()) return float_text(*d);
-  if (type == "FLOAT") return std::nullopt;
+  if (type == "FLOAT") {
+    if (auto d = n.value_exact<double>()) return float_text(*d);
+    return std::nullopt;
+  }
   if (auto s = n.value_exact<std::string>()) return *s;
   return std::nullopt;
 }
@@ -86,6 +94,7 @@ std::string expected_kind(const CLI::Option& opt) {
   if (type == "INT" || type == "UINT") return "an integer";
   if (type == "FLOAT") return "a number";
   if (type == "BOOLEAN") return "true or false";
+  if (type == "SIZE") return "a size (a byte count, or a string such as \"512MiB\")";
   return "a string";
 }
 
@@ -206,7 +215,7 @@ std::string toml_string(const std::string& s) {
 std::string toml_value(const CLI::Option& opt, const std::string& text) {
   const std::string type = base_type(opt);
   if (type == "BOOLEAN" && (text == "true" || text == "false")) return text;
-  if (type == "INT" || type == "UINT" || type == "FLOAT") {
+  if (type == "INT" || type == "UINT" || type == "FLOAT" || type == "SIZE") {
     try {
       const toml::table t = toml::parse("v = " + text);
       const toml::node* v = t.get("v");

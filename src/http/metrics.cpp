@@ -183,6 +183,16 @@ std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats
     w.family("journal_bytes", "gauge", "Size of the request journal on disk: the database and its write-ahead log.");
     w.sample({{"file", "db"}}, static_cast<double>(journal->file_bytes));
     w.sample({{"file", "wal"}}, static_cast<double>(journal->wal_bytes));
+    w.family("journal_used_bytes", "gauge",
+             "Pages of the journal's database in use (its file less the free pages SQLite reuses).");
+    w.sample({}, static_cast<double>(journal->used_bytes));
+    w.family("journal_max_bytes", "gauge",
+             "The journal's size budget (--journal-max-bytes; 0: none): past it finished requests are pruned, "
+             "oldest first, and a new request that cannot fit is refused (503 journal_full).");
+    w.sample({}, static_cast<double>(journal->max_bytes));
+    w.family("journal_pruned_for_space_total", "counter",
+             "Finished requests deleted from the journal to keep within its size budget, since start.");
+    w.sample({}, static_cast<double>(journal->pruned_for_space));
   }
   if (http) {
     w.family("http_connections_open", "gauge", "HTTP connections open now.");

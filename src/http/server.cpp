@@ -225,6 +225,9 @@ class HttpServer::Impl {
     t.host = options_.host;
     t.port = options_.port;
     t.log_requests = options_.log_requests;
+    // Keys are the defence against a browser reaching the API through DNS
+    // rebinding; without them, the Host header is (transport.h).
+    t.check_host = !keys_configured();
     t.render_error = [](int status, std::string_view code, std::string_view message) {
       ApiError e;
       e.http_status = status;

@@ -233,6 +233,67 @@ std::optional<ParseError> check_head(const Parser::value_type& msg) {
   return std::nullopt;
 }
 
+bool all_of_chars(std::string_view s, std::string_view set, bool alnum) {
+  for (char c : s) {
+    const bool ok = (alnum && std::isalnum(static_cast<unsigned char>(c))) || set.find(c) != std::string_view::npos;
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool is_ipv4_literal(std::string_view h) {
+  int parts = 0;
+  while (true) {
+    const size_t dot = h.find('.');
+    const std::string_view part = h.substr(0, dot);
+    if (part.empty() || part.size() > 3 || !all_of_chars(part, "0123456789", false)) return false;
+    ++parts;
+    if (dot == std::string_view::npos) break;
+    h.remove_prefix(dot + 1);
+  }
+  return parts == 4;
+}
+
+}  // namespace
+
+bool host_allowed(std::string_view host, const std::vector<std::string>& allowed) {
+  if (host.empty()) return true;
+  if (host.front() == '[') {
+    // An IPv6 literal, with an optional port after the bracket.
+    const size_t close = host.find(']');
+    if (close == std::string_view::npos) return false;
+    const std::string_view rest = host.substr(close + 1);
+    if (!rest.empty() && (rest.front() != ':' || !all_of_chars(rest.substr(1), "0123456789", false))) return false;
+    return all_of_chars(host.substr(1, close - 1), "0123456789abcdefABCDEF:.", false);
+  }
+  const size_t colon = host.rfind(':');
+  if (colon != std::string_view::npos) {
+    if (!all_of_chars(host.substr(colon + 1), "0123456789", false)) return false;
+    host = host.substr(0, colon);
+  }
+  std::string name = lower(std::string(host));
+  if (!name.empty() && name.back() == '.') name.pop_back();  // "localhost." is localhost
+  if (name.empty()) return false;
+  if (is_ipv4_literal(name)) return true;
+  if (name == "localhost" || name.ends_with(".localhost")) return true;
+  for (const std::string& a : allowed) {
+    if (a == "*" || a == name) return true;
+  }
+  return false;
+}
+
+Status check_allowed_host(std::string_view name) {
+  if (name == "*") return Status::ok_status();
+  if (name.empty() || name.size() > 253 || !all_of_chars(name, "-._", true) || name.front() == '.' ||
+      name.front() == '-') {
+    return Status::invalid_argument("'" + std::string(name.substr(0, 80)) +
+                                    "' is not a host name (letters, digits, '-', '.', '_'; no port, no scheme)");
+  }
+  return Status::ok_status();
+}
+
+namespace {
+
 // A body's Content-Type must say JSON (or be absent).
 std::optional<ParseError> check_content_type(const Request& r) {
   if (r.body.empty() && !r.has_header("Content-Type")) return std::nullopt;
@@ -611,6 +672,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<ParseError> on_head() {
     const Parser::value_type& msg = parser_->get();
     if (auto e = check_head(msg)) return e;
+    if (o().check_host) {
+      if (auto e = check_host_header(msg)) return e;
+    }
     const std::string method(msg.method_string());
     const std::string_view target(msg.target().data(), msg.target().size());
     const std::string_view path = target.substr(0, target.find('?'));
@@ -637,6 +701,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (!parser_->is_done()) arm_read(o().body_timeout);
     return std::nullopt;
+  }
+
+  std::optional<ParseError> check_host_header(const Parser::value_type& msg) const {
+    auto range = msg.equal_range(bhttp::field::host);
+    if (std::distance(range.first, range.second) > 1) {
+      return parse_error(400, "invalid_header", "send one Host header, not several");
+    }
+    if (range.first == range.second) return std::nullopt;
+    const std::string_view host(range.first->value().data(), range.first->value().size());
+    if (host_allowed(host, o().allowed_hosts)) return std::nullopt;
+    return parse_error(403, "host_not_allowed",
+                       "Host '" + std::string(host.substr(0, 100)) +
+                           "' is not one this server answers to: a server without API keys answers only to IP "
+                           "addresses and localhost (a page reaching it under another name could be DNS "
+                           "rebinding); start it with --allowed-host NAME, or with API keys");
   }
 
   void dispatch() {

@@ -186,7 +186,23 @@ struct TransportOptions {
   std::function<std::string(int status, std::string_view code, std::string_view message)> render_error;
   // One line per request on stderr.
   bool log_requests = false;
+  // Refuse (403 host_not_allowed, before the body is read) a request whose
+  // Host header names neither an IP literal, nor localhost (or a name under
+  // .localhost), nor one of `allowed_hosts`. Set on a server without API
+  // keys, where a page whose DNS name is re-pointed at 127.0.0.1 (DNS
+  // rebinding) could otherwise reach the API from a browser: the browser
+  // still sends the page's own name as Host. A request without Host (HTTP/1.0
+  // clients; browsers always send one) passes.
+  bool check_host = false;
+  std::vector<std::string> allowed_hosts;  // lower-case names without port; "*": any
 };
+
+// Whether the Host header value `host` passes TransportOptions::check_host
+// with `allowed` (see there). Exposed for tests.
+bool host_allowed(std::string_view host, const std::vector<std::string>& allowed);
+// An --allowed-host entry: a DNS name (letters, digits, '-', '.', '_') or
+// "*", without port; InvalidArgument naming the problem otherwise.
+Status check_allowed_host(std::string_view name);
 
 struct TransportStats {
   int64_t open_connections = 0;

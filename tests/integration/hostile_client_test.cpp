@@ -722,7 +722,7 @@ TEST(HostileClient, SlowBodiesAndIdleConnectionsMeetTheirDeadlines) {
   RawConn body(s.port()), idle(s.port()), used(s.port());
   ASSERT_TRUE(body.ok() && idle.ok() && used.ok());
   const auto t0 = Clock::now();
-  ASSERT_TRUE(body.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  ASSERT_TRUE(body.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         "Content-Length: 100\r\n\r\n{\"prompt\":"));
   // One answered request, then idle.
   ASSERT_TRUE(used.send(http_request("GET", "/health/live")));
@@ -761,12 +761,12 @@ TEST(HostileClient, AbruptDisconnectsLeaveTheServerServing) {
   };
   {
     RawConn c(s.port());
-    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty");
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty");
     c.close();
   }
   {
     RawConn c(s.port());
-    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
            "{\"prompt\":\"abc");
     reset(c);
   }
@@ -1117,6 +1117,73 @@ TEST(HostileClient, NonLoopbackHostWithoutAKeyRefusesToStart) {
   EXPECT_LT(ms_since(t0), 20000.0);
 }
 
+// DNS rebinding: a page at evil.example whose name is re-pointed at 127.0.0.1
+// reaches a loopback server from the victim's browser, which still sends
+// "Host: evil.example". Without API keys the Host header is the only
+// defence: only IP literals, localhost and --allowed-host names pass.
+TEST(HostileClient, WithoutKeysOnlyIpLiteralsLocalhostAndAllowedHostsAreAnswered) {
+  START_SERVER(s, "--allowed-host", "Trusted.Example");
+  const std::string port = std::to_string(s.port());
+  auto with_host = [&](const std::string& host_lines, const std::string& method, const std::string& target,
+                       const std::string& body = {}) {
+    std::string bytes = method + " " + target + " HTTP/1.1\r\n" + host_lines;
+    if (!body.empty()) bytes += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    return exchange(s.port(), bytes + "\r\n" + body, seconds(10));
+  };
+  const std::string completion = R"({"prompt":"Once upon a time REBINDMARKER","max_tokens":2})";
+  for (const std::string& host : {"evil.example:" + port, std::string("evil.example"), "127.0.0.1.evil.example:" + port,
+                                  std::string("localhost.evil.example"), std::string("[::1")}) {
+    const std::vector<std::pair<std::string, std::string>> routes = {
+        {"GET", "/"}, {"GET", "/v1/status"}, {"POST", "/v1/completions"}};
+    for (const auto& [method, target] : routes) {
+      const Exchange e = with_host("Host: " + host + "\r\n", method, target, method == "POST" ? completion : "");
+      ASSERT_TRUE(e.got) << host << " " << target;
+      EXPECT_EQ(e.response.status, 403) << host << " " << target << ": " << e.response.body;
+      EXPECT_EQ(e.response.error_code(), "host_not_allowed") << e.response.body;
+      EXPECT_TRUE(contains(e.response.body, "--allowed-host")) << e.response.body;
+    }
+  }
+  // Refused before the body was read: no record of the completion exists.
+  EXPECT_FALSE(contains(s.journal_bytes(), "REBINDMARKER"));
+  for (const std::string& host : {"127.0.0.1:" + port, std::string("127.0.0.1"), "localhost:" + port,
+                                  std::string("LocalHost."), "app.localhost:" + port, "[::1]:" + port,
+                                  "trusted.example:" + port, std::string("TRUSTED.example")}) {
+    const Exchange e = with_host("Host: " + host + "\r\n", "GET", "/v1/status");
+    ASSERT_TRUE(e.got) << host;
+    EXPECT_EQ(e.response.status, 200) << host << ": " << e.response.body;
+  }
+  const Exchange two = with_host("Host: 127.0.0.1\r\nHost: evil.example\r\n", "GET", "/health");
+  ASSERT_TRUE(two.got);
+  EXPECT_EQ(two.response.status, 400) << two.response.body;
+  // HTTP/1.0 without Host (not a browser) passes.
+  const Exchange none = exchange(s.port(), "GET /health HTTP/1.0\r\n\r\n", seconds(10));
+  ASSERT_TRUE(none.got);
+  EXPECT_EQ(none.response.status, 200) << none.response.body;
+  EXPECT_TRUE(s.alive());
+
+  // With API keys the key is the defence: any name reaches the server.
+  START_SERVER(keyed, "--api-key", kKeyA);
+  const Exchange k = exchange(keyed.port(), "GET /v1/status HTTP/1.1\r\nHost: evil.example\r\n" + bearer(kKeyA) + "\r\n",
+                              seconds(10));
+  ASSERT_TRUE(k.got);
+  EXPECT_EQ(k.response.status, 200) << k.response.body;
+
+  // A malformed --allowed-host is a usage error naming it.
+  const std::string cmd = std::string("timeout -s KILL 20 ") + SPILLWAY_BINARY + " serve --model " + kModel +
+                          " --port 0 --journal none --allowed-host http://x:80 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[512];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int st = pclose(f);
+  const int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, 137) << "it served instead of refusing: " << out;
+  EXPECT_TRUE(contains(out, "--allowed-host")) << out;
+  EXPECT_TRUE(contains(out, "is not a host name")) << out;
+}
+
 // ---- 9. Strict parsing ----------------------------------------------------------------
 
 TEST(HostileClient, MalformedRequestsGetPreciseRefusals) {
@@ -1137,14 +1204,14 @@ TEST(HostileClient, MalformedRequestsGetPreciseRefusals) {
       {"two Idempotency-Key headers",
        post_json("/v1/completions", body, "Idempotency-Key: one\r\nIdempotency-Key: two\r\n"), 400, ""},
       {"Content-Length: -5",
-       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -5\r\n\r\n" + body,
+       "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: -5\r\n\r\n" + body,
        400, ""},
       {"two different Content-Lengths",
-       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
+       "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
        "Content-Length: 6\r\n\r\n" + body,
        400, ""},
       {"Content-Length with chunked",
-       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
+       "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
        400, ""},
       {"one header over 16 KiB", http_request("GET", "/health", "X-Big: " + std::string(20000, 'b') + "\r\n"), 431, ""},
@@ -1164,8 +1231,8 @@ TEST(HostileClient, MalformedRequestsGetPreciseRefusals) {
       {"logit_bias", post_json("/v1/completions", R"({"prompt":"a","max_tokens":1,"logit_bias":{"1":5}})"), 400,
        "unsupported_parameter"},
       {"an absolute-form target", http_request("GET", "http://127.0.0.1/health"), 400, "invalid_target"},
-      {"a request line ended by a bare LF", "GET /health HTTP/1.1\nHost: x\n\n", 400, "invalid_request_line"},
-      {"HTTP/2.0", "GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"},
+      {"a request line ended by a bare LF", "GET /health HTTP/1.1\nHost: 127.0.0.1\n\n", 400, "invalid_request_line"},
+      {"HTTP/2.0", "GET /health HTTP/2.0\r\nHost: 127.0.0.1\r\n\r\n", 505, "http_version_not_supported"},
   };
   for (const Case& c : cases) {
     const Exchange e = exchange(s.port(), c.bytes, seconds(10));
@@ -1188,6 +1255,74 @@ TEST(HostileClient, MalformedRequestsGetPreciseRefusals) {
   ASSERT_TRUE(mct.got);
   ASSERT_EQ(mct.response.status, 200) << mct.response.body;
   EXPECT_EQ(mct.response.body_json()["usage"]["completion_tokens"], 3) << mct.response.body;
+  EXPECT_TRUE(health_ok(s.port()));
+}
+
+// ---- The journal's size budget ----------------------------------------------------------
+
+// A metric's value from /metrics' text (the first sample of `name`), or -1.
+double metric(int port, const std::string& name) {
+  auto r = client(port)->Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  std::smatch m;
+  if (!std::regex_search(r->body, m, std::regex("\n" + name + "(\\{[^}]*\\})? ([0-9.e+]+)"))) return -1;
+  return std::stod(m[2]);
+}
+
+// --journal-max-bytes 50MiB through 1,000 requests whose bodies (about 60 KB,
+// under --journal-max-body-bytes, so kept) add up to more than the budget:
+// the journal's files (database and WAL) never pass 55 MiB, finished requests
+// are pruned oldest first, and every accepted request is readable right
+// after it finished (it is pruned only after that). Under a sanitizer, 200
+// requests against 8 MiB: the same proportions at a fifth of the cost.
+TEST(HostileClient, TheJournalStaysWithinItsBudgetThroughAThousandLargeRequests) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  constexpr int kRequests = 200;
+  constexpr double kBudgetMiB = 8;
+#else
+  constexpr int kRequests = 1000;
+  constexpr double kBudgetMiB = 50;
+#endif
+  START_SERVER(s, "--journal-max-bytes", std::to_string(static_cast<int>(kBudgetMiB)) + "MiB");
+  auto c = client(s.port());
+  auto files = [&] {
+    std::error_code ec;
+    uintmax_t total = 0;
+    for (const char* suffix : {"", "-wal"}) {
+      const uintmax_t n = std::filesystem::file_size(s.journal() + suffix, ec);
+      if (!ec) total += n;
+    }
+    return static_cast<double>(total) / (1 << 20);
+  };
+  const std::string filler(60000, 'j');
+  std::string first_id;
+  double peak_mib = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const json body = {{"prompt", "Once upon a time " + std::to_string(i)}, {"max_tokens", 1}, {"temperature", 0},
+                       {"user", filler}};
+    auto r = c->Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r) << "request " << i;
+    ASSERT_EQ(r->status, 200) << "request " << i << ": " << r->body;
+    const std::string id = r->get_header_value("X-Spillway-Request-Id");
+    ASSERT_FALSE(id.empty()) << "request " << i;
+    if (first_id.empty()) first_id = id;
+    auto g = c->Get("/v1/requests/" + id);
+    ASSERT_TRUE(g);
+    ASSERT_EQ(g->status, 200) << "request " << i << " (id " << id << ") unreadable right after it finished: " << g->body;
+    EXPECT_EQ(json::parse(g->body)["state"], "done") << g->body;
+    if (i % 25 == 0 || i == kRequests - 1) {
+      peak_mib = std::max(peak_mib, files());
+      ASSERT_LT(files(), kBudgetMiB * 1.1) << "after request " << i;
+    }
+  }
+  EXPECT_GT(peak_mib, kBudgetMiB * 0.5) << "the requests never filled the budget: the test proves nothing";
+  // The budget was reached and kept by pruning, oldest first.
+  EXPECT_GT(metric(s.port(), "spillway_journal_pruned_for_space_total"), 0);
+  EXPECT_EQ(metric(s.port(), "spillway_journal_max_bytes"), kBudgetMiB * (1 << 20));
+  EXPECT_LE(metric(s.port(), "spillway_journal_used_bytes"), kBudgetMiB * (1 << 20));
+  auto oldest = c->Get("/v1/requests/" + first_id);
+  ASSERT_TRUE(oldest);
+  EXPECT_EQ(oldest->status, 404) << "the oldest finished request was not the one pruned: " << oldest->body;
   EXPECT_TRUE(health_ok(s.port()));
 }
 
