@@ -149,7 +149,7 @@ TEST(FaultAdmin, SlowFaultOnTheCpuPathStretchesEveryForwardPass) {
     return r && r->status == 200 ? json::parse(r->body)["spillway"]["run_ms"].get<double>() : -1.0;
   };
   const double before = run_ms();
-  auto r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"slow","factor":25,"count":0})", "application/json");
+  auto r = c.Post("/v1/admin/faults", bearer(kToken), R"({"kind":"slow","factor":200,"count":0})", "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 201) << r->body;
   json armed = json::parse(r->body);
@@ -165,8 +165,10 @@ TEST(FaultAdmin, SlowFaultOnTheCpuPathStretchesEveryForwardPass) {
   r = c.Delete("/v1/admin/faults", bearer(kToken));
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "");
   const double after = run_ms();
-  // 25x the passes' time: the ratio is far above any run-to-run noise (the
-  // request's own overhead outside the passes keeps it below 25).
+  // 200x the passes' time. The bundled model's passes are a small part of a
+  // 12-token request (a few hundredths of a millisecond each, beside HTTP,
+  // sampling and the output layer), so a small factor drowns in that
+  // overhead when the machine is loaded; at 200 the stretch dominates.
   EXPECT_GT(slowed, 4 * std::max(before, after)) << before << " / " << slowed << " / " << after;
 }
 
