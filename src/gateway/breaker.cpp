@@ -158,6 +158,13 @@ bool CircuitBreaker::fault_locked(int64_t now, const Status& failure) {
   window_.push_back({now, true});
   ++window_faults_;
   prune_locked(now);
+  // A lost device stays lost until it is re-initialised: counting to
+  // consecutive_failures would only send the next requests to it to fail
+  // over one by one. Trip at once; the probes bring it back.
+  if (classify(failure).code == "device_lost") {
+    trip_locked(now, "device lost", failure);
+    return true;
+  }
   if (consecutive_ >= options_.consecutive_failures) {
     trip_locked(now, std::to_string(consecutive_) + " consecutive device faults", failure);
     return true;

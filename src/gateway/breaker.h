@@ -12,6 +12,10 @@
 //              cancellation is ignored: neither a failure nor a success.
 //              record_health_failure() is a device fault too. It trips (->
 //              open) on whichever comes first:
+//                - a device loss (classify(status).code "device_lost"): at
+//                  once, whatever the counts (a lost device stays lost until
+//                  re-initialised; waiting for more would send the next
+//                  requests to it only to fail over one by one),
 //                - `consecutive_failures` device faults in a row, or
 //                - device faults >= `failure_share` of the outcomes (faults
 //                  and successes) recorded in the last `window_s` seconds,

@@ -70,8 +70,8 @@ TEST(BreakerTest, OptionsOutOfRangeAreRefusedNamingTheField) {
 TEST(BreakerTest, ThreeConsecutiveDeviceFaultsTripItAndASuccessResetsTheRun) {
   SimEnv env;
   auto b = make(env);
-  b->record(device_lost());
-  b->record(device_lost());
+  b->record(fence_timeout());
+  b->record(fence_timeout());
   b->record(ok());  // the run starts again
   b->record(device_oom());
   b->record(fence_timeout());
@@ -79,7 +79,7 @@ TEST(BreakerTest, ThreeConsecutiveDeviceFaultsTripItAndASuccessResetsTheRun) {
   EXPECT_EQ(b->snapshot().consecutive_faults, 2);
   const int64_t t_trip = env.now_ns() + ns(1);
   env.advance(ns(1));
-  b->record(device_lost());
+  b->record(fence_timeout());
   const BreakerSnapshot s = b->snapshot();
   EXPECT_EQ(s.state, BreakerState::kOpen);
   EXPECT_EQ(s.since_ns, t_trip);
@@ -92,13 +92,13 @@ TEST(BreakerTest, ThreeConsecutiveDeviceFaultsTripItAndASuccessResetsTheRun) {
   EXPECT_EQ(s.successes, 1u);
   ASSERT_EQ(s.recent_trips.size(), 1u);
   EXPECT_EQ(s.recent_trips[0].reason, "3 consecutive device faults");
-  EXPECT_EQ(s.recent_trips[0].failure, "device_lost");
-  EXPECT_EQ(s.recent_trips[0].detail, "injected device loss");
+  EXPECT_EQ(s.recent_trips[0].failure, "timeout");
+  EXPECT_EQ(s.recent_trips[0].detail, "fence wait");
   EXPECT_EQ(s.recent_trips[0].at_ns, t_trip);
   const std::string why = breaker_unavailable_reason(s);
   EXPECT_EQ(why,
             "gpu_unavailable: circuit breaker open since 0.0 s ago after 3 consecutive device faults "
-            "(device_lost: injected device loss); next probe in 5.0 s");
+            "(timeout: fence wait); next probe in 5.0 s");
   env.advance(ns(2));
   EXPECT_NE(breaker_unavailable_reason(b->snapshot()).find("open since 2.0 s ago"), std::string::npos);
   EXPECT_NE(breaker_unavailable_reason(b->snapshot()).find("next probe in 3.0 s"), std::string::npos);
@@ -111,14 +111,14 @@ TEST(BreakerTest, AShareOfDeviceFaultsWithinTheWindowTripsIt) {
   auto b = make(env);
   // 4 faults in 8 outcomes, then 31 s pass: they leave the window.
   for (int i = 0; i < 4; ++i) {
-    b->record(device_lost());
+    b->record(fence_timeout());
     b->record(ok());
   }
   env.advance(ns(31));
   EXPECT_EQ(b->snapshot().window_outcomes, 0);
   // Now F S F S F S F S S: 4 of 9, below the minimum of 10 outcomes.
   for (int i = 0; i < 4; ++i) {
-    b->record(device_lost());
+    b->record(fence_timeout());
     env.advance(ns(1));
     b->record(ok());
     env.advance(ns(1));
@@ -129,7 +129,7 @@ TEST(BreakerTest, AShareOfDeviceFaultsWithinTheWindowTripsIt) {
   EXPECT_EQ(s.window_outcomes, 9);
   EXPECT_EQ(s.window_faults, 4);
   // The 10th outcome, a fault: 5 of 10 = 0.5 >= failure_share.
-  b->record(device_lost());
+  b->record(fence_timeout());
   s = b->snapshot();
   EXPECT_EQ(s.state, BreakerState::kOpen);
   ASSERT_EQ(s.recent_trips.size(), 1u);
@@ -139,8 +139,8 @@ TEST(BreakerTest, AShareOfDeviceFaultsWithinTheWindowTripsIt) {
 TEST(BreakerTest, ClientErrorsAndCancellationsAreIgnoredNeitherFailureNorSuccess) {
   SimEnv env;
   auto b = make(env);
-  b->record(device_lost());
-  b->record(device_lost());
+  b->record(fence_timeout());
+  b->record(fence_timeout());
   const std::vector<Status> not_device = {
       invalid_field("max_tokens", "max_tokens: must be >= 1"),
       Status(StatusCode::kInvalidArgument, "prompt too long", FailureReason::kContextFull, "prompt"),
@@ -157,8 +157,36 @@ TEST(BreakerTest, ClientErrorsAndCancellationsAreIgnoredNeitherFailureNorSuccess
   EXPECT_EQ(s.ignored, 3 * not_device.size());
   EXPECT_EQ(s.consecutive_faults, 2);  // not reset either
   EXPECT_EQ(s.window_outcomes, 2);
-  b->record(device_lost());
+  b->record(fence_timeout());
   EXPECT_EQ(b->state(), BreakerState::kOpen);
+}
+
+// A lost device stays lost until re-initialised: one loss trips it, whatever
+// the counts say, where the same number of other device faults does not.
+TEST(BreakerTest, ADeviceLossTripsItAtOnce) {
+  SimEnv env;
+  auto b = make(env);
+  b->record(ok());
+  b->record(ok());
+  b->record(device_lost());
+  BreakerSnapshot s = b->snapshot();
+  EXPECT_EQ(s.state, BreakerState::kOpen);
+  EXPECT_EQ(s.faults, 1u);
+  ASSERT_EQ(s.recent_trips.size(), 1u);
+  EXPECT_EQ(s.recent_trips[0].reason, "device lost");
+  EXPECT_EQ(s.recent_trips[0].failure, "device_lost");
+  EXPECT_EQ(breaker_unavailable_reason(s),
+            "gpu_unavailable: circuit breaker open since 0.0 s ago after device lost "
+            "(device_lost: injected device loss); next probe in 5.0 s");
+  // The same from the health prober.
+  auto h = make(env);
+  h->record_health_failure(Status(StatusCode::kDeviceLost, "gone", FailureReason::kDeviceLost));
+  EXPECT_EQ(h->state(), BreakerState::kOpen);
+  // Any other single device fault is counted, not tripped on.
+  auto c = make(env);
+  c->record(device_oom());
+  c->record(fence_timeout());
+  EXPECT_EQ(c->state(), BreakerState::kClosed);
 }
 
 TEST(BreakerTest, AFailedHealthCheckIsADeviceFault) {

@@ -1129,6 +1129,10 @@ TEST(GatewayTest, ConcurrentSubmittersAllFinishAndTheKvGateIsWhole) {
 Status injected_device_loss() {
   return Status(StatusCode::kDeviceLost, "injected device loss", FailureReason::kDeviceLost);
 }
+// A device fault the breaker counts (a lost device trips it at once).
+Status injected_timeout() {
+  return Status(StatusCode::kDeadlineExceeded, "injected fence timeout", FailureReason::kTimeout);
+}
 
 // The breaker probe's simulated durations on the fake paths: the probe
 // prompt's prefill plus 8 tokens, as FakeExecutor spends them.
@@ -1145,13 +1149,14 @@ ProbeTimes probe_times() {
   return t;
 }
 
-// Three scripted device losses on the GPU path trip its breaker; returns
-// the instant of the trip. Each request fails before its first token, so with
-// a CPU path it fails over there under the same ticket (queued, run when the
-// test advances the clock; kept in `moved`); without one it fails.
+// Three scripted device timeouts on the GPU path trip its breaker (the
+// consecutive rule; a device loss would trip it at once); returns the instant
+// of the trip. Each request fails before its first token, so with a CPU path
+// it fails over there under the same ticket (queued, run when the test
+// advances the clock; kept in `moved`); without one it fails.
 int64_t trip_gpu(Harness& h, std::vector<std::shared_ptr<Ticket>>* moved = nullptr) {
   for (int i = 0; i < 3; ++i) {
-    h.faults[0]->fail_next(injected_device_loss());
+    h.faults[0]->fail_next(injected_timeout());
     auto t = h.submit(request(20, 10));
     EXPECT_NE(t, nullptr);
     if (!t) return 0;
@@ -1159,13 +1164,13 @@ int64_t trip_gpu(Harness& h, std::vector<std::shared_ptr<Ticket>>* moved = nullp
     if (moved) {
       EXPECT_EQ(t->path(), "cpu");
       EXPECT_EQ(t->attempts(), 1);
-      EXPECT_TRUE(t->decision().reason.starts_with("failover from gpu after device_lost before the first token"))
+      EXPECT_TRUE(t->decision().reason.starts_with("failover from gpu after timeout before the first token"))
           << t->decision().reason;
       moved->push_back(t);
     } else {
       Collected c = collect(*t, kRealTimeout);
       EXPECT_EQ(c.fin.state, RequestState::kFailed);
-      EXPECT_EQ(c.fin.status.reason(), FailureReason::kDeviceLost);
+      EXPECT_EQ(c.fin.status.reason(), FailureReason::kTimeout);
     }
   }
   return h.env.now_ns();
@@ -1215,8 +1220,10 @@ TEST(GatewayFailoverTest, ADeviceLossBeforeTheFirstTokenRunsTheRequestOnTheCpuPa
   EXPECT_EQ(h.sched(0).stats().failed_over, 1u);
   EXPECT_EQ(h.sched(0).stats().failed, 0u);
   EXPECT_EQ(h.sched(1).stats().adopted, 1u);
-  EXPECT_EQ(b.state(), BreakerState::kClosed);
-  EXPECT_EQ(b.snapshot().consecutive_faults, 1);
+  // A lost device stays lost until re-initialised: the one loss opened the
+  // breaker, so the next request is not sent there to fail over again.
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_EQ(b.snapshot().recent_trips.back().reason, "device lost");
 
   h.run_to_idle();
   Collected c = collect(*t, kRealTimeout);
@@ -1229,10 +1236,11 @@ TEST(GatewayFailoverTest, ADeviceLossBeforeTheFirstTokenRunsTheRequestOnTheCpuPa
 
   auto next = h.submit(request(20, 10));
   ASSERT_NE(next, nullptr);
-  EXPECT_EQ(next->path(), "gpu");
+  EXPECT_EQ(next->path(), "cpu");
+  EXPECT_TRUE(contains(next->decision().reason, "gpu_unavailable")) << next->decision().reason;
   h.run_to_idle();
   EXPECT_EQ(collect(*next, kRealTimeout).fin.state, RequestState::kDone);
-  EXPECT_EQ(b.snapshot().consecutive_faults, 0) << "a success ends the run of faults";
+  EXPECT_EQ(h.faults[0]->runs(), 1) << "nothing more was sent to the lost device";
 }
 
 // No failover where it cannot help or would repeat: a cancelled request and a
@@ -1300,7 +1308,7 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   EXPECT_EQ(redirected->decision().kind, DecisionKind::kRedirect);
   EXPECT_TRUE(contains(redirected->decision().reason,
                        "gpu: out of service (gpu_unavailable: circuit breaker open since 0.0 s ago after 3 "
-                       "consecutive device faults (device_lost: injected device loss); next probe in 5.0 s)"))
+                       "consecutive device faults (timeout: injected fence timeout); next probe in 5.0 s)"))
       << redirected->decision().reason;
   auto q = h.gw->quote(request(20, 10));
   ASSERT_TRUE(q.ok());
@@ -1311,7 +1319,7 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   EXPECT_EQ(st.paths[0].breaker->state, BreakerState::kOpen);
   EXPECT_EQ(st.paths[0].breaker->trips, 1u);
   EXPECT_EQ(st.paths[0].breaker->next_probe_ns, t_trip + ns(5));
-  EXPECT_EQ(st.paths[0].breaker->recent_trips.back().failure, "device_lost");
+  EXPECT_EQ(st.paths[0].breaker->recent_trips.back().failure, "timeout");
   EXPECT_FALSE(st.paths[1].breaker.has_value());
   EXPECT_TRUE(st.ready);
   h.run_to_idle();
@@ -1488,7 +1496,8 @@ TEST(GatewayMigrationTest, ADeviceLossMidStreamContinuesOnTheCpuPathFromTheCheck
   EXPECT_EQ(h.faults[0]->runs() - gpu_runs, 1);
   EXPECT_EQ(h.faults[1]->runs() - cpu_runs, 1);
   EXPECT_EQ(h.gw->status().decisions.at("migrate"), 1u);
-  EXPECT_EQ(h.breakers.at("vulkan:0")->snapshot().consecutive_faults, 1) << "the fault reached the breaker";
+  EXPECT_EQ(h.breakers.at("vulkan:0")->snapshot().faults, 1u) << "the fault reached the breaker";
+  EXPECT_EQ(h.breakers.at("vulkan:0")->state(), BreakerState::kOpen) << "a device loss trips it at once";
 }
 
 TEST(GatewayMigrationTest, AFailedEquivalenceCheckForbidsMigration) {
@@ -1614,7 +1623,7 @@ TEST(GatewayMigrationTest, AClientThatSaysNeverAndAFallbackModelGetResumableErro
     EXPECT_EQ(c.text, fake_text(4));
     EXPECT_EQ(c.fin.cause.reason(), FailureReason::kDeviceLost);
     EXPECT_EQ(h.sched(1).stats().adopted, 0u);
-    EXPECT_EQ(h.breakers.at("vulkan:0")->snapshot().consecutive_faults, 1)
+    EXPECT_EQ(h.breakers.at("vulkan:0")->snapshot().faults, 1u)
         << "the device fault behind the resumable error reached the breaker";
   }
   {

@@ -241,10 +241,10 @@ TEST(DeviceRecovery, HalfOpenReinitialisesAnUnhealthyDeviceBeforeItsFirstProbe) 
   ASSERT_NE(tiny_tokenizer(), nullptr);
   Rig r(0);  // no health prober
   ASSERT_NE(r.gw, nullptr);
-  // A device loss: the backend is unhealthy from now on, and three requests
-  // fail on it.
+  // A device loss: the backend is unhealthy from now on, and the request on
+  // it fails; the one loss opens the breaker.
   r.dev.healthy = false;
-  for (int i = 0; i < 3; ++i) {
+  {
     r.faults->fail_next(Status(StatusCode::kDeviceLost, "lost", FailureReason::kDeviceLost));
     RouteRequest q;
     q.generation.prompt = "a a a";

@@ -121,7 +121,7 @@ describe('logprobs through the openai client', () => {
     [S, M] = await Promise.all([
       startServer('S', ['--parallel', '2', '--journal', path.join(tmp, 's.sqlite')]),
       startServer('M', ['--device', 'vulkan', '--replica', 'mmap', '--checkpoint-every', '4', '--admin-token', TOKEN,
-        '--breaker-consecutive-failures', '1', '--breaker-cooldown-s', '1', '--breaker-max-cooldown-s', '1',
+        '--breaker-cooldown-s', '1', '--breaker-max-cooldown-s', '1',
         '--health-interval-s', '0', '--journal', path.join(tmp, 'm.sqlite')]),
     ]);
     console.log(`S: ${S.ready}\nM: ${M.ready}`);
