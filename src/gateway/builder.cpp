@@ -230,6 +230,53 @@ Result<BreakerOptions> breaker_options(const GatewayOptions& o) {
   return invalid_field(flag, "--" + flag + ": " + st.message());
 }
 
+// What besides the model's fingerprint and the placements decides an
+// equivalence check: the device (name and driver: another card, or another
+// driver version, may round differently) and the binary (its kernels and
+// shaders; identified by the executable's size and modification time, so
+// a rebuilt or upgraded spillway checks again).
+std::string equivalence_scope(const VulkanBackend* vulkan) {
+  std::string scope;
+  if (vulkan != nullptr) scope += vulkan->device_info().name + " / " + vulkan->device_info().driver;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto size = std::filesystem::file_size(exe, ec);
+    const auto mtime = std::filesystem::last_write_time(exe, ec);
+    if (!ec) {
+      scope += " | " + exe.string() + " " + std::to_string(size) + " " +
+               std::to_string(mtime.time_since_epoch().count());
+    }
+  }
+  return scope;
+}
+
+// Equivalence verdicts kept in the journal database (Journal::
+// load_equivalence). A journal error only costs the check being run again.
+EquivalenceStore journal_equivalence_store(std::shared_ptr<journal::Journal> j, const VulkanBackend* vulkan) {
+  EquivalenceStore store;
+  store.scope = equivalence_scope(vulkan);
+  store.load = [j](const std::string& key) -> std::optional<EquivalenceInfo> {
+    Result<std::optional<journal::EquivalenceVerdict>> r = j->load_equivalence(key);
+    if (!r.ok() || !r->has_value()) return std::nullopt;
+    EquivalenceInfo info;
+    info.passed = (*r)->passed;
+    info.detail = (*r)->detail;
+    info.ms = (*r)->ms;
+    info.checked_ms = (*r)->checked_ms;
+    return info;
+  };
+  store.save = [j](const std::string& key, const EquivalenceInfo& info) {
+    journal::EquivalenceVerdict v;
+    v.passed = info.passed;
+    v.detail = info.detail;
+    v.ms = info.ms;
+    v.checked_ms = info.checked_ms;
+    (void)j->save_equivalence(key, v);
+  };
+  return store;
+}
+
 }  // namespace
 
 Result<std::string> default_journal_path() {
@@ -599,6 +646,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.kv_type = std::string(kv_type_name(kv_type));
     p.scheduler = std::move(serving.scheduler);
     p.batcher = serving.batcher;
+    p.unload = std::move(serving.unload);
     // An on-demand path is not warmed up: that would load it.
     if (o.warmup && ps.model) warm_up(env, *p.scheduler);
     p.startup_ms = static_cast<double>(env.now_ns() - t0) / 1e6;
@@ -739,11 +787,12 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     if (observe_device) (void)observe_device();
   };
   for (const auto& n : not_built) out.log.push_back(n.name + " path not built: " + n.reason);
+  if (out.journal) policy.equivalence_store = journal_equivalence_store(out.journal, out.vulkan.get());
   SPW_ASSIGN_OR_RETURN(out.gateway, Gateway::create(env, std::move(paths), std::move(not_built), std::move(policy)));
   // Migration between the GPU-side and CPU paths needs their equivalence
-  // verified (the policy's log prints each result); an on-demand replica is
-  // not loaded for it (never checked), so a fault mid-stream ends with a
-  // resumable error there and a resume continues it.
+  // verified (the policy's log prints each result): kept in the journal from
+  // an earlier start with the same model, placements, device and binary, or
+  // checked now (an on-demand replica loaded for it, then given back).
   if (o.warmup) (void)out.gateway->verify_equivalence();
   return out;
 }

@@ -269,6 +269,46 @@ TEST_F(BuilderTest, OnDemandFallbackModelLoadsAtTheFirstRedirectAndIsLabelled) {
   EXPECT_EQ(gw.paths()[1].replica->startup_s(), 0);
 }
 
+// The default replica mode on a small model is on-demand: its equivalence
+// with the GPU path is checked at start by loading it for the check and
+// giving it back, so it is a migration target; the verdict is kept in the
+// journal and a second start on the same journal takes it without loading.
+TEST_F(BuilderTest, AnOnDemandReplicaIsCheckedOnceGivenBackAndItsVerdictKept) {
+  const std::string why = vulkan_missing();
+  if (!why.empty()) GTEST_SKIP() << why;
+  GatewayOptions o = gpu_options();
+  o.kv_type = "f16";
+  o.replica = "on-demand";
+  o.journal = (dir_ / "journal.sqlite").string();
+  o.reservation_max_share = 1;  // its co-tenant takes the whole device on purpose
+  auto check = [&](const char* source) {
+    Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    Gateway& gw = *b->gateway;
+    ASSERT_EQ(gw.paths().size(), 2u);
+    const GatewayStatus st = gw.status();
+    const PathStatus* cpu = path_status(st, "cpu");
+    ASSERT_NE(cpu, nullptr);
+    EXPECT_EQ(cpu->replica.mode, "on-demand");
+    EXPECT_FALSE(cpu->replica.loaded) << source << ": the replica was not given back after the check";
+    ASSERT_EQ(st.equivalence.size(), 1u);
+    EXPECT_TRUE(st.equivalence[0].passed) << st.equivalence[0].detail;
+    EXPECT_EQ(st.equivalence[0].source, source);
+    EXPECT_GT(st.equivalence[0].checked_ms, 0);
+    EXPECT_TRUE(gw.migration_allowed(0, 1).ok()) << gw.migration_allowed(0, 1).to_string();
+    // It still serves: a redirected request loads it again.
+    ASSERT_TRUE(gw.reserve_cotenant("whisper", 4u << 20, 60).ok());
+    auto a = gw.submit(request("Once upon a time", 8));
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->path->name, "cpu");
+    EXPECT_EQ(collect(*a->ticket).fin.state, serve::RequestState::kDone);
+    EXPECT_TRUE(gw.paths()[1].replica->info().loaded);
+    b->gateway->shutdown(std::chrono::milliseconds(0));
+  };
+  check("checked");
+  check("stored");
+}
+
 TEST_F(BuilderTest, OffloadPathTakesALongPromptTheGpuPoolCannotHold) {
   const std::string why = vulkan_missing();
   if (!why.empty()) GTEST_SKIP() << why;

@@ -352,19 +352,35 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
       info.placement_a = a.placement;
       info.placement_b = b.placement;
       info.fingerprint = a.fingerprint;
-      // Not loaded (on demand): checking would load it, which is what the
-      // mode avoids. Recorded as not passed, so that status says why a fault
-      // mid-stream there ends with a resumable error (resume continues it).
-      if (!a.replica->info().loaded || !b.replica->info().loaded) {
-        info.detail = "not checked: the " + (a.replica->info().loaded ? b.name : a.name) +
-                      " path's on-demand replica is not loaded (checking would load it)";
-        std::lock_guard<std::mutex> lk(mu_);
-        equivalence_[key] = info;
-        continue;
+      const EquivalenceStore& store = policy_.equivalence_store;
+      const std::string stored_key = key + "|" + store.scope;
+      if (store.load) {
+        if (std::optional<EquivalenceInfo> kept = store.load(stored_key)) {
+          info.passed = kept->passed;
+          info.detail = kept->detail;
+          info.ms = kept->ms;
+          info.checked_ms = kept->checked_ms;
+          info.source = "stored";
+          if (policy_.log) {
+            policy_.log("equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed" : "FAILED") +
+                        " (kept from an earlier run), " + info.detail);
+          }
+          std::lock_guard<std::mutex> lk(mu_);
+          equivalence_[key] = info;
+          continue;
+        }
       }
+      // An on-demand replica not loaded yet is loaded by the check's own
+      // runs (its first work) and given back after, so the mode keeps its
+      // promise (nothing held until a request needs it) and is still a
+      // verified migration target.
+      const bool unload_a = !a.replica->info().loaded && a.unload;
+      const bool unload_b = !b.replica->info().loaded && b.unload;
       info.passed = true;
+      info.checked_ms = env_.wall_time_ms();
       const int64_t t0 = env_.now_ns();
       int32_t runs = 0;
+      bool compared = true;
       for (const std::string& prompt_text : policy_.equivalence_prompts) {
         for (bool seeded : {false, true}) {
           serve::GenerationRequest g;
@@ -385,6 +401,7 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
           const std::string what = std::string(seeded ? "seeded" : "greedy") + " \"" + prompt_text + "\"";
           if (!sa.ok() || !sb.ok()) {
             info.passed = false;
+            compared = false;
             info.detail = what + " did not run: " + (sa.ok() ? sb : sa).to_string();
           } else if (ta != tb) {
             size_t k = 0;
@@ -399,6 +416,7 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
       }
       if (info.passed && runs == 0) {
         info.passed = false;
+        compared = false;
         info.detail = "no prompt fits both paths' contexts";
       } else if (info.passed) {
         info.detail = std::to_string(runs) + " runs (greedy and seeded) of " + std::to_string(policy_.equivalence_tokens) +
@@ -406,6 +424,12 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
       }
       info.ms = static_cast<double>(env_.now_ns() - t0) / 1e6;
       if (policy_.log) policy_.log("equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed, " : "FAILED, ") + info.detail);
+      for (const auto& [unload, path] : {std::pair{unload_a, &a}, std::pair{unload_b, &b}}) {
+        if (unload && path->unload()) path->replica->mark_unloaded();
+      }
+      // A verdict is kept only when texts were compared: a run that could
+      // not start or finish says nothing about the paths.
+      if (store.save && compared) store.save(stored_key, info);
       std::lock_guard<std::mutex> lk(mu_);
       equivalence_[key] = info;
     }

@@ -153,6 +153,13 @@ class Replica {
     info_.loaded = true;
     info_.loaded_in_ms = ms;
   }
+  // An on-demand replica given back after a temporary load (the
+  // equivalence check at start): not loaded again, its measured load time
+  // kept.
+  void mark_unloaded() {
+    std::lock_guard<std::mutex> lk(mu_);
+    info_.loaded = false;
+  }
   // Seconds before the path can start any work (admission's startup_s).
   double startup_s() const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -201,6 +208,11 @@ struct ExecutionPath {
   // The workers' step batcher (continuous batching); null: each worker
   // passes over the weights alone. For status only.
   std::shared_ptr<StepBatcher> batcher;
+  // An on-demand replica's unload (its weights and sessions given back
+  // when no worker is using them; false: in use, kept); null for the other
+  // modes. verify_equivalence loads such a replica to check it, then calls
+  // this, so the mode still costs nothing until a request needs it.
+  std::function<bool()> unload;
 };
 
 // A path that could not be built at start, and why (shown in status).
@@ -224,6 +236,32 @@ struct PathNotBuilt {
 enum class Overflow { kPlanned, kNone, kNaive };
 std::string_view overflow_name(Overflow o);  // "planned", "none", "naive"
 Result<Overflow> parse_overflow(std::string_view name);
+
+// Whether a request may move between two paths mid-generation: both serve
+// one fingerprint and their runs of the same requests gave the same text.
+struct EquivalenceInfo {
+  std::string a, b;                    // path names
+  std::string placement_a, placement_b;
+  std::string fingerprint;
+  bool passed = false;
+  std::string detail;  // what was compared, or the first difference
+  double ms = 0;       // how long the check took
+  // Where the verdict comes from: "checked" (run by this process) or
+  // "stored" (kept by an earlier run with the same model, placements,
+  // devices and binary: GatewayPolicy::equivalence_store).
+  std::string source = "checked";
+  int64_t checked_ms = 0;  // when it was run (the Env's wall clock)
+};
+
+// Where equivalence verdicts outlive the process (the journal database, in
+// `serve`). `scope` joins the key: whatever besides the model's fingerprint
+// and the placements decides the outcome (the devices' names and drivers,
+// the binary), so a verdict is reused only where it still holds.
+struct EquivalenceStore {
+  std::string scope;
+  std::function<std::optional<EquivalenceInfo>(const std::string& key)> load;  // nullopt: none kept
+  std::function<void(const std::string& key, const EquivalenceInfo& info)> save;
+};
 
 struct GatewayPolicy {
   admission::AdmissionPolicy admission;
@@ -249,6 +287,8 @@ struct GatewayPolicy {
   float equivalence_temperature = 0.8f;
   uint64_t equivalence_seed = 42;
   double equivalence_timeout_s = 120;  // per run, on the Env's clock
+  // Verdicts kept across restarts (null functions: none).
+  EquivalenceStore equivalence_store;
   // Co-tenant leases (reserve_cotenant) on a ledger hold at most this share
   // of its limit; 1 lets them take it all, the last path of a model
   // included (the drill's co-tenant, which stands for real memory).
@@ -263,17 +303,6 @@ struct ReservationCaller {
 };
 inline constexpr size_t kMaxReservationsPerOwner = 32;
 inline constexpr size_t kMaxReservations = 1024;  // bounds the gateway's memory, not the bytes
-
-// Whether a request may move between two paths mid-generation: both serve
-// one fingerprint and their runs of the same requests gave the same text.
-struct EquivalenceInfo {
-  std::string a, b;                    // path names
-  std::string placement_a, placement_b;
-  std::string fingerprint;
-  bool passed = false;
-  std::string detail;  // what was compared, or the first difference
-  double ms = 0;       // how long the check took
-};
 
 // What the HTTP layer asks for, after parsing.
 struct RouteRequest {
@@ -426,9 +455,12 @@ class Gateway {
   // seeded on both, side by side; equal text everywhere passes. Blocks
   // until done (each run bounded by equivalence_timeout_s); returns every
   // result so far. Paths on one placement are equivalent by the backend's
-  // contract (bitwise batch invariance) and are not run; a pair with an
-  // on-demand replica not loaded yet is recorded as not checked (checking
-  // would load it), so a request is never migrated to it.
+  // contract (bitwise batch invariance) and are not run. An on-demand
+  // replica not loaded yet is loaded for the check and unloaded after it
+  // (ExecutionPath::unload), so that it is a migration target like the
+  // others. A verdict kept in policy.equivalence_store under the same key
+  // and scope is taken instead of running the check; a check that ran to a
+  // verdict (texts compared) is saved there.
   std::vector<EquivalenceInfo> verify_equivalence();
   // May a request move from paths_[from] to paths_[to] mid-generation?
   // OK, or why not.

@@ -1391,7 +1391,9 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                            {"fingerprint", e.fingerprint},
                            {"passed", e.passed},
                            {"detail", e.detail},
-                           {"ms", e.ms}});
+                           {"ms", e.ms},
+                           {"source", e.source},
+                           {"checked_ms", e.checked_ms}});
   }
   json recent = json::array();
   for (const gateway::RecentDecision& d : s.recent_decisions) {

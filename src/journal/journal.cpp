@@ -71,6 +71,13 @@ CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
 CREATE UNIQUE INDEX IF NOT EXISTS requests_public_id ON requests(public_id);
 CREATE UNIQUE INDEX IF NOT EXISTS requests_owner_key ON requests(owner, idempotency_key)
   WHERE idempotency_key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS equivalence (
+  key TEXT PRIMARY KEY,
+  passed INTEGER NOT NULL,
+  detail TEXT NOT NULL,
+  ms REAL NOT NULL,
+  checked_ms INTEGER NOT NULL
+);
 )sql";
 
 // kMigrations[v - 1] turns a version-v journal into version v + 1, in place:
@@ -599,6 +606,33 @@ Status Journal::complete_migrated_rows_locked() {
     u.i64(1, pid).i64(2, static_cast<int64_t>(body.size())).text(3, sha256_hex(body)).i64(4, id);
     if (u.step() != SQLITE_DONE) return error_locked("completing migrated request " + std::to_string(id));
   }
+  return Status();
+}
+
+Result<std::optional<EquivalenceVerdict>> Journal::load_equivalence(const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT passed, detail, ms, checked_ms FROM equivalence WHERE key = ?1");
+  if (!q.ok()) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
+  q.text(1, key);
+  const int rc = q.step();
+  if (rc == SQLITE_DONE) return std::optional<EquivalenceVerdict>();
+  if (rc != SQLITE_ROW) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
+  EquivalenceVerdict v;
+  v.passed = q.col_i64(0) != 0;
+  v.detail = q.col_text(1);
+  v.ms = q.col_f64(2);
+  v.checked_ms = q.col_i64(3);
+  return std::optional<EquivalenceVerdict>(std::move(v));
+}
+
+Status Journal::save_equivalence(const std::string& key, const EquivalenceVerdict& v) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_,
+         "INSERT INTO equivalence (key, passed, detail, ms, checked_ms) VALUES (?1, ?2, ?3, ?4, ?5) "
+         "ON CONFLICT(key) DO UPDATE SET passed = ?2, detail = ?3, ms = ?4, checked_ms = ?5");
+  if (!q.ok()) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
+  q.text(1, key).i64(2, v.passed ? 1 : 0).text(3, v.detail).f64(4, v.ms).i64(5, v.checked_ms);
+  if (q.step() != SQLITE_DONE) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
   return Status();
 }
 

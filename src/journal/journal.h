@@ -292,6 +292,14 @@ struct JournalStats {
   int64_t pruned_for_space = 0;  // rows deleted to keep to the budget since open()
 };
 
+// A kept equivalence verdict (see Journal::load_equivalence).
+struct EquivalenceVerdict {
+  bool passed = false;
+  std::string detail;   // what was compared, or where the texts differed
+  double ms = 0;        // how long the check took
+  int64_t checked_ms = 0;  // when (the Env's wall clock)
+};
+
 struct JournalOptions {
   int64_t retention_ms = 7LL * 24 * 3600 * 1000;  // terminal rows kept this long
   int64_t prune_every = 1000;                     // accepts between prunes
@@ -329,6 +337,14 @@ class Journal {
 
   // Rows by state and bytes on disk. IoError when SQLite cannot answer.
   Result<JournalStats> stats();
+
+  // The verdict of an equivalence check between two execution paths (the
+  // gateway's verify_equivalence), kept under `key` so that a restart with
+  // the same model, placements, devices and binary does not run it again.
+  // load: nullopt when none is kept. save replaces an earlier one. Not
+  // subject to retention or the size budget (a few rows, one per pair).
+  Result<std::optional<EquivalenceVerdict>> load_equivalence(const std::string& key);
+  Status save_equivalence(const std::string& key, const EquivalenceVerdict& verdict);
 
   int64_t recovered() const { return recovered_; }
   const std::string& path() const { return path_; }

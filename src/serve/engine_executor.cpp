@@ -290,7 +290,10 @@ class OnDemandGroup {
   OnDemandGroup(Env& env, OnDemandModel model, SessionGroupOptions options, std::shared_ptr<StepBatcher> batcher)
       : env_(env), model_(std::move(model)), options_(std::move(options)), batcher_(std::move(batcher)) {}
 
-  Result<Executor*> executor(size_t worker) {
+  // The worker's executor, loading the model first when it is not loaded;
+  // the caller runs on it and then calls release(). Counted, so that
+  // unload() never takes a group a worker is running on.
+  Result<Executor*> acquire(size_t worker) {
     std::lock_guard<std::mutex> lk(mu_);
     if (executors_.empty()) {
       const int64_t t0 = env_.now_ns();
@@ -306,7 +309,23 @@ class OnDemandGroup {
       executors_ = std::move(ex);
       if (model_.on_loaded) model_.on_loaded(static_cast<double>(env_.now_ns() - t0) / 1e6);
     }
+    ++active_;
     return executors_.at(worker).get();
+  }
+
+  void release() {
+    std::lock_guard<std::mutex> lk(mu_);
+    --active_;
+  }
+
+  // Gives the weights and sessions back (the next acquire() loads again);
+  // false, keeping them, while a worker runs on them.
+  bool unload() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (active_ > 0) return false;
+    executors_.clear();        // the sessions first: they use the group's pools
+    group_ = SessionGroup{};
+    return true;
   }
 
  private:
@@ -316,6 +335,7 @@ class OnDemandGroup {
   std::mutex mu_;
   SessionGroup group_;  // backends and pools the executors' sessions use
   std::vector<std::unique_ptr<Executor>> executors_;  // empty until loaded
+  int active_ = 0;  // workers between acquire() and release()
   const std::shared_ptr<StepBatcher> batcher_;
 };
 
@@ -323,8 +343,10 @@ class OnDemandExecutor final : public Executor {
  public:
   OnDemandExecutor(std::shared_ptr<OnDemandGroup> group, size_t worker) : group_(std::move(group)), worker_(worker) {}
   Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
-    SPW_ASSIGN_OR_RETURN(Executor * e, group_->executor(worker_));
-    return e->run(job, cb, cancel);
+    SPW_ASSIGN_OR_RETURN(Executor * e, group_->acquire(worker_));
+    Result<ExecOutcome> out = e->run(job, cb, cancel);
+    group_->release();
+    return out;
   }
 
  private:
@@ -388,6 +410,7 @@ Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, co
   }
   EngineServing out;
   out.batcher = batcher;
+  out.unload = [group] { return group->unload(); };
   SPW_ASSIGN_OR_RETURN(out.scheduler, Scheduler::create(env, std::move(tok), std::move(executors), std::move(so)));
   out.placement_detail = "cpu (on-demand: loaded at the first request)";
   return out;

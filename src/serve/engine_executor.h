@@ -96,6 +96,10 @@ struct EngineServing {
   std::string placement_detail;
   // The workers' step batcher (null: batching off or one worker).
   std::shared_ptr<StepBatcher> batcher;
+  // On-demand paths only (null otherwise): gives the loaded weights and
+  // sessions back while no worker runs on them (true), so that the next
+  // request loads again; false while one does.
+  std::function<bool()> unload;
 };
 
 Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Model> model,

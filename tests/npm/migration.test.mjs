@@ -2,8 +2,11 @@
 // binary) driven by the official `openai` npm client, with faults armed
 // through the admin API on a GPU path (Vulkan; lavapipe on CI):
 //   - a device loss after tokens were streamed migrates the stream to the CPU
-//     path (same model file, equivalence checked at start): the client sees
-//     exactly the uninterrupted greedy text, and spillway.migrations == 1;
+//     path (same model file, equivalence checked at start, the CPU replica in
+//     the default mode: on-demand, loaded for the check and given back): the
+//     client sees exactly the uninterrupted greedy text, and
+//     spillway.migrations == 1; a restart on the same journal keeps the
+//     verdict (no second check);
 //   - an allocation failure before the first token fails over to the CPU path
 //     under the same request id;
 //   - with X-Spillway-Migrate: never, and on a server whose CPU path serves a
@@ -198,6 +201,7 @@ describe('migration and resume through the openai client', () => {
   let B; // stories260K on gpu, a fallback model on cpu
   let C; // as A, with two workers on each path (batched)
   let reference; // the greedy text of PROMPT (MAX_TOKENS), from A's gpu path
+  let aArgs; // A's flags, for its restart
   const breakerChecks = []; // { server, id, before, after }
   const t0 = performance.now();
 
@@ -209,8 +213,12 @@ describe('migration and resume through the openai client', () => {
     assert.equal(gen.status, 0, `${GEN_MODEL} failed (${gen.error ?? ''}):\n${gen.stdout}\n${gen.stderr}`);
     const common = ['--device', 'vulkan', '--checkpoint-every', '4', '--admin-token', TOKEN,
       '--breaker-consecutive-failures', '1', '--breaker-cooldown-s', '1', '--breaker-max-cooldown-s', '1'];
+    // A keeps the default replica mode: `auto`, which takes on-demand for
+    // the bundled model (its load fits the recovery budget), so the
+    // migration below is the one a user gets without flags.
+    aArgs = [...common, '--health-interval-s', '0'];
     [A, B, C] = await Promise.all([
-      startServer('A', [...common, '--replica', 'mmap', '--health-interval-s', '0', '--journal', path.join(tmp, 'a.sqlite')]),
+      startServer('A', [...aArgs, '--journal', path.join(tmp, 'a.sqlite')]),
       startServer('B', [...common, '--fallback-model', fallbackModel, '--health-interval-s', '0.2',
         '--journal', path.join(tmp, 'b.sqlite')]),
       startServer('C', [...common, '--parallel', '2', '--cpu-parallel', '2', '--replica', 'mmap',
@@ -219,6 +227,9 @@ describe('migration and resume through the openai client', () => {
     console.log(`A: ${A.ready}\nB: ${B.ready}\nC: ${C.ready}`);
     if (A.gpu) {
       assert.match(A.stderr, /equivalence gpu <-> cpu: passed/, `A must pass its equivalence check:\n${A.stderr}`);
+      const cpu = (await call(A, 'GET', '/v1/status')).json.paths.find((p) => p.name === 'cpu');
+      assert.equal(cpu.replica.mode, 'on-demand', `A's cpu replica (auto): ${JSON.stringify(cpu.replica)}`);
+      assert.equal(cpu.replica.loaded, false, 'loaded for the equivalence check, then given back');
     }
   });
 
@@ -438,6 +449,20 @@ describe('migration and resume through the openai client', () => {
     const done = await call(B, 'GET', `/v1/requests/${id}`);
     assert.equal(done.json.state, 'done', done.text);
     assert.equal(done.json.text, ref, done.text);
+  });
+
+  it('a restart on the same journal takes the kept equivalence verdict instead of loading and checking again', async (t) => {
+    if (!A.gpu) return t.skip(`no gpu path (no Vulkan device): ${A.ready}`);
+    await stopServer(A);
+    A = await startServer('A', [...aArgs, '--journal', path.join(tmp, 'a.sqlite')]);
+    assert.doesNotMatch(A.stderr, /equivalence gpu <-> cpu: passed, /, `A checked again:\n${A.stderr}`);
+    assert.match(A.stderr, /equivalence gpu <-> cpu: passed \(kept from an earlier run\)/, A.stderr);
+    const st = (await call(A, 'GET', '/v1/status')).json;
+    assert.equal(st.equivalence.length, 1, JSON.stringify(st.equivalence));
+    assert.equal(st.equivalence[0].passed, true, JSON.stringify(st.equivalence));
+    assert.equal(st.equivalence[0].source, 'stored', JSON.stringify(st.equivalence));
+    const cpu = st.paths.find((p) => p.name === 'cpu');
+    assert.equal(cpu.replica.loaded, false, `nothing loaded it: ${JSON.stringify(cpu.replica)}`);
   });
 
   it('a device fault that ends a stream with a resumable error counts on the gpu breaker', async (t) => {
