@@ -7,6 +7,7 @@
 #include "engine/step_batcher.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 
@@ -314,15 +315,20 @@ class OnDemandGroup {
   }
 
   void release() {
-    std::lock_guard<std::mutex> lk(mu_);
-    --active_;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      --active_;
+    }
+    idle_.notify_all();
   }
 
-  // Gives the weights and sessions back (the next acquire() loads again);
-  // false, keeping them, while a worker runs on them.
-  bool unload() {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (active_ > 0) return false;
+  // Gives the weights and sessions back (the next acquire() loads again).
+  // A worker that just delivered a request's last event may still be
+  // leaving run(): waits for that up to `wait_ns` (the Env's clock), then
+  // false, keeping them, if a worker still runs on them.
+  bool unload(int64_t wait_ns) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!env_.wait_until_ns(lk, idle_, env_.now_ns() + wait_ns, [&] { return active_ == 0; })) return false;
     executors_.clear();        // the sessions first: they use the group's pools
     group_ = SessionGroup{};
     return true;
@@ -336,6 +342,7 @@ class OnDemandGroup {
   SessionGroup group_;  // backends and pools the executors' sessions use
   std::vector<std::unique_ptr<Executor>> executors_;  // empty until loaded
   int active_ = 0;  // workers between acquire() and release()
+  std::condition_variable idle_;  // active_ fell
   const std::shared_ptr<StepBatcher> batcher_;
 };
 
@@ -410,7 +417,7 @@ Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, co
   }
   EngineServing out;
   out.batcher = batcher;
-  out.unload = [group] { return group->unload(); };
+  out.unload = [group] { return group->unload(int64_t{5'000'000'000}); };
   SPW_ASSIGN_OR_RETURN(out.scheduler, Scheduler::create(env, std::move(tok), std::move(executors), std::move(so)));
   out.placement_detail = "cpu (on-demand: loaded at the first request)";
   return out;

@@ -97,8 +97,9 @@ struct EngineServing {
   // The workers' step batcher (null: batching off or one worker).
   std::shared_ptr<StepBatcher> batcher;
   // On-demand paths only (null otherwise): gives the loaded weights and
-  // sessions back while no worker runs on them (true), so that the next
-  // request loads again; false while one does.
+  // sessions back once no worker runs on them (true; waits up to 5 s for a
+  // worker still leaving its run), so that the next request loads again;
+  // false while one still does.
   std::function<bool()> unload;
 };
 
