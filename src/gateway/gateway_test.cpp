@@ -1173,6 +1173,13 @@ int64_t trip_gpu(Harness& h, std::vector<std::shared_ptr<Ticket>>* moved = nullp
       EXPECT_EQ(c.fin.status.reason(), FailureReason::kTimeout);
     }
   }
+  // The GPU worker tells the breaker after the request has moved (the
+  // scheduler's on_failover), so settle() can see the system quiescent just
+  // before the last fault is counted: wait for the count (real time, bounded).
+  const auto until = std::chrono::steady_clock::now() + kRealTimeout;
+  while (h.breakers.at("vulkan:0")->snapshot().faults < 3 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   return h.env.now_ns();
 }
 
