@@ -99,19 +99,34 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// The fields version 3 appended (see the header), in their order.
+Status parse_v3_fields(Reader& r, Checkpoint& c) {
+  SamplerParams& s = c.options.sampler;
+  SPW_RETURN_IF_ERROR(r.f32(s.frequency_penalty, "options.sampler.frequency_penalty"));
+  SPW_RETURN_IF_ERROR(r.f32(s.presence_penalty, "options.sampler.presence_penalty"));
+  uint32_t n_bias;
+  SPW_RETURN_IF_ERROR(r.u32(n_bias, "options.sampler.logit_bias"));
+  // Checked before reserving: 8 bytes an entry must follow.
+  if (n_bias > r.remaining() / 8) return Status::corruption("checkpoint: field 'options.sampler.logit_bias' count too large");
+  s.logit_bias.resize(n_bias);
+  for (LogitBias& b : s.logit_bias) {
+    SPW_RETURN_IF_ERROR(r.i32(b.id, "options.sampler.logit_bias"));
+    SPW_RETURN_IF_ERROR(r.f32(b.bias, "options.sampler.logit_bias"));
+  }
+  SPW_RETURN_IF_ERROR(r.i32(c.options.min_tokens, "options.min_tokens"));
+  return r.ids(c.options.stop_token_ids, "options.stop_token_ids");
+}
+
 }  // namespace
 
 bool Checkpoint::operator==(const Checkpoint& o) const {
-  const auto& a = options.sampler;
-  const auto& b = o.options.sampler;
   return model_fingerprint == o.model_fingerprint && tokens == o.tokens && n_prompt == o.n_prompt &&
          n_generated == o.n_generated && sampler.rng == o.sampler.rng && sampler.recent == o.sampler.recent &&
          stop_held == o.stop_held && utf8_pending == o.utf8_pending && text == o.text &&
          finish_reason == o.finish_reason && options.max_tokens == o.options.max_tokens &&
          options.stop == o.options.stop && options.ignore_eos == o.options.ignore_eos &&
-         a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
-         a.repeat_penalty == b.repeat_penalty && a.repeat_last_n == b.repeat_last_n && a.seed == b.seed &&
-         kv_type == o.kv_type;
+         options.sampler == o.options.sampler && options.min_tokens == o.options.min_tokens &&
+         options.stop_token_ids == o.options.stop_token_ids && kv_type == o.kv_type;
 }
 
 std::string serialize_checkpoint(const Checkpoint& c) {
@@ -139,6 +154,15 @@ std::string serialize_checkpoint(const Checkpoint& c) {
   p.u32(static_cast<uint32_t>(c.options.stop.size()));
   for (const auto& st : c.options.stop) p.str(st);
   p.str(c.kv_type);  // version 2
+  p.f32(s.frequency_penalty);  // version 3
+  p.f32(s.presence_penalty);
+  p.u32(static_cast<uint32_t>(s.logit_bias.size()));
+  for (const LogitBias& b : s.logit_bias) {
+    p.i32(b.id);
+    p.f32(b.bias);
+  }
+  p.i32(c.options.min_tokens);
+  p.ids(c.options.stop_token_ids);
 
   Writer w;
   w.out.assign(kMagic, sizeof kMagic);
@@ -157,7 +181,7 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   uint32_t version;
   uint64_t size;
   SPW_RETURN_IF_ERROR(r0.u32(version, "version"));
-  if (version != Checkpoint::kVersion && version != 1)
+  if (version < 1 || version > Checkpoint::kVersion)
     return Status::invalid_argument("checkpoint: unsupported version " + std::to_string(version));
   SPW_RETURN_IF_ERROR(r0.u64(size, "payload_size"));
   if (size > r0.remaining() || r0.remaining() - size < 8)
@@ -203,6 +227,7 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   c.options.stop.resize(n_stop);
   for (auto& st : c.options.stop) SPW_RETURN_IF_ERROR(r.str(st, "options.stop"));
   if (version >= 2) SPW_RETURN_IF_ERROR(r.str(c.kv_type, "kv_type"));
+  if (version >= 3) SPW_RETURN_IF_ERROR(parse_v3_fields(r, c));
   if (r.remaining() != 0)
     return Status::corruption("checkpoint: " + std::to_string(r.remaining()) + " unparsed payload bytes");
   if (c.n_prompt < 0 || static_cast<size_t>(c.n_prompt) > c.tokens.size())
@@ -221,7 +246,7 @@ Checkpoint start_checkpoint(std::string model_fingerprint, std::vector<TokenId> 
   cp.tokens = std::move(prompt);
   // As Generator::start leaves it: seeded, the prompt in its penalty window.
   Sampler sampler(options.sampler);
-  for (TokenId t : cp.tokens) sampler.accept(t);
+  sampler.accept_prompt(cp.tokens);
   cp.sampler = sampler.state();
   cp.options = std::move(options);
   return cp;

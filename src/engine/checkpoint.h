@@ -15,8 +15,14 @@
 //   "SPWCKPT\0" | u32 version | u64 payload_size | payload | u64 FNV-1a(payload)
 // where payload is the fields in declaration order (strings and arrays are a
 // u32 count then the items; floats as IEEE-754 bit patterns). Version 2 added
-// kv_type at the end of the payload; version 1 files still parse (kv_type "":
-// not recorded).
+// kv_type at the end of the payload; version 3 after it the OpenAI/vLLM
+// options: sampler.frequency_penalty, sampler.presence_penalty,
+// sampler.logit_bias (u32 count, then i32 id and f32 bias each, in the
+// options' order), options.min_tokens, options.stop_token_ids (ids). Older
+// versions still parse (kv_type "": not recorded; the version 3 fields at
+// their defaults, which is what those requests ran with). The counts the
+// frequency and presence penalties use are not stored: resume rebuilds them
+// from the generated tokens (engine/sampler.h).
 // parse_checkpoint() returns Corruption naming the field for a bad magic,
 // truncation, checksum mismatch, trailing bytes or inconsistent counts, and
 // InvalidArgument for an unknown version.
@@ -43,7 +49,7 @@
 namespace spw {
 
 struct Checkpoint {
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
 
   std::string model_fingerprint;
   std::vector<TokenId> tokens;  // prompt + generated

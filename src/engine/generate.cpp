@@ -8,7 +8,27 @@
 namespace spw {
 
 Generator::Generator(Session& session, const GenerateOptions& options)
-    : session_(session), options_(options), sampler_(options.sampler), stop_(options.stop) {}
+    : session_(session), options_(options), sampler_(options.sampler), stop_(options.stop) {
+  // Only min_tokens needs the list; the ids a step checks come from the
+  // tokenizer and the options, so a resumed generator rebuilds the same one.
+  if (options_.min_tokens > 0) {
+    if (!options_.ignore_eos) enders_ = session_.model().tokenizer().eog_ids();
+    enders_.insert(enders_.end(), options_.stop_token_ids.begin(), options_.stop_token_ids.end());
+    std::sort(enders_.begin(), enders_.end());
+    enders_.erase(std::unique(enders_.begin(), enders_.end()), enders_.end());
+  }
+}
+
+std::span<const TokenId> Generator::banned_now() const {
+  if (n_generated() >= options_.min_tokens) return {};
+  return enders_;
+}
+
+bool Generator::is_stop_token(TokenId id) const {
+  // A handful of ids at most (the server bounds the list): a scan beats a set.
+  return std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(), id) !=
+         options_.stop_token_ids.end();
+}
 
 Status Generator::evaluate_from_prefix(std::span<const TokenId> all) {
   // Reuse the session's KV for the common prefix, but always evaluate at least
@@ -39,7 +59,7 @@ Result<std::unique_ptr<Generator>> Generator::start(Session& session, std::vecto
   const int64_t t0 = env.now_ns();
   SPW_RETURN_IF_ERROR(g->evaluate_from_prefix(prompt));
   g->result_.prefill_ns = env.now_ns() - t0;
-  for (TokenId t : prompt) g->sampler_.accept(t);
+  g->sampler_.accept_prompt(prompt);
   g->result_.prompt_tokens = std::move(prompt);
   return g;
 }
@@ -61,7 +81,7 @@ Result<std::unique_ptr<Generator>> Generator::resume(Session& session, const Che
   g->result_.tokens.assign(cp.tokens.begin() + cp.n_prompt, cp.tokens.end());
   g->result_.text = cp.text;
   g->result_.finish_reason = cp.finish_reason;
-  g->sampler_.restore(cp.sampler);
+  g->sampler_.restore(cp.sampler, g->result_.tokens);
   g->stop_.set_held(cp.stop_held);
   g->utf8_.set_pending(cp.utf8_pending);
   if (cp.options.logprobs >= 0) {
@@ -181,10 +201,10 @@ Result<bool> Generator::step(const TokenCallback& cb) {
     if (!r.ok()) return r.status();
     pending_eval_ = false;
   }
-  const TokenId id = sampler_.sample(session_.last_logits());
+  const TokenId id = sampler_.sample(session_.last_logits(), banned_now());
   const Tokenizer& tok = session_.model().tokenizer();
   if (id < 0) return Status::internal("sampler returned no token");
-  if (!options_.ignore_eos && tok.is_eog(id)) {
+  if ((!options_.ignore_eos && tok.is_eog(id)) || is_stop_token(id)) {
     finish("stop", cb, true);
     return false;
   }

@@ -5,9 +5,14 @@
 // session's KV for the longest common prefix of its tokens and the prompt) and
 // then step() produces one token at a time:
 //   sample (Sampler over the last logits) -> EOS/EOG ends with "stop" unless
-//   ignore_eos -> accept -> token_piece -> Utf8Stream -> StopMatcher -> callback.
+//   ignore_eos, one of stop_token_ids ends with "stop" -> accept ->
+//   token_piece -> Utf8Stream -> StopMatcher -> callback.
+// While fewer than min_tokens tokens are generated, the tokens that would end
+// the generation (EOG unless ignore_eos, and stop_token_ids) are banned from
+// the sampler's choice (vLLM's min_tokens; stop strings still end it).
 // The token that completes a stop string is kept in `tokens`, the stop string is
-// not in `text`; an EOS token is in neither. finish_reason is "stop" (EOS or stop
+// not in `text`; an EOS token, and a stop_token_ids token, are in neither (as
+// an end, not output). finish_reason is "stop" (EOS, a stop token or a stop
 // string), "length" (max_tokens reached, or the session's context is full) or
 // "cancelled" (callback returned false, or *cancel became true). On "length"
 // and EOS the held-back text (partial UTF-8 as U+FFFD, partial stop-string
@@ -75,6 +80,12 @@ struct GenerateOptions {
   SamplerParams sampler;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // vLLM's: EOG tokens (unless ignore_eos) and stop_token_ids are banned
+  // while fewer tokens than this are generated; <= 0: never.
+  int32_t min_tokens = 0;
+  // vLLM's: sampling one of these ends the generation ("stop"), whatever
+  // ignore_eos says. Ids outside the vocabulary never match.
+  std::vector<TokenId> stop_token_ids;
   // Take the KV for the whole request (prompt + max_tokens, at most n_ctx)
   // before evaluating anything, so that a shared pool running out fails the
   // request before its first token instead of in the middle of it (a server's
@@ -168,9 +179,16 @@ class Generator {
   // released_ moved into result_.logprobs after the callback saw it.
   void keep_released();
 
+  // What this step's sample must not pick (the min_tokens rule).
+  std::span<const TokenId> banned_now() const;
+  bool is_stop_token(TokenId id) const;
+
   Session& session_;
   GenerateOptions options_;
   Sampler sampler_;
+  // The tokens that end a generation here (EOG unless ignore_eos, and
+  // stop_token_ids), sorted: banned until min_tokens.
+  std::vector<TokenId> enders_;
   StopMatcher stop_;
   Utf8Stream utf8_;
   GenerateResult result_;

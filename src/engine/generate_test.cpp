@@ -187,26 +187,67 @@ TEST(Checkpoint, ResumeRefusesAnotherKvType) {
   EXPECT_TRUE(Generator::resume(*f.session(), cp).ok());
 }
 
-// A version-1 checkpoint (before kv_type) still parses, kv_type "".
-TEST(Checkpoint, VersionOneBytesParseWithoutKvType) {
+// `bytes` (the current version) re-framed as `version`, its payload's last
+// `drop` bytes (the fields that version did not have yet) cut off.
+std::string as_older_version(const std::string& bytes, uint32_t version, size_t drop) {
+  // magic(8) | version(4) | size(8) | payload | checksum(8)
+  const std::string payload = bytes.substr(20, bytes.size() - 28 - drop);
+  std::string out(bytes.substr(0, 8));
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(version, 4);
+  put(payload.size(), 8);
+  out += payload;
+  put(fnv1a64(payload), 8);
+  return out;
+}
+
+// Older checkpoints still parse: version 1 (before kv_type) with kv_type "",
+// version 2 (before the OpenAI/vLLM options) with those at their defaults.
+TEST(Checkpoint, OlderVersionsParseWithDefaults) {
   Fixture f;
   Checkpoint cp = start_checkpoint(f.model->fingerprint(), f.prompt(), greedy(5));
-  const std::string v2 = serialize_checkpoint(cp);
-  // v2 = magic(8) | version(4) | size(8) | payload | checksum(8); the payload
-  // ends with kv_type's u32 length 0. Drop it and re-frame as version 1.
-  const std::string payload = v2.substr(20, v2.size() - 28 - 4);
-  std::string v1(v2.substr(0, 8));
-  auto put = [&](uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) v1.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  };
-  put(1, 4);
-  put(payload.size(), 8);
-  v1 += payload;
-  put(fnv1a64(payload), 8);
-  auto parsed = parse_checkpoint(v1);
+  const std::string v3 = serialize_checkpoint(cp);
+  // Version 3's fields, at their defaults: two f32 penalties, logit_bias's
+  // u32 count 0, min_tokens' i32, stop_token_ids' u32 count 0.
+  const size_t v3_fields = 4 + 4 + 4 + 4 + 4;
+  auto v2 = parse_checkpoint(as_older_version(v3, 2, v3_fields));
+  ASSERT_TRUE(v2.ok()) << v2.status().to_string();
+  EXPECT_TRUE(*v2 == cp);
+  // kv_type's u32 length 0 goes too.
+  auto v1 = parse_checkpoint(as_older_version(v3, 1, v3_fields + 4));
+  ASSERT_TRUE(v1.ok()) << v1.status().to_string();
+  EXPECT_TRUE(*v1 == cp);
+  EXPECT_EQ(v1->kv_type, "");
+}
+
+// The OpenAI and vLLM options travel in the bytes, and a checkpoint that
+// lost them would not compare equal.
+TEST(Checkpoint, PenaltiesBiasAndEndRulesRoundTrip) {
+  Fixture f;
+  GenerateOptions o = seeded(20, 3);
+  o.sampler.frequency_penalty = 0.75f;
+  o.sampler.presence_penalty = -0.5f;
+  o.sampler.logit_bias = {{7, -100.0f}, {12, 2.5f}};
+  o.min_tokens = 4;
+  o.stop_token_ids = {30, 31};
+  o.ignore_eos = true;
+  const Checkpoint cp = start_checkpoint(f.model->fingerprint(), f.prompt(), o);
+  auto parsed = parse_checkpoint(serialize_checkpoint(cp));
   ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
   EXPECT_TRUE(*parsed == cp);
-  EXPECT_EQ(parsed->kv_type, "");
+  EXPECT_EQ(parsed->options.sampler.logit_bias, o.sampler.logit_bias);
+  EXPECT_EQ(parsed->options.sampler.frequency_penalty, 0.75f);
+  EXPECT_EQ(parsed->options.sampler.presence_penalty, -0.5f);
+  EXPECT_EQ(parsed->options.min_tokens, 4);
+  EXPECT_EQ(parsed->options.stop_token_ids, o.stop_token_ids);
+  Checkpoint other = cp;
+  other.options.sampler.logit_bias[1].bias = 2.0f;
+  EXPECT_FALSE(other == cp);
+  other = cp;
+  other.options.stop_token_ids.pop_back();
+  EXPECT_FALSE(other == cp);
 }
 
 TEST(Checkpoint, ResumeEqualsUninterruptedSeededSampling) {
@@ -262,10 +303,133 @@ TEST(Checkpoint, CorruptOrTruncatedBytesAreCorruption) {
     ASSERT_FALSE(r.ok()) << pos;
     EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << pos;
   }
-  std::string v3 = bytes;
-  v3[8] = 3;
-  EXPECT_EQ(parse_checkpoint(v3).status().code(), StatusCode::kInvalidArgument);
+  std::string next = bytes;
+  next[8] = static_cast<char>(Checkpoint::kVersion + 1);
+  EXPECT_EQ(parse_checkpoint(next).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(parse_checkpoint(bytes + "x").status().code(), StatusCode::kCorruption);
+}
+
+// ---- OpenAI's penalties and logit_bias, vLLM's end rules ----
+
+// Greedy stories260K repeats itself ("Lily" and her friends come back): a
+// frequency penalty changes the text, and a run with penalties and biases,
+// interrupted at checkpoints (serialized, resumed on another session), gives
+// the tokens of the uninterrupted run: the counts come back from the tokens.
+TEST(GeneratePenalties, ChangeTheGreedyTextAndResumeToTheSameRun) {
+  Fixture f;
+  auto plain = generate(*f.session(), f.prompt(), greedy(40));
+  ASSERT_TRUE(plain.ok());
+  GenerateOptions o = greedy(40);
+  o.sampler.frequency_penalty = 1.0f;
+  o.sampler.presence_penalty = 0.5f;
+  auto penalized = generate(*f.session(), f.prompt(), o);
+  ASSERT_TRUE(penalized.ok());
+  EXPECT_NE(penalized->tokens, plain->tokens);
+  // Fewer repeats: the most frequent token occurs less often.
+  const auto max_count = [](const std::vector<TokenId>& t) {
+    size_t best = 0;
+    for (TokenId id : t) best = std::max(best, static_cast<size_t>(std::count(t.begin(), t.end(), id)));
+    return best;
+  };
+  EXPECT_LT(max_count(penalized->tokens), max_count(plain->tokens));
+  check_resume_equivalence(o);
+  GenerateOptions s = seeded(40, 4321);
+  s.stop = {"zzz-never"};
+  s.sampler.frequency_penalty = 1.5f;
+  s.sampler.presence_penalty = -0.25f;
+  s.sampler.logit_bias = {{plain->tokens[0], -100.0f}, {plain->tokens[5], 3.0f}};
+  check_resume_equivalence(s);
+}
+
+// -100 on the token greedy picks first: it never appears, the text changes;
+// +100 on one token: every generated token is that token.
+TEST(GeneratePenalties, LogitBiasBansAndForces) {
+  Fixture f;
+  auto plain = generate(*f.session(), f.prompt(), greedy(20));
+  ASSERT_TRUE(plain.ok());
+  const TokenId first = plain->tokens[0];
+  GenerateOptions ban = greedy(20);
+  ban.sampler.logit_bias = {{first, -100.0f}};
+  auto banned = generate(*f.session(), f.prompt(), ban);
+  ASSERT_TRUE(banned.ok());
+  EXPECT_NE(banned->text, plain->text);
+  EXPECT_EQ(std::count(banned->tokens.begin(), banned->tokens.end(), first), 0);
+  const TokenId forced_id = f.model->tokenizer().encode(" dog", false).back();
+  GenerateOptions force = seeded(12, 8);
+  force.sampler.logit_bias = {{forced_id, 100.0f}};
+  auto forced = generate(*f.session(), f.prompt(), force);
+  ASSERT_TRUE(forced.ok());
+  EXPECT_EQ(forced->tokens, std::vector<TokenId>(12, forced_id));
+}
+
+// stories260K's greedy text never reaches EOS, so the EOS is made the
+// argmax with a +100 bias: alone it ends the run at once; min_tokens bans it
+// (and the stop token ids) until that many tokens are out, then it ends the
+// run; ignore_eos generates it as a token of no text up to max_tokens. A stop
+// token id ends the run where that token comes, out of the text and the
+// tokens.
+TEST(GenerateEndRules, MinTokensIgnoreEosAndStopTokenIds) {
+  Fixture f;
+  const Tokenizer& tok = f.model->tokenizer();
+  ASSERT_GE(tok.eos_id(), 0);
+  auto plain = generate(*f.session(), f.prompt(), greedy(30));
+  ASSERT_TRUE(plain.ok());
+  GenerateOptions eos = greedy(30);
+  eos.sampler.logit_bias = {{tok.eos_id(), 100.0f}};
+  auto at_once = generate(*f.session(), f.prompt(), eos);
+  ASSERT_TRUE(at_once.ok());
+  EXPECT_EQ(at_once->finish_reason, "stop");
+  EXPECT_TRUE(at_once->tokens.empty());
+
+  GenerateOptions min = eos;
+  min.min_tokens = 6;
+  auto six = generate(*f.session(), f.prompt(), min);
+  ASSERT_TRUE(six.ok());
+  EXPECT_EQ(six->finish_reason, "stop");
+  // Banned, the EOS leaves the choice to the unbiased argmax: the plain run.
+  EXPECT_EQ(six->tokens, std::vector<TokenId>(plain->tokens.begin(), plain->tokens.begin() + 6));
+  EXPECT_EQ(six->text, tok.decode(six->tokens, false));
+
+  GenerateOptions ignore = eos;
+  ignore.ignore_eos = true;
+  ignore.max_tokens = 5;
+  auto eoses = generate(*f.session(), f.prompt(), ignore);
+  ASSERT_TRUE(eoses.ok());
+  EXPECT_EQ(eoses->finish_reason, "length");
+  EXPECT_EQ(eoses->tokens, std::vector<TokenId>(5, tok.eos_id()));
+  EXPECT_EQ(eoses->text, "");
+  // ignore_eos with min_tokens: the EOS is not an end, so not banned.
+  ignore.min_tokens = 3;
+  auto still = generate(*f.session(), f.prompt(), ignore);
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->tokens, eoses->tokens);
+
+  // Stop token ids: the fifth token, where it first comes.
+  const TokenId stop_id = plain->tokens[4];
+  const auto at = std::find(plain->tokens.begin(), plain->tokens.end(), stop_id) - plain->tokens.begin();
+  GenerateOptions st = greedy(30);
+  st.stop_token_ids = {stop_id};
+  auto stopped = generate(*f.session(), f.prompt(), st);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->finish_reason, "stop");
+  EXPECT_EQ(stopped->tokens, std::vector<TokenId>(plain->tokens.begin(), plain->tokens.begin() + at));
+  EXPECT_EQ(stopped->text, tok.decode(stopped->tokens, false));
+  // ignore_eos does not disarm them; min_tokens bans them until then.
+  st.ignore_eos = true;
+  EXPECT_EQ(generate(*f.session(), f.prompt(), st)->tokens, stopped->tokens);
+  st.min_tokens = static_cast<int32_t>(at) + 3;
+  auto later = generate(*f.session(), f.prompt(), st);
+  ASSERT_TRUE(later.ok());
+  ASSERT_GE(later->tokens.size(), static_cast<size_t>(at + 3));
+  for (size_t i = 0; i < static_cast<size_t>(at + 3); ++i) EXPECT_NE(later->tokens[i], stop_id) << i;
+
+  // All of it continues from checkpoints as it runs uninterrupted.
+  GenerateOptions all = greedy(30);
+  all.sampler.logit_bias = {{tok.eos_id(), 100.0f}};
+  all.min_tokens = 14;
+  all.stop_token_ids = {stop_id};
+  all.stop = {"zzz-never"};
+  check_resume_equivalence(all);
 }
 
 TEST(Checkpoint, ResumeRejectsOtherModel) {

@@ -18,6 +18,39 @@ Status check_finite(float v, const char* field) {
   return Status::ok_status();
 }
 
+Status check_count_penalty(float v, const char* field) {
+  SPW_RETURN_IF_ERROR(check_finite(v, field));
+  if (v < -kMaxCountPenalty || v > kMaxCountPenalty) {
+    return invalid_field(field, std::string("sampler param ") + field + " must be in [-2, 2], got " +
+                                    std::to_string(v));
+  }
+  return Status::ok_status();
+}
+
+Status check_logit_bias(const std::vector<LogitBias>& biases) {
+  if (biases.size() > kMaxLogitBias) {
+    return invalid_field("logit_bias", "sampler param logit_bias may hold at most " + std::to_string(kMaxLogitBias) +
+                                           " entries, got " + std::to_string(biases.size()));
+  }
+  std::vector<TokenId> ids;
+  ids.reserve(biases.size());
+  for (const LogitBias& b : biases) {
+    if (b.id < 0) {
+      return invalid_field("logit_bias", "sampler param logit_bias: token id " + std::to_string(b.id) + " is negative");
+    }
+    if (!std::isfinite(b.bias) || b.bias < -kMaxLogitBiasValue || b.bias > kMaxLogitBiasValue) {
+      return invalid_field("logit_bias", "sampler param logit_bias: the bias of token " + std::to_string(b.id) +
+                                             " must be in [-100, 100], got " + std::to_string(b.bias));
+    }
+    ids.push_back(b.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
+    return invalid_field("logit_bias", "sampler param logit_bias: token " + std::to_string(*dup) + " is listed twice");
+  }
+  return Status::ok_status();
+}
+
 }  // namespace
 
 StepLogprobs step_logprobs(std::span<const float> logits, TokenId chosen, int32_t n_top) {
@@ -91,12 +124,26 @@ Status validate_sampler_params(const SamplerParams& p) {
     return invalid_field("repeat_last_n", "sampler param repeat_last_n must be >= 0, got " +
                                     std::to_string(p.repeat_last_n));
   }
-  return Status::ok_status();
+  SPW_RETURN_IF_ERROR(check_count_penalty(p.frequency_penalty, "frequency_penalty"));
+  SPW_RETURN_IF_ERROR(check_count_penalty(p.presence_penalty, "presence_penalty"));
+  return check_logit_bias(p.logit_bias);
 }
 
 Sampler::Sampler(SamplerParams params) : params_(params), rng_(params.seed) {}
 
+void Sampler::accept_prompt(std::span<const TokenId> prompt) {
+  const size_t window = params_.repeat_last_n > 0 ? static_cast<size_t>(params_.repeat_last_n) : 0;
+  if (window == 0) return;
+  // Only the prompt's tail can be in the window.
+  const size_t from = prompt.size() > window ? prompt.size() - window : 0;
+  for (size_t i = from; i < prompt.size(); ++i) {
+    if (recent_.size() >= window) recent_.erase(recent_.begin(), recent_.begin() + (recent_.size() - window + 1));
+    recent_.push_back(prompt[i]);
+  }
+}
+
 void Sampler::accept(TokenId id) {
+  if (counts_tokens()) ++counts_[id];
   const size_t window = params_.repeat_last_n > 0 ? static_cast<size_t>(params_.repeat_last_n) : 0;
   if (window == 0) return;
   if (recent_.size() >= window) recent_.erase(recent_.begin(), recent_.begin() + (recent_.size() - window + 1));
@@ -110,14 +157,47 @@ SamplerState Sampler::state() const {
   return s;
 }
 
-void Sampler::restore(const SamplerState& s) {
+void Sampler::restore(const SamplerState& s, std::span<const TokenId> generated) {
   rng_.set_state(s.rng);
   recent_ = s.recent;
   const size_t window = params_.repeat_last_n > 0 ? static_cast<size_t>(params_.repeat_last_n) : 0;
   if (recent_.size() > window) recent_.erase(recent_.begin(), recent_.end() - window);
+  counts_.clear();
+  if (counts_tokens()) {
+    for (TokenId id : generated) ++counts_[id];
+  }
 }
 
-bool Sampler::filter(std::span<const float> logits, std::vector<Candidate>& cand) const {
+void Sampler::adjust(std::vector<Candidate>& cand, std::span<const TokenId> banned) const {
+  const size_t n = cand.size();
+  const auto in_range = [n](TokenId id) { return id >= 0 && static_cast<size_t>(id) < n; };
+  for (const LogitBias& b : params_.logit_bias) {
+    if (in_range(b.id)) cand[static_cast<size_t>(b.id)].logit += b.bias;
+  }
+  // Each distinct recent token once.
+  if (params_.repeat_penalty != 1.0f && !recent_.empty()) {
+    std::vector<TokenId> seen(recent_);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (TokenId id : seen) {
+      if (!in_range(id)) continue;
+      float& l = cand[static_cast<size_t>(id)].logit;
+      l = l <= 0.0f ? l * params_.repeat_penalty : l / params_.repeat_penalty;
+    }
+  }
+  // The map's order does not matter: each token's logit changes on its own.
+  for (const auto& [id, count] : counts_) {
+    if (!in_range(id) || count <= 0) continue;
+    cand[static_cast<size_t>(id)].logit -=
+        params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
+  }
+  for (TokenId id : banned) {
+    if (in_range(id)) cand[static_cast<size_t>(id)].logit = kNegInf;
+  }
+}
+
+bool Sampler::filter(std::span<const float> logits, std::span<const TokenId> banned,
+                     std::vector<Candidate>& cand) const {
   cand.clear();
   const size_t n = logits.size();
   if (n == 0) return false;
@@ -126,18 +206,7 @@ bool Sampler::filter(std::span<const float> logits, std::vector<Candidate>& cand
     const float l = logits[i];
     cand[i] = {static_cast<TokenId>(i), std::isnan(l) ? kNegInf : l};
   }
-
-  // Penalty first, while cand[i].id == i. Each distinct recent token once.
-  if (params_.repeat_penalty != 1.0f && !recent_.empty()) {
-    std::vector<TokenId> seen(recent_);
-    std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (TokenId id : seen) {
-      if (id < 0 || static_cast<size_t>(id) >= n) continue;
-      float& l = cand[static_cast<size_t>(id)].logit;
-      l = l <= 0.0f ? l * params_.repeat_penalty : l / params_.repeat_penalty;
-    }
-  }
+  adjust(cand, banned);
 
   // Argmax, lowest id on ties (strict >).
   size_t best = 0;
@@ -195,18 +264,18 @@ bool Sampler::filter(std::span<const float> logits, std::vector<Candidate>& cand
   return true;
 }
 
-std::vector<TokenId> Sampler::candidates(std::span<const float> logits) const {
+std::vector<TokenId> Sampler::candidates(std::span<const float> logits, std::span<const TokenId> banned) const {
   std::vector<Candidate> cand;
-  filter(logits, cand);
+  filter(logits, banned, cand);
   std::vector<TokenId> ids;
   ids.reserve(cand.size());
   for (const Candidate& c : cand) ids.push_back(c.id);
   return ids;
 }
 
-TokenId Sampler::sample(std::span<const float> logits) {
+TokenId Sampler::sample(std::span<const float> logits, std::span<const TokenId> banned) {
   std::vector<Candidate>& cand = scratch_;
-  if (!filter(logits, cand)) return cand.empty() ? -1 : cand[0].id;
+  if (!filter(logits, banned, cand)) return cand.empty() ? -1 : cand[0].id;
   if (cand.size() == 1) {
     // Still consume one draw so the RNG stream does not depend on how many
     // candidates the filters left (keeps checkpoints simple to reason about).

@@ -109,6 +109,14 @@ TEST(SamplerParamsTest, RejectsNaNAndNegativeNamingField) {
   add([&](SamplerParams& p) { p.repeat_penalty = -1.0f; }, "repeat_penalty");
   add([&](SamplerParams& p) { p.repeat_penalty = 0.0f; }, "repeat_penalty");
   add([&](SamplerParams& p) { p.repeat_last_n = -1; }, "repeat_last_n");
+  add([&](SamplerParams& p) { p.frequency_penalty = 2.01f; }, "frequency_penalty");
+  add([&](SamplerParams& p) { p.frequency_penalty = nan; }, "frequency_penalty");
+  add([&](SamplerParams& p) { p.presence_penalty = -2.5f; }, "presence_penalty");
+  add([&](SamplerParams& p) { p.logit_bias = {{3, 100.5f}}; }, "logit_bias");
+  add([&](SamplerParams& p) { p.logit_bias = {{3, nan}}; }, "logit_bias");
+  add([&](SamplerParams& p) { p.logit_bias = {{-1, 1.0f}}; }, "logit_bias");
+  add([&](SamplerParams& p) { p.logit_bias = {{3, 1.0f}, {4, 1.0f}, {3, -1.0f}}; }, "logit_bias");
+  add([&](SamplerParams& p) { p.logit_bias.assign(kMaxLogitBias + 1, LogitBias{}); }, "logit_bias");
   for (const Case& c : cases) {
     const Status s = validate_sampler_params(c.p);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.field;
@@ -120,6 +128,10 @@ TEST(SamplerParamsTest, RejectsNaNAndNegativeNamingField) {
   ok.top_p = 1.0f;
   ok.min_p = 0.0f;
   ok.repeat_last_n = 0;
+  ok.frequency_penalty = -2.0f;  // the range's ends are in it
+  ok.presence_penalty = 2.0f;
+  ok.logit_bias = {{5, -100.0f}, {1, 100.0f}};  // any order
+  for (int i = 0; static_cast<size_t>(ok.logit_bias.size()) < kMaxLogitBias; ++i) ok.logit_bias.push_back({100 + i, 0.5f});
   EXPECT_TRUE(validate_sampler_params(ok).ok());
 }
 
@@ -371,7 +383,11 @@ TEST(SamplerTest, StateRestoreContinuesIdentically) {
   p.seed = 99;
   Sampler a(p);
   const int n = 30, m = 40;
-  for (int i = 0; i < n; ++i) a.accept(a.sample(make_logits(300, static_cast<uint64_t>(i))));
+  std::vector<TokenId> generated;
+  for (int i = 0; i < n; ++i) {
+    generated.push_back(a.sample(make_logits(300, static_cast<uint64_t>(i))));
+    a.accept(generated.back());
+  }
   const SamplerState saved = a.state();
   EXPECT_EQ(saved.recent.size(), 8u);
   std::vector<TokenId> first;
@@ -382,7 +398,7 @@ TEST(SamplerTest, StateRestoreContinuesIdentically) {
   SamplerParams other = p;
   other.seed = 12345;  // the restored state must override the seed
   Sampler b(other);
-  b.restore(saved);
+  b.restore(saved, generated);
   std::vector<TokenId> second;
   for (int i = 0; i < m; ++i) {
     second.push_back(b.sample(make_logits(300, static_cast<uint64_t>(n + i))));
@@ -393,10 +409,165 @@ TEST(SamplerTest, StateRestoreContinuesIdentically) {
   Sampler c(other);
   SamplerState no_recent = saved;
   no_recent.recent.clear();
-  c.restore(no_recent);
+  c.restore(no_recent, generated);
   std::vector<TokenId> third;
   for (int i = 0; i < m; ++i) {
     third.push_back(c.sample(make_logits(300, static_cast<uint64_t>(n + i))));
+    c.accept(third.back());
+  }
+  EXPECT_NE(first, third);
+}
+
+// ---- OpenAI's logit_bias, frequency and presence penalties ----
+
+// The adjusted logits, read back through a greedy sampler: each case puts a
+// hand-computed adjusted logit 0.05 above, then 0.05 below, another token's,
+// and the choice must follow.
+TEST(SamplerTest, LogitBiasIsAddedToTheRawLogit) {
+  SamplerParams p = plain(0.0f);
+  p.logit_bias = {{2, 1.5f}};
+  // Token 2: 1.0 + 1.5 = 2.5 against 2.45 and 2.55.
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{0.0f, 2.45f, 1.0f}), 2);
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{0.0f, 2.55f, 1.0f}), 1);
+  p.logit_bias = {{1, -0.5f}};  // 3.0 - 0.5 = 2.5
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{2.45f, 3.0f}), 1);
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{2.55f, 3.0f}), 0);
+  // An id past the logits is ignored, not a crash.
+  p.logit_bias = {{7, 100.0f}};
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{1.0f, 0.0f}), 0);
+}
+
+TEST(SamplerTest, FrequencyAndPresencePenaltiesFollowOpenAIsFormula) {
+  // logit -= presence * (count > 0) + frequency * count, counts over the
+  // generated tokens: token 1 generated 3 times, token 2 once.
+  SamplerParams p = plain(0.0f);
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  Sampler s(p);
+  for (TokenId t : {1, 2, 1, 1}) s.accept(t);
+  // Token 1: 5.0 - 0.25 - 1.5 = 3.25. Token 2: 4.0 - 0.25 - 0.5 = 3.25.
+  // Token 0 unpenalized decides against 3.25 both ways.
+  EXPECT_EQ(s.sample(std::vector<float>{3.2f, 5.0f, 4.0f}), 1);  // 1 and 2 tie at 3.25: lower id
+  EXPECT_EQ(s.sample(std::vector<float>{3.3f, 5.0f, 4.0f}), 0);
+  EXPECT_EQ(s.sample(std::vector<float>{3.2f, 5.0f, 4.05f}), 2);  // 3.3 beats token 1's 3.25
+  // Negative penalties favour what was generated: 1.0 + 0.5 + 1.5 = 3.0.
+  p.frequency_penalty = -0.5f;
+  p.presence_penalty = -0.5f;
+  Sampler neg(p);
+  for (TokenId t : {1, 1, 1}) neg.accept(t);
+  EXPECT_EQ(neg.sample(std::vector<float>{2.95f, 1.0f}), 1);
+  EXPECT_EQ(neg.sample(std::vector<float>{3.05f, 1.0f}), 0);
+}
+
+TEST(SamplerTest, CountPenaltiesIgnoreThePromptButTheRepeatWindowSeesIt) {
+  SamplerParams p = plain(0.0f);
+  p.frequency_penalty = 2.0f;
+  p.presence_penalty = 2.0f;
+  Sampler s(p);
+  const std::vector<TokenId> prompt = {1, 1, 1, 1};
+  s.accept_prompt(prompt);
+  EXPECT_EQ(s.sample(std::vector<float>{0.0f, 1.0f}), 1) << "the prompt's tokens are not counted";
+  s.accept(1);  // 1.0 - 2 - 2 = -3
+  EXPECT_EQ(s.sample(std::vector<float>{0.0f, 1.0f}), 0);
+  // repeat_penalty's llama.cpp window holds the prompt.
+  SamplerParams r = plain(0.0f);
+  r.repeat_penalty = 2.0f;
+  r.repeat_last_n = 8;
+  Sampler w(r);
+  w.accept_prompt(prompt);
+  EXPECT_EQ(w.state().recent, prompt);
+  EXPECT_EQ(w.sample(std::vector<float>{0.6f, 1.0f}), 0);  // 1.0 / 2 = 0.5
+}
+
+TEST(SamplerTest, BiasComesBeforeTheRepeatPenaltyAndBannedTokensStayBanned) {
+  // (1.0 + 3.0) / 2 = 2.0 (bias first); the other order would give 3.5.
+  SamplerParams p = plain(0.0f);
+  p.logit_bias = {{1, 3.0f}};
+  p.repeat_penalty = 2.0f;
+  Sampler s(p);
+  s.accept(1);
+  EXPECT_EQ(s.sample(std::vector<float>{2.05f, 1.0f}), 0);
+  EXPECT_EQ(s.sample(std::vector<float>{1.95f, 1.0f}), 1);
+  // A banned token loses whatever its bias.
+  p.logit_bias = {{1, 100.0f}};
+  p.repeat_penalty = 1.0f;
+  const std::vector<TokenId> banned = {1};
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{-5.0f, 1.0f, -7.0f}, banned), 0);
+  EXPECT_EQ(Sampler(p).candidates(std::vector<float>{-5.0f, 1.0f, -7.0f}, banned), (std::vector<TokenId>{0}));
+}
+
+// -100 bans and +100 forces, in practice: over many seeded draws at a high
+// temperature with every filter off, the banned token (the most likely one
+// unbiased) is never drawn, and the favoured one (the least likely) always.
+TEST(SamplerTest, MinusHundredNeverDrawnPlusHundredAlwaysDrawn) {
+  const std::vector<float> logits = make_logits(64, 3);
+  const auto best = static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const auto worst = static_cast<TokenId>(std::min_element(logits.begin(), logits.end()) - logits.begin());
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    SamplerParams ban = plain(2.0f, seed);
+    ban.logit_bias = {{best, -100.0f}};
+    Sampler b(ban);
+    SamplerParams force = plain(2.0f, seed);
+    force.logit_bias = {{worst, 100.0f}};
+    Sampler f(force);
+    std::set<TokenId> drawn;
+    for (int i = 0; i < 5000; ++i) {
+      const TokenId t = b.sample(logits);
+      ASSERT_NE(t, best) << "seed " << seed << " draw " << i;
+      drawn.insert(t);
+      ASSERT_EQ(f.sample(logits), worst) << "seed " << seed << " draw " << i;
+    }
+    EXPECT_GT(drawn.size(), 30u) << "the ban must not narrow anything else";
+  }
+  // Greedy honours both.
+  SamplerParams g = plain(0.0f);
+  g.logit_bias = {{best, -100.0f}};
+  EXPECT_NE(Sampler(g).sample(logits), best);
+  g.logit_bias = {{worst, 100.0f}};
+  EXPECT_EQ(Sampler(g).sample(logits), worst);
+}
+
+// The counts are rebuilt from the generated tokens: a sampler restored from
+// a state and those tokens continues as the original does; one told a wrong
+// history does not.
+TEST(SamplerTest, RestoreRebuildsTheCountsFromTheGeneratedTokens) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.frequency_penalty = 1.5f;
+  p.presence_penalty = 0.5f;
+  p.logit_bias = {{3, 2.0f}, {9, -100.0f}};
+  p.seed = 5;
+  // A small vocabulary makes repeats frequent, so the counts matter.
+  const auto logits = [](int i) { return make_logits(12, static_cast<uint64_t>(1000 + i)); };
+  Sampler a(p);
+  const std::vector<TokenId> prompt = {1, 2, 3};
+  a.accept_prompt(prompt);
+  std::vector<TokenId> generated;
+  for (int i = 0; i < 25; ++i) {
+    generated.push_back(a.sample(logits(i)));
+    a.accept(generated.back());
+  }
+  const SamplerState saved = a.state();
+  std::vector<TokenId> first, second, third;
+  for (int i = 25; i < 80; ++i) {
+    first.push_back(a.sample(logits(i)));
+    a.accept(first.back());
+  }
+  EXPECT_EQ(std::count(first.begin(), first.end(), 9), 0);
+  Sampler b(p);
+  b.restore(saved, generated);
+  for (int i = 25; i < 80; ++i) {
+    second.push_back(b.sample(logits(i)));
+    b.accept(second.back());
+  }
+  EXPECT_EQ(first, second);
+  Sampler c(p);
+  c.restore(saved, {});  // as if nothing had been generated
+  for (int i = 25; i < 80; ++i) {
+    third.push_back(c.sample(logits(i)));
     c.accept(third.back());
   }
   EXPECT_NE(first, third);

@@ -447,6 +447,9 @@ Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g) 
   o.max_tokens = g.max_tokens.value_or(std::max(1, room));
   o.sampler = g.sampler;
   o.stop = g.stop;
+  o.ignore_eos = g.ignore_eos;
+  o.min_tokens = g.min_tokens;
+  o.stop_token_ids = g.stop_token_ids;
   return spw::start_checkpoint(paths_[0].fingerprint, std::move(prompt), std::move(o));
 }
 
@@ -487,6 +490,9 @@ Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) 
     p.job.prompt.assign(cp.tokens.begin(), cp.tokens.begin() + cp.n_prompt);
     p.job.sampler = cp.options.sampler;
     p.job.stop = cp.options.stop;
+    p.job.ignore_eos = cp.options.ignore_eos;
+    p.job.min_tokens = cp.options.min_tokens;
+    p.job.stop_token_ids = cp.options.stop_token_ids;
     p.job.request_safe_points = request.safe_points;
     p.job.resume = request.checkpoint;
     Resumed out;
@@ -1048,6 +1054,9 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     p.job.prompt = prompt;
     p.job.sampler = g.sampler;
     p.job.stop = g.stop;
+    p.job.ignore_eos = g.ignore_eos;
+    p.job.min_tokens = g.min_tokens;
+    p.job.stop_token_ids = g.stop_token_ids;
     p.job.logprobs = g.logprobs;
     p.job.request_safe_points = g.safe_points;
     Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));

@@ -261,14 +261,18 @@ ApiError unsupported(std::string param, std::string message) {
     if (auto spw_err_ = (expr)) return spw_err_; \
   } while (0)
 
-// logit_bias: {"<token id>": bias in [-100, 100]}. Checked like any field so
-// that a malformed map is reported as such, then refused unless empty: the
-// sampler has no per-token bias, and a request's checkpoint (what resume and
-// mid-generation migration continue from) would have to carry it too.
-std::optional<ApiError> parse_logit_bias(const json& obj) {
+// logit_bias: {"<token id>": bias in [-100, 100]}, at most kMaxLogitBias
+// entries, into s.logit_bias sorted by id (one order for one request, so
+// that its checkpoints are byte-identical whatever order the keys came in).
+// The ids' upper bound is the vocabulary's (check_token_ids).
+std::optional<ApiError> parse_logit_bias(const json& obj, SamplingFields& s) {
   auto lb = obj.find("logit_bias");
   if (lb == obj.end() || lb->is_null()) return std::nullopt;
   if (!lb->is_object()) return wrong_type("logit_bias", "an object mapping token ids to biases", *lb);
+  if (lb->size() > kMaxLogitBias) {
+    return bad("logit_bias", "'logit_bias' may hold at most " + std::to_string(kMaxLogitBias) + " entries, got " +
+                                 std::to_string(lb->size()));
+  }
   for (const auto& [key, value] : lb->items()) {
     const bool digits = !key.empty() && key.size() <= 10 &&
                         std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -286,11 +290,79 @@ std::optional<ApiError> parse_logit_bias(const json& obj) {
       return bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + json(b).dump() +
                                    " for token " + key);
     }
+    s.logit_bias.push_back({static_cast<TokenId>(std::stoul(key)), static_cast<float>(b)});
   }
-  if (lb->empty()) return std::nullopt;
-  return unsupported("logit_bias", "logit_bias is not supported by this server: its sampler applies no per-token "
-                                   "bias, and request checkpoints (which resume and migrate requests) could not carry "
-                                   "one; send null or {}");
+  std::sort(s.logit_bias.begin(), s.logit_bias.end(),
+            [](const LogitBias& a, const LogitBias& b) { return a.id < b.id; });
+  // "7" and "007" are two JSON keys but one token.
+  const auto dup = std::adjacent_find(s.logit_bias.begin(), s.logit_bias.end(),
+                                      [](const LogitBias& a, const LogitBias& b) { return a.id == b.id; });
+  if (dup != s.logit_bias.end()) {
+    return bad("logit_bias", "'logit_bias' lists token " + std::to_string(dup->id) + " twice (as two spellings)");
+  }
+  return std::nullopt;
+}
+
+// stop_token_ids (vLLM): an array of at most kMaxStopTokenIds token ids.
+std::optional<ApiError> parse_stop_token_ids(const json& obj, SamplingFields& s) {
+  auto it = obj.find("stop_token_ids");
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_array()) return wrong_type("stop_token_ids", "an array of token ids", *it);
+  if (it->size() > kMaxStopTokenIds) {
+    return bad("stop_token_ids", "'stop_token_ids' may hold at most " + std::to_string(kMaxStopTokenIds) +
+                                     " ids, got " + std::to_string(it->size()));
+  }
+  for (size_t k = 0; k < it->size(); ++k) {
+    const json& e = (*it)[k];
+    const std::string at = "stop_token_ids[" + std::to_string(k) + "]";
+    if (!e.is_number_integer()) return wrong_type(at, "a token id (an integer)", e);
+    const bool in_range = e.is_number_unsigned()
+                              ? e.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+                              : e.get<int64_t>() >= 0;
+    if (!in_range) return bad(at, "'" + at + "' must be a token id from 0 to 2147483647, got " + e.dump());
+    s.stop_token_ids.push_back(static_cast<TokenId>(e.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// vLLM's names for what the engine does: repetition_penalty (llama.cpp's
+// repeat_penalty, parsed before this), ignore_eos, min_tokens,
+// stop_token_ids, and skip_special_tokens, which can only be true here.
+std::optional<ApiError> parse_vllm_fields(const json& obj, SamplingFields& s) {
+  std::optional<double> d;
+  SPW_TRY_FIELD(get_number(obj, "repetition_penalty", d));
+  if (d) {
+    SPW_TRY_FIELD(in_range("repetition_penalty", *d, 0.0, 100.0, /*lo_open=*/true));
+    const auto v = static_cast<float>(*d);
+    if (s.repeat_penalty && *s.repeat_penalty != v) {
+      return bad("repetition_penalty", "'repetition_penalty' (" + json(*d).dump() + ") and 'repeat_penalty' (" +
+                                           json(*s.repeat_penalty).dump() +
+                                           ") differ; they are the same penalty, give one of them");
+    }
+    s.repeat_penalty = v;
+  }
+  std::optional<bool> b;
+  SPW_TRY_FIELD(get_bool(obj, "ignore_eos", b));
+  s.ignore_eos = b.value_or(false);
+  std::optional<int64_t> i;
+  SPW_TRY_FIELD(get_int(obj, "min_tokens", i));
+  if (i) {
+    if (*i < 0) return bad("min_tokens", "'min_tokens' must be >= 0, got " + std::to_string(*i));
+    if (s.max_tokens && *i > *s.max_tokens) {
+      return bad("min_tokens", "'min_tokens' (" + std::to_string(*i) + ") must be <= max_tokens (" +
+                                   std::to_string(*s.max_tokens) + ")");
+    }
+    s.min_tokens = static_cast<int32_t>(std::min<int64_t>(*i, std::numeric_limits<int32_t>::max()));
+  }
+  SPW_TRY_FIELD(parse_stop_token_ids(obj, s));
+  b.reset();
+  SPW_TRY_FIELD(get_bool(obj, "skip_special_tokens", b));
+  if (b && !*b) {
+    return unsupported("skip_special_tokens", "'skip_special_tokens': false is not supported: this server never "
+                                              "writes special (control) tokens into the text, so only true (the "
+                                              "default) or null is accepted");
+  }
+  return std::nullopt;
 }
 
 // seed: an integer a JSON number holds exactly (the response reports it
@@ -384,18 +456,19 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
     SPW_TRY_FIELD(in_range("repeat_penalty", *d, 0.0, 100.0, /*lo_open=*/true));
     s.repeat_penalty = static_cast<float>(*d);
   }
-  // The sampler applies neither: only the value that changes nothing passes
-  // (accepting and ignoring 0.5 would return output the client did not ask for).
-  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
-    d.reset();
-    SPW_TRY_FIELD(get_number(obj, key, d));
-    if (d && *d != 0) {
-      return unsupported(key, std::string("'") + key + "' is not applied by this server: only 0 or null is " +
-                                  "accepted, got " + json(*d).dump() +
-                                  " (repeat_penalty and repeat_last_n are the penalties it implements)");
-    }
+  d.reset();
+  SPW_TRY_FIELD(get_number(obj, "frequency_penalty", d));
+  if (d) {
+    SPW_TRY_FIELD(in_range("frequency_penalty", *d, -2.0, 2.0));
+    s.frequency_penalty = static_cast<float>(*d);
   }
-  SPW_TRY_FIELD(parse_logit_bias(obj));
+  d.reset();
+  SPW_TRY_FIELD(get_number(obj, "presence_penalty", d));
+  if (d) {
+    SPW_TRY_FIELD(in_range("presence_penalty", *d, -2.0, 2.0));
+    s.presence_penalty = static_cast<float>(*d);
+  }
+  SPW_TRY_FIELD(parse_logit_bias(obj, s));
 
   std::optional<int64_t> i;
   SPW_TRY_FIELD(get_int(obj, "top_k", i));
@@ -417,6 +490,7 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   i.reset();
   SPW_TRY_FIELD(get_int(obj, "best_of", i));
   if (i && *i != 1) return bad("best_of", "only best_of=1 is supported", "unsupported_value");
+  SPW_TRY_FIELD(parse_vllm_fields(obj, s));
 
   auto stop = obj.find("stop");
   if (stop != obj.end() && !stop->is_null()) {
@@ -709,6 +783,22 @@ ApiError api_error_from_status(const Status& s) {
   // An internal error keeps its code name: it is a bug report.
   e.message = fc.http_status == 500 ? s.to_string() : s.message();
   return e;
+}
+
+std::optional<ApiError> check_token_ids(const SamplingFields& s, int32_t n_vocab) {
+  const auto past = [n_vocab](TokenId id) { return id >= n_vocab; };
+  const std::string size = "the model's vocabulary has " + std::to_string(n_vocab) + " tokens (ids 0 to " +
+                           std::to_string(n_vocab - 1) + ")";
+  for (const LogitBias& b : s.logit_bias) {
+    if (past(b.id)) return bad("logit_bias", "'logit_bias' names token " + std::to_string(b.id) + ", but " + size);
+  }
+  for (size_t k = 0; k < s.stop_token_ids.size(); ++k) {
+    if (past(s.stop_token_ids[k])) {
+      return bad("stop_token_ids[" + std::to_string(k) + "]",
+                 "'stop_token_ids' names token " + std::to_string(s.stop_token_ids[k]) + ", but " + size);
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<ApiError> parse_completion_request(std::string_view body, CompletionRequest& out) {

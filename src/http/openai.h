@@ -69,9 +69,12 @@ ApiError api_error_from_status(const Status& s);
 
 // How much client input an error may quote, and how long an error message and
 // its `param` may be when rendered (render_error / render_refusal cut longer
-// ones, saying how long they were).
+// ones, saying how long they were). The longest message of our own is an
+// unknown_parameter's on /v1/chat/completions, which lists every accepted
+// field (about 550 bytes with a 40-byte excerpt of the unknown name): the
+// bound leaves it whole.
 inline constexpr size_t kInputExcerptBytes = 40;
-inline constexpr size_t kMaxErrorMessageBytes = 512;
+inline constexpr size_t kMaxErrorMessageBytes = 768;
 inline constexpr size_t kMaxParamBytes = 128;
 
 // Request cost limits (see the contract above). Each is far above what a real
@@ -98,6 +101,12 @@ inline constexpr size_t kMaxToolsBytes = 256 * 1024;
 //    are refused cheaply by Gateway::precheck (400 context_length_exceeded),
 //    before tokenization too.
 inline constexpr size_t kMaxPromptBytes = 8 * 1024 * 1024;
+//  - logit_bias entries: engine/sampler.h's kMaxLogitBias (1024), which
+//    says why.
+//  - stop_token_ids: each generated token is compared with every one, and
+//    each is stored in the request's checkpoints; a model has a handful of
+//    end-of-turn tokens, so 64 is far above any real list.
+inline constexpr size_t kMaxStopTokenIds = 64;
 
 // `text` when it is at most `max_bytes` long; else its first bytes (cut on a
 // UTF-8 character boundary) followed by "... (N bytes)". For quoting client
@@ -116,14 +125,31 @@ std::string input_excerpt(std::string_view text, size_t max_bytes = kInputExcerp
 //   one sent; negative ones as their 64-bit two's complement; outside: 400
 //   naming seed and the range), stop, stream, n (1 only), best_of (1 only),
 //   logprobs (see "Log-probabilities" below),
+//   frequency_penalty and presence_penalty (numbers in [-2, 2]; counted over
+//   the tokens this request generated, not the prompt, as OpenAI defines
+//   them: engine/sampler.h), logit_bias ({"<token id>": number in [-100,
+//   100]}: keys decimal token ids below the vocabulary's size, at most
+//   kMaxLogitBias entries, one key per token; -100 bans a token in
+//   practice, +100 forces it; greedy requests honour it too), all carried
+//   in the request's checkpoints, so a resumed or migrated request
+//   continues as it would have;
 //   llama.cpp-style sampling the server implements: top_k, min_p,
-//   repeat_penalty, repeat_last_n;
+//   repeat_penalty, repeat_last_n (the window repeat_penalty looks back
+//   over, prompt included);
+//   vLLM's names for what the engine does: repetition_penalty (the same
+//   penalty as repeat_penalty, over the repeat_last_n window, where vLLM's
+//   is the whole sequence; both given and different: 400 naming
+//   repetition_penalty), ignore_eos (a boolean: an end-of-generation token
+//   is generated on, as text it adds nothing), min_tokens (an integer >= 0,
+//   at most max_tokens when that is given: until that many tokens are
+//   generated, end-of-generation tokens (unless ignore_eos) and
+//   stop_token_ids are never sampled; stop strings still apply, unlike
+//   vLLM's), stop_token_ids (at most kMaxStopTokenIds token ids below the
+//   vocabulary's size: sampling one ends the response with "stop", the
+//   token not in its text nor its count, as an end-of-generation token),
+//   skip_special_tokens (true / null only: control tokens never reach the
+//   text here; false is unsupported_parameter);
 //   accepted only with values that change nothing (else unsupported_parameter):
-//   frequency_penalty and presence_penalty (0 / null: the sampler does not
-//   apply them; repeat_penalty is the penalty it implements), logit_bias
-//   (null / {}; a non-empty map is validated, keys decimal token ids, values
-//   numbers in [-100, 100], then refused: the sampler and the checkpoints
-//   that resume and migrate requests carry no per-token bias),
 //   response_format ({"type":"text"} / null), tools ([] / null);
 //   metadata that does not affect the output: user (string), metadata
 //   (object), store (false / null: nothing is stored for later retrieval),
@@ -133,7 +159,7 @@ inline constexpr std::string_view kSharedGenerationFields[] = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "n",
     "best_of", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
     "logit_bias", "logprobs", "response_format", "tools", "user", "metadata", "store", "service_tier",
-    "stream_options"};
+    "stream_options", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens"};
 // /v1/completions also: prompt (required; a string or a one-string array),
 // echo (false / null), suffix ("" / null).
 inline constexpr std::string_view kCompletionOnlyFields[] = {"prompt", "echo", "suffix"};
@@ -185,10 +211,16 @@ struct SamplingFields {
   std::optional<float> top_p;
   std::optional<int32_t> top_k;
   std::optional<float> min_p;
-  std::optional<float> repeat_penalty;
+  std::optional<float> repeat_penalty;  // repeat_penalty or repetition_penalty
   std::optional<int32_t> repeat_last_n;
+  std::optional<float> frequency_penalty;
+  std::optional<float> presence_penalty;
+  std::vector<LogitBias> logit_bias;  // sorted by id; ids not checked against the vocabulary yet
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::optional<int32_t> min_tokens;
+  std::vector<TokenId> stop_token_ids;  // not checked against the vocabulary yet
   // Log-probabilities asked for: the number of alternatives per token
   // (completions' logprobs; chat's top_logprobs, 0 when only logprobs is
   // true); nullopt: none.
@@ -229,6 +261,10 @@ bool is_chat_body(std::string_view body);
 // Return nullopt on success (out filled), else the error.
 std::optional<ApiError> parse_completion_request(std::string_view body, CompletionRequest& out);
 std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& out);
+// What parsing cannot check without the model: every token id a request
+// names (logit_bias keys, stop_token_ids) below n_vocab, the served model's
+// vocabulary size. A 400 (invalid_value) naming the field otherwise.
+std::optional<ApiError> check_token_ids(const SamplingFields& s, int32_t n_vocab);
 
 // What every response reports about where and how it ran.
 struct SpillwayInfo {

@@ -312,6 +312,19 @@ TEST(OpenAiStrict, UnknownFieldsAreRefused) {
   EXPECT_EQ(c.param, "prompt");
   EXPECT_LE(c.message.size(), kMaxErrorMessageBytes);
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"functions":[]})").param, "functions");
+  // The longest list (chat's) with the longest excerpt of a name is whole.
+  ApiError long_name =
+      chat_error(json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {std::string(5000, 'k'), 1}}.dump());
+  EXPECT_LE(long_name.message.size(), kMaxErrorMessageBytes);
+  EXPECT_NE(long_name.message.find("skip_special_tokens)"), std::string::npos) << long_name.message;
+  // vLLM's other parameters are unknown here, named as such.
+  for (const char* vllm : {"use_beam_search", "include_stop_str_in_output", "allowed_token_ids", "bad_words",
+                           "spaces_between_special_tokens", "prompt_logprobs", "guided_json"}) {
+    ApiError v = completion_error(std::string(R"({"prompt":"a",")") + vllm + "\":null}");
+    EXPECT_EQ(v.code, "unknown_parameter") << vllm;
+    EXPECT_EQ(v.param, vllm);
+    EXPECT_NE(v.message.find("repetition_penalty"), std::string::npos) << v.message;
+  }
   // Nested: stream_options has one key.
   ApiError so = completion_error(R"({"prompt":"a","stream_options":{"include_usage":true,"chunk":1}})");
   EXPECT_EQ(so.code, "unknown_parameter");
@@ -509,34 +522,53 @@ TEST(OpenAiLimits, PromptBytes) {
   expect_over_limit(chat_error(chat(kMaxPromptBytes + 1)), "messages", kMaxPromptBytes, kMaxPromptBytes + 1);
 }
 
-TEST(OpenAiParse, PenaltiesOtherThanZeroAreRefusedNotIgnored) {
+TEST(OpenAiParse, FrequencyAndPresencePenaltiesAreReadInTheirRange) {
   for (const char* key : {"frequency_penalty", "presence_penalty"}) {
-    for (const char* ok : {"0", "0.0", "-0", "null"}) {
+    const auto value = [&](const std::string& v) {
       CompletionRequest r;
-      const std::string body = std::string(R"({"prompt":"a",")") + key + "\":" + ok + "}";
-      EXPECT_FALSE(parse_completion_request(body, r).has_value()) << body;
+      const std::string body = std::string(R"({"prompt":"a",")") + key + "\":" + v + "}";
+      auto e = parse_completion_request(body, r);
+      EXPECT_FALSE(e.has_value()) << body << ": " << e->message;
+      return std::string(key) == "frequency_penalty" ? r.sampling.frequency_penalty : r.sampling.presence_penalty;
+    };
+    EXPECT_EQ(value("0.5"), 0.5f);
+    EXPECT_EQ(value("-2"), -2.0f);
+    EXPECT_EQ(value("2"), 2.0f);
+    EXPECT_EQ(value("0"), 0.0f);
+    EXPECT_FALSE(value("null").has_value());
+    for (const char* out : {"2.01", "-2.5", "100"}) {
+      ApiError e = completion_error(std::string(R"({"prompt":"a",")") + key + "\":" + out + "}");
+      EXPECT_EQ(e.http_status, 400);
+      EXPECT_EQ(e.param, key);
+      EXPECT_EQ(e.code, "invalid_value");
+      EXPECT_NE(e.message.find("must be in [-2.0, 2.0]"), std::string::npos) << e.message;
     }
-    ApiError e = completion_error(std::string(R"({"prompt":"a",")") + key + "\":0.5}");
-    EXPECT_EQ(e.http_status, 400);
-    EXPECT_EQ(e.param, key);
-    EXPECT_EQ(e.code, "unsupported_parameter");
-    EXPECT_NE(e.message.find("not applied"), std::string::npos) << e.message;
     EXPECT_EQ(completion_error(std::string(R"({"prompt":"a",")") + key + "\":\"x\"}").code, "invalid_type");
-    EXPECT_EQ(chat_error(std::string(R"({"messages":[{"role":"user","content":"x"}],")") + key + "\":-1}").code,
-              "unsupported_parameter");
+    ChatRequest c;
+    ASSERT_FALSE(parse_chat_request(std::string(R"({"messages":[{"role":"user","content":"x"}],")") + key +
+                                        "\":-1}",
+                                    c)
+                     .has_value());
+    EXPECT_EQ(std::string(key) == "frequency_penalty" ? c.sampling.frequency_penalty : c.sampling.presence_penalty,
+              -1.0f);
   }
 }
 
-TEST(OpenAiParse, LogitBiasIsValidatedThenRefused) {
-  for (const char* ok : {"null", "{}"}) {
+TEST(OpenAiParse, LogitBiasIsReadSortedByToken) {
+  for (const char* none : {"null", "{}"}) {
     CompletionRequest r;
-    EXPECT_FALSE(parse_completion_request(std::string(R"({"prompt":"a","logit_bias":)") + ok + "}", r).has_value())
-        << ok;
+    EXPECT_FALSE(parse_completion_request(std::string(R"({"prompt":"a","logit_bias":)") + none + "}", r).has_value())
+        << none;
+    EXPECT_TRUE(r.sampling.logit_bias.empty());
   }
-  ApiError e = completion_error(R"({"prompt":"a","logit_bias":{"50256":-100,"7":2.5}})");
-  EXPECT_EQ(e.param, "logit_bias");
-  EXPECT_EQ(e.code, "unsupported_parameter");
-  EXPECT_NE(e.message.find("not supported"), std::string::npos) << e.message;
+  CompletionRequest r;
+  ASSERT_FALSE(
+      parse_completion_request(R"({"prompt":"a","logit_bias":{"50256":-100,"7":2.5,"0":100}})", r).has_value());
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<LogitBias>{{0, 100.0f}, {7, 2.5f}, {50256, -100.0f}}));
+  ChatRequest c;
+  ASSERT_FALSE(
+      parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":-1}})", c).has_value());
+  EXPECT_EQ(c.sampling.logit_bias, (std::vector<LogitBias>{{1, -1.0f}}));
   struct Case {
     const char* value;
     const char* code;
@@ -545,16 +577,119 @@ TEST(OpenAiParse, LogitBiasIsValidatedThenRefused) {
       {R"({"abc":1})", "invalid_value"},      {R"({"-1":1})", "invalid_value"},
       {R"({"":1})", "invalid_value"},         {R"({"99999999999":1})", "invalid_value"},
       {R"({"2147483648":1})", "invalid_value"}, {R"({"1":101})", "invalid_value"},
-      {R"({"1":-100.5})", "invalid_value"},   {R"({"1":"x"})", "invalid_type"},
-      {R"([1,2])", "invalid_type"},           {R"("x")", "invalid_type"},
+      {R"({"1":-100.5})", "invalid_value"},   {R"({"1":500})", "invalid_value"},
+      {R"({"1.5":1})", "invalid_value"},      {R"({"7":1,"007":2})", "invalid_value"},
+      {R"({"1":"x"})", "invalid_type"},       {R"([1,2])", "invalid_type"},
+      {R"("x")", "invalid_type"},
   };
   for (const Case& c : bad_values) {
     ApiError b = completion_error(std::string(R"({"prompt":"a","logit_bias":)") + c.value + "}");
+    EXPECT_EQ(b.http_status, 400) << c.value;
     EXPECT_EQ(b.param, "logit_bias") << c.value;
     EXPECT_EQ(b.code, c.code) << c.value << " -> " << b.message;
   }
-  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":1}})").code,
-            "unsupported_parameter");
+}
+
+TEST(OpenAiLimits, LogitBiasEntries) {
+  json at_limit = json::object();
+  for (size_t i = 0; i < kMaxLogitBias; ++i) at_limit[std::to_string(i)] = -1;
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(json{{"prompt", "a"}, {"logit_bias", at_limit}}.dump(), r).has_value());
+  EXPECT_EQ(r.sampling.logit_bias.size(), kMaxLogitBias);
+  json over = at_limit;
+  over[std::to_string(kMaxLogitBias)] = 1;
+  const ApiError e = completion_error(json{{"prompt", "a"}, {"logit_bias", over}}.dump());
+  EXPECT_EQ(e.param, "logit_bias");
+  EXPECT_NE(e.message.find("at most " + std::to_string(kMaxLogitBias) + " entries, got " +
+                           std::to_string(kMaxLogitBias + 1)),
+            std::string::npos)
+      << e.message;
+}
+
+// Token ids are checked against the served model's vocabulary once it is
+// known (the server calls check_token_ids after parsing).
+TEST(OpenAiParse, TokenIdsAreCheckedAgainstTheVocabulary) {
+  CompletionRequest r;
+  ASSERT_FALSE(
+      parse_completion_request(R"({"prompt":"a","logit_bias":{"511":1,"3":2},"stop_token_ids":[2,511]})", r)
+          .has_value());
+  EXPECT_FALSE(check_token_ids(r.sampling, 512).has_value());
+  auto e = check_token_ids(r.sampling, 511);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->http_status, 400);
+  EXPECT_EQ(e->param, "logit_bias");
+  EXPECT_NE(e->message.find("token 511"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("511 tokens"), std::string::npos) << e->message;
+  r.sampling.logit_bias.clear();
+  e = check_token_ids(r.sampling, 511);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "stop_token_ids[1]");
+}
+
+// vLLM's spellings of what the engine does.
+TEST(OpenAiParse, VllmParameters) {
+  CompletionRequest r;
+  auto e = parse_completion_request(
+      R"({"prompt":"a","max_tokens":10,"repetition_penalty":1.2,"ignore_eos":true,"min_tokens":4,)"
+      R"("stop_token_ids":[13,2],"skip_special_tokens":true})",
+      r);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  EXPECT_FLOAT_EQ(*r.sampling.repeat_penalty, 1.2f);
+  EXPECT_TRUE(r.sampling.ignore_eos);
+  EXPECT_EQ(r.sampling.min_tokens, 4);
+  EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<TokenId>{13, 2}));
+  CompletionRequest none;
+  ASSERT_FALSE(parse_completion_request(
+                   R"({"prompt":"a","ignore_eos":null,"min_tokens":null,"stop_token_ids":null,"skip_special_tokens":null})",
+                   none)
+                   .has_value());
+  EXPECT_FALSE(none.sampling.ignore_eos);
+  EXPECT_FALSE(none.sampling.min_tokens.has_value());
+  EXPECT_TRUE(none.sampling.stop_token_ids.empty());
+  // repetition_penalty is repeat_penalty: the same value twice is fine.
+  CompletionRequest both;
+  ASSERT_FALSE(
+      parse_completion_request(R"({"prompt":"a","repeat_penalty":1.3,"repetition_penalty":1.3})", both).has_value());
+  EXPECT_FLOAT_EQ(*both.sampling.repeat_penalty, 1.3f);
+  const std::string chat_prefix = R"({"messages":[{"role":"user","content":"x"}],)";
+  ChatRequest c;
+  ASSERT_FALSE(parse_chat_request(chat_prefix + R"("min_tokens":2,"stop_token_ids":[5]})", c).has_value());
+  EXPECT_EQ(c.sampling.min_tokens, 2);
+  EXPECT_EQ(c.sampling.stop_token_ids, std::vector<TokenId>{5});
+
+  struct Case {
+    std::string body;
+    const char* param;
+    const char* code;
+  };
+  const Case cases[] = {
+      {R"({"prompt":"a","repeat_penalty":1.3,"repetition_penalty":1.2})", "repetition_penalty", "invalid_value"},
+      {R"({"prompt":"a","repetition_penalty":0})", "repetition_penalty", "invalid_value"},
+      {R"({"prompt":"a","repetition_penalty":"1"})", "repetition_penalty", "invalid_type"},
+      {R"({"prompt":"a","ignore_eos":1})", "ignore_eos", "invalid_type"},
+      {R"({"prompt":"a","min_tokens":-1})", "min_tokens", "invalid_value"},
+      {R"({"prompt":"a","min_tokens":1.5})", "min_tokens", "invalid_type"},
+      {R"({"prompt":"a","max_tokens":3,"min_tokens":4})", "min_tokens", "invalid_value"},
+      {R"({"prompt":"a","stop_token_ids":5})", "stop_token_ids", "invalid_type"},
+      {R"({"prompt":"a","stop_token_ids":[1,-2]})", "stop_token_ids[1]", "invalid_value"},
+      {R"({"prompt":"a","stop_token_ids":[1,"2"]})", "stop_token_ids[1]", "invalid_type"},
+      {R"({"prompt":"a","stop_token_ids":[2147483648]})", "stop_token_ids[0]", "invalid_value"},
+      {R"({"prompt":"a","skip_special_tokens":false})", "skip_special_tokens", "unsupported_parameter"},
+      {R"({"prompt":"a","skip_special_tokens":"yes"})", "skip_special_tokens", "invalid_type"},
+  };
+  for (const Case& k : cases) {
+    ApiError b = completion_error(k.body);
+    EXPECT_EQ(b.http_status, 400) << k.body;
+    EXPECT_EQ(b.param, k.param) << k.body << " -> " << b.message;
+    EXPECT_EQ(b.code, k.code) << k.body << " -> " << b.message;
+  }
+  EXPECT_NE(completion_error(R"({"prompt":"a","skip_special_tokens":false})").message.find("never writes special"),
+            std::string::npos);
+  std::vector<int> many(kMaxStopTokenIds + 1, 1);
+  EXPECT_EQ(completion_error(json{{"prompt", "a"}, {"stop_token_ids", many}}.dump()).param, "stop_token_ids");
+  many.pop_back();
+  CompletionRequest at_limit;
+  EXPECT_FALSE(parse_completion_request(json{{"prompt", "a"}, {"stop_token_ids", many}}.dump(), at_limit).has_value());
 }
 
 // seed: the integers a JSON number holds exactly, negative ones as their

@@ -536,6 +536,12 @@ class HttpServer::Impl {
     if (s.min_p) g.sampler.min_p = *s.min_p;
     if (s.repeat_penalty) g.sampler.repeat_penalty = *s.repeat_penalty;
     if (s.repeat_last_n) g.sampler.repeat_last_n = *s.repeat_last_n;
+    if (s.frequency_penalty) g.sampler.frequency_penalty = *s.frequency_penalty;
+    if (s.presence_penalty) g.sampler.presence_penalty = *s.presence_penalty;
+    g.sampler.logit_bias = s.logit_bias;
+    g.ignore_eos = s.ignore_eos;
+    g.min_tokens = s.min_tokens.value_or(0);
+    g.stop_token_ids = s.stop_token_ids;
     // A request without a seed gets a fresh one, reported back so it can be
     // replayed: 53 bits, so that a client can send it back (openai.h: seed).
     g.sampler.seed = s.seed ? *s.seed : env_.random_u64() >> 11;
@@ -625,7 +631,9 @@ class HttpServer::Impl {
     }
     // As llama.cpp's server: control-token texts in the prompt are those tokens.
     g.parse_special = true;
-    return std::nullopt;
+    // Ids are the served model's (a fallback model of a smaller vocabulary
+    // ignores the ones past it: engine/sampler.h).
+    return check_token_ids(sampling, gateway_.tokenizer().n_vocab());
   }
 
   void completion(const Request& req, Response& res, const Principal& who, bool chat) {

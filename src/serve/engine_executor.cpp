@@ -44,6 +44,9 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
     o.max_tokens = job.max_tokens;
     o.sampler = job.sampler;
     o.stop = job.stop;
+    o.ignore_eos = job.ignore_eos;
+    o.min_tokens = job.min_tokens;
+    o.stop_token_ids = job.stop_token_ids;
     o.reserve_kv = true;  // fail at the request boundary, never mid-stream
     o.logprobs = job.logprobs;
     return Generator::start(session, job.prompt, o);

@@ -127,6 +127,12 @@ Status validate_generation_request(const GenerationRequest& request) {
   if (request.max_tokens && *request.max_tokens <= 0) {
     return invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*request.max_tokens));
   }
+  if (request.min_tokens < 0) {
+    return invalid_field("min_tokens", "min_tokens: must be >= 0, got " + std::to_string(request.min_tokens));
+  }
+  for (TokenId id : request.stop_token_ids) {
+    if (id < 0) return invalid_field("stop_token_ids", "stop_token_ids: token id " + std::to_string(id) + " is negative");
+  }
   return Status::ok_status();
 }
 
@@ -169,6 +175,9 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   job.sampler = request.sampler;
   job.max_tokens = limits.max_tokens;
   job.stop = request.stop;
+  job.ignore_eos = request.ignore_eos;
+  job.min_tokens = request.min_tokens;
+  job.stop_token_ids = request.stop_token_ids;
   job.logprobs = request.logprobs;
   PreparedRequest p;
   p.record_id = request.record_id;

@@ -85,6 +85,10 @@ struct GenerationRequest {
   SamplerParams sampler;
   std::optional<int32_t> max_tokens;  // nullopt: up to the end of the context
   std::vector<std::string> stop;
+  // End-of-generation rules (GenerateOptions' fields of the same names).
+  bool ignore_eos = false;
+  int32_t min_tokens = 0;
+  std::vector<TokenId> stop_token_ids;
   // The durable id (the journal's) the RequestObserver reports under; 0: none.
   int64_t record_id = 0;
   // The server's own request (a warm-up): see PreparedRequest::internal.
@@ -98,8 +102,9 @@ struct GenerationRequest {
 };
 
 // The checks every submitter makes before tokenizing: a non-empty prompt,
-// valid sampler parameters, max_tokens >= 1 when given; InvalidArgument
-// (kInvalidField) naming the field otherwise.
+// valid sampler parameters, max_tokens >= 1 when given, min_tokens >= 0, no
+// negative stop_token_ids; InvalidArgument (kInvalidField) naming the field
+// otherwise.
 Status validate_generation_request(const GenerationRequest& request);
 // The request's prompt tokens (BOS as the request and the vocabulary say);
 // InvalidArgument (kInvalidField "prompt") when it tokenizes to nothing.
@@ -138,6 +143,11 @@ struct ExecJob {
   // Completion tokens in all (a resumed job counts the checkpoint's too).
   int32_t max_tokens = 0;
   std::vector<std::string> stop;
+  // GenerateOptions' end-of-generation rules (a resumed job's come from its
+  // checkpoint, as its sampler's do).
+  bool ignore_eos = false;
+  int32_t min_tokens = 0;
+  std::vector<TokenId> stop_token_ids;
   // Continue from this checkpoint (a migration or a resume) instead of
   // starting from `prompt`: its tokens are evaluated again, its sampler,
   // stop-rule and UTF-8 state restored.

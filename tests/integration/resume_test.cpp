@@ -1,9 +1,11 @@
 // Integration: POST /v1/requests/{id}/resume on the real `spillway serve`
-// binary. A streamed greedy request is killed (SIGKILL) mid-stream; after a
-// restart on the same journal its record is failed / interrupted / resumable
-// with the checkpoint it reached, and a resume with everything the client had
-// received continues it: received + continuation is the uninterrupted text,
-// with the full usage, and the request is then done (a second resume: 409).
+// binary. A streamed greedy request (with frequency and presence penalties
+// and a logit_bias, which the resume must carry on) is killed (SIGKILL)
+// mid-stream; after a restart on the same journal its record is failed /
+// interrupted / resumable with the checkpoint it reached, and a resume with
+// everything the client had received continues it: received + continuation
+// is the uninterrupted text, with the full usage, and the request is then
+// done (a second resume: 409).
 // Around it, the refusals: text that disagrees with the checkpoint (409 on
 // received_text, still resumable), an unknown id (404), a body with an unknown
 // field (400 naming it), a finished request (409), no journal (404).
@@ -62,8 +64,13 @@ std::optional<std::string> no_vulkan() {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Greedy, with OpenAI's penalties and a logit_bias (the EOS banned, so the
+// run is kMaxTokens long whatever the penalties make of it): a resume that
+// lost any of them, from the journal's checkpoint or from the stored body,
+// would continue with other text than the uninterrupted run's.
 std::string completion_body(bool stream) {
-  json b = {{"prompt", kPrompt}, {"max_tokens", kMaxTokens}, {"temperature", 0}};
+  json b = {{"prompt", kPrompt},           {"max_tokens", kMaxTokens},     {"temperature", 0},
+            {"frequency_penalty", 0.5},    {"presence_penalty", 0.25},     {"logit_bias", {{"2", -100}}}};
   if (stream) b["stream"] = true;
   return b.dump();
 }
