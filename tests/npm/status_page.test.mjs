@@ -124,11 +124,29 @@ describe('the status page in headless chromium', () => {
     const restoreSpeed = await slowCpuPath(srv.base, ADMIN, 50);
     const repeats = SLOWDOWN > 1 ? 30 : 110;
     const prompt = (i) => `Story ${i}: ` + 'the little dog ran to the park and '.repeat(repeats);
+    // Each request is sent once the previous one is listed, and known by the
+    // request id it shows up with: requests sent 30 ms apart could reach the
+    // server in either order on a loaded machine, and a victim chosen by its
+    // place in the list was then another request than the one awaited.
+    const seen = new Set();
+    const arrival = (what) => bounded((async () => {
+      for (;;) {
+        const fresh = (await inFlight(srv)).filter((r) => !seen.has(r.request_id));
+        assert.ok(fresh.length <= 1, `one new request at a time: ${JSON.stringify(fresh)}`);
+        if (fresh.length === 1) {
+          seen.add(fresh[0].request_id);
+          return fresh[0].request_id;
+        }
+        await sleep(10);
+      }
+    })(), 30_000, what);
     const running = complete(srv, prompt(0), 32);
+    await arrival('the first request listed');
     const queued = [];
+    const queuedIds = [];
     for (let i = 1; i <= 3; i++) {
-      await sleep(30);
       queued.push(complete(srv, prompt(i), i < 3 ? 32 : 16));
+      queuedIds.push(await arrival(`request ${i} listed`));
     }
     const listed = await bounded((async () => {
       for (;;) {
@@ -137,7 +155,9 @@ describe('the status page in headless chromium', () => {
         await sleep(20);
       }
     })(), 30_000, 'four requests in flight, three queued');
-    const victim = listed.filter((r) => r.state === 'queued').at(-1);
+    const victimIndex = queued.length - 1;
+    const victim = listed.find((r) => r.request_id === queuedIds[victimIndex]);
+    assert.equal(victim?.state, 'queued', JSON.stringify(listed));
 
     // The page shows them: path, model, decision, queue position, delay.
     const row = `tr[data-request-id="${victim.request_id}"]`;
@@ -169,7 +189,6 @@ describe('the status page in headless chromium', () => {
 
     // Cancel through the page.
     await page.click(`${row} button.cancel`);
-    const victimIndex = listed.filter((r) => r.state === 'queued').length - 1;
     const outcome = await bounded(queued[victimIndex], 60_000, 'the cancelled request\'s response');
     assert.match(JSON.stringify(outcome.body), /cancel/i, `the client sees its cancellation: ${JSON.stringify(outcome)}`);
     await bounded((async () => {
