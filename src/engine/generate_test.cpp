@@ -204,14 +204,22 @@ std::string as_older_version(const std::string& bytes, uint32_t version, size_t 
 }
 
 // Older checkpoints still parse: version 1 (before kv_type) with kv_type "",
-// version 2 (before the OpenAI/vLLM options) with those at their defaults.
+// version 2 (before the OpenAI/vLLM options) and version 3 (before
+// response_format) with those at their defaults.
 TEST(Checkpoint, OlderVersionsParseWithDefaults) {
   Fixture f;
   Checkpoint cp = start_checkpoint(f.model->fingerprint(), f.prompt(), greedy(5));
-  const std::string v3 = serialize_checkpoint(cp);
+  const std::string v4 = serialize_checkpoint(cp);
+  // Version 4's field at its default: the constraint's u8 kind 0 and its
+  // schema's u32 length 0.
+  const size_t v4_fields = 1 + 4;
+  auto v3_parsed = parse_checkpoint(as_older_version(v4, 3, v4_fields));
+  ASSERT_TRUE(v3_parsed.ok()) << v3_parsed.status().to_string();
+  EXPECT_TRUE(*v3_parsed == cp);
+  const std::string v3 = v4;
   // Version 3's fields, at their defaults: two f32 penalties, logit_bias's
   // u32 count 0, min_tokens' i32, stop_token_ids' u32 count 0.
-  const size_t v3_fields = 4 + 4 + 4 + 4 + 4;
+  const size_t v3_fields = 4 + 4 + 4 + 4 + 4 + v4_fields;
   auto v2 = parse_checkpoint(as_older_version(v3, 2, v3_fields));
   ASSERT_TRUE(v2.ok()) << v2.status().to_string();
   EXPECT_TRUE(*v2 == cp);
