@@ -54,7 +54,7 @@
 namespace spw {
 
 struct Checkpoint {
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
 
   std::string model_fingerprint;
   std::vector<TokenId> tokens;  // prompt + generated

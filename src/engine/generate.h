@@ -161,6 +161,7 @@ class OutputConstraint;  // engine/output_constraint.h
 
 class Generator {
  public:
+  ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
   static Result<std::unique_ptr<Generator>> start(Session& session, std::vector<TokenId> prompt,
@@ -182,7 +183,6 @@ class Generator {
 
  private:
   Generator(Session& session, const GenerateOptions& options);
-  ~Generator();
   // The constraint of options_ (if any), replaying `generated` into it.
   Status init_constraint(std::span<const TokenId> generated);
   void finish(const std::string& reason, const TokenCallback& cb, bool flush);
