@@ -772,7 +772,7 @@ TEST(GenerateConstraint, SeededSamplesAreWholeDocumentsOfTheSchema) {
   const size_t start = r->text.find_first_not_of(" \t\n\r");
   ASSERT_NE(start, std::string::npos) << r->text;
   EXPECT_EQ(r->text[start], '{') << r->text;
-  EXPECT_LE(start, static_cast<size_t>(grammar::kMaxWhitespace));
+  EXPECT_LE(start, static_cast<size_t>(grammar::kMaxIndent + 2));
 }
 
 // The grammar's state is rebuilt from the checkpoint's tokens: a resumed

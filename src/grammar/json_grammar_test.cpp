@@ -70,13 +70,16 @@ TEST(JsonGrammar, CompletionAndWhatMayFollow) {
   EXPECT_TRUE(num.can_continue());  // more digits
 }
 
-TEST(JsonGrammar, WhitespaceIsBounded) {
+TEST(JsonGrammar, WhitespaceIsOneSpaceOrALineBreakAndBoundedIndentation) {
   auto g = *compile_constraint({ConstraintKind::kJsonObject, ""});
-  const std::string ws(kMaxWhitespace, ' ');
-  EXPECT_TRUE(accepts(g, ws + "{" + ws + "\"a\"" + ws + ":" + ws + "1" + ws + "}"));
-  EXPECT_FALSE(prefix(g, ws + " {"));
-  EXPECT_FALSE(prefix(g, "{" + ws + "\n"));
-  EXPECT_TRUE(accepts(g, "{\n\t\"a\" :\r\n 1\n}"));
+  const std::string indent(kMaxIndent, ' ');
+  EXPECT_TRUE(accepts(g, " {\n" + indent + "\"a\": [1,\r\n\t2 ],\n\"b\"\t:\n" + indent + "null\n}"));
+  EXPECT_FALSE(prefix(g, "  {"));          // one space, not two
+  EXPECT_FALSE(prefix(g, "{ \n"));        // a space, then a line break
+  EXPECT_FALSE(prefix(g, "{\n\n"));       // one line break
+  EXPECT_FALSE(prefix(g, "{\r "));        // \r only before \n
+  EXPECT_FALSE(prefix(g, "{\n" + indent + " "));
+  EXPECT_TRUE(prefix(g, "{\n" + indent + "\"a\""));
 }
 
 TEST(JsonGrammar, Types) {

@@ -146,14 +146,28 @@ struct JsonMatcher::Impl {
 
   void emit(const Frame& f, const PFrame* parent, Tops& out) { out.push_back(arena->make(f, parent)); }
 
-  // Whitespace in a gap: at most kMaxWhitespace bytes.
+  // Whitespace in a gap (json_schema.h): Frame::ws is kGapNone, kGapOne
+  // (one space or tab: nothing more), kGapCr (a \r: its \n must follow) or
+  // kGapLine + the indentation after a line break. True when the byte is
+  // the gap's (accepted or not); false: the frame reads it.
+  static constexpr uint8_t kGapNone = 0, kGapOne = 1, kGapCr = 2, kGapLine = 3;
   bool gap(const PFrame* top, uint8_t b, Tops& out) {
+    const uint8_t w = top->f.ws;
+    if (w == kGapCr && b != '\n') return true;
     if (!is_ws(b)) return false;
-    if (top->f.ws < kMaxWhitespace) {
-      Frame f = top->f;
-      ++f.ws;
-      emit(f, top->parent, out);
+    uint8_t next;
+    if (w == kGapNone) {
+      next = b == '\n' ? kGapLine : b == '\r' ? kGapCr : kGapOne;
+    } else if (w == kGapCr) {
+      next = kGapLine;
+    } else if (w >= kGapLine && (b == ' ' || b == '\t') && w - kGapLine < kMaxIndent) {
+      next = static_cast<uint8_t>(w + 1);
+    } else {
+      return true;
     }
+    Frame f = top->f;
+    f.ws = next;
+    emit(f, top->parent, out);
     return true;
   }
 

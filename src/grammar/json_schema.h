@@ -27,8 +27,11 @@
 //         examples, default, deprecated, readOnly, writeOnly.
 // What the grammar generates is a subset of what the schema accepts, chosen
 // so that generation always terminates in a document:
-//   - between two tokens of JSON at most kMaxWhitespace whitespace bytes
-//     (before the value too; none after it: the document ends there);
+//   - between two tokens of JSON (and before the value; nothing after it:
+//     the document ends there) whitespace is nothing, one space or tab, or
+//     a line break (\n or \r\n) and at most kMaxIndent spaces or tabs, as
+//     llama.cpp's JSON grammar has it: a pretty-printer's layout fits, a
+//     loop on spaces does not;
 //   - numbers: at most kMaxIntDigits integer digits, kMaxFracDigits fraction
 //     digits, kMaxExpDigits exponent digits; "integer" is -?(0|[1-9][0-9]*);
 //   - object keys are written in canonical form: the only escapes are the
@@ -65,7 +68,7 @@ inline constexpr size_t kMaxLiteralBytes = 32 * 1024;  // enum/const values and 
 inline constexpr size_t kMaxAlternatives = 64;         // branches of one union, nested unions flattened
 inline constexpr size_t kMaxSchemaDepth = 64;          // nesting of the schema document itself
 inline constexpr int kMaxDepth = 64;                   // containers nested in a generated document
-inline constexpr int kMaxWhitespace = 16;              // whitespace bytes between two JSON tokens
+inline constexpr int kMaxIndent = 12;                  // spaces/tabs after a line break between two JSON tokens
 inline constexpr int kMaxIntDigits = 16;
 inline constexpr int kMaxFracDigits = 16;
 inline constexpr int kMaxExpDigits = 2;  // 1e99 at most: every such number is a finite double

@@ -667,7 +667,8 @@ std::optional<ApiError> parse_chat_tools(std::string_view body, const json& obj,
   }
   if (forced) {
     return unsupported("tool_choice", "'tool_choice' that forces a call (\"required\" or a named function) needs "
-                                      "constrained decoding, which this server does not do; send \"auto\" or \"none\"");
+                                      "constrained decoding of the call, which this server does not do for tools yet "
+                                      "(response_format is constrained); send \"auto\" or \"none\"");
   }
   std::optional<bool> parallel;
   SPW_TRY_FIELD(get_bool(obj, "parallel_tool_calls", parallel));

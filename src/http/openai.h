@@ -256,7 +256,7 @@ struct ChatRequest {
   // (the model is not told of them, and nothing is parsed as a call).
   // tool_choice: "auto" (default with tools), "none"; "required" and a
   // named function are refused (400 unsupported_parameter: forcing a call
-  // needs constrained decoding, which the sampler does not do).
+  // needs the call constrained to the tool's schema: not wired to tools yet).
   // parallel_tool_calls (default true): false keeps the first call.
   // Messages may carry assistant tool_calls ({id, type "function",
   // function {name, arguments: a JSON object as a string}}) and "tool"
