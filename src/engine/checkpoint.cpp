@@ -117,6 +117,17 @@ Status parse_v3_fields(Reader& r, Checkpoint& c) {
   return r.ids(c.options.stop_token_ids, "options.stop_token_ids");
 }
 
+// Version 4's: the response_format constraint's source.
+Status parse_v4_fields(Reader& r, Checkpoint& c) {
+  uint8_t kind;
+  SPW_RETURN_IF_ERROR(r.u8(kind, "options.constraint.kind"));
+  if (kind > static_cast<uint8_t>(grammar::ConstraintKind::kJsonSchema)) {
+    return Status::corruption("checkpoint: field 'options.constraint.kind' = " + std::to_string(kind));
+  }
+  c.options.constraint.kind = static_cast<grammar::ConstraintKind>(kind);
+  return r.str(c.options.constraint.schema, "options.constraint.schema");
+}
+
 }  // namespace
 
 bool Checkpoint::operator==(const Checkpoint& o) const {
@@ -126,7 +137,8 @@ bool Checkpoint::operator==(const Checkpoint& o) const {
          finish_reason == o.finish_reason && options.max_tokens == o.options.max_tokens &&
          options.stop == o.options.stop && options.ignore_eos == o.options.ignore_eos &&
          options.sampler == o.options.sampler && options.min_tokens == o.options.min_tokens &&
-         options.stop_token_ids == o.options.stop_token_ids && kv_type == o.kv_type;
+         options.stop_token_ids == o.options.stop_token_ids && options.constraint == o.options.constraint &&
+         kv_type == o.kv_type;
 }
 
 std::string serialize_checkpoint(const Checkpoint& c) {
@@ -163,6 +175,8 @@ std::string serialize_checkpoint(const Checkpoint& c) {
   }
   p.i32(c.options.min_tokens);
   p.ids(c.options.stop_token_ids);
+  p.u8(static_cast<uint8_t>(c.options.constraint.kind));  // version 4
+  p.str(c.options.constraint.schema);
 
   Writer w;
   w.out.assign(kMagic, sizeof kMagic);
@@ -228,6 +242,7 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   for (auto& st : c.options.stop) SPW_RETURN_IF_ERROR(r.str(st, "options.stop"));
   if (version >= 2) SPW_RETURN_IF_ERROR(r.str(c.kv_type, "kv_type"));
   if (version >= 3) SPW_RETURN_IF_ERROR(parse_v3_fields(r, c));
+  if (version >= 4) SPW_RETURN_IF_ERROR(parse_v4_fields(r, c));
   if (r.remaining() != 0)
     return Status::corruption("checkpoint: " + std::to_string(r.remaining()) + " unparsed payload bytes");
   if (c.n_prompt < 0 || static_cast<size_t>(c.n_prompt) > c.tokens.size())

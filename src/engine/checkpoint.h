@@ -18,9 +18,14 @@
 // kv_type at the end of the payload; version 3 after it the OpenAI/vLLM
 // options: sampler.frequency_penalty, sampler.presence_penalty,
 // sampler.logit_bias (u32 count, then i32 id and f32 bias each, in the
-// options' order), options.min_tokens, options.stop_token_ids (ids). Older
-// versions still parse (kv_type "": not recorded; the version 3 fields at
-// their defaults, which is what those requests ran with). The counts the
+// options' order), options.min_tokens, options.stop_token_ids (ids); version
+// 4 after them options.constraint (response_format): u8 kind (0 none, 1
+// json_object, 2 json_schema) and the schema text. Older versions still
+// parse (kv_type "": not recorded; the version 3 and 4 fields at their
+// defaults, which is what those requests ran with). The grammar's state is
+// not stored: it is a function of the generated tokens, and
+// Generator::resume rebuilds it by feeding their bytes through the grammar
+// again (engine/output_constraint.h). The counts the
 // frequency and presence penalties use are not stored: resume rebuilds them
 // from the generated tokens (engine/sampler.h).
 // parse_checkpoint() returns Corruption naming the field for a bad magic,
@@ -49,7 +54,7 @@
 namespace spw {
 
 struct Checkpoint {
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
 
   std::string model_fingerprint;
   std::vector<TokenId> tokens;  // prompt + generated

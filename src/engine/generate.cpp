@@ -4,6 +4,7 @@
 
 #include "core/env.h"
 #include "engine/checkpoint.h"
+#include "engine/output_constraint.h"
 
 namespace spw {
 
@@ -17,6 +18,22 @@ Generator::Generator(Session& session, const GenerateOptions& options)
     std::sort(enders_.begin(), enders_.end());
     enders_.erase(std::unique(enders_.begin(), enders_.end()), enders_.end());
   }
+}
+
+Generator::~Generator() = default;
+
+Status Generator::init_constraint(std::span<const TokenId> generated) {
+  if (!options_.constraint.active()) return Status::ok_status();
+  if (options_.ignore_eos) {
+    return invalid_field("ignore_eos", "ignore_eos cannot be combined with response_format: a complete JSON document "
+                                       "can only be followed by the end of the generation");
+  }
+  if (options_.min_tokens > 0) {
+    return invalid_field("min_tokens", "min_tokens cannot be combined with response_format: the JSON document may be "
+                                       "complete before min_tokens, and nothing may follow it");
+  }
+  SPW_ASSIGN_OR_RETURN(constraint_, OutputConstraint::create(options_.constraint, session_.model().tokenizer()));
+  return constraint_->replay(generated);
 }
 
 std::span<const TokenId> Generator::banned_now() const {
@@ -55,6 +72,7 @@ Result<std::unique_ptr<Generator>> Generator::start(Session& session, std::vecto
   if (prompt.empty()) return Status::invalid_argument("generate: empty prompt");
   SPW_RETURN_IF_ERROR(validate_sampler_params(options.sampler));
   std::unique_ptr<Generator> g(new Generator(session, options));
+  SPW_RETURN_IF_ERROR(g->init_constraint({}));
   Env& env = Env::default_env();
   const int64_t t0 = env.now_ns();
   SPW_RETURN_IF_ERROR(g->evaluate_from_prefix(prompt));
@@ -82,6 +100,9 @@ Result<std::unique_ptr<Generator>> Generator::resume(Session& session, const Che
   g->result_.text = cp.text;
   g->result_.finish_reason = cp.finish_reason;
   g->sampler_.restore(cp.sampler, g->result_.tokens);
+  if (Status st = g->init_constraint(g->result_.tokens); !st.ok()) {
+    return st.code() == StatusCode::kFailedPrecondition ? Status::corruption("checkpoint: " + st.message()) : st;
+  }
   g->stop_.set_held(cp.stop_held);
   g->utf8_.set_pending(cp.utf8_pending);
   if (cp.options.logprobs >= 0) {
@@ -201,13 +222,15 @@ Result<bool> Generator::step(const TokenCallback& cb) {
     if (!r.ok()) return r.status();
     pending_eval_ = false;
   }
-  const TokenId id = sampler_.sample(session_.last_logits(), banned_now());
+  if (constraint_) SPW_RETURN_IF_ERROR(constraint_->allowed(allowed_));
+  const TokenId id = sampler_.sample(session_.last_logits(), banned_now(), constraint_ ? allowed_ : std::span<const uint64_t>{});
   const Tokenizer& tok = session_.model().tokenizer();
   if (id < 0) return Status::internal("sampler returned no token");
   if ((!options_.ignore_eos && tok.is_eog(id)) || is_stop_token(id)) {
     finish("stop", cb, true);
     return false;
   }
+  if (constraint_) SPW_RETURN_IF_ERROR(constraint_->accept(id));
   sampler_.accept(id);
   result_.tokens.push_back(id);
   pending_eval_ = true;

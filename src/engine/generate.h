@@ -7,6 +7,15 @@
 //   sample (Sampler over the last logits) -> EOS/EOG ends with "stop" unless
 //   ignore_eos, one of stop_token_ids ends with "stop" -> accept ->
 //   token_piece -> Utf8Stream -> StopMatcher -> callback.
+// With options.constraint (OpenAI's response_format: engine/output_constraint.h)
+// every sample is restricted to the tokens that keep the output a prefix of
+// a document the grammar accepts, and to end-of-generation once it is
+// complete; so a generation that ends with "stop" by an end-of-generation
+// token holds a whole document (one cut by max_tokens, a stop string or a
+// stop token does not). A constraint with ignore_eos or min_tokens > 0 is
+// InvalidArgument naming that field: both would hold the end back past the
+// end of the document, where nothing else may follow. The grammar's state is
+// not stored in a checkpoint: resume() rebuilds it from the generated tokens.
 // While fewer than min_tokens tokens are generated, the tokens that would end
 // the generation (EOG unless ignore_eos, and stop_token_ids) are banned from
 // the sampler's choice (vLLM's min_tokens; stop strings still end it).
@@ -71,6 +80,7 @@
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "engine/stop_rules.h"
+#include "grammar/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spw {
@@ -86,6 +96,9 @@ struct GenerateOptions {
   // vLLM's: sampling one of these ends the generation ("stop"), whatever
   // ignore_eos says. Ids outside the vocabulary never match.
   std::vector<TokenId> stop_token_ids;
+  // OpenAI's response_format (json_object / json_schema): the source of the
+  // grammar that masks every sample (see the contract). Checkpointed.
+  grammar::ConstraintSpec constraint;
   // Take the KV for the whole request (prompt + max_tokens, at most n_ctx)
   // before evaluating anything, so that a shared pool running out fails the
   // request before its first token instead of in the middle of it (a server's
@@ -144,9 +157,13 @@ using TokenCallback =
     std::function<bool(std::string_view text, TokenId id, std::span<const TokenLogprobs> logprobs)>;
 
 struct Checkpoint;  // engine/checkpoint.h
+class OutputConstraint;  // engine/output_constraint.h
 
 class Generator {
  public:
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
   static Result<std::unique_ptr<Generator>> start(Session& session, std::vector<TokenId> prompt,
                                                   const GenerateOptions& options);
   static Result<std::unique_ptr<Generator>> resume(Session& session, const Checkpoint& checkpoint);
@@ -166,6 +183,8 @@ class Generator {
 
  private:
   Generator(Session& session, const GenerateOptions& options);
+  // The constraint of options_ (if any), replaying `generated` into it.
+  Status init_constraint(std::span<const TokenId> generated);
   void finish(const std::string& reason, const TokenCallback& cb, bool flush);
   Status evaluate_from_prefix(std::span<const TokenId> all_tokens);
   // Moves the pending entries past one push of `piece` into the Utf8Stream,
@@ -195,6 +214,8 @@ class Generator {
   bool pending_eval_ = false;  // the last sampled token is not in the KV yet
   std::deque<PendingLogprobs> pending_logprobs_;  // oldest first
   std::vector<TokenLogprobs> released_;  // for the callback being called
+  std::unique_ptr<OutputConstraint> constraint_;  // null: free text
+  std::vector<uint64_t> allowed_;                 // this step's mask (reused)
 };
 
 // Convenience wrappers around Generator.

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "core/hash.h"
 #include "engine/checkpoint.h"
 #include "engine/engine_test_util.h"
+#include "grammar/json_matcher.h"
 
 namespace spw {
 namespace {
@@ -204,14 +206,22 @@ std::string as_older_version(const std::string& bytes, uint32_t version, size_t 
 }
 
 // Older checkpoints still parse: version 1 (before kv_type) with kv_type "",
-// version 2 (before the OpenAI/vLLM options) with those at their defaults.
+// version 2 (before the OpenAI/vLLM options) and version 3 (before
+// response_format) with those at their defaults.
 TEST(Checkpoint, OlderVersionsParseWithDefaults) {
   Fixture f;
   Checkpoint cp = start_checkpoint(f.model->fingerprint(), f.prompt(), greedy(5));
-  const std::string v3 = serialize_checkpoint(cp);
+  const std::string v4 = serialize_checkpoint(cp);
+  // Version 4's field at its default: the constraint's u8 kind 0 and its
+  // schema's u32 length 0.
+  const size_t v4_fields = 1 + 4;
+  auto v3_parsed = parse_checkpoint(as_older_version(v4, 3, v4_fields));
+  ASSERT_TRUE(v3_parsed.ok()) << v3_parsed.status().to_string();
+  EXPECT_TRUE(*v3_parsed == cp);
+  const std::string v3 = v4;
   // Version 3's fields, at their defaults: two f32 penalties, logit_bias's
   // u32 count 0, min_tokens' i32, stop_token_ids' u32 count 0.
-  const size_t v3_fields = 4 + 4 + 4 + 4 + 4;
+  const size_t v3_fields = 4 + 4 + 4 + 4 + 4 + v4_fields;
   auto v2 = parse_checkpoint(as_older_version(v3, 2, v3_fields));
   ASSERT_TRUE(v2.ok()) << v2.status().to_string();
   EXPECT_TRUE(*v2 == cp);
@@ -719,6 +729,94 @@ TEST(GenerateLogprobs, ACheckpointKeepsHeldEntriesInMemoryOnly) {
   ASSERT_FALSE(r2->logprobs.empty());
   EXPECT_EQ(r2->logprobs.front().index, cp.n_generated) << "the held ones are gone with the bytes";
   EXPECT_EQ(r2->logprobs.size(), static_cast<size_t>(40 - cp.n_generated));
+}
+
+// ---- response_format ----
+
+constexpr const char* kSmallSchema =
+    R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y", null]},
+        "c": {"type": "string", "maxLength": 4}, "d": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+        "required": ["a", "b"], "additionalProperties": false})";
+
+GenerateOptions constrained(uint64_t seed) {
+  GenerateOptions o = seeded(400, seed);
+  o.constraint = {grammar::ConstraintKind::kJsonSchema, kSmallSchema};
+  return o;
+}
+
+bool whole_document(const std::string& schema, const std::string& text) {
+  auto g = grammar::compile_constraint({grammar::ConstraintKind::kJsonSchema, schema});
+  if (!g.ok()) return false;
+  grammar::JsonMatcher m(*g);
+  return m.feed(text) && m.complete();
+}
+
+// Every seeded sample of the real model under the mask is a whole document
+// of the schema, ended by the end-of-text token (the schema is bounded, so
+// max_tokens is never reached).
+TEST(GenerateConstraint, SeededSamplesAreWholeDocumentsOfTheSchema) {
+  Fixture f;
+  std::set<std::string> texts;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    auto r = generate(*f.session(), f.prompt(), constrained(seed));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->finish_reason, "stop") << r->text;
+    EXPECT_TRUE(whole_document(kSmallSchema, r->text)) << r->text;
+    texts.insert(r->text);
+  }
+  EXPECT_GT(texts.size(), 6u);  // it still samples
+  GenerateOptions any = greedy(200);
+  any.constraint = {grammar::ConstraintKind::kJsonObject, ""};
+  auto r = generate(*f.session(), f.prompt(), any);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const size_t start = r->text.find_first_not_of(" \t\n\r");
+  ASSERT_NE(start, std::string::npos) << r->text;
+  EXPECT_EQ(r->text[start], '{') << r->text;
+  EXPECT_LE(start, static_cast<size_t>(grammar::kMaxIndent + 2));
+}
+
+// The grammar's state is rebuilt from the checkpoint's tokens: a resumed
+// constrained run (seeded) is the uninterrupted one, at every cut.
+TEST(GenerateConstraint, ResumeEqualsUninterrupted) { check_resume_equivalence(constrained(5)); }
+
+TEST(GenerateConstraint, CheckpointCarriesTheSchemaAndRefusesEndRulesItCannotKeep) {
+  Fixture f;
+  const Checkpoint cp = start_checkpoint(f.model->fingerprint(), f.prompt(), constrained(3));
+  auto parsed = parse_checkpoint(serialize_checkpoint(cp));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->options.constraint, cp.options.constraint);
+  Checkpoint other = cp;
+  other.options.constraint.schema = "{}";
+  EXPECT_FALSE(other == cp);
+
+  auto session = f.session();
+  GenerateOptions o = constrained(1);
+  o.ignore_eos = true;
+  auto g = Generator::start(*session, f.prompt(), o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().field(), "ignore_eos");
+  o.ignore_eos = false;
+  o.min_tokens = 2;
+  g = Generator::start(*session, f.prompt(), o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().field(), "min_tokens");
+  o.min_tokens = 0;
+  o.constraint.schema = R"({"type": "string", "pattern": "a"})";
+  g = Generator::start(*session, f.prompt(), o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().field(), "response_format");
+
+  // A checkpoint whose tokens do not fit its grammar does not resume.
+  auto live = Generator::start(*session, f.prompt(), greedy(5));
+  ASSERT_TRUE(live.ok());
+  ASSERT_TRUE((*live)->run().ok());
+  Checkpoint free_text = (*live)->checkpoint();
+  free_text.finish_reason.clear();
+  free_text.options.constraint = {grammar::ConstraintKind::kJsonObject, ""};
+  auto other_session = f.session();
+  auto bad = Generator::resume(*other_session, free_text);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().to_string();
 }
 
 }  // namespace

@@ -168,7 +168,8 @@ void Sampler::restore(const SamplerState& s, std::span<const TokenId> generated)
   }
 }
 
-void Sampler::adjust(std::vector<Candidate>& cand, std::span<const TokenId> banned) const {
+void Sampler::adjust(std::vector<Candidate>& cand, std::span<const TokenId> banned,
+                     std::span<const uint64_t> allowed) const {
   const size_t n = cand.size();
   const auto in_range = [n](TokenId id) { return id >= 0 && static_cast<size_t>(id) < n; };
   for (const LogitBias& b : params_.logit_bias) {
@@ -194,10 +195,15 @@ void Sampler::adjust(std::vector<Candidate>& cand, std::span<const TokenId> bann
   for (TokenId id : banned) {
     if (in_range(id)) cand[static_cast<size_t>(id)].logit = kNegInf;
   }
+  if (!allowed.empty()) {
+    for (size_t i = 0; i < n; ++i) {
+      if (i / 64 >= allowed.size() || ((allowed[i / 64] >> (i % 64)) & 1) == 0) cand[i].logit = kNegInf;
+    }
+  }
 }
 
 bool Sampler::filter(std::span<const float> logits, std::span<const TokenId> banned,
-                     std::vector<Candidate>& cand) const {
+                     std::span<const uint64_t> allowed, std::vector<Candidate>& cand) const {
   cand.clear();
   const size_t n = logits.size();
   if (n == 0) return false;
@@ -206,7 +212,7 @@ bool Sampler::filter(std::span<const float> logits, std::span<const TokenId> ban
     const float l = logits[i];
     cand[i] = {static_cast<TokenId>(i), std::isnan(l) ? kNegInf : l};
   }
-  adjust(cand, banned);
+  adjust(cand, banned, allowed);
 
   // Argmax, lowest id on ties (strict >).
   size_t best = 0;
@@ -264,18 +270,20 @@ bool Sampler::filter(std::span<const float> logits, std::span<const TokenId> ban
   return true;
 }
 
-std::vector<TokenId> Sampler::candidates(std::span<const float> logits, std::span<const TokenId> banned) const {
+std::vector<TokenId> Sampler::candidates(std::span<const float> logits, std::span<const TokenId> banned,
+                                         std::span<const uint64_t> allowed) const {
   std::vector<Candidate> cand;
-  filter(logits, banned, cand);
+  filter(logits, banned, allowed, cand);
   std::vector<TokenId> ids;
   ids.reserve(cand.size());
   for (const Candidate& c : cand) ids.push_back(c.id);
   return ids;
 }
 
-TokenId Sampler::sample(std::span<const float> logits, std::span<const TokenId> banned) {
+TokenId Sampler::sample(std::span<const float> logits, std::span<const TokenId> banned,
+                        std::span<const uint64_t> allowed) {
   std::vector<Candidate>& cand = scratch_;
-  if (!filter(logits, banned, cand)) return cand.empty() ? -1 : cand[0].id;
+  if (!filter(logits, banned, allowed, cand)) return cand.empty() ? -1 : cand[0].id;
   if (cand.size() == 1) {
     // Still consume one draw so the RNG stream does not depend on how many
     // candidates the filters left (keeps checkpoints simple to reason about).

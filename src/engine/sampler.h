@@ -8,6 +8,9 @@
 //      frequency * count;
 //   4. the step's banned tokens (sample()'s `banned`: the generator's
 //      min_tokens) become -inf;
+//   5. with an `allowed` set (sample()'s: the generator's response_format
+//      grammar), every token outside it becomes -inf, so that the draw (or
+//      the argmax) is the best allowed token whatever bias or penalty says;
 // then the chain is llama.cpp's default order: top-k -> top-p -> min-p ->
 // temperature -> one draw from the softmax using Rng::next_double(). With
 // temperature <= 0 the sampler is greedy: the adjustments apply, then argmax
@@ -157,7 +160,12 @@ class Sampler {
   // the token: the caller does, once it is emitted. Consumes exactly one Rng
   // draw unless greedy (or all logits are -inf/NaN, or one is +inf: then the
   // argmax, no draw). Empty logits return -1.
-  TokenId sample(std::span<const float> logits, std::span<const TokenId> banned = {});
+  // `allowed`: a bit set over token ids (bit id % 64 of word id / 64); empty
+  // allows every token, otherwise a token without its bit (or past its
+  // words) is -inf this step. A set that allows nothing leaves every logit
+  // -inf: the lowest id is returned (the caller must not ask that).
+  TokenId sample(std::span<const float> logits, std::span<const TokenId> banned = {},
+                 std::span<const uint64_t> allowed = {});
   // Records the prompt: its tokens enter the repeat_penalty window only (the
   // OpenAI penalties count generated tokens).
   void accept_prompt(std::span<const TokenId> prompt);
@@ -167,7 +175,8 @@ class Sampler {
   // The tokens that survive the adjustments, top-k, top-p and min-p for these
   // logits, in the order the draw scans them (most probable first). Greedy:
   // just the argmax. For tests and diagnostics; consumes no randomness.
-  std::vector<TokenId> candidates(std::span<const float> logits, std::span<const TokenId> banned = {}) const;
+  std::vector<TokenId> candidates(std::span<const float> logits, std::span<const TokenId> banned = {},
+                                  std::span<const uint64_t> allowed = {}) const;
 
   const SamplerParams& params() const { return params_; }
   SamplerState state() const;
@@ -182,9 +191,10 @@ class Sampler {
   };
   // Fills `cand` with the filtered candidates (sorted) and returns true, or
   // returns false with cand = {argmax} for greedy / degenerate logits.
-  bool filter(std::span<const float> logits, std::span<const TokenId> banned, std::vector<Candidate>& cand) const;
-  // Steps 1-4 of the contract on `cand` (cand[i].id == i).
-  void adjust(std::vector<Candidate>& cand, std::span<const TokenId> banned) const;
+  bool filter(std::span<const float> logits, std::span<const TokenId> banned, std::span<const uint64_t> allowed,
+              std::vector<Candidate>& cand) const;
+  // Steps 1-5 of the contract on `cand` (cand[i].id == i).
+  void adjust(std::vector<Candidate>& cand, std::span<const TokenId> banned, std::span<const uint64_t> allowed) const;
   bool counts_tokens() const { return params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f; }
 
   SamplerParams params_;

@@ -661,5 +661,32 @@ TEST(StepLogprobsTest, DegenerateLogits) {
   EXPECT_TRUE(d.top.empty());
 }
 
+// The response_format mask: whatever the logits, bias and penalties say,
+// the choice is the best token the allowed set holds.
+TEST(SamplerTest, AllowedSetPicksTheBestAllowedToken) {
+  const std::vector<float> logits = {5.0f, 1.0f, 4.0f, 3.0f, 9.0f, 2.0f, 0.5f};
+  std::vector<uint64_t> allowed = {(1u << 2) | (1u << 3) | (1u << 6)};
+  Sampler greedy(plain(0.0f));
+  EXPECT_EQ(greedy.sample(logits), 4);
+  EXPECT_EQ(greedy.sample(logits, {}, allowed), 2);
+  // A bias lifts an allowed token above another, never a disallowed one in.
+  SamplerParams p = plain(0.0f);
+  p.logit_bias = {{3, 2.0f}, {4, 100.0f}};
+  Sampler biased(p);
+  EXPECT_EQ(biased.sample(logits, {}, allowed), 3);
+  // Banned and allowed together: the best token both leave.
+  EXPECT_EQ(greedy.sample(logits, std::vector<TokenId>{2}, allowed), 3);
+  // Sampling draws only among the allowed tokens.
+  Sampler hot(plain(2.0f, 9));
+  std::set<TokenId> drawn;
+  for (int i = 0; i < 300; ++i) drawn.insert(hot.sample(logits, {}, allowed));
+  EXPECT_EQ(drawn, (std::set<TokenId>{2, 3, 6}));
+  EXPECT_EQ(hot.candidates(logits, {}, allowed), (std::vector<TokenId>{2, 3, 6}));
+  // Ids past the set's words are not allowed.
+  const std::vector<float> wide(70, 1.0f);
+  std::vector<uint64_t> first_word = {uint64_t{1} << 63};
+  EXPECT_EQ(greedy.sample(wide, {}, first_word), 63);
+}
+
 }  // namespace
 }  // namespace spw

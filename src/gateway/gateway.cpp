@@ -449,6 +449,7 @@ Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g) 
   o.stop = g.stop;
   o.ignore_eos = g.ignore_eos;
   o.min_tokens = g.min_tokens;
+  o.constraint = g.constraint;
   o.stop_token_ids = g.stop_token_ids;
   return spw::start_checkpoint(paths_[0].fingerprint, std::move(prompt), std::move(o));
 }
@@ -492,6 +493,7 @@ Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) 
     p.job.stop = cp.options.stop;
     p.job.ignore_eos = cp.options.ignore_eos;
     p.job.min_tokens = cp.options.min_tokens;
+    p.job.constraint = cp.options.constraint;
     p.job.stop_token_ids = cp.options.stop_token_ids;
     p.job.request_safe_points = request.safe_points;
     p.job.resume = request.checkpoint;
@@ -1056,6 +1058,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     p.job.stop = g.stop;
     p.job.ignore_eos = g.ignore_eos;
     p.job.min_tokens = g.min_tokens;
+    p.job.constraint = g.constraint;
     p.job.stop_token_ids = g.stop_token_ids;
     p.job.logprobs = g.logprobs;
     p.job.request_safe_points = g.safe_points;

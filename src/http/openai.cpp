@@ -3,6 +3,7 @@
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
 #include "core/size.h"
+#include "grammar/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -367,6 +368,75 @@ std::optional<ApiError> parse_vllm_fields(const json& obj, SamplingFields& s) {
 
 // seed: an integer a JSON number holds exactly (the response reports it
 // back), negative ones as their two's complement.
+// response_format (openai.h): text, json_object, or json_schema compiled
+// here (grammar/json_schema.h) so that a schema outside the subset is a 400
+// before anything is queued; the constraint's source goes to the engine.
+std::optional<ApiError> parse_response_format(const json& obj, SamplingFields& s) {
+  auto rf = obj.find("response_format");
+  if (rf == obj.end() || rf->is_null()) return std::nullopt;
+  if (!rf->is_object()) return wrong_type("response_format", "an object", *rf);
+  auto t = rf->find("type");
+  if (t == rf->end() || !t->is_string()) return bad("response_format.type", "'response_format.type' must be a string");
+  const std::string type = t->get<std::string>();
+  const auto only = [&](std::initializer_list<const char*> keys) -> std::optional<ApiError> {
+    for (const auto& [key, value] : rf->items()) {
+      if (std::find_if(keys.begin(), keys.end(), [&](const char* k) { return key == k; }) == keys.end()) {
+        return bad("response_format." + input_excerpt(key, kMaxParamBytes / 2),
+                   "Unrecognized request argument supplied: response_format." + input_excerpt(key), "unknown_parameter");
+      }
+    }
+    return std::nullopt;
+  };
+  grammar::ConstraintSpec spec;
+  if (type == "text") {
+    SPW_TRY_FIELD(only({"type"}));
+    return std::nullopt;
+  } else if (type == "json_object") {
+    SPW_TRY_FIELD(only({"type"}));
+    spec.kind = grammar::ConstraintKind::kJsonObject;
+  } else if (type == "json_schema") {
+    SPW_TRY_FIELD(only({"type", "json_schema"}));
+    auto js = rf->find("json_schema");
+    if (js == rf->end() || !js->is_object()) {
+      return bad("response_format.json_schema", "'response_format.json_schema' must be an object with name and schema");
+    }
+    for (const auto& [key, value] : js->items()) {
+      if (key != "name" && key != "description" && key != "schema" && key != "strict") {
+        return bad("response_format.json_schema." + input_excerpt(key, kMaxParamBytes / 2),
+                   "Unrecognized request argument supplied: response_format.json_schema." + input_excerpt(key) +
+                       " (json_schema accepts: name, description, schema, strict)",
+                   "unknown_parameter");
+      }
+    }
+    auto name = js->find("name");
+    if (name == js->end() || !name->is_string() || name->get<std::string>().empty()) {
+      return bad("response_format.json_schema.name", "'response_format.json_schema.name' must be a non-empty string");
+    }
+    auto strict = js->find("strict");
+    if (strict != js->end() && !strict->is_null() && !strict->is_boolean()) {
+      return wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+    }
+    auto schema = js->find("schema");
+    // No schema: any JSON value (OpenAI's field is optional).
+    spec.schema = schema == js->end() || schema->is_null() ? "{}" : schema->dump(-1, ' ', false, json::error_handler_t::replace);
+    spec.kind = grammar::ConstraintKind::kJsonSchema;
+  } else {
+    return bad("response_format.type", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got '" +
+                                           input_excerpt(type) + "'");
+  }
+  if (Result<std::shared_ptr<const grammar::Grammar>> g = grammar::compile_constraint(spec); !g.ok()) {
+    return bad("response_format", g.status().message());
+  }
+  // Both would hold the end back where nothing may follow the document.
+  if (s.ignore_eos) return bad("ignore_eos", "'ignore_eos' cannot be combined with a JSON response_format");
+  if (s.min_tokens.value_or(0) > 0) {
+    return bad("min_tokens", "'min_tokens' cannot be combined with a JSON response_format (the document may be "
+                             "complete sooner, and nothing may follow it)");
+  }
+  s.constraint = std::move(spec);
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_seed(const json& obj, SamplingFields& s) {
   auto it = obj.find("seed");
   if (it == obj.end() || it->is_null()) return std::nullopt;
@@ -550,15 +620,7 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
     return bad("tools", "tools are for /v1/chat/completions (a completion has no messages to call them from)",
                "unsupported_parameter");
   }
-  auto rf = obj.find("response_format");
-  if (rf != obj.end() && !rf->is_null()) {
-    if (!rf->is_object()) return wrong_type("response_format", "an object", *rf);
-    auto t = rf->find("type");
-    if (t == rf->end() || !t->is_string() || t->get<std::string>() != "text") {
-      return bad("response_format", "only response_format {\"type\":\"text\"} is supported",
-                 "unsupported_parameter");
-    }
-  }
+  SPW_TRY_FIELD(parse_response_format(obj, s));
   SPW_TRY_FIELD(parse_logprobs(obj, chat, s));
 
   // Metadata in OpenAI's API: checked for type, no effect on the output.
@@ -605,7 +667,8 @@ std::optional<ApiError> parse_chat_tools(std::string_view body, const json& obj,
   }
   if (forced) {
     return unsupported("tool_choice", "'tool_choice' that forces a call (\"required\" or a named function) needs "
-                                      "constrained decoding, which this server does not do; send \"auto\" or \"none\"");
+                                      "constrained decoding of the call, which this server does not do for tools yet "
+                                      "(response_format is constrained); send \"auto\" or \"none\"");
   }
   std::optional<bool> parallel;
   SPW_TRY_FIELD(get_bool(obj, "parallel_tool_calls", parallel));
@@ -904,6 +967,10 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
   SPW_TRY_FIELD(parse_sampling(obj, /*chat=*/true, out.sampling, out.model));
   SPW_TRY_FIELD(parse_chat_only(obj, out.sampling));
   SPW_TRY_FIELD(parse_chat_tools(body, obj, out));
+  if (out.sampling.constraint.active() && !out.tools.empty()) {
+    return bad("response_format", "a JSON response_format cannot be combined with tools: the tool-call markup of "
+                                  "the template is not JSON (send tools or a JSON response_format)");
+  }
   return std::nullopt;
 }
 

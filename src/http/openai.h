@@ -149,8 +149,17 @@ std::string input_excerpt(std::string_view text, size_t max_bytes = kInputExcerp
 //   token not in its text nor its count, as an end-of-generation token),
 //   skip_special_tokens (true / null only: control tokens never reach the
 //   text here; false is unsupported_parameter);
+//   response_format: {"type": "text"} / null (free text), {"type":
+//   "json_object"} (a JSON object), {"type": "json_schema", "json_schema":
+//   {"name": non-empty string, "description"?, "schema"?: the schema (absent:
+//   any JSON value), "strict"?: boolean (either way the schema is enforced)}}:
+//   constrained decoding (grammar/json_schema.h has the subset; a schema
+//   outside it is a 400 whose message names the keyword and its JSON pointer,
+//   param "response_format"; other keys of either object unknown_parameter);
+//   a JSON response_format with ignore_eos, min_tokens > 0 or (chat) tools
+//   is a 400 naming that field;
 //   accepted only with values that change nothing (else unsupported_parameter):
-//   response_format ({"type":"text"} / null), tools ([] / null);
+//   tools ([] / null);
 //   metadata that does not affect the output: user (string), metadata
 //   (object), store (false / null: nothing is stored for later retrieval),
 //   service_tier ("auto" / "default" / null), stream_options
@@ -221,6 +230,8 @@ struct SamplingFields {
   bool ignore_eos = false;
   std::optional<int32_t> min_tokens;
   std::vector<TokenId> stop_token_ids;  // not checked against the vocabulary yet
+  // response_format json_object / json_schema (kNone: text).
+  grammar::ConstraintSpec constraint;
   // Log-probabilities asked for: the number of alternatives per token
   // (completions' logprobs; chat's top_logprobs, 0 when only logprobs is
   // true); nullopt: none.
@@ -245,7 +256,7 @@ struct ChatRequest {
   // (the model is not told of them, and nothing is parsed as a call).
   // tool_choice: "auto" (default with tools), "none"; "required" and a
   // named function are refused (400 unsupported_parameter: forcing a call
-  // needs constrained decoding, which the sampler does not do).
+  // needs the call constrained to the tool's schema: not wired to tools yet).
   // parallel_tool_calls (default true): false keeps the first call.
   // Messages may carry assistant tool_calls ({id, type "function",
   // function {name, arguments: a JSON object as a string}}) and "tool"

@@ -1009,5 +1009,70 @@ TEST(OpenAiRender, RequestRecordShowsTheStoredAdmission) {
   EXPECT_TRUE(json::parse(render_request_record(r))["admission"].is_null());
 }
 
+// response_format: text is free text; json_object and json_schema become the
+// engine's constraint (the schema compiled once here to refuse it early).
+TEST(OpenAiResponseFormat, TextJsonObjectAndJsonSchemaParse) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","response_format":{"type":"text"}})", r).has_value());
+  EXPECT_FALSE(r.sampling.constraint.active());
+  CompletionRequest o;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","response_format":{"type":"json_object"}})", o).has_value());
+  EXPECT_EQ(o.sampling.constraint.kind, grammar::ConstraintKind::kJsonObject);
+  ChatRequest c;
+  auto e = parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":)"
+      R"({"name":"p","strict":true,"description":"d","schema":{"type":"object","properties":{"n":{"type":"integer"}},)"
+      R"("required":["n"],"additionalProperties":false}}}})",
+      c);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  EXPECT_EQ(c.sampling.constraint.kind, grammar::ConstraintKind::kJsonSchema);
+  EXPECT_EQ(json::parse(c.sampling.constraint.schema)["required"][0], "n");
+  CompletionRequest none;
+  ASSERT_FALSE(parse_completion_request(
+                   R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"any"}}})", none)
+                   .has_value());
+  EXPECT_EQ(none.sampling.constraint.schema, "{}");
+}
+
+TEST(OpenAiResponseFormat, RefusalsNameTheFieldAndTheKeyword) {
+  struct Case {
+    std::string rf;
+    std::string extra;
+    const char* param;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"("json")", "", "response_format", "must be an object"},
+      {R"({"type":"xml"})", "", "response_format.type", "json_schema"},
+      {R"({"type":"json_object","schema":{}})", "", "response_format.schema", "Unrecognized"},
+      {R"({"type":"json_schema"})", "", "response_format.json_schema", "must be an object"},
+      {R"({"type":"json_schema","json_schema":{"schema":{}}})", "", "response_format.json_schema.name", "name"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","strict":1}})", "", "response_format.json_schema.strict",
+       "boolean"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","other":1}})", "", "response_format.json_schema.other",
+       "Unrecognized"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"properties":{"d":{"type":"string","format":"date"}}}}})",
+       "", "response_format", "unsupported keyword 'format' at /properties/d"},
+      {R"({"type":"json_object"})", R"(,"ignore_eos":true)", "ignore_eos", "response_format"},
+      {R"({"type":"json_object"})", R"(,"min_tokens":2)", "min_tokens", "response_format"},
+  };
+  for (const Case& c : cases) {
+    CompletionRequest r;
+    const std::string body = R"({"prompt":"a","response_format":)" + c.rf + c.extra + "}";
+    auto e = parse_completion_request(body, r);
+    ASSERT_TRUE(e.has_value()) << body;
+    EXPECT_EQ(e->http_status, 400);
+    EXPECT_EQ(e->param, c.param) << body << " -> " << e->message;
+    EXPECT_NE(e->message.find(c.message), std::string::npos) << body << " -> " << e->message;
+  }
+  ChatRequest chat;
+  auto e = parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},)"
+      R"("tools":[{"type":"function","function":{"name":"f"}}]})",
+      chat);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "response_format");
+}
+
 }  // namespace
 }  // namespace spw::http

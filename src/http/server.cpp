@@ -541,6 +541,7 @@ class HttpServer::Impl {
     g.sampler.logit_bias = s.logit_bias;
     g.ignore_eos = s.ignore_eos;
     g.min_tokens = s.min_tokens.value_or(0);
+    g.constraint = s.constraint;
     g.stop_token_ids = s.stop_token_ids;
     // A request without a seed gets a fresh one, reported back so it can be
     // replayed: 53 bits, so that a client can send it back (openai.h: seed).

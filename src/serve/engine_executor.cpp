@@ -46,6 +46,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
     o.stop = job.stop;
     o.ignore_eos = job.ignore_eos;
     o.min_tokens = job.min_tokens;
+    o.constraint = job.constraint;
     o.stop_token_ids = job.stop_token_ids;
     o.reserve_kv = true;  // fail at the request boundary, never mid-stream
     o.logprobs = job.logprobs;

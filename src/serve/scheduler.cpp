@@ -177,6 +177,7 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   job.stop = request.stop;
   job.ignore_eos = request.ignore_eos;
   job.min_tokens = request.min_tokens;
+  job.constraint = request.constraint;
   job.stop_token_ids = request.stop_token_ids;
   job.logprobs = request.logprobs;
   PreparedRequest p;

@@ -89,6 +89,9 @@ struct GenerationRequest {
   bool ignore_eos = false;
   int32_t min_tokens = 0;
   std::vector<TokenId> stop_token_ids;
+  // OpenAI's response_format as the source of a grammar that masks every
+  // step's tokens (GenerateOptions::constraint); kNone: free text.
+  grammar::ConstraintSpec constraint;
   // The durable id (the journal's) the RequestObserver reports under; 0: none.
   int64_t record_id = 0;
   // The server's own request (a warm-up): see PreparedRequest::internal.
@@ -148,6 +151,7 @@ struct ExecJob {
   bool ignore_eos = false;
   int32_t min_tokens = 0;
   std::vector<TokenId> stop_token_ids;
+  grammar::ConstraintSpec constraint;  // GenerateOptions::constraint (a resumed job's: its checkpoint's)
   // Continue from this checkpoint (a migration or a resume) instead of
   // starting from `prompt`: its tokens are evaluated again, its sampler,
   // stop-rule and UTF-8 state restored.
