@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <thread>
 
 #include "engine/device_test_util.h"
@@ -173,6 +174,45 @@ TEST(DeviceSessionTest, BudgetTooSmallForTheWeightsIsResourceExhausted) {
     EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
   } else {
     EXPECT_EQ(ds.status().code(), StatusCode::kResourceExhausted) << ds.status().to_string();
+  }
+}
+
+// Echo with logprobs computes every prompt row's logits on the placement
+// that runs the head: the entries on Vulkan and hybrid equal the CPU's
+// (logits agree to float rounding, the ids and order of the alternatives
+// exactly).
+TEST(DeviceSessionTest, PromptLogprobsAgreeOnCpuAndVulkan) {
+  std::string why;
+  if (!vulkan_available(&why)) GTEST_SKIP() << why;
+  auto model = testing::stories();
+  const std::vector<TokenId> prompt =
+      model->tokenizer().encode("Once upon a time, there was a little girl named Lily. She", true);
+  auto entries_on = [&](const std::string& spec) {
+    auto ds = open_device_session(model, options_for(spec));
+    EXPECT_TRUE(ds.ok()) << spec << ": " << ds.status().to_string();
+    if (!ds.ok()) return std::vector<TokenLogprobs>{};
+    GenerateOptions go;
+    go.max_tokens = 4;
+    go.sampler.temperature = 0.0f;
+    go.prompt_logprobs = 5;
+    auto r = generate(*ds->session, prompt, go);
+    EXPECT_TRUE(r.ok()) << spec << ": " << r.status().to_string();
+    return r.ok() ? r->prompt_logprobs : std::vector<TokenLogprobs>{};
+  };
+  const std::vector<TokenLogprobs> cpu = entries_on("cpu");
+  ASSERT_EQ(cpu.size(), prompt.size());
+  for (const std::string spec : {"vulkan", "hybrid:2"}) {
+    const std::vector<TokenLogprobs> dev = entries_on(spec);
+    ASSERT_EQ(dev.size(), cpu.size()) << spec;
+    for (size_t i = 1; i < cpu.size(); ++i) {
+      EXPECT_NEAR(dev[i].token.logprob, cpu[i].token.logprob, 1e-4) << spec << " token " << i;
+      ASSERT_EQ(dev[i].top.size(), cpu[i].top.size()) << spec;
+      for (size_t k = 0; k < cpu[i].top.size(); ++k) {
+        EXPECT_NEAR(dev[i].top[k].logprob, cpu[i].top[k].logprob, 1e-4) << spec << " token " << i << " alt " << k;
+      }
+      EXPECT_EQ(dev[i].top[0].id, cpu[i].top[0].id) << spec << " token " << i;
+    }
+    EXPECT_TRUE(std::isnan(dev[0].token.logprob));
   }
 }
 

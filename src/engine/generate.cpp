@@ -1,6 +1,8 @@
 #include "engine/generate.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/env.h"
 #include "engine/checkpoint.h"
@@ -67,6 +69,65 @@ Status Generator::evaluate_from_prefix(std::span<const TokenId> all) {
   return r.status();
 }
 
+std::vector<std::string> prompt_pieces(const Tokenizer& tok, std::span<const TokenId> prompt) {
+  std::vector<std::string> out;
+  out.reserve(prompt.size());
+  bool strip = tok.add_space_prefix();
+  for (TokenId id : prompt) {
+    std::string piece = tok.token_piece(id);
+    if (strip && !piece.empty()) {
+      if (piece[0] == ' ') piece.erase(0, 1);
+      strip = false;
+    }
+    out.push_back(std::move(piece));
+  }
+  return out;
+}
+
+Status Generator::evaluate_with_prompt_logprobs(std::span<const TokenId> prompt) {
+  const Tokenizer& tok = session_.model().tokenizer();
+  const int32_t n_top = options_.prompt_logprobs;
+  const auto n = static_cast<int32_t>(prompt.size());
+  const int64_t V = session_.n_vocab();
+  std::vector<std::string> pieces = prompt_pieces(tok, prompt);
+  std::vector<TokenLogprobs> entries(prompt.size());
+  for (int32_t i = 0; i < n; ++i) {
+    entries[static_cast<size_t>(i)].index = i;
+    entries[static_cast<size_t>(i)].token = {prompt[static_cast<size_t>(i)], std::numeric_limits<double>::quiet_NaN(),
+                                             std::move(pieces[static_cast<size_t>(i)])};
+  }
+  // Row p's logits predict token p + 1 (the last row's, the first generated
+  // token: the sampler's, not listed).
+  session_.set_row_logits_sink([&](int32_t first, int32_t rows, std::span<const float> logits) {
+    for (int32_t r = 0; r < rows; ++r) {
+      const int32_t next = first + r + 1;
+      if (next <= 0 || next >= n) continue;
+      const StepLogprobs lp =
+          step_logprobs(logits.subspan(static_cast<size_t>(r * V), static_cast<size_t>(V)), prompt[static_cast<size_t>(next)], n_top);
+      TokenLogprobs& e = entries[static_cast<size_t>(next)];
+      e.token.logprob = lp.chosen.logprob;
+      e.top.clear();
+      for (const TokenLogprob& t : lp.top) e.top.push_back({t.id, t.logprob, tok.token_piece(t.id, /*render_special=*/true)});
+    }
+  });
+  struct Unset {
+    Session& s;
+    ~Unset() { s.set_row_logits_sink({}); }
+  } unset{session_};
+  // Every row is needed: nothing of the session's KV is reused.
+  SPW_RETURN_IF_ERROR(session_.truncate(0));
+  if (options_.reserve_kv) {
+    const int64_t want = options_.max_tokens > 0 ? static_cast<int64_t>(n) + options_.max_tokens : session_.n_ctx();
+    const int32_t m = static_cast<int32_t>(std::min<int64_t>(want, session_.n_ctx()));
+    if (Status st = session_.reserve_kv(m); !st.ok()) {
+      return st.with_context("before generation: the request needs KV for " + std::to_string(m) + " positions");
+    }
+  }
+  SPW_RETURN_IF_ERROR(session_.eval(prompt).status());
+  result_.prompt_logprobs = std::move(entries);
+  return Status();
+}
+
 Result<std::unique_ptr<Generator>> Generator::start(Session& session, std::vector<TokenId> prompt,
                                                     const GenerateOptions& options) {
   if (prompt.empty()) return Status::invalid_argument("generate: empty prompt");
@@ -75,7 +136,11 @@ Result<std::unique_ptr<Generator>> Generator::start(Session& session, std::vecto
   SPW_RETURN_IF_ERROR(g->init_constraint({}));
   Env& env = Env::default_env();
   const int64_t t0 = env.now_ns();
-  SPW_RETURN_IF_ERROR(g->evaluate_from_prefix(prompt));
+  if (options.prompt_logprobs >= 0) {
+    SPW_RETURN_IF_ERROR(g->evaluate_with_prompt_logprobs(prompt));
+  } else {
+    SPW_RETURN_IF_ERROR(g->evaluate_from_prefix(prompt));
+  }
   g->result_.prefill_ns = env.now_ns() - t0;
   g->sampler_.accept_prompt(prompt);
   g->result_.prompt_tokens = std::move(prompt);

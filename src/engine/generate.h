@@ -108,6 +108,13 @@ struct GenerateOptions {
   // carries this many most likely alternatives. Not serialized in a
   // checkpoint: it changes no token, only what a response reports.
   int32_t logprobs = -1;
+  // The prompt's log-probabilities (OpenAI's echo with logprobs): >= 0 makes
+  // start() evaluate the whole prompt (no KV prefix reused) with the
+  // session's row sink and list every prompt token in
+  // GenerateResult::prompt_logprobs with this many alternatives; < 0 none.
+  // Only start() computes them (a resumed generation never does); not
+  // serialized in a checkpoint.
+  int32_t prompt_logprobs = -1;
 };
 
 // A token with its log-probability and the bytes it stands for.
@@ -147,6 +154,16 @@ struct GenerateResult {
   // The log-probability entries released, in order (GenerateOptions::logprobs
   // >= 0; a resumed Generator's since its checkpoint).
   std::vector<TokenLogprobs> logprobs;
+  // GenerateOptions::prompt_logprobs: one entry per prompt token, index =
+  // its position. Entry 0 has no log-probability (nothing predicts the
+  // first token): logprob NaN and no alternatives. Each entry's token piece
+  // is its bytes in the prompt's text (prompt_piece: the space a
+  // SentencePiece vocabulary prefixes is dropped from the first non-empty
+  // piece, as decode() drops it), so the pieces concatenated are
+  // decode(prompt). The others' logprob and alternatives come from the
+  // logits of the position before (step_logprobs: the same numbers a
+  // token-by-token evaluation gives).
+  std::vector<TokenLogprobs> prompt_logprobs;
   int64_t prefill_ns = 0;     // prompt evaluation (or re-evaluation on resume)
   int64_t decode_ns = 0;      // everything after
 };
@@ -187,6 +204,9 @@ class Generator {
   Status init_constraint(std::span<const TokenId> generated);
   void finish(const std::string& reason, const TokenCallback& cb, bool flush);
   Status evaluate_from_prefix(std::span<const TokenId> all_tokens);
+  // start() with options_.prompt_logprobs: the whole prompt evaluated with
+  // the session's row sink filling result_.prompt_logprobs.
+  Status evaluate_with_prompt_logprobs(std::span<const TokenId> prompt);
   // Moves the pending entries past one push of `piece` into the Utf8Stream,
   // which held `pending_before` and decoded `decoded` bytes (see
   // PendingLogprobs).
@@ -217,6 +237,10 @@ class Generator {
   std::unique_ptr<OutputConstraint> constraint_;  // null: free text
   std::vector<uint64_t> allowed_;                 // this step's mask (reused)
 };
+
+// The prompt's token pieces as their text reads in the prompt (see
+// GenerateResult::prompt_logprobs).
+std::vector<std::string> prompt_pieces(const Tokenizer& tok, std::span<const TokenId> prompt);
 
 // Convenience wrappers around Generator.
 Result<GenerateResult> generate(Session& session, std::span<const TokenId> prompt, const GenerateOptions& options,

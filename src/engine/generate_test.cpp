@@ -819,5 +819,104 @@ TEST(GenerateConstraint, CheckpointCarriesTheSchemaAndRefusesEndRulesItCannotKee
   EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().to_string();
 }
 
+// Echo with logprobs: every prompt token but the first gets the
+// log-probability the model gave it at the position before, exactly what
+// evaluating the prompt one token at a time (teacher forcing) gives, with
+// prefill in several ubatches; the generation itself is unchanged.
+TEST(GeneratePromptLogprobs, EqualTeacherForcingStepByStep) {
+  Fixture f;
+  ASSERT_NE(f.model, nullptr);
+  const Tokenizer& tok = f.model->tokenizer();
+  const size_t n_vocab = static_cast<size_t>(tok.n_vocab());
+  const std::vector<TokenId> prompt = f.prompt("Once upon a time, there was a little girl named Lily. She liked to");
+  ASSERT_GT(prompt.size(), 10u);
+  SessionOptions so;
+  so.n_ubatch = 4;  // several prefill chunks
+  auto s = make_session(f.model, f.cpu, make_pool(*f.model, 16, 32), so);
+  // A session holding a prefix of the prompt: nothing of it may be reused.
+  ASSERT_TRUE(s->eval(std::span<const TokenId>(prompt.data(), 5)).ok());
+  GenerateOptions o = greedy(8);
+  o.prompt_logprobs = 3;
+  auto r = generate(*s, prompt, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto plain = generate(*f.session(), prompt, greedy(8));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(r->tokens, plain->tokens) << "the prompt's entries change nothing generated";
+  EXPECT_TRUE(plain->prompt_logprobs.empty()) << "not asked: none computed";
+  ASSERT_EQ(r->prompt_logprobs.size(), prompt.size());
+
+  // The reference: one token at a time, the logits of each step.
+  auto ref = f.session();
+  std::string pieces;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const TokenLogprobs& e = r->prompt_logprobs[i];
+    EXPECT_EQ(e.index, static_cast<int32_t>(i));
+    EXPECT_EQ(e.token.id, prompt[i]);
+    pieces += e.token.piece;
+    if (i == 0) {
+      EXPECT_TRUE(std::isnan(e.token.logprob)) << "nothing predicts the first token";
+      EXPECT_TRUE(e.top.empty());
+    } else {
+      const std::vector<double> want = log_softmax(ref->last_logits().data(), n_vocab);
+      EXPECT_NEAR(e.token.logprob, want[static_cast<size_t>(prompt[i])], 1e-9) << i;
+      ASSERT_EQ(e.top.size(), 3u) << i;
+      for (const PieceLogprob& t : e.top) {
+        EXPECT_NEAR(t.logprob, want[static_cast<size_t>(t.id)], 1e-9) << i;
+        EXPECT_EQ(t.piece, tok.token_piece(t.id, true));
+      }
+      EXPECT_GE(e.top[0].logprob, e.top[2].logprob);
+    }
+    ASSERT_TRUE(ref->eval(std::span<const TokenId>(&prompt[i], 1)).ok()) << i;
+  }
+  EXPECT_EQ(pieces, tok.decode(prompt)) << "the entries' text is the prompt's";
+}
+
+// The same rows through Session::eval_batch (the StepBatcher's path): a
+// prompt chunk with the sink beside another session's decode step gives the
+// rows one-token evaluation gives, and the other session's logits are
+// untouched by it.
+TEST(GeneratePromptLogprobs, EvalBatchHandsEveryRowToTheSink) {
+  Fixture f;
+  ASSERT_NE(f.model, nullptr);
+  const size_t V = static_cast<size_t>(f.model->hparams().n_vocab);
+  const std::vector<TokenId> prompt = f.prompt("Lily went to the park with her mom");
+  auto a = f.session();
+  auto b = f.session();
+  auto b_ref = f.session();
+  const std::vector<TokenId> other = f.prompt("Tom had a big red ball");
+  ASSERT_TRUE(b->eval(other).ok());
+  ASSERT_TRUE(b_ref->eval(other).ok());
+  std::vector<std::vector<float>> rows;
+  std::vector<int32_t> positions;
+  a->set_row_logits_sink([&](int32_t first, int32_t n, std::span<const float> logits) {
+    for (int32_t r = 0; r < n; ++r) {
+      positions.push_back(first + r);
+      rows.emplace_back(logits.begin() + static_cast<ptrdiff_t>(r * V), logits.begin() + static_cast<ptrdiff_t>((r + 1) * V));
+    }
+  });
+  const TokenId next = 42;
+  const size_t half = prompt.size() / 2;
+  for (auto [from, to] : {std::pair<size_t, size_t>{0, half}, {half, prompt.size()}}) {
+    BatchPart parts[2] = {{a.get(), std::span<const TokenId>(prompt.data() + from, to - from), to == prompt.size()},
+                          {b.get(), std::span<const TokenId>(&next, 1), true}};
+    for (const Status& st : Session::eval_batch(parts)) ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  a->set_row_logits_sink({});
+  ASSERT_EQ(rows.size(), prompt.size());
+  auto ref = f.session();
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    EXPECT_EQ(positions[i], static_cast<int32_t>(i));
+    auto l = ref->eval(std::span<const TokenId>(&prompt[i], 1));
+    ASSERT_TRUE(l.ok());
+    EXPECT_TRUE(std::equal(l->begin(), l->end(), rows[i].begin())) << "row " << i << " bitwise as one token's eval";
+  }
+  EXPECT_TRUE(std::equal(a->last_logits().begin(), a->last_logits().end(), rows.back().begin()));
+  // b decoded `next` twice in the passes: its logits are its own eval's.
+  ASSERT_TRUE(b_ref->eval(std::span<const TokenId>(&next, 1)).ok());
+  auto l = b_ref->eval(std::span<const TokenId>(&next, 1));
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(std::equal(l->begin(), l->end(), b->last_logits().begin()));
+}
+
 }  // namespace
 }  // namespace spw

@@ -112,6 +112,7 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
       st = stages_[i].backend->forward_layers(*model_, stages_[i].layer_begin, stages_[i].layer_end, kv, n0 + off,
                                               m, hidden_.data());
     }
+    if (st.ok() && row_sink_) st = sink_rows(hidden_.data(), m, n0 + off, 1);
     if (st.ok()) {
       if (all_logits) {
         st = stages_.back().backend->output(*model_, hidden_.data(), m,
@@ -222,6 +223,19 @@ std::vector<Status> Session::eval_batch(std::span<const BatchPart> parts) {
     st = first.stages_.back().backend->output(*first.model_, heads.data(), static_cast<int32_t>(n_heads),
                                               logits.data());
   }
+  // Sessions that want every row's logits: the head over the rest of their
+  // rows, in groups no larger than the pass's own head call.
+  {
+    int64_t row = 0;
+    for (size_t i : in) {
+      Session& s = *parts[i].session;
+      const auto n = static_cast<int32_t>(parts[i].tokens.size());
+      if (st.ok() && s.row_sink_) {
+        st = s.sink_rows(hidden.data() + row * E, n, s.n_past(), static_cast<int32_t>(std::max<int64_t>(n_heads, 1)));
+      }
+      row += n;
+    }
+  }
   int64_t head = 0;
   for (size_t i : in) {
     Session& s = *parts[i].session;
@@ -239,6 +253,18 @@ std::vector<Status> Session::eval_batch(std::span<const BatchPart> parts) {
     }
   }
   return out;
+}
+
+Status Session::sink_rows(const float* hidden, int32_t rows, int32_t first_pos, int32_t group) {
+  const int64_t E = model_->hparams().n_embd;
+  const int64_t V = model_->hparams().n_vocab;
+  std::vector<float> logits(static_cast<size_t>(std::min(group, rows) * V));
+  for (int32_t r = 0; r < rows; r += group) {
+    const int32_t g = std::min(group, rows - r);
+    SPW_RETURN_IF_ERROR(stages_.back().backend->output(*model_, hidden + static_cast<int64_t>(r) * E, g, logits.data()));
+    row_sink_(first_pos + r, g, std::span<const float>(logits.data(), static_cast<size_t>(g * V)));
+  }
+  return Status();
 }
 
 Result<std::vector<float>> Session::eval_all_logits(std::span<const TokenId> tokens) {

@@ -33,6 +33,17 @@
 // before. The output head runs only for the parts that want logits (a
 // prompt's last chunk, every decode step); the others' last_logits() is then
 // empty.
+// Every row's logits (a request that asks for its prompt's log-probabilities,
+// OpenAI's echo with logprobs): while a RowLogitsSink is set, every eval and
+// eval_batch part of the session also runs the output head on each appended
+// row and hands the rows to the sink in position order (the position of the
+// first, the rows, row-major n_vocab floats each) before the call returns.
+// The head runs on groups of rows no larger than the pass already computed
+// (one row in eval, the step's heads in eval_batch), so no logits buffer
+// grows beyond what a pass without the sink holds: the cost is time (one
+// head matmul per row), not memory. The rows are the same logits an eval
+// of the tokens one by one returns (batch invariance; the head of the last
+// row is computed twice).
 // A session that is a member of a StepBatcher (engine/step_batcher.h) sends
 // its evals through it, which gathers them into eval_batch calls (a prompt
 // in chunks, so that it shares the passes of the sequences decoding).
@@ -41,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -77,6 +89,8 @@ struct SessionOptions {
   int32_t n_ubatch = 64;  // prefill batch size
 };
 
+using RowLogitsSink = std::function<void(int32_t first_pos, int32_t rows, std::span<const float> logits)>;
+
 class Session {
  public:
   // Single backend, all layers. InvalidArgument when the pool's geometry does
@@ -105,6 +119,8 @@ class Session {
   Result<std::vector<float>> eval_all_logits(std::span<const TokenId> tokens);
   Status truncate(int32_t n);
   Status reserve_kv(int32_t n_positions);
+  // See "Every row's logits" above; an empty function removes it.
+  void set_row_logits_sink(RowLogitsSink sink) { row_sink_ = std::move(sink); }
 
   int32_t n_past() const { return static_cast<int32_t>(tokens_.size()); }
   const std::vector<TokenId>& tokens() const { return tokens_; }
@@ -124,6 +140,9 @@ class Session {
   Status run(std::span<const TokenId> tokens, std::vector<float>* all_logits);
   // The checks of an eval of n more tokens: ids in range, context room.
   Status check_append(std::span<const TokenId> tokens) const;
+  // The head over `rows` rows of `hidden` in groups of at most `group`, each
+  // group handed to row_sink_ (positions from first_pos).
+  Status sink_rows(const float* hidden, int32_t rows, int32_t first_pos, int32_t group);
 
   std::shared_ptr<const Model> model_;
   std::vector<SessionStage> stages_;
@@ -133,6 +152,7 @@ class Session {
   std::vector<TokenId> tokens_;
   std::vector<float> last_logits_;
   std::vector<float> hidden_;  // scratch [n_ubatch][n_embd]
+  RowLogitsSink row_sink_;
   StepBatcher* batcher_ = nullptr;  // while a member (StepBatcher::Membership)
 };
 

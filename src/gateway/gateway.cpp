@@ -1061,6 +1061,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     p.job.constraint = g.constraint;
     p.job.stop_token_ids = g.stop_token_ids;
     p.job.logprobs = g.logprobs;
+    p.job.prompt_logprobs = g.prompt_logprobs;
     p.job.request_safe_points = g.safe_points;
     Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
     if (t.ok()) {

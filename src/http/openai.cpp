@@ -1,5 +1,7 @@
 #include "http/openai.h"
 
+#include "http/completion_prompt.h"
+
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
 #include "core/size.h"
@@ -870,24 +872,10 @@ std::optional<ApiError> parse_completion_request(std::string_view body, Completi
   SPW_TRY_FIELD(refuse_unknown(obj, "/v1/completions", {kCompletionOnlyFields, kSharedGenerationFields}));
   auto p = obj.find("prompt");
   if (p == obj.end() || p->is_null()) return bad("prompt", "'prompt' is required", "missing_required_parameter");
-  if (p->is_string()) {
-    out.prompt = p->get<std::string>();
-  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    out.prompt = (*p)[0].get<std::string>();
-  } else if (p->is_array()) {
-    return bad("prompt", "'prompt' must be a string or an array of exactly one string (batches and token-id "
-                         "prompts are not supported)",
-               "invalid_type");
-  } else {
-    return wrong_type("prompt", "a string", *p);
-  }
-  if (out.prompt.empty()) return bad("prompt", "'prompt' must not be empty");
-  if (out.prompt.size() > kMaxPromptBytes) {
-    return bad("prompt", over_limit("'prompt'", kMaxPromptBytes, out.prompt.size()));
-  }
+  SPW_TRY_FIELD(parse_completion_prompt(*p, out));
   std::optional<bool> echo;
   SPW_TRY_FIELD(get_bool(obj, "echo", echo));
-  if (echo.value_or(false)) return bad("echo", "echo is not supported by this server", "unsupported_parameter");
+  out.echo = echo.value_or(false);
   std::optional<std::string> suffix;
   SPW_TRY_FIELD(get_string(obj, "suffix", suffix));
   if (suffix && !suffix->empty()) return bad("suffix", "suffix is not supported by this server", "unsupported_parameter");
@@ -1007,6 +995,13 @@ json completion_logprobs_json(const ChoiceLogprobs* lp) {
   int64_t offset = lp->text_offset;
   for (const TokenLogprobs& e : lp->entries) {
     tokens.push_back(token_text(e.token.piece));
+    if (std::isnan(e.token.logprob)) {  // an echoed prompt's first token: nothing predicts it
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      offsets.push_back(offset);
+      offset += count_chars(e.token.piece);
+      continue;
+    }
     token_logprobs.push_back(wire_logprob(e.token.logprob));
     // The most likely first; a text already there keeps its (higher) value,
     // and the chosen token is always among the keys.

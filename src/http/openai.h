@@ -169,8 +169,11 @@ inline constexpr std::string_view kSharedGenerationFields[] = {
     "best_of", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
     "logit_bias", "logprobs", "response_format", "tools", "user", "metadata", "store", "service_tier",
     "stream_options", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens"};
-// /v1/completions also: prompt (required; a string or a one-string array),
-// echo (false / null), suffix ("" / null).
+// /v1/completions also: prompt (required; a string, token ids, or an array
+// of one of those: http/completion_prompt.h; a batch of several is a 400),
+// echo (a boolean: true puts the prompt before the completion's text, and
+// with logprobs lists the prompt's tokens first: see "Log-probabilities"),
+// suffix ("" / null).
 inline constexpr std::string_view kCompletionOnlyFields[] = {"prompt", "echo", "suffix"};
 // /v1/chat/completions also: messages (required), tool_choice ("none" /
 // "auto" / null: without tools no tool is called either way),
@@ -212,6 +215,14 @@ inline constexpr std::string_view kChatOnlyFields[] = {"messages", "tool_choice"
 //  resumed request (POST /v1/requests/{id}/resume), answer with "logprobs":
 //  null (the journal keeps the text and the checkpoint, not the entries).
 //  Requests that do not ask compute nothing.
+//  /v1/completions with "echo": true lists the prompt's tokens first, as
+//  OpenAI's legacy API does: the first one with "token_logprobs" null and
+//  "top_logprobs" null (nothing predicts it), the others from the logits of
+//  the position before (engine/generate.h GenerateOptions::prompt_logprobs;
+//  a token's text is its bytes in the prompt, a SentencePiece vocabulary's
+//  prefixed space dropped from the first); "text_offset" then counts from
+//  the start of the echoed text (0 for the first prompt token). Streaming,
+//  the prompt's text and entries are one chunk before the completion's.
 
 // Sampling fields shared by both endpoints; nullopt = the server default.
 struct SamplingFields {
@@ -242,7 +253,10 @@ struct SamplingFields {
 
 struct CompletionRequest {
   std::string model;  // informational; the server serves one model
-  std::string prompt;
+  std::string prompt;  // empty when prompt_tokens is given
+  // "prompt" as token ids (http/completion_prompt.h); nullopt: text.
+  std::optional<std::vector<TokenId>> prompt_tokens;
+  bool echo = false;
   SamplingFields sampling;
 };
 

@@ -1,4 +1,5 @@
 #include "http/openai.h"
+#include "http/completion_prompt.h"
 
 #include <gtest/gtest.h>
 
@@ -81,7 +82,7 @@ TEST(OpenAiParse, BadFieldsNameTheField) {
       {R"({})", "prompt", "required"},
       {R"({"prompt":""})", "prompt", "empty"},
       {R"({"prompt":7})", "prompt", "string"},
-      {R"({"prompt":["a","b"]})", "prompt", "one string"},
+      {R"({"prompt":["a","b"]})", "prompt", "a batch of 2 prompts"},
       {R"({"prompt":"a","max_tokens":-5})", "max_tokens", ">= 1"},
       {R"({"prompt":"a","max_tokens":0})", "max_tokens", ">= 1"},
       {R"({"prompt":"a","max_tokens":"10"})", "max_tokens", "integer"},
@@ -99,7 +100,7 @@ TEST(OpenAiParse, BadFieldsNameTheField) {
       {R"({"prompt":"a","stream":"yes"})", "stream", "boolean"},
       {R"({"prompt":"a","n":2})", "n", "n=1"},
       {R"({"prompt":"a","model":5})", "model", "string"},
-      {R"({"prompt":"a","echo":true})", "echo", "not supported"},
+      {R"({"prompt":"a","echo":"yes"})", "echo", "boolean"},
       {R"({"prompt":"a","logprobs":6})", "logprobs", "[0, 5]"},
       {R"({"prompt":"a","stream_options":{"include_usage":1}})", "stream_options.include_usage", "boolean"},
   };
@@ -1072,6 +1073,122 @@ TEST(OpenAiResponseFormat, RefusalsNameTheFieldAndTheKeyword) {
       chat);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->param, "response_format");
+}
+
+// "prompt" as token ids (one list, or a list holding one list): the ids as
+// sent, no text; echo read as a boolean.
+TEST(OpenAiPrompt, TokenIdsAreRead) {
+  for (const char* body : {R"({"prompt":[1,9038,2501]})", R"({"prompt":[[1,9038,2501]]})"}) {
+    CompletionRequest r;
+    auto e = parse_completion_request(body, r);
+    ASSERT_FALSE(e.has_value()) << body << ": " << e->message;
+    ASSERT_TRUE(r.prompt_tokens.has_value()) << body;
+    EXPECT_EQ(*r.prompt_tokens, (std::vector<TokenId>{1, 9038, 2501})) << body;
+    EXPECT_TRUE(r.prompt.empty()) << body;
+    EXPECT_FALSE(r.echo);
+    EXPECT_FALSE(check_prompt_tokens(r, 32000).has_value());
+  }
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":["hi"],"echo":true})", r).has_value());
+  EXPECT_EQ(r.prompt, "hi");
+  EXPECT_FALSE(r.prompt_tokens.has_value());
+  EXPECT_TRUE(r.echo);
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":[0],"echo":false})", r).has_value());
+  EXPECT_EQ(*r.prompt_tokens, std::vector<TokenId>{0});
+  EXPECT_FALSE(r.echo);
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":[2147483647]})", r).has_value());
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","echo":null})", r).has_value());
+  EXPECT_FALSE(r.echo);
+}
+
+// Every refusal of a prompt names "prompt" and says what is wrong: types,
+// empty forms, ranges, batches; the vocabulary check names the index.
+TEST(OpenAiPrompt, RefusalsNameTheProblem) {
+  struct Case {
+    const char* body;
+    const char* code;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {R"({"prompt":[]})", "invalid_value", "must not be empty"},
+      {R"({"prompt":[[]]})", "invalid_value", "must not be empty"},
+      {R"({"prompt":[""]})", "invalid_value", "must not be empty"},
+      {R"({"prompt":[1,-2]})", "invalid_value", "'prompt[1]': token id -2 is negative"},
+      {R"({"prompt":[1,2.5]})", "invalid_type", "'prompt[1]' must be an integer"},
+      {R"({"prompt":[1.0]})", "invalid_type", "integer"},
+      {R"({"prompt":[4294967296]})", "invalid_value", "outside any vocabulary"},
+      {R"({"prompt":[[1,-3]]})", "invalid_value", "'prompt[0][1]'"},
+      {R"({"prompt":[1,"a"]})", "invalid_type", "array of token ids"},
+      {R"({"prompt":["a",1]})", "invalid_type", "array of token ids"},
+      {R"({"prompt":[[1],"a"]})", "unsupported_parameter", "a batch of 2 prompts"},
+      {R"({"prompt":[[1,2],[3]]})", "unsupported_parameter", "send 2 requests"},
+      {R"({"prompt":["a","b","c"]})", "unsupported_parameter", "this server takes one prompt per request; send 3"},
+      {R"({"prompt":[[1,[2]]]})", "invalid_type", "'prompt[0]' must be an array of integer token ids"},
+      {R"({"prompt":[{"a":1}]})", "invalid_type", "object"},
+      {R"({"prompt":[true]})", "invalid_type", "boolean"},
+      {R"({"prompt":{"text":"a"}})", "invalid_type", "got object"},
+      {R"({"prompt":7})", "invalid_type", "got number"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = completion_error(c.body);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, "prompt") << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
+    EXPECT_NE(e.message.find(c.needle), std::string::npos) << c.body << " -> " << e.message;
+  }
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":[5,511,512,3]})", r).has_value());
+  std::optional<ApiError> e = check_prompt_tokens(r, 512);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->http_status, 400);
+  EXPECT_EQ(e->param, "prompt");
+  EXPECT_NE(e->message.find("'prompt[2]': token id 512 is past the vocabulary of 512 tokens"), std::string::npos)
+      << e->message;
+  EXPECT_FALSE(check_prompt_tokens(r, 513).has_value());
+  // Text prompts have nothing to check.
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a"})", r).has_value());
+  EXPECT_FALSE(check_prompt_tokens(r, 1).has_value());
+}
+
+TEST(OpenAiPrompt, TooManyTokenIdsAreRefusedByName) {
+  std::string body = R"({"prompt":[)";
+  body.reserve(2 * kMaxPromptTokenIds + 32);
+  for (size_t i = 0; i <= kMaxPromptTokenIds; ++i) body += i == 0 ? "1" : ",1";
+  body += "]}";
+  ApiError e = completion_error(body);
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_NE(e.message.find("at most " + std::to_string(kMaxPromptTokenIds) + " token ids"), std::string::npos)
+      << e.message;
+}
+
+// An echoed prompt's first entry has no log-probability: null, and null
+// alternatives; the offsets count every entry's characters from 0.
+TEST(OpenAiRender, EchoedPromptEntriesStartWithNull) {
+  CompletionResult r;
+  r.id = "cmpl-1";
+  r.text = "Once upon";
+  ChoiceLogprobs lp;
+  TokenLogprobs first;
+  first.index = 0;
+  first.token = {1, std::numeric_limits<double>::quiet_NaN(), ""};
+  TokenLogprobs second;
+  second.index = 1;
+  second.token = {2, -1.5, "Once"};
+  second.top = {{2, -1.5, "Once"}, {3, -2.0, "The"}};
+  TokenLogprobs third;
+  third.index = 0;
+  third.token = {4, -0.5, " upon"};
+  lp.entries = {first, second, third};
+  lp.text_offset = 0;
+  r.logprobs = lp;
+  json j = json::parse(render_completion(r));
+  const json& l = j["choices"][0]["logprobs"];
+  EXPECT_EQ(l["tokens"], json::array({"", "Once", " upon"}));
+  EXPECT_TRUE(l["token_logprobs"][0].is_null());
+  EXPECT_TRUE(l["top_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(l["token_logprobs"][1].get<double>(), -1.5);
+  EXPECT_DOUBLE_EQ(l["top_logprobs"][1]["The"].get<double>(), -2.0);
+  EXPECT_EQ(l["text_offset"], json::array({0, 0, 4}));
 }
 
 }  // namespace

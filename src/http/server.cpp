@@ -17,6 +17,7 @@
 
 #include "core/digest.h"
 #include "http/auth.h"
+#include "http/completion_prompt.h"
 #include "http/metrics.h"
 #include "http/models.h"
 #include "http/transport.h"
@@ -61,6 +62,11 @@ struct Call {
   // next entry (characters of the prompt and of the text listed so far).
   bool logprobs = false;
   int64_t text_offset = 0;
+  // /v1/completions with "echo": true: the prompt's text, sent before the
+  // completion's (streaming: when the prompt's log-probability entries
+  // come, if asked for, else at once); echo_sent once it was.
+  std::string echo;
+  bool echo_sent = false;
   // Chat with tools: the model's calls are parsed out of its text (null:
   // none asked for, or tool_choice "none").
   std::unique_ptr<ToolCallStream> tools;
@@ -569,7 +575,8 @@ class HttpServer::Impl {
   // nullopt on success, else the error.
   std::optional<ApiError> generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g,
                                                SamplingFields& sampling, std::string* route_model = nullptr,
-                                               ToolUse* tool_use = nullptr) {
+                                               ToolUse* tool_use = nullptr, std::string* prompt_text = nullptr,
+                                               bool* echo = nullptr) {
     if (chat) {
       ChatRequest cr;
       if (auto e = parse_chat_request(body, cr)) return e;
@@ -626,9 +633,16 @@ class HttpServer::Impl {
       if (route_model) if (auto e = resolve_model(cr.model, route_model)) return e;
       sampling = cr.sampling;
       if (!sampling.max_tokens) sampling.max_tokens = options_.completion_default_max_tokens;
+      if (auto e = check_prompt_tokens(cr, gateway_.tokenizer().n_vocab())) return e;
       g = to_generation(sampling);
+      // The prompt's text as its echo and text_offset read it: a token-id
+      // prompt decoded (only for that: the engine gets the ids themselves).
+      if (prompt_text) *prompt_text = cr.prompt_tokens ? gateway_.tokenizer().decode(*cr.prompt_tokens) : cr.prompt;
+      if (echo) *echo = cr.echo;
+      if (cr.echo && sampling.logprobs) g.prompt_logprobs = *sampling.logprobs;
       g.prompt = std::move(cr.prompt);
-      g.add_bos = true;  // when the vocabulary wants one (add_bos_token)
+      g.prompt_tokens = std::move(cr.prompt_tokens);
+      g.add_bos = true;  // when the vocabulary wants one (add_bos_token); not for token ids
     }
     // As llama.cpp's server: control-token texts in the prompt are those tokens.
     g.parse_special = true;
@@ -662,7 +676,9 @@ class HttpServer::Impl {
     SamplingFields sampling;
     std::string route_model;
     ToolUse tool_use;
-    if (auto e = generation_from_body(req.body, chat, g, sampling, &route_model, &tool_use)) {
+    std::string prompt_text;
+    bool echo = false;
+    if (auto e = generation_from_body(req.body, chat, g, sampling, &route_model, &tool_use, &prompt_text, &echo)) {
       return set_error(res, *e, options_.model_name);
     }
 
@@ -670,7 +686,8 @@ class HttpServer::Impl {
     call->chat = chat;
     call->include_usage = sampling.include_usage;
     call->logprobs = sampling.logprobs.has_value();
-    if (!chat) call->text_offset = count_chars(g.prompt);  // OpenAI counts from the prompt's start
+    if (!chat) call->text_offset = count_chars(prompt_text);  // OpenAI counts from the prompt's start
+    if (echo) call->echo = std::move(prompt_text);
     call->model = options_.model_name;
     call->info.model = options_.model_name;
     gateway::RouteRequest route;
@@ -706,7 +723,9 @@ class HttpServer::Impl {
     // context, or every queue full. Journaled as a summary, never the body.
     if (!known || (journal::is_terminal(known->state) && known->state != journal::RequestState::kDone)) {
       gateway::Refusal early;
-      Status pre = gateway_.precheck(route, route.generation.prompt.size(), &early);
+      // A token-id prompt's length is known exactly at submit: no bound here.
+      const size_t prompt_bytes = route.generation.prompt_tokens ? 0 : route.generation.prompt.size();
+      Status pre = gateway_.precheck(route, prompt_bytes, &early);
       if (!pre.ok()) {
         const int64_t public_id = options_.journal ? record_refusal(req, who, key, pre, early.decision) : 0;
         return refuse(res, pre, early, public_id);
@@ -1064,7 +1083,7 @@ class HttpServer::Impl {
       // The stored text parsed as the original response parsed it: the same
       // calls with the same ids (they carry the request's id).
       ToolCallStream::Released released = tool_pass(c, r.outcome.text, true);
-      out.text = std::move(released.content);
+      out.text = c.echo + released.content;
       out.tool_calls = std::move(released.calls);
       out.finish_reason = finish_name(c, r.outcome.finish_reason);
       out.prompt_tokens = r.outcome.prompt_tokens;
@@ -1074,6 +1093,7 @@ class HttpServer::Impl {
       return;
     }
     std::string body = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
+    if (!c.echo.empty()) body += chunk(c, c.echo, "", false, false);
     body += released_chunks(c, tool_pass(c, r.outcome.text, true), false, std::nullopt);
     body += chunk(c, "", finish_name(c, r.outcome.finish_reason), false, true);
     body += kSseDone;
@@ -1322,7 +1342,7 @@ class HttpServer::Impl {
   // Non-streaming: collect every event, then answer once.
   void whole(Call& c, Response& res) {
     std::string text = c.unsent;
-    std::vector<TokenLogprobs> entries;
+    std::vector<TokenLogprobs> entries, prompt_entries;
     serve::RequestEvent ev;
     for (;;) {
       serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
@@ -1335,6 +1355,7 @@ class HttpServer::Impl {
       if (ev.kind == serve::RequestEvent::Kind::kText) {
         text += ev.text;
         std::move(ev.logprobs.begin(), ev.logprobs.end(), std::back_inserter(entries));
+        if (!ev.prompt_logprobs.empty()) prompt_entries = std::move(ev.prompt_logprobs);
         continue;
       }
       break;
@@ -1346,13 +1367,20 @@ class HttpServer::Impl {
     r.created = c.created;
     r.model = c.model;
     ToolCallStream::Released released = tool_pass(c, std::move(text), true);
-    r.text = std::move(released.content);
+    r.text = c.echo + released.content;
     r.tool_calls = std::move(released.calls);
     r.finish_reason = finish_name(c, ev.finish);
     r.prompt_tokens = c.info.limits.prompt_tokens;
     r.completion_tokens = ev.completion_tokens;
     r.spillway = c.info;
-    if (c.logprobs) r.logprobs = ChoiceLogprobs{std::move(entries), c.text_offset};
+    if (c.logprobs && !prompt_entries.empty()) {
+      // Echoed: the prompt's entries first, offsets from the echo's start.
+      prompt_entries.insert(prompt_entries.end(), std::make_move_iterator(entries.begin()),
+                            std::make_move_iterator(entries.end()));
+      r.logprobs = ChoiceLogprobs{std::move(prompt_entries), 0};
+    } else if (c.logprobs) {
+      r.logprobs = ChoiceLogprobs{std::move(entries), c.text_offset};
+    }
     res.status = 200;
     res.set_content(c.chat ? render_chat_completion(r) : render_completion(r), kJson);
   }
@@ -1364,6 +1392,15 @@ class HttpServer::Impl {
     ChoiceLogprobs lp{std::move(entries), c.text_offset};
     for (const TokenLogprobs& e : lp.entries) c.text_offset += count_chars(e.token.piece);
     return lp;
+  }
+
+  // The echoed prompt as one chunk, with its entries (offsets from 0) when
+  // the request asked for log-probabilities.
+  std::string echo_chunk(Call& c, std::vector<TokenLogprobs> prompt_entries) {
+    c.echo_sent = true;
+    std::optional<ChoiceLogprobs> lp;
+    if (c.logprobs && !prompt_entries.empty()) lp = ChoiceLogprobs{std::move(prompt_entries), 0};
+    return chunk(c, c.echo, "", false, false, lp);
   }
 
   std::string chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info,
@@ -1406,6 +1443,8 @@ class HttpServer::Impl {
         c.started = true;
         fill_times(c);
         out = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
+        // The echo waits for the prompt's entries when they were asked for.
+        if (!c.echo.empty() && !c.logprobs) out += echo_chunk(c, {});
         if (!c.unsent.empty()) out += released_chunks(c, tool_pass(c, std::move(c.unsent), false), false, std::nullopt);
         return sink.write(out) ? true : fail();
       }
@@ -1430,6 +1469,7 @@ class HttpServer::Impl {
         // degraded included, rather than only the stream's last chunk.
         const bool moved = c.ticket->attempts() != c.attempts;
         if (moved) fill_times(c);
+        if (!c.echo.empty() && !c.echo_sent) out += echo_chunk(c, std::move(ev.prompt_logprobs));
         out += released_chunks(c, tool_pass(c, std::move(ev.text), false), /*with_info=*/moved,
                                chunk_logprobs(c, std::move(ev.logprobs)));
         r = c.ticket->next_event(ev, std::chrono::milliseconds(0));

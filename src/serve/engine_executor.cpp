@@ -50,10 +50,12 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
     o.stop_token_ids = job.stop_token_ids;
     o.reserve_kv = true;  // fail at the request boundary, never mid-stream
     o.logprobs = job.logprobs;
+    o.prompt_logprobs = job.prompt_logprobs;
     return Generator::start(session, job.prompt, o);
   }();
   if (!started.ok()) return started.status();
   Generator& g = **started;
+  if (!g.result().prompt_logprobs.empty() && cb.on_prompt_logprobs) cb.on_prompt_logprobs(g.result().prompt_logprobs);
 
   // The last safe boundary: where a failure continues from when the current
   // one is not safe. Without rules every boundary is safe, so nothing is kept.

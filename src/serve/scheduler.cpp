@@ -122,7 +122,9 @@ Scheduler::Scheduler(Env& env, std::shared_ptr<const Tokenizer> tokenizer, Sched
 Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
 
 Status validate_generation_request(const GenerationRequest& request) {
-  if (request.prompt.empty()) return invalid_field("prompt", "prompt: must not be empty");
+  if (request.prompt_tokens ? request.prompt_tokens->empty() : request.prompt.empty()) {
+    return invalid_field("prompt", "prompt: must not be empty");
+  }
   SPW_RETURN_IF_ERROR(validate_sampler_params(request.sampler));
   if (request.max_tokens && *request.max_tokens <= 0) {
     return invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*request.max_tokens));
@@ -137,6 +139,18 @@ Status validate_generation_request(const GenerationRequest& request) {
 }
 
 Result<std::vector<TokenId>> encode_prompt(const Tokenizer& tokenizer, const GenerationRequest& request) {
+  if (request.prompt_tokens) {
+    const std::vector<TokenId>& ids = *request.prompt_tokens;
+    if (ids.empty()) return invalid_field("prompt", "prompt: must not be empty");
+    const int32_t n_vocab = tokenizer.n_vocab();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= n_vocab) {
+        return invalid_field("prompt", "prompt[" + std::to_string(i) + "]: token id " + std::to_string(ids[i]) +
+                                           " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+      }
+    }
+    return ids;
+  }
   std::vector<TokenId> tokens =
       tokenizer.encode(request.prompt, request.add_bos && tokenizer.add_bos_default(), request.parse_special);
   if (tokens.empty()) return invalid_field("prompt", "prompt: tokenizes to no tokens");
@@ -180,6 +194,7 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   job.constraint = request.constraint;
   job.stop_token_ids = request.stop_token_ids;
   job.logprobs = request.logprobs;
+  job.prompt_logprobs = request.prompt_logprobs;
   PreparedRequest p;
   p.record_id = request.record_id;
   p.internal = request.internal;
@@ -424,6 +439,14 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
         ev.logprobs.assign(logprobs.begin(), logprobs.end());
         t->logprobs_sent_ = logprobs.back().index + 1;
       }
+      t->events_.push(std::move(ev));
+    };
+    cb.on_prompt_logprobs = [&](std::span<const TokenLogprobs> entries) {
+      if (t->prompt_logprobs_sent_ || entries.empty()) return;
+      t->prompt_logprobs_sent_ = true;
+      RequestEvent ev;
+      ev.kind = RequestEvent::Kind::kText;
+      ev.prompt_logprobs.assign(entries.begin(), entries.end());
       t->events_.push(std::move(ev));
     };
     cb.on_token = [&](int32_t n) {

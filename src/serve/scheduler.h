@@ -80,6 +80,11 @@ std::string_view finish_reason_name(FinishReason r);  // "stop", "length", ""
 // What a client asks for, in engine terms (the HTTP layer fills it in).
 struct GenerationRequest {
   std::string prompt;  // final prompt text (chat template already applied)
+  // A prompt sent as token ids (/v1/completions' "prompt": [1, 2, 3]): the
+  // prompt tokens exactly as given (no BOS added, add_bos and parse_special
+  // do not apply), each checked against the vocabulary by encode_prompt;
+  // `prompt` is then empty. nullopt: tokenize `prompt`.
+  std::optional<std::vector<TokenId>> prompt_tokens;
   bool add_bos = true;
   bool parse_special = true;  // recognise control-token texts such as "<|im_start|>"
   SamplerParams sampler;
@@ -99,18 +104,24 @@ struct GenerationRequest {
   // Log-probability entries per generated token (GenerateOptions::logprobs):
   // < 0 none; else this many alternatives in each.
   int32_t logprobs = -1;
+  // Log-probabilities of the prompt's tokens (GenerateOptions::
+  // prompt_logprobs): < 0 none; else this many alternatives in each.
+  int32_t prompt_logprobs = -1;
   // Spans of this request's output inside which it must not be split (a tool
   // call's), besides the path's own (SchedulerOptions::safe_points).
   SafePointRules safe_points;
 };
 
-// The checks every submitter makes before tokenizing: a non-empty prompt,
+// The checks every submitter makes before tokenizing: a non-empty prompt
+// (text, or token ids),
 // valid sampler parameters, max_tokens >= 1 when given, min_tokens >= 0, no
 // negative stop_token_ids; InvalidArgument (kInvalidField) naming the field
 // otherwise.
 Status validate_generation_request(const GenerationRequest& request);
 // The request's prompt tokens (BOS as the request and the vocabulary say);
 // InvalidArgument (kInvalidField "prompt") when it tokenizes to nothing.
+// Token ids (prompt_tokens) are returned as they are, after checking each is
+// in [0, n_vocab) (InvalidArgument naming the index, the id and n_vocab).
 Result<std::vector<TokenId>> encode_prompt(const Tokenizer& tokenizer, const GenerationRequest& request);
 
 // The limits submit() applied to one request (reported to the client).
@@ -130,6 +141,9 @@ struct RequestEvent {
   // generation order; each entry of a request reaches its stream once, also
   // across a failover or migration (ExecJob::logprobs_sent).
   std::vector<TokenLogprobs> logprobs;
+  // kText (with empty text, before any generated text): the prompt's
+  // entries (GenerationRequest::prompt_logprobs), once per request.
+  std::vector<TokenLogprobs> prompt_logprobs;
   RequestState state = RequestState::kRunning;  // kFinished: kDone, kCancelled or kFailed
   FinishReason finish = FinishReason::kNone;   // kFinished with kDone
   Status status;                               // kFinished with kCancelled/kFailed: why
@@ -175,6 +189,9 @@ struct ExecJob {
   // passed again, whether the run regenerates them in the replay or a
   // checkpoint held them.
   int32_t logprobs_sent = 0;
+  // The prompt's entries (GenerationRequest::prompt_logprobs): < 0 none;
+  // computed only by a run that starts from the prompt (not a resume).
+  int32_t prompt_logprobs = -1;
 };
 
 struct ExecOutcome {
@@ -195,6 +212,9 @@ struct ExecCallbacks {
   // and, when the run fails after its generation started, the last safe one
   // (the boundary after the last token when that is safe). Null: not wanted.
   std::function<void(std::shared_ptr<const Checkpoint>)> on_checkpoint;
+  // The prompt's log-probability entries (ExecJob::prompt_logprobs), once
+  // the prompt is evaluated, before any text.
+  std::function<void(std::span<const TokenLogprobs>)> on_prompt_logprobs;
 };
 
 // One worker's engine. run() generates for `job` through `cb` (see
@@ -386,6 +406,9 @@ class Ticket {
   // Entries of generated tokens [0, logprobs_sent_) are in the stream;
   // written by the worker running it.
   int32_t logprobs_sent_ = 0;
+  // The prompt's entries are in the stream (a restart after a failover
+  // before the first token does not send them again); worker-written.
+  bool prompt_logprobs_sent_ = false;
   std::function<void(const Ticket&)> on_finished_;  // called once, by finish_locked
   bool holds_kv_ = false;             // under the scheduler's mutex
   std::atomic<int32_t> generated_{0};
