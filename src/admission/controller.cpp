@@ -7,6 +7,7 @@
 #include <queue>
 
 #include "admission/ledger.h"
+#include "core/size.h"
 
 namespace spw::admission {
 namespace {
@@ -23,12 +24,6 @@ std::string fmt_s(double s) {
 std::string fmt_pct(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.0f%%", x * 100.0);
-  return buf;
-}
-
-std::string mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
   return buf;
 }
 
@@ -253,8 +248,9 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     }
     if (!pressure_ok) {
       skip("memory pressure on " + p.ledger + ": " + fmt_pct(pressure) + " of the safe limit " +
-           mib(p.ledger_limit) + " (used " + mib(p.ledger_used) + ", co-tenants " + mib(p.ledger_cotenants) +
-           ", this request " + mib(p.request_extra_bytes) + "), threshold " + fmt_pct(policy.pressure_threshold));
+           format_byte_size(p.ledger_limit) + " (used " + format_byte_size(p.ledger_used) + ", co-tenants " +
+           format_byte_size(p.ledger_cotenants) + ", this request " + format_byte_size(p.request_extra_bytes) +
+           "), threshold " + fmt_pct(policy.pressure_threshold));
       continue;
     }
     if (!queue_ok) {

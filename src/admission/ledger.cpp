@@ -36,14 +36,10 @@ std::string_view owner_kind_name(OwnerKind k) {
   return "?";
 }
 
+// The readable size and the exact count: ledger messages explain refusals
+// whose arithmetic a reader may want to redo.
 std::string format_bytes(uint64_t b) {
-  char buf[64];
-  const double d = static_cast<double>(b);
-  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", d / (1ull << 30));
-  else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", d / (1ull << 20));
-  else if (b >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.2f KiB", d / (1ull << 10));
-  else return std::to_string(b) + " B";
-  return std::string(buf) + " (" + std::to_string(b) + " B)";
+  return b < 1024 ? format_byte_size(b) : format_byte_size(b) + " (" + std::to_string(b) + " B)";
 }
 
 MemoryLedger::MemoryLedger(std::string name, uint64_t capacity, HeadroomPolicy headroom, bool tracks)

@@ -16,10 +16,15 @@
 // co-tenants, observed use). With each size at most 2^50 (1 PiB, beyond any
 // memory a machine has), sums of millions of them cannot wrap, so no client
 // can declare a size that turns a total into a small number.
+// format_byte_size() is the one way sizes are written for people (messages,
+// logs, the CLI, reports): whole bytes below 1 KiB ("512 B"), else binary
+// units with three significant digits ("1.13 MiB", "25.4 MiB", "972 MiB",
+// "8.00 GiB"). Exact figures go in JSON and metrics as byte counts instead.
 // Thread safety: pure.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "core/status.h"
@@ -30,5 +35,6 @@ inline constexpr uint64_t kMaxByteSize = uint64_t{1} << 50;  // 1 PiB
 
 Result<uint64_t> parse_byte_size(std::string_view text, bool allow_zero = false);
 Status check_byte_size(uint64_t bytes, std::string_view what, bool allow_zero = false);
+std::string format_byte_size(uint64_t bytes);
 
 }  // namespace spw

@@ -34,7 +34,7 @@ TEST(ByteSize, RefusalsNameTheText) {
 TEST(ByteSize, DomainEndsAtOnePebibyteForTextAndNumbers) {
   EXPECT_EQ(parse_byte_size("1024T").value(), kMaxByteSize);
   EXPECT_EQ(parse_byte_size(std::to_string(kMaxByteSize)).value(), kMaxByteSize);
-  for (const std::string big : {std::string("1025T"), std::to_string(kMaxByteSize + 1), std::string("18446744071669442151"),
+  for (const std::string& big : {std::string("1025T"), std::to_string(kMaxByteSize + 1), std::string("18446744071669442151"),
                                 std::string("18446744073709551615"), std::string("99999999999999999999999")}) {
     auto r = parse_byte_size(big);
     ASSERT_FALSE(r.ok()) << big;
@@ -48,6 +48,26 @@ TEST(ByteSize, DomainEndsAtOnePebibyteForTextAndNumbers) {
   const Status wrap = check_byte_size(18446744071669442151ull, "bytes");
   EXPECT_EQ(wrap.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(wrap.message().find("18446744071669442151 bytes is more than"), std::string::npos) << wrap.message();
+}
+
+TEST(ByteSize, FormattedWithThreeSignificantDigits) {
+  EXPECT_EQ(format_byte_size(0), "0 B");
+  EXPECT_EQ(format_byte_size(1023), "1023 B");
+  EXPECT_EQ(format_byte_size(1024), "1.00 KiB");
+  EXPECT_EQ(format_byte_size(1'184'000), "1.13 MiB");
+  EXPECT_EQ(format_byte_size(26'633'830), "25.4 MiB");
+  EXPECT_EQ(format_byte_size(uint64_t{972} << 20), "972 MiB");
+  EXPECT_EQ(format_byte_size(uint64_t{8} << 30), "8.00 GiB");
+  EXPECT_EQ(format_byte_size(uint64_t{3} << 39), "1.50 TiB");
+  EXPECT_EQ(format_byte_size(kMaxByteSize), "1.00 PiB");
+  EXPECT_EQ(format_byte_size(UINT64_MAX), "16.0 EiB");
+  // Each formatted size reads back (parse_byte_size) to within its rounding.
+  for (uint64_t b : {uint64_t{1536}, uint64_t{7} << 20, uint64_t{123456789}}) {
+    auto back = parse_byte_size(format_byte_size(b));
+    ASSERT_TRUE(back.ok()) << format_byte_size(b);
+    EXPECT_NEAR(static_cast<double>(*back), static_cast<double>(b), static_cast<double>(b) * 0.006)
+        << format_byte_size(b);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "core/size.h"
+
 namespace spw::device {
 namespace {
 
@@ -81,20 +83,11 @@ const char* finding_kind_name(Finding::Kind kind) {
 }
 
 std::string format_finding_value(const Finding& f) {
-  auto bytes = [](uint64_t b) {
-    char buf[64];
-    if (b >= (uint64_t{1} << 30)) {
-      std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ULL << 30));
-    } else if (b >= (uint64_t{1} << 20)) {
-      std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1ULL << 20));
-    } else {
-      std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
-    }
-    return std::string(buf);
-  };
   switch (f.kind) {
-    case Kind::kBytes: return bytes(f.number);
-    case Kind::kLimit: return f.unlimited ? "max (unlimited)" : bytes(f.number);
+    case Kind::kBytes:
+      return format_byte_size(f.number);
+    case Kind::kLimit:
+      return f.unlimited ? "max (unlimited)" : format_byte_size(f.number);
     case Kind::kCount: return std::to_string(f.number);
     case Kind::kPercent: return std::to_string(f.number) + " %";
     case Kind::kCelsius: return std::to_string(f.number) + " C";

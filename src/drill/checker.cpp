@@ -17,6 +17,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/size.h"
+
 namespace spw::drill {
 
 std::vector<std::string> CheckResult::failed_gates() const {
@@ -119,12 +121,6 @@ std::string fmt(double v, int prec = 1) {
   o.precision(prec);
   o << v;
   return o.str();
-}
-
-std::string fmt_bytes(uint64_t b) {
-  const double mib = static_cast<double>(b) / (1024.0 * 1024.0);
-  if (mib >= 1024) return fmt(mib / 1024.0, 2) + " GiB";
-  return fmt(mib, 1) + " MiB";
 }
 
 std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 10) {
@@ -501,12 +497,14 @@ CheckResult check(const History& h) {
     g.name = "host_budget";
     g.passed = !host_over;
     if (fig.host_budget == 0) {
-      g.detail = "no host budget sampled (peak host memory " + fmt_bytes(fig.host_peak) + ")";
+      g.detail = "no host budget sampled (peak host memory " + format_byte_size(fig.host_peak) + ")";
     } else if (host_over) {
-      g.detail = "host memory " + fmt_bytes(host_over_peak) + " over its budget " + fmt_bytes(host_over_budget) +
-                 " at " + fmt(host_over_t / 1000.0) + " s (peak " + fmt_bytes(fig.host_peak) + ")";
+      g.detail = "host memory " + format_byte_size(host_over_peak) + " over its budget " +
+                 format_byte_size(host_over_budget) + " at " + fmt(host_over_t / 1000.0) + " s (peak " +
+                 format_byte_size(fig.host_peak) + ")";
     } else {
-      g.detail = "peak host memory " + fmt_bytes(fig.host_peak) + " within the budget " + fmt_bytes(fig.host_budget);
+      g.detail = "peak host memory " + format_byte_size(fig.host_peak) + " within the budget " +
+                 format_byte_size(fig.host_budget);
     }
     res.gates.push_back(std::move(g));
   }
@@ -521,8 +519,8 @@ CheckResult check(const History& h) {
     }
     g.passed = g.request_ids.empty();
     g.detail = std::to_string(g.request_ids.size()) + " of " + std::to_string(checked) +
-               " GPU-side admissions over the reserve line; peak device " + fmt_bytes(fig.device_peak) +
-               " against the line " + fmt_bytes(fig.device_limit);
+               " GPU-side admissions over the reserve line; peak device " + format_byte_size(fig.device_peak) +
+               " against the line " + format_byte_size(fig.device_limit);
     if (!g.request_ids.empty()) g.detail += ": " + ids_text(g.request_ids);
     res.gates.push_back(std::move(g));
   }

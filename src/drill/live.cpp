@@ -8,11 +8,10 @@
 #include "drill/live.h"
 
 #include <fcntl.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +30,9 @@
 #include <sstream>
 #include <thread>
 #include <vector>
+
+#include "core/placement.h"
+#include "core/size.h"
 
 namespace spw::drill {
 
@@ -82,13 +84,6 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 std::string tail(const std::string& s, size_t n) { return s.size() <= n ? s : s.substr(s.size() - n); }
-
-std::string human_bytes(uint64_t b) {
-  char buf[64];
-  if (b >= (uint64_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(uint64_t{1} << 30));
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", b / double(uint64_t{1} << 20));
-  return buf;
-}
 
 // Starts argv[0] with stdin from /dev/null and stdout/stderr appended to the
 // given files; every other descriptor is closed in the child (our client
@@ -164,14 +159,13 @@ std::string random_hex(int bytes) {
   return s;
 }
 
-// "vulkan", "vulkan:1", "hybrid:N[:i]" -> the Vulkan device `spillway occupy` takes.
+// The server's --device (a Placement spec: "vulkan", "vulkan:1",
+// "hybrid:N[:i]") -> the Vulkan device `spillway occupy` takes: the same
+// selector, or the first device.
 std::string occupy_device(const std::string& device) {
-  if (device.rfind("vulkan", 0) == 0) return device;
-  if (device.rfind("hybrid:", 0) == 0) {
-    const size_t second = device.find(':', 7);
-    return second == std::string::npos ? "vulkan" : "vulkan:" + device.substr(second + 1);
-  }
-  return "vulkan";
+  const Result<Placement> p = Placement::parse(device);
+  if (!p.ok() || p->vulkan_device.empty()) return "vulkan";
+  return "vulkan:" + p->vulkan_device;
 }
 
 const char* mode_name(const std::string& overflow) {
@@ -1082,7 +1076,7 @@ class CoTenants {
       const uint64_t b = it->bytes;
       holders_.erase(std::next(it).base());
       publish();
-      d_.event(what, "released " + human_bytes(b) + "; now " + human_bytes(held(declared)));
+      d_.event(what, "released " + format_byte_size(b) + "; now " + format_byte_size(held(declared)));
     }
     if (held(declared) < target) start(declared, target - held(declared));
   }
@@ -1110,22 +1104,23 @@ class CoTenants {
       if (read_file(out).find("holding") != std::string::npos) {
         holders_.push_back({pid, bytes, declared});
         publish();
-        std::string detail = "holding " + human_bytes(bytes) + " more on " + device_ +
-                             (declared ? " (declared: spillway reserve -- spillway occupy)" : " (spillway occupy, told nobody)") +
-                             "; now " + human_bytes(held(declared));
+        std::string detail =
+            "holding " + format_byte_size(bytes) + " more on " + device_ +
+            (declared ? " (declared: spillway reserve -- spillway occupy)" : " (spillway occupy, told nobody)") +
+            "; now " + format_byte_size(held(declared));
         if (!declared) detail += "; " + observability();
         d_.event(what, detail);
         return;
       }
       if (auto code = wait_exit(pid, 0)) {
-        d_.event(what, "the competing workload of " + human_bytes(bytes) + " exited with status " +
+        d_.event(what, "the competing workload of " + format_byte_size(bytes) + " exited with status " +
                            std::to_string(*code) + " before holding: " + tail(read_file(err), 400));
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     stop_process(pid, SIGTERM, 2);
-    d_.event(what, "the competing workload of " + human_bytes(bytes) + " did not report holding within 30 s");
+    d_.event(what, "the competing workload of " + format_byte_size(bytes) + " did not report holding within 30 s");
   }
 
   // Whether the server can see memory nobody declared (/health's device
@@ -1140,7 +1135,8 @@ class CoTenants {
     if (!jstr(dm, "observed_unknown").empty()) {
       return "undeclared usage not observable on this device (" + jstr(dm, "observed_unknown") + ")";
     }
-    return "observable: the server reads the device heap (others observed " + human_bytes(juint(dm, "others_observed_bytes")) + ")";
+    return "observable: the server reads the device heap (others observed " +
+           format_byte_size(juint(dm, "others_observed_bytes")) + ")";
   }
 
   Drill& d_;
@@ -1394,7 +1390,7 @@ void kill_server(Drill& d, const FaultSpec& f, CoTenants& cot) {
 void fire(Drill& d, const FaultSpec& f, const Phase& ph, CoTenants& cot) {
   switch (f.kind) {
     case FaultKind::kPressure:
-      d.event("pressure", "competing workload to " + human_bytes(f.bytes) + " (declared)");
+      d.event("pressure", "competing workload to " + format_byte_size(f.bytes) + " (declared)");
       cot.set(f.bytes, ph.undeclared_bytes);
       return;
     case FaultKind::kAllocFail:
@@ -1422,8 +1418,10 @@ Status read_paths(Drill& d) {
   for (const json& p : j["paths"]) {
     const std::string name = jstr(p, "name"), placement = jstr(p, "placement");
     d.path_info_[name] = p;
-    if (placement == "cpu" && d.cpu_path_.empty()) d.cpu_path_ = name;
-    if (placement.rfind("vulkan", 0) == 0 || placement.rfind("hybrid", 0) == 0) d.gpu_side_.insert(name);
+    const Result<Placement> where = Placement::parse(placement);
+    if (!where.ok()) continue;  // a placement this drill does not know: neither side
+    if (where->kind == Placement::Kind::kCpu && d.cpu_path_.empty()) d.cpu_path_ = name;
+    if (where->kind != Placement::Kind::kCpu) d.gpu_side_.insert(name);
   }
   std::string names;
   for (const auto& [n, p] : d.path_info_) names += (names.empty() ? "" : ", ") + n + "=" + jstr(p, "placement");
@@ -1568,7 +1566,8 @@ Result<History> run_live(const Scenario& sc, const LiveOptions& o) {
       const double start = d.now_ms();
       const double end = start + ph.duration_s * 1000.0;
       d.event("phase", ph.name + " (" + std::to_string(static_cast<int>(ph.duration_s)) + " s; co-tenant " +
-                           human_bytes(ph.cotenant_bytes) + ", undeclared " + human_bytes(ph.undeclared_bytes) + ")");
+                           format_byte_size(ph.cotenant_bytes) + ", undeclared " +
+                           format_byte_size(ph.undeclared_bytes) + ")");
       uint64_t load_index = 0;
       for (const Phase::Load& l : ph.load) {
         ++load_index;

@@ -13,11 +13,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
+#include "core/size.h"
 
 namespace spw::drill {
 
@@ -114,13 +115,7 @@ std::string num(double v, int prec = 1) {
   return buf;
 }
 
-std::string bytes_text(double b) {
-  const double kib = 1024, mib = kib * 1024, gib = mib * 1024;
-  if (b >= gib) return num(b / gib, b >= 10 * gib ? 0 : 1) + " GiB";
-  if (b >= mib) return num(b / mib, b >= 10 * mib ? 0 : 1) + " MiB";
-  if (b >= kib) return num(b / kib, 0) + " KiB";
-  return num(b, 0) + " B";
-}
+std::string bytes_text(double b) { return format_byte_size(b > 0 ? static_cast<uint64_t>(b) : 0); }
 
 std::string ms_text(double ms) { return ms < 0 ? "&#8211;" : num(ms, 0) + " ms"; }
 

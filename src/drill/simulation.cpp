@@ -28,6 +28,7 @@
 #include "admission/ledger.h"
 #include "core/failure.h"
 #include "core/sim_env.h"
+#include "core/size.h"
 #include "engine/checkpoint.h"
 #include "gateway/breaker.h"
 #include "gateway/gateway.h"
@@ -86,33 +87,12 @@ int64_t to_ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
 // ---- Sizes and server flags -------------------------------------------
 
-// As scenario.cpp and --device-memory read sizes: powers of 1024 throughout.
+// core/size.h's reading, as scenario.cpp and --device-memory take sizes; the
+// error names the scenario field.
 Result<uint64_t> parse_size(std::string_view text, const std::string& what) {
-  std::string s(text);
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0) return invalid_field(what, what + " '" + s + "': expected a size such as 512MiB");
-  const double v = std::strtod(s.substr(0, i).c_str(), nullptr);
-  std::string unit;
-  for (char c : s.substr(i))
-    if (c != ' ') unit += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double mult = 1;
-  if (unit.empty() || unit == "B") {
-    mult = 1;
-  } else if (unit[0] == 'K' || unit[0] == 'M' || unit[0] == 'G' || unit[0] == 'T') {
-    const std::string rest = unit.substr(1);
-    if (!(rest.empty() || rest == "B" || rest == "IB")) {
-      return invalid_field(what, what + " '" + s + "': unknown unit '" + unit + "'");
-    }
-    for (char c : std::string("KMGT")) {
-      mult *= 1024;
-      if (c == unit[0]) break;
-    }
-  } else {
-    return invalid_field(what, what + " '" + s + "': unknown unit '" + unit + "'");
-  }
-  if (!(v > 0)) return invalid_field(what, what + " '" + s + "': must be > 0");
-  return static_cast<uint64_t>(std::llround(v * mult));
+  Result<uint64_t> r = parse_byte_size(text);
+  if (!r.ok()) return invalid_field(what, what + ": " + r.status().message());
+  return r;
 }
 
 // What the simulation takes from `spillway serve` flags (builder defaults).

@@ -26,21 +26,6 @@ const char* memory_category_name(MemoryCategory c) {
   return "?";
 }
 
-namespace {
-std::string human(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
-}  // namespace
-
 Result<uint64_t> parse_memory_size(const std::string& text) { return parse_byte_size(text); }
 
 std::string format_vulkan_devices(const std::vector<VulkanDeviceInfo>& devices) {
@@ -49,14 +34,15 @@ std::string format_vulkan_devices(const std::vector<VulkanDeviceInfo>& devices) 
     o += "vulkan:" + std::to_string(d.index) + "  " + d.name + "\n";
     o += "  type " + d.type + ", vendor " + d.vendor + ", driver " + d.driver + ", Vulkan " + d.api_version + "\n";
     o += "  compute queue " + std::string(d.has_compute_queue ? "yes" : "no") + ", subgroup " +
-         std::to_string(d.subgroup_size) + ", max storage buffer " + human(d.max_storage_buffer_range) +
-         ", max allocation " + human(d.max_allocation_bytes) + "\n";
+         std::to_string(d.subgroup_size) + ", max storage buffer " + format_byte_size(d.max_storage_buffer_range) +
+         ", max allocation " + format_byte_size(d.max_allocation_bytes) + "\n";
     for (size_t h = 0; h < d.heaps.size(); ++h) {
       const auto& hp = d.heaps[h];
-      o += "  heap " + std::to_string(h) + ": " + human(hp.size_bytes) + (hp.device_local ? " device-local" : " host");
+      o += "  heap " + std::to_string(h) + ": " + format_byte_size(hp.size_bytes) +
+           (hp.device_local ? " device-local" : " host");
       if (hp.budget_bytes >= 0) {
-        o += ", budget " + human(static_cast<uint64_t>(hp.budget_bytes)) + ", usage " +
-             human(static_cast<uint64_t>(hp.usage_bytes)) + " (VK_EXT_memory_budget)";
+        o += ", budget " + format_byte_size(static_cast<uint64_t>(hp.budget_bytes)) + ", usage " +
+             format_byte_size(static_cast<uint64_t>(hp.usage_bytes)) + " (VK_EXT_memory_budget)";
       } else {
         o += ", budget unknown (no VK_EXT_memory_budget)";
       }
