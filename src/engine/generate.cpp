@@ -409,6 +409,25 @@ bool ChoiceGroup::finished() const {
 }
 
 Result<bool> ChoiceGroup::step(const ChoiceCallback& cb) {
+  // Every choice's pending token in one pass (what each step() would
+  // evaluate first), when more than one has one.
+  std::vector<Session*> sessions;
+  std::vector<TokenId> tokens;
+  std::vector<Generator*> members;
+  for (auto& gen : gens_) {
+    Generator& g = *gen;
+    if (g.finished() || !g.pending_eval_) continue;
+    if (g.options_.max_tokens > 0 && g.n_generated() >= g.options_.max_tokens) continue;
+    if (g.session_.n_past() >= g.session_.n_ctx()) continue;
+    sessions.push_back(&g.session_);
+    tokens.push_back(g.result_.tokens.back());
+    members.push_back(&g);
+  }
+  if (members.size() > 1) {
+    const std::vector<Status> st = Session::eval_batch(sessions, tokens);
+    for (size_t k = 0; k < members.size(); ++k)
+      if (st[k].ok()) members[k]->pending_eval_ = false;
+  }
   for (size_t i = 0; i < gens_.size(); ++i) {
     Generator& gen = *gens_[i];
     if (gen.finished()) continue;

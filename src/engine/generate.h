@@ -199,6 +199,7 @@ class Generator {
   Checkpoint checkpoint() const;
 
  private:
+  friend class ChoiceGroup;  // evaluates its choices' pending tokens in one pass
   Generator(Session& session, const GenerateOptions& options);
   // The constraint of options_ (if any), replaying `generated` into it.
   Status init_constraint(std::span<const TokenId> generated);
@@ -253,7 +254,12 @@ std::vector<std::string> prompt_pieces(const Tokenizer& tok, std::span<const Tok
 // constraint, logprobs); only choice 0 computes prompt_logprobs. So choice
 // i's tokens and text equal those of a lone generate() with seed + i, and
 // greedy choices are all equal. step() steps every unfinished choice once,
-// in index order; the callback hears which choice the text belongs to.
+// in index order; the callback hears which choice the text belongs to. The
+// choices' last sampled tokens are evaluated together first, in one pass
+// over the weights (Session::eval_batch; the same logits as one by one,
+// by batch invariance): n choices cost about one sequence's weight reads
+// per step. A choice whose part of the pass fails evaluates alone in its
+// step (and reports its error there).
 // n outside [1, kMaxChoices] is InvalidArgument; a fork or start that fails
 // (ResourceExhausted: the pool has no blocks for a choice) fails start and
 // gives back every block it took. Forks are destroyed with the group; the
