@@ -77,7 +77,9 @@ int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens) {
 int32_t kv_blocks_for_choices(int32_t prompt_tokens, int32_t max_tokens, int32_t block_tokens, int32_t n) {
   if (block_tokens <= 0) return 0;
   const int32_t whole = kv_blocks_for(prompt_tokens + max_tokens, block_tokens);
-  const int32_t shared = std::max(0, prompt_tokens) / block_tokens;
+  // The blocks before the one holding the prompt's last position: a choice
+  // evaluates that position again for its logits, in a block of its own.
+  const int32_t shared = std::max(0, prompt_tokens - 1) / block_tokens;
   const int64_t total = shared + static_cast<int64_t>(std::max(1, n)) * (whole - shared);
   return static_cast<int32_t>(std::min<int64_t>(total, std::numeric_limits<int32_t>::max()));
 }
@@ -241,7 +243,7 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
       if (!primary || !may_shrink || !pressure_ok || !queue_ok || p.kv_blocks_total <= 0) return false;
       const int32_t fit_blocks = std::min(p.kv_blocks_total, p.kv_blocks_free);
       // The largest per-choice length whose n choices fit fit_blocks.
-      const int32_t shared = req.prompt_tokens / p.kv_block_tokens;
+      const int32_t shared = std::max(0, req.prompt_tokens - 1) / p.kv_block_tokens;
       const int32_t per_choice = fit_blocks > shared ? (fit_blocks - shared) / n : 0;
       const int32_t fit_tokens = (shared + per_choice) * p.kv_block_tokens - req.prompt_tokens;
       if (fit_tokens < policy.min_shrink_tokens || fit_tokens >= max_tokens) return false;

@@ -204,8 +204,9 @@ double pressure_of(const PathSnapshot& path);
 // Blocks for n_tokens positions.
 int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens);
 // n choices of max_tokens after one prompt (engine/generate.h ChoiceGroup):
-// the prompt's full blocks once, and per choice the blocks from there to
-// prompt + max_tokens (the copied partial block and its generated tokens').
+// the blocks before the one holding the prompt's last position once, and
+// per choice the blocks from there to prompt + max_tokens (its copy of that
+// block, which it evaluates again for its logits, and its generated tokens').
 // n = 1: kv_blocks_for(prompt + max_tokens).
 int32_t kv_blocks_for_choices(int32_t prompt_tokens, int32_t max_tokens, int32_t block_tokens, int32_t n);
 

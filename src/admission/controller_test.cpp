@@ -632,6 +632,9 @@ TEST(AdmissionController, PricesNChoicesSharingThePromptsKv) {
   // 12 full prompt blocks shared; each choice 14 - 12 = 2 of its own.
   EXPECT_EQ(kv_blocks_for_choices(200, 20, 16, 3), 12 + 3 * 2);
   EXPECT_LT(kv_blocks_for_choices(200, 20, 16, 3), 3 * kv_blocks_for(220, 16));
+  // A prompt that fills its last block: a choice re-evaluates its last
+  // position in a copy of that block (11 shared, 14 - 11 = 3 each).
+  EXPECT_EQ(kv_blocks_for_choices(192, 20, 16, 3), 11 + 3 * 3);
 
   PathSnapshot gpu = make_path("gpu");
   gpu.kv_blocks_total = 20;

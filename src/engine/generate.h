@@ -249,7 +249,9 @@ std::vector<std::string> prompt_pieces(const Tokenizer& tok, std::span<const Tok
 // session n - 1 times (Session::fork: the prompt's full KV blocks shared,
 // its partial last block copied, so a choice costs its generated tokens' KV
 // and one re-evaluated prompt token for its logits) and starts choice i on
-// fork i. Choice i samples with seed options.sampler.seed + i (choice_seed,
+// fork i (a choice evaluates the prompt's last position again for its
+// logits: when that position ends a shared block, the choice's first eval
+// copies the block, KvPool::make_tail_private). Choice i samples with seed options.sampler.seed + i (choice_seed,
 // wrapping), and has every other option of `options` (penalties, stop rules,
 // constraint, logprobs); only choice 0 computes prompt_logprobs. So choice
 // i's tokens and text equal those of a lone generate() with seed + i, and

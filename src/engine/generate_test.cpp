@@ -1009,6 +1009,19 @@ TEST(GenerateChoices, ThePromptsKvIsSharedNotCopied) {
   EXPECT_EQ(pool->blocks_in_use(), 14);
   ASSERT_TRUE(s->truncate(0).ok());
   EXPECT_EQ(pool->blocks_in_use(), 0);
+  // A prompt filling its last block (192 = 12 x 16): each choice copies that
+  // block to evaluate the prompt's last position again (11 shared, 3 own).
+  const auto aligned = long_prompt(*f.model, 192);
+  peak = 0;
+  auto lone_aligned = generate(*lone.front(), aligned, greedy(20));
+  ASSERT_TRUE(lone_aligned.ok());
+  auto r2 = generate_choices(*s, aligned, o, 3, [&](int32_t, std::string_view, TokenId, std::span<const TokenLogprobs>) {
+    peak = std::max(peak, pool->blocks_in_use());
+    return true;
+  });
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  EXPECT_EQ(peak, 14 + 3 + 3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ((*r2)[i].tokens, lone_aligned->tokens) << i;
 }
 
 TEST(GenerateChoices, BadNAndAFullPool) {

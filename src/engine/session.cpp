@@ -78,7 +78,7 @@ Result<std::unique_ptr<Session>> Session::fork() {
   };
   for (size_t i = 0; i < stages_.size(); ++i) {
     Status st = host ? stages_[i].pool->fork(tables_[i], s->tables_[i], n)
-                     : stages_[i].pool->share_prefix(tables_[i], s->tables_[i], n);
+                     : stages_[i].pool->share_prefix(tables_[i], s->tables_[i], n > 0 ? n - 1 : 0);
     if (!st.ok()) {
       undo(i);
       s->tables_.assign(stages_.size(), BlockTable{});
@@ -90,10 +90,12 @@ Result<std::unique_ptr<Session>> Session::fork() {
     s->last_logits_ = last_logits_;
     return s;
   }
-  // A device pool: the positions past the last full block are computed
-  // again (fewer than block_tokens; the same logits, batch invariance).
+  // A device pool: the positions from the block holding the last one are
+  // computed again (at most block_tokens; the same logits, batch
+  // invariance), so that the fork never writes a shared block, also when a
+  // generation re-evaluates its prompt's last position.
   const int32_t bt = stages_.front().pool->block_tokens();
-  const int32_t shared = n / bt * bt;
+  const int32_t shared = n > 0 ? (n - 1) / bt * bt : 0;
   s->tokens_.assign(tokens_.begin(), tokens_.begin() + shared);
   if (shared < n) {
     Result<std::span<const float>> r = s->eval(std::span<const TokenId>(tokens_).subspan(static_cast<size_t>(shared)));

@@ -122,8 +122,9 @@ class Session {
   // A second session continuing from this one's tokens (OpenAI's n > 1): the
   // same model, stages and options, its own block tables sharing this one's
   // KV (KvPool::fork: full blocks shared, the partial last block copied). On
-  // a device pool (no byte copy there) it shares the full blocks and
-  // evaluates the positions after them again (fewer than block_tokens).
+  // a device pool (no byte copy there) it shares the blocks before the one
+  // holding the last position and evaluates the positions from there again
+  // (at most block_tokens).
   // last_logits() are this session's. Not a member of any StepBatcher, no
   // row sink. Either session may then append: neither writes a shared block
   // (eval gives the position it appends at a private block first). Errors:

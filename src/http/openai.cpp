@@ -1335,6 +1335,17 @@ std::string render_request_record(const journal::Record& r) {
   j["placement"] = nullable(r.placement);
   j["finish_reason"] = nullable(r.outcome.finish_reason);
   j["text"] = r.outcome.text;
+  // n > 1: every choice by index (text and finish_reason above are choice 0's).
+  if (!r.outcome.choices.empty()) {
+    json choices = json::array({{{"index", 0}, {"text", r.outcome.text}, {"finish_reason", nullable(r.outcome.finish_reason)}}});
+    Result<std::vector<journal::StoredChoice>> more = journal::decode_choices(r.outcome.choices);
+    if (more.ok()) {
+      for (size_t i = 0; i < more->size(); ++i) {
+        choices.push_back({{"index", i + 1}, {"text", (*more)[i].text}, {"finish_reason", nullable((*more)[i].finish_reason)}});
+      }
+    }
+    j["choices"] = std::move(choices);
+  }
   j["usage"] = usage_json(r.outcome.prompt_tokens, r.outcome.completion_tokens);
   j["error"] = r.outcome.error_code.empty()
                    ? json(nullptr)

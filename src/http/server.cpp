@@ -1086,6 +1086,12 @@ class HttpServer::Impl {
     res.set_header("X-Spillway-Request-Id", std::to_string(r.public_id));
     res.set_header("X-Spillway-Replayed", "true");
     res.status = 200;
+    // n > 1: choices 1.. (a stored value that does not decode shows none).
+    std::vector<journal::StoredChoice> more;
+    if (!r.outcome.choices.empty()) {
+      Result<std::vector<journal::StoredChoice>> d = journal::decode_choices(r.outcome.choices);
+      if (d.ok()) more = std::move(*d);
+    }
     if (!stream) {
       CompletionResult out;
       out.id = c.id;
@@ -1100,12 +1106,20 @@ class HttpServer::Impl {
       out.prompt_tokens = r.outcome.prompt_tokens;
       out.completion_tokens = r.outcome.completion_tokens;
       out.spillway = c.info;
+      for (journal::StoredChoice& ch : more) out.more_choices.push_back({std::move(ch.text), std::move(ch.finish_reason), {}});
       res.set_content(c.chat ? render_chat_completion(out) : render_completion(out), kJson);
       return;
     }
     std::string body = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
     if (!c.echo.empty()) body += chunk(c, c.echo, "", false, false);
     body += released_chunks(c, tool_pass(c, r.outcome.text, true), false, std::nullopt);
+    // n > 1: each further choice's text in a chunk of its index.
+    for (size_t i = 0; i < more.size(); ++i) {
+      if (!more[i].text.empty()) body += chunk(c, more[i].text, "", false, false, std::nullopt, static_cast<int32_t>(i + 1));
+    }
+    for (size_t i = 0; i < more.size(); ++i) {
+      body += chunk(c, "", more[i].finish_reason, false, false, std::nullopt, static_cast<int32_t>(i + 1));
+    }
     body += chunk(c, "", finish_name(c, r.outcome.finish_reason), false, true);
     body += kSseDone;
     res.set_header("Cache-Control", "no-cache");

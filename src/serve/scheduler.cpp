@@ -530,8 +530,8 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
     int64_t unset = 0;  // as finish_locked: the end before the observer
     t->finished_ns_.compare_exchange_strong(unset, env_.now_ns(), std::memory_order_acq_rel);
   }
-  // n > 1: the journal keeps choice 0's text (the others are in the
-  // response only; docs/OPENAI_COMPAT.md).
+  // n > 1: choice 0's text; the observer reads the others from the ticket
+  // (Ticket::choice_texts).
   if (options_.observer) options_.observer->on_finish(*t, fin, t->choice_texts_.empty() ? t->text_ : t->choice_texts_[0]);
   {
     std::lock_guard<std::mutex> lock(mu_);

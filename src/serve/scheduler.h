@@ -254,7 +254,9 @@ class Ticket;
 // can see that final event (so a record read after the response is already
 // terminal). Calls may come from any worker thread at once, and on_finish for
 // a request cancelled while queued or at shutdown runs under the scheduler's
-// lock: keep them short and never call back into the Scheduler.
+// lock: keep them short and never call back into the Scheduler. For a
+// request with n > 1, on_finish's text is choice 0's and
+// Ticket::choice_texts() holds every choice's.
 class RequestObserver {
  public:
   virtual ~RequestObserver() = default;

@@ -7,12 +7,17 @@
 //  - streaming n: 2: chunks carry their choice's index, each choice ends
 //    with its own finish_reason chunk, the usage chunk comes once, and the
 //    streamed texts reassemble to the non-streamed ones;
+//  - the journal keeps every choice: GET /v1/requests/{id} lists them by
+//    index, and a replay by Idempotency-Key answers with all of them;
 //  - n out of range, best_of != n and n with echo are 400s naming the field.
 // Run by ctest (npm_n_choices_test) as `node --test tests/npm/n_choices.test.mjs`
 // with SPILLWAY_BINARY and SPILLWAY_SOURCE_DIR set. Every wait is bounded;
 // the server listens on 127.0.0.1 only and is killed in the after hook.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { OpenAI, MODEL, SLOWDOWN, bounded as boundedBy, killServer, spawnServer } from './harness.mjs';
 
 const bounded = (promise, what) => boundedBy(promise, 60_000, what, SLOWDOWN);
@@ -22,12 +27,16 @@ const MESSAGES = [{ role: 'user', content: 'Tell me a story about Lily.' }];
 describe('n > 1 through the openai client', () => {
   let srv;
   let client;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'spw-npm-n-'));
   before(async () => {
     srv = await spawnServer('n-choices', ['serve', '--model', MODEL, '--host', '127.0.0.1', '--port', '0',
-      '--threads', '1', '--chat-template', 'chatml']);
+      '--threads', '1', '--chat-template', 'chatml', '--journal', path.join(dir, 'journal.sqlite')]);
     client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 * SLOWDOWN });
   });
-  after(async () => { await killServer(srv); });
+  after(async () => {
+    await killServer(srv);
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
 
   const complete = (extra, what) => bounded(client.completions.create(
     { model: 'stories260K', prompt: PROMPT, max_tokens: 24, ...extra }), what);
@@ -100,6 +109,40 @@ describe('n > 1 through the openai client', () => {
       assert.deepEqual(finishes, whole.choices.map((c) => c.finish_reason), what);
       assert.equal(usageChunks, 1, what);
       assert.equal(usage.completion_tokens, whole.usage.completion_tokens, what);
+    }
+  });
+
+  it('the journal keeps every choice: the record and an idempotent replay', async () => {
+    for (const [endpoint, what] of [[client.completions, 'completions'], [client.chat.completions, 'chat']]) {
+      const body = { model: 'stories260K', max_tokens: 24, temperature: 1, seed: 11, n: 3,
+        ...(what === 'chat' ? { messages: MESSAGES } : { prompt: PROMPT }) };
+      const headers = { 'Idempotency-Key': `n3-${what}` };
+      const first = await bounded(endpoint.create(body, { headers }), `${what} first`);
+      checkIndexes(first, 3);
+      const rec = await (await fetch(`${srv.base}/v1/requests/${first.spillway.request_id}`,
+        { signal: AbortSignal.timeout(10_000) })).json();
+      assert.deepEqual(rec.choices.map((c) => c.index), [0, 1, 2], what);
+      assert.deepEqual(rec.choices.map((c) => c.text), texts(first), what);
+      assert.deepEqual(rec.choices.map((c) => c.finish_reason), first.choices.map((c) => c.finish_reason), what);
+      assert.equal(rec.text, texts(first)[0]);
+      const again = await bounded(endpoint.create(body, { headers }), `${what} replay`);
+      assert.equal(again.spillway.replayed, true, what);
+      checkIndexes(again, 3);
+      assert.deepEqual(texts(again), texts(first), what);
+      assert.deepEqual(again.choices.map((c) => c.finish_reason), first.choices.map((c) => c.finish_reason), what);
+      assert.equal(again.usage.completion_tokens, first.usage.completion_tokens, what);
+      // A streamed request's replay streams the same choices by index.
+      const sheaders = { 'Idempotency-Key': `n3-${what}-stream` };
+      const streamed = async () => {
+        const stream = await bounded(endpoint.create({ ...body, stream: true }, { headers: sheaders }), `${what} stream`);
+        const got = ['', '', ''];
+        for await (const chunk of stream) {
+          for (const c of chunk.choices) got[c.index] += (what === 'chat' ? c.delta?.content : c.text) ?? '';
+        }
+        return got;
+      };
+      assert.deepEqual(await streamed(), texts(first), `${what} stream`);
+      assert.deepEqual(await streamed(), texts(first), `${what} stream replay`);
     }
   });
 
