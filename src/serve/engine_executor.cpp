@@ -16,11 +16,16 @@ namespace {
 
 // A request with n > 1 choices (ExecJob::n): a ChoiceGroup over the prompt,
 // evaluated once on the worker's session; the choices decode on forks of it
-// that share the prompt's KV, stepped in turn. No checkpoint is reported (a
+// that share the prompt's KV, each step one pass for all of them
+// (Session::eval_batch). The prompt goes through the group's StepBatcher
+// (`member`, shared with the other running requests); then the session
+// leaves it, since its steps no longer go through Session::eval, and a
+// member that never arrives would hold every other member's step for up to
+// max_wait. No checkpoint is reported (a
 // migration or a resume would need one per choice), so a fault after the
 // first token ends the request with its own error.
 Result<ExecOutcome> run_choices(Session& session, const ExecJob& job, const ExecCallbacks& cb,
-                                const std::atomic<bool>& cancel) {
+                                const std::atomic<bool>& cancel, std::optional<StepBatcher::Membership>& member) {
   if (job.resume) return Status::failed_precondition("a request with n > 1 cannot be resumed from a checkpoint");
   GenerateOptions o;
   o.max_tokens = job.max_tokens;
@@ -33,6 +38,7 @@ Result<ExecOutcome> run_choices(Session& session, const ExecJob& job, const Exec
   o.reserve_kv = true;  // every choice's KV taken before the first token
   o.logprobs = job.logprobs;
   SPW_ASSIGN_OR_RETURN(auto group, ChoiceGroup::start(session, job.prompt, o, job.n));
+  member.reset();
   int32_t tokens = 0;
   auto on_piece = [&](int32_t choice, std::string_view text, TokenId id, std::span<const TokenLogprobs> logprobs) {
     if ((!text.empty() || !logprobs.empty()) && cb.on_choice_text) cb.on_choice_text(choice, text, logprobs);
@@ -78,7 +84,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
   // given back.
   std::optional<StepBatcher::Membership> member;
   if (batcher != nullptr) member.emplace(batcher->join(session));
-  if (job.n > 1) return run_choices(session, job, cb, cancel);
+  if (job.n > 1) return run_choices(session, job, cb, cancel, member);
   Result<std::unique_ptr<Generator>> started = [&]() -> Result<std::unique_ptr<Generator>> {
     if (job.resume) {
       Checkpoint cp = *job.resume;

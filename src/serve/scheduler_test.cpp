@@ -151,6 +151,31 @@ void n_choices_equal_lone_requests(int32_t workers) {
   EXPECT_EQ(s->submit(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Beside a request with n > 1 (which leaves the step batcher after its
+// prompt), another worker's request gets its own text.
+TEST(Scheduler, NChoicesBesideABatchedRequestLeaveItsTextAlone) {
+  EngineServeOptions o;
+  o.n_workers = 2;
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto alone = s->submit(greedy("Lily and Ben went to the park", 40));
+  ASSERT_TRUE(alone.ok());
+  const std::string expected = collect(**alone).text;
+  GenerationRequest many = greedy("Once upon a time", 40);
+  many.n = 4;
+  auto t = s->submit(many);
+  auto other = s->submit(greedy("Lily and Ben went to the park", 40));
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(other.ok());
+  Collected c = collect(**other);
+  Collected m = collect(**t);
+  EXPECT_EQ(c.text, expected);
+  ASSERT_EQ(m.fin.state, RequestState::kDone) << m.fin.status.to_string();
+  ASSERT_EQ((*t)->choice_texts().size(), 4u);
+  for (const std::string& x : (*t)->choice_texts()) EXPECT_EQ(x, (*t)->choice_texts()[0]);
+  EXPECT_FALSE((*t)->choice_texts()[0].empty());
+}
+
 TEST(Scheduler, NChoicesEqualLoneRequestsWithSeedPlusI) { n_choices_equal_lone_requests(1); }
 TEST(Scheduler, NChoicesEqualLoneRequestsWithSeedPlusIBatched) { n_choices_equal_lone_requests(2); }
 
