@@ -69,6 +69,16 @@ int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens) {
   return (std::max(0, n_tokens) + block_tokens - 1) / block_tokens;
 }
 
+int32_t kv_blocks_for_choices(int32_t prompt_tokens, int32_t max_tokens, int32_t block_tokens, int32_t n) {
+  if (block_tokens <= 0) return 0;
+  const int32_t whole = kv_blocks_for(prompt_tokens + max_tokens, block_tokens);
+  // The blocks before the one holding the prompt's last position: a choice
+  // evaluates that position again for its logits, in a block of its own.
+  const int32_t shared = std::max(0, prompt_tokens - 1) / block_tokens;
+  const int64_t total = shared + static_cast<int64_t>(std::max(1, n)) * (whole - shared);
+  return static_cast<int32_t>(std::min<int64_t>(total, std::numeric_limits<int32_t>::max()));
+}
+
 double prefill_s(const PathRates& r, int32_t prompt_tokens) {
   if (r.prefill_tps <= 0) return kInf;
   const double p = std::max(0, prompt_tokens);
@@ -186,7 +196,7 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     out.pressure = pressure;
     out.timing.delay_s = delay;
     out.timing.ttft_s = delay + prefill_s(p.rates, req.prompt_tokens);
-    out.timing.total_s = delay + estimate_run_s(p.rates, req.prompt_tokens, max_tokens);
+    out.timing.total_s = delay + estimate_run_s(p.rates, req.prompt_tokens, max_tokens * std::max(1, req.n));
     const bool waits = !p.queued.empty() || static_cast<int32_t>(p.running.size()) >= p.workers ||
                        (p.kv_blocks_total > 0 && blocks > p.kv_blocks_free);
     out.queue_position = waits ? static_cast<int32_t>(p.queued.size()) + 1 : 0;
@@ -214,7 +224,9 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     }
     const int32_t room = p.n_ctx - req.prompt_tokens;
     const int32_t max_tokens = req.max_tokens ? std::min(*req.max_tokens, room) : room;
-    const int32_t blocks = kv_blocks_for(req.prompt_tokens + max_tokens, p.kv_block_tokens);
+    const int32_t n = std::max(1, req.n);
+    const int32_t blocks = kv_blocks_for_choices(req.prompt_tokens, max_tokens, p.kv_block_tokens, n);
+    const std::string times_n = n > 1 ? " x n = " + std::to_string(n) + " choices" : "";
     const bool primary = p.role == PathRole::kPrimary;
     const double pressure = pressure_of(p);
     const bool pressure_ok = p.ledger_limit == 0 || pressure <= policy.pressure_threshold;
@@ -225,16 +237,19 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     auto try_shrink = [&]() -> bool {
       if (!primary || !may_shrink || !pressure_ok || !queue_ok || p.kv_blocks_total <= 0) return false;
       const int32_t fit_blocks = std::min(p.kv_blocks_total, p.kv_blocks_free);
-      const int32_t fit_tokens = fit_blocks * p.kv_block_tokens - req.prompt_tokens;
+      // The largest per-choice length whose n choices fit fit_blocks.
+      const int32_t shared = std::max(0, req.prompt_tokens - 1) / p.kv_block_tokens;
+      const int32_t per_choice = fit_blocks > shared ? (fit_blocks - shared) / n : 0;
+      const int32_t fit_tokens = (shared + per_choice) * p.kv_block_tokens - req.prompt_tokens;
       if (fit_tokens < policy.min_shrink_tokens || fit_tokens >= max_tokens) return false;
-      const int32_t b = kv_blocks_for(req.prompt_tokens + fit_tokens, p.kv_block_tokens);
+      const int32_t b = kv_blocks_for_choices(req.prompt_tokens, fit_tokens, p.kv_block_tokens, n);
       const double delay = estimate_start_delay(p, b);
       if (!(delay <= policy.max_delay_s)) return false;
       fill(d, i, DecisionKind::kShrink, p.n_ctx, fit_tokens, b, delay, pressure);
       d.shrunk = true;
       v.eligible = true;
       v.reason = "shrunk max_tokens " + std::to_string(max_tokens) + " -> " + std::to_string(fit_tokens) +
-                 " to fit the " + std::to_string(fit_blocks) + " free KV blocks";
+                 times_n + " to fit the " + std::to_string(fit_blocks) + " free KV blocks";
       v.timing = d.timing;
       d.verdicts.push_back(v);
       return true;
@@ -243,7 +258,8 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     if (p.kv_blocks_total > 0 && blocks > p.kv_blocks_total) {
       if (try_shrink()) break;
       skip("needs " + std::to_string(blocks) + " KV blocks for " + std::to_string(req.prompt_tokens) + " + " +
-           std::to_string(max_tokens) + " tokens, its whole KV budget is " + std::to_string(p.kv_blocks_total));
+           std::to_string(max_tokens) + " tokens" + times_n + ", its whole KV budget is " +
+           std::to_string(p.kv_blocks_total));
       continue;
     }
     if (!pressure_ok) {

@@ -55,6 +55,9 @@ struct RequestShape {
   int32_t prompt_tokens = 0;
   std::optional<int32_t> max_tokens;  // nullopt: up to the end of the context
   bool allow_shrink = false;          // X-Spillway-Allow-Shrink: true
+  // OpenAI's n: choices sharing the prompt's KV (kv_blocks_for_choices); the
+  // run's time is priced as n x max_tokens generated tokens.
+  int32_t n = 1;
 };
 
 // A unit of work a path already holds (for the ETA).
@@ -200,6 +203,12 @@ double pressure_of(const PathSnapshot& path);
 
 // Blocks for n_tokens positions.
 int32_t kv_blocks_for(int32_t n_tokens, int32_t block_tokens);
+// n choices of max_tokens after one prompt (engine/generate.h ChoiceGroup):
+// the blocks before the one holding the prompt's last position once, and
+// per choice the blocks from there to prompt + max_tokens (its copy of that
+// block, which it evaluates again for its logits, and its generated tokens').
+// n = 1: kv_blocks_for(prompt + max_tokens).
+int32_t kv_blocks_for_choices(int32_t prompt_tokens, int32_t max_tokens, int32_t block_tokens, int32_t n);
 
 // When a request needing `kv_blocks` would start on `path` if queued behind
 // its current work: an event simulation of the path's FIFO queue with

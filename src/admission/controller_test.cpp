@@ -625,4 +625,47 @@ TEST(AdmissionController, ChosenPathAlwaysSatisfiesItsLimits) {
 }
 
 }  // namespace
+
+// OpenAI's n: the prompt's full blocks once, each choice's own from there.
+TEST(AdmissionController, PricesNChoicesSharingThePromptsKv) {
+  EXPECT_EQ(kv_blocks_for_choices(200, 20, 16, 1), kv_blocks_for(220, 16));
+  // 12 full prompt blocks shared; each choice 14 - 12 = 2 of its own.
+  EXPECT_EQ(kv_blocks_for_choices(200, 20, 16, 3), 12 + 3 * 2);
+  EXPECT_LT(kv_blocks_for_choices(200, 20, 16, 3), 3 * kv_blocks_for(220, 16));
+  // A prompt that fills its last block: a choice re-evaluates its last
+  // position in a copy of that block (11 shared, 14 - 11 = 3 each).
+  EXPECT_EQ(kv_blocks_for_choices(192, 20, 16, 3), 11 + 3 * 3);
+
+  PathSnapshot gpu = make_path("gpu");
+  gpu.kv_blocks_total = 20;
+  gpu.kv_blocks_free = 20;
+  RequestShape one = shape(200, 20);
+  RequestShape three = one;
+  three.n = 3;
+  Decision d1 = decide(one, {gpu}, {});
+  Decision d3 = decide(three, {gpu}, {});
+  EXPECT_EQ(d1.kv_blocks, 14);
+  EXPECT_EQ(d3.kind, DecisionKind::kAdmit) << d3.reason;
+  EXPECT_EQ(d3.kv_blocks, 18);
+  // The run is priced as n x max_tokens generated tokens.
+  EXPECT_GT(d3.timing.total_s, d1.timing.total_s);
+  // Five choices (12 + 5 x 2 = 22) exceed the whole budget: the reason names n.
+  RequestShape five = one;
+  five.n = 5;
+  Decision d5 = decide(five, {gpu}, {});
+  EXPECT_EQ(d5.kind, DecisionKind::kReject);
+  EXPECT_TRUE(contains(d5.reason, "needs 22 KV blocks")) << d5.reason;
+  EXPECT_TRUE(contains(d5.reason, "n = 5 choices")) << d5.reason;
+  // Shrunk, each choice gets what the free blocks leave it: (20 - 12) / 5 =
+  // 1 block each, so 13 x 16 - 200 = 8 tokens.
+  five.allow_shrink = true;
+  AdmissionPolicy small;
+  small.min_shrink_tokens = 1;
+  Decision s5 = decide(five, {gpu}, small);
+  EXPECT_EQ(s5.kind, DecisionKind::kShrink) << s5.reason;
+  EXPECT_EQ(s5.max_tokens, 8);
+  EXPECT_EQ(s5.kv_blocks, 12 + 5);
+  EXPECT_TRUE(contains(s5.reason, "n = 5 choices")) << s5.reason;
+}
+
 }  // namespace spw::admission

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <thread>
+#include <utility>
 
 #include "engine/device_test_util.h"
 #include "engine/engine_test_util.h"
@@ -213,6 +214,67 @@ TEST(DeviceSessionTest, PromptLogprobsAgreeOnCpuAndVulkan) {
       EXPECT_EQ(dev[i].top[0].id, cpu[i].top[0].id) << spec << " token " << i;
     }
     EXPECT_TRUE(std::isnan(dev[0].token.logprob));
+  }
+}
+
+
+// OpenAI's n > 1 on a device pool: Session::fork shares the prompt's full
+// blocks (no byte copy on the device) and recomputes the positions after
+// them; the choices equal lone runs on the same placement, and the device
+// pool holds the shared blocks once.
+TEST(DeviceSessionTest, ChoicesOnDevicePoolsShareThePromptAndEqualLoneRuns) {
+  std::string why;
+  if (!vulkan_available(&why)) GTEST_SKIP() << why;
+  auto model = testing::stories();
+  std::string text;
+  std::vector<TokenId> long_prompt;
+  while (long_prompt.size() < 40) {
+    text += "Once upon a time there was a little girl named Lily. ";
+    long_prompt = model->tokenizer().encode(text, true);
+  }
+  // 40: 2 full blocks of 16 and 8 positions; 32: 2 full blocks, the last
+  // holding the position a choice evaluates again. {length, peak blocks}:
+  // choice 0 ceil((n + 12) / 16), each other from block (n - 1) / 16 on.
+  for (const auto& [n_prompt, want_peak] : {std::pair{40, 4 + 2 + 2}, std::pair{32, 3 + 2 + 2}})
+  for (const std::string spec : {"vulkan", "hybrid:2"}) {
+    const std::vector<TokenId> prompt(long_prompt.begin(), long_prompt.begin() + n_prompt);
+    SessionGroupOptions o = options_for(spec);
+    o.kv_blocks = 24;
+    auto g = open_session_group(model, o);
+    ASSERT_TRUE(g.ok()) << spec << ": " << g.status().to_string();
+    Session& s = *g->sessions[0];
+    KvPool& dev_pool = *g->pools.front();
+    ASSERT_FALSE(dev_pool.on_host()) << spec;
+    GenerateOptions go;
+    go.max_tokens = 12;
+    go.sampler.temperature = 0.0f;
+    go.reserve_kv = true;
+    auto lone = generate(s, prompt, go);
+    ASSERT_TRUE(lone.ok()) << spec << ": " << lone.status().to_string();
+    ASSERT_TRUE(s.truncate(0).ok());
+    int32_t peak = 0;
+    auto three = generate_choices(s, prompt, go, 3, [&](int32_t, std::string_view, TokenId, std::span<const TokenLogprobs>) {
+      peak = std::max(peak, dev_pool.blocks_in_use());
+      return true;
+    });
+    ASSERT_TRUE(three.ok()) << spec << ": " << three.status().to_string();
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ((*three)[i].tokens, lone->tokens) << spec << " choice " << i;
+    EXPECT_EQ(peak, want_peak) << spec << " prompt " << n_prompt;
+    ASSERT_TRUE(s.truncate(0).ok());
+    EXPECT_EQ(dev_pool.blocks_in_use(), 0) << spec;
+    // Seeded: choice i is the lone run with seed + i.
+    go.sampler.temperature = 1.0f;
+    go.sampler.seed = 5;
+    auto seeded = generate_choices(s, prompt, go, 3);
+    ASSERT_TRUE(seeded.ok()) << spec;
+    for (int32_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(s.truncate(0).ok());
+      GenerateOptions one = go;
+      one.sampler.seed = choice_seed(5, i);
+      auto r = generate(s, prompt, one);
+      ASSERT_TRUE(r.ok()) << spec;
+      EXPECT_EQ((*seeded)[static_cast<size_t>(i)].tokens, r->tokens) << spec << " choice " << i;
+    }
   }
 }
 

@@ -380,6 +380,97 @@ Result<GenerateResult> generate(Session& session, std::span<const TokenId> promp
   return g->run(cb, cancel);
 }
 
+Result<std::unique_ptr<ChoiceGroup>> ChoiceGroup::start(Session& session, std::vector<TokenId> prompt,
+                                                        const GenerateOptions& options, int32_t n) {
+  if (n < 1 || n > kMaxChoices) {
+    return Status::invalid_argument("n must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(n));
+  }
+  std::unique_ptr<ChoiceGroup> g(new ChoiceGroup());
+  SPW_ASSIGN_OR_RETURN(auto first, Generator::start(session, prompt, options));
+  g->gens_.push_back(std::move(first));
+  GenerateOptions o = options;
+  o.prompt_logprobs = -1;
+  for (int32_t i = 1; i < n; ++i) {
+    // The session holds exactly the prompt here (choice 0 has not stepped),
+    // so every fork shares the prompt's blocks and nothing more.
+    SPW_ASSIGN_OR_RETURN(auto fork, session.fork());
+    o.sampler.seed = choice_seed(options.sampler.seed, i);
+    SPW_ASSIGN_OR_RETURN(auto gen, Generator::start(*fork, prompt, o));
+    g->forks_.push_back(std::move(fork));
+    g->gens_.push_back(std::move(gen));
+  }
+  return g;
+}
+
+bool ChoiceGroup::finished() const {
+  for (const auto& gen : gens_)
+    if (!gen->finished()) return false;
+  return true;
+}
+
+Result<bool> ChoiceGroup::step(const ChoiceCallback& cb) {
+  // Every choice's pending token in one pass (what each step() would
+  // evaluate first), when more than one has one.
+  std::vector<Session*> sessions;
+  std::vector<TokenId> tokens;
+  std::vector<Generator*> members;
+  for (auto& gen : gens_) {
+    Generator& g = *gen;
+    if (g.finished() || !g.pending_eval_) continue;
+    if (g.options_.max_tokens > 0 && g.n_generated() >= g.options_.max_tokens) continue;
+    if (g.session_.n_past() >= g.session_.n_ctx()) continue;
+    sessions.push_back(&g.session_);
+    tokens.push_back(g.result_.tokens.back());
+    members.push_back(&g);
+  }
+  if (members.size() > 1) {
+    const std::vector<Status> st = Session::eval_batch(sessions, tokens);
+    for (size_t k = 0; k < members.size(); ++k)
+      if (st[k].ok()) members[k]->pending_eval_ = false;
+  }
+  for (size_t i = 0; i < gens_.size(); ++i) {
+    Generator& gen = *gens_[i];
+    if (gen.finished()) continue;
+    TokenCallback one;
+    if (cb) {
+      const auto c = static_cast<int32_t>(i);
+      one = [&cb, c](std::string_view text, TokenId id, std::span<const TokenLogprobs> lp) {
+        return cb(c, text, id, lp);
+      };
+    }
+    SPW_ASSIGN_OR_RETURN(bool more, gen.step(one));
+    (void)more;
+  }
+  return !finished();
+}
+
+void ChoiceGroup::cancel() {
+  for (auto& gen : gens_)
+    if (!gen->finished()) gen->cancel();
+}
+
+Result<std::vector<GenerateResult>> ChoiceGroup::run(const ChoiceCallback& cb, const std::atomic<bool>* cancel_flag) {
+  while (!finished()) {
+    if (cancel_flag != nullptr && cancel_flag->load(std::memory_order_acquire)) {
+      cancel();
+      break;
+    }
+    SPW_RETURN_IF_ERROR(step(cb).status());
+  }
+  std::vector<GenerateResult> out;
+  out.reserve(gens_.size());
+  for (const auto& gen : gens_) out.push_back(gen->result());
+  return out;
+}
+
+Result<std::vector<GenerateResult>> generate_choices(Session& session, std::span<const TokenId> prompt,
+                                                     const GenerateOptions& options, int32_t n,
+                                                     const ChoiceCallback& cb, const std::atomic<bool>* cancel) {
+  SPW_ASSIGN_OR_RETURN(auto g, ChoiceGroup::start(session, std::vector<TokenId>(prompt.begin(), prompt.end()),
+                                                  options, n));
+  return g->run(cb, cancel);
+}
+
 Result<GenerateResult> resume(Session& session, const Checkpoint& checkpoint, const TokenCallback& cb,
                               const std::atomic<bool>* cancel) {
   SPW_ASSIGN_OR_RETURN(auto g, Generator::resume(session, checkpoint));

@@ -199,6 +199,7 @@ class Generator {
   Checkpoint checkpoint() const;
 
  private:
+  friend class ChoiceGroup;  // evaluates its choices' pending tokens in one pass
   Generator(Session& session, const GenerateOptions& options);
   // The constraint of options_ (if any), replaying `generated` into it.
   Status init_constraint(std::span<const TokenId> generated);
@@ -241,6 +242,60 @@ class Generator {
 // The prompt's token pieces as their text reads in the prompt (see
 // GenerateResult::prompt_logprobs).
 std::vector<std::string> prompt_pieces(const Tokenizer& tok, std::span<const TokenId> prompt);
+
+// OpenAI's n > 1: n generations continuing one prompt, which is evaluated
+// once. ChoiceGroup::start starts choice 0 on `session` (Generator::start:
+// the prompt evaluated, reusing the session's KV prefix), then forks the
+// session n - 1 times (Session::fork: the prompt's full KV blocks shared,
+// its partial last block copied, so a choice costs its generated tokens' KV
+// and one re-evaluated prompt token for its logits) and starts choice i on
+// fork i (a choice evaluates the prompt's last position again for its
+// logits: when that position ends a shared block, the choice's first eval
+// copies the block, KvPool::make_tail_private). Choice i samples with seed options.sampler.seed + i (choice_seed,
+// wrapping), and has every other option of `options` (penalties, stop rules,
+// constraint, logprobs); only choice 0 computes prompt_logprobs. So choice
+// i's tokens and text equal those of a lone generate() with seed + i, and
+// greedy choices are all equal. step() steps every unfinished choice once,
+// in index order; the callback hears which choice the text belongs to. The
+// choices' last sampled tokens are evaluated together first, in one pass
+// over the weights (Session::eval_batch; the same logits as one by one,
+// by batch invariance): n choices cost about one sequence's weight reads
+// per step. A choice whose part of the pass fails evaluates alone in its
+// step (and reports its error there).
+// n outside [1, kMaxChoices] is InvalidArgument; a fork or start that fails
+// (ResourceExhausted: the pool has no blocks for a choice) fails start and
+// gives back every block it took. Forks are destroyed with the group; the
+// group must not outlive `session`.
+inline constexpr int32_t kMaxChoices = 16;
+inline uint64_t choice_seed(uint64_t base, int32_t choice) { return base + static_cast<uint64_t>(choice); }
+
+using ChoiceCallback = std::function<bool(int32_t choice, std::string_view text, TokenId id,
+                                          std::span<const TokenLogprobs> logprobs)>;
+
+class ChoiceGroup {
+ public:
+  static Result<std::unique_ptr<ChoiceGroup>> start(Session& session, std::vector<TokenId> prompt,
+                                                    const GenerateOptions& options, int32_t n);
+  int32_t size() const { return static_cast<int32_t>(gens_.size()); }
+  Generator& choice(int32_t i) { return *gens_.at(static_cast<size_t>(i)); }
+  const Generator& choice(int32_t i) const { return *gens_.at(static_cast<size_t>(i)); }
+  bool finished() const;
+  // One token of every unfinished choice; true while one continues. A
+  // callback returning false cancels that choice only.
+  Result<bool> step(const ChoiceCallback& cb = {});
+  void cancel();
+  Result<std::vector<GenerateResult>> run(const ChoiceCallback& cb = {}, const std::atomic<bool>* cancel = nullptr);
+
+ private:
+  ChoiceGroup() = default;
+  std::vector<std::unique_ptr<Session>> forks_;  // choices 1.. (destroyed after gens_)
+  std::vector<std::unique_ptr<Generator>> gens_;
+};
+
+Result<std::vector<GenerateResult>> generate_choices(Session& session, std::span<const TokenId> prompt,
+                                                     const GenerateOptions& options, int32_t n,
+                                                     const ChoiceCallback& cb = {},
+                                                     const std::atomic<bool>* cancel = nullptr);
 
 // Convenience wrappers around Generator.
 Result<GenerateResult> generate(Session& session, std::span<const TokenId> prompt, const GenerateOptions& options,

@@ -918,5 +918,134 @@ TEST(GeneratePromptLogprobs, EvalBatchHandsEveryRowToTheSink) {
   EXPECT_TRUE(std::equal(l->begin(), l->end(), b->last_logits().begin()));
 }
 
+
+// OpenAI's n > 1 (ChoiceGroup): one prompt evaluated once, n choices.
+std::vector<TokenId> long_prompt(const Model& m, size_t n) {
+  std::string text;
+  std::vector<TokenId> p;
+  while (p.size() < n) {
+    text += "Once upon a time there was a little girl named Lily. She loved to play in the park. ";
+    p = m.tokenizer().encode(text, /*add_bos=*/true);
+  }
+  p.resize(n);
+  return p;
+}
+
+TEST(GenerateChoices, GreedyChoicesEqualTheLoneGreedyText) {
+  Fixture f;
+  auto lone_s = f.session();
+  auto lone = generate(*lone_s, f.prompt(), greedy(40));
+  ASSERT_TRUE(lone.ok()) << lone.status().to_string();
+  auto s = f.session();
+  std::vector<std::string> streamed(3);
+  auto r = generate_choices(*s, f.prompt(), greedy(40), 3,
+                            [&](int32_t c, std::string_view t, TokenId, std::span<const TokenLogprobs>) {
+                              streamed.at(static_cast<size_t>(c)) += t;
+                              return true;
+                            });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*r)[i].text, lone->text) << i;
+    EXPECT_EQ((*r)[i].tokens, lone->tokens) << i;
+    EXPECT_EQ((*r)[i].finish_reason, lone->finish_reason) << i;
+    EXPECT_EQ(streamed[i], lone->text) << i;
+  }
+}
+
+TEST(GenerateChoices, SeededChoiceIIsTheLoneRunWithSeedPlusI) {
+  Fixture f;
+  const uint64_t seed = 1234;
+  auto s = f.session();
+  auto r = generate_choices(*s, f.prompt(), seeded(48, seed), 3);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->size(), 3u);
+  for (int32_t i = 0; i < 3; ++i) {
+    auto lone_s = f.session();
+    auto lone = generate(*lone_s, f.prompt(), seeded(48, choice_seed(seed, i)));
+    ASSERT_TRUE(lone.ok());
+    EXPECT_EQ((*r)[static_cast<size_t>(i)].text, lone->text) << i;
+    EXPECT_EQ((*r)[static_cast<size_t>(i)].tokens, lone->tokens) << i;
+  }
+  // Different seeds, different stories (temperature 1 over 48 tokens).
+  EXPECT_NE((*r)[0].text, (*r)[1].text);
+  EXPECT_NE((*r)[1].text, (*r)[2].text);
+  // Again: the same three.
+  auto again = generate_choices(*s, f.prompt(), seeded(48, seed), 3);
+  ASSERT_TRUE(again.ok());
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ((*again)[i].text, (*r)[i].text) << i;
+}
+
+// The prompt's KV is held once: n = 3 on a 200-token prompt takes fewer
+// blocks than three lone requests, and the partial block copies are the
+// only prompt blocks a choice adds.
+TEST(GenerateChoices, ThePromptsKvIsSharedNotCopied) {
+  Fixture f;
+  const auto prompt = long_prompt(*f.model, 200);
+  GenerateOptions o = greedy(20);
+  o.reserve_kv = true;
+  auto pool = make_pool(*f.model, 16, 64, KvType::kF32);
+  auto s = make_session(f.model, f.cpu, pool);
+  int32_t peak = 0;
+  auto r = generate_choices(*s, prompt, o, 3, [&](int32_t, std::string_view, TokenId, std::span<const TokenLogprobs>) {
+    peak = std::max(peak, pool->blocks_in_use());
+    return true;
+  });
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // Choice 0: ceil(220 / 16) = 14 blocks; each other choice shares the 12
+  // full prompt blocks and has 2 of its own (the copied partial block, then
+  // its generated tokens' up to 220).
+  EXPECT_EQ(peak, 14 + 2 + 2);
+  auto lone_pool = make_pool(*f.model, 16, 64, KvType::kF32);
+  std::vector<std::unique_ptr<Session>> lone;
+  for (int i = 0; i < 3; ++i) {
+    lone.push_back(make_session(f.model, f.cpu, lone_pool));
+    auto g = Generator::start(*lone.back(), prompt, o);
+    ASSERT_TRUE(g.ok());
+  }
+  EXPECT_EQ(lone_pool->blocks_in_use(), 3 * 14);
+  EXPECT_LT(peak, lone_pool->blocks_in_use());
+  // The forks gave everything back with the group; the session keeps its own.
+  EXPECT_EQ(pool->blocks_in_use(), 14);
+  ASSERT_TRUE(s->truncate(0).ok());
+  EXPECT_EQ(pool->blocks_in_use(), 0);
+  // A prompt filling its last block (192 = 12 x 16): each choice copies that
+  // block to evaluate the prompt's last position again (11 shared, 3 own).
+  const auto aligned = long_prompt(*f.model, 192);
+  peak = 0;
+  auto lone_aligned = generate(*lone.front(), aligned, greedy(20));
+  ASSERT_TRUE(lone_aligned.ok());
+  auto r2 = generate_choices(*s, aligned, o, 3, [&](int32_t, std::string_view, TokenId, std::span<const TokenLogprobs>) {
+    peak = std::max(peak, pool->blocks_in_use());
+    return true;
+  });
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  EXPECT_EQ(peak, 14 + 3 + 3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ((*r2)[i].tokens, lone_aligned->tokens) << i;
+}
+
+TEST(GenerateChoices, BadNAndAFullPool) {
+  Fixture f;
+  auto s = f.session();
+  EXPECT_EQ(generate_choices(*s, f.prompt(), greedy(4), 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(generate_choices(*s, f.prompt(), greedy(4), kMaxChoices + 1).status().code(),
+            StatusCode::kInvalidArgument);
+  // A pool with room for two choices only: all or nothing.
+  const auto prompt = long_prompt(*f.model, 40);  // 2 full blocks + 8 positions
+  GenerateOptions o = greedy(8);
+  o.reserve_kv = true;
+  auto pool = make_pool(*f.model, 16, 4, KvType::kF32);
+  auto s2 = make_session(f.model, f.cpu, pool);
+  // Choice 0: 3 blocks (48 positions); choice 1: 1 block (the copy of the
+  // partial one); choice 2: none left.
+  auto r = generate_choices(*s2, prompt, o, 3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->blocks_in_use(), 3);  // the session's own, the forks' given back
+  auto two = generate_choices(*s2, prompt, o, 2);
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  EXPECT_EQ((*two)[0].text, (*two)[1].text);
+}
+
 }  // namespace
 }  // namespace spw

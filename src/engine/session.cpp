@@ -63,6 +63,50 @@ Result<std::unique_ptr<Session>> Session::create_staged(std::shared_ptr<const Mo
   return s;
 }
 
+Result<std::unique_ptr<Session>> Session::fork() {
+  std::unique_ptr<Session> s(new Session());
+  s->model_ = model_;
+  s->stages_ = stages_;
+  s->tables_.resize(stages_.size());
+  s->options_ = options_;
+  s->n_ctx_ = n_ctx_;
+  const int32_t n = n_past();
+  bool host = true;
+  for (const SessionStage& st : stages_) host = host && st.pool->on_host();
+  auto undo = [&](size_t upto) {
+    for (size_t j = 0; j < upto; ++j) stages_[j].pool->release(s->tables_[j]);
+  };
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    Status st = host ? stages_[i].pool->fork(tables_[i], s->tables_[i], n)
+                     : stages_[i].pool->share_prefix(tables_[i], s->tables_[i], n > 0 ? n - 1 : 0);
+    if (!st.ok()) {
+      undo(i);
+      s->tables_.assign(stages_.size(), BlockTable{});
+      return st;
+    }
+  }
+  if (host) {
+    s->tokens_ = tokens_;
+    s->last_logits_ = last_logits_;
+    return s;
+  }
+  // A device pool: the positions from the block holding the last one are
+  // computed again (at most block_tokens; the same logits, batch
+  // invariance), so that the fork never writes a shared block, also when a
+  // generation re-evaluates its prompt's last position.
+  const int32_t bt = stages_.front().pool->block_tokens();
+  const int32_t shared = n > 0 ? (n - 1) / bt * bt : 0;
+  s->tokens_.assign(tokens_.begin(), tokens_.begin() + shared);
+  if (shared < n) {
+    Result<std::span<const float>> r = s->eval(std::span<const TokenId>(tokens_).subspan(static_cast<size_t>(shared)));
+    if (!r.ok()) return r.status();  // s's destructor gives its blocks back
+    if (last_logits_.empty()) s->last_logits_.clear();
+  } else {
+    s->last_logits_ = last_logits_;
+  }
+  return s;
+}
+
 Session::~Session() {
   for (size_t i = 0; i < stages_.size(); ++i) stages_[i].pool->release(tables_[i]);
 }
@@ -89,6 +133,9 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
   SPW_RETURN_IF_ERROR(check_append(tokens));
   const int32_t n = static_cast<int32_t>(tokens.size());
   const int32_t n0 = n_past();
+  // A block shared with a fork is never written: the one position n0 falls
+  // in gets a private copy first (a no-op unless it is shared).
+  for (size_t i = 0; i < stages_.size(); ++i) SPW_RETURN_IF_ERROR(stages_[i].pool->make_tail_private(tables_[i], n0));
   // Reserve KV in every stage first: all-or-nothing.
   for (size_t i = 0; i < stages_.size(); ++i) {
     Status st = stages_[i].pool->reserve(tables_[i], n0 + n);
@@ -176,6 +223,7 @@ std::vector<Status> Session::eval_batch(std::span<const BatchPart> parts) {
     Status st = s.check_append(parts[i].tokens);
     const int32_t n0 = s.n_past();
     const auto n = static_cast<int32_t>(parts[i].tokens.size());
+    for (size_t k = 0; st.ok() && k < s.stages_.size(); ++k) st = s.stages_[k].pool->make_tail_private(s.tables_[k], n0);
     for (size_t k = 0; st.ok() && k < s.stages_.size(); ++k) {
       st = s.stages_[k].pool->reserve(s.tables_[k], n0 + n);
       if (!st.ok()) {

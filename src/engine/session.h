@@ -119,6 +119,18 @@ class Session {
   Result<std::vector<float>> eval_all_logits(std::span<const TokenId> tokens);
   Status truncate(int32_t n);
   Status reserve_kv(int32_t n_positions);
+  // A second session continuing from this one's tokens (OpenAI's n > 1): the
+  // same model, stages and options, its own block tables sharing this one's
+  // KV (KvPool::fork: full blocks shared, the partial last block copied). On
+  // a device pool (no byte copy there) it shares the blocks before the one
+  // holding the last position and evaluates the positions from there again
+  // (at most block_tokens).
+  // last_logits() are this session's. Not a member of any StepBatcher, no
+  // row sink. Either session may then append: neither writes a shared block
+  // (eval gives the position it appends at a private block first). Errors:
+  // the pool's (ResourceExhausted for the copied block), nothing taken.
+  // Not while this session is mid-eval.
+  Result<std::unique_ptr<Session>> fork();
   // See "Every row's logits" above; an empty function removes it.
   void set_row_logits_sink(RowLogitsSink sink) { row_sink_ = std::move(sink); }
 

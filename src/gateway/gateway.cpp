@@ -33,6 +33,7 @@ admission::RequestShape shape_of(const RouteRequest& r, int32_t prompt_tokens) {
   s.prompt_tokens = prompt_tokens;
   s.max_tokens = r.generation.max_tokens;
   s.allow_shrink = r.allow_shrink;
+  s.n = r.generation.n;
   return s;
 }
 
@@ -150,6 +151,7 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
   admission::RequestShape shape;
   shape.prompt_tokens = was.prompt_tokens;
   shape.max_tokens = was.max_tokens_requested;
+  shape.n = t->job().n;
   for (int attempt = 0; attempt < 3; ++attempt) {
     admission::Decision d = decide(shape, snapshots_without_from());
     if (d.kind == admission::DecisionKind::kReject) return Status(StatusCode::kUnavailable, d.reason, d.failure);
@@ -1063,6 +1065,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     p.job.logprobs = g.logprobs;
     p.job.prompt_logprobs = g.prompt_logprobs;
     p.job.request_safe_points = g.safe_points;
+    p.job.n = g.n;
     Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
     if (t.ok()) {
       track(*t);

@@ -5,6 +5,7 @@
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
 #include "core/size.h"
+#include "engine/generate.h"
 #include "grammar/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
@@ -558,10 +559,26 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   SPW_TRY_FIELD(parse_seed(obj, s));
   i.reset();
   SPW_TRY_FIELD(get_int(obj, "n", i));
-  if (i && *i != 1) return bad("n", "only n=1 is supported, got " + std::to_string(*i), "unsupported_value");
+  if (i) {
+    if (*i < 1 || *i > kMaxChoices) {
+      return bad("n", "'n' must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(*i));
+    }
+    s.n = static_cast<int32_t>(*i);
+  }
   i.reset();
   SPW_TRY_FIELD(get_int(obj, "best_of", i));
-  if (i && *i != 1) return bad("best_of", "only best_of=1 is supported", "unsupported_value");
+  if (i) {
+    if (*i < s.n) {
+      return bad("best_of", "'best_of' must be >= n (" + std::to_string(s.n) + "), got " + std::to_string(*i));
+    }
+    if (*i > s.n) {
+      return bad("best_of",
+                 "best_of > n is not supported (generating best_of choices and returning the n of highest mean "
+                 "log-probability); got best_of " + std::to_string(*i) + " with n " + std::to_string(s.n) +
+                     ": send best_of = n, or n = " + std::to_string(*i) + " and pick on the client",
+                 "unsupported_value");
+    }
+  }
   SPW_TRY_FIELD(parse_vllm_fields(obj, s));
 
   auto stop = obj.find("stop");
@@ -880,6 +897,10 @@ std::optional<ApiError> parse_completion_request(std::string_view body, Completi
   SPW_TRY_FIELD(get_string(obj, "suffix", suffix));
   if (suffix && !suffix->empty()) return bad("suffix", "suffix is not supported by this server", "unsupported_parameter");
   SPW_TRY_FIELD(parse_sampling(obj, /*chat=*/false, out.sampling, out.model));
+  if (out.echo && out.sampling.n > 1) {
+    return bad("echo", "echo with n > 1 is not supported (n = " + std::to_string(out.sampling.n) + ")",
+               "unsupported_value");
+  }
   return std::nullopt;
 }
 
@@ -955,6 +976,10 @@ std::optional<ApiError> parse_chat_request(std::string_view body, ChatRequest& o
   SPW_TRY_FIELD(parse_sampling(obj, /*chat=*/true, out.sampling, out.model));
   SPW_TRY_FIELD(parse_chat_only(obj, out.sampling));
   SPW_TRY_FIELD(parse_chat_tools(body, obj, out));
+  if (!out.tools.empty() && out.sampling.n > 1) {
+    return bad("n", "n > 1 with tools is not supported (n = " + std::to_string(out.sampling.n) + ")",
+               "unsupported_value");
+  }
   if (out.sampling.constraint.active() && !out.tools.empty()) {
     return bad("response_format", "a JSON response_format cannot be combined with tools: the tool-call markup of "
                                   "the template is not JSON (send tools or a JSON response_format)");
@@ -1067,6 +1092,13 @@ std::string render_completion(const CompletionResult& r) {
   j["model"] = r.model;
   j["choices"] = json::array({{{"text", r.text}, {"index", 0}, {"logprobs", completion_logprobs_whole(r.logprobs)},
                                {"finish_reason", nullable(r.finish_reason)}}});
+  for (size_t i = 0; i < r.more_choices.size(); ++i) {
+    const CompletionResult::Choice& c = r.more_choices[i];
+    j["choices"].push_back({{"text", c.text},
+                            {"index", i + 1},
+                            {"logprobs", completion_logprobs_whole(c.logprobs)},
+                            {"finish_reason", nullable(c.finish_reason)}});
+  }
   j["usage"] = usage_json(r.prompt_tokens, r.completion_tokens);
   j["spillway"] = spillway_json(r.spillway);
   return dump(j);
@@ -1091,6 +1123,13 @@ std::string render_chat_completion(const CompletionResult& r) {
                                {"message", message},
                                {"logprobs", chat_logprobs_whole(r.logprobs)},
                                {"finish_reason", nullable(r.finish_reason)}}});
+  for (size_t i = 0; i < r.more_choices.size(); ++i) {
+    const CompletionResult::Choice& c = r.more_choices[i];
+    j["choices"].push_back({{"index", i + 1},
+                            {"message", {{"role", "assistant"}, {"content", c.text}}},
+                            {"logprobs", chat_logprobs_whole(c.logprobs)},
+                            {"finish_reason", nullable(c.finish_reason)}});
+  }
   j["usage"] = usage_json(r.prompt_tokens, r.completion_tokens);
   j["spillway"] = spillway_json(r.spillway);
   return dump(j);
@@ -1120,7 +1159,7 @@ std::string render_chunk(const ChunkFields& c, const char* object, const json& c
 
 std::string render_completion_chunk(const ChunkFields& c) {
   return render_chunk(c, "text_completion",
-                      {{"text", c.text}, {"index", 0}, {"logprobs", completion_logprobs_json(c.logprobs)},
+                      {{"text", c.text}, {"index", c.index}, {"logprobs", completion_logprobs_json(c.logprobs)},
                        {"finish_reason", nullable(c.finish_reason)}});
 }
 
@@ -1136,7 +1175,7 @@ std::string render_chat_chunk(const ChunkFields& c) {
                                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}}});
   }
   return render_chunk(c, "chat.completion.chunk",
-                      {{"index", 0}, {"delta", delta}, {"logprobs", chat_logprobs_json(c.logprobs)},
+                      {{"index", c.index}, {"delta", delta}, {"logprobs", chat_logprobs_json(c.logprobs)},
                        {"finish_reason", nullable(c.finish_reason)}});
 }
 
@@ -1296,6 +1335,17 @@ std::string render_request_record(const journal::Record& r) {
   j["placement"] = nullable(r.placement);
   j["finish_reason"] = nullable(r.outcome.finish_reason);
   j["text"] = r.outcome.text;
+  // n > 1: every choice by index (text and finish_reason above are choice 0's).
+  if (!r.outcome.choices.empty()) {
+    json choices = json::array({{{"index", 0}, {"text", r.outcome.text}, {"finish_reason", nullable(r.outcome.finish_reason)}}});
+    Result<std::vector<journal::StoredChoice>> more = journal::decode_choices(r.outcome.choices);
+    if (more.ok()) {
+      for (size_t i = 0; i < more->size(); ++i) {
+        choices.push_back({{"index", i + 1}, {"text", (*more)[i].text}, {"finish_reason", nullable((*more)[i].finish_reason)}});
+      }
+    }
+    j["choices"] = std::move(choices);
+  }
   j["usage"] = usage_json(r.outcome.prompt_tokens, r.outcome.completion_tokens);
   j["error"] = r.outcome.error_code.empty()
                    ? json(nullptr)

@@ -249,6 +249,9 @@ struct SamplingFields {
   std::optional<int32_t> logprobs;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // OpenAI's n: choices in [1, kMaxChoices] (engine/generate.h), choice i
+  // sampled with seed + i; best_of must equal n when given.
+  int32_t n = 1;
 };
 
 struct CompletionRequest {
@@ -351,6 +354,14 @@ struct CompletionResult {
   int32_t completion_tokens = 0;
   SpillwayInfo spillway;
   std::optional<ChoiceLogprobs> logprobs;  // nullopt: "logprobs": null
+  // n > 1: choices 1..n-1 (the fields above are choice 0's; no tool calls),
+  // rendered with index 1.. after it. completion_tokens counts all.
+  struct Choice {
+    std::string text;
+    std::string finish_reason;
+    std::optional<ChoiceLogprobs> logprobs;
+  };
+  std::vector<Choice> more_choices;
 };
 
 std::string render_completion(const CompletionResult& r);
@@ -365,6 +376,7 @@ struct ChunkFields {
   std::string model;
   std::string text;
   std::string finish_reason;
+  int32_t index = 0;  // the choice (n > 1)
   bool role_delta = false;
   const SpillwayInfo* spillway = nullptr;
   // Usage-only final chunk (stream_options.include_usage): choices is empty.

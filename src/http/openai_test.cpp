@@ -98,7 +98,11 @@ TEST(OpenAiParse, BadFieldsNameTheField) {
       {R"({"prompt":"a","stop":5})", "stop", "string"},
       {R"({"prompt":"a","stop":["ok",3]})", "stop[1]", "string"},
       {R"({"prompt":"a","stream":"yes"})", "stream", "boolean"},
-      {R"({"prompt":"a","n":2})", "n", "n=1"},
+      {R"({"prompt":"a","n":0})", "n", "[1, 16]"},
+      {R"({"prompt":"a","n":17})", "n", "[1, 16]"},
+      {R"({"prompt":"a","n":2,"best_of":1})", "best_of", ">= n"},
+      {R"({"prompt":"a","n":2,"best_of":3})", "best_of", "best_of > n is not supported"},
+      {R"({"prompt":"a","n":2,"echo":true})", "echo", "n > 1"},
       {R"({"prompt":"a","model":5})", "model", "string"},
       {R"({"prompt":"a","echo":"yes"})", "echo", "boolean"},
       {R"({"prompt":"a","logprobs":6})", "logprobs", "[0, 5]"},
@@ -1189,6 +1193,53 @@ TEST(OpenAiRender, EchoedPromptEntriesStartWithNull) {
   EXPECT_DOUBLE_EQ(l["token_logprobs"][1].get<double>(), -1.5);
   EXPECT_DOUBLE_EQ(l["top_logprobs"][1]["The"].get<double>(), -2.0);
   EXPECT_EQ(l["text_offset"], json::array({0, 0, 4}));
+}
+
+
+TEST(OpenAiParse, NChoices) {
+  CompletionRequest c;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a","n":3,"best_of":3})", c).has_value());
+  EXPECT_EQ(c.sampling.n, 3);
+  CompletionRequest one;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt":"a"})", one).has_value());
+  EXPECT_EQ(one.sampling.n, 1);
+  ChatRequest r;
+  ASSERT_FALSE(parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}],"n":16})", r).has_value());
+  EXPECT_EQ(r.sampling.n, 16);
+  ApiError e = chat_error(
+      R"({"messages":[{"role":"user","content":"hi"}],"n":2,"tools":[{"type":"function","function":{"name":"f"}}]})");
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "n");
+  EXPECT_NE(e.message.find("tools"), std::string::npos) << e.message;
+}
+
+TEST(OpenAiRender, NChoicesByIndex) {
+  CompletionResult r;
+  r.id = "cmpl-1";
+  r.text = "a";
+  r.finish_reason = "stop";
+  r.prompt_tokens = 3;
+  r.completion_tokens = 9;
+  r.more_choices.push_back({"bb", "length", std::nullopt});
+  r.more_choices.push_back({"ccc", "stop", std::nullopt});
+  json j = json::parse(render_completion(r));
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(j["choices"][i]["index"], i);
+  EXPECT_EQ(j["choices"][1]["text"], "bb");
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(j["choices"][2]["text"], "ccc");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 9);
+  json c = json::parse(render_chat_completion(r));
+  ASSERT_EQ(c["choices"].size(), 3u);
+  EXPECT_EQ(c["choices"][2]["index"], 2);
+  EXPECT_EQ(c["choices"][2]["message"]["content"], "ccc");
+  EXPECT_EQ(c["choices"][2]["message"]["role"], "assistant");
+  ChunkFields f;
+  f.id = "cmpl-1";
+  f.text = "x";
+  f.index = 2;
+  EXPECT_EQ(json::parse(render_completion_chunk(f))["choices"][0]["index"], 2);
+  EXPECT_EQ(json::parse(render_chat_chunk(f))["choices"][0]["index"], 2);
 }
 
 }  // namespace

@@ -73,6 +73,10 @@ struct Call {
   // Stream progress (touched only by the connection's thread).
   bool started = false;
   bool finished = false;
+  // OpenAI's n; with n > 1 each choice's completions text_offset (no echo,
+  // no tools, no resume with n > 1).
+  int32_t n = 1;
+  std::vector<int64_t> choice_offsets;
 };
 
 // How a chat request uses tools (generation_from_body): the format its
@@ -555,6 +559,7 @@ class HttpServer::Impl {
     g.max_tokens = s.max_tokens;
     g.stop = s.stop;
     g.logprobs = s.logprobs ? *s.logprobs : -1;
+    g.n = s.n;
     return g;
   }
 
@@ -687,6 +692,8 @@ class HttpServer::Impl {
     call->include_usage = sampling.include_usage;
     call->logprobs = sampling.logprobs.has_value();
     if (!chat) call->text_offset = count_chars(prompt_text);  // OpenAI counts from the prompt's start
+    call->n = sampling.n;
+    call->choice_offsets.assign(static_cast<size_t>(call->n), call->text_offset);
     if (echo) call->echo = std::move(prompt_text);
     call->model = options_.model_name;
     call->info.model = options_.model_name;
@@ -999,6 +1006,10 @@ class HttpServer::Impl {
     if (auto e = generation_from_body(r.body, r.endpoint == "/v1/chat/completions", g, sampling)) {
       return Status::failed_precondition("its stored body no longer parses: " + e->message);
     }
+    if (sampling.n > 1) {
+      return Status::failed_precondition("it asked for n = " + std::to_string(sampling.n) +
+                                         " choices, and a request with n > 1 is not resumed (send it again)");
+    }
     if (!sampling.seed && g.sampler.temperature > 0 && !received_text.empty()) {
       return Status::failed_precondition(
           "it was interrupted before its first checkpoint and sampled with a seed the server chose and did not "
@@ -1075,6 +1086,12 @@ class HttpServer::Impl {
     res.set_header("X-Spillway-Request-Id", std::to_string(r.public_id));
     res.set_header("X-Spillway-Replayed", "true");
     res.status = 200;
+    // n > 1: choices 1.. (a stored value that does not decode shows none).
+    std::vector<journal::StoredChoice> more;
+    if (!r.outcome.choices.empty()) {
+      Result<std::vector<journal::StoredChoice>> d = journal::decode_choices(r.outcome.choices);
+      if (d.ok()) more = std::move(*d);
+    }
     if (!stream) {
       CompletionResult out;
       out.id = c.id;
@@ -1089,12 +1106,20 @@ class HttpServer::Impl {
       out.prompt_tokens = r.outcome.prompt_tokens;
       out.completion_tokens = r.outcome.completion_tokens;
       out.spillway = c.info;
+      for (journal::StoredChoice& ch : more) out.more_choices.push_back({std::move(ch.text), std::move(ch.finish_reason), {}});
       res.set_content(c.chat ? render_chat_completion(out) : render_completion(out), kJson);
       return;
     }
     std::string body = chunk(c, "", "", /*first=*/true, /*with_info=*/true);
     if (!c.echo.empty()) body += chunk(c, c.echo, "", false, false);
     body += released_chunks(c, tool_pass(c, r.outcome.text, true), false, std::nullopt);
+    // n > 1: each further choice's text in a chunk of its index.
+    for (size_t i = 0; i < more.size(); ++i) {
+      if (!more[i].text.empty()) body += chunk(c, more[i].text, "", false, false, std::nullopt, static_cast<int32_t>(i + 1));
+    }
+    for (size_t i = 0; i < more.size(); ++i) {
+      body += chunk(c, "", more[i].finish_reason, false, false, std::nullopt, static_cast<int32_t>(i + 1));
+    }
     body += chunk(c, "", finish_name(c, r.outcome.finish_reason), false, true);
     body += kSseDone;
     res.set_header("Cache-Control", "no-cache");
@@ -1339,8 +1364,59 @@ class HttpServer::Impl {
     return out;
   }
 
+  // Non-streaming with n > 1: every choice's events, then one body with the
+  // choices by index.
+  void whole_choices(Call& c, Response& res) {
+    const auto n = static_cast<size_t>(c.n);
+    std::vector<std::string> texts(n);
+    std::vector<std::vector<TokenLogprobs>> entries(n);
+    serve::RequestEvent ev;
+    for (;;) {
+      serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
+      if (r == serve::PopResult::kTimeout) continue;
+      if (r == serve::PopResult::kClosed) {
+        ev.kind = serve::RequestEvent::Kind::kFinished;
+        ev.state = serve::RequestState::kFailed;
+        ev.status = Status::internal("request stream ended without a result");
+      }
+      if (ev.kind == serve::RequestEvent::Kind::kText) {
+        const auto i = static_cast<size_t>(ev.choice);
+        if (i >= n) continue;
+        texts[i] += ev.text;
+        std::move(ev.logprobs.begin(), ev.logprobs.end(), std::back_inserter(entries[i]));
+        continue;
+      }
+      break;
+    }
+    if (ev.state != serve::RequestState::kDone) return set_error(res, error_for(c, ev.status), options_.model_name);
+    fill_times(c);
+    CompletionResult r;
+    r.id = c.id;
+    r.created = c.created;
+    r.model = c.model;
+    auto finish_of = [&](size_t i) {
+      return std::string(serve::finish_reason_name(i < ev.choice_finish.size() ? ev.choice_finish[i] : ev.finish));
+    };
+    r.text = std::move(texts[0]);
+    r.finish_reason = finish_of(0);
+    if (c.logprobs) r.logprobs = ChoiceLogprobs{std::move(entries[0]), c.text_offset};
+    for (size_t i = 1; i < n; ++i) {
+      CompletionResult::Choice ch;
+      ch.text = std::move(texts[i]);
+      ch.finish_reason = finish_of(i);
+      if (c.logprobs) ch.logprobs = ChoiceLogprobs{std::move(entries[i]), c.text_offset};
+      r.more_choices.push_back(std::move(ch));
+    }
+    r.prompt_tokens = c.info.limits.prompt_tokens;
+    r.completion_tokens = ev.completion_tokens;
+    r.spillway = c.info;
+    res.status = 200;
+    res.set_content(c.chat ? render_chat_completion(r) : render_completion(r), kJson);
+  }
+
   // Non-streaming: collect every event, then answer once.
   void whole(Call& c, Response& res) {
+    if (c.n > 1) return whole_choices(c, res);
     std::string text = c.unsent;
     std::vector<TokenLogprobs> entries, prompt_entries;
     serve::RequestEvent ev;
@@ -1404,8 +1480,9 @@ class HttpServer::Impl {
   }
 
   std::string chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info,
-                    const std::optional<ChoiceLogprobs>& logprobs = std::nullopt) {
+                    const std::optional<ChoiceLogprobs>& logprobs = std::nullopt, int32_t index = 0) {
     ChunkFields f;
+    f.index = index;
     f.id = c.id;
     f.created = c.created;
     f.model = c.model;
@@ -1463,6 +1540,20 @@ class HttpServer::Impl {
         return sink.write(out) ? true : fail();
       }
       // Send every event already waiting in one write.
+      while (c.n > 1 && r == serve::PopResult::kItem && ev.kind == serve::RequestEvent::Kind::kText) {
+        // n > 1: each choice's text in chunks of its index (no echo, tools
+        // or resume with n > 1).
+        const bool moved = c.ticket->attempts() != c.attempts;
+        if (moved) fill_times(c);
+        const auto i = static_cast<size_t>(ev.choice);
+        if (i < c.choice_offsets.size()) {
+          std::swap(c.text_offset, c.choice_offsets[i]);
+          std::optional<ChoiceLogprobs> lp = chunk_logprobs(c, std::move(ev.logprobs));
+          std::swap(c.text_offset, c.choice_offsets[i]);
+          out += chunk(c, std::move(ev.text), "", false, moved, lp, ev.choice);
+        }
+        r = c.ticket->next_event(ev, std::chrono::milliseconds(0));
+      }
       while (r == serve::PopResult::kItem && ev.kind == serve::RequestEvent::Kind::kText) {
         // Moved to another path since the last chunk (a failover or a
         // migration): the first text from there says where it runs now,
@@ -1487,7 +1578,17 @@ class HttpServer::Impl {
       fill_times(c);
       if (ev.state == serve::RequestState::kDone) {
         if (c.tools) out += released_chunks(c, tool_pass(c, "", true), false, std::nullopt);
-        out += chunk(c, "", finish_name(c, ev.finish), false, true);
+        if (c.n > 1) {
+          // Each choice's finish_reason in a chunk of its index; the last
+          // carries the spillway info as for n = 1.
+          for (int32_t i = 0; i < c.n; ++i) {
+            const auto k = static_cast<size_t>(i);
+            const serve::FinishReason f = k < ev.choice_finish.size() ? ev.choice_finish[k] : ev.finish;
+            out += chunk(c, "", std::string(serve::finish_reason_name(f)), false, i + 1 == c.n, std::nullopt, i);
+          }
+        } else {
+          out += chunk(c, "", finish_name(c, ev.finish), false, true);
+        }
         if (c.include_usage) {
           ChunkFields f;
           f.id = c.id;

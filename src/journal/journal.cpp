@@ -29,7 +29,9 @@ namespace {
 //    (`body_bytes`, `body_sha256`) and whether it is kept (`body_kept`),
 //    `refusal_reason`, and the response fields a replay needs (`seed`,
 //    `queue_ms`, `run_ms`, `max_tokens_requested`).
-constexpr int kSchemaVersion = 4;
+// 5: `choices`, the choices after the first of a request with n > 1
+//    (encode_choices; '' for n = 1).
+constexpr int kSchemaVersion = 5;
 
 // One table: a request is one row whose state moves forward; the attempt
 // counter says how often an idempotency key was run. The key's uniqueness is
@@ -65,7 +67,8 @@ CREATE TABLE IF NOT EXISTS requests (
   seed INTEGER,
   queue_ms REAL NOT NULL DEFAULT 0,
   run_ms REAL NOT NULL DEFAULT 0,
-  max_tokens_requested INTEGER
+  max_tokens_requested INTEGER,
+  choices TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS requests_state ON requests(state);
 CREATE UNIQUE INDEX IF NOT EXISTS requests_public_id ON requests(public_id);
@@ -147,6 +150,8 @@ UPDATE sqlite_sequence SET name = 'requests_v4' WHERE name = 'requests';
 DROP TABLE requests;
 ALTER TABLE requests_v4 RENAME TO requests;
 )sql",
+    // 4 -> 5: existing rows are n = 1 requests.
+    "ALTER TABLE requests ADD COLUMN choices TEXT NOT NULL DEFAULT ''",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion - 1, "one migration per older schema version");
 
@@ -154,7 +159,7 @@ constexpr const char* kColumns =
     "id, idempotency_key, endpoint, body, state, attempts, placement, created_ms, updated_ms, resumable, "
     "finish_reason, text, prompt_tokens, completion_tokens, error_code, error_message, admission, checkpoint, "
     "checkpoint_tokens, public_id, owner, body_bytes, body_sha256, body_kept, refusal_reason, seed, queue_ms, "
-    "run_ms, max_tokens_requested";
+    "run_ms, max_tokens_requested, choices";
 
 // Public ids are below 2^53, so that a JSON number (a double) holds them exactly.
 constexpr uint64_t kMaxPublicId = (uint64_t{1} << 53) - 1;
@@ -268,6 +273,7 @@ Result<Record> read_row(const Stmt& q) {
   r.outcome.queue_ms = q.col_f64(26);
   r.outcome.run_ms = q.col_f64(27);
   if (!q.col_null(28)) r.outcome.max_tokens_requested = static_cast<int32_t>(q.col_i64(28));
+  r.outcome.choices = q.col_text(29);
   return r;
 }
 
@@ -856,7 +862,7 @@ Status Journal::finish_row(int64_t id, const Outcome& o, bool drop_body) {
   Stmt u(db_,
          "UPDATE requests SET state=?1, resumable=?2, finish_reason=?3, text=?4, prompt_tokens=?5, "
          "completion_tokens=?6, error_code=?7, error_message=?8, seed=?9, queue_ms=?10, run_ms=?11, "
-         "max_tokens_requested=?12, updated_ms=?13, "
+         "max_tokens_requested=?12, updated_ms=?13, choices=?17, "
          "checkpoint=CASE WHEN ?1='done' OR ?15 THEN NULL ELSE checkpoint END, "
          "checkpoint_tokens=CASE WHEN ?1='done' OR ?15 THEN 0 ELSE checkpoint_tokens END, "
          "body=CASE WHEN ?15 OR (?16 > 0 AND body_bytes > ?16 AND (?1='done' OR ?2=0)) THEN '' ELSE body END, "
@@ -866,6 +872,7 @@ Status Journal::finish_row(int64_t id, const Outcome& o, bool drop_body) {
   if (!u.ok()) return error_locked("preparing finish");
   bind_outcome(u, 1, o);
   u.i64(13, env_.wall_time_ms()).i64(14, id).i64(15, drop_body ? 1 : 0).i64(16, options_.max_body_bytes_kept);
+  u.text(17, o.choices);
   if (u.step() != SQLITE_DONE) return error_locked("finishing request " + std::to_string(id));
   if (sqlite3_changes(db_) == 0) {
     return Status::failed_precondition("journal: request " + std::to_string(id) +
@@ -1072,6 +1079,38 @@ Result<std::optional<Record>> Journal::find_key(const std::string& owner, const 
   if (key.empty()) return std::optional<Record>();  // no key names no request
   std::lock_guard<std::mutex> lk(mu_);
   return find_locked("owner = ?2 AND idempotency_key = ?3", 0, owner, key);
+}
+
+std::string encode_choices(const std::vector<StoredChoice>& choices) {
+  std::string out;
+  for (const StoredChoice& c : choices) {
+    out += std::to_string(c.finish_reason.size()) + ":" + c.finish_reason;
+    out += std::to_string(c.text.size()) + ":" + c.text;
+  }
+  return out;
+}
+
+Result<std::vector<StoredChoice>> decode_choices(std::string_view s) {
+  std::vector<StoredChoice> out;
+  auto field = [&](std::string& into) -> bool {
+    const size_t colon = s.find(':');
+    if (colon == 0 || colon == std::string_view::npos || colon > 19) return false;
+    uint64_t n = 0;
+    for (size_t i = 0; i < colon; ++i) {
+      if (s[i] < '0' || s[i] > '9') return false;
+      n = n * 10 + static_cast<uint64_t>(s[i] - '0');
+    }
+    if (n > s.size() - colon - 1) return false;
+    into.assign(s.substr(colon + 1, n));
+    s.remove_prefix(colon + 1 + n);
+    return true;
+  };
+  while (!s.empty()) {
+    StoredChoice c;
+    if (!field(c.finish_reason) || !field(c.text)) return Status::corruption("journal: malformed choices column");
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 }  // namespace spw::journal

@@ -189,6 +189,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/env.h"
 #include "core/status.h"
@@ -227,7 +228,20 @@ struct Outcome {
   double queue_ms = 0;  // milliseconds spent queued
   double run_ms = 0;    // milliseconds spent running
   std::optional<int32_t> max_tokens_requested;  // the client's max_tokens; nullopt: not sent
+  // A request with n > 1 (OpenAI's n): choices 1..n-1 as encode_choices
+  // writes them (text and finish_reason above are choice 0's); empty: n = 1.
+  std::string choices;
 };
+
+// One stored choice of a request with n > 1.
+struct StoredChoice {
+  std::string finish_reason;
+  std::string text;
+};
+// Length-prefixed ("<bytes>:<finish_reason><bytes>:<text>" per choice), so
+// any bytes round-trip; decode_choices is Corruption for anything else.
+std::string encode_choices(const std::vector<StoredChoice>& choices);
+Result<std::vector<StoredChoice>> decode_choices(std::string_view encoded);
 
 struct Record {
   int64_t id = 0;

@@ -125,6 +125,44 @@ TEST_F(JournalTest, LifecycleIsDurableAcrossReopen) {
   EXPECT_GT(b->record.id, id);
 }
 
+// n > 1: the choices after the first, with any bytes, survive a reopen.
+TEST_F(JournalTest, ChoicesOfANRequestRoundTrip) {
+  const std::vector<StoredChoice> more = {{"stop", "b: 12:3 \n"}, {"length", std::string("\0x:", 3)}, {"", ""}};
+  const std::string enc = encode_choices(more);
+  auto back = decode_choices(enc);
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*back)[i].text, more[i].text) << i;
+    EXPECT_EQ((*back)[i].finish_reason, more[i].finish_reason) << i;
+  }
+  EXPECT_TRUE(decode_choices("").ok());
+  for (const char* bad : {"x", "4:stop", "4:stop9:ab", ":", "1a:x0:"}) {
+    EXPECT_EQ(decode_choices(bad).status().code(), StatusCode::kCorruption) << bad;
+  }
+  int64_t id = 0;
+  {
+    auto j = open();
+    ASSERT_NE(j, nullptr);
+    auto a = j->accept(req("", R"({"prompt":"Once","n":4})"));
+    ASSERT_TRUE(a.ok());
+    id = a->record.id;
+    Outcome o = done("a");
+    o.choices = enc;
+    ASSERT_TRUE(j->finish(id, o).ok());
+  }
+  auto j = open();
+  ASSERT_NE(j, nullptr);
+  auto r = j->get(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->outcome.text, "a");
+  EXPECT_EQ(r->outcome.choices, enc);
+  auto b = j->accept(req(""));
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(j->finish(b->record.id, done("x")).ok());
+  EXPECT_EQ(j->get(b->record.id)->outcome.choices, "");
+}
+
 // What /metrics shows: rows by state, every state named, and the file.
 TEST_F(JournalTest, StatsCountRowsByStateAndTheFile) {
   auto j = open();
@@ -840,7 +878,7 @@ TEST_F(JournalTest, AJournalOfThePreviousSchemaIsMigratedKeepingItsRows) {
     EXPECT_GT(fresh->record.id, 8);
     ASSERT_TRUE(j->set_admission(7, R"({"kind":"admit"})").ok());
   }
-  EXPECT_EQ(user_version(path_), 4) << "migrated through every version";
+  EXPECT_EQ(user_version(path_), 5) << "migrated through every version";
   auto j = open();  // and it opens again as a current journal
   ASSERT_NE(j, nullptr);
   EXPECT_EQ(j->get(7)->admission, R"({"kind":"admit"})");
@@ -910,7 +948,7 @@ TEST_F(JournalTest, AVersion2JournalIsMigratedToTheCurrentVersionKeepingItsRows)
     ASSERT_TRUE(j->mark_running(8, "vulkan").ok());
     ASSERT_TRUE(j->save_checkpoint(8, std::string("\0ckpt", 5), 2).ok());
   }
-  EXPECT_EQ(user_version(path_), 4);
+  EXPECT_EQ(user_version(path_), 5);
   auto j = open();  // a current journal now; the recovery keeps the new checkpoint
   ASSERT_NE(j, nullptr);
   EXPECT_EQ(j->get(8)->checkpoint, std::string("\0ckpt", 5));
@@ -1586,7 +1624,7 @@ TEST_F(JournalTest, AVersion3JournalIsMigratedKeepingEveryRowIdAndKey) {
     EXPECT_FALSE(other->replay);
     EXPECT_EQ(other->record.id, 13) << "the id counter survived the rebuild: 12 is not reused";
   }
-  EXPECT_EQ(user_version(path_), 4);
+  EXPECT_EQ(user_version(path_), 5);
   // The same table and indexes as a journal created at version 4.
   const std::string fresh = (dir_ / "fresh.sqlite").string();
   {
@@ -1616,7 +1654,7 @@ TEST_F(JournalTest, AnEmptyVersion3JournalIsMigrated) {
     ASSERT_TRUE(a.ok()) << a.status().to_string();
     EXPECT_EQ(a->record.id, 1);
   }
-  EXPECT_EQ(user_version(path_), 4);
+  EXPECT_EQ(user_version(path_), 5);
 }
 
 // ---------------------------------------------------------------------------

@@ -40,6 +40,7 @@ Result<std::shared_ptr<KvPool>> KvPool::create_on_device(const KvPoolOptions& o,
   if (!storage) return Status::invalid_argument("KvPool: null device storage");
   std::shared_ptr<KvPool> p(new KvPool(o));
   p->device_storage_ = std::move(storage);
+  p->refs_.assign(static_cast<size_t>(o.n_blocks), 0);
   p->free_.reserve(static_cast<size_t>(o.n_blocks));
   for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);
   return p;
@@ -60,6 +61,7 @@ Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
   // (All-zero bytes are +0.0 in every type: a zero half, a Q8_0 block of
   // scale 0.)
   std::memset(p->data_.get(), 0, bytes);
+  p->refs_.assign(static_cast<size_t>(o.n_blocks), 0);
   p->free_.reserve(static_cast<size_t>(o.n_blocks));
   // Stack: lowest ids handed out first.
   for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);
@@ -147,8 +149,97 @@ Status KvPool::reserve(BlockTable& table, int32_t n_tokens) {
   table.blocks_.reserve(table.blocks_.size() + static_cast<size_t>(need));
   for (int32_t i = 0; i < need; ++i) {
     table.blocks_.push_back(free_.back());
+    refs_[static_cast<size_t>(free_.back())] = 1;
     free_.pop_back();
   }
+  return Status();
+}
+
+void KvPool::unref_locked(int32_t block) {
+  if (--refs_[static_cast<size_t>(block)] == 0) free_.push_back(block);
+}
+
+int32_t KvPool::refs(int32_t block) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return block >= 0 && block < opts_.n_blocks ? refs_[static_cast<size_t>(block)] : 0;
+}
+
+void KvPool::copy_block(int32_t from, int32_t to) {
+  const size_t per_block = static_cast<size_t>(n_layers()) * 2 * block_layer_bytes();
+  std::memcpy(base(to, 0), base(from, 0), per_block);
+}
+
+namespace {
+Status check_share(const BlockTable& dst, int32_t n_tokens, int32_t bt, const std::vector<int32_t>& src_blocks,
+                   const char* what) {
+  if (!dst.blocks().empty()) return Status::invalid_argument(std::string("KvPool::") + what + ": the target table is not empty");
+  if (n_tokens < 0 || n_tokens > static_cast<int32_t>(src_blocks.size()) * bt) {
+    return Status::invalid_argument(std::string("KvPool::") + what + ": " + std::to_string(n_tokens) +
+                                    " positions, the source holds " + std::to_string(src_blocks.size() * bt));
+  }
+  return Status();
+}
+}  // namespace
+
+Status KvPool::share_prefix(const BlockTable& src, BlockTable& dst, int32_t n_tokens) {
+  SPW_RETURN_IF_ERROR(check_share(dst, n_tokens, opts_.block_tokens, src.blocks_, "share_prefix"));
+  const size_t full = static_cast<size_t>(n_tokens / opts_.block_tokens);
+  std::lock_guard<std::mutex> lk(mu_);
+  dst.blocks_.assign(src.blocks_.begin(), src.blocks_.begin() + static_cast<std::ptrdiff_t>(full));
+  for (int32_t b : dst.blocks_) ++refs_[static_cast<size_t>(b)];
+  return Status();
+}
+
+Status KvPool::fork(const BlockTable& src, BlockTable& dst, int32_t n_tokens) {
+  SPW_RETURN_IF_ERROR(check_share(dst, n_tokens, opts_.block_tokens, src.blocks_, "fork"));
+  const bool partial = n_tokens % opts_.block_tokens != 0;
+  if (partial && !on_host()) {
+    return Status::failed_precondition("KvPool::fork: a device pool cannot copy a block's bytes (use share_prefix)");
+  }
+  const size_t full = static_cast<size_t>(n_tokens / opts_.block_tokens);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (partial && free_.empty()) {
+    return Status(StatusCode::kResourceExhausted,
+                  "KV pool exhausted: fork needs 1 more block of " + std::to_string(opts_.block_tokens) +
+                      " tokens, 0 of " + std::to_string(opts_.n_blocks) + " free",
+                  FailureReason::kKvExhausted);
+  }
+  dst.blocks_.assign(src.blocks_.begin(), src.blocks_.begin() + static_cast<std::ptrdiff_t>(full));
+  for (int32_t b : dst.blocks_) ++refs_[static_cast<size_t>(b)];
+  if (partial) {
+    const int32_t copy = free_.back();
+    free_.pop_back();
+    refs_[static_cast<size_t>(copy)] = 1;
+    // The source's block is not written meanwhile: its owner is the caller.
+    copy_block(src.blocks_[full], copy);
+    dst.blocks_.push_back(copy);
+  }
+  return Status();
+}
+
+Status KvPool::make_tail_private(BlockTable& table, int32_t n_tokens) {
+  if (n_tokens % opts_.block_tokens == 0) return Status();  // the next write opens a new block
+  const size_t i = static_cast<size_t>(n_tokens / opts_.block_tokens);
+  if (i >= table.blocks_.size()) return Status();
+  std::lock_guard<std::mutex> lk(mu_);
+  const int32_t b = table.blocks_[i];
+  if (refs_[static_cast<size_t>(b)] <= 1) return Status();
+  if (!on_host()) {
+    return Status::failed_precondition("KvPool: block " + std::to_string(b) +
+                                       " is shared and a device pool cannot copy it");
+  }
+  if (free_.empty()) {
+    return Status(StatusCode::kResourceExhausted,
+                  "KV pool exhausted: a shared block needs a private copy, 0 of " + std::to_string(opts_.n_blocks) +
+                      " free",
+                  FailureReason::kKvExhausted);
+  }
+  const int32_t copy = free_.back();
+  free_.pop_back();
+  refs_[static_cast<size_t>(copy)] = 1;
+  copy_block(b, copy);
+  table.blocks_[i] = copy;
+  unref_locked(b);
   return Status();
 }
 
@@ -157,7 +248,7 @@ void KvPool::shrink(BlockTable& table, int32_t n_tokens) {
   if (table.blocks_.size() <= keep) return;
   std::lock_guard<std::mutex> lk(mu_);
   while (table.blocks_.size() > keep) {
-    free_.push_back(table.blocks_.back());
+    unref_locked(table.blocks_.back());
     table.blocks_.pop_back();
   }
 }

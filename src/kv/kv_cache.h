@@ -20,6 +20,25 @@
 // when the pool cannot supply every block it returns ResourceExhausted and leaves
 // the table and the pool exactly as they were (all-or-nothing). shrink() returns
 // whole unused blocks to the pool. release() frees all blocks of a table.
+// Sharing (several sequences continuing one prompt, OpenAI's n > 1): blocks
+// are reference counted. fork(src, dst, n) makes an empty dst hold src's first
+// n positions: the full blocks among them are shared (count + 1, no bytes
+// move), and a partially filled last block is copied into a fresh block of
+// dst's own (host pools: the bytes; a device pool refuses with
+// FailedPrecondition, see share_prefix), because positions are append-only:
+// a full block is never written again, and the partial one is the only block
+// a sibling would write into. That is the copy-on-write, done at fork time.
+// share_prefix(src, dst, n) shares only the full blocks among the first n
+// positions (dst then holds n / block_tokens * block_tokens positions; the
+// caller recomputes the rest), on any pool. Both are all-or-nothing:
+// ResourceExhausted (no block for the copy) or InvalidArgument (dst not
+// empty, n past src's blocks) leave both tables and the pool as they were.
+// shrink/release drop a table's reference; a block returns to the free list
+// when its last reference goes, so blocks_in_use() counts each shared block
+// once. A table must not write into a block it shares (shared(b) > 1):
+// make_tail_private() gives a table that is about to append at position n a
+// private copy of the block holding n when that block is shared (host pools;
+// FailedPrecondition on a device pool).
 // Thread safety: the allocator (reserve/shrink/release and the counters) is
 // guarded by a mutex, so sequences on different threads may share one pool. The
 // K/V contents of a block are touched only by the owner of the table holding it.
@@ -116,6 +135,12 @@ class KvPool {
   // Frees blocks beyond those needed for n_tokens positions.
   void shrink(BlockTable& table, int32_t n_tokens);
   void release(BlockTable& table) { shrink(table, 0); }
+  // Sharing (see contract).
+  Status fork(const BlockTable& src, BlockTable& dst, int32_t n_tokens);
+  Status share_prefix(const BlockTable& src, BlockTable& dst, int32_t n_tokens);
+  Status make_tail_private(BlockTable& table, int32_t n_tokens);
+  // References to block b (0: free).
+  int32_t refs(int32_t block) const;
 
   // Layer index `layer` is relative to layer_begin. Host pools only (nullptr
   // for a device pool). The stored rows of block b, layer l: K then V, each
@@ -163,6 +188,11 @@ class KvPool {
   std::unique_ptr<KvDeviceStorage> device_storage_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // stack of free block ids
+  std::vector<int32_t> refs_;  // per block: tables holding it (0: free)
+  // Copies block `from`'s bytes (every layer, K and V) into `to`. Host pools.
+  void copy_block(int32_t from, int32_t to);
+  // One reference less; the block is free at 0. mu_ held.
+  void unref_locked(int32_t block);
 };
 
 // n stored K/V elements of type t at src (kv_row_bytes(t, n) bytes; for q8_0

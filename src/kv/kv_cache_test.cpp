@@ -230,5 +230,134 @@ TEST(KvPoolTypes, F32StoreIsACopy) {
   }
 }
 
+
+// Sharing: fork shares the full blocks, copies the partial last one.
+TEST(KvPoolShare, ForkSharesFullBlocksAndCopiesThePartialOne) {
+  auto pool = *KvPool::create(opts(6));  // 4 tokens a block
+  BlockTable a;
+  ASSERT_TRUE(pool->reserve(a, 10).ok());  // 3 blocks, the last holds 2 positions
+  for (int b = 0; b < 3; ++b)
+    for (int l = 0; l < 2; ++l)
+      for (int i = 0; i < 4 * 3; ++i) {
+        pool->k(a.blocks()[b], l)[i] = static_cast<float>(100 * b + 10 * l + i);
+        pool->v(a.blocks()[b], l)[i] = static_cast<float>(-(100 * b + 10 * l + i));
+      }
+  BlockTable f;
+  ASSERT_TRUE(pool->fork(a, f, 10).ok());
+  ASSERT_EQ(f.blocks().size(), 3u);
+  EXPECT_EQ(f.blocks()[0], a.blocks()[0]);
+  EXPECT_EQ(f.blocks()[1], a.blocks()[1]);
+  EXPECT_NE(f.blocks()[2], a.blocks()[2]);
+  EXPECT_EQ(pool->refs(a.blocks()[0]), 2);
+  EXPECT_EQ(pool->refs(a.blocks()[2]), 1);
+  EXPECT_EQ(pool->refs(f.blocks()[2]), 1);
+  EXPECT_EQ(pool->blocks_in_use(), 4);  // a shared block counts once
+  EXPECT_EQ(pool->blocks_free(), 2);
+  for (int l = 0; l < 2; ++l)
+    for (int i = 0; i < 4 * 3; ++i) {
+      EXPECT_EQ(pool->k(f.blocks()[2], l)[i], pool->k(a.blocks()[2], l)[i]);
+      EXPECT_EQ(pool->v(f.blocks()[2], l)[i], pool->v(a.blocks()[2], l)[i]);
+    }
+  // The copy is the fork's own: writing it leaves the source as it was.
+  pool->k(f.blocks()[2], 1)[7] = 12345.0f;
+  EXPECT_EQ(pool->k(a.blocks()[2], 1)[7], 200.0f + 10.0f + 7.0f);
+  // The fork grows by its own blocks.
+  ASSERT_TRUE(pool->reserve(f, 13).ok());
+  EXPECT_EQ(pool->blocks_in_use(), 5);
+  // Release in either order: shared blocks free with their last reference.
+  pool->release(a);
+  EXPECT_EQ(pool->blocks_in_use(), 4);
+  EXPECT_EQ(pool->refs(f.blocks()[0]), 1);
+  pool->release(f);
+  EXPECT_EQ(pool->blocks_in_use(), 0);
+  EXPECT_EQ(pool->blocks_free(), 6);
+}
+
+TEST(KvPoolShare, ForkOnABlockBoundaryCopiesNothing) {
+  auto pool = *KvPool::create(opts(3));
+  BlockTable a, f;
+  ASSERT_TRUE(pool->reserve(a, 8).ok());
+  ASSERT_TRUE(pool->fork(a, f, 8).ok());
+  EXPECT_EQ(f.blocks(), a.blocks());
+  EXPECT_EQ(pool->blocks_in_use(), 2);
+  // A shorter fork takes fewer blocks.
+  BlockTable g;
+  ASSERT_TRUE(pool->fork(a, g, 4).ok());
+  EXPECT_EQ(g.blocks().size(), 1u);
+  EXPECT_EQ(pool->refs(a.blocks()[0]), 3);
+  pool->release(f);
+  pool->release(g);
+  pool->release(a);
+  EXPECT_EQ(pool->blocks_free(), 3);
+}
+
+TEST(KvPoolShare, ForkIsAllOrNothing) {
+  auto pool = *KvPool::create(opts(3));
+  BlockTable a, f;
+  ASSERT_TRUE(pool->reserve(a, 10).ok());  // all 3 blocks
+  Status st = pool->fork(a, f, 10);        // the partial block needs a 4th
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(f.blocks().empty());
+  for (int32_t b : a.blocks()) EXPECT_EQ(pool->refs(b), 1);
+  EXPECT_EQ(pool->blocks_free(), 0);
+  // Bad arguments change nothing either.
+  EXPECT_EQ(pool->fork(a, f, 13).code(), StatusCode::kInvalidArgument);
+  BlockTable full;
+  ASSERT_TRUE(pool->share_prefix(a, full, 8).ok());
+  EXPECT_EQ(pool->fork(a, full, 4).code(), StatusCode::kInvalidArgument);  // not empty
+  EXPECT_EQ(full.blocks().size(), 2u);
+  pool->release(full);
+  pool->release(a);
+  EXPECT_EQ(pool->blocks_free(), 3);
+}
+
+TEST(KvPoolShare, MakeTailPrivateCopiesASharedBlockBeforeAWrite) {
+  auto pool = *KvPool::create(opts(4));
+  BlockTable a, f;
+  ASSERT_TRUE(pool->reserve(a, 8).ok());
+  pool->k(a.blocks()[1], 0)[0] = 42.0f;
+  ASSERT_TRUE(pool->fork(a, f, 8).ok());  // both blocks shared
+  pool->shrink(f, 6);                     // f continues at position 6, inside shared block 1
+  ASSERT_EQ(pool->refs(a.blocks()[1]), 2);
+  ASSERT_TRUE(pool->make_tail_private(f, 6).ok());
+  EXPECT_NE(f.blocks()[1], a.blocks()[1]);
+  EXPECT_EQ(pool->refs(a.blocks()[1]), 1);
+  EXPECT_EQ(pool->k(f.blocks()[1], 0)[0], 42.0f);
+  EXPECT_EQ(pool->blocks_in_use(), 3);
+  // A private or boundary tail needs nothing.
+  ASSERT_TRUE(pool->make_tail_private(a, 6).ok());
+  ASSERT_TRUE(pool->make_tail_private(f, 4).ok());
+  EXPECT_EQ(pool->blocks_in_use(), 3);
+  pool->release(a);
+  pool->release(f);
+  EXPECT_EQ(pool->blocks_free(), 4);
+}
+
+class FakeDeviceStorage : public KvDeviceStorage {
+ public:
+  std::string device_name() const override { return "fake:0"; }
+  size_t bytes() const override { return 0; }
+};
+
+// A device pool shares full blocks and refuses the byte copy.
+TEST(KvPoolShare, DevicePoolSharesFullBlocksOnly) {
+  auto pool = *KvPool::create_on_device(opts(4), std::make_unique<FakeDeviceStorage>());
+  BlockTable a, f, g;
+  ASSERT_TRUE(pool->reserve(a, 10).ok());
+  EXPECT_EQ(pool->fork(a, f, 10).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(f.blocks().empty());
+  ASSERT_TRUE(pool->fork(a, f, 8).ok());  // whole blocks: nothing to copy
+  ASSERT_TRUE(pool->share_prefix(a, g, 10).ok());
+  EXPECT_EQ(g.blocks().size(), 2u);
+  EXPECT_EQ(pool->refs(a.blocks()[0]), 3);
+  EXPECT_EQ(pool->blocks_in_use(), 3);
+  pool->shrink(g, 5);
+  EXPECT_EQ(pool->make_tail_private(g, 5).code(), StatusCode::kFailedPrecondition);
+  pool->release(a);
+  pool->release(f);
+  pool->release(g);
+  EXPECT_EQ(pool->blocks_free(), 4);
+}
+
 }  // namespace
 }  // namespace spw

@@ -14,6 +14,58 @@
 namespace spw::serve {
 namespace {
 
+// A request with n > 1 choices (ExecJob::n): a ChoiceGroup over the prompt,
+// evaluated once on the worker's session; the choices decode on forks of it
+// that share the prompt's KV, each step one pass for all of them
+// (Session::eval_batch). The prompt goes through the group's StepBatcher
+// (`member`, shared with the other running requests); then the session
+// leaves it, since its steps no longer go through Session::eval, and a
+// member that never arrives would hold every other member's step for up to
+// max_wait. No checkpoint is reported (a
+// migration or a resume would need one per choice), so a fault after the
+// first token ends the request with its own error.
+Result<ExecOutcome> run_choices(Session& session, const ExecJob& job, const ExecCallbacks& cb,
+                                const std::atomic<bool>& cancel, std::optional<StepBatcher::Membership>& member) {
+  if (job.resume) return Status::failed_precondition("a request with n > 1 cannot be resumed from a checkpoint");
+  GenerateOptions o;
+  o.max_tokens = job.max_tokens;
+  o.sampler = job.sampler;
+  o.stop = job.stop;
+  o.ignore_eos = job.ignore_eos;
+  o.min_tokens = job.min_tokens;
+  o.constraint = job.constraint;
+  o.stop_token_ids = job.stop_token_ids;
+  o.reserve_kv = true;  // every choice's KV taken before the first token
+  o.logprobs = job.logprobs;
+  SPW_ASSIGN_OR_RETURN(auto group, ChoiceGroup::start(session, job.prompt, o, job.n));
+  member.reset();
+  int32_t tokens = 0;
+  auto on_piece = [&](int32_t choice, std::string_view text, TokenId id, std::span<const TokenLogprobs> logprobs) {
+    if ((!text.empty() || !logprobs.empty()) && cb.on_choice_text) cb.on_choice_text(choice, text, logprobs);
+    if (id >= 0 && cb.on_token) cb.on_token(++tokens);
+    return !cancel.load(std::memory_order_acquire);
+  };
+  while (!group->finished()) {
+    if (cancel.load(std::memory_order_acquire)) {
+      group->cancel();
+      break;
+    }
+    SPW_RETURN_IF_ERROR(group->step(on_piece).status());
+  }
+  ExecOutcome out;
+  for (int32_t i = 0; i < group->size(); ++i) {
+    const GenerateResult& r = group->choice(i).result();
+    if (r.finish_reason == "cancelled") return Status::cancelled("request cancelled");
+    const FinishReason f = r.finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
+    const auto n = static_cast<int32_t>(r.tokens.size());
+    out.choice_finish.push_back(f);
+    out.choice_tokens.push_back(n);
+    out.completion_tokens += n;
+  }
+  out.finish = out.choice_finish.front();
+  return out;
+}
+
 // One request on one session of a group: a Generator started from the
 // prompt or resumed from a checkpoint, stepped here so that checkpoints are
 // taken between steps (a clean token boundary, never inside a step).
@@ -32,6 +84,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
   // given back.
   std::optional<StepBatcher::Membership> member;
   if (batcher != nullptr) member.emplace(batcher->join(session));
+  if (job.n > 1) return run_choices(session, job, cb, cancel, member);
   Result<std::unique_ptr<Generator>> started = [&]() -> Result<std::unique_ptr<Generator>> {
     if (job.resume) {
       Checkpoint cp = *job.resume;

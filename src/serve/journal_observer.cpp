@@ -55,6 +55,16 @@ void JournalObserver::on_finish(const Ticket& t, const RequestEvent& fin, const 
   o.queue_ms = static_cast<double>(t.queue_ns()) / 1e6;
   o.run_ms = static_cast<double>(t.run_ns()) / 1e6;
   o.max_tokens_requested = limits.max_tokens_requested;
+  // n > 1: `text` is choice 0's (the scheduler's); the others go with it.
+  const std::vector<std::string>& texts = t.choice_texts();
+  if (texts.size() > 1) {
+    std::vector<journal::StoredChoice> more;
+    for (size_t i = 1; i < texts.size(); ++i) {
+      const FinishReason f = i < fin.choice_finish.size() ? fin.choice_finish[i] : FinishReason::kNone;
+      more.push_back({std::string(finish_reason_name(f)), texts[i]});
+    }
+    o.choices = journal::encode_choices(more);
+  }
   check(journal_->finish(t.record_id(), o), t, "finishing");
 }
 

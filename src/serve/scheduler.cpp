@@ -1,6 +1,7 @@
 #include "serve/scheduler.h"
 
 #include "core/failure.h"
+#include "engine/generate.h"
 
 #include <algorithm>
 #include <limits>
@@ -129,6 +130,9 @@ Status validate_generation_request(const GenerationRequest& request) {
   if (request.max_tokens && *request.max_tokens <= 0) {
     return invalid_field("max_tokens", "max_tokens: must be >= 1, got " + std::to_string(*request.max_tokens));
   }
+  if (request.n < 1 || request.n > kMaxChoices) {
+    return invalid_field("n", "n: must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(request.n));
+  }
   if (request.min_tokens < 0) {
     return invalid_field("min_tokens", "min_tokens: must be >= 0, got " + std::to_string(request.min_tokens));
   }
@@ -195,10 +199,12 @@ Result<std::shared_ptr<Ticket>> Scheduler::submit(const GenerationRequest& reque
   job.stop_token_ids = request.stop_token_ids;
   job.logprobs = request.logprobs;
   job.prompt_logprobs = request.prompt_logprobs;
+  job.n = request.n;
   PreparedRequest p;
   p.record_id = request.record_id;
   p.internal = request.internal;
-  p.kv_blocks = admission::kv_blocks_for(limits.prompt_tokens + limits.max_tokens, options_.kv_block_tokens);
+  p.kv_blocks =
+      admission::kv_blocks_for_choices(limits.prompt_tokens, limits.max_tokens, options_.kv_block_tokens, request.n);
   p.job = std::move(job);
   p.limits = limits;
   return submit_prepared(std::move(p));
@@ -441,6 +447,18 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       }
       t->events_.push(std::move(ev));
     };
+    if (t->job_.n > 1) t->choice_texts_.resize(static_cast<size_t>(t->job_.n));
+    cb.on_choice_text = [&](int32_t choice, std::string_view text, std::span<const TokenLogprobs> logprobs) {
+      if (text.empty() && logprobs.empty()) return;
+      if (choice < 0 || static_cast<size_t>(choice) >= t->choice_texts_.size()) return;
+      t->choice_texts_[static_cast<size_t>(choice)].append(text);
+      RequestEvent ev;
+      ev.kind = RequestEvent::Kind::kText;
+      ev.choice = choice;
+      ev.text = std::string(text);
+      ev.logprobs.assign(logprobs.begin(), logprobs.end());
+      t->events_.push(std::move(ev));
+    };
     cb.on_prompt_logprobs = [&](std::span<const TokenLogprobs> entries) {
       if (t->prompt_logprobs_sent_ || entries.empty()) return;
       t->prompt_logprobs_sent_ = true;
@@ -474,6 +492,8 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       fin.state = RequestState::kDone;
       fin.finish = r->finish;
       fin.completion_tokens = r->completion_tokens;
+      fin.choice_finish = r->choice_finish;
+      fin.choice_tokens = r->choice_tokens;
     } else if (r.status().code() == StatusCode::kCancelled) {
       fin.state = RequestState::kCancelled;
       fin.status = r.status();
@@ -510,7 +530,9 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
     int64_t unset = 0;  // as finish_locked: the end before the observer
     t->finished_ns_.compare_exchange_strong(unset, env_.now_ns(), std::memory_order_acq_rel);
   }
-  if (options_.observer) options_.observer->on_finish(*t, fin, t->text_);
+  // n > 1: choice 0's text; the observer reads the others from the ticket
+  // (Ticket::choice_texts).
+  if (options_.observer) options_.observer->on_finish(*t, fin, t->choice_texts_.empty() ? t->text_ : t->choice_texts_[0]);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_.erase(id);

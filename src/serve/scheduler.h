@@ -110,6 +110,9 @@ struct GenerationRequest {
   // Spans of this request's output inside which it must not be split (a tool
   // call's), besides the path's own (SchedulerOptions::safe_points).
   SafePointRules safe_points;
+  // OpenAI's n: choices generated from one evaluation of the prompt
+  // (engine/generate.h ChoiceGroup), choice i sampled with seed + i.
+  int32_t n = 1;
 };
 
 // The checks every submitter makes before tokenizing: a non-empty prompt
@@ -136,6 +139,7 @@ struct AppliedLimits {
 struct RequestEvent {
   enum class Kind { kText, kFinished };
   Kind kind = Kind::kText;
+  int32_t choice = 0;                          // kText: which choice (n > 1)
   std::string text;                            // kText
   // kText: the entries released with `text` (possibly with empty text), in
   // generation order; each entry of a request reaches its stream once, also
@@ -150,7 +154,11 @@ struct RequestEvent {
   // kFinished with a resumable error (FailureReason::kResumable): the fault
   // that interrupted it (a device fault, for the breaker); OK otherwise.
   Status cause;
-  int32_t completion_tokens = 0;               // kFinished
+  int32_t completion_tokens = 0;               // kFinished (all choices')
+  // kFinished with kDone and n > 1: each choice's finish and tokens, by
+  // index (`finish` is choice 0's).
+  std::vector<FinishReason> choice_finish;
+  std::vector<int32_t> choice_tokens;
 };
 
 // What a worker runs: tokens in, text out through `on_text`.
@@ -192,11 +200,18 @@ struct ExecJob {
   // The prompt's entries (GenerationRequest::prompt_logprobs): < 0 none;
   // computed only by a run that starts from the prompt (not a resume).
   int32_t prompt_logprobs = -1;
+  // Choices (GenerationRequest::n). A job with n > 1 reports no checkpoint
+  // (a migration or resume would need one per choice): a fault after its
+  // first token ends it with its own error.
+  int32_t n = 1;
 };
 
 struct ExecOutcome {
-  FinishReason finish = FinishReason::kStop;
-  int32_t completion_tokens = 0;
+  FinishReason finish = FinishReason::kStop;  // choice 0's
+  int32_t completion_tokens = 0;              // all choices'
+  // n > 1: by choice.
+  std::vector<FinishReason> choice_finish;
+  std::vector<int32_t> choice_tokens;
 };
 
 // What a run reports as it goes (see Executor).
@@ -215,6 +230,10 @@ struct ExecCallbacks {
   // The prompt's log-probability entries (ExecJob::prompt_logprobs), once
   // the prompt is evaluated, before any text.
   std::function<void(std::span<const TokenLogprobs>)> on_prompt_logprobs;
+  // A job with n > 1: each choice's text instead of on_text (never the
+  // replayed part; n > 1 jobs are not resumed). on_token then counts the
+  // tokens of all choices.
+  std::function<void(int32_t choice, std::string_view text, std::span<const TokenLogprobs> logprobs)> on_choice_text;
 };
 
 // One worker's engine. run() generates for `job` through `cb` (see
@@ -235,7 +254,9 @@ class Ticket;
 // can see that final event (so a record read after the response is already
 // terminal). Calls may come from any worker thread at once, and on_finish for
 // a request cancelled while queued or at shutdown runs under the scheduler's
-// lock: keep them short and never call back into the Scheduler.
+// lock: keep them short and never call back into the Scheduler. For a
+// request with n > 1, on_finish's text is choice 0's and
+// Ticket::choice_texts() holds every choice's.
 class RequestObserver {
  public:
   virtual ~RequestObserver() = default;
@@ -365,6 +386,8 @@ class Ticket {
   // The whole generation's text so far: PreparedRequest::text_before plus
   // everything streamed (read by the worker running it, or once finished).
   const std::string& text() const { return text_; }
+  // n > 1: each choice's text so far (text() is then empty); empty for n = 1.
+  const std::vector<std::string>& choice_texts() const { return choice_texts_; }
   // The job it runs (its resume point after a migration); stable while no
   // worker runs it.
   const ExecJob& job() const { return job_; }
@@ -403,6 +426,7 @@ class Ticket {
   const std::string model_;
   std::shared_ptr<const Checkpoint> checkpoint_;  // under mu_
   std::string text_;  // written by the worker running it
+  std::vector<std::string> choice_texts_;  // n > 1; as text_
   // Entries of generated tokens [0, logprobs_sent_) are in the stream;
   // written by the worker running it.
   int32_t logprobs_sent_ = 0;

@@ -15,6 +15,7 @@
 
 #include "core/env.h"
 #include "engine/engine_test_util.h"
+#include "engine/generate.h"
 #include "model/model.h"
 #include "serve/engine_executor.h"
 #include "backend/vulkan/vulkan_backend.h"
@@ -98,6 +99,85 @@ TEST(Scheduler, GreedyCompletionTellsAboutLily) {
   ASSERT_TRUE(t2.ok());
   EXPECT_EQ(collect(**t2).text, c.text);
 }
+
+// OpenAI's n: one request, n choices by index; choice i is the lone
+// request with seed + i; the KV gate prices the shared prompt once.
+void n_choices_equal_lone_requests(int32_t workers) {
+  EngineServeOptions o;
+  o.n_workers = workers;
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  GenerationRequest g = greedy("Once upon a time", 24);
+  g.sampler.temperature = 1.0f;
+  g.sampler.seed = 77;
+  g.n = 3;
+  auto t = s->submit(g);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const int32_t p = (*t)->limits().prompt_tokens;
+  EXPECT_EQ((*t)->kv_blocks(), admission::kv_blocks_for_choices(p, 24, 16, 3));
+  std::vector<std::string> texts(3);
+  RequestEvent fin;
+  for (;;) {
+    RequestEvent ev;
+    const PopResult r = (*t)->next_event(ev, std::chrono::seconds(30));
+    ASSERT_EQ(r, PopResult::kItem);
+    if (ev.kind == RequestEvent::Kind::kFinished) {
+      fin = ev;
+      break;
+    }
+    ASSERT_GE(ev.choice, 0);
+    ASSERT_LT(ev.choice, 3);
+    texts[static_cast<size_t>(ev.choice)] += ev.text;
+  }
+  ASSERT_EQ(fin.state, RequestState::kDone) << fin.status.to_string();
+  ASSERT_EQ(fin.choice_finish.size(), 3u);
+  ASSERT_EQ(fin.choice_tokens.size(), 3u);
+  EXPECT_EQ(fin.completion_tokens, fin.choice_tokens[0] + fin.choice_tokens[1] + fin.choice_tokens[2]);
+  EXPECT_EQ((*t)->choice_texts(), texts);
+  for (int32_t i = 0; i < 3; ++i) {
+    GenerationRequest one = g;
+    one.n = 1;
+    one.sampler.seed = choice_seed(77, i);
+    auto lone = s->submit(one);
+    ASSERT_TRUE(lone.ok());
+    Collected c = collect(**lone);
+    EXPECT_EQ(c.text, texts[static_cast<size_t>(i)]) << i;
+    EXPECT_EQ(c.fin.completion_tokens, fin.choice_tokens[static_cast<size_t>(i)]) << i;
+    EXPECT_EQ(c.fin.finish, fin.choice_finish[static_cast<size_t>(i)]) << i;
+  }
+  EXPECT_NE(texts[0], texts[1]);
+  GenerationRequest bad = g;
+  bad.n = kMaxChoices + 1;
+  EXPECT_EQ(s->submit(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Beside a request with n > 1 (which leaves the step batcher after its
+// prompt), another worker's request gets its own text.
+TEST(Scheduler, NChoicesBesideABatchedRequestLeaveItsTextAlone) {
+  EngineServeOptions o;
+  o.n_workers = 2;
+  auto s = make(o);
+  ASSERT_NE(s, nullptr);
+  auto alone = s->submit(greedy("Lily and Ben went to the park", 40));
+  ASSERT_TRUE(alone.ok());
+  const std::string expected = collect(**alone).text;
+  GenerationRequest many = greedy("Once upon a time", 40);
+  many.n = 4;
+  auto t = s->submit(many);
+  auto other = s->submit(greedy("Lily and Ben went to the park", 40));
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(other.ok());
+  Collected c = collect(**other);
+  Collected m = collect(**t);
+  EXPECT_EQ(c.text, expected);
+  ASSERT_EQ(m.fin.state, RequestState::kDone) << m.fin.status.to_string();
+  ASSERT_EQ((*t)->choice_texts().size(), 4u);
+  for (const std::string& x : (*t)->choice_texts()) EXPECT_EQ(x, (*t)->choice_texts()[0]);
+  EXPECT_FALSE((*t)->choice_texts()[0].empty());
+}
+
+TEST(Scheduler, NChoicesEqualLoneRequestsWithSeedPlusI) { n_choices_equal_lone_requests(1); }
+TEST(Scheduler, NChoicesEqualLoneRequestsWithSeedPlusIBatched) { n_choices_equal_lone_requests(2); }
 
 TEST(Scheduler, StopStringEndsWithStopAndIsNotEmitted) {
   auto s = make({});

@@ -128,7 +128,7 @@ describe('OpenAI compatibility through the openai client', () => {
     const cases = [
       [{ prompt: 'hi', max_tokens: 0 }, 'max_tokens'],
       [{ prompt: 'hi', temperature: -1 }, 'temperature'],
-      [{ prompt: 'hi', n: 2 }, 'n'],
+      [{ prompt: 'hi', n: 17 }, 'n'],
       [{ prompt: 'hi', max_tokens: 4, max_completion_tokens: 5 }, 'max_completion_tokens'],
       [{ prompt: 'hi', frobnicate: true }, 'frobnicate'],
     ];
