@@ -382,7 +382,10 @@ std::optional<ApiError> parse_response_format(const json& obj, SamplingFields& s
   if (t == rf->end() || !t->is_string()) return bad("response_format.type", "'response_format.type' must be a string");
   const std::string type = t->get<std::string>();
   const auto only = [&](std::initializer_list<const char*> keys) -> std::optional<ApiError> {
-    for (const auto& [key, value] : rf->items()) {
+    for (const auto& item : rf->items()) {
+      // A named reference, not a structured binding: clang before 16 (the
+      // fuzz build's) cannot capture a binding in the lambda below.
+      const std::string& key = item.key();
       if (std::find_if(keys.begin(), keys.end(), [&](const char* k) { return key == k; }) == keys.end()) {
         return bad("response_format." + input_excerpt(key, kMaxParamBytes / 2),
                    "Unrecognized request argument supplied: response_format." + input_excerpt(key), "unknown_parameter");
