@@ -36,7 +36,7 @@ class BenchJournal {
       return;
     }
     journal_ = std::move(*j);
-    auto a = journal_->accept({"", "/v1/completions", R"({"prompt":"Once upon a time","max_tokens":256})"});
+    auto a = journal_->accept({"", "/v1/completions", R"({"prompt":"Once upon a time","max_tokens":256})", ""});
     if (!a.ok()) {
       error_ = a.status().to_string();
       return;

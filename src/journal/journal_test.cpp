@@ -1045,7 +1045,7 @@ TEST_F(JournalTest, PublicIdsAreRandomUniqueAndStableAcrossReopen) {
       ASSERT_TRUE(a.ok()) << a.status().to_string();
       ids.emplace_back(a->record.id, a->record.public_id);
     }
-    auto r = j->record_refusal({"", "/v1/completions", 10, "", "queue_full"}, refused("queue_full"));
+    auto r = j->record_refusal({"", "/v1/completions", 10, "", "queue_full", ""}, refused("queue_full"));
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     ids.emplace_back(r->id, r->public_id);
   }
@@ -1129,7 +1129,7 @@ TEST_F(JournalTest, APublicIdCollisionIsDrawnAgain) {
   ASSERT_FALSE(stuck.ok());
   EXPECT_EQ(stuck.status().code(), StatusCode::kInternal);
   EXPECT_NE(stuck.status().message().find("public id"), std::string::npos) << stuck.status().to_string();
-  auto stuck_refusal = j->record_refusal({"", "/v1/completions", 0, "", "queue_full"}, refused("queue_full"));
+  auto stuck_refusal = j->record_refusal({"", "/v1/completions", 0, "", "queue_full", ""}, refused("queue_full"));
   EXPECT_EQ(stuck_refusal.status().code(), StatusCode::kInternal);
   env.repeat_last = false;
   env.script.clear();
@@ -1362,7 +1362,7 @@ TEST_F(JournalTest, RecordRefusalKeepsOnlyASummary) {
     Outcome o = refused("queue_full");
     o.seed = 7;
     o.max_tokens_requested = 128;
-    auto r = j->record_refusal({"alice", "/v1/chat/completions", 13, sha, "queue_full"}, o);
+    auto r = j->record_refusal({"alice", "/v1/chat/completions", 13, sha, "queue_full", ""}, o);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     id = r->id;
     pid = r->public_id;
@@ -1388,7 +1388,7 @@ TEST_F(JournalTest, RecordRefusalKeepsOnlyASummary) {
     EXPECT_EQ(j->mark_running(id, "cpu").code(), StatusCode::kFailedPrecondition);
     EXPECT_EQ(j->finish(id, done("x")).code(), StatusCode::kFailedPrecondition);
     // A refusal made without a digest (empty) is allowed; ordinary rows have no reason.
-    auto nodigest = j->record_refusal({"", "/v1/completions", 0, "", "context_full"}, refused("context_full"));
+    auto nodigest = j->record_refusal({"", "/v1/completions", 0, "", "context_full", ""}, refused("context_full"));
     ASSERT_TRUE(nodigest.ok()) << nodigest.status().to_string();
     EXPECT_GT(nodigest->id, id);
     EXPECT_NE(nodigest->public_id, pid);
@@ -1397,12 +1397,12 @@ TEST_F(JournalTest, RecordRefusalKeepsOnlyASummary) {
     // Refused: a state that is not terminal, a negative size, a malformed digest.
     Outcome running;
     running.state = RequestState::kRunning;
-    EXPECT_EQ(j->record_refusal({"", "/v1/completions", 0, "", "x"}, running).status().code(),
+    EXPECT_EQ(j->record_refusal({"", "/v1/completions", 0, "", "x", ""}, running).status().code(),
               StatusCode::kInvalidArgument);
-    EXPECT_EQ(j->record_refusal({"", "/v1/completions", -1, "", "x"}, o).status().code(),
+    EXPECT_EQ(j->record_refusal({"", "/v1/completions", -1, "", "x", ""}, o).status().code(),
               StatusCode::kInvalidArgument);
     for (const std::string& bad : {std::string("abc"), std::string(64, 'A'), std::string(64, 'g'), sha + "0"}) {
-      EXPECT_EQ(j->record_refusal({"", "/v1/completions", 1, bad, "x"}, o).status().code(),
+      EXPECT_EQ(j->record_refusal({"", "/v1/completions", 1, bad, "x", ""}, o).status().code(),
                 StatusCode::kInvalidArgument)
           << bad;
     }
@@ -1430,12 +1430,12 @@ TEST_F(JournalTest, RefusalsCountTowardsPruning) {
   opts.prune_every = 3;
   auto j = open(opts);
   ASSERT_NE(j, nullptr);
-  auto old = j->record_refusal({"", "/v1/completions", 1, "", "queue_full"}, refused("queue_full"));
+  auto old = j->record_refusal({"", "/v1/completions", 1, "", "queue_full", ""}, refused("queue_full"));
   ASSERT_TRUE(old.ok());
   env_.advance(2000 * kNsPerMs);
-  ASSERT_TRUE(j->record_refusal({"", "/v1/completions", 1, "", "queue_full"}, refused("queue_full")).ok());
+  ASSERT_TRUE(j->record_refusal({"", "/v1/completions", 1, "", "queue_full", ""}, refused("queue_full")).ok());
   EXPECT_TRUE(j->get(old->id).ok()) << "not yet: two writes";
-  ASSERT_TRUE(j->record_refusal({"", "/v1/completions", 1, "", "queue_full"}, refused("queue_full")).ok());
+  ASSERT_TRUE(j->record_refusal({"", "/v1/completions", 1, "", "queue_full", ""}, refused("queue_full")).ok());
   EXPECT_EQ(j->get(old->id).status().code(), StatusCode::kNotFound) << "the third pruned it";
 }
 
@@ -1471,7 +1471,7 @@ TEST_F(JournalTest, ResponseFieldsRoundTripIncludingTheLargestSeed) {
       ASSERT_TRUE(b.ok());
       ASSERT_TRUE(j->finish_refused(b->record.id, o).ok());
       ids.push_back(b->record.id);
-      auto c = j->record_refusal({"", "/v1/completions", 0, "", "queue_full"}, o);
+      auto c = j->record_refusal({"", "/v1/completions", 0, "", "queue_full", ""}, o);
       ASSERT_TRUE(c.ok());
       ids.push_back(c->id);
     }
