@@ -1364,6 +1364,23 @@ class HttpServer::Impl {
     return out;
   }
 
+  // A ticket closed without its finish event: the request failed.
+  static void mark_closed(serve::RequestEvent& ev) {
+    ev.kind = serve::RequestEvent::Kind::kFinished;
+    ev.state = serve::RequestState::kFailed;
+    ev.status = Status::internal("request stream ended without a result");
+  }
+
+  // Blocks until the ticket's next event; a closed ticket reads as a failed
+  // finish (mark_closed).
+  static void wait_event(Call& c, serve::RequestEvent& ev) {
+    for (;;) {
+      const serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
+      if (r == serve::PopResult::kClosed) return mark_closed(ev);
+      if (r != serve::PopResult::kTimeout) return;
+    }
+  }
+
   // Non-streaming with n > 1: every choice's events, then one body with the
   // choices by index.
   void whole_choices(Call& c, Response& res) {
@@ -1372,13 +1389,7 @@ class HttpServer::Impl {
     std::vector<std::vector<TokenLogprobs>> entries(n);
     serve::RequestEvent ev;
     for (;;) {
-      serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
-      if (r == serve::PopResult::kTimeout) continue;
-      if (r == serve::PopResult::kClosed) {
-        ev.kind = serve::RequestEvent::Kind::kFinished;
-        ev.state = serve::RequestState::kFailed;
-        ev.status = Status::internal("request stream ended without a result");
-      }
+      wait_event(c, ev);
       if (ev.kind == serve::RequestEvent::Kind::kText) {
         const auto i = static_cast<size_t>(ev.choice);
         if (i >= n) continue;
@@ -1421,13 +1432,7 @@ class HttpServer::Impl {
     std::vector<TokenLogprobs> entries, prompt_entries;
     serve::RequestEvent ev;
     for (;;) {
-      serve::PopResult r = c.ticket->next_event(ev, std::chrono::seconds(1));
-      if (r == serve::PopResult::kTimeout) continue;
-      if (r == serve::PopResult::kClosed) {
-        ev.kind = serve::RequestEvent::Kind::kFinished;
-        ev.state = serve::RequestState::kFailed;
-        ev.status = Status::internal("request stream ended without a result");
-      }
+      wait_event(c, ev);
       if (ev.kind == serve::RequestEvent::Kind::kText) {
         text += ev.text;
         std::move(ev.logprobs.begin(), ev.logprobs.end(), std::back_inserter(entries));
@@ -1568,11 +1573,7 @@ class HttpServer::Impl {
       if (r == serve::PopResult::kTimeout) {
         return sink.write(out) ? true : fail();
       }
-      if (r == serve::PopResult::kClosed) {
-        ev.kind = serve::RequestEvent::Kind::kFinished;
-        ev.state = serve::RequestState::kFailed;
-        ev.status = Status::internal("request stream ended without a result");
-      }
+      if (r == serve::PopResult::kClosed) mark_closed(ev);
       // Finished.
       c.finished = true;
       fill_times(c);

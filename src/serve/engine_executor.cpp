@@ -14,6 +14,28 @@
 namespace spw::serve {
 namespace {
 
+// A request's generation options as the job gives them; reserve_kv: every
+// token's KV is taken before the first one, so a request fails at its
+// boundary, never mid-stream.
+GenerateOptions generate_options(const ExecJob& job) {
+  GenerateOptions o;
+  o.max_tokens = job.max_tokens;
+  o.sampler = job.sampler;
+  o.stop = job.stop;
+  o.ignore_eos = job.ignore_eos;
+  o.min_tokens = job.min_tokens;
+  o.constraint = job.constraint;
+  o.stop_token_ids = job.stop_token_ids;
+  o.reserve_kv = true;
+  o.logprobs = job.logprobs;
+  return o;
+}
+
+// A finished (not cancelled) generation's reason as the scheduler types it.
+FinishReason finish_of(const GenerateResult& r) {
+  return r.finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
+}
+
 // A request with n > 1 choices (ExecJob::n): a ChoiceGroup over the prompt,
 // evaluated once on the worker's session; the choices decode on forks of it
 // that share the prompt's KV, each step one pass for all of them
@@ -27,17 +49,8 @@ namespace {
 Result<ExecOutcome> run_choices(Session& session, const ExecJob& job, const ExecCallbacks& cb,
                                 const std::atomic<bool>& cancel, std::optional<StepBatcher::Membership>& member) {
   if (job.resume) return Status::failed_precondition("a request with n > 1 cannot be resumed from a checkpoint");
-  GenerateOptions o;
-  o.max_tokens = job.max_tokens;
-  o.sampler = job.sampler;
-  o.stop = job.stop;
-  o.ignore_eos = job.ignore_eos;
-  o.min_tokens = job.min_tokens;
-  o.constraint = job.constraint;
-  o.stop_token_ids = job.stop_token_ids;
-  o.reserve_kv = true;  // every choice's KV taken before the first token
-  o.logprobs = job.logprobs;
-  SPW_ASSIGN_OR_RETURN(auto group, ChoiceGroup::start(session, job.prompt, o, job.n));
+  // Every choice's KV is taken before the first token (reserve_kv).
+  SPW_ASSIGN_OR_RETURN(auto group, ChoiceGroup::start(session, job.prompt, generate_options(job), job.n));
   member.reset();
   int32_t tokens = 0;
   auto on_piece = [&](int32_t choice, std::string_view text, TokenId id, std::span<const TokenLogprobs> logprobs) {
@@ -56,7 +69,7 @@ Result<ExecOutcome> run_choices(Session& session, const ExecJob& job, const Exec
   for (int32_t i = 0; i < group->size(); ++i) {
     const GenerateResult& r = group->choice(i).result();
     if (r.finish_reason == "cancelled") return Status::cancelled("request cancelled");
-    const FinishReason f = r.finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
+    const FinishReason f = finish_of(r);
     const auto n = static_cast<int32_t>(r.tokens.size());
     out.choice_finish.push_back(f);
     out.choice_tokens.push_back(n);
@@ -93,16 +106,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
       cp.options.logprobs = job.logprobs;  // what this response reports, not part of the state
       return Generator::resume(session, cp);
     }
-    GenerateOptions o;
-    o.max_tokens = job.max_tokens;
-    o.sampler = job.sampler;
-    o.stop = job.stop;
-    o.ignore_eos = job.ignore_eos;
-    o.min_tokens = job.min_tokens;
-    o.constraint = job.constraint;
-    o.stop_token_ids = job.stop_token_ids;
-    o.reserve_kv = true;  // fail at the request boundary, never mid-stream
-    o.logprobs = job.logprobs;
+    GenerateOptions o = generate_options(job);
     o.prompt_logprobs = job.prompt_logprobs;
     return Generator::start(session, job.prompt, o);
   }();
@@ -167,7 +171,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
                   FailureReason::kReplayMismatch);
   }
   ExecOutcome out;
-  out.finish = g.result().finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
+  out.finish = finish_of(g.result());
   out.completion_tokens = g.n_generated();
   return out;
 }
