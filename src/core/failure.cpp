@@ -45,6 +45,8 @@ FailureClass by_reason(FailureReason r) {
       return {503, kServer, code, true, false, false};
     case FailureReason::kNotSafePoint:
       return {409, kInvalid, code, true, false, false};
+    case FailureReason::kNotResumable:
+      return {409, kInvalid, code, false, false, false};
     case FailureReason::kReplayMismatch:
       // The regenerated text differs from what the client holds: continuing
       // would splice two different generations, so it ends here.

@@ -42,6 +42,7 @@ std::string_view failure_reason_name(FailureReason r) {
     case FailureReason::kNotSafePoint: return "not_safe_point";
     case FailureReason::kReplayMismatch: return "replay_mismatch";
     case FailureReason::kJournalFull: return "journal_full";
+    case FailureReason::kNotResumable: return "not_resumable";
   }
   return "unknown";
 }

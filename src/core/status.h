@@ -60,8 +60,9 @@ enum class FailureReason : uint8_t {
   kNotSafePoint,         // a checkpoint here could not be migrated or resumed (e.g. inside a tool call)
   kReplayMismatch,       // a resumed generation regenerated text that differs from what the client has
   kJournalFull,          // the request journal's size budget is held by requests still running or resumable
+  kNotResumable,         // a resume names a request that has nothing to continue (finished, no checkpoint, running)
 };
-inline constexpr int kNumFailureReasons = 19;
+inline constexpr int kNumFailureReasons = 20;
 std::string_view failure_reason_name(FailureReason r);  // "queue_full", "kv_exhausted", ...
 
 class [[nodiscard]] Status {

@@ -32,7 +32,9 @@
 #include "engine/checkpoint.h"
 #include "gateway/breaker.h"
 #include "gateway/gateway.h"
+#include "gateway/request_service.h"
 #include "gguf/gguf.h"
+#include "http/openai.h"
 #include "journal/journal.h"
 #include "serve/fan_out_observer.h"
 #include "serve/journal_observer.h"
@@ -526,6 +528,9 @@ struct Process {
   std::shared_ptr<std::atomic<bool>> alive = std::make_shared<std::atomic<bool>>(true);
   std::shared_ptr<admission::MemoryLedger> gpu_ledger, host_ledger;
   std::unique_ptr<gateway::Gateway> gw;
+  // The server's own request lifecycle over this process's gateway and the
+  // journal (destroyed before the gateway it refers to).
+  std::unique_ptr<gateway::RequestService> service;
   uint64_t lease = 0;  // the declared co-tenant's reservation (0: none)
 };
 
@@ -619,7 +624,8 @@ class Simulation {
   void complete(Active& a, const serve::RequestEvent& fin);
   void fill_route(Op& op, const serve::Ticket& t) const;
   Op request_op(const Chain& c, const std::string& f) const;
-  void record_admission(int64_t record_id, const admission::Decision& d);
+  void note_decision(int64_t record_id, const admission::Decision& d);
+  Result<gateway::StoredRequest> stored_request(const journal::Record& r) const;
   // Nemesis and the competing workload.
   void set_phase(const Phase& p);
   void declare(uint64_t bytes);
@@ -755,6 +761,11 @@ Status Simulation::start_process() {
     log_.push_back({env_.now_ns(), line});
   };
   SPW_ASSIGN_OR_RETURN(p->gw, gateway::Gateway::create(env_, std::move(paths), {}, std::move(gp)));
+  gateway::RequestServiceOptions ro;
+  ro.journal = journal_;
+  ro.encode_decision = [](const admission::Decision& d) { return http::render_decision(d); };
+  ro.parse_stored = [this](const journal::Record& r) { return stored_request(r); };
+  p->service = std::make_unique<gateway::RequestService>(env_, *p->gw, std::move(ro));
   proc_ = std::move(p);
   device_.reset_running();
   return Status::ok_status();
@@ -791,6 +802,7 @@ void Simulation::stop_process(bool drive_clock) {
     (void)starting_.get();
   }
   serving_ = false;
+  proc_->service.reset();
   proc_->gw.reset();
   proc_.reset();
 }
@@ -981,24 +993,31 @@ void Simulation::fill_route(Op& op, const serve::Ticket& t) const {
   op.migrations = t.migrations();
 }
 
-void Simulation::record_admission(int64_t record_id, const admission::Decision& d) {
-  if (d.path_index == 0) {
-    const bool under = d.pressure <= 1.0 + 1e-12;
-    auto [it, fresh] = under_reserve_.emplace(record_id, under);
-    if (!fresh) it->second = it->second && under;
-  }
-  if (!journal_ || d.verdicts.empty()) return;
-  char pressure[32];
-  std::snprintf(pressure, sizeof pressure, "%.6f", d.pressure);
-  const std::string json = "{\"kind\":\"" + std::string(admission::decision_kind_name(d.kind)) + "\",\"path\":\"" +
-                           json_escape(d.path) + "\",\"pressure\":" + pressure + ",\"reason\":\"" +
-                           json_escape(d.reason) + "\"}";
-  (void)journal_->set_admission(record_id, json);
+// The checker's over-reserve figure: whether every decision that placed the
+// request on the gpu path kept it under its reserve.
+void Simulation::note_decision(int64_t record_id, const admission::Decision& d) {
+  if (d.path_index != 0) return;
+  const bool under = d.pressure <= 1.0 + 1e-12;
+  auto [it, fresh] = under_reserve_.emplace(record_id, under);
+  if (!fresh) it->second = it->second && under;
 }
 
-// A request as the HTTP layer takes it: journal accept (a finished key
-// replays), the gateway's decision, the decision journaled, a refusal
-// finished in the journal.
+// What the server reads back from a chain's stored body (the chain that
+// sent it: the simulation's clients send what generation_of says).
+Result<gateway::StoredRequest> Simulation::stored_request(const journal::Record& r) const {
+  for (const auto& c : chains_) {
+    if (c->record_id != r.id) continue;
+    gateway::StoredRequest out;
+    out.generation = generation_of(*c);
+    out.seed_given = true;
+    out.max_tokens_requested = c->max_tokens;
+    return out;
+  }
+  return Status::not_found("no client sent request " + std::to_string(r.id));
+}
+
+// A request through the server's own RequestService (idempotency, precheck,
+// journal, decision, refusal), as the HTTP layer hands it over.
 void Simulation::send(Chain* c, const std::string& f) {
   Op inv = rec_.invoke(request_op(*c, f));
   if (f == "complete") c->first_op = inv.op_id;
@@ -1021,16 +1040,27 @@ void Simulation::send(Chain* c, const std::string& f) {
     after_end(c);
   };
   if (!proc_ || !journal_ || !serving_) return fail_now(0, "connection_refused", "the server is down");
-  Result<journal::AcceptResult> acc = journal_->accept({c->key, "/v1/completions", c->body, ""});
-  if (!acc.ok()) {
-    const bool conflict = acc.status().reason() == FailureReason::kIdempotencyConflict ||
-                          acc.status().code() == StatusCode::kFailedPrecondition;
-    return fail_now(conflict ? 409 : 503, conflict ? "idempotency_conflict" : "journal_unavailable",
-                    acc.status().message());
+  gateway::Submission sub;
+  sub.endpoint = "/v1/completions";
+  sub.body = c->body;
+  sub.idempotency_key = c->key;
+  sub.route.generation = generation_of(*c);
+  sub.prompt_bytes = c->prompt.size();
+  gateway::SubmitOutcome out = proc_->service->submit(std::move(sub));
+  const int64_t id = out.record_id;
+  if (out.kind == gateway::SubmitOutcome::Kind::kRefused) {
+    const admission::Decision& d = out.refusal.decision;
+    if (id != 0 && !d.verdicts.empty()) note_decision(id, d);
+    const FailureClass fc = classify(out.status);
+    if (id != 0 || !d.verdicts.empty()) {
+      res.decision = std::string(admission::decision_kind_name(d.kind));
+      res.reason = d.reason;
+    }
+    return fail_now(fc.http_status, std::string(fc.code), out.status.message());
   }
-  const int64_t id = acc->record.id;
   c->record_id = id;
-  if (acc->replay) {
+  if (out.kind == gateway::SubmitOutcome::Kind::kReplay) {
+    const journal::Record& rec = *out.record;
     given_ids_.insert(id);
     res.t_ms = ms(env_.now_ns());
     res.type = OpType::kOk;
@@ -1038,15 +1068,15 @@ void Simulation::send(Chain* c, const std::string& f) {
     res.request_id = id;
     res.accepted = true;
     res.replayed = true;
-    res.placement = acc->record.placement;
+    res.placement = rec.placement;
     // As the server's replay says: the path it ran on (by its placement).
     for (const gateway::ExecutionPath& p : proc_->gw->paths()) {
       if (p.placement == res.placement) res.path = p.name;
     }
     res.model = model_name_;
-    res.text = acc->record.outcome.text;
-    res.completion_tokens = acc->record.outcome.completion_tokens;
-    res.finish_reason = acc->record.outcome.finish_reason;
+    res.text = rec.outcome.text;
+    res.completion_tokens = rec.outcome.completion_tokens;
+    res.finish_reason = rec.outcome.finish_reason;
     res.latency_ms = 0;
     res.ttft_ms = 0;
     rec_.complete(inv, res);
@@ -1054,29 +1084,12 @@ void Simulation::send(Chain* c, const std::string& f) {
     after_end(c);
     return;
   }
-  gateway::RouteRequest route;
-  route.generation = generation_of(*c);
-  route.generation.record_id = id;
-  gateway::Refusal refusal;
-  Result<gateway::Admitted> admitted = proc_->gw->submit(route, &refusal);
-  const admission::Decision d = admitted.ok() ? admitted->ticket->decision() : refusal.decision;
-  if (!d.verdicts.empty()) record_admission(id, d);
-  if (!admitted.ok()) {
-    serve::RequestEvent fin;
-    fin.kind = serve::RequestEvent::Kind::kFinished;
-    fin.state = serve::RequestState::kFailed;
-    fin.status = admitted.status();
-    (void)journal_->finish(id, serve::JournalObserver::outcome_of(fin, "", 0));
-    const FailureClass fc = classify(admitted.status());
-    res.decision = std::string(admission::decision_kind_name(d.kind));
-    res.reason = d.reason;
-    return fail_now(fc.http_status, std::string(fc.code), admitted.status().message());
-  }
+  if (const admission::Decision d = out.ticket->decision(); !d.verdicts.empty()) note_decision(id, d);
   given_ids_.insert(id);
   Active a;
   a.chain = c;
   a.inv = inv;
-  a.ticket = admitted->ticket;
+  a.ticket = out.ticket;
   a.invoke_ns = env_.now_ns();
   active_.emplace(inv.op_id, std::move(a));
 }
@@ -1114,46 +1127,29 @@ void Simulation::resume(Chain* c) {
   };
   ++c->resumes;
   if (!proc_ || !journal_ || !serving_) return fail_now(0, "connection_refused", "the server is down", true);
+  // The client knows its request by the public id its response carried.
   Result<journal::Record> r = journal_->get(c->record_id);
   if (!r.ok()) return fail_now(404, "not_found", r.status().message(), false);
-  if (!journal::can_resume(*r)) {
-    return fail_now(409, "not_resumable", "state " + std::string(journal::state_name(r->state)), false);
-  }
-  const bool from_prompt = r->checkpoint.empty();
-  Result<Checkpoint> cp =
-      from_prompt ? proc_->gw->start_checkpoint(generation_of(*c)) : parse_checkpoint(r->checkpoint);
-  if (!cp.ok()) return fail_now(409, "not_resumable", cp.status().message(), false);
-  if (Status st = journal_->reopen(c->record_id, "", /*require_checkpoint=*/!from_prompt); !st.ok()) {
-    return fail_now(409, "not_resumable", st.message(), false);
-  }
-  gateway::ResumeRequest rr;
-  rr.record_id = c->record_id;
-  rr.max_tokens_requested = c->max_tokens;
-  rr.checkpoint = std::make_shared<const Checkpoint>(std::move(*cp));
-  rr.received_text = c->have;
+  gateway::ResumeCommand cmd;
+  cmd.public_id = r->public_id;
+  cmd.received_text = c->have;
   gateway::Refusal refusal;
-  Result<gateway::Resumed> resumed = proc_->gw->resume(rr, &refusal);
-  if (!refusal.decision.verdicts.empty() || resumed.ok()) {
-    record_admission(c->record_id, resumed.ok() ? resumed->admitted.ticket->decision() : refusal.decision);
-  }
+  Result<gateway::ResumeOutcome> resumed = proc_->service->resume(cmd, &refusal);
+  if (!refusal.decision.verdicts.empty()) note_decision(c->record_id, refusal.decision);
   if (!resumed.ok()) {
-    serve::RequestEvent fin;
-    fin.kind = serve::RequestEvent::Kind::kFinished;
-    fin.state = serve::RequestState::kFailed;
-    fin.status = resumed.status();
-    journal::Outcome o = serve::JournalObserver::outcome_of(fin, r->outcome.text, 0);
-    o.error_code = r->outcome.error_code;
-    o.error_message = r->outcome.error_message + " (resume refused: " + resumed.status().message() + ")";
-    o.resumable = true;
-    (void)journal_->finish(c->record_id, o);
-    const FailureClass fc = classify(resumed.status());
-    const bool mismatch = resumed.status().reason() == FailureReason::kReplayMismatch;
-    return fail_now(fc.http_status, std::string(fc.code), resumed.status().message(), !mismatch);
+    const Status& st = resumed.status();
+    const FailureClass fc = classify(st);
+    // Not found or nothing to continue: the client gives up; a refusal by
+    // the gateway is tried again a second later (not a text mismatch).
+    const bool again = st.code() != StatusCode::kNotFound && st.reason() != FailureReason::kNotResumable &&
+                       st.reason() != FailureReason::kReplayMismatch;
+    return fail_now(fc.http_status, std::string(fc.code), st.message(), again);
   }
+  note_decision(c->record_id, resumed->ticket->decision());
   Active a;
   a.chain = c;
   a.inv = inv;
-  a.ticket = resumed->admitted.ticket;
+  a.ticket = resumed->ticket;
   a.invoke_ns = env_.now_ns();
   a.unsent = resumed->unsent;
   if (c->stream && !a.unsent.empty()) a.first_text_ns = env_.now_ns();

@@ -22,7 +22,7 @@
 #include "http/models.h"
 #include "http/transport.h"
 #include "http/openai.h"
-#include "serve/journal_observer.h"
+#include "gateway/request_service.h"
 
 namespace spw::http {
 
@@ -129,61 +129,6 @@ std::vector<const char*> turn_end_markers(ChatTemplateKind kind) {
   }
 }
 
-// The requests in flight by public id: the ticket, its owner and when it was
-// accepted. Without a journal the public ids are made here (random, so that
-// one client cannot enumerate another's) and cancel finds the ticket here;
-// with one they are the journal's, which keeps the owner for GET and DELETE.
-// GET /v1/requests lists the entries a client may see, either way.
-class InFlight {
- public:
-  struct Entry {
-    uint64_t ticket = 0;  // 0: id reserved, not submitted yet
-    std::string owner;
-    bool chat = false;
-    int64_t accepted_ns = 0;
-  };
-  explicit InFlight(Env& env) : env_(env) {}
-  // A fresh random public id, reserved until bound or removed.
-  int64_t reserve() {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (;;) {
-      const auto id = static_cast<int64_t>(env_.random_u64() & ((uint64_t{1} << 53) - 1));
-      if (id != 0 && ids_.emplace(id, Entry{}).second) return id;
-    }
-  }
-  void bind(int64_t id, Entry e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ids_[id] = std::move(e);
-  }
-  void remove(int64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ids_.erase(id);
-  }
-  std::optional<uint64_t> find(int64_t id) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = ids_.find(id);
-    if (it == ids_.end() || it->second.ticket == 0) return std::nullopt;
-    return it->second.ticket;
-  }
-  // Bound entries, oldest first.
-  std::vector<std::pair<int64_t, Entry>> entries() const {
-    std::vector<std::pair<int64_t, Entry>> out;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& [id, e] : ids_)
-        if (e.ticket != 0) out.emplace_back(id, e);
-    }
-    std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.second.accepted_ns < b.second.accepted_ns; });
-    return out;
-  }
-
- private:
-  Env& env_;
-  mutable std::mutex mu_;
-  std::unordered_map<int64_t, Entry> ids_;
-};
-
 ApiError no_route(const Request& req) {
   ApiError e;
   e.http_status = 404;
@@ -224,7 +169,7 @@ class HttpServer::Impl {
         gateway_(gateway),
         options_(std::move(options)),
         models_(ModelCatalog::build(options_.model_name, options_.model_aliases, gateway.paths())),
-        in_flight_(env) {}
+        service_(env, gateway, service_options()) {}
 
   ~Impl() { stop(); }
 
@@ -312,13 +257,6 @@ class HttpServer::Impl {
     set_error(res, e);
   }
 
-  // A request record is its creator's (and the admin's); without keys every
-  // client is one user.
-  // Whether a request created by `owner` is this principal's to see.
-  bool visible(const std::string& owner, const Principal& p) const {
-    return p.admin || !keys_configured() || owner == p.owner;
-  }
-
   Handler authed(AuthedHandler fn) {
     return [this, fn = std::move(fn)](const Request& req, Response& res) {
       if (auto p = authorize(req, res)) fn(req, res, *p);
@@ -360,11 +298,7 @@ class HttpServer::Impl {
     // may wait for a writer's commit.
     r.add("GET", "/metrics", kWorker, authed([this](const Request&, Response& res, const Principal&) {
       const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
-      std::optional<journal::JournalStats> js;
-      if (options_.journal) {
-        Result<journal::JournalStats> r = options_.journal->stats();
-        if (r.ok()) js = std::move(*r);
-      }
+      const std::optional<journal::JournalStats> js = service_.journal_stats();
       res.set_content(render_metrics(gateway_.status(), &http, js ? &*js : nullptr),
                       "text/plain; version=0.0.4; charset=utf-8");
     }), true);
@@ -703,127 +637,31 @@ class HttpServer::Impl {
     route.allow_migration = *migrate;
     route.model = std::move(route_model);
 
-    // A retry of a request this client already made is answered from the
-    // journal whatever the load (a finished one replays, one in flight is
-    // 409): only new work is refused early.
-    std::optional<journal::Record> known;
-    if (options_.journal && !key.empty()) {
-      Result<std::optional<journal::Record>> k = options_.journal->find_key(who.owner, key);
-      if (!k.ok()) return set_error(res, journal_error(k.status()), options_.model_name);
-      known = std::move(*k);
-      if (known && !journal::is_terminal(known->state)) {
-        // Still running: the client learns which request its key names, so
-        // that it can poll or cancel it (a non-streaming client has no other
-        // way to learn the id before the answer).
-        ApiError e;
-        e.http_status = 409;
-        e.param = "Idempotency-Key";
-        e.code = "idempotency_conflict";
-        e.message = "Idempotency-Key '" + key + "' names request " + std::to_string(known->public_id) +
-                    ", still in progress (" + std::string(journal::state_name(known->state)) +
-                    "); poll GET /v1/requests/" + std::to_string(known->public_id);
-        res.set_header("X-Spillway-Request-Id", std::to_string(known->public_id));
-        return set_error(res, e, options_.model_name);
-      }
+    gateway::Submission sub;
+    sub.caller = service_caller(who);
+    sub.endpoint = req.path;
+    sub.body = req.body;
+    sub.idempotency_key = key;
+    sub.chat = chat;
+    // A token-id prompt's length is known exactly at submit: no bound here.
+    sub.prompt_bytes = route.generation.prompt_tokens ? 0 : route.generation.prompt.size();
+    sub.route = std::move(route);
+    gateway::SubmitOutcome out = service_.submit(std::move(sub));
+    if (out.kind == gateway::SubmitOutcome::Kind::kRefused) {
+      return refuse(res, out.status, out.refusal, out.public_id);
     }
-    // Refusals that need no tokenizer: a prompt whose bytes cannot fit any
-    // context, or every queue full. Journaled as a summary, never the body.
-    if (!known || (journal::is_terminal(known->state) && known->state != journal::RequestState::kDone)) {
-      gateway::Refusal early;
-      // A token-id prompt's length is known exactly at submit: no bound here.
-      const size_t prompt_bytes = route.generation.prompt_tokens ? 0 : route.generation.prompt.size();
-      Status pre = gateway_.precheck(route, prompt_bytes, &early);
-      if (!pre.ok()) {
-        const int64_t public_id = options_.journal ? record_refusal(req, who, key, pre, early.decision) : 0;
-        return refuse(res, pre, early, public_id);
-      }
-    }
-
-    if (options_.journal) {
-      Result<journal::AcceptResult> acc = options_.journal->accept({key, req.path, req.body, who.owner});
-      if (!acc.ok()) {
-        if (acc.status().reason() == FailureReason::kJournalFull) {
-          // Its budget is held by requests in flight: refused, and recorded
-          // as a summary when finished rows can make room for one (the
-          // journal refuses that too when not: logged, the client still
-          // gets its 503).
-          const int64_t public_id = record_refusal(req, who, key, acc.status(), admission::Decision{});
-          if (public_id != 0) res.set_header("X-Spillway-Request-Id", std::to_string(public_id));
-        }
-        return set_error(res, journal_error(acc.status()), options_.model_name);
-      }
-      call->record_id = acc->record.id;
-      call->public_id = acc->record.public_id;
-      start_tools(*call, tool_use);
-      if (acc->replay) return replay(*call, acc->record, sampling.stream, res);
-      route.generation.record_id = call->record_id;
-    } else {
-      call->public_id = in_flight_.reserve();
-      start_tools(*call, tool_use);
-    }
-    gateway::Refusal refusal;
-    Result<gateway::Admitted> admitted = gateway_.submit(route, &refusal);
-    // The decision goes into the journal before any response is written, so
-    // that a GET /v1/requests/{id} after the response sees why it went where
-    // it went (or was refused). No verdicts: refused before any decision (a
-    // field or the tokenizer), nothing to record.
-    // The attempt whose decision was recorded: a later failover records again.
-    const int32_t recorded_attempts = admitted.ok() ? admitted->ticket->attempts() : 0;
-    if (call->record_id != 0) {
-      const admission::Decision d = admitted.ok() ? admitted->ticket->decision() : refusal.decision;
-      if (!d.verdicts.empty()) record_admission(call->record_id, d);
-    }
-    if (!admitted.ok()) {
-      if (call->record_id != 0) {
-        // Refused before it queued: the journal says so, why, and whether a
-        // retry may succeed; the body is dropped (its size and digest stay).
-        (void)options_.journal->finish_refused(call->record_id, refused_outcome(admitted.status()));
-      } else {
-        in_flight_.remove(call->public_id);
-      }
-      return refuse(res, admitted.status(), refusal, call->record_id != 0 ? call->public_id : 0);
-    }
-
-    call->ticket = admitted->ticket;
-    in_flight_.bind(call->public_id, {call->ticket->id(), who.owner, chat, env_.now_ns()});
+    call->record_id = out.record_id;
+    call->public_id = out.public_id;
+    start_tools(*call, tool_use);
+    if (out.kind == gateway::SubmitOutcome::Kind::kReplay) return replay(*call, *out.record, sampling.stream, res);
+    call->ticket = out.ticket;
     call->id = response_id(chat, call->public_id);
     call->created = env_.wall_time_ms() / 1000;
     fill_route(*call);
-    call->attempts = recorded_attempts;
+    call->attempts = out.recorded_attempts;
     call->info.request_id = static_cast<uint64_t>(call->public_id);
     call->info.seed = call->ticket->seed();
     respond(req, call, res, sampling.stream);
-  }
-
-  // A refusal before the request was recorded: a summary row (size, digest,
-  // reason), so that a flood of refused requests costs a few bytes each.
-  // Returns its public id (0 when it could not be written: logged; the
-  // client still gets its refusal).
-  int64_t record_refusal(const Request& req, const Principal& who, const std::string& key, const Status& st,
-                         const admission::Decision& d) {
-    journal::RefusalSummary s;
-    s.owner = who.owner;
-    s.endpoint = req.path;
-    s.body_bytes = static_cast<int64_t>(req.body.size());
-    s.body_sha256 = sha256_hex(req.body);
-    s.reason = st.message().substr(0, 300);
-    s.idempotency_key = key;
-    Result<journal::Record> r = options_.journal->record_refusal(s, refused_outcome(st));
-    if (!r.ok()) {
-      std::fprintf(stderr, "spillway: journal: recording a refusal: %s\n", r.status().to_string().c_str());
-      return 0;
-    }
-    if (!d.verdicts.empty()) record_admission(r->id, d);
-    return r->public_id;
-  }
-
-  // What the journal records for a request refused before it queued.
-  static journal::Outcome refused_outcome(const Status& st, std::string text = {}) {
-    serve::RequestEvent fin;
-    fin.kind = serve::RequestEvent::Kind::kFinished;
-    fin.state = serve::RequestState::kFailed;
-    fin.status = st;
-    return serve::JournalObserver::outcome_of(fin, text, 0);
   }
 
   // X-Spillway-Migrate: "auto" (default) or "never".
@@ -897,16 +735,16 @@ class HttpServer::Impl {
   // checkpoint, after the text the client says it has.
   void resume_request(const Request& req, Response& res, const Principal& who) {
     const std::string text = req.params[0];
-    ApiError e;
-    e.http_status = 404;
-    e.code = "not_found";
-    if (!options_.journal) {
+    if (!service_.has_journal()) {
+      ApiError e;
+      e.http_status = 404;
+      e.code = "not_found";
       e.message = "this server keeps no request journal (start it with --journal PATH), so nothing can be resumed";
       return set_error(res, e);
     }
     std::optional<int64_t> id = parse_request_id(text);
     if (!id) {
-      e.http_status = 400;
+      ApiError e;
       e.code = "invalid_value";
       e.param = "id";
       e.message = "request id '" + text + "': expected a positive integer or a response id (cmpl-<hex>, chatcmpl-<hex>)";
@@ -916,107 +754,72 @@ class HttpServer::Impl {
     if (auto err = parse_resume_request(req.body, body)) return set_error(res, *err);
     Result<bool> migrate = allow_migration(req);
     if (!migrate.ok()) return set_error(res, api_error_from_status(migrate.status()));
-    Result<journal::Record> r = find_record(*id, who);
-    if (!r.ok()) {
-      if (r.status().code() != StatusCode::kNotFound) return set_error(res, journal_error(r.status()));
-      e.message = "request " + text + " not found (never accepted, another client's, or older than the journal's retention)";
-      return set_error(res, e);
-    }
-    const int64_t public_id = *id;
-    *id = r->id;
-    auto conflict = [&](const std::string& why) {
-      ApiError c;
-      c.http_status = 409;
-      c.code = "not_resumable";
-      c.message = "request " + text + " cannot be resumed: " + why;
-      set_error(res, c);
-    };
-    if (!journal::can_resume(*r)) {
-      return conflict(r->checkpoint.empty() ? "it has no checkpoint (state " + std::string(journal::state_name(r->state)) + ")"
-                                            : "it is " + std::string(journal::state_name(r->state)));
-    }
-    // A run the server died in before its first checkpoint (a kill during
-    // the prefill or the first tokens) continues from its prompt: the
-    // checkpoint it would have had at its start.
-    const bool from_prompt = r->checkpoint.empty();
-    Result<Checkpoint> cp = from_prompt ? start_checkpoint_of(*r, body.received_text) : parse_checkpoint(r->checkpoint);
-    if (!cp.ok()) return conflict(from_prompt ? cp.status().message() : "its checkpoint is unreadable: " + cp.status().message());
-    // Taken back to running before anything runs: a second resume of the
-    // same id gets 409 from here on.
-    if (Status st = options_.journal->reopen(*id, "", /*require_checkpoint=*/!from_prompt); !st.ok()) {
-      if (st.code() == StatusCode::kFailedPrecondition) return conflict(st.message());
-      return set_error(res, journal_error(st));
-    }
-    auto call = std::make_shared<Call>();
-    call->chat = r->endpoint == "/v1/chat/completions";
-    call->record_id = *id;
-    call->model = options_.model_name;
-    call->info.model = options_.model_name;
-    gateway::ResumeRequest rr;
-    rr.record_id = *id;
-    {
-      // What the original request asked for, reported in the limits again.
-      serve::GenerationRequest original;
-      SamplingFields sampling;
-      if (!generation_from_body(r->body, call->chat, original, sampling)) rr.max_tokens_requested = sampling.max_tokens;
-    }
-    rr.checkpoint = std::make_shared<const Checkpoint>(std::move(*cp));
-    rr.received_text = body.received_text;
-    rr.allow_migration = *migrate;
+    gateway::ResumeCommand cmd;
+    cmd.caller = service_caller(who);
+    cmd.public_id = *id;
+    cmd.received_text = body.received_text;
+    cmd.allow_migration = *migrate;
     gateway::Refusal refusal;
-    Result<gateway::Resumed> resumed = gateway_.resume(rr, &refusal);
-    if (!refusal.decision.verdicts.empty()) record_admission(*id, resumed.ok() ? resumed->admitted.ticket->decision() : refusal.decision);
+    Result<gateway::ResumeOutcome> resumed = service_.resume(cmd, &refusal);
     if (!resumed.ok()) {
-      // Still resumable from the same checkpoint (the journal keeps it),
-      // unless the client's text disagrees with it.
-      Status st = resumed.status();
-      journal::Outcome o = refused_outcome(st, r->outcome.text);
-      o.error_code = r->outcome.error_code;
-      o.error_message = r->outcome.error_message + " (resume refused: " + st.message() + ")";
-      o.resumable = true;
-      (void)options_.journal->finish(*id, o);
-      if (st.reason() == FailureReason::kReplayMismatch) {
-        ApiError m = api_error_from_status(st);
-        m.param = "received_text";
-        return set_error(res, m);
+      const Status& st = resumed.status();
+      if (st.code() == StatusCode::kNotFound) return set_error(res, not_found(text));
+      if (st.reason() == FailureReason::kReplayMismatch || st.reason() == FailureReason::kNotResumable ||
+          st.reason() == FailureReason::kJournalUnavailable) {
+        return set_error(res, api_error_from_status(st));
       }
       return refuse(res, st, refusal);
     }
-    call->ticket = resumed->admitted.ticket;
+    auto call = std::make_shared<Call>();
+    call->chat = resumed->endpoint == "/v1/chat/completions";
+    call->record_id = resumed->record_id;
+    call->model = options_.model_name;
+    call->info.model = options_.model_name;
+    call->ticket = resumed->ticket;
     call->unsent = std::move(resumed->unsent);
-    call->public_id = public_id;
-    in_flight_.bind(public_id, {call->ticket->id(), who.owner, call->chat, env_.now_ns()});
-    call->id = response_id(call->chat, public_id);
+    call->public_id = *id;
+    call->id = response_id(call->chat, *id);
     call->created = env_.wall_time_ms() / 1000;
     fill_route(*call);
-    call->info.request_id = static_cast<uint64_t>(public_id);
+    call->info.request_id = static_cast<uint64_t>(*id);
     call->info.seed = call->ticket->seed();
-    call->info.resumed_at_token = rr.checkpoint->n_generated;
-    res.set_header("X-Spillway-Resumed-At-Token", std::to_string(rr.checkpoint->n_generated));
+    call->info.resumed_at_token = resumed->resumed_at_token;
+    res.set_header("X-Spillway-Resumed-At-Token", std::to_string(resumed->resumed_at_token));
     respond(req, call, res, body.stream);
   }
 
-  // The checkpoint a journaled request had at its start, from its stored
-  // body. The seed of a sampled request that did not send one was the
-  // server's and is not kept: such a run can restart only when the client
-  // has none of its text (another seed would contradict it).
-  Result<Checkpoint> start_checkpoint_of(const journal::Record& r, const std::string& received_text) {
-    serve::GenerationRequest g;
+  // A journaled body read back (a resume's limits and start checkpoint).
+  Result<gateway::StoredRequest> parse_stored(const journal::Record& r) {
+    gateway::StoredRequest out;
     SamplingFields sampling;
-    if (auto e = generation_from_body(r.body, r.endpoint == "/v1/chat/completions", g, sampling)) {
-      return Status::failed_precondition("its stored body no longer parses: " + e->message);
+    if (auto e = generation_from_body(r.body, r.endpoint == "/v1/chat/completions", out.generation, sampling)) {
+      return Status::invalid_argument(e->message);
     }
-    if (sampling.n > 1) {
-      return Status::failed_precondition("it asked for n = " + std::to_string(sampling.n) +
-                                         " choices, and a request with n > 1 is not resumed (send it again)");
-    }
-    if (!sampling.seed && g.sampler.temperature > 0 && !received_text.empty()) {
-      return Status::failed_precondition(
-          "it was interrupted before its first checkpoint and sampled with a seed the server chose and did not "
-          "keep, so the text already received cannot be continued; send the request again (with a seed to make "
-          "it repeatable)");
-    }
-    return gateway_.start_checkpoint(g);
+    out.seed_given = sampling.seed.has_value();
+    out.n = sampling.n;
+    out.max_tokens_requested = sampling.max_tokens;
+    return out;
+  }
+
+  gateway::RequestServiceOptions service_options() {
+    gateway::RequestServiceOptions o;
+    o.journal = options_.journal;
+    o.separate_owners = keys_configured();
+    o.encode_decision = [](const admission::Decision& d) { return render_decision(d); };
+    o.parse_stored = [this](const journal::Record& r) { return parse_stored(r); };
+    return o;
+  }
+
+  static gateway::Caller service_caller(const Principal& p) { return {p.owner, p.admin}; }
+
+  // 404 for a request id this client cannot see.
+  static ApiError not_found(const std::string& text) {
+    ApiError e;
+    e.http_status = 404;
+    e.code = "not_found";
+    e.message = "request " + text.substr(0, 64) +
+                " not found (never accepted, another client's, or older than the journal's retention)";
+    return e;
   }
 
   // The OpenAI id: derived from the journal id when there is one, so that a
@@ -1024,40 +827,6 @@ class HttpServer::Impl {
   std::string response_id(bool chat, int64_t record_id) {
     const uint64_t v = record_id != 0 ? static_cast<uint64_t>(record_id) : env_.random_u64();
     return std::string(chat ? "chatcmpl-" : "cmpl-") + hex64(v);
-  }
-
-  // A failed write is logged and the request goes on (as JournalObserver's):
-  // the decision is an explanation, the request's own record is already safe.
-  void record_admission(int64_t record_id, const admission::Decision& d) {
-    const Status st = options_.journal->set_admission(record_id, render_decision(d));
-    if (!st.ok()) {
-      std::fprintf(stderr, "spillway: journal: recording the admission of request %lld: %s\n",
-                   static_cast<long long>(record_id), st.to_string().c_str());
-    }
-  }
-
-  static ApiError journal_error(const Status& st) {
-    ApiError e;
-    e.message = st.message();
-    if (st.reason() == FailureReason::kIdempotencyConflict) {
-      e.http_status = 409;
-      e.param = "Idempotency-Key";
-      e.code = "idempotency_conflict";
-    } else if (st.reason() == FailureReason::kJournalFull) {
-      // Room comes back as requests in flight finish (set_error adds
-      // Retry-After to a 503).
-      e.http_status = 503;
-      e.type = "server_error";
-      e.code = "journal_full";
-      e.message = "the request journal is full of requests still in flight, so this one is not accepted; retry "
-                  "shortly: " + st.message();
-    } else {
-      e.http_status = 503;
-      e.type = "server_error";
-      e.code = "journal_unavailable";
-      e.message = "the request journal cannot record the request, so it is not accepted: " + st.to_string();
-    }
-    return e;
   }
 
   // A finished request's stored result, as the original response was shaped
@@ -1126,14 +895,6 @@ class HttpServer::Impl {
     res.set_content(body, "text/event-stream");
   }
 
-  // A record by its public id, if `who` may see it (NotFound otherwise, so
-  // that another client's ids do not even show they exist).
-  Result<journal::Record> find_record(int64_t public_id, const Principal& who) {
-    Result<journal::Record> r = options_.journal->get_public(public_id);
-    if (r.ok() && !visible(r->owner, who)) return Status::not_found("request " + std::to_string(public_id));
-    return r;
-  }
-
   static ApiError bad_request_id(const std::string& text) {
     ApiError e;
     e.param = "id";
@@ -1148,19 +909,16 @@ class HttpServer::Impl {
     e.http_status = 404;
     e.code = "not_found";
     const std::string& text = req.params[0];
-    if (!options_.journal) {
+    if (!service_.has_journal()) {
       e.message = "this server keeps no request journal (start it with --journal PATH)";
       return set_error(res, e);
     }
     const std::optional<int64_t> parsed = parse_request_id(text);
     if (!parsed) return set_error(res, bad_request_id(text));
-    Result<journal::Record> r = find_record(*parsed, who);
+    Result<journal::Record> r = service_.find_record(*parsed, service_caller(who));
     if (!r.ok()) {
-      if (r.status().code() == StatusCode::kNotFound) {
-        e.message = "request " + text + " not found (never accepted, another client's, or older than the journal's retention)";
-        return set_error(res, e);
-      }
-      return set_error(res, journal_error(r.status()));
+      if (r.status().code() == StatusCode::kNotFound) return set_error(res, not_found(text));
+      return set_error(res, api_error_from_status(r.status()));
     }
     // Clients know a request by its public id; the journal's row number
     // stays inside.
@@ -1176,29 +934,20 @@ class HttpServer::Impl {
     const std::string& text = req.params[0];
     const std::optional<int64_t> id = parse_request_id(text);
     if (!id) return set_error(res, bad_request_id(text));
-    std::shared_ptr<serve::Ticket> t;
-    if (options_.journal) {
-      Result<journal::Record> r = find_record(*id, who);
-      if (r.ok()) t = gateway_.find_by_record(r->id);
-    } else if (std::optional<uint64_t> ticket = in_flight_.find(*id)) {
-      t = gateway_.find(*ticket);
-    }
-    if (!t || serve::is_terminal(t->state())) {
+    Result<gateway::CancelOutcome> c = service_.cancel(*id, service_caller(who));
+    if (!c.ok()) {
       ApiError e;
       e.http_status = 404;
       e.code = "not_found";
       e.message = "request " + text.substr(0, 64) + " is not in flight (finished, never accepted, another client's, or unknown)";
       return set_error(res, e);
     }
-    const bool cancelled = gateway_.cancel(t->id());
-    res.set_content(render_cancel(static_cast<uint64_t>(*id), cancelled, std::string(serve::request_state_name(t->state()))),
+    res.set_content(render_cancel(static_cast<uint64_t>(*id), c->cancelled, std::string(serve::request_state_name(c->state))),
                     kJson);
   }
 
-  // The call ended: it leaves the in-flight map.
-  void forget(const Call& c) {
-    if (c.public_id != 0) in_flight_.remove(c.public_id);
-  }
+  // The call ended: it leaves the in-flight list.
+  void forget(const Call& c) { service_.finished(c.public_id); }
 
   // GET /v1/requests: the requests in flight this client may see, oldest
   // first, each with its path, decision, limits, queue position and
@@ -1206,10 +955,9 @@ class HttpServer::Impl {
   void list_requests(Response& res, const Principal& who) {
     std::vector<LiveRequestView> out;
     const int64_t now = env_.now_ns();
-    for (const auto& [public_id, e] : in_flight_.entries()) {
-      if (!visible(e.owner, who)) continue;
-      std::shared_ptr<serve::Ticket> t = gateway_.find(e.ticket);
-      if (!t || serve::is_terminal(t->state())) continue;
+    for (const gateway::InFlightRequest& e : service_.in_flight(service_caller(who))) {
+      const int64_t public_id = e.public_id;
+      const std::shared_ptr<serve::Ticket>& t = e.ticket;
       Call c;
       c.ticket = t;
       fill_route(c);
@@ -1310,7 +1058,7 @@ class HttpServer::Impl {
     // really ran, and the journal gets the decision it ran under.
     if (c.ticket->attempts() != c.attempts) {
       fill_route(c);
-      if (c.record_id != 0 && options_.journal) record_admission(c.record_id, c.ticket->decision());
+      service_.record_decision(c.record_id, c.ticket->decision());
     }
     c.info.queue_ms = static_cast<double>(c.ticket->queue_ns()) / 1e6;
     c.info.run_ms = static_cast<double>(c.ticket->run_ns()) / 1e6;
@@ -1618,7 +1366,7 @@ class HttpServer::Impl {
   gateway::Gateway& gateway_;
   const HttpServerOptions options_;
   const ModelCatalog models_;  // the ids `model` may name (built from options_: after it)
-  InFlight in_flight_;
+  gateway::RequestService service_;
   mutable std::mutex mu_;
   std::unique_ptr<Transport> transport_;
   int port_ = 0;
