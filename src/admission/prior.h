@@ -1,0 +1,92 @@
+// A path's rate prior: the speeds admission quotes with before the path has
+// finished a request of its own (PathRates::measured false), from what a
+// decode step must stream and the measured bandwidth of the memory it
+// streams from (admission/bandwidth.h).
+//
+// Contract: decode is modelled as memory-bound. A decode step at position p
+// reads every weight matrix of the model once (each layer's, the output head,
+// one row of the embedding) and the K and V rows of the p earlier positions,
+// from the memory of the device each layer is on, so it costs
+//   step_overhead_s + sum over memories m of (W_m + KV_m * p) / B_m  seconds
+// (W_m: weight bytes a step reads from m, KV_m: K+V bytes per position of the
+// layers on m, B_m: m's read bandwidth). Hence
+//   decode_tps = 1 / (step_overhead_s + sum W_m / B_m),
+//   decode_s_per_pos = sum KV_m / B_m.
+// step_overhead_s is the fixed cost of a step that is not streaming: one
+// dispatch per operator per layer, the sampler over the vocabulary, the
+// scheduler's event to the client. It is what a model small enough to sit in
+// cache runs at (docs/PERFORMANCE.md: the bundled 260K model is bound by it,
+// not by bandwidth), a figure measured on the reference machine.
+// Prefill is compute-bound (a chunk of rows shares each weight read), so
+// bandwidth says little about it; without a compute measurement the prior
+// takes prefill_tps = prefill_per_decode x decode_tps, the ratio measured on
+// the reference machine (docs/PERFORMANCE.md), and no growth with position.
+// What the model ignores: compute in decode (right while bandwidth binds,
+// i.e. for models well beyond the caches), attention's arithmetic beyond its
+// KV reads, several requests sharing one weight read (continuous batching:
+// the prior is for a request alone, as a quote is), the cache serving part of
+// a model that fits in it, and a co-tenant's share of the bandwidth.
+// The measured rates replace the prior at the first finished request
+// (Scheduler::record_rates_locked weighs the first sample 1): a real request
+// on this path is better evidence than any prior, and the fit's decaying
+// weights then carry on from real samples only.
+// prior_rates() is InvalidArgument when a share has no positive finite
+// bandwidth, no share streams anything, or a constant is out of range.
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "admission/controller.h"
+#include "admission/estimator.h"
+#include "core/status.h"
+#include "gguf/gguf.h"
+
+namespace spw::admission {
+
+// What a decode step streams from one device's memory.
+struct StreamShare {
+  DeviceKind device = DeviceKind::kHost;
+  uint64_t weight_bytes = 0;           // W_m: weight bytes read per step
+  uint64_t kv_bytes_per_position = 0;  // KV_m: K+V bytes per earlier position
+  double bandwidth = 0;                // B_m: bytes/s (0: unknown)
+};
+
+struct PriorConstants {
+  // Measured on the reference machine (AMD EPYC Zen 5, 2 vCPU) with the
+  // bundled 260K model: ~78 us a step at 1 thread, of which its 1 MiB of
+  // weights, read from the 1 MiB L2 rather than DRAM, take ~20-30 us; what is
+  // left is this overhead (docs/PERFORMANCE.md, "Rate prior"). Negligible
+  // beside a bandwidth-bound model's milliseconds.
+  double step_overhead_s = 50e-6;
+  // Prefill tokens/s over decode tokens/s at position 0. Measured at 1 thread
+  // on the reference machine (docs/PERFORMANCE.md): 1.9 (Q8_0), 2.2 (the
+  // bundled model), 3.2 (F16), 5.4 (F32): prefill is compute-bound, so the
+  // ratio grows with the bytes per weight that decode streams. 3 is within 2x
+  // of all of them.
+  double prefill_per_decode = 3.0;
+};
+
+// The shares of a path's estimate (one per device its layers are on), their
+// bandwidth left 0 for the caller to fill in. `file` is the estimate's model.
+std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimate& estimate);
+
+// The prior (measured false, samples 0, completion_share 1).
+Result<PathRates> prior_rates(const std::vector<StreamShare>& shares, const PriorConstants& constants = {});
+
+// What status shows of a path's prior.
+struct RatePrior {
+  bool computed = false;                // false: `why`, and the path starts from the default rates
+  std::string why;                      // why not computed
+  double host_bandwidth = 0;            // bytes/s of host memory as used for the host share (0: none)
+  double device_bandwidth = 0;          // bytes/s for the GPU share (0: none)
+  std::string device_bandwidth_source;  // e.g. "host memory (lavapipe)", "" when none
+  uint64_t weight_bytes_per_token = 0;  // over every share
+  uint64_t kv_bytes_per_position = 0;
+  PriorConstants constants;
+  PathRates rates;  // the prior, as it was given to the path
+};
+
+}  // namespace spw::admission
