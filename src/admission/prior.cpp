@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 
+#include "gguf/ggml_types.h"
+
 namespace spw::admission {
 namespace {
 
@@ -19,6 +21,18 @@ int32_t layer_index(const std::string& name) {
 }
 
 }  // namespace
+
+double decode_kernel_bytes_per_s(uint32_t t) {
+  switch (static_cast<gguf::GgmlType>(t)) {
+    case gguf::GgmlType::kQ4_K:
+    case gguf::GgmlType::kQ5_K:
+      return 9.9e9;
+    case gguf::GgmlType::kQ6_K:
+      return 17.3e9;
+    default:
+      return 0;
+  }
+}
 
 std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimate& est) {
   std::vector<StreamShare> shares;
@@ -39,17 +53,24 @@ std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimat
   const DeviceKind emb_dev = est.stages.front().device;
   const DeviceKind out_dev = est.stages.back().device;
   const bool tied = file.find_tensor("output.weight") == nullptr;
+  const double threads = std::max(1, est.plan.n_threads);
+  auto add = [&](DeviceKind d, const gguf::TensorInfo& t, uint64_t bytes) {
+    StreamShare& s = share(d);
+    s.weight_bytes += bytes;
+    const double rate = decode_kernel_bytes_per_s(t.type);
+    if (d == DeviceKind::kHost && rate > 0) s.compute_s += static_cast<double>(bytes) / (rate * threads);
+  };
   for (const gguf::TensorInfo& t : file.tensors()) {
     const int32_t l = layer_index(t.name);
     if (l >= 0 && l < est.hparams.n_layer) {
-      share(device_of_layer(l)).weight_bytes += t.nbytes;
+      add(device_of_layer(l), t, t.nbytes);
     } else if (t.name == "output.weight" || t.name == "output_norm.weight") {
-      share(out_dev).weight_bytes += t.nbytes;
+      add(out_dev, t, t.nbytes);
     } else if (t.name == "token_embd.weight") {
       // A lookup reads one row; tied, the output head reads it all.
       const uint64_t rows = t.n_dims >= 2 ? std::max<uint64_t>(t.ne[1], 1) : 1;
       share(emb_dev).weight_bytes += t.nbytes / rows;
-      if (tied) share(out_dev).weight_bytes += t.nbytes;
+      if (tied) add(out_dev, t, t.nbytes);
     }
   }
   for (StreamShare& s : shares) s.kv_bytes_per_position = est.devices[static_cast<int>(s.device)].kv_bytes_per_token;
@@ -70,7 +91,10 @@ Result<PathRates> prior_rates(const std::vector<StreamShare>& shares, const Prio
       return Status::invalid_argument("rate prior: no bandwidth for the " + std::string(device_kind_name(s.device)) +
                                       " share");
     }
-    stream_s += static_cast<double>(s.weight_bytes) / s.bandwidth;
+    if (!(s.compute_s >= 0) || !std::isfinite(s.compute_s)) {
+      return Status::invalid_argument("rate prior: compute_s must be finite and >= 0");
+    }
+    stream_s += std::max(static_cast<double>(s.weight_bytes) / s.bandwidth, s.compute_s);
     per_pos_s += static_cast<double>(s.kv_bytes_per_position) / s.bandwidth;
     bytes += s.weight_bytes;
   }

@@ -3,14 +3,17 @@
 // decode step must stream and the measured bandwidth of the memory it
 // streams from (admission/bandwidth.h).
 //
-// Contract: decode is modelled as memory-bound. A decode step at position p
-// reads every weight matrix of the model once (each layer's, the output head,
-// one row of the embedding) and the K and V rows of the p earlier positions,
-// from the memory of the device each layer is on, so it costs
-//   step_overhead_s + sum over memories m of (W_m + KV_m * p) / B_m  seconds
-// (W_m: weight bytes a step reads from m, KV_m: K+V bytes per position of the
-// layers on m, B_m: m's read bandwidth). Hence
-//   decode_tps = 1 / (step_overhead_s + sum W_m / B_m),
+// Contract: decode is modelled as memory-bound (a few weight types: compute).
+// A decode step at position p reads every weight matrix of the model once
+// (each layer's, the output head, one row of the embedding) and the K and V
+// rows of the p earlier positions, from the memory of the device each layer
+// is on, so it costs
+//   step_overhead_s + sum over memories m of (max(W_m / B_m, C_m) + KV_m * p / B_m)
+// seconds (W_m: weight bytes a step reads from m, KV_m: K+V bytes per
+// position of the layers on m, B_m: m's read bandwidth, C_m: the CPU
+// kernels' own time for those bytes where it is known to exceed the
+// streaming, see decode_kernel_bytes_per_s). Hence
+//   decode_tps = 1 / (step_overhead_s + sum max(W_m / B_m, C_m)),
 //   decode_s_per_pos = sum KV_m / B_m.
 // step_overhead_s is the fixed cost of a step that is not streaming: one
 // dispatch per operator per layer, the sampler over the vocabulary, the
@@ -21,8 +24,9 @@
 // bandwidth says little about it; without a compute measurement the prior
 // takes prefill_tps = prefill_per_decode x decode_tps, the ratio measured on
 // the reference machine (docs/PERFORMANCE.md), and no growth with position.
-// What the model ignores: compute in decode (right while bandwidth binds,
-// i.e. for models well beyond the caches), attention's arithmetic beyond its
+// What the model ignores: compute in decode beyond the K-quant kernels'
+// table (right while bandwidth binds, i.e. for models well beyond the
+// caches), the Vulkan kernels' compute, attention's arithmetic beyond its
 // KV reads, several requests sharing one weight read (continuous batching:
 // the prior is for a request alone, as a quote is), the cache serving part of
 // a model that fits in it, and a co-tenant's share of the bandwidth.
@@ -52,7 +56,16 @@ struct StreamShare {
   uint64_t weight_bytes = 0;           // W_m: weight bytes read per step
   uint64_t kv_bytes_per_position = 0;  // KV_m: K+V bytes per earlier position
   double bandwidth = 0;                // B_m: bytes/s (0: unknown)
+  double compute_s = 0;                // C_m: kernel seconds per step where known (0: none)
 };
+
+// Weight bytes per second one CPU thread's decode kernel (one token against
+// a matrix) gets through for the weight types that are compute-bound on the
+// reference machine, 0 for the others (memory-bound there: F32, F16, Q8_0
+// decode at the bandwidth). From docs/PERFORMANCE.md "Low-bit types beside
+// Q8_0": Q4_K 9.9 GB/s, Q6_K 17.3 GB/s a thread (two threads 1.8-1.9x).
+// Q5_K, not measured, is taken as Q4_K (the same scale unpacking).
+double decode_kernel_bytes_per_s(uint32_t ggml_type);
 
 struct PriorConstants {
   // Measured on the reference machine (AMD EPYC Zen 5, 2 vCPU) with the
@@ -71,6 +84,8 @@ struct PriorConstants {
 
 // The shares of a path's estimate (one per device its layers are on), their
 // bandwidth left 0 for the caller to fill in. `file` is the estimate's model.
+// The host share's compute_s: its tensors' bytes over
+// decode_kernel_bytes_per_s x the plan's n_threads (the CPU backend's).
 std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimate& estimate);
 
 // The prior (measured false, samples 0, completion_share 1).
@@ -85,6 +100,7 @@ struct RatePrior {
   std::string device_bandwidth_source;  // e.g. "host memory (lavapipe)", "" when none
   uint64_t weight_bytes_per_token = 0;  // over every share
   uint64_t kv_bytes_per_position = 0;
+  double compute_s_per_token = 0;  // sum of the shares' compute_s
   PriorConstants constants;
   PathRates rates;  // the prior, as it was given to the path
 };

@@ -48,6 +48,20 @@ TEST(PriorRates, SharesOnTwoMemoriesAddTheirStreamingTimes) {
   EXPECT_NEAR(r->decode_s_per_pos, 3000 / 300e9 + 5000 / 25e9, 1e-18);
 }
 
+TEST(PriorRates, AComputeBoundShareTakesItsKernelTimeNotItsStreamingTime) {
+  // 50 MB at 25 GB/s streams in 2 ms; its Q4_K kernels need 5 ms: 5 ms.
+  PriorConstants c;
+  c.step_overhead_s = 0;
+  std::vector<StreamShare> shares{{DeviceKind::kHost, 50'000'000, 0, 25e9, 5e-3}};
+  Result<PathRates> r = prior_rates(shares, c);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(1.0 / r->decode_tps, 5e-3, 1e-12);
+  shares[0].compute_s = 1e-3;  // below the streaming: the streaming binds
+  EXPECT_NEAR(1.0 / prior_rates(shares, c)->decode_tps, 2e-3, 1e-12);
+  EXPECT_EQ(decode_kernel_bytes_per_s(static_cast<uint32_t>(gguf::GgmlType::kQ4_K)), 9.9e9);
+  EXPECT_EQ(decode_kernel_bytes_per_s(static_cast<uint32_t>(gguf::GgmlType::kQ8_0)), 0.0);
+}
+
 TEST(PriorRates, RefusesUnknownBandwidthAndBadConstants) {
   std::vector<StreamShare> shares{{DeviceKind::kGpu, 1000, 10, 0}};
   Result<PathRates> r = prior_rates(shares);
@@ -103,6 +117,7 @@ TEST(StreamShares, CountEveryLayerMatrixTheHeadAndOneEmbeddingRow) {
   EXPECT_EQ(shares[0].weight_bytes, expect);
   // F16 K and V of 3 layers, 2 KV heads of 16: 3 x 2 x 32 x 2 bytes.
   EXPECT_EQ(shares[0].kv_bytes_per_position, 3u * 2u * 32u * 2u);
+  EXPECT_EQ(shares[0].compute_s, 0.0);  // F32: memory-bound, no kernel term
   std::filesystem::remove(path);
 }
 

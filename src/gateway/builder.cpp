@@ -656,6 +656,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       }
       rp.weight_bytes_per_token += sh.weight_bytes;
       rp.kv_bytes_per_position += sh.kv_bytes_per_position;
+      rp.compute_s_per_token += sh.compute_s;
     }
     Result<admission::PathRates> r = admission::prior_rates(shares, o.prior_constants);
     if (r.ok()) {

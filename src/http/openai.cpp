@@ -1426,6 +1426,7 @@ json prior_json(const admission::RatePrior& p) {
           {"device_bandwidth_source", nullable(p.device_bandwidth_source)},
           {"weight_bytes_per_token", p.weight_bytes_per_token},
           {"kv_bytes_per_position", p.kv_bytes_per_position},
+          {"kernel_ms_per_token", p.compute_s_per_token * 1e3},
           {"step_overhead_us", p.constants.step_overhead_s * 1e6},
           {"prefill_per_decode", p.constants.prefill_per_decode},
           {"rates", rates_json(p.rates)}};
