@@ -84,6 +84,9 @@ Result<PathRates> prior_rates(const std::vector<StreamShare>& shares, const Prio
   if (!(c.prefill_per_decode > 0) || !std::isfinite(c.prefill_per_decode)) {
     return Status::invalid_argument("rate prior: prefill_per_decode must be finite and > 0");
   }
+  if (!(c.decode_bandwidth_share > 0) || !(c.decode_bandwidth_share <= 1)) {
+    return Status::invalid_argument("rate prior: decode_bandwidth_share must be in (0, 1]");
+  }
   double stream_s = 0, per_pos_s = 0;
   uint64_t bytes = 0;
   for (const StreamShare& s : shares) {
@@ -94,8 +97,9 @@ Result<PathRates> prior_rates(const std::vector<StreamShare>& shares, const Prio
     if (!(s.compute_s >= 0) || !std::isfinite(s.compute_s)) {
       return Status::invalid_argument("rate prior: compute_s must be finite and >= 0");
     }
-    stream_s += std::max(static_cast<double>(s.weight_bytes) / s.bandwidth, s.compute_s);
-    per_pos_s += static_cast<double>(s.kv_bytes_per_position) / s.bandwidth;
+    const double bw = s.bandwidth * c.decode_bandwidth_share;
+    stream_s += std::max(static_cast<double>(s.weight_bytes) / bw, s.compute_s);
+    per_pos_s += static_cast<double>(s.kv_bytes_per_position) / bw;
     bytes += s.weight_bytes;
   }
   if (bytes == 0) return Status::invalid_argument("rate prior: a decode step streams no weight bytes");

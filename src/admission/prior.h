@@ -69,17 +69,25 @@ double decode_kernel_bytes_per_s(uint32_t ggml_type);
 
 struct PriorConstants {
   // Measured on the reference machine (AMD EPYC Zen 5, 2 vCPU) with the
-  // bundled 260K model: ~78 us a step at 1 thread, of which its 1 MiB of
-  // weights, read from the 1 MiB L2 rather than DRAM, take ~20-30 us; what is
-  // left is this overhead (docs/PERFORMANCE.md, "Rate prior"). Negligible
-  // beside a bandwidth-bound model's milliseconds.
-  double step_overhead_s = 50e-6;
+  // bundled 260K model at 1 thread: a step takes 37 us on a quiet machine
+  // and 56-96 us of CPU time beside other builds; its 1 MiB of weights would
+  // stream from DRAM in ~26-40 us (from its L2, less). 25 us puts the prior
+  // (~58-75 us with decode_bandwidth_share) within 2x of both ends
+  // (docs/PERFORMANCE.md, "Rate prior"). Negligible beside a
+  // bandwidth-bound model's milliseconds.
+  double step_overhead_s = 25e-6;
   // Prefill tokens/s over decode tokens/s at position 0. Measured at 1 thread
   // on the reference machine (docs/PERFORMANCE.md): 1.9 (Q8_0), 2.2 (the
   // bundled model), 3.2 (F16), 5.4 (F32): prefill is compute-bound, so the
   // ratio grows with the bytes per weight that decode streams. 3 is within 2x
   // of all of them.
   double prefill_per_decode = 3.0;
+  // The share of the probe's bandwidth a decode step's reads get: decode
+  // interleaves dequantisation and dot products with its loads, the probe's
+  // loop only adds. Measured on the reference machine at 1 thread: 64-94%
+  // (docs/PERFORMANCE.md, the engine table of 2026-12-02 and "Rate prior");
+  // 0.8 centres the prior on them. B_m above is the probe's figure x this.
+  double decode_bandwidth_share = 0.8;
 };
 
 // The shares of a path's estimate (one per device its layers are on), their

@@ -21,6 +21,7 @@ TEST(PriorRates, DecodeIsBandwidthOverBytesPlusTheStepOverhead) {
   PriorConstants c;
   c.step_overhead_s = 1e-3;
   c.prefill_per_decode = 8.0;
+  c.decode_bandwidth_share = 1.0;
   std::vector<StreamShare> shares{{DeviceKind::kHost, 1'000'000'000, 200'000, 20e9}};
   Result<PathRates> r = prior_rates(shares, c);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -34,12 +35,19 @@ TEST(PriorRates, DecodeIsBandwidthOverBytesPlusTheStepOverhead) {
   // 100 generated tokens after a 1000-token prompt: 100 x 51 ms plus the
   // positions 1000..1099 x 10 us = 5.1 s + 1.0995 s.
   EXPECT_NEAR(decode_s(*r, 1000, 0, 100), 5.1 + 10e-6 * (1000 * 100 + 99 * 100 / 2.0), 1e-9);
+  // Decode's reads get 80% of the probe's bandwidth: 62.5 ms + 1 ms a step.
+  c.decode_bandwidth_share = 0.8;
+  r = prior_rates(shares, c);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(1.0 / r->decode_tps, 0.0635, 1e-12);
+  EXPECT_NEAR(r->decode_s_per_pos, 12.5e-6, 1e-15);
 }
 
 TEST(PriorRates, SharesOnTwoMemoriesAddTheirStreamingTimes) {
   // Hybrid: 300 MB on a 300 GB/s device (1 ms), 500 MB on 25 GB/s host (20 ms).
   PriorConstants c;
   c.step_overhead_s = 0;
+  c.decode_bandwidth_share = 1.0;
   std::vector<StreamShare> shares{{DeviceKind::kGpu, 300'000'000, 3000, 300e9},
                                   {DeviceKind::kHost, 500'000'000, 5000, 25e9}};
   Result<PathRates> r = prior_rates(shares, c);
@@ -52,6 +60,7 @@ TEST(PriorRates, AComputeBoundShareTakesItsKernelTimeNotItsStreamingTime) {
   // 50 MB at 25 GB/s streams in 2 ms; its Q4_K kernels need 5 ms: 5 ms.
   PriorConstants c;
   c.step_overhead_s = 0;
+  c.decode_bandwidth_share = 1.0;
   std::vector<StreamShare> shares{{DeviceKind::kHost, 50'000'000, 0, 25e9, 5e-3}};
   Result<PathRates> r = prior_rates(shares, c);
   ASSERT_TRUE(r.ok());
@@ -76,6 +85,9 @@ TEST(PriorRates, RefusesUnknownBandwidthAndBadConstants) {
   EXPECT_EQ(prior_rates(shares, c).status().code(), StatusCode::kInvalidArgument);
   c = PriorConstants{};
   c.prefill_per_decode = 0;
+  EXPECT_EQ(prior_rates(shares, c).status().code(), StatusCode::kInvalidArgument);
+  c = PriorConstants{};
+  c.decode_bandwidth_share = 1.5;
   EXPECT_EQ(prior_rates(shares, c).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(prior_rates({}).status().code(), StatusCode::kInvalidArgument);  // streams nothing
 }

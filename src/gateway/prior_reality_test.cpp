@@ -204,6 +204,66 @@ TEST_F(PriorRealityTest, TheBundledOverheadBoundModelsColdQuoteIsWithin2xThanksT
   EXPECT_LT(o.ratio(), 2.0);
 }
 
+// A given bandwidth is used as is (no probe), and a lavapipe GPU path, whose
+// "device memory" is host memory, takes the host figure; both show in status.
+TEST_F(PriorRealityTest, AGivenBandwidthIsUsedAsIsAndLavapipeTakesTheHostFigure) {
+  GatewayOptions o;
+  o.model = src("models/stories260K.gguf");
+  o.device = "cpu";
+  o.threads = 1;
+  o.journal = "none";
+  o.warmup = false;
+  o.ctx = 256;
+  o.host_bandwidth = 20e9;
+  {
+    Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    const GatewayStatus st = b->gateway->status();
+    ASSERT_EQ(st.paths.size(), 1u);
+    const admission::RatePrior& p = st.paths[0].prior;
+    ASSERT_TRUE(p.computed) << p.why;
+    EXPECT_EQ(p.host_bandwidth, 20e9);
+    EXPECT_EQ(p.compute_s_per_token, 0.0);  // F32: no kernel term
+    const double bw = 20e9 * p.constants.decode_bandwidth_share;
+    EXPECT_NEAR(1.0 / p.rates.decode_tps,
+                p.constants.step_overhead_s + static_cast<double>(p.weight_bytes_per_token) / bw, 1e-12);
+    EXPECT_NEAR(p.rates.decode_s_per_pos, static_cast<double>(p.kv_bytes_per_position) / bw, 1e-18);
+    EXPECT_EQ(st.paths[0].rates.decode_tps, p.rates.decode_tps);  // what the path quotes with
+  }
+  o.host_bandwidth = -1;
+  Result<BuiltGateway> bad = build_gateway(Env::default_env(), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().field(), "host-bandwidth");
+
+  auto devs = list_vulkan_devices();
+  if (!devs.ok() || devs->empty()) GTEST_SKIP() << "no Vulkan device";
+  o.host_bandwidth = 20e9;
+  o.device = "vulkan";
+  o.device_memory = "64MiB";
+  o.kv_type = "f32";
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const GatewayStatus st = b->gateway->status();
+  ASSERT_FALSE(st.paths.empty());
+  const admission::RatePrior& g = st.paths[0].prior;
+  if ((*devs)[0].type != "cpu" && (*devs)[0].type != "integrated-gpu") {
+    EXPECT_FALSE(g.computed);  // not measured without --device-bandwidth
+    EXPECT_EQ(rates_source(st.paths[0].rates, g), "default");
+    GTEST_SKIP() << "a discrete GPU";
+  }
+  ASSERT_TRUE(g.computed) << g.why;
+  EXPECT_EQ(g.device_bandwidth, 20e9);
+  EXPECT_NE(g.device_bandwidth_source.find("host memory"), std::string::npos) << g.device_bandwidth_source;
+  Result<Quote> q = b->gateway->quote([] {
+    RouteRequest r;
+    r.generation.prompt = "Once upon a time";
+    r.generation.max_tokens = 8;
+    return r;
+  }());
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->paths[0].rates_source, "prior");
+}
+
 // The figures of docs/PERFORMANCE.md ("Rate prior"): more weight types and
 // 2 threads, printed, not asserted (minutes of generation on a shared
 // machine): SPW_PRIOR_SWEEP=1 to run.

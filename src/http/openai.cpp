@@ -1429,6 +1429,7 @@ json prior_json(const admission::RatePrior& p) {
           {"kernel_ms_per_token", p.compute_s_per_token * 1e3},
           {"step_overhead_us", p.constants.step_overhead_s * 1e6},
           {"prefill_per_decode", p.constants.prefill_per_decode},
+          {"decode_bandwidth_share", p.constants.decode_bandwidth_share},
           {"rates", rates_json(p.rates)}};
 }
 
