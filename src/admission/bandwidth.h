@@ -9,9 +9,11 @@
 // are short (a few ms each) and the machine may be shared, so the slower ones
 // measure the neighbours, not the memory (8 passes: on 2 shared cores a
 // pass of a few ms is often preempted; one of 8 rarely all are). Cost:
-// mapping the buffer plus passes x buffer / bandwidth (about 60 ms for 64 MiB
-// on the reference machine, docs/PERFORMANCE.md). InvalidArgument for n_threads < 1, passes < 1
-// or a buffer under 1 MiB; ResourceExhausted when the buffer cannot be mapped;
+// mapping the buffer plus passes x buffer / bandwidth: 115-150 ms for 64 MiB
+// on the reference machine, of which ~90 ms is its sandbox faulting the
+// populated pages in again at the first pass (docs/PERFORMANCE.md, "Rate
+// prior"); a 64 MiB populated mapping alone takes 14-45 ms there.
+// InvalidArgument for n_threads < 1, passes < 1 or a buffer under 1 MiB; ResourceExhausted when the buffer cannot be mapped;
 // Unavailable when env's clock did not advance over a pass (a simulated Env:
 // inject the figure instead, GatewayOptions::host_bandwidth).
 // Why 64 MiB by default: larger than the last-level cache one core reaches

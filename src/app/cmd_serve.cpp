@@ -526,7 +526,7 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   adm->add_option("--host-bandwidth", g.host_bandwidth,
                   "Read bandwidth of host memory in bytes/s for the paths' rate priors (the speeds quoted before a "
-                  "path's first request: bandwidth / bytes a decode step streams); 0: measured at start (~60 ms)")
+                  "path's first request: bandwidth / bytes a decode step streams); 0: measured at start (~120-150 ms on the reference machine)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   adm->add_option("--device-bandwidth", g.device_bandwidth,

@@ -165,7 +165,7 @@ struct GatewayOptions {
   // Rate priors (admission/prior.h): each path starts from decode/prefill
   // rates computed from the bytes a decode step streams and the read
   // bandwidth, bytes/s, of the memory it streams from. 0: the host's is
-  // measured at start (admission/bandwidth.h: ~60 ms, the `threads` count);
+  // measured at start (admission/bandwidth.h: ~120-150 ms in the reference sandbox, the `threads` count);
   // the GPU's is the host's for lavapipe or an integrated GPU, else unknown
   // (that path keeps the default rates until its first request). Given: used
   // as is (tests, or a figure measured elsewhere).
