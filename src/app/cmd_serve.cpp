@@ -524,6 +524,16 @@ void add_serve(CLI::App& app, int& exit_code) {
                   "Longest estimated wait on the first path before a request goes to another path")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  adm->add_option("--host-bandwidth", g.host_bandwidth,
+                  "Read bandwidth of host memory in bytes/s for the paths' rate priors (the speeds quoted before a "
+                  "path's first request: bandwidth / bytes a decode step streams); 0: measured at start (~120-150 ms on the reference machine)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  adm->add_option("--device-bandwidth", g.device_bandwidth,
+                  "The GPU's memory bandwidth in bytes/s for the rate priors; 0: the host's for lavapipe or an "
+                  "integrated GPU, else not known (the GPU-side paths quote default rates until their first request)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   adm->add_flag("--allow-shrink", g.allow_shrink,
                 "Shrink max_tokens to fit memory for every request (else only with X-Spillway-Allow-Shrink: true)")
       ->capture_default_str();

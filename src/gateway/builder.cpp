@@ -1,13 +1,17 @@
 #include "gateway/builder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "admission/bandwidth.h"
 #include "admission/estimator.h"
+#include "admission/prior.h"
 #include "backend/vulkan/device_spec.h"
 #include "device/cgroup.h"
 #include "device/host_memory.h"
@@ -85,6 +89,8 @@ struct PathPlan {
   uint64_t host_bytes = 0;
   uint64_t device_bytes = 0;
   admission::Ticket host_ticket, device_ticket;
+  // What a decode step streams, per memory, for the path's rate prior.
+  std::vector<admission::StreamShare> shares;
 };
 
 // The offload path's plan beside a full-GPU path: one worker, one full
@@ -106,6 +112,7 @@ Result<PathPlan> plan_offload(const gguf::GgufFile& file, const Placement& gpu, 
   p.device_bytes = e.gpu().total() - std::min(e.gpu().total(), e0.gpu().total());
   const uint64_t host = host_bytes_beyond_baseline(e, cfg);
   p.host_bytes = host - std::min(host, e.host().weights.bytes);
+  p.shares = admission::stream_shares(file, e);
   return p;
 }
 
@@ -326,6 +333,11 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     return invalid_field("health-interval-s", "--health-interval-s must be >= 0 (0: off), got " +
                                                   std::to_string(o.health_interval_s));
   }
+  if (!(o.host_bandwidth >= 0) || !(o.device_bandwidth >= 0) || !std::isfinite(o.host_bandwidth) ||
+      !std::isfinite(o.device_bandwidth)) {
+    return invalid_field("host-bandwidth",
+                         "--host-bandwidth and --device-bandwidth must be finite and >= 0 (0: measured)");
+  }
   if (!(o.health_timeout_s > 0)) {
     return invalid_field("health-timeout-s", "--health-timeout-s must be > 0, got " + std::to_string(o.health_timeout_s));
   }
@@ -494,6 +506,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
         } else {
           gpu.built = true;
           gpu.kv_blocks = blocks;
+          gpu.shares = admission::stream_shares(*file, e);
           gpu.device_ticket = *t;
           gpu.device_bytes = device_bytes;
           gpu.host_bytes = host_bytes_beyond_baseline(e, cfg) + offload.host_bytes +
@@ -545,6 +558,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     } else {
       cpu.built = true;
       cpu.kv_blocks = blocks;
+      cpu.shares = admission::stream_shares(cpu_primary ? *file : cpu_file, e);
       cpu.host_ticket = *t;
       cpu.host_bytes = need;
     }
@@ -585,6 +599,73 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     std::shared_ptr<CircuitBreaker> breaker;                      // GPU-side paths: the device's
     std::shared_ptr<DeviceControl> device;                        // GPU-side paths: the device's
     std::string fingerprint;                                      // "" when not known at start
+    admission::RatePrior prior;                                   // rate_prior(its plan's shares)
+  };
+  // Rate priors (admission/prior.h). The host's read bandwidth is measured
+  // once, with the paths' thread count, when a path streams from host memory
+  // (unless given). A GPU's memory: lavapipe's ("cpu") and an integrated
+  // GPU's are the host's DRAM, so they take the host figure (lavapipe runs
+  // its shaders on the host's cores; an integrated GPU may reach somewhat
+  // more or less than the cores do); a discrete GPU's is not measured (no
+  // device-side probe yet): its paths start from the default rates unless
+  // device_bandwidth is given.
+  std::optional<double> host_bw;
+  std::string host_bw_why;
+  auto host_bandwidth = [&]() -> double {
+    if (host_bw) return *host_bw;
+    host_bw = o.host_bandwidth;
+    if (*host_bw > 0) {
+      out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*host_bw / 1e6)) +
+                        " MB/s (given)");
+      return *host_bw;
+    }
+    admission::BandwidthProbeOptions bo;
+    bo.n_threads = n_threads;
+    const int64_t t0 = env.now_ns();
+    Result<double> bw = admission::measure_read_bandwidth(env, bo);
+    if (!bw.ok()) {
+      host_bw = 0.0;
+      host_bw_why = "host bandwidth not measured: " + bw.status().message();
+      out.log.push_back(host_bw_why);
+      return 0;
+    }
+    host_bw = *bw;
+    out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*bw / 1e6)) + " MB/s measured (" +
+                      std::to_string(n_threads) + " threads over " + std::to_string(bo.buffer_bytes >> 20) + " MiB, " +
+                      std::to_string((env.now_ns() - t0) / 1000000) + " ms)");
+    return *host_bw;
+  };
+  auto rate_prior = [&](std::vector<admission::StreamShare> shares) {
+    admission::RatePrior rp;
+    rp.constants = o.prior_constants;
+    std::string why;
+    for (admission::StreamShare& sh : shares) {
+      if (sh.device == admission::DeviceKind::kHost) {
+        sh.bandwidth = rp.host_bandwidth = host_bandwidth();
+        if (sh.bandwidth <= 0) why = host_bw_why;
+      } else if (o.device_bandwidth > 0) {
+        sh.bandwidth = rp.device_bandwidth = o.device_bandwidth;
+        rp.device_bandwidth_source = "given";
+      } else if (device_on_host) {
+        sh.bandwidth = rp.device_bandwidth = host_bandwidth();
+        rp.device_bandwidth_source =
+            "host memory (the Vulkan device is of type " + out.vulkan->device_info().type + ")";
+        if (sh.bandwidth <= 0) why = host_bw_why;
+      } else {
+        why = "a discrete GPU's bandwidth is not measured: give device_bandwidth (--device-bandwidth)";
+      }
+      rp.weight_bytes_per_token += sh.weight_bytes;
+      rp.kv_bytes_per_position += sh.kv_bytes_per_position;
+      rp.compute_s_per_token += sh.compute_s;
+    }
+    Result<admission::PathRates> r = admission::prior_rates(shares, o.prior_constants);
+    if (r.ok()) {
+      rp.computed = true;
+      rp.rates = *r;
+    } else {
+      rp.why = why.empty() ? r.status().message() : why;
+    }
+    return rp;
   };
   auto make_path = [&](PathSpec ps) -> Status {
     serve::EngineServeOptions so;
@@ -610,6 +691,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     so.batching = o.batching;
     so.batch_max_wait_us = o.batch_max_wait_us;
     so.step_tokens = o.step_tokens;
+    if (ps.prior.computed) so.prior_rates = ps.prior.rates;
+    ps.prior.rates = so.prior_rates;  // what the path starts from, for status
     if (ps.device) {
       // The session group re-opens itself after the device was
       // re-initialised; its time is part of the recovery shown in status.
@@ -643,6 +726,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.device = ps.device;
     p.cpu_faults = std::move(cpu_faults);
     p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
+    p.prior = ps.prior;
     p.kv_type = std::string(kv_type_name(kv_type));
     p.scheduler = std::move(serving.scheduler);
     p.batcher = serving.batcher;
@@ -701,6 +785,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     ps.ctx = n_ctx;
     ps.blocks = gpu.kv_blocks;
     ps.ledger = out.device_ledger;
+    ps.prior = rate_prior(gpu.shares);
     ps.replica.mode = "warm";
     ps.replica.why = "the first-choice path: its layers' weights uploaded at start";
     SPW_RETURN_IF_ERROR(make_path(std::move(ps)));
@@ -711,6 +796,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       hs.ctx = n_ctx;
       hs.blocks = offload.kv_blocks;
       hs.role = admission::PathRole::kOffload;
+      hs.prior = rate_prior(offload.shares);
       hs.ledger = out.device_ledger;
       hs.breaker = breaker;
       hs.device = device;
@@ -730,6 +816,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     cs.blocks = cpu.kv_blocks;
     cs.role = gpu.built ? admission::PathRole::kFallback : admission::PathRole::kPrimary;
     cs.ledger = out.host_ledger;
+    cs.prior = rate_prior(cpu.shares);
     if (cpu_primary) {
       cs.replica.mode = "warm";
       cs.replica.why = "the first-choice path: mapped and read in at start";

@@ -162,6 +162,16 @@ struct GatewayOptions {
   // Warm-up: one tiny generation per path at start (JITs shaders, measures
   // first rates and the time to make the path ready).
   bool warmup = true;
+  // Rate priors (admission/prior.h): each path starts from decode/prefill
+  // rates computed from the bytes a decode step streams and the read
+  // bandwidth, bytes/s, of the memory it streams from. 0: the host's is
+  // measured at start (admission/bandwidth.h: ~120-150 ms in the reference sandbox, the `threads` count);
+  // the GPU's is the host's for lavapipe or an integrated GPU, else unknown
+  // (that path keeps the default rates until its first request). Given: used
+  // as is (tests, or a figure measured elsewhere).
+  double host_bandwidth = 0;
+  double device_bandwidth = 0;
+  admission::PriorConstants prior_constants;
 };
 
 // A reading of the device-local heap: everyone's use of it, or why unknown.

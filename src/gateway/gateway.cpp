@@ -10,6 +10,11 @@
 
 namespace spw::gateway {
 
+std::string_view rates_source(const admission::PathRates& rates, const admission::RatePrior& prior) {
+  if (rates.measured) return "measured";
+  return prior.computed ? "prior" : "default";
+}
+
 std::string_view overflow_name(Overflow o) {
   switch (o) {
     case Overflow::kPlanned: return "planned";
@@ -1196,6 +1201,7 @@ Result<Quote> Gateway::quote(const RouteRequest& request) {
     pq.decode_tps = s.rates.decode_tps;
     pq.prefill_tps = s.rates.prefill_tps;
     pq.rates_measured = s.rates.measured;
+    pq.rates_source = rates_source(s.rates, paths_[i].prior);
     q.paths.push_back(std::move(pq));
   }
   return q;
@@ -1365,6 +1371,7 @@ GatewayStatus Gateway::status() {
     ps.fallback_model = p.fallback_model;
     ps.role = std::string(admission::path_role_name(p.role));
     ps.startup_ms = p.startup_ms;
+    ps.prior = p.prior;
     ps.stats = s.stats();
     ps.workers = ps.stats.n_workers;
     ps.running = ps.stats.running;

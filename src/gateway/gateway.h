@@ -100,8 +100,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -113,12 +113,13 @@
 
 #include "admission/controller.h"
 #include "admission/ledger.h"
+#include "admission/prior.h"
 #include "core/env.h"
-#include "gateway/breaker.h"
-#include "gateway/device_control.h"
 #include "core/status.h"
 #include "engine/checkpoint.h"
 #include "engine/step_batcher.h"
+#include "gateway/breaker.h"
+#include "gateway/device_control.h"
 #include "serve/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -179,6 +180,10 @@ struct ExecutionPath {
   admission::PathRole role = admission::PathRole::kPrimary;
   std::shared_ptr<Replica> replica = std::make_shared<Replica>(ReplicaInfo{});
   double startup_ms = 0;           // measured at start: build + warm-up
+  // The rates the path started from before any request finished on it
+  // (admission/prior.h): from the measured bandwidth of its memory and the
+  // bytes a decode step streams. computed false: the scheduler's default.
+  admission::RatePrior prior;
   std::unique_ptr<serve::Scheduler> scheduler;
   std::shared_ptr<const Tokenizer> tokenizer;
   // The ledger of the memory this path's plan lives in (null: none).
@@ -235,6 +240,9 @@ struct PathNotBuilt {
 // it chose, so a record shows what the request was admitted under.
 enum class Overflow { kPlanned, kNone, kNaive };
 std::string_view overflow_name(Overflow o);  // "planned", "none", "naive"
+// Where a path's current rates come from: "measured" (a request finished on
+// it), "prior" (its RatePrior, computed) or "default" (neither).
+std::string_view rates_source(const admission::PathRates& rates, const admission::RatePrior& prior);
 Result<Overflow> parse_overflow(std::string_view name);
 
 // Whether a request may move between two paths mid-generation: both serve
@@ -361,7 +369,10 @@ struct PathQuote {
   admission::Timing timing;
   double decode_tps = 0;
   double prefill_tps = 0;
-  bool rates_measured = false;
+  bool rates_measured = false;  // false: the path's prior (ExecutionPath::prior)
+  // "measured" (finished requests on the path), "prior" (the rate prior:
+  // bandwidth / bytes streamed) or "default" (no prior could be computed).
+  std::string rates_source;
 };
 
 struct Quote {
@@ -395,7 +406,8 @@ struct PathStatus {
   double oldest_queued_s = 0;
   int32_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_free = 0;
   std::string kv_type;  // ExecutionPath::kv_type
-  admission::PathRates rates;
+  admission::PathRates rates;   // what quotes use now (rates.measured: from finished requests)
+  admission::RatePrior prior;   // ExecutionPath::prior
   serve::SchedulerStats stats;  // probes included
   std::optional<BreakerSnapshot> breaker;  // the path's device breaker; none on the CPU path
   std::optional<DeviceStatus> device;      // its device's health and recovery; none on the CPU path

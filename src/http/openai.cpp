@@ -1415,6 +1415,24 @@ json rates_json(const admission::PathRates& r) {
           {"measured", r.measured}};
 }
 
+// A path's rate prior (admission/prior.h): the bandwidth and bytes it came
+// from, and the rates the path started with.
+json prior_json(const admission::RatePrior& p) {
+  auto bw = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  return {{"computed", p.computed},
+          {"why_not", p.computed ? json(nullptr) : json(p.why)},
+          {"host_bandwidth_bytes_per_s", bw(p.host_bandwidth)},
+          {"device_bandwidth_bytes_per_s", bw(p.device_bandwidth)},
+          {"device_bandwidth_source", nullable(p.device_bandwidth_source)},
+          {"weight_bytes_per_token", p.weight_bytes_per_token},
+          {"kv_bytes_per_position", p.kv_bytes_per_position},
+          {"kernel_ms_per_token", p.compute_s_per_token * 1e3},
+          {"step_overhead_us", p.constants.step_overhead_s * 1e6},
+          {"prefill_per_decode", p.constants.prefill_per_decode},
+          {"decode_bandwidth_share", p.constants.decode_bandwidth_share},
+          {"rates", rates_json(p.rates)}};
+}
+
 json replica_json(const gateway::ReplicaInfo& r) {
   auto measured = [](double ms) { return ms < 0 ? json(nullptr) : json(ms); };
   return {{"mode", r.mode},
@@ -1530,7 +1548,8 @@ std::string render_quote(const gateway::Quote& q) {
                      {"predicted_total_ms", ms(p.timing.total_s)},
                      {"prefill_tokens_per_s", p.prefill_tps},
                      {"decode_tokens_per_s", p.decode_tps},
-                     {"rates_measured", p.rates_measured}});
+                     {"rates_measured", p.rates_measured},
+                     {"rates_source", p.rates_source}});
   }
   json j = {{"object", "spillway.quote"},
             {"decision", std::string(admission::decision_kind_name(d.kind))},
@@ -1568,8 +1587,14 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                      {"queue_capacity", p.queue_capacity},
                      {"oldest_queued_s", p.oldest_queued_s},
                      {"n_ctx", p.n_ctx},
-                     {"kv", {{"block_tokens", p.kv_block_tokens}, {"blocks_total", p.kv_blocks_total}, {"blocks_free", p.kv_blocks_free}, {"type", p.kv_type}}},
+                     {"kv",
+                      {{"block_tokens", p.kv_block_tokens},
+                       {"blocks_total", p.kv_blocks_total},
+                       {"blocks_free", p.kv_blocks_free},
+                       {"type", p.kv_type}}},
                      {"rates", rates_json(p.rates)},
+                     {"rates_source", gateway::rates_source(p.rates, p.prior)},
+                     {"rate_prior", prior_json(p.prior)},
                      {"breaker", breaker_json(p.breaker)},
                      {"device", device_json(p.device, p.name)},
                      {"batching", batching_json(p.batching)},

@@ -1,0 +1,116 @@
+// A path's rate prior: the speeds admission quotes with before the path has
+// finished a request of its own (PathRates::measured false), from what a
+// decode step must stream and the measured bandwidth of the memory it
+// streams from (admission/bandwidth.h).
+//
+// Contract: decode is modelled as memory-bound (a few weight types: compute).
+// A decode step at position p reads every weight matrix of the model once
+// (each layer's, the output head, one row of the embedding) and the K and V
+// rows of the p earlier positions, from the memory of the device each layer
+// is on, so it costs
+//   step_overhead_s + sum over memories m of (max(W_m / B_m, C_m) + KV_m * p / B_m)
+// seconds (W_m: weight bytes a step reads from m, KV_m: K+V bytes per
+// position of the layers on m, B_m: m's read bandwidth, C_m: the CPU
+// kernels' own time for those bytes where it is known to exceed the
+// streaming, see decode_kernel_bytes_per_s). Hence
+//   decode_tps = 1 / (step_overhead_s + sum max(W_m / B_m, C_m)),
+//   decode_s_per_pos = sum KV_m / B_m.
+// step_overhead_s is the fixed cost of a step that is not streaming: one
+// dispatch per operator per layer, the sampler over the vocabulary, the
+// scheduler's event to the client. It is what a model small enough to sit in
+// cache runs at (docs/PERFORMANCE.md: the bundled 260K model is bound by it,
+// not by bandwidth), a figure measured on the reference machine.
+// Prefill is compute-bound (a chunk of rows shares each weight read), so
+// bandwidth says little about it; without a compute measurement the prior
+// takes prefill_tps = prefill_per_decode x decode_tps, the ratio measured on
+// the reference machine (docs/PERFORMANCE.md), and no growth with position.
+// What the model ignores: compute in decode beyond the K-quant kernels'
+// table (right while bandwidth binds, i.e. for models well beyond the
+// caches), the Vulkan kernels' compute, attention's arithmetic beyond its
+// KV reads, several requests sharing one weight read (continuous batching:
+// the prior is for a request alone, as a quote is), the cache serving part of
+// a model that fits in it, and a co-tenant's share of the bandwidth.
+// The measured rates replace the prior at the first finished request
+// (Scheduler::record_rates_locked weighs the first sample 1): a real request
+// on this path is better evidence than any prior, and the fit's decaying
+// weights then carry on from real samples only.
+// prior_rates() is InvalidArgument when a share has no positive finite
+// bandwidth, no share streams anything, or a constant is out of range.
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "admission/controller.h"
+#include "admission/estimator.h"
+#include "core/status.h"
+#include "gguf/gguf.h"
+
+namespace spw::admission {
+
+// What a decode step streams from one device's memory.
+struct StreamShare {
+  DeviceKind device = DeviceKind::kHost;
+  uint64_t weight_bytes = 0;           // W_m: weight bytes read per step
+  uint64_t kv_bytes_per_position = 0;  // KV_m: K+V bytes per earlier position
+  double bandwidth = 0;                // B_m: bytes/s (0: unknown)
+  double compute_s = 0;                // C_m: kernel seconds per step where known (0: none)
+};
+
+// Weight bytes per second one CPU thread's decode kernel (one token against
+// a matrix) gets through for the weight types that are compute-bound on the
+// reference machine, 0 for the others (memory-bound there: F32, F16, Q8_0
+// decode at the bandwidth). From docs/PERFORMANCE.md "Low-bit types beside
+// Q8_0": Q4_K 9.9 GB/s, Q6_K 17.3 GB/s a thread (two threads 1.8-1.9x).
+// Q5_K, not measured, is taken as Q4_K (the same scale unpacking).
+double decode_kernel_bytes_per_s(uint32_t ggml_type);
+
+struct PriorConstants {
+  // Measured on the reference machine (AMD EPYC Zen 5, 2 vCPU) with the
+  // bundled 260K model at 1 thread: a step takes 37 us on a quiet machine
+  // and 56-96 us of CPU time beside other builds; its 1 MiB of weights would
+  // stream from DRAM in ~26-40 us (from its L2, less). 25 us puts the prior
+  // (~58-75 us with decode_bandwidth_share) within 2x of both ends
+  // (docs/PERFORMANCE.md, "Rate prior"). Negligible beside a
+  // bandwidth-bound model's milliseconds.
+  double step_overhead_s = 25e-6;
+  // Prefill tokens/s over decode tokens/s at position 0. Measured at 1 thread
+  // on the reference machine (docs/PERFORMANCE.md): 1.9 (Q8_0), 2.2 (the
+  // bundled model), 3.2 (F16), 5.4 (F32): prefill is compute-bound, so the
+  // ratio grows with the bytes per weight that decode streams. 3 is within 2x
+  // of all of them.
+  double prefill_per_decode = 3.0;
+  // The share of the probe's bandwidth a decode step's reads get: decode
+  // interleaves dequantisation and dot products with its loads, the probe's
+  // loop only adds. Measured on the reference machine at 1 thread: 64-94%
+  // (docs/PERFORMANCE.md, the engine table of 2026-12-02 and "Rate prior");
+  // 0.8 centres the prior on them. B_m above is the probe's figure x this.
+  double decode_bandwidth_share = 0.8;
+};
+
+// The shares of a path's estimate (one per device its layers are on), their
+// bandwidth left 0 for the caller to fill in. `file` is the estimate's model.
+// The host share's compute_s: its tensors' bytes over
+// decode_kernel_bytes_per_s x the plan's n_threads (the CPU backend's).
+std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimate& estimate);
+
+// The prior (measured false, samples 0, completion_share 1).
+Result<PathRates> prior_rates(const std::vector<StreamShare>& shares, const PriorConstants& constants = {});
+
+// What status shows of a path's prior.
+struct RatePrior {
+  bool computed = false;                // false: `why`, and the path starts from the default rates
+  std::string why;                      // why not computed
+  double host_bandwidth = 0;            // bytes/s of host memory as used for the host share (0: none)
+  double device_bandwidth = 0;          // bytes/s for the GPU share (0: none)
+  std::string device_bandwidth_source;  // e.g. "host memory (lavapipe)", "" when none
+  uint64_t weight_bytes_per_token = 0;  // over every share
+  uint64_t kv_bytes_per_position = 0;
+  double compute_s_per_token = 0;  // sum of the shares' compute_s
+  PriorConstants constants;
+  PathRates rates;  // the prior, as it was given to the path
+};
+
+}  // namespace spw::admission
