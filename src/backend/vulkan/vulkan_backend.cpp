@@ -31,31 +31,51 @@ constexpr uint32_t kMaxBindings = 6;
 constexpr uint64_t kStagingBytes = 8ull << 20;
 
 // The weight types with shaders, and their shader-name suffix (one matmul and
-// one embed variant each: CMakeLists.txt, shaders/weights.glsl).
+// one embed variant each: CMakeLists.txt, shaders/weights.glsl). The K types
+// also have a float64 matmul, bitwise the CPU's (matmul.comp's fma_rn).
 struct TypeShaders {
   gguf::GgmlType type;
   const char* matmul;
   const char* embed;
+  const char* matmul_f64 = nullptr;
 };
 constexpr TypeShaders kTypeShaders[] = {
-    {gguf::GgmlType::kF32, "matmul_f32", "embed_f32"},    {gguf::GgmlType::kF16, "matmul_f16", "embed_f16"},
-    {gguf::GgmlType::kQ8_0, "matmul_q8_0", "embed_q8_0"}, {gguf::GgmlType::kQ4_0, "matmul_q4_0", "embed_q4_0"},
-    {gguf::GgmlType::kQ4_1, "matmul_q4_1", "embed_q4_1"}, {gguf::GgmlType::kQ5_0, "matmul_q5_0", "embed_q5_0"},
-    {gguf::GgmlType::kQ5_1, "matmul_q5_1", "embed_q5_1"}, {gguf::GgmlType::kQ4_K, "matmul_q4_k", "embed_q4_k"},
-    {gguf::GgmlType::kQ5_K, "matmul_q5_k", "embed_q5_k"}, {gguf::GgmlType::kQ6_K, "matmul_q6_k", "embed_q6_k"},
+    {gguf::GgmlType::kF32, "matmul_f32", "embed_f32"},
+    {gguf::GgmlType::kF16, "matmul_f16", "embed_f16"},
+    {gguf::GgmlType::kQ8_0, "matmul_q8_0", "embed_q8_0"},
+    {gguf::GgmlType::kQ4_0, "matmul_q4_0", "embed_q4_0"},
+    {gguf::GgmlType::kQ4_1, "matmul_q4_1", "embed_q4_1"},
+    {gguf::GgmlType::kQ5_0, "matmul_q5_0", "embed_q5_0"},
+    {gguf::GgmlType::kQ5_1, "matmul_q5_1", "embed_q5_1"},
+    {gguf::GgmlType::kQ4_K, "matmul_q4_k", "embed_q4_k", "matmul_q4_k_f64"},
+    {gguf::GgmlType::kQ5_K, "matmul_q5_k", "embed_q5_k", "matmul_q5_k_f64"},
+    {gguf::GgmlType::kQ6_K, "matmul_q6_k", "embed_q6_k", "matmul_q6_k_f64"},
 };
 static_assert(std::size(kTypeShaders) == std::size(kVulkanWeightTypes), "a shader pair per computed type");
 
 // Bindings per shader; matmul_* take 4 (weights, codes/x, scales, y), embed_* 3.
 uint32_t shader_bindings(const char* name) {
-  static const std::map<std::string, uint32_t> fixed = {
-      {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"quantize_q8_1", 3}, {"quantize_q8_1_f64", 3},
-      {"quantize_q8_k", 3}, {"quantize_q8_k_f64", 3}, {"rms_norm", 3},      {"rope", 2},
-      {"rope_neox", 2},     {"add_bias", 2},          {"kv_write", 5},      {"attention", 6},
-      {"kv_write_f16", 5},  {"attention_f16", 6},     {"swiglu", 2},        {"add", 2}};
+  static const std::map<std::string, uint32_t> fixed = {{"quantize_q8_0", 3},
+                                                        {"quantize_q8_0_f64", 3},
+                                                        {"quantize_q8_1", 3},
+                                                        {"quantize_q8_1_f64", 3},
+                                                        {"quantize_q8_k", 3},
+                                                        {"quantize_q8_k_f64", 3},
+                                                        {"rms_norm", 3},
+                                                        {"rms_norm_f64", 3},
+                                                        {"rope", 2},
+                                                        {"rope_neox", 2},
+                                                        {"add_bias", 2},
+                                                        {"kv_write", 5},
+                                                        {"attention", 6},
+                                                        {"kv_write_f16", 5},
+                                                        {"attention_f16", 6},
+                                                        {"swiglu", 2},
+                                                        {"add", 2}};
   if (auto it = fixed.find(name); it != fixed.end()) return it->second;
   for (const TypeShaders& t : kTypeShaders) {
     if (std::strcmp(t.matmul, name) == 0) return 4;
+    if (t.matmul_f64 != nullptr && std::strcmp(t.matmul_f64, name) == 0) return 4;
     if (std::strcmp(t.embed, name) == 0) return 3;
   }
   return 0;
@@ -108,7 +128,11 @@ const TypeShaders& type_shaders(gguf::GgmlType t) {
     if (ts.type == t) return ts;
   return kTypeShaders[0];  // unreachable: upload_matrix admits only listed types
 }
-const char* matmul_shader(gguf::GgmlType t) { return type_shaders(t).matmul; }
+// The float64 variant where the device has float64 and the type one.
+const char* matmul_shader(gguf::GgmlType t, bool f64) {
+  const TypeShaders& ts = type_shaders(t);
+  return f64 && ts.matmul_f64 != nullptr ? ts.matmul_f64 : ts.matmul;
+}
 const char* embed_shader(gguf::GgmlType t) { return type_shaders(t).embed; }
 
 std::string hex64(uint64_t v) {
@@ -324,6 +348,8 @@ class VulkanBackend::Impl::Recorder {
     }
   }
 
+  const char* matmul_shader(gguf::GgmlType t) const { return ::spw::matmul_shader(t, im_.ctx->info().shader_float64); }
+
   void dispatch(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,
                 uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
     if (!st_.ok()) return;
@@ -389,7 +415,9 @@ class VulkanBackend::Impl::Recorder {
     const uint32_t pc[3] = {static_cast<uint32_t>(n), eps_bits, static_cast<uint32_t>(rows)};
     const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(rows, 1), kMaxGroups));
     const uint32_t gy = static_cast<uint32_t>((std::max<uint64_t>(rows, 1) + gx - 1) / gx);
-    dispatch("rms_norm", {x, w, y}, pc, sizeof pc, gx, gy, 1);
+    // float64: the CPU's rms_norm bitwise (rms_norm.comp); else within
+    // float rounding of it.
+    dispatch(im_.ctx->info().shader_float64 ? "rms_norm_f64" : "rms_norm", {x, w, y}, pc, sizeof pc, gx, gy, 1);
   }
 
   void barrier() {
@@ -711,9 +739,9 @@ void record_matmul(VulkanBackend::Impl::Recorder& rec, const DevMatrix& m, VkBuf
     const uint32_t gx = std::min(rows, kMaxGroups);
     const uint32_t gz = (rows + gx - 1) / gx;
     if (cpu::act_format(m.type) != cpu::ActFormat::kFloat) {
-      rec.dispatch(matmul_shader(m.type), {c.buf.buffer(), xq, xd, y}, pc, sizeof pc, gx, n_tokens, gz);
+      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), xq, xd, y}, pc, sizeof pc, gx, n_tokens, gz);
     } else {
-      rec.dispatch(matmul_shader(m.type), {c.buf.buffer(), x, x, y}, pc, sizeof pc, gx, n_tokens, gz);
+      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), x, x, y}, pc, sizeof pc, gx, n_tokens, gz);
     }
   }
 }
