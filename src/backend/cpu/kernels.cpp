@@ -1,5 +1,6 @@
 #include "backend/cpu/kernels.h"
 
+#include "backend/cpu/attention.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu/simd.h"
 #include "gguf/fp16.h"
@@ -11,6 +12,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -1033,10 +1035,17 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// swiglu's exp(-g): attention.cpp's exp_neg steps (within 2 ulp), which hold
+// for positive arguments too up to 88 (2^n stays a normal float), and +inf
+// above (g / (1 + e) is then -0 where expf would give ~-1e-37, for g < -88).
+// Not std::exp: the C library's expf is nothing a shader can repeat, and the
+// Vulkan backend's swiglu.comp computes these same bits (issue 31).
+static float swiglu_exp(float x) { return x > 88.0f ? std::numeric_limits<float>::infinity() : exp_neg(x); }
+
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    out[i] = g / (1.0f + swiglu_exp(-g)) * up[i];
   }
 }
 

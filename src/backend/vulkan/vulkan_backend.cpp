@@ -29,6 +29,14 @@ constexpr uint32_t kPushBytes = 128;
 constexpr uint32_t kPoolSets = 512;
 constexpr uint32_t kMaxBindings = 6;
 constexpr uint64_t kStagingBytes = 8ull << 20;
+// 1 where the CPU's dot_f32 takes an 8-element chunk after its 16-element
+// ones (the AVX2 kernel; AVX-512 goes on one element at a time):
+// attention.comp's pc.tail8.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+constexpr uint32_t kCpuDotTail8 = 1;
+#else
+constexpr uint32_t kCpuDotTail8 = 0;
+#endif
 
 // The weight types with shaders, and their shader-name suffix (one matmul and
 // one embed variant each: CMakeLists.txt, shaders/weights.glsl). The K types
@@ -55,23 +63,17 @@ static_assert(std::size(kTypeShaders) == std::size(kVulkanWeightTypes), "a shade
 
 // Bindings per shader; matmul_* take 4 (weights, codes/x, scales, y), embed_* 3.
 uint32_t shader_bindings(const char* name) {
-  static const std::map<std::string, uint32_t> fixed = {{"quantize_q8_0", 3},
-                                                        {"quantize_q8_0_f64", 3},
-                                                        {"quantize_q8_1", 3},
-                                                        {"quantize_q8_1_f64", 3},
-                                                        {"quantize_q8_k", 3},
-                                                        {"quantize_q8_k_f64", 3},
-                                                        {"rms_norm", 3},
-                                                        {"rms_norm_f64", 3},
-                                                        {"rope", 2},
-                                                        {"rope_neox", 2},
-                                                        {"add_bias", 2},
-                                                        {"kv_write", 5},
-                                                        {"attention", 6},
-                                                        {"kv_write_f16", 5},
-                                                        {"attention_f16", 6},
-                                                        {"swiglu", 2},
-                                                        {"add", 2}};
+  static const std::map<std::string, uint32_t> fixed = {{"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3},
+                                                        {"quantize_q8_1", 3}, {"quantize_q8_1_f64", 3},
+                                                        {"quantize_q8_k", 3}, {"quantize_q8_k_f64", 3},
+                                                        {"rms_norm", 3},      {"rms_norm_f64", 3},
+                                                        {"rope", 2},          {"rope_neox", 2},
+                                                        {"rope_f64", 2},      {"rope_neox_f64", 2},
+                                                        {"attention_f64", 6}, {"attention_f16_f64", 6},
+                                                        {"add_bias", 2},      {"kv_write", 5},
+                                                        {"attention", 6},     {"kv_write_f16", 5},
+                                                        {"attention_f16", 6}, {"swiglu", 2},
+                                                        {"swiglu_f64", 2},    {"add", 2}};
   if (auto it = fixed.find(name); it != fixed.end()) return it->second;
   for (const TypeShaders& t : kTypeShaders) {
     if (std::strcmp(t.matmul, name) == 0) return 4;
@@ -349,6 +351,20 @@ class VulkanBackend::Impl::Recorder {
   }
 
   const char* matmul_shader(gguf::GgmlType t) const { return ::spw::matmul_shader(t, im_.ctx->info().shader_float64); }
+
+  // RoPE and attention as this build's CPU kernels round them (rope.comp,
+  // attention.comp: EXACT_F64): needs float64 on the device, and CPU kernels
+  // with fused multiply-adds and the AVX2 / AVX-512 dot order.
+  // The CPU's swiglu bitwise where the device has float64 (swiglu.comp).
+  const char* swiglu_shader() const { return im_.ctx->info().shader_float64 ? "swiglu_f64" : "swiglu"; }
+
+  bool exact_attention() const {
+#if defined(__AVX2__) && defined(__FMA__)
+    return im_.ctx->info().shader_float64;
+#else
+    return false;
+#endif
+  }
 
   void dispatch(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,
                 uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
@@ -938,7 +954,8 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
       rec.barrier();
     }
     if (half > 0) {
-      const char* rope = hp.rope_style == RopeStyle::kNeox ? "rope_neox" : "rope";
+      const bool neox = hp.rope_style == RopeStyle::kNeox;
+      const char* rope = rec.exact_attention() ? (neox ? "rope_neox_f64" : "rope_f64") : (neox ? "rope_neox" : "rope");
       const uint32_t pq[5] = {nt, static_cast<uint32_t>(hp.n_head), hd, half, static_cast<uint32_t>(Q)};
       rec.dispatch_flat(rope, {s.q.buffer(), s.io_rope.buffer()}, pq, sizeof pq, n * hp.n_head * half);
       const uint32_t pk[5] = {nt, static_cast<uint32_t>(hp.n_head_kv), hd, half, static_cast<uint32_t>(KV)};
@@ -953,16 +970,20 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
     rec.barrier();
     for (uint64_t t0 = 0; t0 < n; t0 += tc) {
       const uint32_t cnt = static_cast<uint32_t>(std::min(tc, n - t0));
-      const uint32_t pa[9] = {hd,
-                              static_cast<uint32_t>(hp.n_head),
-                              static_cast<uint32_t>(hp.n_gqa()),
-                              static_cast<uint32_t>(KV),
-                              static_cast<uint32_t>(bt),
-                              static_cast<uint32_t>(t0),
+      const uint32_t pa[10] = {hd,
+                               static_cast<uint32_t>(hp.n_head),
+                               static_cast<uint32_t>(hp.n_gqa()),
+                               static_cast<uint32_t>(KV),
+                               static_cast<uint32_t>(bt),
+                               static_cast<uint32_t>(t0),
                                static_cast<uint32_t>(n_pos),
                                static_cast<uint32_t>(Q),
-                               scale_bits};
-      rec.dispatch(kv_f16 ? "attention_f16" : "attention",
+                               scale_bits,
+                               kCpuDotTail8};
+      // The exact variant keeps four output elements per invocation.
+      const char* attention = rec.exact_attention() && hd <= 4 * kWg ? (kv_f16 ? "attention_f16_f64" : "attention_f64")
+                                                                     : (kv_f16 ? "attention_f16" : "attention");
+      rec.dispatch(attention,
                    {s.q.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer(), s.scores.buffer(),
                     s.att.buffer()},
                    pa, sizeof pa, static_cast<uint32_t>(hp.n_head), cnt, 1);
@@ -980,7 +1001,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
     }
     rec.barrier();
     const uint32_t ps[1] = {static_cast<uint32_t>(n * FF)};
-    rec.dispatch_flat("swiglu", {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, n * FF);
+    rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, n * FF);
     rec.barrier();
     MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), n * FF)
         .matmul(L.down, nt, s.cur.buffer(), static_cast<uint32_t>(E));
@@ -1117,7 +1138,7 @@ Status VulkanBackend::op_swiglu(const float* gate, const float* up, int64_t n, f
   std::memcpy(bu.mapped(), up, bytes);
   const uint32_t pc[1] = {static_cast<uint32_t>(n)};
   Impl::Recorder rec(im);
-  rec.dispatch_flat("swiglu", {bg.buffer(), bu.buffer()}, pc, sizeof pc, static_cast<uint64_t>(n));
+  rec.dispatch_flat(rec.swiglu_shader(), {bg.buffer(), bu.buffer()}, pc, sizeof pc, static_cast<uint64_t>(n));
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(out, bg.mapped(), bytes);
   return Status();
@@ -1208,7 +1229,8 @@ Status VulkanBackend::op_rope(float* x, int32_t n_tokens, int32_t n_heads, int32
   const uint32_t pc[5] = {static_cast<uint32_t>(n), static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim), half,
                           static_cast<uint32_t>(n_heads * head_dim)};
   Impl::Recorder rec(im);
-  rec.dispatch_flat("rope", {bx.buffer(), bt.buffer()}, pc, sizeof pc, n * static_cast<uint64_t>(n_heads) * half);
+  rec.dispatch_flat(rec.exact_attention() ? "rope_f64" : "rope", {bx.buffer(), bt.buffer()}, pc, sizeof pc,
+                    n * static_cast<uint64_t>(n_heads) * half);
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(x, bx.mapped(), bytes);
   return Status();

@@ -21,7 +21,8 @@
 // order, one accumulator over the whole row:
 //   Q4_K, Q5_K:  acc = fma(float(i), d * d_x, acc); acc = fma(float(-k), dmin * d_x, acc)
 //   Q6_K:        acc = fma(float(i), d * d_x, acc)
-// (`precise` keeps each product rounded on its own, as the CPU's is.)
+// (`precise` keeps each product rounded on its own, as the CPU's is; fma is
+// exact.glsl's fma_rn, fused for certain in the EXACT_F64 variant.)
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = WG) in;
@@ -45,6 +46,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 #include "weights.glsl"
+#include "exact.glsl"
 
 #if WTYPE < WT_Q4_K
 shared float red[WG];
@@ -72,33 +74,6 @@ int dot4s(uint wword, uint xword) {
 int sum4(uint xword) {
   const int xv = int(xword);
   return bitfieldExtract(xv, 0, 8) + bitfieldExtract(xv, 8, 8) + bitfieldExtract(xv, 16, 8) + bitfieldExtract(xv, 24, 8);
-}
-#endif
-
-#if WTYPE >= WT_Q4_K
-// fma(a, b, c) rounded once, as the CPU's std::fma is. GLSL's fma() need not
-// be fused (lavapipe lowers it to a multiply and an add), so with float64
-// (EXACT_F64) it is computed: a * b is exact in float64 (48 significant
-// bits), s = p + c with its exact error e (TwoSum: s + e == p + c), and s
-// rounds to the float nearest p + c unless s lies exactly halfway between two
-// floats, where e's sign decides. (float64 add/multiply and the conversion to
-// float are correctly rounded, to nearest even.) Without float64, fma().
-float fma_rn(float a, float b, float c) {
-#ifdef EXACT_F64
-  precise const double p = double(a) * double(b);
-  precise const double s = p + double(c);
-  precise const double bb = s - p;
-  precise const double e = (p - (s - bb)) + (double(c) - bb);
-  const float f = float(s);
-  if (e == 0.0LF) return f;
-  precise const double df = double(f);
-  precise const double g = df + 2.0LF * (s - df);  // s's mirror image about f
-  // s is halfway between f and g exactly when g is the float next to f.
-  if (g != df && double(float(g)) == g && (e > 0.0LF) == (g > df)) return float(g);
-  return f;
-#else
-  return fma(a, b, c);
-#endif
 }
 #endif
 
