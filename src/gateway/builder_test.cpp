@@ -309,6 +309,38 @@ TEST_F(BuilderTest, AnOnDemandReplicaIsCheckedOnceGivenBackAndItsVerdictKept) {
   check("stored");
 }
 
+// Issue 31: a Q4_K_M file (Q4_K, with Q6_K for the output and half the
+// layers' attn_v / ffn_down) passes the equivalence check at start, so the
+// CPU path is a migration target: the device's K-type matmuls are bitwise
+// the CPU's (vulkan_backend_test), which a Q4_K_M model failed before.
+TEST_F(BuilderTest, AQ4KMModelPassesTheEquivalenceCheck) {
+  const std::string why = vulkan_missing();
+  if (!why.empty()) GTEST_SKIP() << why;
+  modelgen::RandomLlamaSpec s;
+  s.n_embd = 256;  // the K types' rows are multiples of 256
+  s.n_layer = 2;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_ff = 512;
+  s.n_ctx = 2048;
+  s.mix = modelgen::RandomLlamaMix::kQ4_K_M;
+  s.vocab_path = stories();
+  const std::string path = (dir_ / "q4_k_m.gguf").string();
+  ASSERT_TRUE(modelgen::write_random_llama(Env::default_env(), path, s).ok());
+  GatewayOptions o = gpu_options();
+  o.model = path;
+  o.device_memory = "64MiB";
+  Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  Gateway& gw = *b->gateway;
+  ASSERT_EQ(gw.paths().size(), 2u);
+  const GatewayStatus st = gw.status();
+  ASSERT_EQ(st.equivalence.size(), 1u);
+  EXPECT_TRUE(st.equivalence[0].passed) << st.equivalence[0].detail;
+  EXPECT_TRUE(gw.migration_allowed(0, 1).ok()) << gw.migration_allowed(0, 1).to_string();
+  b->gateway->shutdown(std::chrono::milliseconds(0));
+}
+
 TEST_F(BuilderTest, OffloadPathTakesALongPromptTheGpuPoolCannotHold) {
   const std::string why = vulkan_missing();
   if (!why.empty()) GTEST_SKIP() << why;

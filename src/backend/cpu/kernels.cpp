@@ -1,5 +1,6 @@
 #include "backend/cpu/kernels.h"
 
+#include "backend/cpu/attention.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu/simd.h"
 #include "gguf/fp16.h"
@@ -11,6 +12,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -1033,10 +1035,24 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// swiglu's exp(-g) is attention.cpp's exp_neg (within 2 ulp), whose steps
+// hold for positive arguments too up to 88 (2^n stays a normal float), and
+// +inf above (g / (1 + e) is then -0 where expf would give ~-1e-37, for
+// g < -88). Not std::exp: the C library's expf is nothing a shader can
+// repeat, and the Vulkan backend's swiglu.comp computes these same bits
+// (issue 31). exp_neg_shifted takes 16 at a time (its AVX-512 lanes give
+// exp_neg's bits); x - 0 is x.
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  float e[16];
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {
+    const int64_t m = std::min<int64_t>(16, n - i0);
+    for (int64_t j = 0; j < m; ++j) e[j] = -gate[i0 + j];
+    exp_neg_shifted(e, m, 0.0f);
+    for (int64_t j = 0; j < m; ++j) {
+      const float g = gate[i0 + j];
+      const float ex = -g > 88.0f ? std::numeric_limits<float>::infinity() : e[j];
+      out[i0 + j] = g / (1.0f + ex) * up[i0 + j];  // out may be gate: g is read first
+    }
   }
 }
 

@@ -29,33 +29,55 @@ constexpr uint32_t kPushBytes = 128;
 constexpr uint32_t kPoolSets = 512;
 constexpr uint32_t kMaxBindings = 6;
 constexpr uint64_t kStagingBytes = 8ull << 20;
+// 1 where the CPU's dot_f32 takes an 8-element chunk after its 16-element
+// ones (the AVX2 kernel; AVX-512 goes on one element at a time):
+// attention.comp's pc.tail8.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+constexpr uint32_t kCpuDotTail8 = 1;
+#else
+constexpr uint32_t kCpuDotTail8 = 0;
+#endif
 
 // The weight types with shaders, and their shader-name suffix (one matmul and
-// one embed variant each: CMakeLists.txt, shaders/weights.glsl).
+// one embed variant each: CMakeLists.txt, shaders/weights.glsl). The K types
+// also have a float64 matmul, bitwise the CPU's (matmul.comp's fma_rn).
 struct TypeShaders {
   gguf::GgmlType type;
   const char* matmul;
   const char* embed;
+  const char* matmul_f64 = nullptr;
 };
 constexpr TypeShaders kTypeShaders[] = {
-    {gguf::GgmlType::kF32, "matmul_f32", "embed_f32"},    {gguf::GgmlType::kF16, "matmul_f16", "embed_f16"},
-    {gguf::GgmlType::kQ8_0, "matmul_q8_0", "embed_q8_0"}, {gguf::GgmlType::kQ4_0, "matmul_q4_0", "embed_q4_0"},
-    {gguf::GgmlType::kQ4_1, "matmul_q4_1", "embed_q4_1"}, {gguf::GgmlType::kQ5_0, "matmul_q5_0", "embed_q5_0"},
-    {gguf::GgmlType::kQ5_1, "matmul_q5_1", "embed_q5_1"}, {gguf::GgmlType::kQ4_K, "matmul_q4_k", "embed_q4_k"},
-    {gguf::GgmlType::kQ5_K, "matmul_q5_k", "embed_q5_k"}, {gguf::GgmlType::kQ6_K, "matmul_q6_k", "embed_q6_k"},
+    {gguf::GgmlType::kF32, "matmul_f32", "embed_f32"},
+    {gguf::GgmlType::kF16, "matmul_f16", "embed_f16"},
+    {gguf::GgmlType::kQ8_0, "matmul_q8_0", "embed_q8_0"},
+    {gguf::GgmlType::kQ4_0, "matmul_q4_0", "embed_q4_0"},
+    {gguf::GgmlType::kQ4_1, "matmul_q4_1", "embed_q4_1"},
+    {gguf::GgmlType::kQ5_0, "matmul_q5_0", "embed_q5_0"},
+    {gguf::GgmlType::kQ5_1, "matmul_q5_1", "embed_q5_1"},
+    {gguf::GgmlType::kQ4_K, "matmul_q4_k", "embed_q4_k", "matmul_q4_k_f64"},
+    {gguf::GgmlType::kQ5_K, "matmul_q5_k", "embed_q5_k", "matmul_q5_k_f64"},
+    {gguf::GgmlType::kQ6_K, "matmul_q6_k", "embed_q6_k", "matmul_q6_k_f64"},
 };
 static_assert(std::size(kTypeShaders) == std::size(kVulkanWeightTypes), "a shader pair per computed type");
 
 // Bindings per shader; matmul_* take 4 (weights, codes/x, scales, y), embed_* 3.
 uint32_t shader_bindings(const char* name) {
-  static const std::map<std::string, uint32_t> fixed = {
-      {"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3}, {"quantize_q8_1", 3}, {"quantize_q8_1_f64", 3},
-      {"quantize_q8_k", 3}, {"quantize_q8_k_f64", 3}, {"rms_norm", 3},      {"rope", 2},
-      {"rope_neox", 2},     {"add_bias", 2},          {"kv_write", 5},      {"attention", 6},
-      {"kv_write_f16", 5},  {"attention_f16", 6},     {"swiglu", 2},        {"add", 2}};
+  static const std::map<std::string, uint32_t> fixed = {{"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3},
+                                                        {"quantize_q8_1", 3}, {"quantize_q8_1_f64", 3},
+                                                        {"quantize_q8_k", 3}, {"quantize_q8_k_f64", 3},
+                                                        {"rms_norm", 3},      {"rms_norm_f64", 3},
+                                                        {"rope", 2},          {"rope_neox", 2},
+                                                        {"rope_f64", 2},      {"rope_neox_f64", 2},
+                                                        {"attention_f64", 6}, {"attention_f16_f64", 6},
+                                                        {"add_bias", 2},      {"kv_write", 5},
+                                                        {"attention", 6},     {"kv_write_f16", 5},
+                                                        {"attention_f16", 6}, {"swiglu", 2},
+                                                        {"swiglu_f64", 2},    {"add", 2}};
   if (auto it = fixed.find(name); it != fixed.end()) return it->second;
   for (const TypeShaders& t : kTypeShaders) {
     if (std::strcmp(t.matmul, name) == 0) return 4;
+    if (t.matmul_f64 != nullptr && std::strcmp(t.matmul_f64, name) == 0) return 4;
     if (std::strcmp(t.embed, name) == 0) return 3;
   }
   return 0;
@@ -108,7 +130,11 @@ const TypeShaders& type_shaders(gguf::GgmlType t) {
     if (ts.type == t) return ts;
   return kTypeShaders[0];  // unreachable: upload_matrix admits only listed types
 }
-const char* matmul_shader(gguf::GgmlType t) { return type_shaders(t).matmul; }
+// The float64 variant where the device has float64 and the type one.
+const char* matmul_shader(gguf::GgmlType t, bool f64) {
+  const TypeShaders& ts = type_shaders(t);
+  return f64 && ts.matmul_f64 != nullptr ? ts.matmul_f64 : ts.matmul;
+}
 const char* embed_shader(gguf::GgmlType t) { return type_shaders(t).embed; }
 
 std::string hex64(uint64_t v) {
@@ -324,6 +350,22 @@ class VulkanBackend::Impl::Recorder {
     }
   }
 
+  const char* matmul_shader(gguf::GgmlType t) const { return ::spw::matmul_shader(t, im_.ctx->info().shader_float64); }
+
+  // RoPE and attention as this build's CPU kernels round them (rope.comp,
+  // attention.comp: EXACT_F64): needs float64 on the device, and CPU kernels
+  // with fused multiply-adds and the AVX2 / AVX-512 dot order.
+  // The CPU's swiglu bitwise where the device has float64 (swiglu.comp).
+  const char* swiglu_shader() const { return im_.ctx->info().shader_float64 ? "swiglu_f64" : "swiglu"; }
+
+  bool exact_attention() const {
+#if defined(__AVX2__) && defined(__FMA__)
+    return im_.ctx->info().shader_float64;
+#else
+    return false;
+#endif
+  }
+
   void dispatch(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,
                 uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
     if (!st_.ok()) return;
@@ -389,7 +431,9 @@ class VulkanBackend::Impl::Recorder {
     const uint32_t pc[3] = {static_cast<uint32_t>(n), eps_bits, static_cast<uint32_t>(rows)};
     const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(rows, 1), kMaxGroups));
     const uint32_t gy = static_cast<uint32_t>((std::max<uint64_t>(rows, 1) + gx - 1) / gx);
-    dispatch("rms_norm", {x, w, y}, pc, sizeof pc, gx, gy, 1);
+    // float64: the CPU's rms_norm bitwise (rms_norm.comp); else within
+    // float rounding of it.
+    dispatch(im_.ctx->info().shader_float64 ? "rms_norm_f64" : "rms_norm", {x, w, y}, pc, sizeof pc, gx, gy, 1);
   }
 
   void barrier() {
@@ -711,9 +755,9 @@ void record_matmul(VulkanBackend::Impl::Recorder& rec, const DevMatrix& m, VkBuf
     const uint32_t gx = std::min(rows, kMaxGroups);
     const uint32_t gz = (rows + gx - 1) / gx;
     if (cpu::act_format(m.type) != cpu::ActFormat::kFloat) {
-      rec.dispatch(matmul_shader(m.type), {c.buf.buffer(), xq, xd, y}, pc, sizeof pc, gx, n_tokens, gz);
+      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), xq, xd, y}, pc, sizeof pc, gx, n_tokens, gz);
     } else {
-      rec.dispatch(matmul_shader(m.type), {c.buf.buffer(), x, x, y}, pc, sizeof pc, gx, n_tokens, gz);
+      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), x, x, y}, pc, sizeof pc, gx, n_tokens, gz);
     }
   }
 }
@@ -910,7 +954,8 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
       rec.barrier();
     }
     if (half > 0) {
-      const char* rope = hp.rope_style == RopeStyle::kNeox ? "rope_neox" : "rope";
+      const bool neox = hp.rope_style == RopeStyle::kNeox;
+      const char* rope = rec.exact_attention() ? (neox ? "rope_neox_f64" : "rope_f64") : (neox ? "rope_neox" : "rope");
       const uint32_t pq[5] = {nt, static_cast<uint32_t>(hp.n_head), hd, half, static_cast<uint32_t>(Q)};
       rec.dispatch_flat(rope, {s.q.buffer(), s.io_rope.buffer()}, pq, sizeof pq, n * hp.n_head * half);
       const uint32_t pk[5] = {nt, static_cast<uint32_t>(hp.n_head_kv), hd, half, static_cast<uint32_t>(KV)};
@@ -925,16 +970,20 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
     rec.barrier();
     for (uint64_t t0 = 0; t0 < n; t0 += tc) {
       const uint32_t cnt = static_cast<uint32_t>(std::min(tc, n - t0));
-      const uint32_t pa[9] = {hd,
-                              static_cast<uint32_t>(hp.n_head),
-                              static_cast<uint32_t>(hp.n_gqa()),
-                              static_cast<uint32_t>(KV),
-                              static_cast<uint32_t>(bt),
-                              static_cast<uint32_t>(t0),
+      const uint32_t pa[10] = {hd,
+                               static_cast<uint32_t>(hp.n_head),
+                               static_cast<uint32_t>(hp.n_gqa()),
+                               static_cast<uint32_t>(KV),
+                               static_cast<uint32_t>(bt),
+                               static_cast<uint32_t>(t0),
                                static_cast<uint32_t>(n_pos),
                                static_cast<uint32_t>(Q),
-                               scale_bits};
-      rec.dispatch(kv_f16 ? "attention_f16" : "attention",
+                               scale_bits,
+                               kCpuDotTail8};
+      // The exact variant keeps four output elements per invocation.
+      const char* attention = rec.exact_attention() && hd <= 4 * kWg ? (kv_f16 ? "attention_f16_f64" : "attention_f64")
+                                                                     : (kv_f16 ? "attention_f16" : "attention");
+      rec.dispatch(attention,
                    {s.q.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer(), s.scores.buffer(),
                     s.att.buffer()},
                    pa, sizeof pa, static_cast<uint32_t>(hp.n_head), cnt, 1);
@@ -952,7 +1001,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
     }
     rec.barrier();
     const uint32_t ps[1] = {static_cast<uint32_t>(n * FF)};
-    rec.dispatch_flat("swiglu", {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, n * FF);
+    rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, n * FF);
     rec.barrier();
     MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), n * FF)
         .matmul(L.down, nt, s.cur.buffer(), static_cast<uint32_t>(E));
@@ -1089,7 +1138,7 @@ Status VulkanBackend::op_swiglu(const float* gate, const float* up, int64_t n, f
   std::memcpy(bu.mapped(), up, bytes);
   const uint32_t pc[1] = {static_cast<uint32_t>(n)};
   Impl::Recorder rec(im);
-  rec.dispatch_flat("swiglu", {bg.buffer(), bu.buffer()}, pc, sizeof pc, static_cast<uint64_t>(n));
+  rec.dispatch_flat(rec.swiglu_shader(), {bg.buffer(), bu.buffer()}, pc, sizeof pc, static_cast<uint64_t>(n));
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(out, bg.mapped(), bytes);
   return Status();
@@ -1180,7 +1229,8 @@ Status VulkanBackend::op_rope(float* x, int32_t n_tokens, int32_t n_heads, int32
   const uint32_t pc[5] = {static_cast<uint32_t>(n), static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim), half,
                           static_cast<uint32_t>(n_heads * head_dim)};
   Impl::Recorder rec(im);
-  rec.dispatch_flat("rope", {bx.buffer(), bt.buffer()}, pc, sizeof pc, n * static_cast<uint64_t>(n_heads) * half);
+  rec.dispatch_flat(rec.exact_attention() ? "rope_f64" : "rope", {bx.buffer(), bt.buffer()}, pc, sizeof pc,
+                    n * static_cast<uint64_t>(n_heads) * half);
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(x, bx.mapped(), bytes);
   return Status();

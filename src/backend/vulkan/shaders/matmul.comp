@@ -11,13 +11,18 @@
 // the float steps are the CPU's:
 //   Q8_0, Q4_0, Q5_0:  s = fma(float(isum), d_w * d_x, s)
 //   Q4_1, Q5_1:        then s = fma(m_w, s_x, s)                 (Q8_1's s)
-//   Q4_K, Q5_K:        s = fma(float(sc * isum), d * d_x, s);
-//                      s = fma(float(-m * sum(x codes)), dmin * d_x, s)
-//   Q6_K:              s = fma(float(sc0 * isum0 + sc1 * isum1), d * d_x, s)
-// The CPU applies the K types' float steps once per 256-element super-block
-// and splits blocks over 8 lanes; here each unit is a step and the tree
-// reduction adds them, so the two backends agree to float rounding (the
-// equivalence probe and the tests measure it), not bitwise.
+// For these the CPU splits blocks over 8 lanes; here each unit is a step and
+// the tree reduction adds them, so the two agree to float rounding.
+// The K types are bitwise the CPU's (quant_dot.h's contract): a pass covers
+// 8 super-blocks, one 32-element sub-block per invocation; the invocations'
+// integer parts (sc * dot, and m * sum(x codes) or Q6_K's two scaled
+// half-dots) go to shared memory, where integers add exactly in any order, and
+// invocation 0 alone applies each super-block's float steps in the CPU's
+// order, one accumulator over the whole row:
+//   Q4_K, Q5_K:  acc = fma(float(i), d * d_x, acc); acc = fma(float(-k), dmin * d_x, acc)
+//   Q6_K:        acc = fma(float(i), d * d_x, acc)
+// (`precise` keeps each product rounded on its own, as the CPU's is; fma is
+// exact.glsl's fma_rn, fused for certain in the EXACT_F64 variant.)
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = WG) in;
@@ -41,8 +46,14 @@ layout(push_constant) uniform PC {
 } pc;
 
 #include "weights.glsl"
+#include "exact.glsl"
 
+#if WTYPE < WT_Q4_K
 shared float red[WG];
+#else
+shared int ired[WG];  // a pass's integer parts, invocation by invocation
+shared int kred[WG];
+#endif
 
 #if WTYPE >= 2
 // sum_i (code_i - bias) * x_i over the four bytes of each word.
@@ -71,6 +82,7 @@ void main() {
   const uint t = gl_WorkGroupID.y;
   const uint tid = gl_LocalInvocationID.x;
   if (r >= pc.n_rows) return;  // uniform per workgroup
+#if WTYPE < WT_Q4_K
   float s = 0.0;
 #if WTYPE == WT_F32
   const uint wb = r * pc.n_cols, xb = t * pc.n_cols;
@@ -93,7 +105,7 @@ void main() {
     int isum = 0;
     for (uint i = 0u; i < 8u; ++i) isum += dot4s(w_u32(o + 2u + 4u * i), xq[xo + i]);
     s = fma(float(isum), w_half(o) * uintBitsToFloat(xd[t * n_units + u]), s);
-#elif WTYPE <= WT_Q5_1
+#else
     const uint o = rb + u * BLOCK_BYTES;
     const int bias = WTYPE == WT_Q4_0 ? 8 : WTYPE == WT_Q5_0 ? 16 : 0;
     int isum = 0;
@@ -105,27 +117,6 @@ void main() {
     s = fma(float(isum), w_half(o) * ds.x, s);
     s = fma(w_half(o + 2u), ds.y, s);
 #endif
-#else  // K types: unit u is sub-block u % 8 of super-block u / 8
-    const uint b = u >> 3, j = u & 7u;
-    const uint o = rb + b * BLOCK_BYTES;
-    const float dx = uintBitsToFloat(xd[t * (n_units >> 3) + b]);
-#if WTYPE == WT_Q6_K
-    int i0 = 0, i1 = 0;
-    for (uint i = 0u; i < 4u; ++i) i0 += dot4(unit_codes(o, j, i), 32, xq[xo + i]);
-    for (uint i = 4u; i < 8u; ++i) i1 += dot4(unit_codes(o, j, i), 32, xq[xo + i]);
-    const int sc0 = bitfieldExtract(int(w_u8(o + 192u + 2u * j)), 0, 8);
-    const int sc1 = bitfieldExtract(int(w_u8(o + 193u + 2u * j)), 0, 8);
-    s = fma(float(sc0 * i0 + sc1 * i1), w_half(o + 208u) * dx, s);
-#else
-    int isum = 0, xsum = 0;
-    for (uint i = 0u; i < 8u; ++i) {
-      isum += dot4(unit_codes(o, j, i), 0, xq[xo + i]);
-      xsum += sum4(xq[xo + i]);
-    }
-    const ivec2 sm = k4_scale_min(o + 4u, j);
-    s = fma(float(sm.x * isum), w_half(o) * dx, s);
-    s = fma(float(-(sm.y * xsum)), w_half(o + 2u) * dx, s);
-#endif
 #endif
   }
 #endif
@@ -136,4 +127,59 @@ void main() {
     barrier();
   }
   if (tid == 0u) y[t * pc.y_stride + pc.row0 + r] = red[0];
+#else
+  const uint n_sb = pc.n_cols / 256u;
+  const uint rb = r * pc.row_bytes;
+  const uint xw0 = t * (pc.n_cols / 4u);
+  float acc = 0.0;  // invocation 0's
+  for (uint b0 = 0u; b0 < n_sb; b0 += WG / 8u) {
+    const uint b = b0 + (tid >> 3), j = tid & 7u;
+    int ip = 0, kp = 0;
+    if (b < n_sb) {
+      const uint o = rb + b * BLOCK_BYTES;
+      const uint xo = xw0 + 64u * b + 8u * j;
+#if WTYPE == WT_Q6_K
+      int i0 = 0, i1 = 0;
+      for (uint i = 0u; i < 4u; ++i) i0 += dot4(unit_codes(o, j, i), 32, xq[xo + i]);
+      for (uint i = 4u; i < 8u; ++i) i1 += dot4(unit_codes(o, j, i), 32, xq[xo + i]);
+      ip = bitfieldExtract(int(w_u8(o + 192u + 2u * j)), 0, 8) * i0 +
+           bitfieldExtract(int(w_u8(o + 193u + 2u * j)), 0, 8) * i1;
+#else
+      int isum = 0, xsum = 0;
+      for (uint i = 0u; i < 8u; ++i) {
+        isum += dot4(unit_codes(o, j, i), 0, xq[xo + i]);
+        xsum += sum4(xq[xo + i]);
+      }
+      const ivec2 sm = k4_scale_min(o + 4u, j);
+      ip = sm.x * isum;
+      kp = sm.y * xsum;
+#endif
+    }
+    ired[tid] = ip;
+    kred[tid] = kp;
+    barrier();
+    if (tid == 0u) {
+      for (uint k = 0u; k < WG / 8u && b0 + k < n_sb; ++k) {
+        int i = 0, m = 0;
+        for (uint jj = 0u; jj < 8u; ++jj) {
+          i += ired[8u * k + jj];
+          m += kred[8u * k + jj];
+        }
+        const uint o = rb + (b0 + k) * BLOCK_BYTES;
+        const float dx = uintBitsToFloat(xd[t * n_sb + b0 + k]);
+#if WTYPE == WT_Q6_K
+        precise const float dd = w_half(o + 208u) * dx;
+        acc = fma_rn(float(i), dd, acc);
+#else
+        precise const float dd = w_half(o) * dx;
+        precise const float dm = w_half(o + 2u) * dx;
+        acc = fma_rn(float(i), dd, acc);
+        acc = fma_rn(float(-m), dm, acc);
+#endif
+      }
+    }
+    barrier();  // ired/kred are rewritten by the next pass
+  }
+  if (tid == 0u) y[t * pc.y_stride + pc.row0 + r] = acc;
+#endif
 }

@@ -4,6 +4,7 @@
 // host-computed table (cos then sin, [n_tokens][half]).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+#include "exact.glsl"
 layout(local_size_x = WG) in;
 
 layout(std430, binding = 0) buffer X { float x[]; };
@@ -33,8 +34,14 @@ void main() {
   const float c = cs[t * pc.half_rot + i];
   const float s = cs[pc.n_tokens * pc.half_rot + t * pc.half_rot + i];
   const float x0 = x[o], x1 = x[o1];
+#ifdef EXACT_F64
+  // The CPU's rope_apply with FMA: one fused step each (exact.glsl).
+  const float a = fma_rn(x0, c, -(x1 * s));
+  const float b = fma_rn(x0, s, x1 * c);
+#else
   precise float a = x0 * c - x1 * s;
   precise float b = x0 * s + x1 * c;
+#endif
   x[o] = a;
   x[o1] = b;
 }
