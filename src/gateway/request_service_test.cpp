@@ -46,7 +46,7 @@ class RequestServiceTest : public ::testing::Test {
     o.ctx = 256;
     o.threads = 1;
     o.journal = with_journal ? (dir_ / "journal.db").string() : "none";
-    o.host_bandwidth = "20GB";  // no probe: not what this test is about
+    o.host_bandwidth = 20e9;  // no probe: not what this test is about
     Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     built_ = std::move(*b);
