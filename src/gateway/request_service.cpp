@@ -22,8 +22,8 @@ journal::Outcome refused_outcome(const Status& st, const std::string& text = {})
 }
 
 Status not_resumable(int64_t public_id, const std::string& why) {
-  return Status(StatusCode::kFailedPrecondition,
-                "request " + std::to_string(public_id) + " cannot be resumed: " + why, FailureReason::kNotResumable);
+  return Status(StatusCode::kFailedPrecondition, "request " + std::to_string(public_id) + " cannot be resumed: " + why,
+                FailureReason::kNotResumable);
 }
 
 }  // namespace
@@ -37,7 +37,8 @@ Status RequestService::journal_failure(const Status& st) {
     // Room comes back as requests in flight finish.
     return Status(StatusCode::kUnavailable,
                   "the request journal is full of requests still in flight, so this one is not accepted; retry "
-                  "shortly: " + st.message(),
+                  "shortly: " +
+                      st.message(),
                   FailureReason::kJournalFull);
   }
   return Status(StatusCode::kUnavailable,
@@ -118,13 +119,13 @@ SubmitOutcome RequestService::submit(Submission s) {
       // Still running: the client learns which request its key names, so
       // that it can poll or cancel it (a non-streaming client has no other
       // way to learn the id before the answer).
-      return refused(Status(StatusCode::kFailedPrecondition,
-                            "Idempotency-Key '" + s.idempotency_key + "' names request " +
-                                std::to_string(known->public_id) + ", still in progress (" +
-                                std::string(journal::state_name(known->state)) + "); poll GET /v1/requests/" +
-                                std::to_string(known->public_id),
-                            FailureReason::kIdempotencyConflict, "Idempotency-Key"),
-                     known->public_id);
+      return refused(
+          Status(StatusCode::kFailedPrecondition,
+                 "Idempotency-Key '" + s.idempotency_key + "' names request " + std::to_string(known->public_id) +
+                     ", still in progress (" + std::string(journal::state_name(known->state)) +
+                     "); poll GET /v1/requests/" + std::to_string(known->public_id),
+                 FailureReason::kIdempotencyConflict, "Idempotency-Key"),
+          known->public_id);
     }
   }
   // Refusals that need no tokenizer: a prompt whose bytes cannot fit any
@@ -191,7 +192,8 @@ SubmitOutcome RequestService::submit(Submission s) {
 // has none of its text (another seed would contradict it).
 Result<Checkpoint> RequestService::start_checkpoint_of(const journal::Record& r, const std::string& received_text) {
   Result<StoredRequest> stored = options_.parse_stored(r);
-  if (!stored.ok()) return Status::failed_precondition("its stored body no longer parses: " + stored.status().message());
+  if (!stored.ok())
+    return Status::failed_precondition("its stored body no longer parses: " + stored.status().message());
   if (stored->n > 1) {
     return Status::failed_precondition("it asked for n = " + std::to_string(stored->n) +
                                        " choices, and a request with n > 1 is not resumed (send it again)");
@@ -221,8 +223,8 @@ Result<ResumeOutcome> RequestService::resume(const ResumeCommand& c, Refusal* re
   const bool from_prompt = r->checkpoint.empty();
   Result<Checkpoint> cp = from_prompt ? start_checkpoint_of(*r, c.received_text) : parse_checkpoint(r->checkpoint);
   if (!cp.ok()) {
-    return not_resumable(c.public_id,
-                         from_prompt ? cp.status().message() : "its checkpoint is unreadable: " + cp.status().message());
+    return not_resumable(
+        c.public_id, from_prompt ? cp.status().message() : "its checkpoint is unreadable: " + cp.status().message());
   }
   // Taken back to running before anything runs: a second resume of the
   // same id is a conflict from here on.

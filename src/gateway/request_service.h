@@ -96,8 +96,8 @@ struct Submission {
 struct SubmitOutcome {
   enum class Kind { kAccepted, kReplay, kRefused };
   Kind kind = Kind::kRefused;
-  int64_t public_id = 0;  // the id clients see; refused: the row it was recorded as (0: none)
-  int64_t record_id = 0;  // the journal's row (0: not journaled)
+  int64_t public_id = 0;                  // the id clients see; refused: the row it was recorded as (0: none)
+  int64_t record_id = 0;                  // the journal's row (0: not journaled)
   std::shared_ptr<serve::Ticket> ticket;  // kAccepted
   int32_t recorded_attempts = 0;          // kAccepted: the attempt whose decision was journaled
   std::optional<journal::Record> record;  // kReplay: the finished request
