@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "admission/bandwidth.h"
+
 namespace {
 
 constexpr size_t kBytes = size_t{1} << 30;  // far beyond any cache
@@ -21,20 +23,6 @@ const std::vector<uint64_t>& buffer() {
   return buf;
 }
 
-uint64_t sum_range(const uint64_t* p, size_t n) {
-  // Four independent accumulators so the loop is bound by loads, not adds.
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    a += p[i];
-    b += p[i + 1];
-    c += p[i + 2];
-    d += p[i + 3];
-  }
-  for (; i < n; ++i) a += p[i];
-  return a + b + c + d;
-}
-
 void BM_ReadBandwidth(benchmark::State& state) {
   const auto& buf = buffer();
   const int n_threads = static_cast<int>(state.range(0));
@@ -43,7 +31,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
     std::vector<std::thread> threads;
     size_t chunk = buf.size() / n_threads;
     for (int t = 0; t < n_threads; ++t) {
-      threads.emplace_back([&, t] { partial[t] = sum_range(buf.data() + t * chunk, chunk); });
+      threads.emplace_back([&, t] { partial[t] = spw::admission::read_sum(buf.data() + t * chunk, chunk); });
     }
     for (auto& th : threads) th.join();
     uint64_t total = 0;

@@ -14,11 +14,8 @@
 #endif
 
 namespace spw::admission {
-namespace {
 
-// Four independent accumulators: the loop is bound by the loads, not by one
-// chain of adds (as bench/memory_bandwidth_bench.cpp).
-uint64_t sum_range(const uint64_t* p, size_t n) {
+uint64_t read_sum(const uint64_t* p, size_t n) {
   uint64_t a = 0, b = 0, c = 0, d = 0;
   size_t i = 0;
   for (; i + 4 <= n; i += 4) {
@@ -30,6 +27,8 @@ uint64_t sum_range(const uint64_t* p, size_t n) {
   for (; i < n; ++i) a += p[i];
   return a + b + c + d;
 }
+
+namespace {
 
 // An anonymous mapping populated up front: touching a fresh buffer page by
 // page costs several times what MAP_POPULATE does (64 MiB: 180-300 ms
@@ -84,9 +83,9 @@ Result<double> measure_read_bandwidth(Env& env, const BandwidthProbeOptions& o) 
     std::vector<std::thread> threads;
     threads.reserve(n - 1);
     for (size_t t = 1; t < n; ++t) {
-      threads.emplace_back([&, t] { partial[t] = sum_range(buf.data() + t * chunk, chunk); });
+      threads.emplace_back([&, t] { partial[t] = read_sum(buf.data() + t * chunk, chunk); });
     }
-    partial[0] = sum_range(buf.data(), chunk);
+    partial[0] = read_sum(buf.data(), chunk);
     for (auto& th : threads) th.join();
     const int64_t ns = env.now_ns() - t0;
     if (ns > 0 && (best_ns == 0 || ns < best_ns)) best_ns = ns;

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/env.h"
 #include "core/status.h"
@@ -38,5 +39,10 @@ struct BandwidthProbeOptions {
 };
 
 Result<double> measure_read_bandwidth(Env& env, const BandwidthProbeOptions& options);
+
+// The probe's read loop (also bench/memory_bandwidth_bench's): the sum of
+// n words through four independent accumulators, so that it is bound by the
+// loads, not by one chain of adds.
+uint64_t read_sum(const uint64_t* p, size_t n);
 
 }  // namespace spw::admission

@@ -68,17 +68,6 @@ struct Acc {
   }
 };
 
-// Layer index of "blk.N.*", or -1.
-int32_t layer_of(const std::string& name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
-  const char* b = name.data() + 4;
-  const char* e = name.data() + name.size();
-  int32_t v = -1;
-  auto [p, ec] = std::from_chars(b, e, v);
-  if (ec != std::errc() || p == e || *p != '.') return -1;
-  return v;
-}
-
 uint64_t string_heap(const std::string& s) { return s.size() > 15 ? s.size() + 1 : 0; }  // libstdc++ SSO
 
 uint64_t value_heap(const gguf::Value& v) {
@@ -166,7 +155,7 @@ uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64
     best = std::max(best, m * sizeof(void*) + prepared_act_bytes(t.type, t.ne[0], m));
   };
   for (const auto& t : f.tensors()) {
-    const int32_t l = layer_of(t.name);
+    const int32_t l = tensor_layer(t.name);
     if (l >= b && l < e) consider(t, rows_layers);
   }
   return best;
@@ -304,6 +293,16 @@ Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sess
 }
 
 }  // namespace
+
+int32_t tensor_layer(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  const char* b = name.data() + 4;
+  const char* e = name.data() + name.size();
+  int32_t v = -1;
+  auto [p, ec] = std::from_chars(b, e, v);
+  if (ec != std::errc() || p == e || *p != '.') return -1;
+  return v;
+}
 
 std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "host"; }
 
@@ -488,7 +487,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   for (const auto& t : f.tensors()) {
     est.weights_total += t.nbytes;
     DeviceKind d;
-    const int32_t l = layer_of(t.name);
+    const int32_t l = tensor_layer(t.name);
     if (l >= 0 && l < hp.n_layer) d = device_of_layer(l);
     else if (t.name == "token_embd.weight") d = emb_dev;
     else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;

@@ -95,6 +95,9 @@ inline constexpr int kNumDeviceKinds = 2;
 
 std::string_view device_kind_name(DeviceKind d);
 
+// The layer a tensor belongs to by its GGUF name ("blk.N.*" -> N), or -1.
+int32_t tensor_layer(const std::string& name);
+
 struct Plan {
   // Where the layers run, as `--device` says (core/placement.h): cpu; vulkan
   // (everything on the GPU); hybrid:N, the embedding and the first N layers

@@ -1,27 +1,11 @@
 #include "admission/prior.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 #include "gguf/ggml_types.h"
 
 namespace spw::admission {
-namespace {
-
-// Layer index of "blk.N.*", or -1 (as the estimator reads names).
-int32_t layer_index(const std::string& name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
-  const char* b = name.data() + 4;
-  const char* e = name.data() + name.size();
-  int32_t v = -1;
-  auto [p, ec] = std::from_chars(b, e, v);
-  if (ec != std::errc() || p == e || *p != '.') return -1;
-  return v;
-}
-
-}  // namespace
-
 double decode_kernel_bytes_per_s(uint32_t t) {
   switch (static_cast<gguf::GgmlType>(t)) {
     case gguf::GgmlType::kQ4_K:
@@ -61,7 +45,7 @@ std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimat
     if (d == DeviceKind::kHost && rate > 0) s.compute_s += static_cast<double>(bytes) / (rate * threads);
   };
   for (const gguf::TensorInfo& t : file.tensors()) {
-    const int32_t l = layer_index(t.name);
+    const int32_t l = tensor_layer(t.name);
     if (l >= 0 && l < est.hparams.n_layer) {
       add(device_of_layer(l), t, t.nbytes);
     } else if (t.name == "output.weight" || t.name == "output_norm.weight") {

@@ -546,6 +546,7 @@ struct Chain {
   bool retry = false;       // send again with the key once it ended
   int64_t first_op = 0;
   int64_t record_id = 0;
+  int64_t public_id = 0;    // the id its response carried (what a resume names)
   std::string have;         // text the client holds
   int resumes = 0;          // resume calls made
   int retries = 0;          // retries refused because the server was down
@@ -1059,6 +1060,7 @@ void Simulation::send(Chain* c, const std::string& f) {
     return fail_now(fc.http_status, std::string(fc.code), out.status.message());
   }
   c->record_id = id;
+  c->public_id = out.public_id;
   if (out.kind == gateway::SubmitOutcome::Kind::kReplay) {
     const journal::Record& rec = *out.record;
     given_ids_.insert(id);
@@ -1127,11 +1129,8 @@ void Simulation::resume(Chain* c) {
   };
   ++c->resumes;
   if (!proc_ || !journal_ || !serving_) return fail_now(0, "connection_refused", "the server is down", true);
-  // The client knows its request by the public id its response carried.
-  Result<journal::Record> r = journal_->get(c->record_id);
-  if (!r.ok()) return fail_now(404, "not_found", r.status().message(), false);
   gateway::ResumeCommand cmd;
-  cmd.public_id = r->public_id;
+  cmd.public_id = c->public_id;
   cmd.received_text = c->have;
   gateway::Refusal refusal;
   Result<gateway::ResumeOutcome> resumed = proc_->service->resume(cmd, &refusal);
@@ -1381,6 +1380,7 @@ void Simulation::cancel_queued(const std::string& phase) {
       return;
     }
     chain->record_id = acc->record.id;
+    chain->public_id = acc->record.public_id;
     serve::PreparedRequest p;
     p.id = kNemesisIds + ++nemesis_ids_;
     p.record_id = chain->record_id;

@@ -190,8 +190,8 @@ SubmitOutcome RequestService::submit(Submission s) {
 // body. The seed of a sampled request that did not send one was the
 // server's and is not kept: such a run can restart only when the client
 // has none of its text (another seed would contradict it).
-Result<Checkpoint> RequestService::start_checkpoint_of(const journal::Record& r, const std::string& received_text) {
-  Result<StoredRequest> stored = options_.parse_stored(r);
+Result<Checkpoint> RequestService::start_checkpoint_of(const Result<StoredRequest>& stored,
+                                                       const std::string& received_text) {
   if (!stored.ok())
     return Status::failed_precondition("its stored body no longer parses: " + stored.status().message());
   if (stored->n > 1) {
@@ -221,7 +221,9 @@ Result<ResumeOutcome> RequestService::resume(const ResumeCommand& c, Refusal* re
   // prefill or the first tokens) continues from its prompt: the checkpoint
   // it would have had at its start.
   const bool from_prompt = r->checkpoint.empty();
-  Result<Checkpoint> cp = from_prompt ? start_checkpoint_of(*r, c.received_text) : parse_checkpoint(r->checkpoint);
+  // The stored body, parsed once: the start checkpoint and the limits it asked for.
+  const Result<StoredRequest> stored = options_.parse_stored(*r);
+  Result<Checkpoint> cp = from_prompt ? start_checkpoint_of(stored, c.received_text) : parse_checkpoint(r->checkpoint);
   if (!cp.ok()) {
     return not_resumable(
         c.public_id, from_prompt ? cp.status().message() : "its checkpoint is unreadable: " + cp.status().message());
@@ -235,9 +237,7 @@ Result<ResumeOutcome> RequestService::resume(const ResumeCommand& c, Refusal* re
   ResumeRequest rr;
   rr.record_id = id;
   // What the original request asked for, reported in the limits again.
-  if (Result<StoredRequest> stored = options_.parse_stored(*r); stored.ok()) {
-    rr.max_tokens_requested = stored->max_tokens_requested;
-  }
+  if (stored.ok()) rr.max_tokens_requested = stored->max_tokens_requested;
   rr.checkpoint = std::make_shared<const Checkpoint>(std::move(*cp));
   rr.received_text = c.received_text;
   rr.allow_migration = c.allow_migration;

@@ -176,7 +176,7 @@ class RequestService {
   void bind(int64_t public_id, Entry e);
   void remove(int64_t public_id);
   int64_t record_refusal(const Submission& s, const Status& st, const admission::Decision& d);
-  Result<Checkpoint> start_checkpoint_of(const journal::Record& r, const std::string& received_text);
+  Result<Checkpoint> start_checkpoint_of(const Result<StoredRequest>& stored, const std::string& received_text);
 
   Env& env_;
   Gateway& gateway_;
