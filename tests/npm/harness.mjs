@@ -90,3 +90,18 @@ export async function slowCpuPath(base, token, factor = 20) {
     if (d.status !== 200) throw new Error(`disarming the faults: HTTP ${d.status} ${await d.text()}`);
   };
 }
+
+// JSON over fetch with a deadline: status, parsed body (undefined when it is
+// not JSON), raw text and headers.
+export async function call(srv, method, route, body, headers = {}) {
+  const r = await fetch(srv.base + route, {
+    method,
+    headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal: AbortSignal.timeout(60_000 * SLOWDOWN),
+  });
+  const text = await r.text();
+  let json;
+  try { json = JSON.parse(text); } catch { json = undefined; }
+  return { status: r.status, json, text, headers: r.headers };
+}

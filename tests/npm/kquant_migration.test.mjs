@@ -18,7 +18,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BINARY, MODEL, OpenAI, SLOWDOWN, bounded as boundedBy, killServer, sleep, spawnServer } from './harness.mjs';
+import { BINARY, MODEL, OpenAI, SLOWDOWN, bounded as boundedBy, call, killServer, sleep, spawnServer } from './harness.mjs';
 
 const GEN_MODEL = process.env.SPILLWAY_GEN_MODEL || path.join(path.dirname(BINARY), 'spillway-gen-model');
 const TOKEN = 'kquant-migration-token';
@@ -29,18 +29,6 @@ const LOST_AFTER_SUBMITS = 20;
 
 const bounded = (promise, ms, what) => boundedBy(promise, ms, what, SLOWDOWN);
 
-async function call(srv, method, route, body, headers = {}) {
-  const r = await fetch(srv.base + route, {
-    method,
-    headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
-    body: body === undefined ? undefined : JSON.stringify(body),
-    signal: AbortSignal.timeout(60_000 * SLOWDOWN),
-  });
-  const text = await r.text();
-  let json;
-  try { json = JSON.parse(text); } catch { json = undefined; }
-  return { status: r.status, json, text };
-}
 
 describe('a Q4_K_M model migrates token-exactly through the openai client', () => {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), `spw-npm-kquant-${process.pid}-`));

@@ -41,7 +41,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, killServer, sleep, spawnServer } from './harness.mjs';
+import { BINARY, MODEL, OpenAI, SLOWDOWN, SOURCE_DIR, bounded as boundedBy, call, killServer, sleep, slowCpuPath, spawnServer } from './harness.mjs';
 
 // The model generator sits next to the binary in a build tree.
 const GEN_MODEL = process.env.SPILLWAY_GEN_MODEL || path.join(path.dirname(BINARY), 'spillway-gen-model');
@@ -71,19 +71,6 @@ async function startServer(name, args) {
 
 const stopServer = killServer;
 
-// JSON over fetch with a deadline.
-async function call(srv, method, route, body, headers = {}) {
-  const r = await fetch(srv.base + route, {
-    method,
-    headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
-    body: body === undefined ? undefined : JSON.stringify(body),
-    signal: AbortSignal.timeout(60_000 * SLOWDOWN),
-  });
-  const text = await r.text();
-  let json;
-  try { json = JSON.parse(text); } catch { json = undefined; }
-  return { status: r.status, json, text, headers: r.headers };
-}
 
 const admin = { authorization: `Bearer ${TOKEN}` };
 
@@ -328,16 +315,15 @@ describe('migration and resume through the openai client', () => {
     // be scheduled so late that the other has finished its few milliseconds
     // of cpu decoding alone (CI saw it). A slowed cpu (every forward pass
     // takes 20 times its real time) gives the later one that time.
-    await arm(C, { path: 'cpu', kind: 'slow', factor: 20, after_submits: 0, count: 0 });
-    await arm(C, { kind: 'device_lost', after_submits: 45, count: 1 });
+    const disarm = await slowCpuPath(C.base, TOKEN, 20);
     let outs;
     let lost;
     try {
+      await arm(C, { kind: 'device_lost', after_submits: 45, count: 1 });
       outs = await Promise.all(prompts.map((p) => streamed(C, {}, p)));
       lost = (await faults(C)).find((f) => f.kind === 'device_lost');
     } finally {
-      const d = await call(C, 'DELETE', '/v1/admin/faults', undefined, admin);
-      assert.equal(d.status, 200, d.text);
+      await disarm();
     }
     const after = await batching();
     outs.forEach((out, i) => {
