@@ -118,7 +118,7 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
 // kernels.cpp's PreparedX for m activation rows against a matrix of `type`
 // with `cols` columns, beyond the m row pointers (mirrors prepare_x):
 //   Q8_0 weights: m*nb Q8_0 blocks (34 B) + m*nb float scales + 2*m pointers
-//     (nb = cols/32), and from 8 rows on (the GEMM) the token-pair copies:
+//     (nb = cols/32), and from 8 rows on (the GEMM), with AVX-512 VNNI, the token-pair copies:
 //     m*nb*32 bytes of offset quants + m*nb*8 floats of scales (64 B);
 //   Q4_0, Q5_0: the same Q8_0 activations + m ActRows (3 pointers each);
 //   Q4_1, Q5_1: m*nb Q8_1 blocks (36 B) + 2*m*nb floats (d, s) + m ActRows;
@@ -126,12 +126,24 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
 //   F32, F16: nothing.
 // A fused call whose matrices mix Q8_0 with Q4_0/Q5_0 allocates the Q4_0 term,
 // the largest, so the max over a stage's matrices still bounds it.
+// The token-pair copies exist only where kernels.cpp builds its AVX-512 VNNI
+// Q8_0 GEMM (SPW_GEMM_Q8_0_VNNI512: the same condition on the same compile
+// flags, mirrored because admission does not include the backend). Without
+// it (an AVX2 machine) they were counted anyway: the layer scratch of a Q8_0
+// model came out ~10% high on an AVX2-only AMD EPYC.
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kQ8_0TokenPairs = true;
+#else
+constexpr bool kQ8_0TokenPairs = false;
+#endif
+
 uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m) {
   const uint64_t act_row = 3 * sizeof(void*);
   const uint64_t nb32 = cols / 32;
   switch (static_cast<gguf::GgmlType>(type)) {
     case gguf::GgmlType::kQ8_0:
-      return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) + (m >= 8 ? m * nb32 * 64 : 0);
+      return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) +
+             (kQ8_0TokenPairs && m >= 8 ? m * nb32 * 64 : 0);
     case gguf::GgmlType::kQ4_0:
     case gguf::GgmlType::kQ5_0:
       return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) + m * act_row;

@@ -637,7 +637,7 @@ constexpr int kFloatTileToks = kTokGroup;  // rows_tile
 constexpr int kFloatTileRows = 4;
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define SPW_GEMM_Q8_0_VNNI512 1
+#define SPW_GEMM_Q8_0_VNNI512 1  // admission/estimator.cpp mirrors this condition (kQ8_0TokenPairs)
 // R rows x TP token pairs of dot_q8_0_n (AVX-512 VNNI). A zmm register holds
 // one row's 8-lane accumulator for two tokens (low half token t, high half
 // t + 1), so every lane runs the one-token kernel's sequence:
