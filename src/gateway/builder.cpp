@@ -169,8 +169,8 @@ struct ReplicaChoice {
   LlamaHparams hparams;
 };
 
-Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, const std::string& requested,
-                                     double budget_ms, std::shared_ptr<const Model> same_file) {
+Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, ReplicaMode requested, double budget_ms,
+                                     std::shared_ptr<const Model> same_file) {
   ReplicaChoice c;
   const int64_t t0 = env.now_ns();
   SPW_ASSIGN_OR_RETURN(std::shared_ptr<const Model> probe, Model::load(env, path, ModelLoadOptions{false}));
@@ -181,14 +181,14 @@ Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, const st
   r.load_ms = static_cast<double>(t1 - t0) / 1e6;
   r.page_in_ms = static_cast<double>(t2 - t1) / 1e6;
   char figures[160];
-  std::snprintf(figures, sizeof figures, "load %.0f ms + page-in %.0f ms measured, recovery budget %.0f ms",
-                r.load_ms, r.page_in_ms, budget_ms);
-  r.mode = requested;
-  if (requested == "auto") {
+  std::snprintf(figures, sizeof figures, "load %.0f ms + page-in %.0f ms measured, recovery budget %.0f ms", r.load_ms,
+                r.page_in_ms, budget_ms);
+  if (requested == ReplicaMode::kAuto) {
     r.mode = r.load_ms + r.page_in_ms <= budget_ms ? "on-demand" : r.page_in_ms <= budget_ms ? "mmap" : "warm";
     r.why = "auto: " + std::string(figures);
   } else {
-    r.why = "--replica " + requested + " (" + figures + ")";
+    r.mode = std::string(replica_mode_name(requested));
+    r.why = "--replica " + r.mode + " (" + figures + ")";
   }
   r.recovery_ms = r.mode == "on-demand" ? r.load_ms + r.page_in_ms : r.mode == "mmap" ? r.page_in_ms : 0.0;
   r.loaded = r.mode != "on-demand";
@@ -226,15 +226,15 @@ Result<BreakerOptions> breaker_options(const GatewayOptions& o) {
   const Status st = validate_breaker_options(b);
   if (st.ok()) return b;
   const std::string& f = st.field();
-  const std::string flag = f == "consecutive_failures" ? "breaker-consecutive-failures"
-                           : f == "failure_share"      ? "breaker-failure-share"
-                           : f == "min_requests"       ? "breaker-min-requests"
-                           : f == "window_s"           ? "breaker-window-s"
-                           : f == "base_cooldown_s"    ? "breaker-cooldown-s"
-                           : f == "max_cooldown_s"     ? "breaker-max-cooldown-s"
-                           : f == "probes"             ? "breaker-probes"
-                                                       : "breaker-" + f;
-  return invalid_field(flag, "--" + flag + ": " + st.message());
+  const std::string key = f == "consecutive_failures" ? "breaker-consecutive-failures"
+                          : f == "failure_share"      ? "breaker-failure-share"
+                          : f == "min_requests"       ? "breaker-min-requests"
+                          : f == "window_s"           ? "breaker-window-s"
+                          : f == "base_cooldown_s"    ? "breaker-cooldown-s"
+                          : f == "max_cooldown_s"     ? "breaker-max-cooldown-s"
+                          : f == "probes"             ? "breaker-probes"
+                                                      : "breaker-" + f;
+  return invalid_field(key, key + ": " + st.message());
 }
 
 // What besides the model's fingerprint and the placements decides an
@@ -251,8 +251,8 @@ std::string equivalence_scope(const VulkanBackend* vulkan) {
     const auto size = std::filesystem::file_size(exe, ec);
     const auto mtime = std::filesystem::last_write_time(exe, ec);
     if (!ec) {
-      scope += " | " + exe.string() + " " + std::to_string(size) + " " +
-               std::to_string(mtime.time_since_epoch().count());
+      scope +=
+          " | " + exe.string() + " " + std::to_string(size) + " " + std::to_string(mtime.time_since_epoch().count());
     }
   }
   return scope;
@@ -286,11 +286,36 @@ EquivalenceStore journal_equivalence_store(std::shared_ptr<journal::Journal> j, 
 
 }  // namespace
 
+std::string_view replica_mode_name(ReplicaMode m) {
+  switch (m) {
+    case ReplicaMode::kAuto:
+      return "auto";
+    case ReplicaMode::kWarm:
+      return "warm";
+    case ReplicaMode::kMmap:
+      return "mmap";
+    case ReplicaMode::kOnDemand:
+      return "on-demand";
+  }
+  return "auto";
+}
+
+Result<ReplicaMode> parse_replica_mode(std::string_view name) {
+  for (ReplicaMode m : {ReplicaMode::kAuto, ReplicaMode::kWarm, ReplicaMode::kMmap, ReplicaMode::kOnDemand}) {
+    if (replica_mode_name(m) == name) return m;
+  }
+  return Status::invalid_argument("must be auto, warm, mmap or on-demand, got '" + std::string(name) + "'");
+}
+
 Result<std::string> default_journal_path() {
   std::string base;
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x != nullptr && x[0] == '/') base = x;
-  else if (const char* h = std::getenv("HOME"); h != nullptr && h[0] == '/') base = std::string(h) + "/.local/state";
-  else return Status::invalid_argument("no HOME or XDG_STATE_HOME to put the journal in: pass --journal PATH or --journal none");
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x != nullptr && x[0] == '/')
+    base = x;
+  else if (const char* h = std::getenv("HOME"); h != nullptr && h[0] == '/')
+    base = std::string(h) + "/.local/state";
+  else
+    return Status::invalid_argument(
+        "no HOME or XDG_STATE_HOME to put the journal in: pass --journal PATH or --journal none");
   return base + "/spillway/journal.sqlite";
 }
 
@@ -302,55 +327,43 @@ std::string model_name_from_path(const std::string& path) {
 
 Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   BuiltGateway out;
-  const int n_threads =
-      o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (o.parallel < 1) return invalid_field("parallel", "--parallel must be >= 1, got " + std::to_string(o.parallel));
+  const int n_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.parallel < 1) return invalid_field("parallel", "parallel must be >= 1, got " + std::to_string(o.parallel));
   if (o.cpu_parallel < 1) {
-    return invalid_field("cpu-parallel", "--cpu-parallel must be >= 1, got " + std::to_string(o.cpu_parallel));
+    return invalid_field("cpu-parallel", "cpu-parallel must be >= 1, got " + std::to_string(o.cpu_parallel));
   }
-  if (o.queue < 0 || o.cpu_queue < 0) return invalid_field("queue", "--queue and --cpu-queue must be >= 0");
+  if (o.queue < 0 || o.cpu_queue < 0) return invalid_field("queue", "queue and cpu-queue must be >= 0");
   if (o.ctx < 0 || o.cpu_ctx < 0 || o.kv_blocks < 0) {
-    return invalid_field("ctx", "--ctx, --cpu-ctx and --kv-blocks must be >= 0");
+    return invalid_field("ctx", "ctx, cpu-ctx and kv-blocks must be >= 0");
   }
   if (!(o.pressure_threshold > 0) || !(o.max_delay_s >= 0) || o.min_shrink_tokens < 1 || !(o.observe_interval_s >= 0)) {
     return invalid_field("pressure-threshold",
-                         "--pressure-threshold must be > 0, --max-delay-s and --observe-interval-s >= 0, "
-                         "--min-shrink-tokens >= 1");
+                         "pressure-threshold must be > 0, max-delay-s and observe-interval-s >= 0, "
+                         "min-shrink-tokens >= 1");
   }
-  if (!parse_overflow(o.overflow).ok()) return invalid_field("overflow", parse_overflow(o.overflow).status().message());
-  Result<KvType> kv_type_or = parse_kv_type(o.kv_type);
-  if (!kv_type_or.ok()) return invalid_field("kv-type", "--kv-type: " + kv_type_or.status().message());
-  const KvType kv_type = *kv_type_or;
-  if (o.replica != "auto" && o.replica != "warm" && o.replica != "mmap" && o.replica != "on-demand") {
-    return invalid_field("replica", "--replica must be auto, warm, mmap or on-demand, got '" + o.replica + "'");
-  }
-  if (!(o.recovery_budget_ms >= 0)) return invalid_field("recovery-budget-ms", "--recovery-budget-ms must be >= 0");
+  const KvType kv_type = o.kv_type;
+  if (!(o.recovery_budget_ms >= 0)) return invalid_field("recovery-budget-ms", "recovery-budget-ms must be >= 0");
   if (o.offload_layers < 0 || o.offload_queue < 0) {
-    return invalid_field("offload-layers", "--offload-layers and --offload-queue must be >= 0");
+    return invalid_field("offload-layers", "offload-layers and offload-queue must be >= 0");
   }
   SPW_ASSIGN_OR_RETURN(const BreakerOptions breaker_opts, breaker_options(o));
   if (!(o.health_interval_s >= 0)) {
-    return invalid_field("health-interval-s", "--health-interval-s must be >= 0 (0: off), got " +
-                                                  std::to_string(o.health_interval_s));
+    return invalid_field("health-interval-s",
+                         "health-interval-s must be >= 0 (0: off), got " + std::to_string(o.health_interval_s));
   }
   if (!(o.host_bandwidth >= 0) || !(o.device_bandwidth >= 0) || !std::isfinite(o.host_bandwidth) ||
       !std::isfinite(o.device_bandwidth)) {
-    return invalid_field("host-bandwidth",
-                         "--host-bandwidth and --device-bandwidth must be finite and >= 0 (0: measured)");
+    return invalid_field("host-bandwidth", "host-bandwidth and device-bandwidth must be finite and >= 0 (0: measured)");
   }
   if (!(o.health_timeout_s > 0)) {
-    return invalid_field("health-timeout-s", "--health-timeout-s must be > 0, got " + std::to_string(o.health_timeout_s));
+    return invalid_field("health-timeout-s", "health-timeout-s must be > 0, got " + std::to_string(o.health_timeout_s));
   }
-  auto spec = Placement::parse(o.device);
-  if (!spec.ok()) return spec.status().with_context("--device");
+  const Placement* spec = &o.device;
   if (kv_type == KvType::kQ8_0 && spec->on_gpu()) {
-    return invalid_field("kv-type", "--kv-type q8_0 is CPU only (the Vulkan backend stores f32 or f16), got --device " +
-                                        o.device);
+    return invalid_field(
+        "kv-type", "kv-type q8_0 is CPU only (the Vulkan backend stores f32 or f16), got device " + o.device.spec());
   }
-  uint64_t device_memory = 0;
-  if (!o.device_memory.empty()) {
-    SPW_ASSIGN_OR_RETURN(device_memory, parse_memory_size(o.device_memory));
-  }
+  const uint64_t device_memory = o.device_memory.value_or(0);
   out.model_name = model_name_from_path(o.model);
 
   std::unique_ptr<gguf::GgufFile> file;
@@ -362,37 +375,37 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(*file));
   const int32_t n_ctx = o.ctx > 0 ? o.ctx : hp.n_ctx_train;
   if (n_ctx < 2 || n_ctx > hp.n_ctx_train) {
-    return invalid_field("ctx", "--ctx must be in [2, " + std::to_string(hp.n_ctx_train) +
+    return invalid_field("ctx", "ctx must be in [2, " + std::to_string(hp.n_ctx_train) +
                                     "] (the model's context_length), got " + std::to_string(n_ctx));
   }
   constexpr int32_t kBlockTokens = 16;
   const int32_t n_gpu_layers = spec->gpu_layer_count(hp.n_layer);
   if (!o.fallback_model.empty() && n_gpu_layers == 0) {
-    return invalid_field("fallback-model", "--fallback-model serves the CPU fallback of a GPU path; with --device " +
-                                               o.device + " the model itself is served on the CPU");
+    return invalid_field("fallback-model", "fallback-model serves the CPU fallback of a GPU path; with device " +
+                                               o.device.spec() + " the model itself is served on the CPU");
   }
   if (o.offload_layers > 0 && (n_gpu_layers != hp.n_layer || o.offload_layers >= hp.n_layer)) {
-    return invalid_field("offload-layers", "--offload-layers N needs a full-GPU --device (vulkan) and N in [1, " +
+    return invalid_field("offload-layers", "offload-layers N needs a full-GPU device (vulkan) and N in [1, " +
                                                std::to_string(hp.n_layer - 1) + "] (the model has " +
                                                std::to_string(hp.n_layer) + " layers), got " +
-                                               std::to_string(o.offload_layers) + " with --device " + o.device);
+                                               std::to_string(o.offload_layers) + " with device " + o.device.spec());
   }
   // The CPU path's model file: the fallback model, or the same file.
   std::unique_ptr<gguf::GgufFile> fallback_file;
   LlamaHparams cpu_hp = hp;
   if (!o.fallback_model.empty()) {
     auto f = gguf::GgufFile::open(env, o.fallback_model);
-    if (!f.ok()) return f.status().with_context("--fallback-model");
+    if (!f.ok()) return f.status().with_context("fallback-model");
     fallback_file = std::move(*f);
     auto fhp = read_llama_hparams(*fallback_file);
-    if (!fhp.ok()) return fhp.status().with_context("--fallback-model " + o.fallback_model);
+    if (!fhp.ok()) return fhp.status().with_context("fallback-model " + o.fallback_model);
     cpu_hp = *fhp;
     SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(*file));
     auto ftok = Tokenizer::from_gguf(*fallback_file);
-    if (!ftok.ok()) return ftok.status().with_context("--fallback-model " + o.fallback_model);
+    if (!ftok.ok()) return ftok.status().with_context("fallback-model " + o.fallback_model);
     if ((*ftok)->fingerprint() != tok->fingerprint()) {
       return invalid_field("fallback-model",
-                           "--fallback-model " + o.fallback_model + ": its tokenizer differs from " + o.model +
+                           "fallback-model " + o.fallback_model + ": its tokenizer differs from " + o.model +
                                "'s; a fallback model must share the tokenizer (same prompt tokens, template and "
                                "stop rules), e.g. a smaller model of the same family");
     }
@@ -403,11 +416,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   // Host ledger: everything this server holds in host memory.
   admission::HostBudgetPolicy hpol;
   hpol.mem_available_share = o.host_memory_share;
-  if (!o.host_budget.empty()) {
-    auto cap = parse_memory_size(o.host_budget);
-    if (!cap.ok()) return cap.status().with_context("--host-budget " + o.host_budget);
-    hpol.cap_bytes = *cap;
-  }
+  if (o.host_budget) hpol.cap_bytes = *o.host_budget;
   SPW_ASSIGN_OR_RETURN(admission::HostReadings readings, host_readings(env));
   {
     SPW_ASSIGN_OR_RETURN(auto hl, admission::HostLedger::create("host", hpol, readings));
@@ -434,30 +443,22 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     const Status types = vulkan_check_weight_types(*file);
     auto v = types.ok() ? VulkanBackend::create(vo) : Result<std::shared_ptr<VulkanBackend>>(types);
     if (!v.ok()) {
-      not_built.push_back({"gpu", types.ok() ? "--device " + o.device + ": " + v.status().to_string() : types.message()});
+      not_built.push_back(
+          {"gpu", types.ok() ? "device " + o.device.spec() + ": " + v.status().to_string() : types.message()});
     } else {
       out.vulkan = std::move(*v);
       device_on_host = out.vulkan->device_info().type == "cpu" || out.vulkan->device_info().type == "integrated-gpu";
       cfg.gpu_limits.max_buffer_bytes = largest_buffer_bytes(out.vulkan->device_info());
       admission::HeadroomPolicy headroom;
       headroom.fraction = o.device_headroom_share;
-      if (o.device_headroom != "0") {
-        auto h = parse_memory_size(o.device_headroom);
-        if (!h.ok()) return h.status().with_context("--device-headroom " + o.device_headroom);
-        headroom.bytes = *h;
-      }
-      auto ledger = admission::DeviceLedger::create(out.vulkan->name(), out.vulkan->memory_stats().budget_bytes, headroom);
-      if (!ledger.ok()) return ledger.status().with_context("--device-headroom / --device-headroom-share");
+      headroom.bytes = o.device_headroom;
+      auto ledger =
+          admission::DeviceLedger::create(out.vulkan->name(), out.vulkan->memory_stats().budget_bytes, headroom);
+      if (!ledger.ok()) return ledger.status().with_context("device-headroom / device-headroom-share");
       out.device_ledger = std::shared_ptr<admission::DeviceLedger>(std::move(*ledger));
-      for (const std::string& ct : o.co_tenants) {
-        const size_t eq = ct.find('=');
-        if (eq == 0 || eq == std::string::npos) {
-          return invalid_field("co-tenant", "--co-tenant " + ct + ": expected NAME=SIZE, e.g. whisper=3GiB");
-        }
-        auto bytes = parse_memory_size(ct.substr(eq + 1));
-        if (!bytes.ok()) return bytes.status().with_context("--co-tenant " + ct);
-        auto t = out.device_ledger->declare({admission::OwnerKind::kCoTenant, ct.substr(0, eq)}, *bytes);
-        if (!t.ok()) return t.status().with_context("--co-tenant " + ct);
+      for (const CoTenant& ct : o.co_tenants) {
+        auto t = out.device_ledger->declare({admission::OwnerKind::kCoTenant, ct.name}, ct.bytes);
+        if (!t.ok()) return t.status().with_context("co-tenant " + ct.name);
       }
       (void)observe_device(*out.vulkan, *out.device_ledger);
       // Size the pool to what the device has left after weights and scratch.
@@ -476,7 +477,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       // The offload path's device KV comes out of the budget first: it is
       // what serves the prompts the GPU pool cannot hold.
       if (o.offload_layers > 0) {
-        SPW_ASSIGN_OR_RETURN(offload, plan_offload(*file, *spec, o.offload_layers, n_ctx, kBlockTokens, n_threads, kv_type, cfg));
+        SPW_ASSIGN_OR_RETURN(
+            offload, plan_offload(*file, *spec, o.offload_layers, n_ctx, kBlockTokens, n_threads, kv_type, cfg));
         if (fit_in(available_all > offload.device_bytes ? available_all - offload.device_bytes : 0) < 2) {
           not_built.push_back({"hybrid", "its KV for one full context on " + std::to_string(o.offload_layers) +
                                              " GPU layers (" + format_bytes(offload.device_bytes) +
@@ -486,17 +488,17 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
           offload.built = true;
         }
       }
-      const uint64_t available =
-          available_all > offload.device_bytes ? available_all - offload.device_bytes : 0;
+      const uint64_t available = available_all > offload.device_bytes ? available_all - offload.device_bytes : 0;
       const int32_t blocks = fit_in(available);
       if (blocks < 2) {
-        not_built.push_back(
-            {"gpu", "weights and scratch need " + format_bytes(fixed) + " plus " + format_bytes(per_block) +
-                        " per KV block; the device ledger has " + format_bytes(available) + " available (" +
-                        out.device_ledger->name() + ", --device-memory / --device-headroom / co-tenants)"});
+        not_built.push_back({"gpu", "weights and scratch need " + format_bytes(fixed) + " plus " +
+                                        format_bytes(per_block) + " per KV block; the device ledger has " +
+                                        format_bytes(available) + " available (" + out.device_ledger->name() +
+                                        ", device-memory / device-headroom / co-tenants)"});
       } else {
-        SPW_ASSIGN_OR_RETURN(admission::Estimate e,
-                             admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, blocks, n_threads, kv_type), cfg));
+        SPW_ASSIGN_OR_RETURN(
+            admission::Estimate e,
+            admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, blocks, n_threads, kv_type), cfg));
         // One device ticket for the GPU path and the offload path beside it.
         const uint64_t device_bytes = e.gpu().total() + offload.device_bytes;
         auto t = out.device_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, device_bytes);
@@ -509,8 +511,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
           gpu.shares = admission::stream_shares(*file, e);
           gpu.device_ticket = *t;
           gpu.device_bytes = device_bytes;
-          gpu.host_bytes = host_bytes_beyond_baseline(e, cfg) + offload.host_bytes +
-                           (device_on_host ? device_bytes : 0);
+          gpu.host_bytes =
+              host_bytes_beyond_baseline(e, cfg) + offload.host_bytes + (device_on_host ? device_bytes : 0);
           out.log.push_back("gpu path: " + std::to_string(blocks) + " KV blocks of " + std::to_string(kBlockTokens) +
                             " tokens (" + (blocks < want ? "bounded by device memory, " : "") + "wanted " +
                             std::to_string(want) + "), device plan " + format_bytes(gpu.device_bytes) + " of " +
@@ -520,7 +522,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     }
   }
   if (gpu.built) {
-    auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, std::max<uint64_t>(1, gpu.host_bytes));
+    auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner},
+                                      std::max<uint64_t>(1, gpu.host_bytes));
     if (!t.ok()) {
       not_built.push_back({"gpu", "host side of the GPU plan: " + t.status().message()});
       (void)out.device_ledger->release(gpu.device_ticket);
@@ -538,23 +541,25 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   const int32_t cpu_workers = cpu_primary ? o.parallel : o.cpu_parallel;
   const int32_t cpu_n_ctx = cpu_primary ? n_ctx : cpu_ctx;
   if (want_cpu) {
-    const int32_t blocks = cpu_primary && o.kv_blocks > 0 ? o.kv_blocks
-                                                          : cpu_workers * admission::kv_blocks_for(cpu_n_ctx, kBlockTokens);
-    SPW_ASSIGN_OR_RETURN(admission::Estimate e,
-                         admission::estimate(cpu_primary ? *file : cpu_file,
-                                             path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads, kv_type), cfg));
+    const int32_t blocks =
+        cpu_primary && o.kv_blocks > 0 ? o.kv_blocks : cpu_workers * admission::kv_blocks_for(cpu_n_ctx, kBlockTokens);
+    SPW_ASSIGN_OR_RETURN(
+        admission::Estimate e,
+        admission::estimate(cpu_primary ? *file : cpu_file,
+                            path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads, kv_type), cfg));
     uint64_t need = host_bytes_beyond_baseline(e, cfg);
     // The same file's mapping is shared with the GPU path: counted there
     // already. A fallback model's weights are its own, whatever its replica
     // mode: the path must be able to run when work is sent to it.
     if (gpu.built && !fallback_file) need -= std::min(need, e.host().weights.bytes);
-    const std::string owner = cpu_primary ? model_owner
+    const std::string owner = cpu_primary     ? model_owner
                               : fallback_file ? model_name_from_path(o.fallback_model) + " (cpu path)"
                                               : model_owner + " (cpu path)";
     auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, owner}, std::max<uint64_t>(1, need));
     if (!t.ok()) {
-      not_built.push_back({"cpu", "its plan needs " + format_bytes(need) + " of host memory: " + t.status().message() +
-                                      ". Lower --cpu-ctx or --cpu-parallel, or raise --host-memory-share / --host-budget"});
+      not_built.push_back(
+          {"cpu", "its plan needs " + format_bytes(need) + " of host memory: " + t.status().message() +
+                      ". Lower --cpu-ctx or --cpu-parallel, or raise --host-memory-share / --host-budget"});
     } else {
       cpu.built = true;
       cpu.kv_blocks = blocks;
@@ -595,11 +600,11 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     bool fallback_model = false;
     ReplicaInfo replica;
     std::function<Result<std::shared_ptr<const Model>>()> load;  // on demand
-    LlamaHparams hparams;                                         // on demand
-    std::shared_ptr<CircuitBreaker> breaker;                      // GPU-side paths: the device's
-    std::shared_ptr<DeviceControl> device;                        // GPU-side paths: the device's
-    std::string fingerprint;                                      // "" when not known at start
-    admission::RatePrior prior;                                   // rate_prior(its plan's shares)
+    LlamaHparams hparams;                                        // on demand
+    std::shared_ptr<CircuitBreaker> breaker;                     // GPU-side paths: the device's
+    std::shared_ptr<DeviceControl> device;                       // GPU-side paths: the device's
+    std::string fingerprint;                                     // "" when not known at start
+    admission::RatePrior prior;                                  // rate_prior(its plan's shares)
   };
   // Rate priors (admission/prior.h). The host's read bandwidth is measured
   // once, with the paths' thread count, when a path streams from host memory
@@ -683,8 +688,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     so.queue_capacity = ps.queue;
     // The journal and, on a GPU-side path, the device's breaker hear every
     // request's outcome.
-    so.observer = serve::FanOutObserver::make(
-        {observer, ps.breaker ? std::make_shared<BreakerObserver>(ps.breaker) : nullptr});
+    so.observer =
+        serve::FanOutObserver::make({observer, ps.breaker ? std::make_shared<BreakerObserver>(ps.breaker) : nullptr});
     so.path_name = ps.name;
     so.kv_gate = true;
     so.checkpoint_every = o.checkpoint_every;
@@ -736,9 +741,9 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     p.startup_ms = static_cast<double>(env.now_ns() - t0) / 1e6;
     out.log.push_back(ps.name + " path: " + serving.placement_detail + ", model " + ps.model_name + ", " +
                       std::to_string(ps.workers) + " workers, queue " + std::to_string(ps.queue) + ", ctx " +
-                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks (" + std::string(kv_type_name(kv_type)) +
-                      "), replica " +
-                      ps.replica.mode + (ps.replica.why.empty() ? "" : " (" + ps.replica.why + ")") + ", ready in " +
+                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks (" +
+                      std::string(kv_type_name(kv_type)) + "), replica " + ps.replica.mode +
+                      (ps.replica.why.empty() ? "" : " (" + ps.replica.why + ")") + ", ready in " +
                       std::to_string(static_cast<int64_t>(p.startup_ms)) + " ms");
     paths.push_back(std::move(p));
     return Status::ok_status();
@@ -765,7 +770,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     std::weak_ptr<VulkanBackend> weak_vk = out.vulkan;
     hooks.health_check = [weak_vk] {
       auto vk = weak_vk.lock();
-      return vk ? vk->health_check() : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
+      return vk ? vk->health_check()
+                : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
     };
     hooks.healthy = [weak_vk] {
       auto vk = weak_vk.lock();
@@ -773,7 +779,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
     };
     hooks.reinitialize = [weak_vk] {
       auto vk = weak_vk.lock();
-      return vk ? vk->reinitialize() : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
+      return vk ? vk->reinitialize()
+                : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
     };
     hooks.faults = &out.vulkan->faults();
     auto device = std::make_shared<DeviceControl>(env, std::move(hooks));
@@ -824,9 +831,8 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
       // A replica of its own, or the same file whose host pages a full-GPU
       // path does not need: the mode decides what stays resident.
       const bool same_file = o.fallback_model.empty();
-      SPW_ASSIGN_OR_RETURN(ReplicaChoice rc,
-                           choose_replica(env, same_file ? o.model : o.fallback_model, o.replica,
-                                          o.recovery_budget_ms, same_file ? out.model : nullptr));
+      SPW_ASSIGN_OR_RETURN(ReplicaChoice rc, choose_replica(env, same_file ? o.model : o.fallback_model, o.replica,
+                                                            o.recovery_budget_ms, same_file ? out.model : nullptr));
       cs.replica = rc.info;
       cs.model = rc.model;
       cs.tokenizer = rc.tokenizer;
@@ -855,7 +861,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   policy.admission.allow_shrink = o.allow_shrink;
   policy.admission.min_shrink_tokens = o.min_shrink_tokens;
   policy.observe_interval_s = o.observe_interval_s;
-  policy.overflow = *parse_overflow(o.overflow);
+  policy.overflow = o.overflow;
   policy.health_interval_s = o.health_interval_s;
   policy.health_timeout_s = o.health_timeout_s;
   policy.reservation_max_share = o.reservation_max_share;
