@@ -36,12 +36,19 @@
 // health_timeout_s), its re-initialisation for recovery before the breaker's
 // probes (each path's session group then re-opens itself: on_reopened counts
 // it), and its FaultInjector for the admin API. A breaker or health option
-// out of range is InvalidArgument naming its flag.
+// out of range is InvalidArgument naming the option.
 // The ledgers hold each path's plan as committed; observed usage is re-read
 // (host readings, the device heap) at most every observe_interval_s by the
-// gateway. Errors: a bad option is InvalidArgument naming the flag; no path
+// gateway. Errors: a bad option is InvalidArgument naming the option (field()
+// its key, e.g. "offload-layers"; the CLI shows it as the flag); no path
 // that fits is ResourceExhausted naming every path's reason; a model that
 // does not load is its loader's error.
+// The composition is a sequence of named steps (builder.cpp: the model files,
+// the device ledger and GPU plan, the CPU plan, each path, the gateway); the
+// ones another composition needs (option checks, host ledger, journal,
+// breaker and device control, a path's observers, the gateway policy, a
+// path's scheduler settings by role) are in gateway/composition.h, which the
+// drill's simulation builds its server with.
 // Thread safety: build_gateway is called once; the result is used as Gateway.
 #pragma once
 
