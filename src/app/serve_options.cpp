@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -391,7 +392,7 @@ Status with_flags(const Status& st) {
   return Status(st.code(), "--" + m, st.reason(), st.field());
 }
 
-Result<ParsedServeArgs> parse_serve_args(const std::vector<std::string>& args) {
+Result<gateway::GatewayOptions> parse_serve_args(const std::vector<std::string>& args) {
   CLI::App app("spillway serve");
   ServeCliOptions o;
   add_serve_options(app, o);
@@ -401,16 +402,7 @@ Result<ParsedServeArgs> parse_serve_args(const std::vector<std::string>& args) {
   } catch (const CLI::Error& e) {
     return Status::invalid_argument(e.what());
   }
-  ParsedServeArgs out;
-  SPW_ASSIGN_OR_RETURN(out.options, gateway_options(o));
-  for (const std::string& a : args) {
-    if (!a.starts_with("--")) continue;
-    const std::string name = a.substr(0, a.find('='));
-    if (const CLI::Option* opt = app.get_option_no_throw(name); opt != nullptr && opt->count() > 0) {
-      out.given_flags.insert(name.substr(2));
-    }
-  }
-  return out;
+  return gateway_options(o);
 }
 
 }  // namespace spw::app

@@ -19,14 +19,11 @@
 // parse_serve_args(args) parses `args` (without the program and verb: e.g.
 // {"--model", "m.gguf", "--ctx", "256"}) exactly as `spillway serve ARGS`
 // would, then gateway_options(); a usage error (unknown flag, a value a
-// validator refuses) is InvalidArgument with CLI11's message. It also says
-// which flags were given (given_flags), so a caller with defaults of its own
-// can tell a default from an explicit value.
+// validator refuses) is InvalidArgument with CLI11's message.
 // Thread safety: none (CLI11 apps are single-threaded).
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -80,10 +77,6 @@ Result<gateway::GatewayOptions> gateway_options(const ServeCliOptions& o);
 // `st` with "--" before a leading option key (see the contract).
 Status with_flags(const Status& st);
 
-struct ParsedServeArgs {
-  gateway::GatewayOptions options;
-  std::set<std::string> given_flags;  // keys without dashes, e.g. "ctx"
-};
-Result<ParsedServeArgs> parse_serve_args(const std::vector<std::string>& args);
+Result<gateway::GatewayOptions> parse_serve_args(const std::vector<std::string>& args);
 
 }  // namespace spw::app
