@@ -11,8 +11,8 @@
 // device-headroom, co-tenant) and the journal sizes are kept as their text in
 // ServeCliOptions::text (so --dump-config and the config file show what was
 // given, byte for byte) until gateway_options() parses them: InvalidArgument
-// naming the flag (`--device: ...`, field() the key without dashes) for a
-// value that does not parse. Range checks stay where they are: CLI11's
+// whose message names the flag (`--device: ...`) for a value that does not
+// parse. Range checks stay where they are: CLI11's
 // validators at parse time, build_gateway's checks at build time; with_flags()
 // adds the dashes to a library error that starts with a flag's key, so the
 // user reads `--ctx must be ...` as before.
