@@ -52,7 +52,9 @@
 // Output: tables on stdout; --json FILE writes every figure, raw samples
 // included. Only the bench build has it (SPILLWAY_BUILD_BENCH); no GPU needed.
 #include <httplib.h>
+#include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -61,6 +63,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -68,11 +71,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <sys/resource.h>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "admission/controller.h"
 #include "core/env.h"
@@ -173,7 +171,7 @@ gateway::RouteRequest route(const serve::GenerationRequest& g) {
 gateway::BuiltGateway build(const Options& o, int32_t queue, bool warmup) {
   gateway::GatewayOptions go;
   go.model = o.model;
-  go.device = "cpu";
+  go.device = Placement::cpu();
   go.journal = "none";
   go.threads = o.threads;
   go.parallel = 1;
@@ -244,10 +242,10 @@ class DirectEngine {
 struct GatewayTiming {
   std::string text;
   double total_ms = 0;
-  double submit_ms = 0;  // Gateway::submit(): tokenize, decide, enqueue
-  double submit_cpu_ms = 0;  // the same, CPU time of the calling thread
-  double queued_ms = 0;  // enqueued until the worker started it
-  int text_events = 0;   // kText events the caller received
+  double submit_ms = 0;                                   // Gateway::submit(): tokenize, decide, enqueue
+  double submit_cpu_ms = 0;                               // the same, CPU time of the calling thread
+  double queued_ms = 0;                                   // enqueued until the worker started it
+  int text_events = 0;                                    // kText events the caller received
   long voluntary_switches = 0, involuntary_switches = 0;  // of the caller, submit to kFinished
 };
 
@@ -413,34 +411,40 @@ json overhead_json(const OverheadSamples& s) {
                     {"B_submit_call", latency_summary(s.submit_ms)},
                     {"B_submit_call_cpu", latency_summary(s.submit_cpu_ms)},
                     {"B_queued", latency_summary(s.queued_ms)}};
-  j["B_caller_per_request"] = {
-      {"text_events_p50", percentile(s.text_events, 0.5)},
-      {"voluntary_context_switches_p50", percentile(s.voluntary_switches, 0.5)},
-      {"voluntary_context_switches_mean", mean(s.voluntary_switches)},
-      {"involuntary_context_switches_mean", mean(s.involuntary_switches)}};
-  j["samples_ms"] = {{"A_direct", s.direct_ms}, {"B_gateway", s.gateway_ms}, {"C_http", s.http_ms},
+  j["B_caller_per_request"] = {{"text_events_p50", percentile(s.text_events, 0.5)},
+                               {"voluntary_context_switches_p50", percentile(s.voluntary_switches, 0.5)},
+                               {"voluntary_context_switches_mean", mean(s.voluntary_switches)},
+                               {"involuntary_context_switches_mean", mean(s.involuntary_switches)}};
+  j["samples_ms"] = {{"A_direct", s.direct_ms},
+                     {"B_gateway", s.gateway_ms},
+                     {"C_http", s.http_ms},
                      {"D_http_stops", s.http_stops_ms},
-                     {"tokenize", s.tokenize_ms}, {"B_submit_call", s.submit_ms}, {"B_submit_call_cpu", s.submit_cpu_ms},
+                     {"tokenize", s.tokenize_ms},
+                     {"B_submit_call", s.submit_ms},
+                     {"B_submit_call_cpu", s.submit_cpu_ms},
                      {"B_queued", s.queued_ms}};
   return j;
 }
 
 void print_overhead(const json& j, const Options& o) {
-  std::printf("\n== Gateway overhead over a direct engine call (%d requests each, interleaved, max_tokens %d, "
-              "greedy, threads %d)\n",
-              o.requests, o.max_tokens, o.threads);
+  std::printf(
+      "\n== Gateway overhead over a direct engine call (%d requests each, interleaved, max_tokens %d, "
+      "greedy, threads %d)\n",
+      o.requests, o.max_tokens, o.threads);
   std::printf("text: %s\n\n", j["text"].dump().c_str());
   std::printf("| variant | p50 ms | p99 ms | mean ms |\n|---|---|---|---|\n");
-  const std::pair<const char*, const char*> rows[] = {
-      {"A_direct", "A direct engine (generate)"}, {"B_gateway", "B in-process gateway"}, {"C_http", "C HTTP /v1/completions"},
-      {"D_http_stops", "D C + 16 stop strings, 16 KiB (the limit)"}};
+  const std::pair<const char*, const char*> rows[] = {{"A_direct", "A direct engine (generate)"},
+                                                      {"B_gateway", "B in-process gateway"},
+                                                      {"C_http", "C HTTP /v1/completions"},
+                                                      {"D_http_stops", "D C + 16 stop strings, 16 KiB (the limit)"}};
   for (const auto& [key, label] : rows) {
     const json& v = j["variants"][key];
     std::printf("| %s | %.3f | %.3f | %.3f |\n", label, v["p50_ms"].get<double>(), v["p99_ms"].get<double>(),
                 v["mean_ms"].get<double>());
   }
-  std::printf("\n| overhead | p50 ms | p50 ratio | p99 ms | p99 ratio | median of paired diffs ms |\n"
-              "|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| overhead | p50 ms | p50 ratio | p99 ms | p99 ratio | median of paired diffs ms |\n"
+      "|---|---|---|---|---|---|\n");
   for (const char* key : {"B_minus_A", "C_minus_A", "D_minus_C"}) {
     const json& v = j["overhead"][key];
     std::printf("| %s | %+.3f | %.2fx | %+.3f | %.2fx | %+.3f |\n", key, v["p50_ms"].get<double>(),
@@ -457,10 +461,11 @@ void print_overhead(const json& j, const Options& o) {
     std::printf("| %s | %.4f | %.4f |\n", label, v["p50_ms"].get<double>(), v["p99_ms"].get<double>());
   }
   const json& c = j["B_caller_per_request"];
-  std::printf("\nB's calling thread per request: %.0f text events (p50); context switches: %.1f voluntary "
-              "(p50 %.0f), %.2f involuntary (means)\n",
-              c["text_events_p50"].get<double>(), c["voluntary_context_switches_mean"].get<double>(),
-              c["voluntary_context_switches_p50"].get<double>(), c["involuntary_context_switches_mean"].get<double>());
+  std::printf(
+      "\nB's calling thread per request: %.0f text events (p50); context switches: %.1f voluntary "
+      "(p50 %.0f), %.2f involuntary (means)\n",
+      c["text_events_p50"].get<double>(), c["voluntary_context_switches_mean"].get<double>(),
+      c["voluntary_context_switches_p50"].get<double>(), c["involuntary_context_switches_mean"].get<double>());
 }
 
 // ------------------------------------------------------ part 2: quote error
@@ -554,12 +559,13 @@ std::vector<QuoteSample> measure_quotes(const Options& o) {
 
 json ratio_summary(const std::vector<double>& ratios) {
   const auto within = std::count_if(ratios.begin(), ratios.end(), [](double x) { return x >= 0.5 && x <= 2.0; });
-  return {{"n", ratios.size()},
-          {"p50", percentile(ratios, 0.50)},
-          {"p90", percentile(ratios, 0.90)},
-          {"min", ratios.empty() ? std::nan("") : *std::min_element(ratios.begin(), ratios.end())},
-          {"max", ratios.empty() ? std::nan("") : *std::max_element(ratios.begin(), ratios.end())},
-          {"within_2x", ratios.empty() ? std::nan("") : static_cast<double>(within) / static_cast<double>(ratios.size())}};
+  return {
+      {"n", ratios.size()},
+      {"p50", percentile(ratios, 0.50)},
+      {"p90", percentile(ratios, 0.90)},
+      {"min", ratios.empty() ? std::nan("") : *std::min_element(ratios.begin(), ratios.end())},
+      {"max", ratios.empty() ? std::nan("") : *std::max_element(ratios.begin(), ratios.end())},
+      {"within_2x", ratios.empty() ? std::nan("") : static_cast<double>(within) / static_cast<double>(ratios.size())}};
 }
 
 // actual / predicted for TTFT and total over the samples `pick` selects.
@@ -574,7 +580,9 @@ json quote_group(const std::vector<QuoteSample>& all, Pick pick) {
     if (s.ttft_s && s.predicted.ttft_s > 0) ttft.push_back(*s.ttft_s / s.predicted.ttft_s);
     if (s.predicted.total_s > 0) total.push_back(s.total_s / s.predicted.total_s);
   }
-  return {{"requests", n}, {"quoted_with_measured_rates", measured}, {"ttft", ratio_summary(ttft)},
+  return {{"requests", n},
+          {"quoted_with_measured_rates", measured},
+          {"ttft", ratio_summary(ttft)},
           {"total", ratio_summary(total)}};
 }
 
@@ -597,19 +605,19 @@ json quote_json(const std::vector<QuoteSample>& all) {
                        {"ttft_s", s.ttft_s ? json(*s.ttft_s) : json(nullptr)},
                        {"total_s", s.total_s}});
   }
-  return {{"first_round_prior",
-           quote_group(all, [](const QuoteSample& s) { return s.round == 0 && !s.rates_measured; })},
-          {"first_round_measured",
-           quote_group(all, [](const QuoteSample& s) { return s.round == 0 && s.rates_measured; })},
-          {"later_rounds", quote_group(all, [](const QuoteSample& s) { return s.round > 0; })},
-          {"samples", samples}};
+  return {
+      {"first_round_prior", quote_group(all, [](const QuoteSample& s) { return s.round == 0 && !s.rates_measured; })},
+      {"first_round_measured", quote_group(all, [](const QuoteSample& s) { return s.round == 0 && s.rates_measured; })},
+      {"later_rounds", quote_group(all, [](const QuoteSample& s) { return s.round > 0; })},
+      {"samples", samples}};
 }
 
 void print_quotes(const json& j, const Options& o) {
   std::printf("\n== Quote error: actual / predicted (%d rounds of %d back-to-back requests, CPU, parallel 1)\n\n",
               o.rounds, o.burst);
-  std::printf("| rounds | requests (quoted on measured rates) | metric | p50 | p90 | min | max | within 2x |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| rounds | requests (quoted on measured rates) | metric | p50 | p90 | min | max | within 2x |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   const std::pair<const char*, const char*> groups[] = {{"first_round_prior", "1, prior rates"},
                                                         {"first_round_measured", "1, rates measured mid-burst"},
                                                         {"later_rounds", "2.."}};
@@ -623,13 +631,14 @@ void print_quotes(const json& j, const Options& o) {
                   m["min"].get<double>(), m["max"].get<double>(), 100.0 * m["within_2x"].get<double>());
     }
   }
-  std::printf("\n| round | # | prompt tok | max tok | gen tok | quoted prefill / decode tok/s | pred delay ms | delay ms "
-              "| pred TTFT ms | TTFT ms | pred total ms | total ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| round | # | prompt tok | max tok | gen tok | quoted prefill / decode tok/s | pred delay ms | delay ms "
+      "| pred TTFT ms | TTFT ms | pred total ms | total ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const json& s : j["samples"]) {
     const double ttft = s["ttft_s"].is_null() ? std::nan("") : s["ttft_s"].get<double>();
     std::printf("| %d | %d | %d | %d | %d | %.0f / %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-                s["round"].get<int>(), s["index"].get<int>(), s["prompt_tokens"].get<int>(),
-                s["max_tokens"].get<int>(), s["completion_tokens"].get<int>(), s["quoted_prefill_tps"].get<double>(),
+                s["round"].get<int>(), s["index"].get<int>(), s["prompt_tokens"].get<int>(), s["max_tokens"].get<int>(),
+                s["completion_tokens"].get<int>(), s["quoted_prefill_tps"].get<double>(),
                 s["quoted_decode_tps"].get<double>(), 1e3 * s["predicted_delay_s"].get<double>(),
                 1e3 * s["delay_s"].get<double>(), 1e3 * s["predicted_ttft_s"].get<double>(), 1e3 * ttft,
                 1e3 * s["predicted_total_s"].get<double>(), 1e3 * s["total_s"].get<double>());
@@ -649,10 +658,16 @@ int main(int argc, char** argv) {
   CLI::App app{"Gateway overhead over a direct engine call, and quote error (see the file's header)"};
   app.add_option("--model", o.model, "GGUF model")->capture_default_str();
   app.add_option("--prompt-file", o.prompt_file, "Words for part 2's prompts")->capture_default_str();
-  app.add_option("--requests", o.requests, "Part 1: timed requests per variant")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--requests", o.requests, "Part 1: timed requests per variant")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-tokens", o.max_tokens, "Part 1: max_tokens")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--threads", o.threads, "CPU threads of the engine (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup", o.warmup, "Part 1: untimed iterations first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "CPU threads of the engine (0: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "Part 1: untimed iterations first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--rounds", o.rounds, "Part 2: bursts")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--burst", o.burst, "Part 2: requests per burst")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--json", o.json_path, "Write every figure to this file");

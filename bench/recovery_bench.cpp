@@ -50,6 +50,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,18 +59,16 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include "backend/fault_injector.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "bench_models.h"
 #include "core/env.h"
 #include "gateway/builder.h"
-#include "bench_models.h"
 
 namespace {
 
@@ -80,19 +79,17 @@ struct Sample {
   std::string mode;
   bool evicted = false;
   int rep = 0;
-  std::string path;        // where the faulted request was served
-  int attempts = 0;        // failovers it went through
-  double ttft_ms = 0;      // submit -> first token
-  double total_ms = 0;     // submit -> finished
+  std::string path;             // where the faulted request was served
+  int attempts = 0;             // failovers it went through
+  double ttft_ms = 0;           // submit -> first token
+  double total_ms = 0;          // submit -> finished
   double replica_load_ms = -1;  // on-demand: the load it waited for
   double baseline_ttft_ms = 0;  // the same request on the healthy GPU
   bool ok = false;
   std::string error;
 };
 
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // Submits a greedy request and drains it: (ttft ms, total ms, ticket).
 struct Run {
@@ -144,11 +141,11 @@ Sample measure(const std::string& model, const std::string& mode, bool evicted, 
   s.rep = rep;
   spw::gateway::GatewayOptions o;
   o.model = model;
-  o.device = "vulkan";
+  o.device = spw::Placement::vulkan();
   o.ctx = 256;
   o.journal = "none";
   o.threads = threads;
-  o.replica = mode;
+  o.replica = *spw::gateway::parse_replica_mode(mode);
   o.health_interval_s = 0;  // only the armed fault acts
   auto b = spw::gateway::build_gateway(spw::Env::default_env(), o);
   if (!b.ok()) {
@@ -191,29 +188,29 @@ double median(std::vector<double> v) {
 struct MidSample {
   std::string mode;
   int rep = 0;
-  std::string equivalence;  // the start-up check's verdict for gpu <-> cpu
+  std::string equivalence;        // the start-up check's verdict for gpu <-> cpu
   std::string equivalence_after;  // the same once the fault and the CPU runs are over (an on-demand replica loaded)
-  std::string outcome;      // "migrated", "resumable error", or the other error
-  std::string path;         // where it finished
+  std::string outcome;            // "migrated", "resumable error", or the other error
+  std::string path;               // where it finished
   int migrations = 0;
   int32_t completion_tokens = 0;
   int32_t fault_after_token = -1;  // generated tokens in the checkpoint it moved / stopped at
   int32_t n_prompt = 0;
-  int32_t reprefill_tokens = -1;   // tokens the CPU path evaluated again (prompt + generated)
-  size_t replay_bytes = 0;         // text regenerated silently (streamed after the checkpoint)
-  double gap_ms = -1;         // last text before the fault -> first text after it (or the error)
-  double fault_to_next_ms = -1;  // the fault seen fired (polled every ms) -> first text after it (or the error)
-  double gpu_ref_ttft_ms = -1;   // the reference run on the GPU: submit -> first text
-  double build_ms = -1;          // build_gateway (warm-up and equivalence check included)
-  double total_ms = -1;       // submit -> final event
-  double gpu_token_ms = -1;   // median gap between text events on the healthy GPU (reference run)
-  double cpu_token_ms = -1;   // the same after the move, on the CPU
-  double cpu_ref_ttft_ms = -1;  // uninterrupted CPU run: submit -> first text (prompt prefill)
-  bool equal_gpu = false;     // streamed text == uninterrupted GPU run's
-  bool equal_cpu = false;     // streamed text == uninterrupted CPU run's
-  bool refs_equal = false;    // the two uninterrupted runs agree
-  bool prefix_of_gpu = false; // streamed text is a prefix of the GPU run's (what a resumable error leaves)
-  long first_diff = -1;       // first differing byte against the GPU reference (-1: none)
+  int32_t reprefill_tokens = -1;  // tokens the CPU path evaluated again (prompt + generated)
+  size_t replay_bytes = 0;        // text regenerated silently (streamed after the checkpoint)
+  double gap_ms = -1;             // last text before the fault -> first text after it (or the error)
+  double fault_to_next_ms = -1;   // the fault seen fired (polled every ms) -> first text after it (or the error)
+  double gpu_ref_ttft_ms = -1;    // the reference run on the GPU: submit -> first text
+  double build_ms = -1;           // build_gateway (warm-up and equivalence check included)
+  double total_ms = -1;           // submit -> final event
+  double gpu_token_ms = -1;       // median gap between text events on the healthy GPU (reference run)
+  double cpu_token_ms = -1;       // the same after the move, on the CPU
+  double cpu_ref_ttft_ms = -1;    // uninterrupted CPU run: submit -> first text (prompt prefill)
+  bool equal_gpu = false;         // streamed text == uninterrupted GPU run's
+  bool equal_cpu = false;         // streamed text == uninterrupted CPU run's
+  bool refs_equal = false;        // the two uninterrupted runs agree
+  bool prefix_of_gpu = false;     // streamed text is a prefix of the GPU run's (what a resumable error leaves)
+  long first_diff = -1;           // first differing byte against the GPU reference (-1: none)
   bool ok = false;
   std::string error;
 };
@@ -232,7 +229,7 @@ struct Streamed {
   bool finished = false;
   double fin_ms = -1;
   double fired_ms = -1;  // when the armed fault was first seen fired
-  std::string error;  // submit refused, or no final event
+  std::string error;     // submit refused, or no final event
 };
 
 // Streams one request; with `faults`, arms a device loss at the next queue
@@ -299,11 +296,11 @@ MidSample measure_midstream(const std::string& model, const std::string& mode, i
   s.rep = rep;
   spw::gateway::GatewayOptions o;
   o.model = model;
-  o.device = "vulkan";
+  o.device = spw::Placement::vulkan();
   o.ctx = 512;
   o.journal = "none";  // the resume point is the last token boundary with or without one
   o.threads = threads;
-  o.replica = mode;
+  o.replica = *spw::gateway::parse_replica_mode(mode);
   o.health_interval_s = 0;
   const auto tb = Clock::now();
   auto b = spw::gateway::build_gateway(spw::Env::default_env(), o);
@@ -439,7 +436,6 @@ MidSample measure_midstream(const std::string& model, const std::string& mode, i
   return s;
 }
 
-
 std::string fmt(const char* f, double x) {
   char b[64];
   std::snprintf(b, sizeof b, f, x);
@@ -466,12 +462,10 @@ int main(int argc, char** argv) {
   app.add_option("--midstream-model", mid_model,
                  "GGUF for the mid-stream scenario (default: a generated 15M-shape F32 model)");
   app.add_option("--midstream-reps", mid_reps, "Mid-stream repetitions per mode")->capture_default_str();
-  app.add_option("--midstream-tokens", mid_tokens, "Generated tokens of the mid-stream request")
-      ->capture_default_str();
+  app.add_option("--midstream-tokens", mid_tokens, "Generated tokens of the mid-stream request")->capture_default_str();
   app.add_option("--fault-after", fault_after, "Generated tokens before the device loss is armed")
       ->capture_default_str();
-  app.add_option("--midstream-prompt-file", mid_prompt_file, "Prompt of the mid-stream request")
-      ->capture_default_str();
+  app.add_option("--midstream-prompt-file", mid_prompt_file, "Prompt of the mid-stream request")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const bool first_token = scenario != "midstream";
   const bool midstream = scenario != "first-token";
@@ -482,9 +476,9 @@ int main(int argc, char** argv) {
     if (model.empty()) return 1;
   }
   if (midstream && mid_model.empty()) {
-    mid_model = spw::bench::ensure_model(models_dir, "midstream-15m-f32.gguf",
-                                         spw::bench::llama_spec(288, 6, 6, 768, spw::gguf::GgmlType::kF32),
-                                         "recovery_bench");
+    mid_model =
+        spw::bench::ensure_model(models_dir, "midstream-15m-f32.gguf",
+                                 spw::bench::llama_spec(288, 6, 6, 768, spw::gguf::GgmlType::kF32), "recovery_bench");
     if (mid_model.empty()) return 1;
   }
 
@@ -499,13 +493,16 @@ int main(int argc, char** argv) {
         for (int rep = 0; rep < reps; ++rep) {
           samples.push_back(measure(model, mode, evicted, rep, threads));
           const Sample& s = samples.back();
-          if (!s.ok) std::fprintf(stderr, "recovery_bench: %s%s rep %d: %s\n", mode, evicted ? " evicted" : "", rep,
-                                  s.error.c_str());
+          if (!s.ok)
+            std::fprintf(stderr, "recovery_bench: %s%s rep %d: %s\n", mode, evicted ? " evicted" : "", rep,
+                         s.error.c_str());
         }
       }
     }
 
-    std::printf("\n| replica | page cache | runs ok | fault -> first token on CPU, ms (median) | total ms | replica load ms | healthy GPU first token ms |\n");
+    std::printf(
+        "\n| replica | page cache | runs ok | fault -> first token on CPU, ms (median) | total ms | replica load ms | "
+        "healthy GPU first token ms |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
     for (const char* mode : {"warm", "mmap", "on-demand"}) {
       for (bool evicted : {false, true}) {
@@ -536,10 +533,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "recovery_bench: empty prompt file %s\n", mid_prompt_file.c_str());
       return 1;
     }
-    std::printf("\nmid-stream: model %s (%.1f MiB), prompt %s (%zu bytes), %d tokens, device loss armed after %d, "
-                "%d reps, %d threads\n",
-                mid_model.c_str(), static_cast<double>(std::filesystem::file_size(mid_model)) / (1024.0 * 1024.0),
-                mid_prompt_file.c_str(), prompt.size(), mid_tokens, fault_after, mid_reps, threads);
+    std::printf(
+        "\nmid-stream: model %s (%.1f MiB), prompt %s (%zu bytes), %d tokens, device loss armed after %d, "
+        "%d reps, %d threads\n",
+        mid_model.c_str(), static_cast<double>(std::filesystem::file_size(mid_model)) / (1024.0 * 1024.0),
+        mid_prompt_file.c_str(), prompt.size(), mid_tokens, fault_after, mid_reps, threads);
     std::fflush(stdout);
     for (const char* mode : {"warm", "mmap", "on-demand"}) {
       for (int rep = 0; rep < mid_reps; ++rep) {
@@ -548,53 +546,81 @@ int main(int argc, char** argv) {
         if (!s.ok) std::fprintf(stderr, "recovery_bench: mid-stream %s rep %d: %s\n", mode, rep, s.error.c_str());
       }
     }
-    std::printf("\n| replica | equivalence at start | rep | outcome | fault after token | re-prefilled tokens "
-                "(prompt + generated) | last text before -> first after (or the error), ms | fault fired -> first "
-                "after, ms | healthy GPU ms/token | CPU ms/token after | uninterrupted CPU first token ms | text = "
-                "uninterrupted GPU run | = CPU run |\n");
+    std::printf(
+        "\n| replica | equivalence at start | rep | outcome | fault after token | re-prefilled tokens "
+        "(prompt + generated) | last text before -> first after (or the error), ms | fault fired -> first "
+        "after, ms | healthy GPU ms/token | CPU ms/token after | uninterrupted CPU first token ms | text = "
+        "uninterrupted GPU run | = CPU run |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const MidSample& s : mids) {
       std::string eq_gpu = s.equal_gpu ? "yes" : "no, from byte " + std::to_string(s.first_diff);
       if (s.outcome == "resumable error") eq_gpu = s.prefix_of_gpu ? "a prefix of it" : "NOT a prefix of it";
       std::printf("| %s | %s | %d%s | %s | %d | %s | %.1f | %s | %.1f | %s | %.1f | %s | %s |\n", s.mode.c_str(),
                   s.equivalence.c_str(), s.rep, s.ok ? "" : " (FAILED)", s.outcome.c_str(), s.fault_after_token,
-                  s.reprefill_tokens < 0
-                      ? "-"
-                      : (std::to_string(s.reprefill_tokens) + " (" + std::to_string(s.n_prompt) + " + " +
-                         std::to_string(s.reprefill_tokens - s.n_prompt) + ")")
-                            .c_str(),
+                  s.reprefill_tokens < 0 ? "-"
+                                         : (std::to_string(s.reprefill_tokens) + " (" + std::to_string(s.n_prompt) +
+                                            " + " + std::to_string(s.reprefill_tokens - s.n_prompt) + ")")
+                                               .c_str(),
                   s.gap_ms, s.fault_to_next_ms < 0 ? "-" : fmt("%.1f", s.fault_to_next_ms).c_str(), s.gpu_token_ms,
                   s.cpu_token_ms < 0 ? "-" : fmt("%.1f", s.cpu_token_ms).c_str(), s.cpu_ref_ttft_ms, eq_gpu.c_str(),
                   s.outcome == "resumable error" ? "-" : (s.equal_cpu ? "yes" : "no"));
     }
     for (const MidSample& s : mids) {
-      std::printf("%s rep %d: gateway built in %.0f ms; GPU reference first token %.1f ms; faulted request %.1f ms "
-                  "in all, %d completion tokens, on %s; uninterrupted GPU and CPU runs %s; migration gpu -> cpu "
-                  "afterwards: %s\n",
-                  s.mode.c_str(), s.rep, s.build_ms, s.gpu_ref_ttft_ms, s.total_ms, s.completion_tokens,
-                  s.path.c_str(), s.refs_equal ? "agree" : "DIFFER", s.equivalence_after.c_str());
+      std::printf(
+          "%s rep %d: gateway built in %.0f ms; GPU reference first token %.1f ms; faulted request %.1f ms "
+          "in all, %d completion tokens, on %s; uninterrupted GPU and CPU runs %s; migration gpu -> cpu "
+          "afterwards: %s\n",
+          s.mode.c_str(), s.rep, s.build_ms, s.gpu_ref_ttft_ms, s.total_ms, s.completion_tokens, s.path.c_str(),
+          s.refs_equal ? "agree" : "DIFFER", s.equivalence_after.c_str());
     }
   }
 
   if (!json_path.empty()) {
     nlohmann::json j = nlohmann::json::array();
     for (const Sample& s : samples) {
-      j.push_back({{"scenario", "first-token"}, {"mode", s.mode}, {"evicted", s.evicted}, {"rep", s.rep},
-                   {"ok", s.ok}, {"path", s.path}, {"attempts", s.attempts}, {"ttft_ms", s.ttft_ms},
-                   {"total_ms", s.total_ms}, {"replica_load_ms", s.replica_load_ms},
-                   {"baseline_ttft_ms", s.baseline_ttft_ms}, {"error", s.error}});
+      j.push_back({{"scenario", "first-token"},
+                   {"mode", s.mode},
+                   {"evicted", s.evicted},
+                   {"rep", s.rep},
+                   {"ok", s.ok},
+                   {"path", s.path},
+                   {"attempts", s.attempts},
+                   {"ttft_ms", s.ttft_ms},
+                   {"total_ms", s.total_ms},
+                   {"replica_load_ms", s.replica_load_ms},
+                   {"baseline_ttft_ms", s.baseline_ttft_ms},
+                   {"error", s.error}});
     }
     for (const MidSample& s : mids) {
-      j.push_back({{"scenario", "midstream"}, {"model", mid_model}, {"mode", s.mode}, {"rep", s.rep}, {"ok", s.ok},
-                   {"equivalence", s.equivalence}, {"equivalence_after", s.equivalence_after}, {"outcome", s.outcome}, {"path", s.path},
-                   {"migrations", s.migrations}, {"completion_tokens", s.completion_tokens},
-                   {"fault_after_token", s.fault_after_token}, {"n_prompt", s.n_prompt},
-                   {"reprefill_tokens", s.reprefill_tokens}, {"replay_bytes", s.replay_bytes}, {"gap_ms", s.gap_ms},
-                   {"total_ms", s.total_ms}, {"gpu_token_ms", s.gpu_token_ms}, {"cpu_token_ms", s.cpu_token_ms},
-                   {"cpu_ref_ttft_ms", s.cpu_ref_ttft_ms}, {"equal_gpu", s.equal_gpu}, {"equal_cpu", s.equal_cpu},
-                   {"refs_equal", s.refs_equal}, {"prefix_of_gpu", s.prefix_of_gpu}, {"first_diff", s.first_diff},
-                   {"fault_to_next_ms", s.fault_to_next_ms}, {"gpu_ref_ttft_ms", s.gpu_ref_ttft_ms},
-                   {"build_ms", s.build_ms}, {"error", s.error}});
+      j.push_back({{"scenario", "midstream"},
+                   {"model", mid_model},
+                   {"mode", s.mode},
+                   {"rep", s.rep},
+                   {"ok", s.ok},
+                   {"equivalence", s.equivalence},
+                   {"equivalence_after", s.equivalence_after},
+                   {"outcome", s.outcome},
+                   {"path", s.path},
+                   {"migrations", s.migrations},
+                   {"completion_tokens", s.completion_tokens},
+                   {"fault_after_token", s.fault_after_token},
+                   {"n_prompt", s.n_prompt},
+                   {"reprefill_tokens", s.reprefill_tokens},
+                   {"replay_bytes", s.replay_bytes},
+                   {"gap_ms", s.gap_ms},
+                   {"total_ms", s.total_ms},
+                   {"gpu_token_ms", s.gpu_token_ms},
+                   {"cpu_token_ms", s.cpu_token_ms},
+                   {"cpu_ref_ttft_ms", s.cpu_ref_ttft_ms},
+                   {"equal_gpu", s.equal_gpu},
+                   {"equal_cpu", s.equal_cpu},
+                   {"refs_equal", s.refs_equal},
+                   {"prefix_of_gpu", s.prefix_of_gpu},
+                   {"first_diff", s.first_diff},
+                   {"fault_to_next_ms", s.fault_to_next_ms},
+                   {"gpu_ref_ttft_ms", s.gpu_ref_ttft_ms},
+                   {"build_ms", s.build_ms},
+                   {"error", s.error}});
     }
     std::ofstream(json_path) << j.dump(1) << "\n";
   }

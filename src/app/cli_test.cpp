@@ -31,8 +31,7 @@ std::string slurp(const std::string& path) {
 }
 
 std::string tmp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("spw_cli_test_" + std::to_string(getpid()) + "_" + name))
-      .string();
+  return (std::filesystem::temp_directory_path() / ("spw_cli_test_" + std::to_string(getpid()) + "_" + name)).string();
 }
 
 // `stdin_path`: what the command reads (default: nothing).
@@ -215,8 +214,8 @@ TEST(CliTest, EstimateBreaksDownMemoryByCategory) {
 TEST(CliTest, EstimateSpellsPlacementsAsServeDoes) {
   const std::string base = "estimate --json --model " + kStories + " --ctx 256 --ubatch 32 --device ";
   const std::pair<std::string, std::string> cases[] = {
-      {"cpu", "cpu"},           {"hybrid:0", "cpu"},   {"vulkan", "vulkan"}, {"vulkan:0", "vulkan"},
-      {"gpu", "vulkan"},        {"hybrid:9", "vulkan"}, {"hybrid:2", "hybrid:2"}, {"hybrid:2:0", "hybrid:2"}};
+      {"cpu", "cpu"},    {"hybrid:0", "cpu"},    {"vulkan", "vulkan"},     {"vulkan:0", "vulkan"},
+      {"gpu", "vulkan"}, {"hybrid:9", "vulkan"}, {"hybrid:2", "hybrid:2"}, {"hybrid:2:0", "hybrid:2"}};
   for (const auto& [device, placement] : cases) {
     CmdResult r = run(base + device);
     ASSERT_EQ(r.exit_code, 0) << device << ": " << r.err;
@@ -291,6 +290,32 @@ TEST(CliTest, BadUsageExitsNonZero) {
   EXPECT_NE(bad_temp.exit_code, 0);
 }
 
+// The flags GatewayOptions holds typed are parsed by the app (serve_options.h):
+// a value that does not parse is refused naming its flag, before the model
+// loads; build_gateway's own checks reach the user with the flag's dashes.
+TEST(CliTest, ServeRefusesBadTypedFlagsNamingThem) {
+  const std::string base = "serve --model " + kStories + " --journal none ";
+  CmdResult replica = run(base + "--replica lazy");
+  EXPECT_NE(replica.exit_code, 0);
+  EXPECT_NE(replica.err.find("--replica"), std::string::npos) << replica.err;
+  CmdResult kv = run(base + "--kv-type f8");
+  EXPECT_EQ(kv.exit_code, 1);
+  EXPECT_NE(kv.err.find("--kv-type"), std::string::npos) << kv.err;
+  EXPECT_NE(kv.err.find("'f8'"), std::string::npos) << kv.err;
+  CmdResult device = run(base + "--device tpu");
+  EXPECT_EQ(device.exit_code, 1);
+  EXPECT_NE(device.err.find("--device"), std::string::npos) << device.err;
+  CmdResult co = run(base + "--co-tenant whisper");
+  EXPECT_EQ(co.exit_code, 1);
+  EXPECT_NE(co.err.find("--co-tenant whisper: expected NAME=SIZE"), std::string::npos) << co.err;
+  CmdResult size = run(base + "--device-headroom lots");
+  EXPECT_EQ(size.exit_code, 1);
+  EXPECT_NE(size.err.find("--device-headroom lots"), std::string::npos) << size.err;
+  CmdResult ctx = run(base + "--ctx 99999");
+  EXPECT_EQ(ctx.exit_code, 1);
+  EXPECT_NE(ctx.err.find("--ctx must be in [2, "), std::string::npos) << ctx.err;
+}
+
 CmdResult run_with_stdin(const std::string& args, const std::string& input) {
   const std::string in = tmp_path("in");
   {
@@ -361,7 +386,8 @@ const std::string kKeyHash = "sha256:" + spw::sha256_hex("spw-alpha-0123456789ab
 const char* const kNoKeyMessage = "--insecure-no-auth to accept that";
 
 TEST(CliTest, ServeConfigRefusesABadValueNamingTheKey) {
-  const std::string cfg = write_config("bad_value.toml", "api-key-hash = [\"" + kKeyHash + "\"]\ncpu-queue = \"abc\"\n");
+  const std::string cfg =
+      write_config("bad_value.toml", "api-key-hash = [\"" + kKeyHash + "\"]\ncpu-queue = \"abc\"\n");
   CmdResult r = run("serve --config " + cfg);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("cpu-queue"), std::string::npos) << r.err;
@@ -388,7 +414,7 @@ TEST(CliTest, ServeConfigRefusesUnknownKeysSectionsAndUnreadableFiles) {
   };
   refused("port = 8081\nbogus-key = 1\n", "unknown key 'bogus-key'");
   refused("[serve]\nport = 8081\n", "[serve] is a section");
-  refused("port = 8081\nhost = \n", "line 2");          // not TOML
+  refused("port = 8081\nhost = \n", "line 2");  // not TOML
   refused("port = \"8081\"\n", "port: expected an integer, got a string");
   refused("port = [8081]\n", "port: takes one value");
   refused("log-requests = \"yes\"\n", "log-requests: expected true or false");
@@ -421,8 +447,8 @@ TEST(CliTest, ServeConfigSettingsAreApplied) {
   // file's max-body instead.
   for (const std::string& auth : {std::string("api-key = [\"0123456789abcdefXYZ\"]\n"),
                                   "api-key-hash = \"" + kKeyHash + "\"\n", std::string("insecure-no-auth = true\n")}) {
-    const std::string cfg = write_config("keyed.toml", "model = \"" + kStories + "\"\nhost = \"0.0.0.0\"\n" +
-                                                           "max-body = \"lots\"\n" + auth);
+    const std::string cfg = write_config(
+        "keyed.toml", "model = \"" + kStories + "\"\nhost = \"0.0.0.0\"\n" + "max-body = \"lots\"\n" + auth);
     CmdResult r = run("serve --config " + cfg);  // --model from the file too
     EXPECT_EQ(r.exit_code, 1) << auth;
     EXPECT_EQ(r.err.find(kNoKeyMessage), std::string::npos) << auth << r.err;
@@ -435,24 +461,26 @@ TEST(CliTest, ServeConfigSettingsAreApplied) {
   EXPECT_EQ(h.exit_code, 1);
   EXPECT_NE(h.err.find("--api-key-hash: "), std::string::npos) << h.err;
   // Every kind of value lands: what --dump-config prints after reading it.
-  const std::string all = write_config("all.toml",
-                                       "port = 9123\ncpu-queue = 5\nhost-memory-share = 0.25\nno-batching = true\n"
-                                       "log-requests = false\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\njournal-max-bytes = 1048576\n"
-                                       "journal-max-body-bytes = \"32KiB\"\n");
+  const std::string all =
+      write_config("all.toml",
+                   "port = 9123\ncpu-queue = 5\nhost-memory-share = 0.25\nno-batching = true\n"
+                   "log-requests = false\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\njournal-max-bytes = 1048576\n"
+                   "journal-max-body-bytes = \"32KiB\"\n");
   CmdResult d = run("serve --config " + all + " --dump-config");
   ASSERT_EQ(d.exit_code, 0) << d.err;
-  for (const char* line : {"\nport = 9123\n", "\ncpu-queue = 5\n", "\nhost-memory-share = 0.25\n",
-                           "\nno-batching = true\n", "\nlog-requests = false\n",
-                           "\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\n", "\nqueue = 64\n",
-                           "\njournal-max-bytes = 1048576\n", "\njournal-max-body-bytes = \"32KiB\"\n"}) {
+  for (const char* line :
+       {"\nport = 9123\n", "\ncpu-queue = 5\n", "\nhost-memory-share = 0.25\n", "\nno-batching = true\n",
+        "\nlog-requests = false\n", "\nco-tenant = [\"a=1GiB\", \"b=2GiB\"]\n", "\nqueue = 64\n",
+        "\njournal-max-bytes = 1048576\n", "\njournal-max-body-bytes = \"32KiB\"\n"}) {
     EXPECT_NE(d.out.find(line), std::string::npos) << line << d.out;
   }
   for (const std::string& f : {open, bad_hash, all}) std::remove(f.c_str());
 }
 
 TEST(CliTest, ServeCommandLineWinsOverConfig) {
-  const std::string cfg = write_config("override.toml", "cpu-queue = 5\nhost = \"0.0.0.0\"\nmax-body = \"lots\"\n"
-                                                        "co-tenant = [\"a=1GiB\"]\n");
+  const std::string cfg = write_config("override.toml",
+                                       "cpu-queue = 5\nhost = \"0.0.0.0\"\nmax-body = \"lots\"\n"
+                                       "co-tenant = [\"a=1GiB\"]\n");
   CmdResult d = run("serve --config " + cfg + " --cpu-queue 7 --co-tenant b=2GiB --dump-config");
   ASSERT_EQ(d.exit_code, 0) << d.err;
   EXPECT_NE(d.out.find("\ncpu-queue = 7\n"), std::string::npos) << d.out;

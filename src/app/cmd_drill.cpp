@@ -14,6 +14,9 @@
 //   spillway drill --simulate --scenario FILE --seeds N [--seed S] [--mode M] [--json]
 //     The scenario on the simulated clock over N seeds (drill/simulation.h):
 //     the pass count, the sums, each failing seed with its replay command.
+//     The simulated server's settings are server.args read as `spillway
+//     serve` reads its flags (serve_options.h); a flag serve refuses is a
+//     bad scenario (exit 2).
 //   spillway drill --simulate --scenario FILE [--seed S] [--mode M] [--report DIR] [--baselines] [--json]
 //     One seed (the replay command of a failure), with its report;
 //     --baselines adds the same seed under the other two modes to it.
@@ -34,6 +37,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "app/serve_options.h"
 #include "drill/checker.h"
 #include "drill/live.h"
 #include "drill/report.h"
@@ -121,6 +125,19 @@ int run_simulation(const DrillOptions& o, const drill::Scenario& sc) {
   drill::SimOptions base;
   base.scenario_file = o.scenario;
   base.model_path = resolve_model(sc, o.scenario);
+  // The scenario's server flags, read by the parser `spillway serve` uses
+  // (its defaults and checks): the simulated server is configured as the
+  // live drill's would be. A bad one is a bad scenario.
+  {
+    std::vector<std::string> args = {"--model", base.model_path};
+    args.insert(args.end(), sc.server.args.begin(), sc.server.args.end());
+    auto server = parse_serve_args(args);
+    if (!server.ok()) {
+      say(o.scenario + ": server.args: " + server.status().message());
+      return 2;
+    }
+    base.server = std::move(*server);
+  }
   const uint64_t first = o.seed_given ? o.seed : sc.seed;
   if (o.seeds > 0) {
     auto sum = drill::simulate_seeds(sc, base, first, o.seeds, *mode, [](uint64_t seed, const drill::CheckResult* r) {
@@ -148,15 +165,23 @@ int run_simulation(const DrillOptions& o, const drill::Scenario& sc) {
           "\n    replay: " + f.command);
     }
     if (o.json) {
-      nlohmann::json j = {{"scenario", s.scenario},       {"mode", std::string(drill::sim_mode_name(s.mode))},
-                          {"first_seed", s.first_seed},   {"seeds", s.seeds},
-                          {"passed", s.passed},           {"accepted", s.accepted},
-                          {"succeeded", s.succeeded},     {"refused", s.refused},
-                          {"lost", s.lost},               {"duplicated", s.duplicated},
-                          {"over_reserve", s.over_reserve}, {"success_rate", s.success_rate},
-                          {"real_seconds", s.real_seconds}, {"failures", nlohmann::json::array()}};
+      nlohmann::json j = {{"scenario", s.scenario},
+                          {"mode", std::string(drill::sim_mode_name(s.mode))},
+                          {"first_seed", s.first_seed},
+                          {"seeds", s.seeds},
+                          {"passed", s.passed},
+                          {"accepted", s.accepted},
+                          {"succeeded", s.succeeded},
+                          {"refused", s.refused},
+                          {"lost", s.lost},
+                          {"duplicated", s.duplicated},
+                          {"over_reserve", s.over_reserve},
+                          {"success_rate", s.success_rate},
+                          {"real_seconds", s.real_seconds},
+                          {"failures", nlohmann::json::array()}};
       for (const drill::SeedFailure& f : s.failures) {
-        j["failures"].push_back({{"seed", f.seed}, {"failed_gates", f.failed_gates}, {"detail", f.detail}, {"command", f.command}});
+        j["failures"].push_back(
+            {{"seed", f.seed}, {"failed_gates", f.failed_gates}, {"detail", f.detail}, {"command", f.command}});
       }
       std::printf("%s\n", j.dump().c_str());
     }
@@ -203,8 +228,8 @@ int run_simulation(const DrillOptions& o, const drill::Scenario& sc) {
   std::fprintf(stderr, "%s\n", drill::summary_text(input.main.result).c_str());
   if (o.json) std::printf("%s\n", drill::report_json(input).c_str());
   if (!input.main.result.passed) {
-    say("FAILED gates:" + failure_text(input.main.result) + "\n  replay: " +
-        drill::replay_command(o.scenario, first, *mode));
+    say("FAILED gates:" + failure_text(input.main.result) +
+        "\n  replay: " + drill::replay_command(o.scenario, first, *mode));
     return 1;
   }
   return 0;
@@ -271,7 +296,8 @@ int run_drill(const DrillOptions& o) {
       // Journal records are read only after the drain: until then a request
       // still in flight counts against no_lost.
       say("(interim: the journal's final records are read at the end, so no_lost may name requests still in flight)");
-      std::fprintf(stderr, "spillway drill: phase '%s' done; interim report in %s/report.html. Press Enter (or c) to go on: ",
+      std::fprintf(stderr,
+                   "spillway drill: phase '%s' done; interim report in %s/report.html. Press Enter (or c) to go on: ",
                    phase.c_str(), o.report.c_str());
       std::fflush(stderr);
       std::string line;
@@ -314,8 +340,8 @@ int run_drill(const DrillOptions& o) {
   }
   std::fprintf(stderr, "%s\n", drill::summary_text(input.main.result).c_str());
   for (const drill::RunReport& b : input.baselines) {
-    std::fprintf(stderr, "baseline %s: %s%s\n", b.name.c_str(), b.result.passed ? "all gates passed" : "gates failed:",
-                 failure_text(b.result).c_str());
+    std::fprintf(stderr, "baseline %s: %s%s\n", b.name.c_str(),
+                 b.result.passed ? "all gates passed" : "gates failed:", failure_text(b.result).c_str());
   }
   if (o.json) std::printf("%s\n", drill::report_json(input).c_str());
   char took[64];
@@ -333,12 +359,14 @@ int run_drill(const DrillOptions& o) {
 
 void add_drill(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<DrillOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "drill", "Replay a scenario against a live server while memory shrinks and faults fire; check no accepted request was lost");
+  CLI::App* sub = app.add_subcommand("drill",
+                                     "Replay a scenario against a live server while memory shrinks and faults fire; "
+                                     "check no accepted request was lost");
   sub->add_option("--scenario", o->scenario, "Scenario file (TOML, see drills/)")->required();
   sub->add_option("--report", o->report, "Folder for report.json, report.html and the run's work files");
   sub->add_option("--server", o->server, "Drive this running server (http://HOST:PORT) instead of starting one");
-  sub->add_option("--spillway", o->spillway, "The spillway binary to run serve/reserve/occupy from (default: this one)");
+  sub->add_option("--spillway", o->spillway,
+                  "The spillway binary to run serve/reserve/occupy from (default: this one)");
   sub->add_flag("--step", o->step, "After each phase write the interim report and wait for Enter");
   sub->add_flag("--json", o->json, "Print the report JSON on stdout");
   sub->add_flag("--baselines", o->baselines, "Also run the scenario with --overflow none and --overflow naive");

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -31,12 +31,12 @@
 #include "core/size.h"
 #include "engine/checkpoint.h"
 #include "gateway/breaker.h"
+#include "gateway/composition.h"
 #include "gateway/gateway.h"
 #include "gateway/request_service.h"
 #include "gguf/gguf.h"
 #include "http/openai.h"
 #include "journal/journal.h"
-#include "serve/fan_out_observer.h"
 #include "serve/journal_observer.h"
 #include "serve/scheduler.h"
 #include "serve/testing/fake_executor.h"
@@ -46,9 +46,12 @@ namespace spw::drill {
 
 std::string_view sim_mode_name(SimMode m) {
   switch (m) {
-    case SimMode::kPlanned: return "planned";
-    case SimMode::kNoFailover: return "no_failover";
-    case SimMode::kNaiveFreeMemory: return "naive_free_memory";
+    case SimMode::kPlanned:
+      return "planned";
+    case SimMode::kNoFailover:
+      return "no_failover";
+    case SimMode::kNaiveFreeMemory:
+      return "naive_free_memory";
   }
   return "planned";
 }
@@ -57,8 +60,8 @@ Result<SimMode> parse_sim_mode(std::string_view name) {
   for (SimMode m : {SimMode::kPlanned, SimMode::kNoFailover, SimMode::kNaiveFreeMemory}) {
     if (name == sim_mode_name(m)) return m;
   }
-  return invalid_field("mode", "simulation mode '" + std::string(name) +
-                                   "': expected planned, no_failover or naive_free_memory");
+  return invalid_field(
+      "mode", "simulation mode '" + std::string(name) + "': expected planned, no_failover or naive_free_memory");
 }
 
 std::string replay_command(const std::string& scenario_file, uint64_t seed, SimMode mode) {
@@ -97,61 +100,24 @@ Result<uint64_t> parse_size(std::string_view text, const std::string& what) {
   return r;
 }
 
-// What the simulation takes from `spillway serve` flags (builder defaults).
-struct ServerShape {
-  int32_t parallel = 1, queue = 64, ctx = 512, kv_blocks = 0, cpu_parallel = 1, cpu_queue = 8;
-  int32_t checkpoint_every = 32;
-  double observe_interval_s = 1.0, max_delay_s = 2.0, pressure_threshold = 1.0, headroom_share = 0.05;
-  double breaker_cooldown_s = 5;
-  int32_t breaker_consecutive_failures = 3;
-};
-
-Result<ServerShape> parse_server_args(const std::vector<std::string>& args) {
-  ServerShape s;
-  std::map<std::string, int32_t*> ints = {{"parallel", &s.parallel},         {"queue", &s.queue},
-                                          {"ctx", &s.ctx},                   {"kv-blocks", &s.kv_blocks},
-                                          {"cpu-parallel", &s.cpu_parallel}, {"cpu-queue", &s.cpu_queue},
-                                          {"checkpoint-every", &s.checkpoint_every},
-                                          {"breaker-consecutive-failures", &s.breaker_consecutive_failures}};
-  std::map<std::string, double*> reals = {{"observe-interval-s", &s.observe_interval_s},
-                                          {"max-delay-s", &s.max_delay_s},
-                                          {"pressure-threshold", &s.pressure_threshold},
-                                          {"device-headroom-share", &s.headroom_share},
-                                          {"breaker-cooldown-s", &s.breaker_cooldown_s}};
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a.rfind("--", 0) != 0) continue;
-    std::string key = a.substr(2), value;
-    bool have_value = false;
-    if (size_t eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-      have_value = true;
-    }
-    const bool known = ints.count(key) != 0 || reals.count(key) != 0;
-    if (!known) continue;  // a flag the simulation does not model
-    if (!have_value) {
-      if (i + 1 >= args.size()) return invalid_field("server.args", "server.args: --" + key + " needs a value");
-      value = args[++i];
-    }
-    char* end = nullptr;
-    const double v = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != '\0' || !std::isfinite(v)) {
-      return invalid_field("server.args", "server.args: --" + key + " '" + value + "' is not a number");
-    }
-    if (auto it = ints.find(key); it != ints.end()) {
-      *it->second = static_cast<int32_t>(v);
-    } else {
-      *reals[key] = v;
-    }
+// The simulated server's options: SimOptions::server (the scenario's
+// server.args as `spillway serve` parses them), ctx 0 (the model's
+// context_length) as the simulated model's, kSimContext. Checked as
+// build_gateway checks them, plus what the simulation needs (a queue on each
+// path, a context of at least one block, a headroom share below 1).
+Result<gateway::GatewayOptions> server_options(const Scenario& sc, const SimOptions& o) {
+  if (!o.server && !sc.server.args.empty()) {
+    return invalid_field("server.args",
+                         "server.args: the simulation takes them parsed (SimOptions::server: `spillway drill` parses "
+                         "them as `spillway serve` does)");
   }
-  if (s.parallel < 1 || s.cpu_parallel < 1 || s.queue < 1 || s.cpu_queue < 1 || s.ctx < 16 || s.kv_blocks < 0 ||
-      s.checkpoint_every < 0 || s.observe_interval_s < 0 || !(s.max_delay_s >= 0) || !(s.pressure_threshold > 0) ||
-      !(s.headroom_share >= 0 && s.headroom_share < 1) || !(s.breaker_cooldown_s > 0) ||
-      s.breaker_consecutive_failures < 1) {
+  gateway::GatewayOptions s = o.server.value_or(gateway::GatewayOptions{});
+  if (s.ctx == 0) s.ctx = kSimContext;
+  if (Status st = gateway::check_options(s); !st.ok()) return st.with_context("server.args");
+  if (s.queue < 1 || s.cpu_queue < 1 || s.ctx < 16 || s.checkpoint_every < 0 ||
+      !(s.device_headroom_share >= 0 && s.device_headroom_share < 1)) {
     return invalid_field("server.args", "server.args: a value is out of range for the simulation");
   }
-  if (s.kv_blocks == 0) s.kv_blocks = s.parallel * ((s.ctx + 15) / 16);
   return s;
 }
 
@@ -173,9 +139,15 @@ std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -543,13 +515,13 @@ struct Chain {
   bool stream = true, greedy = true;
   uint64_t seed = 0;
   int32_t max_tokens = 0;
-  bool retry = false;       // send again with the key once it ended
+  bool retry = false;  // send again with the key once it ended
   int64_t first_op = 0;
   int64_t record_id = 0;
-  int64_t public_id = 0;    // the id its response carried (what a resume names)
-  std::string have;         // text the client holds
-  int resumes = 0;          // resume calls made
-  int retries = 0;          // retries refused because the server was down
+  int64_t public_id = 0;  // the id its response carried (what a resume names)
+  std::string have;       // text the client holds
+  int resumes = 0;        // resume calls made
+  int retries = 0;        // retries refused because the server was down
 };
 
 struct Active {
@@ -570,11 +542,11 @@ struct Active {
 
 class Simulation {
  public:
-  Simulation(const Scenario& sc, const SimOptions& o, ServerShape shape, Device dev,
+  Simulation(const Scenario& sc, const SimOptions& o, gateway::GatewayOptions server, Device dev,
              std::shared_ptr<const Tokenizer> tok, std::string journal_path)
       : sc_(sc),
         opt_(o),
-        shape_(shape),
+        server_(std::move(server)),
         dev_(dev),
         tok_(std::move(tok)),
         journal_path_(std::move(journal_path)),
@@ -640,7 +612,7 @@ class Simulation {
 
   const Scenario& sc_;
   const SimOptions& opt_;
-  const ServerShape shape_;
+  const gateway::GatewayOptions server_;  // ctx resolved (server_options)
   const Device dev_;
   std::shared_ptr<const Tokenizer> tok_;
   const std::string journal_path_;
@@ -656,7 +628,7 @@ class Simulation {
   uint64_t seq_ = 0;
   std::map<std::pair<int64_t, uint64_t>, std::function<void()>> actions_;
   std::vector<std::unique_ptr<Chain>> chains_;
-  std::map<int64_t, Active> active_;  // by invoke op id
+  std::map<int64_t, Active> active_;           // by invoke op id
   std::map<std::string, std::set<int>> busy_;  // class name -> client slots in use
   uint64_t declared_ = 0, undeclared_ = 0;
   std::set<int64_t> given_ids_;
@@ -676,8 +648,9 @@ class Simulation {
 Status Simulation::start_process() {
   auto p = std::make_unique<Process>();
   p->penv = std::make_unique<ProcessEnv>(env_);
-  SPW_ASSIGN_OR_RETURN(auto dl, admission::DeviceLedger::create("vulkan:0", dev_.capacity,
-                                                                admission::HeadroomPolicy{0, shape_.headroom_share}));
+  SPW_ASSIGN_OR_RETURN(auto dl, admission::DeviceLedger::create(
+                                    "vulkan:0", dev_.capacity,
+                                    admission::HeadroomPolicy{server_.device_headroom, server_.device_headroom_share}));
   p->gpu_ledger = std::shared_ptr<admission::MemoryLedger>(std::move(dl));
   SPW_ASSIGN_OR_RETURN(auto w,
                        p->gpu_ledger->reserve({admission::OwnerKind::kModelWeights, model_name_}, dev_.weights));
@@ -695,10 +668,9 @@ Status Simulation::start_process() {
   SPW_ASSIGN_OR_RETURN(auto hw, p->host_ledger->reserve({admission::OwnerKind::kModelWeights, model_name_}, host_plan));
   SPW_RETURN_IF_ERROR(p->host_ledger->commit(hw, host_plan));
 
-  gateway::BreakerOptions bo;
-  bo.base_cooldown_s = shape_.breaker_cooldown_s;
-  bo.consecutive_failures = shape_.breaker_consecutive_failures;
-  bo.max_cooldown_s = std::max(bo.max_cooldown_s, shape_.breaker_cooldown_s);
+  // The server's own wiring (gateway/composition.h): breaker, observers,
+  // scheduler settings and policy as build_gateway makes them.
+  SPW_ASSIGN_OR_RETURN(const gateway::BreakerOptions bo, gateway::breaker_options(server_));
   SPW_ASSIGN_OR_RETURN(std::shared_ptr<gateway::CircuitBreaker> breaker,
                        gateway::CircuitBreaker::create(env_, "vulkan:0", bo));
   auto journal_obs = std::make_shared<GatedObserver>(std::make_shared<serve::JournalObserver>(journal_), p->alive);
@@ -706,23 +678,23 @@ Status Simulation::start_process() {
   std::vector<gateway::ExecutionPath> paths;
   for (int i = 0; i < 2; ++i) {
     const bool gpu = i == 0;
-    serve::SchedulerOptions so;
-    so.queue_capacity = gpu ? shape_.queue : shape_.cpu_queue;
-    so.n_ctx = shape_.ctx;
+    const admission::PathRole role = gpu ? admission::PathRole::kPrimary : admission::PathRole::kFallback;
+    const gateway::PathShape shape = gateway::path_shape(server_, role, server_.ctx);
+    // The AfterRun tracking wraps the server's observers: the driver waits
+    // for their last call (simulation-only, see AfterRun).
+    serve::SchedulerOptions so = gateway::scheduler_options(
+        server_, gpu ? "gpu" : "cpu", shape,
+        std::make_shared<TrackingObserver>(gateway::path_observer(journal_obs, gpu ? breaker : nullptr), p->after));
     so.placement = gpu ? "vulkan" : "cpu";
-    so.path = gpu ? "gpu" : "cpu";
-    so.kv_blocks_total = gpu ? shape_.kv_blocks : 0;
-    so.kv_block_tokens = 16;
+    // The gpu path's KV gate on its pool's blocks (the fake device holds the
+    // pool's bytes: Device::pool); the cpu path runs ungated.
+    so.kv_blocks_total = gpu ? gateway::wanted_kv_blocks(server_, role, shape) : 0;
     const FakeSpeed speed = gpu ? FakeSpeed{1000.0, 100.0, 0} : FakeSpeed{200.0, 20.0, 0};
     so.prior_rates = admission::PathRates{speed.prefill_tps, speed.decode_tps, 1.0, 0, false};
-    so.observer = std::make_shared<TrackingObserver>(
-        serve::FanOutObserver::make({journal_obs, gpu ? std::make_shared<gateway::BreakerObserver>(breaker) : nullptr}),
-        p->after);
-    so.checkpoint_every = shape_.checkpoint_every;
     so.hooks.before_run = [](uint64_t id) { tl_ticket = id; };
     std::vector<std::unique_ptr<serve::Executor>> ex;
-    const int n = gpu ? shape_.parallel : shape_.cpu_parallel;
-    for (int k = 0; k < n; ++k) ex.push_back(std::make_unique<SimExecutor>(*p->penv, device_, p->after, i, speed));
+    for (int k = 0; k < shape.workers; ++k)
+      ex.push_back(std::make_unique<SimExecutor>(*p->penv, device_, p->after, i, speed));
     SPW_ASSIGN_OR_RETURN(auto sched, serve::Scheduler::create(env_, tok_, std::move(ex), so));
     gateway::ExecutionPath path;
     path.name = so.path;
@@ -736,23 +708,24 @@ Status Simulation::start_process() {
     path.fingerprint = kFingerprint;
     paths.push_back(std::move(path));
   }
-  gateway::GatewayPolicy gp;
-  gp.admission.pressure_threshold = shape_.pressure_threshold;
-  gp.admission.max_delay_s = shape_.max_delay_s;
+  gateway::GatewayPolicy gp = gateway::gateway_policy(server_);
+  // The run's mode decides the overflow (the live drill passes --overflow
+  // per mode the same way).
   gp.overflow = opt_.mode == SimMode::kPlanned      ? gateway::Overflow::kPlanned
                 : opt_.mode == SimMode::kNoFailover ? gateway::Overflow::kNone
                                                     : gateway::Overflow::kNaive;
-  gp.observe_interval_s = shape_.observe_interval_s;
   // The observed reading: ours (committed) plus what the competing workload
   // held one interval ago (a free-memory reading lags).
   std::weak_ptr<admission::MemoryLedger> weak = p->gpu_ledger;
-  const int64_t lag = to_ns(std::max(shape_.observe_interval_s, 0.25));
+  const int64_t lag = to_ns(std::max(server_.observe_interval_s, 0.25));
   gp.observe = [this, weak, lag] {
     auto l = weak.lock();
     if (!l) return;
     auto* dl = static_cast<admission::DeviceLedger*>(l.get());
     dl->observe(l->snapshot().committed_ours + device_.competing_at(env_.now_ns() - lag));
   };
+  // No health prober: the fake device has no health check (its faults are
+  // the nemesis's).
   gp.health_interval_s = 0;
   // The drill's co-tenant stands for real memory another process takes:
   // the operator's leave for it to take everything.
@@ -886,8 +859,8 @@ bool Simulation::settle() {
     }
   }
   error_ = true;
-  error_msg_ = "the simulated gateway did not settle (a worker is stuck) at t=" +
-               std::to_string(ms(env_.now_ns())) + " ms";
+  error_msg_ =
+      "the simulated gateway did not settle (a worker is stuck) at t=" + std::to_string(ms(env_.now_ns())) + " ms";
   return false;
 }
 
@@ -1285,8 +1258,9 @@ void Simulation::fault(const FaultSpec& f, const std::string& phase) {
     case FaultKind::kAllocFail:
       event(kind, f.path + ": the next " + std::to_string(f.count) + " run(s) fail to allocate");
       for (int i = 0; i < f.count; ++i) {
-        device_.arm(path, 0, Status(StatusCode::kResourceExhausted, "injected allocation failure",
-                                    FailureReason::kDeviceOutOfMemory));
+        device_.arm(
+            path, 0,
+            Status(StatusCode::kResourceExhausted, "injected allocation failure", FailureReason::kDeviceOutOfMemory));
       }
       return;
     case FaultKind::kDeviceLost:
@@ -1331,8 +1305,8 @@ void Simulation::cancel_queued(const std::string& phase) {
       p.internal = true;
       p.job.prompt = *toks;
       p.job.sampler.temperature = 0;
-      p.job.max_tokens = std::max(1, std::min(40, shape_.ctx - static_cast<int32_t>(toks->size())));
-      p.limits.n_ctx = shape_.ctx;
+      p.job.max_tokens = std::max(1, std::min(40, server_.ctx - static_cast<int32_t>(toks->size())));
+      p.limits.n_ctx = server_.ctx;
       p.limits.prompt_tokens = static_cast<int32_t>(toks->size());
       p.limits.max_tokens = p.job.max_tokens;
       p.decision.path = "cpu";
@@ -1360,8 +1334,8 @@ void Simulation::cancel_queued(const std::string& phase) {
     chain->greedy = true;
     chain->max_tokens = sc_.classes[cls].max_tokens;
     chain->prompt_key = sc_.classes[cls].name + "/greedy";
-    chain->body = "{\"prompt\":\"" + json_escape(chain->prompt) + "\",\"max_tokens\":" +
-                  std::to_string(chain->max_tokens) + ",\"nemesis\":true}";
+    chain->body = "{\"prompt\":\"" + json_escape(chain->prompt) +
+                  "\",\"max_tokens\":" + std::to_string(chain->max_tokens) + ",\"nemesis\":true}";
     chains_.push_back(std::move(c));
     Op inv = rec_.invoke(request_op(*chain, "complete"));
     chain->first_op = inv.op_id;
@@ -1386,10 +1360,10 @@ void Simulation::cancel_queued(const std::string& phase) {
     p.record_id = chain->record_id;
     p.job.prompt = *toks;
     p.job.sampler.temperature = 0;
-    const int32_t room = shape_.ctx - static_cast<int32_t>(toks->size());
+    const int32_t room = server_.ctx - static_cast<int32_t>(toks->size());
     p.job.max_tokens = std::max(1, std::min(chain->max_tokens, room));
-    p.job.checkpoint_every = shape_.checkpoint_every;
-    p.limits.n_ctx = shape_.ctx;
+    p.job.checkpoint_every = server_.checkpoint_every;
+    p.limits.n_ctx = server_.ctx;
     p.limits.prompt_tokens = static_cast<int32_t>(toks->size());
     p.limits.max_tokens = p.job.max_tokens;
     p.limits.max_tokens_requested = chain->max_tokens;
@@ -1397,7 +1371,7 @@ void Simulation::cancel_queued(const std::string& phase) {
     p.decision.path_index = 1;
     p.decision.path = "cpu";
     p.decision.reason = "queued on the cpu path by the drill's nemesis (cancel_queued)";
-    p.decision.n_ctx = shape_.ctx;
+    p.decision.n_ctx = server_.ctx;
     p.decision.prompt_tokens = p.limits.prompt_tokens;
     p.decision.max_tokens = p.job.max_tokens;
     p.allow_migration = true;
@@ -1569,10 +1543,14 @@ void Simulation::flush_log() {
     if (t < t0_) continue;  // the start's equivalence check
     std::string kind = "gateway";
     if (line.rfind("circuit breaker", 0) == 0) {
-      if (line.find(": open") != std::string::npos) kind = "breaker_open";
-      else if (line.find(": half_open") != std::string::npos) kind = "breaker_half_open";
-      else if (line.find(": closed") != std::string::npos) kind = "breaker_closed";
-      else kind = "breaker";
+      if (line.find(": open") != std::string::npos)
+        kind = "breaker_open";
+      else if (line.find(": half_open") != std::string::npos)
+        kind = "breaker_half_open";
+      else if (line.find(": closed") != std::string::npos)
+        kind = "breaker_closed";
+      else
+        kind = "breaker";
     } else if (line.rfind("probe", 0) == 0) {
       kind = "probe";
     } else if (line.rfind("equivalence", 0) == 0) {
@@ -1583,7 +1561,6 @@ void Simulation::flush_log() {
 }
 
 Result<History> Simulation::run() {
-
   if (Result<std::unique_ptr<journal::Journal>> j = journal::Journal::open(env_, journal_path_); j.ok()) {
     journal_ = std::shared_ptr<journal::Journal>(std::move(*j));
   } else {
@@ -1694,7 +1671,7 @@ Result<History> Simulation::run() {
     g.prompt = c->prompt;
     Result<std::vector<TokenId>> toks = serve::encode_prompt(*tok_, g);
     const int32_t n = toks.ok() ? static_cast<int32_t>(toks->size()) : 0;
-    h.reference[c->prompt_key] = FakeExecutor::text_of(std::max(0, std::min(c->max_tokens, shape_.ctx - n)));
+    h.reference[c->prompt_key] = FakeExecutor::text_of(std::max(0, std::min(c->max_tokens, server_.ctx - n)));
   }
   for (int64_t id : given_ids_) {
     FinalRecord f;
@@ -1747,7 +1724,7 @@ Result<History> simulate(const Scenario& scenario, const SimOptions& options) {
       }
     }
   }
-  SPW_ASSIGN_OR_RETURN(ServerShape shape, parse_server_args(scenario.server.args));
+  SPW_ASSIGN_OR_RETURN(gateway::GatewayOptions server, server_options(scenario, options));
   Device dev;
   dev.capacity = options.device.capacity;
   if (dev.capacity == 0 && !scenario.server.device_memory.empty()) {
@@ -1768,7 +1745,7 @@ Result<History> simulate(const Scenario& scenario, const SimOptions& options) {
   if (dir.empty()) return Status::io_error("cannot make a temporary folder for the simulation's journal");
   Result<History> out = Status(StatusCode::kInternal, "not run");
   {
-    Simulation sim(scenario, options, shape, dev, tok, dir + "/journal.db");
+    Simulation sim(scenario, options, std::move(server), dev, tok, dir + "/journal.db");
     out = sim.run();
   }
   std::error_code ec;

@@ -16,14 +16,20 @@
 // The run (simulate()):
 //   - Paths: "gpu" (placement vulkan, breaker "vulkan:0", a DeviceLedger of
 //     the fake device) and "cpu" (role fallback, its own bounded queue, a
-//     HostLedger), sized from ServerSpec::args where they carry `spillway
-//     serve` flags (--parallel, --queue, --ctx, --kv-blocks, --cpu-parallel,
-//     --cpu-queue, --checkpoint-every, --observe-interval-s, --max-delay-s,
-//     --pressure-threshold, --device-headroom-share, --breaker-cooldown-s,
-//     --breaker-consecutive-failures; "--flag value" or "--flag=value"; other
-//     flags are ignored) and the builder's defaults otherwise (context 512,
-//     the bundled model's). The equivalence check runs at start, as
-//     `serve` does after its warm-up, so migration is allowed.
+//     HostLedger), from SimOptions::server: the scenario's server.args as
+//     `spillway serve` parses them (the caller parses them: `spillway drill`
+//     with the serve flags' own parser, app/serve_options.h), the builder's
+//     defaults otherwise. They are wired with build_gateway's own steps
+//     (gateway/composition.h): the breaker's options, the paths' observers
+//     (journal + breaker), their scheduler settings by role (workers, queue,
+//     context, KV blocks of the gpu path's gate, checkpoint interval) and the
+//     gateway policy (admission, observe interval); the mode sets the
+//     overflow, and there is no health prober and no reservation limit
+//     (reservation_max_share 1, as the live drill passes). ctx 0 (the
+//     model's context_length) is kSimContext. What is the simulation's own:
+//     the engines, the ledgers' capacities (below), the lagging reading.
+//     The equivalence check runs at start, as `serve` does after its
+//     warm-up, so migration is allowed.
 //   - The device: capacity = SimDevice::capacity, else server.device_memory,
 //     else 1 GiB; headroom = the --device-headroom-share (0.05). Spillway's
 //     plan (weights + KV pool) is reserved and committed in the ledger. A
@@ -109,7 +115,8 @@
 // everything on the first path, a device fault is the request's end),
 // naive_free_memory (Overflow::kNaive: admission sees a free-memory reading).
 // Failures: InvalidArgument for a scenario the simulation cannot run (no
-// classes or phases, an unknown fault path, a bad server flag value);
+// classes or phases, an unknown fault path, server options out of range or
+// server.args not parsed into SimOptions::server);
 // NotFound / the tokenizer's error when the model file cannot be read;
 // IOError when the journal's temporary folder cannot be made; Internal when
 // the simulated system does not settle within 10 s of real time (a stuck
@@ -124,6 +131,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -132,6 +140,7 @@
 #include "drill/checker.h"
 #include "drill/history.h"
 #include "drill/scenario.h"
+#include "gateway/builder.h"
 
 namespace spw {
 class Tokenizer;
@@ -140,8 +149,12 @@ class Tokenizer;
 namespace spw::drill {
 
 enum class SimMode { kPlanned, kNoFailover, kNaiveFreeMemory };
-std::string_view sim_mode_name(SimMode m);  // "planned", "no_failover", "naive_free_memory"
+std::string_view sim_mode_name(SimMode m);              // "planned", "no_failover", "naive_free_memory"
 Result<SimMode> parse_sim_mode(std::string_view name);  // those names; InvalidArgument otherwise
+
+// The simulated model's context_length: the context of the paths when the
+// server's ctx is 0 (what the drills were sized for).
+inline constexpr int32_t kSimContext = 512;
 
 // The fake GPU. 0 = derived (see the contract).
 struct SimDevice {
@@ -165,6 +178,11 @@ struct SimOptions {
   // $TMPDIR or /tmp); each run makes and removes its own subfolder.
   std::string work_dir;
   SimDevice device;
+  // The simulated server's settings (see the contract): the scenario's
+  // server.args parsed as `spillway serve` flags by the caller (src/drill
+  // reads no flags). None: the defaults, for a scenario without server.args
+  // (one with them is InvalidArgument: they would be ignored).
+  std::optional<gateway::GatewayOptions> server;
   double sample_interval_s = 0.25;
   // simulate_seeds: seeds run side by side on this many threads (0: two per
   // hardware thread: a run mostly waits for thread hand-offs, so twice the

@@ -1,11 +1,9 @@
 #include "gateway/builder.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -13,50 +11,16 @@
 #include "admission/estimator.h"
 #include "admission/prior.h"
 #include "backend/vulkan/device_spec.h"
-#include "device/cgroup.h"
 #include "device/host_memory.h"
+#include "gateway/composition.h"
 #include "gguf/gguf.h"
 #include "serve/engine_executor.h"
-#include "serve/fan_out_observer.h"
 #include "serve/journal_observer.h"
 
 namespace spw::gateway {
 namespace {
 
 using admission::format_bytes;
-
-Result<admission::HostReadings> host_readings(Env& env) {
-  const device::HostMemory hm = device::HostMemoryProbe(env).read();
-  if (!hm.mem_available_bytes.known()) {
-    return Status::unavailable("host memory budget: MemAvailable unknown: " + hm.mem_available_bytes.reason());
-  }
-  admission::HostReadings r;
-  r.mem_available = hm.mem_available_bytes.value();
-  const device::CgroupMemory cg = device::CgroupProbe(env).read();
-  if (cg.effective_max.known() && !cg.effective_max.value().unlimited && cg.current_bytes.known()) {
-    r.cgroup_max = cg.effective_max.value().bytes;
-    r.cgroup_current = cg.current_bytes.value();
-  }
-  return r;
-}
-
-Result<std::shared_ptr<journal::Journal>> open_journal(Env& env, const GatewayOptions& o) {
-  if (o.journal == "none") return std::shared_ptr<journal::Journal>();
-  std::string path = o.journal;
-  if (path.empty()) {
-    SPW_ASSIGN_OR_RETURN(path, default_journal_path());
-  }
-  std::error_code ec;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  if (ec) return Status::io_error("journal folder " + parent.string() + ": " + ec.message());
-  journal::JournalOptions jo;
-  jo.retention_ms = static_cast<int64_t>(o.journal_retention_hours * 3600 * 1000);
-  jo.max_bytes = o.journal_max_bytes;
-  jo.max_body_bytes_kept = o.journal_max_body_bytes;
-  SPW_ASSIGN_OR_RETURN(std::unique_ptr<journal::Journal> j, journal::Journal::open(env, path, jo));
-  return std::shared_ptr<journal::Journal>(std::move(j));
-}
 
 // The estimator's plan for one path of the serving layout (ubatch 64 or the
 // context when smaller; last row of logits per eval).
@@ -169,8 +133,8 @@ struct ReplicaChoice {
   LlamaHparams hparams;
 };
 
-Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, const std::string& requested,
-                                     double budget_ms, std::shared_ptr<const Model> same_file) {
+Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, ReplicaMode requested, double budget_ms,
+                                     std::shared_ptr<const Model> same_file) {
   ReplicaChoice c;
   const int64_t t0 = env.now_ns();
   SPW_ASSIGN_OR_RETURN(std::shared_ptr<const Model> probe, Model::load(env, path, ModelLoadOptions{false}));
@@ -181,14 +145,14 @@ Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, const st
   r.load_ms = static_cast<double>(t1 - t0) / 1e6;
   r.page_in_ms = static_cast<double>(t2 - t1) / 1e6;
   char figures[160];
-  std::snprintf(figures, sizeof figures, "load %.0f ms + page-in %.0f ms measured, recovery budget %.0f ms",
-                r.load_ms, r.page_in_ms, budget_ms);
-  r.mode = requested;
-  if (requested == "auto") {
+  std::snprintf(figures, sizeof figures, "load %.0f ms + page-in %.0f ms measured, recovery budget %.0f ms", r.load_ms,
+                r.page_in_ms, budget_ms);
+  if (requested == ReplicaMode::kAuto) {
     r.mode = r.load_ms + r.page_in_ms <= budget_ms ? "on-demand" : r.page_in_ms <= budget_ms ? "mmap" : "warm";
     r.why = "auto: " + std::string(figures);
   } else {
-    r.why = "--replica " + requested + " (" + figures + ")";
+    r.mode = std::string(replica_mode_name(requested));
+    r.why = "--replica " + r.mode + " (" + figures + ")";
   }
   r.recovery_ms = r.mode == "on-demand" ? r.load_ms + r.page_in_ms : r.mode == "mmap" ? r.page_in_ms : 0.0;
   r.loaded = r.mode != "on-demand";
@@ -212,31 +176,6 @@ Result<ReplicaChoice> choose_replica(Env& env, const std::string& path, const st
   return c;
 }
 
-// The GPU device's breaker options from the serve flags; InvalidArgument
-// naming the flag when one is out of range.
-Result<BreakerOptions> breaker_options(const GatewayOptions& o) {
-  BreakerOptions b;
-  b.consecutive_failures = o.breaker_consecutive_failures;
-  b.failure_share = o.breaker_failure_share;
-  b.min_requests = o.breaker_min_requests;
-  b.window_s = o.breaker_window_s;
-  b.base_cooldown_s = o.breaker_cooldown_s;
-  b.max_cooldown_s = o.breaker_max_cooldown_s;
-  b.probes = o.breaker_probes;
-  const Status st = validate_breaker_options(b);
-  if (st.ok()) return b;
-  const std::string& f = st.field();
-  const std::string flag = f == "consecutive_failures" ? "breaker-consecutive-failures"
-                           : f == "failure_share"      ? "breaker-failure-share"
-                           : f == "min_requests"       ? "breaker-min-requests"
-                           : f == "window_s"           ? "breaker-window-s"
-                           : f == "base_cooldown_s"    ? "breaker-cooldown-s"
-                           : f == "max_cooldown_s"     ? "breaker-max-cooldown-s"
-                           : f == "probes"             ? "breaker-probes"
-                                                       : "breaker-" + f;
-  return invalid_field(flag, "--" + flag + ": " + st.message());
-}
-
 // What besides the model's fingerprint and the placements decides an
 // equivalence check: the device (name and driver: another card, or another
 // driver version, may round differently) and the binary (its kernels and
@@ -251,8 +190,8 @@ std::string equivalence_scope(const VulkanBackend* vulkan) {
     const auto size = std::filesystem::file_size(exe, ec);
     const auto mtime = std::filesystem::last_write_time(exe, ec);
     if (!ec) {
-      scope += " | " + exe.string() + " " + std::to_string(size) + " " +
-               std::to_string(mtime.time_since_epoch().count());
+      scope +=
+          " | " + exe.string() + " " + std::to_string(size) + " " + std::to_string(mtime.time_since_epoch().count());
     }
   }
   return scope;
@@ -284,13 +223,592 @@ EquivalenceStore journal_equivalence_store(std::shared_ptr<journal::Journal> j, 
   return store;
 }
 
+// What one build_gateway call knows as it goes: the options, the model files
+// while the plans are made, each path's plan, the paths built so far. Each
+// step below reads what the steps before it set and adds its own part.
+struct Composition {
+  Composition(Env& e, const GatewayOptions& opts, BuiltGateway& b) : env(e), o(opts), out(b) {}
+  Env& env;
+  const GatewayOptions& o;
+  BuiltGateway& out;
+  int n_threads = 1;
+  // Read by read_model_files (released before the engines load the model).
+  std::unique_ptr<gguf::GgufFile> file, fallback_file;
+  LlamaHparams hp, cpu_hp;
+  int32_t n_ctx = 0;         // the first path's context, resolved
+  int32_t n_gpu_layers = 0;  // 0: the first path is the CPU's
+  PathShape cpu_shape;       // the CPU path's (first-choice or fallback)
+  admission::EstimatorConfig cfg;
+  // The memory plans.
+  PathPlan gpu;
+  PathPlan offload;  // the hybrid path beside a full-GPU path (offload_layers)
+  PathPlan cpu;
+  bool device_on_host = false;  // the Vulkan device computes from host memory
+  std::vector<PathNotBuilt> not_built;
+  // The paths.
+  std::shared_ptr<serve::RequestObserver> journal_observer;  // null without a journal
+  std::shared_ptr<const Tokenizer> tok;
+  std::vector<ExecutionPath> paths;
+  // Rate priors: the host's bandwidth, measured at most once.
+  std::optional<double> host_bw;
+  std::string host_bw_why;
+
+  bool cpu_primary() const { return n_gpu_layers == 0; }
+  bool full_gpu() const { return n_gpu_layers == hp.n_layer; }
+};
+
+// Opens the model (and the fallback model) file, reads their
+// hyperparameters and resolves what depends on them: the first path's
+// context, the layers on the GPU, the CPU path's shape. InvalidArgument
+// naming the option for a context, offload or fallback model that does not
+// fit the model; the loader's error for a file that does not open.
+Status read_model_files(Composition& c) {
+  const GatewayOptions& o = c.o;
+  SPW_ASSIGN_OR_RETURN(c.file, gguf::GgufFile::open(c.env, o.model));
+  SPW_ASSIGN_OR_RETURN(c.hp, read_llama_hparams(*c.file));
+  c.n_ctx = o.ctx > 0 ? o.ctx : c.hp.n_ctx_train;
+  if (c.n_ctx < 2 || c.n_ctx > c.hp.n_ctx_train) {
+    return invalid_field("ctx", "ctx must be in [2, " + std::to_string(c.hp.n_ctx_train) +
+                                    "] (the model's context_length), got " + std::to_string(c.n_ctx));
+  }
+  c.n_gpu_layers = o.device.gpu_layer_count(c.hp.n_layer);
+  if (!o.fallback_model.empty() && c.n_gpu_layers == 0) {
+    return invalid_field("fallback-model", "fallback-model serves the CPU fallback of a GPU path; with device " +
+                                               o.device.spec() + " the model itself is served on the CPU");
+  }
+  if (o.offload_layers > 0 && (!c.full_gpu() || o.offload_layers >= c.hp.n_layer)) {
+    return invalid_field("offload-layers", "offload-layers N needs a full-GPU device (vulkan) and N in [1, " +
+                                               std::to_string(c.hp.n_layer - 1) + "] (the model has " +
+                                               std::to_string(c.hp.n_layer) + " layers), got " +
+                                               std::to_string(o.offload_layers) + " with device " + o.device.spec());
+  }
+  // The CPU path's model file: the fallback model, or the same file.
+  c.cpu_hp = c.hp;
+  if (!o.fallback_model.empty()) {
+    auto f = gguf::GgufFile::open(c.env, o.fallback_model);
+    if (!f.ok()) return f.status().with_context("fallback-model");
+    c.fallback_file = std::move(*f);
+    auto fhp = read_llama_hparams(*c.fallback_file);
+    if (!fhp.ok()) return fhp.status().with_context("fallback-model " + o.fallback_model);
+    c.cpu_hp = *fhp;
+    SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(*c.file));
+    auto ftok = Tokenizer::from_gguf(*c.fallback_file);
+    if (!ftok.ok()) return ftok.status().with_context("fallback-model " + o.fallback_model);
+    if ((*ftok)->fingerprint() != tok->fingerprint()) {
+      return invalid_field("fallback-model",
+                           "fallback-model " + o.fallback_model + ": its tokenizer differs from " + o.model +
+                               "'s; a fallback model must share the tokenizer (same prompt tokens, template and "
+                               "stop rules), e.g. a smaller model of the same family");
+    }
+  }
+  if (c.cpu_primary()) {
+    c.cpu_shape = path_shape(o, admission::PathRole::kPrimary, c.n_ctx);
+  } else {
+    c.cpu_shape = path_shape(o, admission::PathRole::kFallback, c.n_ctx);
+    c.cpu_shape.ctx = std::min(c.cpu_shape.ctx, c.cpu_hp.n_ctx_train);
+  }
+  return Status::ok_status();
+}
+
+// The device side of a GPU first path: opens the Vulkan device and makes its
+// DeviceLedger (capacity = device_memory or the largest device-local heap,
+// headroom, the declared co-tenants, a first heap reading). A device that
+// does not open, or a model it cannot compute, leaves the GPU path unbuilt
+// (reason kept; returns OK with out.device_ledger null). Errors: a headroom
+// or co-tenant the ledger refuses.
+Status open_device_ledger(Composition& c) {
+  const GatewayOptions& o = c.o;
+  VulkanBackendOptions vo;
+  vo.device = o.device.vulkan_device;
+  vo.memory_budget_bytes = o.device_memory.value_or(0);
+  // A model with matrices the shaders do not compute (a type the CPU does
+  // not load either, so in practice a file refused later) leaves the GPU
+  // paths unbuilt, reported with the tensor and type.
+  const Status types = vulkan_check_weight_types(*c.file);
+  auto v = types.ok() ? VulkanBackend::create(vo) : Result<std::shared_ptr<VulkanBackend>>(types);
+  if (!v.ok()) {
+    c.not_built.push_back(
+        {"gpu", types.ok() ? "device " + o.device.spec() + ": " + v.status().to_string() : types.message()});
+    return Status::ok_status();
+  }
+  c.out.vulkan = std::move(*v);
+  const std::string& type = c.out.vulkan->device_info().type;
+  c.device_on_host = type == "cpu" || type == "integrated-gpu";
+  c.cfg.gpu_limits.max_buffer_bytes = largest_buffer_bytes(c.out.vulkan->device_info());
+  admission::HeadroomPolicy headroom;
+  headroom.fraction = o.device_headroom_share;
+  headroom.bytes = o.device_headroom;
+  auto ledger =
+      admission::DeviceLedger::create(c.out.vulkan->name(), c.out.vulkan->memory_stats().budget_bytes, headroom);
+  if (!ledger.ok()) return ledger.status().with_context("device-headroom / device-headroom-share");
+  c.out.device_ledger = std::shared_ptr<admission::DeviceLedger>(std::move(*ledger));
+  for (const CoTenant& ct : o.co_tenants) {
+    auto t = c.out.device_ledger->declare({admission::OwnerKind::kCoTenant, ct.name}, ct.bytes);
+    if (!t.ok()) return t.status().with_context("co-tenant " + ct.name);
+  }
+  (void)observe_device(*c.out.vulkan, *c.out.device_ledger);
+  return Status::ok_status();
+}
+
+// The GPU path's memory plan on an open device ledger: its KV pool sized to
+// what the ledger has left after weights and scratch, min(wanted, what fits),
+// after the offload path's device KV is set aside (when offload_layers > 0
+// and the GPU pool still gets at least 2 blocks; else that path is not
+// built). Reserves one device ticket for both, then the host side of the
+// plan in the host ledger; any that does not fit leaves the GPU-side paths
+// unbuilt with the reason (OK). Errors: the estimator's.
+Status plan_gpu_path(Composition& c) {
+  const GatewayOptions& o = c.o;
+  const Placement& spec = o.device;
+  const std::string& owner = c.out.model_name;
+  auto estimate = [&](int32_t blocks) {
+    return admission::estimate(*c.file, path_plan(spec, c.n_ctx, o.parallel, blocks, c.n_threads, o.kv_type), c.cfg);
+  };
+  SPW_ASSIGN_OR_RETURN(admission::Estimate e1, estimate(1));
+  SPW_ASSIGN_OR_RETURN(admission::Estimate e2, estimate(2));
+  const uint64_t per_block = std::max<uint64_t>(1, e2.gpu().total() - e1.gpu().total());
+  const uint64_t fixed = e1.gpu().total() - std::min(e1.gpu().total(), per_block);
+  const uint64_t available_all = c.out.device_ledger->available();
+  const int32_t want =
+      wanted_kv_blocks(o, admission::PathRole::kPrimary, path_shape(o, admission::PathRole::kPrimary, c.n_ctx));
+  auto fit_in = [&](uint64_t available) {
+    const int64_t fit = available > fixed ? static_cast<int64_t>((available - fixed) / per_block) : 0;
+    return static_cast<int32_t>(std::min<int64_t>(want, fit));
+  };
+  // The offload path's device KV comes out of the budget first: it is
+  // what serves the prompts the GPU pool cannot hold.
+  if (o.offload_layers > 0) {
+    SPW_ASSIGN_OR_RETURN(
+        c.offload, plan_offload(*c.file, spec, o.offload_layers, c.n_ctx, kBlockTokens, c.n_threads, o.kv_type, c.cfg));
+    if (fit_in(available_all > c.offload.device_bytes ? available_all - c.offload.device_bytes : 0) < 2) {
+      c.not_built.push_back({"hybrid", "its KV for one full context on " + std::to_string(o.offload_layers) +
+                                           " GPU layers (" + format_bytes(c.offload.device_bytes) +
+                                           ") would leave the GPU path no room for its KV pool"});
+      c.offload = PathPlan{};
+    } else {
+      c.offload.built = true;
+    }
+  }
+  const uint64_t available = available_all > c.offload.device_bytes ? available_all - c.offload.device_bytes : 0;
+  const int32_t blocks = fit_in(available);
+  if (blocks < 2) {
+    c.not_built.push_back({"gpu", "weights and scratch need " + format_bytes(fixed) + " plus " +
+                                      format_bytes(per_block) + " per KV block; the device ledger has " +
+                                      format_bytes(available) + " available (" + c.out.device_ledger->name() +
+                                      ", device-memory / device-headroom / co-tenants)"});
+    return Status::ok_status();
+  }
+  SPW_ASSIGN_OR_RETURN(admission::Estimate e, estimate(blocks));
+  // One device ticket for the GPU path and the offload path beside it.
+  const uint64_t device_bytes = e.gpu().total() + c.offload.device_bytes;
+  auto t = c.out.device_ledger->reserve({admission::OwnerKind::kModelWeights, owner}, device_bytes);
+  if (!t.ok()) {
+    c.not_built.push_back({"gpu", t.status().message()});
+    c.offload = PathPlan{};
+    return Status::ok_status();
+  }
+  PathPlan& gpu = c.gpu;
+  gpu.built = true;
+  gpu.kv_blocks = blocks;
+  gpu.shares = admission::stream_shares(*c.file, e);
+  gpu.device_ticket = *t;
+  gpu.device_bytes = device_bytes;
+  gpu.host_bytes = host_bytes_beyond_baseline(e, c.cfg) + c.offload.host_bytes + (c.device_on_host ? device_bytes : 0);
+  c.out.log.push_back("gpu path: " + std::to_string(blocks) + " KV blocks of " + std::to_string(kBlockTokens) +
+                      " tokens (" + (blocks < want ? "bounded by device memory, " : "") + "wanted " +
+                      std::to_string(want) + "), device plan " + format_bytes(gpu.device_bytes) + " of " +
+                      format_bytes(c.out.device_ledger->snapshot().limit) + " on " + c.out.device_ledger->name());
+  // The host side of the plan (CPU layers, scratch; on a device computing
+  // from host memory, its device bytes too).
+  auto h =
+      c.out.host_ledger->reserve({admission::OwnerKind::kModelWeights, owner}, std::max<uint64_t>(1, gpu.host_bytes));
+  if (!h.ok()) {
+    c.not_built.push_back({"gpu", "host side of the GPU plan: " + h.status().message()});
+    (void)c.out.device_ledger->release(gpu.device_ticket);
+    gpu.built = false;
+    c.offload = PathPlan{};
+  } else {
+    gpu.host_ticket = *h;
+  }
+  return Status::ok_status();
+}
+
+// The CPU path's memory plan (the first-choice path with a cpu device, else
+// the fallback unless cpu_fallback is false): its KV pool for the shape's
+// workers and context, its scratch, and its weights unless they are the GPU
+// path's mapping of the same file, reserved in the host ledger. Not built
+// (reason kept, OK) when the host cannot hold it. Errors: the estimator's.
+Status plan_cpu_path(Composition& c) {
+  const GatewayOptions& o = c.o;
+  if (!c.cpu_primary() && !o.cpu_fallback) return Status::ok_status();
+  const admission::PathRole role = c.cpu_primary() ? admission::PathRole::kPrimary : admission::PathRole::kFallback;
+  const PathShape& shape = c.cpu_shape;
+  const int32_t blocks = wanted_kv_blocks(o, role, shape);
+  const gguf::GgufFile& file = c.fallback_file ? *c.fallback_file : *c.file;
+  SPW_ASSIGN_OR_RETURN(
+      admission::Estimate e,
+      admission::estimate(file, path_plan(Placement::cpu(), shape.ctx, shape.workers, blocks, c.n_threads, o.kv_type),
+                          c.cfg));
+  uint64_t need = host_bytes_beyond_baseline(e, c.cfg);
+  // The same file's mapping is shared with the GPU path: counted there
+  // already. A fallback model's weights are its own, whatever its replica
+  // mode: the path must be able to run when work is sent to it.
+  if (c.gpu.built && !c.fallback_file) need -= std::min(need, e.host().weights.bytes);
+  const std::string& model_owner = c.out.model_name;
+  const std::string owner = c.cpu_primary()   ? model_owner
+                            : c.fallback_file ? model_name_from_path(o.fallback_model) + " (cpu path)"
+                                              : model_owner + " (cpu path)";
+  auto t = c.out.host_ledger->reserve({admission::OwnerKind::kModelWeights, owner}, std::max<uint64_t>(1, need));
+  if (!t.ok()) {
+    c.not_built.push_back(
+        {"cpu", "its plan needs " + format_bytes(need) + " of host memory: " + t.status().message() +
+                    ". Lower --cpu-ctx or --cpu-parallel, or raise --host-memory-share / --host-budget"});
+    return Status::ok_status();
+  }
+  c.cpu.built = true;
+  c.cpu.kv_blocks = blocks;
+  c.cpu.shares = admission::stream_shares(file, e);
+  c.cpu.host_ticket = *t;
+  c.cpu.host_bytes = need;
+  return Status::ok_status();
+}
+
+// The host's read bandwidth for the rate priors: host_bandwidth when given,
+// else measured once (with the paths' thread count) and kept; 0 when the
+// measurement fails (host_bw_why says why). Logged either way.
+double host_bandwidth(Composition& c) {
+  if (c.host_bw) return *c.host_bw;
+  c.host_bw = c.o.host_bandwidth;
+  if (*c.host_bw > 0) {
+    c.out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*c.host_bw / 1e6)) +
+                        " MB/s (given)");
+    return *c.host_bw;
+  }
+  admission::BandwidthProbeOptions bo;
+  bo.n_threads = c.n_threads;
+  const int64_t t0 = c.env.now_ns();
+  Result<double> bw = admission::measure_read_bandwidth(c.env, bo);
+  if (!bw.ok()) {
+    c.host_bw = 0.0;
+    c.host_bw_why = "host bandwidth not measured: " + bw.status().message();
+    c.out.log.push_back(c.host_bw_why);
+    return 0;
+  }
+  c.host_bw = *bw;
+  c.out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*bw / 1e6)) + " MB/s measured (" +
+                      std::to_string(c.n_threads) + " threads over " + std::to_string(bo.buffer_bytes >> 20) +
+                      " MiB, " + std::to_string((c.env.now_ns() - t0) / 1000000) + " ms)");
+  return *c.host_bw;
+}
+
+// A path's rate prior (admission/prior.h) from what its decode step streams.
+// A GPU's memory: lavapipe's ("cpu") and an integrated GPU's are the host's
+// DRAM, so they take the host figure (lavapipe runs its shaders on the
+// host's cores; an integrated GPU may reach somewhat more or less than the
+// cores do); a discrete GPU's is not measured (no device-side probe yet):
+// its paths start from the default rates unless device_bandwidth is given.
+admission::RatePrior rate_prior(Composition& c, std::vector<admission::StreamShare> shares) {
+  const GatewayOptions& o = c.o;
+  admission::RatePrior rp;
+  rp.constants = o.prior_constants;
+  std::string why;
+  for (admission::StreamShare& sh : shares) {
+    if (sh.device == admission::DeviceKind::kHost) {
+      sh.bandwidth = rp.host_bandwidth = host_bandwidth(c);
+      if (sh.bandwidth <= 0) why = c.host_bw_why;
+    } else if (o.device_bandwidth > 0) {
+      sh.bandwidth = rp.device_bandwidth = o.device_bandwidth;
+      rp.device_bandwidth_source = "given";
+    } else if (c.device_on_host) {
+      sh.bandwidth = rp.device_bandwidth = host_bandwidth(c);
+      rp.device_bandwidth_source =
+          "host memory (the Vulkan device is of type " + c.out.vulkan->device_info().type + ")";
+      if (sh.bandwidth <= 0) why = c.host_bw_why;
+    } else {
+      why = "a discrete GPU's bandwidth is not measured: give device_bandwidth (--device-bandwidth)";
+    }
+    rp.weight_bytes_per_token += sh.weight_bytes;
+    rp.kv_bytes_per_position += sh.kv_bytes_per_position;
+    rp.compute_s_per_token += sh.compute_s;
+  }
+  Result<admission::PathRates> r = admission::prior_rates(shares, o.prior_constants);
+  if (r.ok()) {
+    rp.computed = true;
+    rp.rates = *r;
+  } else {
+    rp.why = why.empty() ? r.status().message() : why;
+  }
+  return rp;
+}
+
+// One path to build: its scheduler over `model` (or, with on_demand, over a
+// model loaded by its first request).
+struct PathSpec {
+  std::string name;
+  Placement where;
+  admission::PathRole role = admission::PathRole::kPrimary;
+  PathShape shape;
+  int32_t blocks = 0;
+  std::shared_ptr<admission::MemoryLedger> ledger;
+  std::shared_ptr<const Model> model;  // null: on demand
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::string model_name;
+  bool fallback_model = false;
+  ReplicaInfo replica;
+  std::function<Result<std::shared_ptr<const Model>>()> load;  // on demand
+  LlamaHparams hparams;                                        // on demand
+  std::shared_ptr<CircuitBreaker> breaker;                     // GPU-side paths: the device's
+  std::shared_ptr<DeviceControl> device;                       // GPU-side paths: the device's
+  std::string fingerprint;                                     // "" when not known at start
+  admission::RatePrior prior;                                  // rate_prior(its plan's shares)
+};
+
+// A path spec of the first path's model (its name, tokenizer).
+PathSpec model_path_spec(const Composition& c, std::string name, Placement where, admission::PathRole role,
+                         PathShape shape) {
+  PathSpec ps;
+  ps.name = std::move(name);
+  ps.where = std::move(where);
+  ps.role = role;
+  ps.shape = shape;
+  ps.model = c.out.model;
+  ps.tokenizer = c.tok;
+  ps.model_name = c.out.model_name;
+  return ps;
+}
+
+// Builds one path: its engine scheduler (scheduler_options() for its shape,
+// the journal's and its breaker's observer, the KV gate on its blocks, the
+// options' batching), warms it up when its model is loaded and warmup is on,
+// and adds it to c.paths with a log line. Errors: the engine's.
+Status make_path(Composition& c, PathSpec ps) {
+  const GatewayOptions& o = c.o;
+  const serve::SchedulerOptions sched =
+      scheduler_options(o, ps.name, ps.shape, path_observer(c.journal_observer, ps.breaker));
+  serve::EngineServeOptions so;
+  so.device = ps.where;
+  so.vulkan = c.out.vulkan;
+  so.n_workers = ps.shape.workers;
+  so.n_threads = c.n_threads;
+  so.n_ctx = sched.n_ctx;
+  so.kv_blocks = ps.blocks;
+  so.kv_block_tokens = sched.kv_block_tokens;
+  so.kv_type = o.kv_type;
+  // A path without a device gets an injector for its cores' slow faults.
+  std::shared_ptr<FaultInjector> cpu_faults = ps.device ? nullptr : std::make_shared<FaultInjector>();
+  so.cpu_faults = cpu_faults.get();
+  so.queue_capacity = sched.queue_capacity;
+  so.observer = sched.observer;
+  so.path_name = sched.path;
+  so.kv_gate = true;
+  so.checkpoint_every = sched.checkpoint_every;
+  so.batching = o.batching;
+  so.batch_max_wait_us = o.batch_max_wait_us;
+  so.step_tokens = o.step_tokens;
+  if (ps.prior.computed) so.prior_rates = ps.prior.rates;
+  ps.prior.rates = so.prior_rates;  // what the path starts from, for status
+  if (ps.device) {
+    // The session group re-opens itself after the device was
+    // re-initialised; its time is part of the recovery shown in status.
+    so.on_reopened = [device = ps.device, name = ps.name](const Status& st, double ms) {
+      device->record_reopen(name, st, ms);
+    };
+  }
+  const int64_t t0 = c.env.now_ns();
+  auto replica = std::make_shared<Replica>(ps.replica);
+  serve::EngineServing serving;
+  if (ps.model) {
+    SPW_ASSIGN_OR_RETURN(serving, serve::make_engine_scheduler(c.env, ps.model, so));
+  } else {
+    serve::OnDemandModel odm;
+    odm.load = ps.load;
+    odm.tokenizer = ps.tokenizer;
+    odm.hparams = ps.hparams;
+    odm.on_loaded = [replica](double ms) { replica->mark_loaded(ms); };
+    SPW_ASSIGN_OR_RETURN(serving, serve::make_on_demand_scheduler(c.env, std::move(odm), so));
+  }
+  ExecutionPath p;
+  p.name = ps.name;
+  p.placement = serving.scheduler->placement();
+  p.model = ps.model_name;
+  p.fallback_model = ps.fallback_model;
+  p.role = ps.role;
+  p.replica = replica;
+  p.tokenizer = ps.tokenizer;
+  p.ledger = std::move(ps.ledger);
+  p.breaker = ps.breaker;
+  p.device = ps.device;
+  p.cpu_faults = std::move(cpu_faults);
+  p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
+  p.prior = ps.prior;
+  p.kv_type = std::string(kv_type_name(o.kv_type));
+  p.scheduler = std::move(serving.scheduler);
+  p.batcher = serving.batcher;
+  p.unload = std::move(serving.unload);
+  // An on-demand path is not warmed up: that would load it.
+  if (o.warmup && ps.model) warm_up(c.env, *p.scheduler);
+  p.startup_ms = static_cast<double>(c.env.now_ns() - t0) / 1e6;
+  c.out.log.push_back(ps.name + " path: " + serving.placement_detail + ", model " + ps.model_name + ", " +
+                      std::to_string(ps.shape.workers) + " workers, queue " + std::to_string(ps.shape.queue) +
+                      ", ctx " + std::to_string(ps.shape.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks (" +
+                      std::string(kv_type_name(o.kv_type)) + "), replica " + ps.replica.mode +
+                      (ps.replica.why.empty() ? "" : " (" + ps.replica.why + ")") + ", ready in " +
+                      std::to_string(static_cast<int64_t>(p.startup_ms)) + " ms");
+  c.paths.push_back(std::move(p));
+  return Status::ok_status();
+}
+
+// The GPU-side paths of a built GPU plan: the first-choice path ("gpu", or
+// "hybrid" for a hybrid:N device) and the offload path beside it, sharing
+// one CircuitBreaker (breaker_options) and one DeviceControl for the device
+// (they fail together: same device, same uploaded weights). Then commits
+// the plan's tickets: the device ticket at what the backend holds now, if
+// more than planned. Errors: the engine's, the ledgers'.
+Status build_gpu_paths(Composition& c) {
+  const GatewayOptions& o = c.o;
+  SPW_ASSIGN_OR_RETURN(const BreakerOptions breaker_opts, breaker_options(o));
+  SPW_ASSIGN_OR_RETURN(std::shared_ptr<CircuitBreaker> breaker,
+                       CircuitBreaker::create(c.env, c.out.vulkan->name(), breaker_opts));
+  std::shared_ptr<DeviceControl> device = make_device_control(c.env, c.out.vulkan);
+  PathSpec ps = model_path_spec(c, c.full_gpu() ? "gpu" : "hybrid", o.device, admission::PathRole::kPrimary,
+                                path_shape(o, admission::PathRole::kPrimary, c.n_ctx));
+  ps.breaker = breaker;
+  ps.device = device;
+  ps.blocks = c.gpu.kv_blocks;
+  ps.ledger = c.out.device_ledger;
+  ps.prior = rate_prior(c, c.gpu.shares);
+  ps.replica.mode = "warm";
+  ps.replica.why = "the first-choice path: its layers' weights uploaded at start";
+  SPW_RETURN_IF_ERROR(make_path(c, std::move(ps)));
+  if (c.offload.built) {
+    PathSpec hs = model_path_spec(c, "hybrid", Placement::hybrid(o.offload_layers, o.device.vulkan_device),
+                                  admission::PathRole::kOffload, path_shape(o, admission::PathRole::kOffload, c.n_ctx));
+    hs.blocks = c.offload.kv_blocks;
+    hs.prior = rate_prior(c, c.offload.shares);
+    hs.ledger = c.out.device_ledger;
+    hs.breaker = breaker;
+    hs.device = device;
+    hs.replica.why = "the GPU path's model: its first " + std::to_string(o.offload_layers) +
+                     " layers' uploaded weights and the mapping for the rest";
+    SPW_RETURN_IF_ERROR(make_path(c, std::move(hs)));
+  }
+  const uint64_t held = std::max(c.gpu.device_bytes, c.out.vulkan->memory_stats().used_bytes);
+  SPW_RETURN_IF_ERROR(c.out.device_ledger->commit(c.gpu.device_ticket, held));
+  SPW_RETURN_IF_ERROR(c.out.host_ledger->commit(c.gpu.host_ticket, std::max<uint64_t>(1, c.gpu.host_bytes)));
+  return Status::ok_status();
+}
+
+// The CPU path of a built CPU plan, with its replica: warm as the first
+// choice; as the fallback, chosen by choose_replica() (options.replica) when
+// it has a model of its own or the same file as a full-GPU path without an
+// offload path (whose host pages it may then drop), else shared with the
+// GPU-side paths' mapping. Commits its host ticket. Errors: the replica
+// measurement's, the engine's, the ledger's.
+Status build_cpu_path(Composition& c) {
+  const GatewayOptions& o = c.o;
+  const admission::PathRole role = c.gpu.built ? admission::PathRole::kFallback : admission::PathRole::kPrimary;
+  PathSpec cs = model_path_spec(c, "cpu", Placement::cpu(), role, c.cpu_shape);
+  cs.blocks = c.cpu.kv_blocks;
+  cs.ledger = c.out.host_ledger;
+  cs.prior = rate_prior(c, c.cpu.shares);
+  if (c.cpu_primary()) {
+    cs.replica.mode = "warm";
+    cs.replica.why = "the first-choice path: mapped and read in at start";
+  } else if (!o.fallback_model.empty() || (c.gpu.built && c.full_gpu() && !c.offload.built)) {
+    // A replica of its own, or the same file whose host pages a full-GPU
+    // path does not need: the mode decides what stays resident.
+    const bool same_file = o.fallback_model.empty();
+    const std::string file = same_file ? o.model : o.fallback_model;
+    SPW_ASSIGN_OR_RETURN(ReplicaChoice rc, choose_replica(c.env, file, o.replica, o.recovery_budget_ms,
+                                                          same_file ? c.out.model : nullptr));
+    cs.replica = rc.info;
+    cs.model = rc.model;
+    cs.tokenizer = rc.tokenizer;
+    cs.hparams = rc.hparams;
+    cs.load = [&env = c.env, file]() { return Model::load(env, file); };
+    // On demand, the same file is the same model (its load checks the
+    // tokenizer); another file's fingerprint is not known until loaded.
+    if (same_file) cs.fingerprint = c.out.model->fingerprint();
+    if (!same_file) {
+      cs.model_name = model_name_from_path(o.fallback_model);
+      cs.fallback_model = true;
+    }
+  } else {
+    cs.replica.mode = "shared";
+    cs.replica.why = c.gpu.built ? "the GPU-side paths run CPU layers from the same mapping, resident for them"
+                                 : "the model's mapping (no GPU path was built)";
+  }
+  SPW_RETURN_IF_ERROR(make_path(c, std::move(cs)));
+  SPW_RETURN_IF_ERROR(c.out.host_ledger->commit(c.cpu.host_ticket, std::max<uint64_t>(1, c.cpu.host_bytes)));
+  return Status::ok_status();
+}
+
+// The gateway over the built paths: gateway_policy() of the options, with
+// the ledgers' readings (out.observe_host / observe_device) as its observe,
+// stderr as its log and the journal as its equivalence store; then, with
+// warmup, the equivalence check migration needs (the policy's log prints
+// each result).
+Status start_gateway(Composition& c) {
+  BuiltGateway& out = c.out;
+  GatewayPolicy policy = gateway_policy(c.o);
+  policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
+  auto host_ledger = out.host_ledger;
+  auto device_ledger = out.device_ledger;
+  auto vulkan = out.vulkan;
+  out.observe_host = [&env = c.env, host_ledger] {
+    if (auto r = host_readings(env); r.ok()) host_ledger->update(*r);
+  };
+  if (vulkan && device_ledger) {
+    out.observe_device = [device_ledger, vulkan] { return observe_device(*vulkan, *device_ledger); };
+  }
+  policy.observe = [observe_host = out.observe_host, observe_device = out.observe_device] {
+    observe_host();
+    if (observe_device) (void)observe_device();
+  };
+  for (const auto& n : c.not_built) out.log.push_back(n.name + " path not built: " + n.reason);
+  if (out.journal) policy.equivalence_store = journal_equivalence_store(out.journal, out.vulkan.get());
+  SPW_ASSIGN_OR_RETURN(out.gateway,
+                       Gateway::create(c.env, std::move(c.paths), std::move(c.not_built), std::move(policy)));
+  // Migration between the GPU-side and CPU paths needs their equivalence
+  // verified: kept in the journal from an earlier start with the same model,
+  // placements, device and binary, or checked now (an on-demand replica
+  // loaded for it, then given back).
+  if (c.o.warmup) (void)out.gateway->verify_equivalence();
+  return Status::ok_status();
+}
+
 }  // namespace
+
+std::string_view replica_mode_name(ReplicaMode m) {
+  switch (m) {
+    case ReplicaMode::kAuto:
+      return "auto";
+    case ReplicaMode::kWarm:
+      return "warm";
+    case ReplicaMode::kMmap:
+      return "mmap";
+    case ReplicaMode::kOnDemand:
+      return "on-demand";
+  }
+  return "auto";
+}
+
+Result<ReplicaMode> parse_replica_mode(std::string_view name) {
+  for (ReplicaMode m : {ReplicaMode::kAuto, ReplicaMode::kWarm, ReplicaMode::kMmap, ReplicaMode::kOnDemand}) {
+    if (replica_mode_name(m) == name) return m;
+  }
+  return Status::invalid_argument("must be auto, warm, mmap or on-demand, got '" + std::string(name) + "'");
+}
 
 Result<std::string> default_journal_path() {
   std::string base;
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x != nullptr && x[0] == '/') base = x;
-  else if (const char* h = std::getenv("HOME"); h != nullptr && h[0] == '/') base = std::string(h) + "/.local/state";
-  else return Status::invalid_argument("no HOME or XDG_STATE_HOME to put the journal in: pass --journal PATH or --journal none");
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x != nullptr && x[0] == '/')
+    base = x;
+  else if (const char* h = std::getenv("HOME"); h != nullptr && h[0] == '/')
+    base = std::string(h) + "/.local/state";
+  else
+    return Status::invalid_argument(
+        "no HOME or XDG_STATE_HOME to put the journal in: pass --journal PATH or --journal none");
   return base + "/spillway/journal.sqlite";
 }
 
@@ -302,585 +820,40 @@ std::string model_name_from_path(const std::string& path) {
 
 Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   BuiltGateway out;
-  const int n_threads =
-      o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (o.parallel < 1) return invalid_field("parallel", "--parallel must be >= 1, got " + std::to_string(o.parallel));
-  if (o.cpu_parallel < 1) {
-    return invalid_field("cpu-parallel", "--cpu-parallel must be >= 1, got " + std::to_string(o.cpu_parallel));
-  }
-  if (o.queue < 0 || o.cpu_queue < 0) return invalid_field("queue", "--queue and --cpu-queue must be >= 0");
-  if (o.ctx < 0 || o.cpu_ctx < 0 || o.kv_blocks < 0) {
-    return invalid_field("ctx", "--ctx, --cpu-ctx and --kv-blocks must be >= 0");
-  }
-  if (!(o.pressure_threshold > 0) || !(o.max_delay_s >= 0) || o.min_shrink_tokens < 1 || !(o.observe_interval_s >= 0)) {
-    return invalid_field("pressure-threshold",
-                         "--pressure-threshold must be > 0, --max-delay-s and --observe-interval-s >= 0, "
-                         "--min-shrink-tokens >= 1");
-  }
-  if (!parse_overflow(o.overflow).ok()) return invalid_field("overflow", parse_overflow(o.overflow).status().message());
-  Result<KvType> kv_type_or = parse_kv_type(o.kv_type);
-  if (!kv_type_or.ok()) return invalid_field("kv-type", "--kv-type: " + kv_type_or.status().message());
-  const KvType kv_type = *kv_type_or;
-  if (o.replica != "auto" && o.replica != "warm" && o.replica != "mmap" && o.replica != "on-demand") {
-    return invalid_field("replica", "--replica must be auto, warm, mmap or on-demand, got '" + o.replica + "'");
-  }
-  if (!(o.recovery_budget_ms >= 0)) return invalid_field("recovery-budget-ms", "--recovery-budget-ms must be >= 0");
-  if (o.offload_layers < 0 || o.offload_queue < 0) {
-    return invalid_field("offload-layers", "--offload-layers and --offload-queue must be >= 0");
-  }
-  SPW_ASSIGN_OR_RETURN(const BreakerOptions breaker_opts, breaker_options(o));
-  if (!(o.health_interval_s >= 0)) {
-    return invalid_field("health-interval-s", "--health-interval-s must be >= 0 (0: off), got " +
-                                                  std::to_string(o.health_interval_s));
-  }
-  if (!(o.host_bandwidth >= 0) || !(o.device_bandwidth >= 0) || !std::isfinite(o.host_bandwidth) ||
-      !std::isfinite(o.device_bandwidth)) {
-    return invalid_field("host-bandwidth",
-                         "--host-bandwidth and --device-bandwidth must be finite and >= 0 (0: measured)");
-  }
-  if (!(o.health_timeout_s > 0)) {
-    return invalid_field("health-timeout-s", "--health-timeout-s must be > 0, got " + std::to_string(o.health_timeout_s));
-  }
-  auto spec = Placement::parse(o.device);
-  if (!spec.ok()) return spec.status().with_context("--device");
-  if (kv_type == KvType::kQ8_0 && spec->on_gpu()) {
-    return invalid_field("kv-type", "--kv-type q8_0 is CPU only (the Vulkan backend stores f32 or f16), got --device " +
-                                        o.device);
-  }
-  uint64_t device_memory = 0;
-  if (!o.device_memory.empty()) {
-    SPW_ASSIGN_OR_RETURN(device_memory, parse_memory_size(o.device_memory));
-  }
+  SPW_RETURN_IF_ERROR(check_options(o));
+  Composition c(env, o, out);
+  c.n_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   out.model_name = model_name_from_path(o.model);
-
-  std::unique_ptr<gguf::GgufFile> file;
-  {
-    auto f = gguf::GgufFile::open(env, o.model);
-    if (!f.ok()) return f.status();
-    file = std::move(*f);
-  }
-  SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(*file));
-  const int32_t n_ctx = o.ctx > 0 ? o.ctx : hp.n_ctx_train;
-  if (n_ctx < 2 || n_ctx > hp.n_ctx_train) {
-    return invalid_field("ctx", "--ctx must be in [2, " + std::to_string(hp.n_ctx_train) +
-                                    "] (the model's context_length), got " + std::to_string(n_ctx));
-  }
-  constexpr int32_t kBlockTokens = 16;
-  const int32_t n_gpu_layers = spec->gpu_layer_count(hp.n_layer);
-  if (!o.fallback_model.empty() && n_gpu_layers == 0) {
-    return invalid_field("fallback-model", "--fallback-model serves the CPU fallback of a GPU path; with --device " +
-                                               o.device + " the model itself is served on the CPU");
-  }
-  if (o.offload_layers > 0 && (n_gpu_layers != hp.n_layer || o.offload_layers >= hp.n_layer)) {
-    return invalid_field("offload-layers", "--offload-layers N needs a full-GPU --device (vulkan) and N in [1, " +
-                                               std::to_string(hp.n_layer - 1) + "] (the model has " +
-                                               std::to_string(hp.n_layer) + " layers), got " +
-                                               std::to_string(o.offload_layers) + " with --device " + o.device);
-  }
-  // The CPU path's model file: the fallback model, or the same file.
-  std::unique_ptr<gguf::GgufFile> fallback_file;
-  LlamaHparams cpu_hp = hp;
-  if (!o.fallback_model.empty()) {
-    auto f = gguf::GgufFile::open(env, o.fallback_model);
-    if (!f.ok()) return f.status().with_context("--fallback-model");
-    fallback_file = std::move(*f);
-    auto fhp = read_llama_hparams(*fallback_file);
-    if (!fhp.ok()) return fhp.status().with_context("--fallback-model " + o.fallback_model);
-    cpu_hp = *fhp;
-    SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(*file));
-    auto ftok = Tokenizer::from_gguf(*fallback_file);
-    if (!ftok.ok()) return ftok.status().with_context("--fallback-model " + o.fallback_model);
-    if ((*ftok)->fingerprint() != tok->fingerprint()) {
-      return invalid_field("fallback-model",
-                           "--fallback-model " + o.fallback_model + ": its tokenizer differs from " + o.model +
-                               "'s; a fallback model must share the tokenizer (same prompt tokens, template and "
-                               "stop rules), e.g. a smaller model of the same family");
-    }
-  }
-  const int32_t cpu_ctx = std::min(o.cpu_ctx > 0 ? o.cpu_ctx : n_ctx, cpu_hp.n_ctx_train);
-  const gguf::GgufFile& cpu_file = fallback_file ? *fallback_file : *file;
-
-  // Host ledger: everything this server holds in host memory.
-  admission::HostBudgetPolicy hpol;
-  hpol.mem_available_share = o.host_memory_share;
-  if (!o.host_budget.empty()) {
-    auto cap = parse_memory_size(o.host_budget);
-    if (!cap.ok()) return cap.status().with_context("--host-budget " + o.host_budget);
-    hpol.cap_bytes = *cap;
-  }
-  SPW_ASSIGN_OR_RETURN(admission::HostReadings readings, host_readings(env));
-  {
-    SPW_ASSIGN_OR_RETURN(auto hl, admission::HostLedger::create("host", hpol, readings));
-    out.host_ledger = std::shared_ptr<admission::HostLedger>(std::move(hl));
-  }
-  admission::EstimatorConfig cfg;
+  SPW_RETURN_IF_ERROR(read_model_files(c));
+  SPW_ASSIGN_OR_RETURN(out.host_ledger, make_host_ledger(env, o));
   if (const auto rss = device::HostMemoryProbe(env).read().process_rss_bytes; rss.known()) {
-    cfg.host.fixed_overhead = rss.value();
+    c.cfg.host.fixed_overhead = rss.value();
   }
-  const std::string model_owner = out.model_name;
-  std::vector<PathNotBuilt> not_built;
-
-  // --- The first-choice path's memory plan.
-  PathPlan gpu;
-  PathPlan offload;  // the hybrid path beside a full-GPU path (offload_layers)
-  bool device_on_host = false;
-  if (n_gpu_layers > 0) {
-    VulkanBackendOptions vo;
-    vo.device = spec->vulkan_device;
-    vo.memory_budget_bytes = device_memory;
-    // A model with matrices the shaders do not compute (a type the CPU does
-    // not load either, so in practice a file refused later) leaves the GPU
-    // paths unbuilt, reported with the tensor and type.
-    const Status types = vulkan_check_weight_types(*file);
-    auto v = types.ok() ? VulkanBackend::create(vo) : Result<std::shared_ptr<VulkanBackend>>(types);
-    if (!v.ok()) {
-      not_built.push_back({"gpu", types.ok() ? "--device " + o.device + ": " + v.status().to_string() : types.message()});
-    } else {
-      out.vulkan = std::move(*v);
-      device_on_host = out.vulkan->device_info().type == "cpu" || out.vulkan->device_info().type == "integrated-gpu";
-      cfg.gpu_limits.max_buffer_bytes = largest_buffer_bytes(out.vulkan->device_info());
-      admission::HeadroomPolicy headroom;
-      headroom.fraction = o.device_headroom_share;
-      if (o.device_headroom != "0") {
-        auto h = parse_memory_size(o.device_headroom);
-        if (!h.ok()) return h.status().with_context("--device-headroom " + o.device_headroom);
-        headroom.bytes = *h;
-      }
-      auto ledger = admission::DeviceLedger::create(out.vulkan->name(), out.vulkan->memory_stats().budget_bytes, headroom);
-      if (!ledger.ok()) return ledger.status().with_context("--device-headroom / --device-headroom-share");
-      out.device_ledger = std::shared_ptr<admission::DeviceLedger>(std::move(*ledger));
-      for (const std::string& ct : o.co_tenants) {
-        const size_t eq = ct.find('=');
-        if (eq == 0 || eq == std::string::npos) {
-          return invalid_field("co-tenant", "--co-tenant " + ct + ": expected NAME=SIZE, e.g. whisper=3GiB");
-        }
-        auto bytes = parse_memory_size(ct.substr(eq + 1));
-        if (!bytes.ok()) return bytes.status().with_context("--co-tenant " + ct);
-        auto t = out.device_ledger->declare({admission::OwnerKind::kCoTenant, ct.substr(0, eq)}, *bytes);
-        if (!t.ok()) return t.status().with_context("--co-tenant " + ct);
-      }
-      (void)observe_device(*out.vulkan, *out.device_ledger);
-      // Size the pool to what the device has left after weights and scratch.
-      SPW_ASSIGN_OR_RETURN(admission::Estimate e1,
-                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 1, n_threads, kv_type), cfg));
-      SPW_ASSIGN_OR_RETURN(admission::Estimate e2,
-                           admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, 2, n_threads, kv_type), cfg));
-      const uint64_t per_block = std::max<uint64_t>(1, e2.gpu().total() - e1.gpu().total());
-      const uint64_t fixed = e1.gpu().total() - std::min(e1.gpu().total(), per_block);
-      const uint64_t available_all = out.device_ledger->available();
-      const int32_t want = o.kv_blocks > 0 ? o.kv_blocks : o.parallel * admission::kv_blocks_for(n_ctx, kBlockTokens);
-      auto fit_in = [&](uint64_t available) {
-        const int64_t fit = available > fixed ? static_cast<int64_t>((available - fixed) / per_block) : 0;
-        return static_cast<int32_t>(std::min<int64_t>(want, fit));
-      };
-      // The offload path's device KV comes out of the budget first: it is
-      // what serves the prompts the GPU pool cannot hold.
-      if (o.offload_layers > 0) {
-        SPW_ASSIGN_OR_RETURN(offload, plan_offload(*file, *spec, o.offload_layers, n_ctx, kBlockTokens, n_threads, kv_type, cfg));
-        if (fit_in(available_all > offload.device_bytes ? available_all - offload.device_bytes : 0) < 2) {
-          not_built.push_back({"hybrid", "its KV for one full context on " + std::to_string(o.offload_layers) +
-                                             " GPU layers (" + format_bytes(offload.device_bytes) +
-                                             ") would leave the GPU path no room for its KV pool"});
-          offload = PathPlan{};
-        } else {
-          offload.built = true;
-        }
-      }
-      const uint64_t available =
-          available_all > offload.device_bytes ? available_all - offload.device_bytes : 0;
-      const int32_t blocks = fit_in(available);
-      if (blocks < 2) {
-        not_built.push_back(
-            {"gpu", "weights and scratch need " + format_bytes(fixed) + " plus " + format_bytes(per_block) +
-                        " per KV block; the device ledger has " + format_bytes(available) + " available (" +
-                        out.device_ledger->name() + ", --device-memory / --device-headroom / co-tenants)"});
-      } else {
-        SPW_ASSIGN_OR_RETURN(admission::Estimate e,
-                             admission::estimate(*file, path_plan(*spec, n_ctx, o.parallel, blocks, n_threads, kv_type), cfg));
-        // One device ticket for the GPU path and the offload path beside it.
-        const uint64_t device_bytes = e.gpu().total() + offload.device_bytes;
-        auto t = out.device_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, device_bytes);
-        if (!t.ok()) {
-          not_built.push_back({"gpu", t.status().message()});
-          offload = PathPlan{};
-        } else {
-          gpu.built = true;
-          gpu.kv_blocks = blocks;
-          gpu.shares = admission::stream_shares(*file, e);
-          gpu.device_ticket = *t;
-          gpu.device_bytes = device_bytes;
-          gpu.host_bytes = host_bytes_beyond_baseline(e, cfg) + offload.host_bytes +
-                           (device_on_host ? device_bytes : 0);
-          out.log.push_back("gpu path: " + std::to_string(blocks) + " KV blocks of " + std::to_string(kBlockTokens) +
-                            " tokens (" + (blocks < want ? "bounded by device memory, " : "") + "wanted " +
-                            std::to_string(want) + "), device plan " + format_bytes(gpu.device_bytes) + " of " +
-                            format_bytes(out.device_ledger->snapshot().limit) + " on " + out.device_ledger->name());
-        }
-      }
-    }
+  // The plans, GPU side first: the CPU path counts the shared mapping only
+  // when no GPU path holds it.
+  if (c.n_gpu_layers > 0) {
+    SPW_RETURN_IF_ERROR(open_device_ledger(c));
+    if (out.device_ledger) SPW_RETURN_IF_ERROR(plan_gpu_path(c));
   }
-  if (gpu.built) {
-    auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, model_owner}, std::max<uint64_t>(1, gpu.host_bytes));
-    if (!t.ok()) {
-      not_built.push_back({"gpu", "host side of the GPU plan: " + t.status().message()});
-      (void)out.device_ledger->release(gpu.device_ticket);
-      gpu.built = false;
-      offload = PathPlan{};
-    } else {
-      gpu.host_ticket = *t;
-    }
-  }
-
-  // --- The CPU path: the first-choice path when --device cpu, else the fallback.
-  const bool cpu_primary = n_gpu_layers == 0;
-  const bool want_cpu = cpu_primary || o.cpu_fallback;
-  PathPlan cpu;
-  const int32_t cpu_workers = cpu_primary ? o.parallel : o.cpu_parallel;
-  const int32_t cpu_n_ctx = cpu_primary ? n_ctx : cpu_ctx;
-  if (want_cpu) {
-    const int32_t blocks = cpu_primary && o.kv_blocks > 0 ? o.kv_blocks
-                                                          : cpu_workers * admission::kv_blocks_for(cpu_n_ctx, kBlockTokens);
-    SPW_ASSIGN_OR_RETURN(admission::Estimate e,
-                         admission::estimate(cpu_primary ? *file : cpu_file,
-                                             path_plan(Placement::cpu(), cpu_n_ctx, cpu_workers, blocks, n_threads, kv_type), cfg));
-    uint64_t need = host_bytes_beyond_baseline(e, cfg);
-    // The same file's mapping is shared with the GPU path: counted there
-    // already. A fallback model's weights are its own, whatever its replica
-    // mode: the path must be able to run when work is sent to it.
-    if (gpu.built && !fallback_file) need -= std::min(need, e.host().weights.bytes);
-    const std::string owner = cpu_primary ? model_owner
-                              : fallback_file ? model_name_from_path(o.fallback_model) + " (cpu path)"
-                                              : model_owner + " (cpu path)";
-    auto t = out.host_ledger->reserve({admission::OwnerKind::kModelWeights, owner}, std::max<uint64_t>(1, need));
-    if (!t.ok()) {
-      not_built.push_back({"cpu", "its plan needs " + format_bytes(need) + " of host memory: " + t.status().message() +
-                                      ". Lower --cpu-ctx or --cpu-parallel, or raise --host-memory-share / --host-budget"});
-    } else {
-      cpu.built = true;
-      cpu.kv_blocks = blocks;
-      cpu.shares = admission::stream_shares(cpu_primary ? *file : cpu_file, e);
-      cpu.host_ticket = *t;
-      cpu.host_bytes = need;
-    }
-  }
-  if (!gpu.built && !cpu.built) {
+  SPW_RETURN_IF_ERROR(plan_cpu_path(c));
+  if (!c.gpu.built && !c.cpu.built) {
     std::string why;
-    for (const auto& n : not_built) why += (why.empty() ? "" : "; ") + n.name + ": " + n.reason;
+    for (const auto& n : c.not_built) why += (why.empty() ? "" : "; ") + n.name + ": " + n.reason;
     return Status(StatusCode::kResourceExhausted, "no execution path fits: " + why, FailureReason::kNoPath);
   }
-  file.reset();
-  fallback_file.reset();
+  c.file.reset();
+  c.fallback_file.reset();
 
   SPW_ASSIGN_OR_RETURN(out.journal, open_journal(env, o));
   {
     SPW_ASSIGN_OR_RETURN(auto m, Model::load(env, o.model));
     out.model = std::shared_ptr<const Model>(std::move(m));
   }
-  std::shared_ptr<serve::RequestObserver> observer;
-  if (out.journal) observer = std::make_shared<serve::JournalObserver>(out.journal);
-  std::shared_ptr<const Tokenizer> tok(out.model, &out.model->tokenizer());
-
-  std::vector<ExecutionPath> paths;
-  // One path: its scheduler over `model` (or, with on_demand, over a model
-  // loaded by its first request), warmed up when it is loaded.
-  struct PathSpec {
-    std::string name;
-    Placement where;
-    int32_t workers = 1, queue = 0, ctx = 0, blocks = 0;
-    admission::PathRole role = admission::PathRole::kPrimary;
-    std::shared_ptr<admission::MemoryLedger> ledger;
-    std::shared_ptr<const Model> model;  // null: on demand
-    std::shared_ptr<const Tokenizer> tokenizer;
-    std::string model_name;
-    bool fallback_model = false;
-    ReplicaInfo replica;
-    std::function<Result<std::shared_ptr<const Model>>()> load;  // on demand
-    LlamaHparams hparams;                                         // on demand
-    std::shared_ptr<CircuitBreaker> breaker;                      // GPU-side paths: the device's
-    std::shared_ptr<DeviceControl> device;                        // GPU-side paths: the device's
-    std::string fingerprint;                                      // "" when not known at start
-    admission::RatePrior prior;                                   // rate_prior(its plan's shares)
-  };
-  // Rate priors (admission/prior.h). The host's read bandwidth is measured
-  // once, with the paths' thread count, when a path streams from host memory
-  // (unless given). A GPU's memory: lavapipe's ("cpu") and an integrated
-  // GPU's are the host's DRAM, so they take the host figure (lavapipe runs
-  // its shaders on the host's cores; an integrated GPU may reach somewhat
-  // more or less than the cores do); a discrete GPU's is not measured (no
-  // device-side probe yet): its paths start from the default rates unless
-  // device_bandwidth is given.
-  std::optional<double> host_bw;
-  std::string host_bw_why;
-  auto host_bandwidth = [&]() -> double {
-    if (host_bw) return *host_bw;
-    host_bw = o.host_bandwidth;
-    if (*host_bw > 0) {
-      out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*host_bw / 1e6)) +
-                        " MB/s (given)");
-      return *host_bw;
-    }
-    admission::BandwidthProbeOptions bo;
-    bo.n_threads = n_threads;
-    const int64_t t0 = env.now_ns();
-    Result<double> bw = admission::measure_read_bandwidth(env, bo);
-    if (!bw.ok()) {
-      host_bw = 0.0;
-      host_bw_why = "host bandwidth not measured: " + bw.status().message();
-      out.log.push_back(host_bw_why);
-      return 0;
-    }
-    host_bw = *bw;
-    out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*bw / 1e6)) + " MB/s measured (" +
-                      std::to_string(n_threads) + " threads over " + std::to_string(bo.buffer_bytes >> 20) + " MiB, " +
-                      std::to_string((env.now_ns() - t0) / 1000000) + " ms)");
-    return *host_bw;
-  };
-  auto rate_prior = [&](std::vector<admission::StreamShare> shares) {
-    admission::RatePrior rp;
-    rp.constants = o.prior_constants;
-    std::string why;
-    for (admission::StreamShare& sh : shares) {
-      if (sh.device == admission::DeviceKind::kHost) {
-        sh.bandwidth = rp.host_bandwidth = host_bandwidth();
-        if (sh.bandwidth <= 0) why = host_bw_why;
-      } else if (o.device_bandwidth > 0) {
-        sh.bandwidth = rp.device_bandwidth = o.device_bandwidth;
-        rp.device_bandwidth_source = "given";
-      } else if (device_on_host) {
-        sh.bandwidth = rp.device_bandwidth = host_bandwidth();
-        rp.device_bandwidth_source =
-            "host memory (the Vulkan device is of type " + out.vulkan->device_info().type + ")";
-        if (sh.bandwidth <= 0) why = host_bw_why;
-      } else {
-        why = "a discrete GPU's bandwidth is not measured: give device_bandwidth (--device-bandwidth)";
-      }
-      rp.weight_bytes_per_token += sh.weight_bytes;
-      rp.kv_bytes_per_position += sh.kv_bytes_per_position;
-      rp.compute_s_per_token += sh.compute_s;
-    }
-    Result<admission::PathRates> r = admission::prior_rates(shares, o.prior_constants);
-    if (r.ok()) {
-      rp.computed = true;
-      rp.rates = *r;
-    } else {
-      rp.why = why.empty() ? r.status().message() : why;
-    }
-    return rp;
-  };
-  auto make_path = [&](PathSpec ps) -> Status {
-    serve::EngineServeOptions so;
-    so.device = ps.where;
-    so.vulkan = out.vulkan;
-    so.n_workers = ps.workers;
-    so.n_threads = n_threads;
-    so.n_ctx = ps.ctx;
-    so.kv_blocks = ps.blocks;
-    so.kv_block_tokens = kBlockTokens;
-    so.kv_type = kv_type;
-    // A path without a device gets an injector for its cores' slow faults.
-    std::shared_ptr<FaultInjector> cpu_faults = ps.device ? nullptr : std::make_shared<FaultInjector>();
-    so.cpu_faults = cpu_faults.get();
-    so.queue_capacity = ps.queue;
-    // The journal and, on a GPU-side path, the device's breaker hear every
-    // request's outcome.
-    so.observer = serve::FanOutObserver::make(
-        {observer, ps.breaker ? std::make_shared<BreakerObserver>(ps.breaker) : nullptr});
-    so.path_name = ps.name;
-    so.kv_gate = true;
-    so.checkpoint_every = o.checkpoint_every;
-    so.batching = o.batching;
-    so.batch_max_wait_us = o.batch_max_wait_us;
-    so.step_tokens = o.step_tokens;
-    if (ps.prior.computed) so.prior_rates = ps.prior.rates;
-    ps.prior.rates = so.prior_rates;  // what the path starts from, for status
-    if (ps.device) {
-      // The session group re-opens itself after the device was
-      // re-initialised; its time is part of the recovery shown in status.
-      so.on_reopened = [device = ps.device, name = ps.name](const Status& st, double ms) {
-        device->record_reopen(name, st, ms);
-      };
-    }
-    const int64_t t0 = env.now_ns();
-    auto replica = std::make_shared<Replica>(ps.replica);
-    serve::EngineServing serving;
-    if (ps.model) {
-      SPW_ASSIGN_OR_RETURN(serving, serve::make_engine_scheduler(env, ps.model, so));
-    } else {
-      serve::OnDemandModel odm;
-      odm.load = ps.load;
-      odm.tokenizer = ps.tokenizer;
-      odm.hparams = ps.hparams;
-      odm.on_loaded = [replica](double ms) { replica->mark_loaded(ms); };
-      SPW_ASSIGN_OR_RETURN(serving, serve::make_on_demand_scheduler(env, std::move(odm), so));
-    }
-    ExecutionPath p;
-    p.name = ps.name;
-    p.placement = serving.scheduler->placement();
-    p.model = ps.model_name;
-    p.fallback_model = ps.fallback_model;
-    p.role = ps.role;
-    p.replica = replica;
-    p.tokenizer = ps.tokenizer;
-    p.ledger = std::move(ps.ledger);
-    p.breaker = ps.breaker;
-    p.device = ps.device;
-    p.cpu_faults = std::move(cpu_faults);
-    p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
-    p.prior = ps.prior;
-    p.kv_type = std::string(kv_type_name(kv_type));
-    p.scheduler = std::move(serving.scheduler);
-    p.batcher = serving.batcher;
-    p.unload = std::move(serving.unload);
-    // An on-demand path is not warmed up: that would load it.
-    if (o.warmup && ps.model) warm_up(env, *p.scheduler);
-    p.startup_ms = static_cast<double>(env.now_ns() - t0) / 1e6;
-    out.log.push_back(ps.name + " path: " + serving.placement_detail + ", model " + ps.model_name + ", " +
-                      std::to_string(ps.workers) + " workers, queue " + std::to_string(ps.queue) + ", ctx " +
-                      std::to_string(ps.ctx) + ", " + std::to_string(ps.blocks) + " KV blocks (" + std::string(kv_type_name(kv_type)) +
-                      "), replica " +
-                      ps.replica.mode + (ps.replica.why.empty() ? "" : " (" + ps.replica.why + ")") + ", ready in " +
-                      std::to_string(static_cast<int64_t>(p.startup_ms)) + " ms");
-    paths.push_back(std::move(p));
-    return Status::ok_status();
-  };
-  auto primary_spec = [&](std::string name, Placement where) {
-    PathSpec ps;
-    ps.name = std::move(name);
-    ps.where = std::move(where);
-    ps.model = out.model;
-    ps.tokenizer = tok;
-    ps.model_name = out.model_name;
-    return ps;
-  };
-  if (gpu.built) {
-    // One breaker per device: the GPU path and the offload path beside it
-    // fail together (same device, same uploaded weights).
-    SPW_ASSIGN_OR_RETURN(std::shared_ptr<CircuitBreaker> breaker,
-                         CircuitBreaker::create(env, out.vulkan->name(), breaker_opts));
-    // What the gateway may do to the device: its health probe, re-initialising
-    // it after a fault (before the breaker's probes) and the admin API's
-    // armed faults. Weak: the paths' session groups hold the backend.
-    DeviceHooks hooks;
-    hooks.name = out.vulkan->name();
-    std::weak_ptr<VulkanBackend> weak_vk = out.vulkan;
-    hooks.health_check = [weak_vk] {
-      auto vk = weak_vk.lock();
-      return vk ? vk->health_check() : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
-    };
-    hooks.healthy = [weak_vk] {
-      auto vk = weak_vk.lock();
-      return vk && vk->healthy();
-    };
-    hooks.reinitialize = [weak_vk] {
-      auto vk = weak_vk.lock();
-      return vk ? vk->reinitialize() : Status(StatusCode::kUnavailable, "the Vulkan backend is gone", FailureReason::kUnhealthy);
-    };
-    hooks.faults = &out.vulkan->faults();
-    auto device = std::make_shared<DeviceControl>(env, std::move(hooks));
-    PathSpec ps = primary_spec(n_gpu_layers == hp.n_layer ? "gpu" : "hybrid", *spec);
-    ps.breaker = breaker;
-    ps.device = device;
-    ps.workers = o.parallel;
-    ps.queue = o.queue;
-    ps.ctx = n_ctx;
-    ps.blocks = gpu.kv_blocks;
-    ps.ledger = out.device_ledger;
-    ps.prior = rate_prior(gpu.shares);
-    ps.replica.mode = "warm";
-    ps.replica.why = "the first-choice path: its layers' weights uploaded at start";
-    SPW_RETURN_IF_ERROR(make_path(std::move(ps)));
-    if (offload.built) {
-      PathSpec hs = primary_spec("hybrid", Placement::hybrid(o.offload_layers, spec->vulkan_device));
-      hs.workers = 1;
-      hs.queue = o.offload_queue;
-      hs.ctx = n_ctx;
-      hs.blocks = offload.kv_blocks;
-      hs.role = admission::PathRole::kOffload;
-      hs.prior = rate_prior(offload.shares);
-      hs.ledger = out.device_ledger;
-      hs.breaker = breaker;
-      hs.device = device;
-      hs.replica.why = "the GPU path's model: its first " + std::to_string(o.offload_layers) +
-                       " layers' uploaded weights and the mapping for the rest";
-      SPW_RETURN_IF_ERROR(make_path(std::move(hs)));
-    }
-    const uint64_t held = std::max(gpu.device_bytes, out.vulkan->memory_stats().used_bytes);
-    SPW_RETURN_IF_ERROR(out.device_ledger->commit(gpu.device_ticket, held));
-    SPW_RETURN_IF_ERROR(out.host_ledger->commit(gpu.host_ticket, std::max<uint64_t>(1, gpu.host_bytes)));
-  }
-  if (cpu.built) {
-    PathSpec cs = primary_spec("cpu", Placement::cpu());
-    cs.workers = cpu_workers;
-    cs.queue = cpu_primary ? o.queue : o.cpu_queue;
-    cs.ctx = cpu_n_ctx;
-    cs.blocks = cpu.kv_blocks;
-    cs.role = gpu.built ? admission::PathRole::kFallback : admission::PathRole::kPrimary;
-    cs.ledger = out.host_ledger;
-    cs.prior = rate_prior(cpu.shares);
-    if (cpu_primary) {
-      cs.replica.mode = "warm";
-      cs.replica.why = "the first-choice path: mapped and read in at start";
-    } else if (!o.fallback_model.empty() || (gpu.built && n_gpu_layers == hp.n_layer && !offload.built)) {
-      // A replica of its own, or the same file whose host pages a full-GPU
-      // path does not need: the mode decides what stays resident.
-      const bool same_file = o.fallback_model.empty();
-      SPW_ASSIGN_OR_RETURN(ReplicaChoice rc,
-                           choose_replica(env, same_file ? o.model : o.fallback_model, o.replica,
-                                          o.recovery_budget_ms, same_file ? out.model : nullptr));
-      cs.replica = rc.info;
-      cs.model = rc.model;
-      cs.tokenizer = rc.tokenizer;
-      cs.hparams = rc.hparams;
-      const std::string file = same_file ? o.model : o.fallback_model;
-      cs.load = [&env, file]() { return Model::load(env, file); };
-      // On demand, the same file is the same model (its load checks the
-      // tokenizer); another file's fingerprint is not known until loaded.
-      if (same_file) cs.fingerprint = out.model->fingerprint();
-      if (!same_file) {
-        cs.model_name = model_name_from_path(o.fallback_model);
-        cs.fallback_model = true;
-      }
-    } else {
-      cs.replica.mode = "shared";
-      cs.replica.why = gpu.built ? "the GPU-side paths run CPU layers from the same mapping, resident for them"
-                                 : "the model's mapping (no GPU path was built)";
-    }
-    SPW_RETURN_IF_ERROR(make_path(std::move(cs)));
-    SPW_RETURN_IF_ERROR(out.host_ledger->commit(cpu.host_ticket, std::max<uint64_t>(1, cpu.host_bytes)));
-  }
-
-  GatewayPolicy policy;
-  policy.admission.pressure_threshold = o.pressure_threshold;
-  policy.admission.max_delay_s = o.max_delay_s;
-  policy.admission.allow_shrink = o.allow_shrink;
-  policy.admission.min_shrink_tokens = o.min_shrink_tokens;
-  policy.observe_interval_s = o.observe_interval_s;
-  policy.overflow = *parse_overflow(o.overflow);
-  policy.health_interval_s = o.health_interval_s;
-  policy.health_timeout_s = o.health_timeout_s;
-  policy.reservation_max_share = o.reservation_max_share;
-  policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
-  auto host_ledger = out.host_ledger;
-  auto device_ledger = out.device_ledger;
-  auto vulkan = out.vulkan;
-  out.observe_host = [&env, host_ledger] {
-    if (auto r = host_readings(env); r.ok()) host_ledger->update(*r);
-  };
-  if (vulkan && device_ledger) {
-    out.observe_device = [device_ledger, vulkan] { return observe_device(*vulkan, *device_ledger); };
-  }
-  policy.observe = [observe_host = out.observe_host, observe_device = out.observe_device] {
-    observe_host();
-    if (observe_device) (void)observe_device();
-  };
-  for (const auto& n : not_built) out.log.push_back(n.name + " path not built: " + n.reason);
-  if (out.journal) policy.equivalence_store = journal_equivalence_store(out.journal, out.vulkan.get());
-  SPW_ASSIGN_OR_RETURN(out.gateway, Gateway::create(env, std::move(paths), std::move(not_built), std::move(policy)));
-  // Migration between the GPU-side and CPU paths needs their equivalence
-  // verified (the policy's log prints each result): kept in the journal from
-  // an earlier start with the same model, placements, device and binary, or
-  // checked now (an on-demand replica loaded for it, then given back).
-  if (o.warmup) (void)out.gateway->verify_equivalence();
+  if (out.journal) c.journal_observer = std::make_shared<serve::JournalObserver>(out.journal);
+  c.tok = std::shared_ptr<const Tokenizer>(out.model, &out.model->tokenizer());
+  if (c.gpu.built) SPW_RETURN_IF_ERROR(build_gpu_paths(c));
+  if (c.cpu.built) SPW_RETURN_IF_ERROR(build_cpu_path(c));
+  SPW_RETURN_IF_ERROR(start_gateway(c));
   return out;
 }
 

@@ -36,12 +36,19 @@
 // health_timeout_s), its re-initialisation for recovery before the breaker's
 // probes (each path's session group then re-opens itself: on_reopened counts
 // it), and its FaultInjector for the admin API. A breaker or health option
-// out of range is InvalidArgument naming its flag.
+// out of range is InvalidArgument naming the option.
 // The ledgers hold each path's plan as committed; observed usage is re-read
 // (host readings, the device heap) at most every observe_interval_s by the
-// gateway. Errors: a bad option is InvalidArgument naming the flag; no path
+// gateway. Errors: a bad option is InvalidArgument naming the option (field()
+// its key, e.g. "offload-layers"; the CLI shows it as the flag); no path
 // that fits is ResourceExhausted naming every path's reason; a model that
 // does not load is its loader's error.
+// The composition is a sequence of named steps (builder.cpp: the model files,
+// the device ledger and GPU plan, the CPU plan, each path, the gateway); the
+// ones another composition needs (option checks, host ledger, journal,
+// breaker and device control, a path's observers, the gateway policy, a
+// path's scheduler settings by role) are in gateway/composition.h, which the
+// drill's simulation builds its server with.
 // Thread safety: build_gateway is called once; the result is used as Gateway.
 #pragma once
 
@@ -50,34 +57,56 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "admission/ledger.h"
+#include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
+#include "core/kv_type.h"
+#include "core/placement.h"
 #include "core/status.h"
 #include "gateway/gateway.h"
 #include "journal/journal.h"
-#include "backend/vulkan/vulkan_backend.h"
 #include "model/model.h"
 
 namespace spw::gateway {
 
+// How the CPU fallback path holds its model (GatewayOptions::replica).
+enum class ReplicaMode { kAuto, kWarm, kMmap, kOnDemand };
+// "auto", "warm", "mmap", "on-demand": the --replica spellings and
+// ReplicaInfo::mode's (a chosen mode is never auto).
+std::string_view replica_mode_name(ReplicaMode m);
+// Those names; InvalidArgument quoting the text otherwise.
+Result<ReplicaMode> parse_replica_mode(std::string_view name);
+
+// Another service's declared device memory (--co-tenant NAME=SIZE).
+struct CoTenant {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
 // Every key is also a `spillway serve` flag of the same name (with dashes);
 // the defaults here are the documented ones (`spillway serve --dump-config`
-// prints them as TOML with their descriptions).
+// prints them as TOML with their descriptions). The values are typed: the
+// flags' text (placements, sizes, NAME=SIZE, enum names) is parsed where it
+// is read (src/app/serve_options.h), so the library never sees a spelling.
+// build_gateway checks the ranges and the combinations; its errors are
+// InvalidArgument with field() the option's key (e.g. "kv-type") and a
+// message that starts with that key (the CLI adds the dashes).
 struct GatewayOptions {
   std::string model;
   std::string chat_template;
   // First-choice path.
-  std::string device = "cpu";   // cpu | vulkan[:i] | hybrid:N[:i]
-  int32_t parallel = 1;         // its workers (concurrent requests)
-  int32_t queue = 64;           // its waiting requests
-  int32_t ctx = 0;              // its context (0: the model's)
-  int32_t kv_blocks = 0;        // its KV pool in blocks of 16 (0: what fits, up to parallel x ctx)
-  int threads = 0;              // CPU threads (0: all)
+  Placement device = Placement::cpu();
+  int32_t parallel = 1;   // its workers (concurrent requests)
+  int32_t queue = 64;     // its waiting requests
+  int32_t ctx = 0;        // its context (0: the model's)
+  int32_t kv_blocks = 0;  // its KV pool in blocks of 16 (0: what fits, up to parallel x ctx)
+  int threads = 0;        // CPU threads (0: all)
   // Element type of every path's KV cache: f16 (as llama.cpp), f32, or q8_0
   // (CPU only). Sizes the pools and the ledgers' KV figures.
-  std::string kv_type = "f16";
+  KvType kv_type = KvType::kF16;
   // Continuous batching of every path's workers (serve::EngineServeOptions).
   bool batching = true;
   int32_t batch_max_wait_us = 1000;
@@ -86,7 +115,7 @@ struct GatewayOptions {
   bool cpu_fallback = true;
   int32_t cpu_parallel = 1;
   int32_t cpu_queue = 8;
-  int32_t cpu_ctx = 0;          // 0: the first path's context
+  int32_t cpu_ctx = 0;  // 0: the first path's context
   // A smaller model for the CPU path ("" = the first path's model). It must
   // share the model's tokenizer (so the prompt, template and stop rules mean
   // the same); it is always labelled as a different model.
@@ -95,7 +124,7 @@ struct GatewayOptions {
   // start), mmap (mapped, read in by its first request), on-demand (loaded by
   // its first request) or auto: the lightest mode whose measured recovery
   // (load + page-in time) fits recovery_budget_ms.
-  std::string replica = "auto";
+  ReplicaMode replica = ReplicaMode::kAuto;
   double recovery_budget_ms = 2000;
   // Offload path (with a full-GPU first path): N > 0 builds a hybrid:N path
   // (layers [0, N) on the GPU, sharing the GPU path's uploaded weights, the
@@ -106,11 +135,11 @@ struct GatewayOptions {
   int32_t offload_queue = 8;
   // Memory.
   double host_memory_share = 0.5;
-  std::string host_budget;      // e.g. "2GiB"; empty: none
-  std::string device_memory;    // e.g. "8GiB"; empty: the largest device-local heap
-  std::string device_headroom = "0";
+  std::optional<uint64_t> host_budget;    // bytes; none: no fixed ceiling
+  std::optional<uint64_t> device_memory;  // bytes; none: the largest device-local heap
+  uint64_t device_headroom = 0;           // bytes
   double device_headroom_share = 0.05;
-  std::vector<std::string> co_tenants;  // NAME=SIZE
+  std::vector<CoTenant> co_tenants;
   // Share of the co-tenant ledger's limit that clients' reservations (POST
   // /v1/reservations) may hold in all; 1 also lets them take a model's last
   // path (GatewayPolicy::reservation_max_share).
@@ -122,7 +151,7 @@ struct GatewayOptions {
   int32_t min_shrink_tokens = 16;
   double observe_interval_s = 1.0;
   // planned (Spillway), or a drill baseline: none | naive (gateway.h Overflow).
-  std::string overflow = "planned";
+  Overflow overflow = Overflow::kPlanned;
   // Circuit breaker, one per GPU device (the GPU and offload paths share it;
   // the CPU path has none). The contract, and why these defaults differ from
   // resilience4j's, Envoy's and LiteLLM's, is in gateway/breaker.h.
@@ -140,7 +169,7 @@ struct GatewayOptions {
   double health_interval_s = 5;
   double health_timeout_s = 10;
   // Journal.
-  std::string journal;          // "" = default place, "none" = no journal
+  std::string journal;  // "" = default place, "none" = no journal
   double journal_retention_hours = 168;
   // The journal's size budget (database and WAL, bytes; 0: none): finished
   // rows are pruned, oldest first, to keep within it, and a request that
@@ -185,12 +214,12 @@ struct BuiltGateway {
   std::shared_ptr<journal::Journal> journal;  // null with journal = "none"
   std::shared_ptr<const Model> model;
   std::string model_name;
-  std::string chat_template;  // resolved name ("" = none)
+  std::string chat_template;     // resolved name ("" = none)
   std::vector<std::string> log;  // what was built and why (one line each)
   // The ledgers and the device, for /health (thread-safe objects).
   std::shared_ptr<admission::HostLedger> host_ledger;
   std::shared_ptr<admission::DeviceLedger> device_ledger;  // null without a GPU path
-  std::shared_ptr<VulkanBackend> vulkan;                    // null without a GPU path
+  std::shared_ptr<VulkanBackend> vulkan;                   // null without a GPU path
   // Re-read observed usage into the host / device ledger now (the gateway
   // calls both on its schedule; /health each for its own section).
   std::function<void()> observe_host;

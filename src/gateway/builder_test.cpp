@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <string>
 
+#include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "serve/testing/collect.h"
 #include "tools/modelgen/random_llama.h"
@@ -35,9 +36,8 @@ std::string vulkan_missing() {
 class BuilderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("spw_builder_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = std::filesystem::temp_directory_path() / ("spw_builder_test_" + std::to_string(::getpid()) + "_" +
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -63,10 +63,10 @@ class BuilderTest : public ::testing::Test {
   // below were sized for them; F16 would fit twice the blocks).
   GatewayOptions gpu_options() const {
     GatewayOptions o;
-    o.kv_type = "f32";
+    o.kv_type = KvType::kF32;
     o.model = stories();
-    o.device = "vulkan";
-    o.device_memory = "3.6MiB";
+    o.device = Placement::vulkan();
+    o.device_memory = *parse_memory_size("3.6MiB");  // as --device-memory 3.6MiB
     o.ctx = 512;
     o.cpu_ctx = 2048;
     o.journal = "none";
@@ -101,7 +101,7 @@ std::string long_prompt() {
 TEST_F(BuilderTest, AFallbackModelWithAnotherTokenizerIsRefusedNamingTheFlag) {
   GatewayOptions o;
   o.model = stories();
-  o.device = "vulkan";
+  o.device = Placement::vulkan();
   o.journal = "none";
   o.fallback_model = fallback("tests/data/ggml-vocab-llama-spm.gguf");
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
@@ -111,27 +111,29 @@ TEST_F(BuilderTest, AFallbackModelWithAnotherTokenizerIsRefusedNamingTheFlag) {
   EXPECT_NE(b.status().message().find("tokenizer differs"), std::string::npos) << b.status().to_string();
 
   // With a CPU first path there is no fallback to serve it on.
-  o.device = "cpu";
+  o.device = Placement::cpu();
   o.fallback_model = fallback();
   b = build_gateway(Env::default_env(), o);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().field(), "fallback-model");
 }
 
+// A replica mode that is not one is refused where the text is parsed
+// (parse_replica_mode; `spillway serve --replica lazy`: cli_test).
 TEST_F(BuilderTest, BadReplicaAndOffloadOptionsNameTheirFlag) {
   GatewayOptions o;
   o.model = stories();
   o.journal = "none";
-  o.replica = "lazy";
+  Result<ReplicaMode> lazy = parse_replica_mode("lazy");
+  ASSERT_FALSE(lazy.ok());
+  EXPECT_NE(lazy.status().message().find("'lazy'"), std::string::npos) << lazy.status().to_string();
+  ASSERT_TRUE(parse_replica_mode("auto").ok());
+  o.replica = *parse_replica_mode("auto");
+  o.offload_layers = 2;  // with --device cpu
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
   ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().field(), "replica");
-  o.replica = "auto";
-  o.offload_layers = 2;  // with --device cpu
-  b = build_gateway(Env::default_env(), o);
-  ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().field(), "offload-layers");
-  o.device = "vulkan";
+  o.device = Placement::vulkan();
   o.offload_layers = 5;  // the model has 5 layers: nothing would be offloaded
   b = build_gateway(Env::default_env(), o);
   ASSERT_FALSE(b.ok());
@@ -150,7 +152,7 @@ TEST_F(BuilderTest, KvTypeDefaultsToF16AndIsCheckedByFlag) {
   o.ctx = 512;
   uint64_t reserved[2] = {0, 0};
   for (const char* t : {"f16", "f32"}) {
-    o.kv_type = t;
+    o.kv_type = *parse_kv_type(t);
     Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     GatewayStatus st = b->gateway->status();
@@ -164,15 +166,15 @@ TEST_F(BuilderTest, KvTypeDefaultsToF16AndIsCheckedByFlag) {
   // the RSS observed at its start, which grows from one gateway to the next.)
   ASSERT_GT(reserved[1], reserved[0]);
   EXPECT_GE(reserved[1] - reserved[0], 512u * 640u - 4096u) << "the ledgers follow the KV type";
-  EXPECT_EQ(GatewayOptions{}.kv_type, "f16");
-  o.kv_type = "f8";
+  EXPECT_EQ(GatewayOptions{}.kv_type, KvType::kF16);
+  // A type that is not one is refused where the text is parsed (`spillway
+  // serve --kv-type f8` names the flag: cli_test).
+  Result<KvType> f8 = parse_kv_type("f8");
+  ASSERT_FALSE(f8.ok());
+  EXPECT_NE(f8.status().message().find("'f8'"), std::string::npos) << f8.status().to_string();
+  o.kv_type = KvType::kQ8_0;
+  o.device = Placement::vulkan();
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
-  ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().field(), "kv-type");
-  EXPECT_NE(b.status().message().find("'f8'"), std::string::npos) << b.status().to_string();
-  o.kv_type = "q8_0";
-  o.device = "vulkan";
-  b = build_gateway(Env::default_env(), o);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().field(), "kv-type");
   EXPECT_NE(b.status().message().find("CPU only"), std::string::npos) << b.status().to_string();
@@ -218,7 +220,7 @@ TEST_F(BuilderTest, OnDemandFallbackModelLoadsAtTheFirstRedirectAndIsLabelled) {
   if (!why.empty()) GTEST_SKIP() << why;
   GatewayOptions o = gpu_options();
   o.fallback_model = fallback();
-  o.replica = "on-demand";
+  o.replica = ReplicaMode::kOnDemand;
   o.reservation_max_share = 1;  // its co-tenant takes the whole device on purpose
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
@@ -277,8 +279,8 @@ TEST_F(BuilderTest, AnOnDemandReplicaIsCheckedOnceGivenBackAndItsVerdictKept) {
   const std::string why = vulkan_missing();
   if (!why.empty()) GTEST_SKIP() << why;
   GatewayOptions o = gpu_options();
-  o.kv_type = "f16";
-  o.replica = "on-demand";
+  o.kv_type = KvType::kF16;
+  o.replica = ReplicaMode::kOnDemand;
   o.journal = (dir_ / "journal.sqlite").string();
   o.reservation_max_share = 1;  // its co-tenant takes the whole device on purpose
   auto check = [&](const char* source) {
@@ -329,7 +331,7 @@ TEST_F(BuilderTest, AQ4KMModelPassesTheEquivalenceCheck) {
   ASSERT_TRUE(modelgen::write_random_llama(Env::default_env(), path, s).ok());
   GatewayOptions o = gpu_options();
   o.model = path;
-  o.device_memory = "64MiB";
+  o.device_memory = uint64_t{64} << 20;
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   Gateway& gw = *b->gateway;
@@ -386,7 +388,7 @@ TEST_F(BuilderTest, MmapReplicaOfTheSameFileServesTheRedirect) {
   const std::string why = vulkan_missing();
   if (!why.empty()) GTEST_SKIP() << why;
   GatewayOptions o = gpu_options();
-  o.replica = "mmap";
+  o.replica = ReplicaMode::kMmap;
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   Gateway& gw = *b->gateway;

@@ -92,7 +92,7 @@ struct Outcome {
 Outcome prior_vs_real(const std::string& model, int threads, int32_t max_tokens, const char* label) {
   GatewayOptions o;
   o.model = model;
-  o.device = "cpu";
+  o.device = Placement::cpu();
   o.threads = threads;
   o.journal = "none";
   o.warmup = false;  // the quote below must be the cold one
@@ -209,7 +209,7 @@ TEST_F(PriorRealityTest, TheBundledOverheadBoundModelsColdQuoteIsWithin2xThanksT
 TEST_F(PriorRealityTest, AGivenBandwidthIsUsedAsIsAndLavapipeTakesTheHostFigure) {
   GatewayOptions o;
   o.model = src("models/stories260K.gguf");
-  o.device = "cpu";
+  o.device = Placement::cpu();
   o.threads = 1;
   o.journal = "none";
   o.warmup = false;
@@ -238,9 +238,9 @@ TEST_F(PriorRealityTest, AGivenBandwidthIsUsedAsIsAndLavapipeTakesTheHostFigure)
   auto devs = list_vulkan_devices();
   if (!devs.ok() || devs->empty()) GTEST_SKIP() << "no Vulkan device";
   o.host_bandwidth = 20e9;
-  o.device = "vulkan";
-  o.device_memory = "64MiB";
-  o.kv_type = "f32";
+  o.device = Placement::vulkan();
+  o.device_memory = uint64_t{64} << 20;
+  o.kv_type = KvType::kF32;
   Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   const GatewayStatus st = b->gateway->status();

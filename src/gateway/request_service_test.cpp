@@ -41,7 +41,7 @@ class RequestServiceTest : public ::testing::Test {
   void build(bool with_journal, bool separate_owners = true) {
     GatewayOptions o;
     o.model = stories();
-    o.device = "cpu";
+    o.device = Placement::cpu();
     o.ctx = 256;
     o.threads = 1;
     o.journal = with_journal ? (dir_ / "journal.db").string() : "none";
