@@ -34,7 +34,7 @@
 #include "gateway/gateway.h"
 #include "gateway/request_service.h"
 #include "gguf/gguf.h"
-#include "http/openai.h"
+#include "http/spillway_api.h"
 #include "journal/journal.h"
 #include "serve/fan_out_observer.h"
 #include "serve/journal_observer.h"

@@ -122,6 +122,7 @@
 #include "gguf/gguf.h"
 #include "http/auth.h"
 #include "http/openai.h"
+#include "http/spillway_api.h"
 #include "http/transport.h"
 #include "gateway/gateway.h"
 #include "serve/scheduler.h"
