@@ -103,9 +103,7 @@ bool starts_with_json_value(std::string_view body) {
   }
 }
 
-ApiError invalid_json(std::string what) {
-  return bad("", "request body is not valid JSON: " + what, "invalid_json");
-}
+ApiError invalid_json(std::string what) { return bad("", "request body is not valid JSON: " + what, "invalid_json"); }
 
 json limits_json(const serve::AppliedLimits& l) {
   json j;
@@ -129,8 +127,7 @@ ApiError bad(std::string param, std::string message, std::string code) {
 }
 
 ApiError wrong_type(const std::string& param, const char* expected, const json& got) {
-  return bad(param, "'" + param + "' must be " + expected + ", got " + std::string(got.type_name()),
-             "invalid_type");
+  return bad(param, "'" + param + "' must be " + expected + ", got " + std::string(got.type_name()), "invalid_type");
 }
 
 std::optional<ApiError> get_int(const json& obj, const char* key, std::optional<int64_t>& out) {
@@ -139,7 +136,7 @@ std::optional<ApiError> get_int(const json& obj, const char* key, std::optional<
   if (it->is_number_unsigned()) {
     uint64_t u = it->get<uint64_t>();
     out = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
-                                                                          : static_cast<int64_t>(u);
+                                                                         : static_cast<int64_t>(u);
     return std::nullopt;
   }
   if (it->is_number_integer()) {
@@ -196,12 +193,11 @@ std::optional<ApiError> parse_object(std::string_view body, json& out) {
   // object alone (strict mode cannot see the rest). Raw NULs are never valid
   // JSON (not whitespace, and control characters must be escaped in strings).
   if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
-    return invalid_json("NUL byte at byte offset " + std::to_string(nul) + " (of " + std::to_string(body.size()) +
-                        ")");
+    return invalid_json("NUL byte at byte offset " + std::to_string(nul) + " (of " + std::to_string(body.size()) + ")");
   }
   if (const size_t at = invalid_utf8_at(body); at != std::string_view::npos) {
-    return invalid_json("invalid UTF-8 at byte offset " + std::to_string(at) + " (of " +
-                        std::to_string(body.size()) + ")");
+    return invalid_json("invalid UTF-8 at byte offset " + std::to_string(at) + " (of " + std::to_string(body.size()) +
+                        ")");
   }
   try {
     // Strict: one value, then only whitespace to the end of the body.
@@ -223,7 +219,6 @@ std::optional<ApiError> parse_object(std::string_view body, json& out) {
   return std::nullopt;
 }
 
-
 std::optional<ApiError> refuse_unknown(const json& obj, const char* endpoint,
                                        std::initializer_list<std::span<const std::string_view>> accepted) {
   for (const auto& [key, value] : obj.items()) {
@@ -239,10 +234,10 @@ std::optional<ApiError> refuse_unknown(const json& obj, const char* endpoint,
         names += n;
       }
     }
-    return bad(input_excerpt(key, kMaxParamBytes / 2),
-               "Unrecognized request argument supplied: " + input_excerpt(key) + " (" + endpoint +
-                   " accepts: " + names + ")",
-               "unknown_parameter");
+    return bad(
+        input_excerpt(key, kMaxParamBytes / 2),
+        "Unrecognized request argument supplied: " + input_excerpt(key) + " (" + endpoint + " accepts: " + names + ")",
+        "unknown_parameter");
   }
   return std::nullopt;
 }

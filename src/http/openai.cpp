@@ -568,8 +568,6 @@ std::optional<ApiError> parse_chat_only(const json& obj, SamplingFields& s) {
   return std::nullopt;
 }
 
-
-
 }  // namespace
 
 std::string input_excerpt(std::string_view text, size_t max_bytes) {

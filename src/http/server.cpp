@@ -4,8 +4,6 @@
 // functions of server.h and the helpers the server's files share.
 #include "http/server.h"
 
-#include "http/status_page.h"
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -18,6 +16,7 @@
 #include "http/auth.h"
 #include "http/metrics.h"
 #include "http/server_impl.h"
+#include "http/status_page.h"
 
 namespace spw::http {
 
@@ -114,10 +113,17 @@ auto HttpServer::Impl::authorize(const Request& req, Response& res) const -> std
   }
   const KeyCheck k = options_.api_keys->check(req.header("Authorization"));
   switch (k.kind) {
-    case KeyCheck::kValid: return Principal{k.owner, false};
-    case KeyCheck::kNone: unauthorized(res, "this server needs an API key: send Authorization: Bearer <key>"); break;
-    case KeyCheck::kMalformed: unauthorized(res, "the Authorization header is not 'Bearer <key>'"); break;
-    case KeyCheck::kInvalid: unauthorized(res, "the API key is not valid for this server"); break;
+    case KeyCheck::kValid:
+      return Principal{k.owner, false};
+    case KeyCheck::kNone:
+      unauthorized(res, "this server needs an API key: send Authorization: Bearer <key>");
+      break;
+    case KeyCheck::kMalformed:
+      unauthorized(res, "the Authorization header is not 'Bearer <key>'");
+      break;
+    case KeyCheck::kInvalid:
+      unauthorized(res, "the API key is not valid for this server");
+      break;
   }
   return std::nullopt;
 }
@@ -145,48 +151,58 @@ Router HttpServer::Impl::routes() {
   // operator looks at when the server is flooded.
   // The status page: public (it holds no data; its calls to the API carry
   // the key), light (an operator must see it when the server is full).
-  r.add("GET", "/", kInline, [](const Request&, Response& res) {
-    res.set_header("Content-Security-Policy",
-                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-                   "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
-    res.set_header("Cache-Control", "no-store");
-    res.set_content(std::string(status_page_html()), "text/html; charset=utf-8");
-  }, /*light=*/true);
-  r.add("GET", "/health", kInline, [this](const Request&, Response& res) { health(res); }, /*light=*/true);
-  r.add("GET", "/health/live", kInline,
-        [](const Request&, Response& res) { res.set_content(R"({"status":"live"})", kJson); }, true);
-  r.add("GET", "/health/ready", kInline, [this](const Request&, Response& res) {
-    const bool ready = gateway_.ready();
-    res.status = ready ? 200 : 503;
-    res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", kJson);
-  }, true);
+  r.add(
+      "GET", "/", kInline,
+      [](const Request&, Response& res) {
+        res.set_header("Content-Security-Policy",
+                       "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                       "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+        res.set_header("Cache-Control", "no-store");
+        res.set_content(std::string(status_page_html()), "text/html; charset=utf-8");
+      },
+      /*light=*/true);
+  r.add(
+      "GET", "/health", kInline, [this](const Request&, Response& res) { health(res); }, /*light=*/true);
+  r.add(
+      "GET", "/health/live", kInline,
+      [](const Request&, Response& res) { res.set_content(R"({"status":"live"})", kJson); }, true);
+  r.add(
+      "GET", "/health/ready", kInline,
+      [this](const Request&, Response& res) {
+        const bool ready = gateway_.ready();
+        res.status = ready ? 200 : 503;
+        res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", kJson);
+      },
+      true);
   r.add("GET", "/v1/status", kInline, authed([this](const Request&, Response& res, const Principal& p) {
-    const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
-    gateway::GatewayStatus st = gateway_.status();
-    // A key sees its own leases; the ledgers' co-tenant totals stay (they
-    // explain the decisions), not whose they are.
-    std::erase_if(st.reservations, [&](const gateway::ReservationInfo& r) { return !p.admin && r.owner != p.owner; });
-    res.set_content(render_status(st, &http), kJson);
-  }), true);
+          const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
+          gateway::GatewayStatus st = gateway_.status();
+          // A key sees its own leases; the ledgers' co-tenant totals stay (they
+          // explain the decisions), not whose they are.
+          std::erase_if(st.reservations,
+                        [&](const gateway::ReservationInfo& r) { return !p.admin && r.owner != p.owner; });
+          res.set_content(render_status(st, &http), kJson);
+        }),
+        true);
   // On a worker thread: the journal's figures are an SQLite query, which
   // may wait for a writer's commit.
   r.add("GET", "/metrics", kWorker, authed([this](const Request&, Response& res, const Principal&) {
-    const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
-    const std::optional<journal::JournalStats> js = service_.journal_stats();
-    res.set_content(render_metrics(gateway_.status(), &http, js ? &*js : nullptr),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  }), true);
+          const TransportStats http = transport_->stats();  // set before any handler runs; no lock (stop() holds it)
+          const std::optional<journal::JournalStats> js = service_.journal_stats();
+          res.set_content(render_metrics(gateway_.status(), &http, js ? &*js : nullptr),
+                          "text/plain; version=0.0.4; charset=utf-8");
+        }),
+        true);
   r.add("GET", "/v1/models", kInline, authed([this](const Request&, Response& res, const Principal&) {
-    res.set_content(render_models(models_, env_.wall_time_ms() / 1000), kJson);
-  }));
+          res.set_content(render_models(models_, env_.wall_time_ms() / 1000), kJson);
+        }));
   r.add("GET", "/v1/models/{}", kInline, authed([this](const Request& req, Response& res, const Principal&) {
-    const ModelEntry* m = models_.find(req.params[0]);
-    if (!m) return set_error(res, model_not_found(req.params[0], models_));
-    res.set_content(render_model(*m, env_.wall_time_ms() / 1000), kJson);
-  }));
-  r.add("POST", "/v1/completions", kWorker, authed([this](const Request& req, Response& res, const Principal& p) {
-    completion(req, res, p, false);
-  }));
+          const ModelEntry* m = models_.find(req.params[0]);
+          if (!m) return set_error(res, model_not_found(req.params[0], models_));
+          res.set_content(render_model(*m, env_.wall_time_ms() / 1000), kJson);
+        }));
+  r.add("POST", "/v1/completions", kWorker,
+        authed([this](const Request& req, Response& res, const Principal& p) { completion(req, res, p, false); }));
   r.add("POST", "/v1/chat/completions", kWorker,
         authed([this](const Request& req, Response& res, const Principal& p) { completion(req, res, p, true); }));
   r.add("GET", "/v1/requests", kInline,
@@ -197,26 +213,28 @@ Router HttpServer::Impl::routes() {
         authed([this](const Request& req, Response& res, const Principal& p) { cancel_request(req, res, p); }));
   r.add("POST", "/v1/requests/{}/resume", kWorker,
         authed([this](const Request& req, Response& res, const Principal& p) { resume_request(req, res, p); }));
-  r.add("POST", "/v1/quote", kWorker, authed([this](const Request& req, Response& res, const Principal&) { quote(req, res); }));
+  r.add("POST", "/v1/quote", kWorker,
+        authed([this](const Request& req, Response& res, const Principal&) { quote(req, res); }));
   r.add("POST", "/v1/reservations", kWorker,
         authed([this](const Request& req, Response& res, const Principal& p) { reserve(req, res, p); }));
   r.add("GET", "/v1/reservations", kInline, authed([this](const Request&, Response& res, const Principal& p) {
-    res.set_content(render_reservations(gateway_.reservations(caller(p))), kJson);
-  }));
-  r.add("POST", "/v1/reservations/{}/renew", kWorker, authed([this](const Request& req, Response& res, const Principal& p) {
-    const std::optional<uint64_t> id = reservation_id(req, res);
-    if (!id) return;
-    auto rr = gateway_.renew(*id, caller(p));
-    if (!rr.ok()) return set_error(res, reservation_error(rr.status()));
-    res.set_content(render_reservation(*rr), kJson);
-  }));
+          res.set_content(render_reservations(gateway_.reservations(caller(p))), kJson);
+        }));
+  r.add("POST", "/v1/reservations/{}/renew", kWorker,
+        authed([this](const Request& req, Response& res, const Principal& p) {
+          const std::optional<uint64_t> id = reservation_id(req, res);
+          if (!id) return;
+          auto rr = gateway_.renew(*id, caller(p));
+          if (!rr.ok()) return set_error(res, reservation_error(rr.status()));
+          res.set_content(render_reservation(*rr), kJson);
+        }));
   r.add("DELETE", "/v1/reservations/{}", kWorker, authed([this](const Request& req, Response& res, const Principal& p) {
-    const std::optional<uint64_t> id = reservation_id(req, res);
-    if (!id) return;
-    Status st = gateway_.release(*id, caller(p));
-    if (!st.ok()) return set_error(res, reservation_error(st));
-    res.set_content(R"({"released":true})", kJson);
-  }));
+          const std::optional<uint64_t> id = reservation_id(req, res);
+          if (!id) return;
+          Status st = gateway_.release(*id, caller(p));
+          if (!st.ok()) return set_error(res, reservation_error(st));
+          res.set_content(R"({"released":true})", kJson);
+        }));
   if (!options_.admin_token.empty()) {
     r.add("POST", "/v1/admin/faults", kWorker, [this](const Request& req, Response& res) {
       if (admin_allowed(req, res)) arm_fault(req, res);
@@ -231,8 +249,7 @@ Router HttpServer::Impl::routes() {
   return r;
 }
 
-Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, gateway::Gateway& gateway,
-                                                       HttpServerOptions options) {
+Result<std::unique_ptr<HttpServer>> HttpServer::create(Env& env, gateway::Gateway& gateway, HttpServerOptions options) {
   static std::once_flag sigpipe_once;
   std::call_once(sigpipe_once, [] { std::signal(SIGPIPE, SIG_IGN); });
   if (options.port < 0 || options.port > 65535) {

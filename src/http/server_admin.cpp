@@ -3,10 +3,10 @@
 // to co-tenants) and the admin fault API (/v1/admin/faults, loopback and
 // the admin token only). Apart from generation because none of them runs
 // a request.
-#include "http/server_impl.h"
-
 #include <algorithm>
 #include <cstdio>
+
+#include "http/server_impl.h"
 
 namespace spw::http {
 

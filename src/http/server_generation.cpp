@@ -4,8 +4,6 @@
 // whole or as a stream of chunks, tool calls parsed out of the text. Apart
 // from server.cpp because it is the largest group and the one a change to the
 // OpenAI routes touches.
-#include "http/server_impl.h"
-
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -14,6 +12,7 @@
 #include <variant>
 
 #include "http/completion_prompt.h"
+#include "http/server_impl.h"
 
 namespace spw::http {
 
@@ -21,11 +20,16 @@ namespace {
 
 std::vector<const char*> turn_end_markers(ChatTemplateKind kind) {
   switch (kind) {
-    case ChatTemplateKind::kChatML: return {"<|im_end|>", "<|im_start|>"};
-    case ChatTemplateKind::kLlama3: return {"<|eot_id|>", "<|start_header_id|>"};
-    case ChatTemplateKind::kGemma: return {"<end_of_turn>", "<start_of_turn>"};
-    case ChatTemplateKind::kZephyr: return {"<|user|>", "<|system|>"};
-    default: return {"[INST]"};
+    case ChatTemplateKind::kChatML:
+      return {"<|im_end|>", "<|im_start|>"};
+    case ChatTemplateKind::kLlama3:
+      return {"<|eot_id|>", "<|start_header_id|>"};
+    case ChatTemplateKind::kGemma:
+      return {"<end_of_turn>", "<start_of_turn>"};
+    case ChatTemplateKind::kZephyr:
+      return {"<|user|>", "<|system|>"};
+    default:
+      return {"[INST]"};
   }
 }
 
@@ -71,20 +75,23 @@ std::optional<ApiError> HttpServer::Impl::resolve_model(const std::string& reque
 // server does not serve; a stored body, parsed again without route_model,
 // keeps the id it was accepted under even if --alias changed since);
 // nullopt on success, else the error.
-std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g, SamplingFields& sampling, std::string* route_model, ToolUse* tool_use, std::string* prompt_text, bool* echo) {
+std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string& body, bool chat,
+                                                               serve::GenerationRequest& g, SamplingFields& sampling,
+                                                               std::string* route_model, ToolUse* tool_use,
+                                                               std::string* prompt_text, bool* echo) {
   if (chat) {
     ChatRequest cr;
     if (auto e = parse_chat_request(body, cr)) return e;
-    if (route_model) if (auto e = resolve_model(cr.model, route_model)) return e;
+    if (route_model)
+      if (auto e = resolve_model(cr.model, route_model)) return e;
     if (!options_.chat_template) {
       ApiError e;
       e.param = "messages";
       e.code = "chat_template_missing";
-      e.message =
-          "model '" + options_.model_name +
-          "' has no chat template that Spillway recognises (tokenizer.chat_template is missing or of an "
-          "unknown family); start the server with --chat-template NAME (e.g. chatml, llama2, llama3, "
-          "mistral, zephyr, gemma), or use /v1/completions";
+      e.message = "model '" + options_.model_name +
+                  "' has no chat template that Spillway recognises (tokenizer.chat_template is missing or of an "
+                  "unknown family); start the server with --chat-template NAME (e.g. chatml, llama2, llama3, "
+                  "mistral, zephyr, gemma), or use /v1/completions";
       return e;
     }
     // The template writes BOS itself where its reference does, with the
@@ -125,7 +132,8 @@ std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string
   } else {
     CompletionRequest cr;
     if (auto e = parse_completion_request(body, cr)) return e;
-    if (route_model) if (auto e = resolve_model(cr.model, route_model)) return e;
+    if (route_model)
+      if (auto e = resolve_model(cr.model, route_model)) return e;
     sampling = cr.sampling;
     if (!sampling.max_tokens) sampling.max_tokens = options_.completion_default_max_tokens;
     if (auto e = check_prompt_tokens(cr, gateway_.tokenizer().n_vocab())) return e;
@@ -263,7 +271,8 @@ void HttpServer::Impl::respond(const Request& req, const std::shared_ptr<Call>& 
   res.set_header("X-Spillway-Degraded", call->info.degraded ? "true" : "false");
   res.set_header("X-Spillway-Queue-Position", std::to_string(call->info.queue_position));
   if (call->info.estimated_delay_ms) {
-    res.set_header("X-Spillway-Estimated-Delay-Ms", std::to_string(static_cast<int64_t>(*call->info.estimated_delay_ms)));
+    res.set_header("X-Spillway-Estimated-Delay-Ms",
+                   std::to_string(static_cast<int64_t>(*call->info.estimated_delay_ms)));
   }
   res.set_header("X-Spillway-Max-Tokens", std::to_string(call->info.limits.max_tokens));
   res.set_header("X-Spillway-Context", std::to_string(call->info.limits.n_ctx));
@@ -340,7 +349,8 @@ void HttpServer::Impl::fill_times(Call& c) {
 // The call's tool-call stream, once its public id (which the calls' ids
 // carry) is known.
 void HttpServer::Impl::start_tools(Call& c, const ToolUse& use) {
-  if (use.format != ToolFormat::kNone) c.tools = std::make_unique<ToolCallStream>(use.format, c.public_id, use.parallel);
+  if (use.format != ToolFormat::kNone)
+    c.tools = std::make_unique<ToolCallStream>(use.format, c.public_id, use.parallel);
 }
 
 // Generated text through the call's tool-call stream (as is without one);
@@ -369,9 +379,11 @@ std::string HttpServer::Impl::finish_name(const Call& c, serve::FinishReason f) 
 
 // Stream chunks for released text and calls (a content chunk, then one per
 // call, numbered in the response's order).
-std::string HttpServer::Impl::released_chunks(Call& c, ToolCallStream::Released r, bool with_info, const std::optional<ChoiceLogprobs>& logprobs) {
+std::string HttpServer::Impl::released_chunks(Call& c, ToolCallStream::Released r, bool with_info,
+                                              const std::optional<ChoiceLogprobs>& logprobs) {
   std::string out;
-  if (!r.content.empty() || logprobs || with_info) out += chunk(c, std::move(r.content), "", false, with_info, logprobs);
+  if (!r.content.empty() || logprobs || with_info)
+    out += chunk(c, std::move(r.content), "", false, with_info, logprobs);
   const int32_t first = c.tools ? c.tools->calls_released() - static_cast<int32_t>(r.calls.size()) : 0;
   for (size_t i = 0; i < r.calls.size(); ++i) {
     ChunkFields f;
@@ -505,7 +517,8 @@ std::string HttpServer::Impl::echo_chunk(Call& c, std::vector<TokenLogprobs> pro
   return chunk(c, c.echo, "", false, false, lp);
 }
 
-std::string HttpServer::Impl::chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info, const std::optional<ChoiceLogprobs>& logprobs, int32_t index) {
+std::string HttpServer::Impl::chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info,
+                                    const std::optional<ChoiceLogprobs>& logprobs, int32_t index) {
   ChunkFields f;
   f.index = index;
   f.id = c.id;
@@ -557,8 +570,8 @@ void HttpServer::Impl::stream(const std::shared_ptr<Call>& call, Response& res) 
         // Still waiting: where it stands and how long it may take.
         const gateway::Progress p = gateway_.progress(*c.ticket);
         if (p.queue_position > 0) {
-          out += sse_data(render_queued_chunk(c.id, c.created, c.model, c.chat, c.ticket->path(),
-                                              p.queue_position, finite_ms(p.estimated_delay_s)));
+          out += sse_data(render_queued_chunk(c.id, c.created, c.model, c.chat, c.ticket->path(), p.queue_position,
+                                              finite_ms(p.estimated_delay_s)));
         }
       }
       if (out.empty()) out = std::string(kSseKeepAlive);

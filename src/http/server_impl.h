@@ -123,7 +123,10 @@ class HttpServer::Impl {
   // Generation: completions and chat completions (server_generation.cpp).
   serve::GenerationRequest to_generation(const SamplingFields& s);
   std::optional<ApiError> resolve_model(const std::string& requested, std::string* out) const;
-  std::optional<ApiError> generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g, SamplingFields& sampling, std::string* route_model = nullptr, ToolUse* tool_use = nullptr, std::string* prompt_text = nullptr, bool* echo = nullptr);
+  std::optional<ApiError> generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g,
+                                               SamplingFields& sampling, std::string* route_model = nullptr,
+                                               ToolUse* tool_use = nullptr, std::string* prompt_text = nullptr,
+                                               bool* echo = nullptr);
   void completion(const Request& req, Response& res, const Principal& who, bool chat);
   static Result<bool> allow_migration(const Request& req);
   void refuse(Response& res, const Status& st, const gateway::Refusal& refusal, int64_t public_id = 0);
@@ -136,14 +139,16 @@ class HttpServer::Impl {
   static ToolCallStream::Released tool_pass(Call& c, std::string text, bool at_end);
   static std::string finish_name(const Call& c, std::string reason);
   static std::string finish_name(const Call& c, serve::FinishReason f);
-  std::string released_chunks(Call& c, ToolCallStream::Released r, bool with_info, const std::optional<ChoiceLogprobs>& logprobs);
+  std::string released_chunks(Call& c, ToolCallStream::Released r, bool with_info,
+                              const std::optional<ChoiceLogprobs>& logprobs);
   static void mark_closed(serve::RequestEvent& ev);
   static void wait_event(Call& c, serve::RequestEvent& ev);
   void whole_choices(Call& c, Response& res);
   void whole(Call& c, Response& res);
   static std::optional<ChoiceLogprobs> chunk_logprobs(Call& c, std::vector<TokenLogprobs> entries);
   std::string echo_chunk(Call& c, std::vector<TokenLogprobs> prompt_entries);
-  std::string chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info, const std::optional<ChoiceLogprobs>& logprobs = std::nullopt, int32_t index = 0);
+  std::string chunk(const Call& c, std::string text, std::string finish, bool first, bool with_info,
+                    const std::optional<ChoiceLogprobs>& logprobs = std::nullopt, int32_t index = 0);
   void stream(const std::shared_ptr<Call>& call, Response& res);
 
   // Request records: resume, replay, GET/DELETE /v1/requests (server_requests.cpp).

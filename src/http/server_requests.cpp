@@ -4,9 +4,9 @@
 // replays its stored result, GET /v1/requests[/{id}] lists the requests in
 // flight or shows one's record, DELETE cancels one. Apart from generation
 // because none of it runs a request from a new body.
-#include "http/server_impl.h"
-
 #include <cstdio>
+
+#include "http/server_impl.h"
 
 namespace spw::http {
 
@@ -26,8 +26,10 @@ std::optional<int64_t> parse_request_id(const std::string& text) {
     uint64_t v = 0;
     for (char ch : s) {
       int d = -1;
-      if (ch >= '0' && ch <= '9') d = ch - '0';
-      else if (base == 16 && ch >= 'a' && ch <= 'f') d = ch - 'a' + 10;
+      if (ch >= '0' && ch <= '9')
+        d = ch - '0';
+      else if (base == 16 && ch >= 'a' && ch <= 'f')
+        d = ch - 'a' + 10;
       if (d < 0) return std::nullopt;
       v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
     }
@@ -185,7 +187,8 @@ void HttpServer::Impl::replay(Call& c, const journal::Record& r, bool stream, Re
     out.prompt_tokens = r.outcome.prompt_tokens;
     out.completion_tokens = r.outcome.completion_tokens;
     out.spillway = c.info;
-    for (journal::StoredChoice& ch : more) out.more_choices.push_back({std::move(ch.text), std::move(ch.finish_reason), {}});
+    for (journal::StoredChoice& ch : more)
+      out.more_choices.push_back({std::move(ch.text), std::move(ch.finish_reason), {}});
     res.set_content(c.chat ? render_chat_completion(out) : render_completion(out), kJson);
     return;
   }
@@ -194,7 +197,8 @@ void HttpServer::Impl::replay(Call& c, const journal::Record& r, bool stream, Re
   body += released_chunks(c, tool_pass(c, r.outcome.text, true), false, std::nullopt);
   // n > 1: each further choice's text in a chunk of its index.
   for (size_t i = 0; i < more.size(); ++i) {
-    if (!more[i].text.empty()) body += chunk(c, more[i].text, "", false, false, std::nullopt, static_cast<int32_t>(i + 1));
+    if (!more[i].text.empty())
+      body += chunk(c, more[i].text, "", false, false, std::nullopt, static_cast<int32_t>(i + 1));
   }
   for (size_t i = 0; i < more.size(); ++i) {
     body += chunk(c, "", more[i].finish_reason, false, false, std::nullopt, static_cast<int32_t>(i + 1));
@@ -249,11 +253,12 @@ void HttpServer::Impl::cancel_request(const Request& req, Response& res, const P
     ApiError e;
     e.http_status = 404;
     e.code = "not_found";
-    e.message = "request " + text.substr(0, 64) + " is not in flight (finished, never accepted, another client's, or unknown)";
+    e.message =
+        "request " + text.substr(0, 64) + " is not in flight (finished, never accepted, another client's, or unknown)";
     return set_error(res, e);
   }
-  res.set_content(render_cancel(static_cast<uint64_t>(*id), c->cancelled, std::string(serve::request_state_name(c->state))),
-                  kJson);
+  res.set_content(
+      render_cancel(static_cast<uint64_t>(*id), c->cancelled, std::string(serve::request_state_name(c->state))), kJson);
 }
 
 // GET /v1/requests: the requests in flight this client may see, oldest

@@ -4,13 +4,13 @@
 // OpenAI wire format is openai.cpp's; the helpers both use, json_fields.cpp's.
 #include "http/spillway_api.h"
 
+#include <cmath>
+#include <nlohmann/json.hpp>
+
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
 #include "core/size.h"
 #include "http/json_fields.h"
-
-#include <cmath>
-#include <nlohmann/json.hpp>
 
 namespace spw::http {
 
@@ -21,16 +21,19 @@ std::string render_health(const HealthInfo& h) {
   j["status"] = "ok";
   j["model"] = h.model;
   j["backend"] = h.backend;
-  j["queue"] = {{"depth", h.queue_depth}, {"capacity", h.queue_capacity}, {"running", h.running},
-                {"workers", h.workers}};
+  j["queue"] = {
+      {"depth", h.queue_depth}, {"capacity", h.queue_capacity}, {"running", h.running}, {"workers", h.workers}};
   j["n_ctx"] = h.n_ctx;
   j["chat_template"] = nullable(h.chat_template);
   if (h.memory) {
     const HealthMemory& m = *h.memory;
     auto opt = [](const std::optional<uint64_t>& v) { return v ? json(*v) : json(nullptr); };
-    j["host_memory"] = {{"budget_bytes", m.budget},       {"reserved_bytes", m.reserved},
-                        {"available_bytes", m.available}, {"bound_by", m.bound_by},
-                        {"rss_bytes", opt(m.process_rss)}, {"rss_anon_bytes", opt(m.process_rss_anon)},
+    j["host_memory"] = {{"budget_bytes", m.budget},
+                        {"reserved_bytes", m.reserved},
+                        {"available_bytes", m.available},
+                        {"bound_by", m.bound_by},
+                        {"rss_bytes", opt(m.process_rss)},
+                        {"rss_anon_bytes", opt(m.process_rss_anon)},
                         {"rss_file_bytes", opt(m.process_rss_file)}};
   }
   if (h.device_memory) {
@@ -85,8 +88,8 @@ json decision_json(const admission::Decision& d) {
   json j = {{"kind", std::string(admission::decision_kind_name(d.kind))},
             {"path", nullable(d.path)},
             {"reason", d.reason},
-            {"failure", d.failure == FailureReason::kNone ? json(nullptr)
-                                                          : json(std::string(failure_reason_name(d.failure)))},
+            {"failure",
+             d.failure == FailureReason::kNone ? json(nullptr) : json(std::string(failure_reason_name(d.failure)))},
             {"http_status", decision_http_status(d)},
             {"degraded", d.degraded()},
             {"limits", decision_limits_json(d)},
@@ -141,11 +144,13 @@ std::string render_request_record(const journal::Record& r) {
   j["text"] = r.outcome.text;
   // n > 1: every choice by index (text and finish_reason above are choice 0's).
   if (!r.outcome.choices.empty()) {
-    json choices = json::array({{{"index", 0}, {"text", r.outcome.text}, {"finish_reason", nullable(r.outcome.finish_reason)}}});
+    json choices =
+        json::array({{{"index", 0}, {"text", r.outcome.text}, {"finish_reason", nullable(r.outcome.finish_reason)}}});
     Result<std::vector<journal::StoredChoice>> more = journal::decode_choices(r.outcome.choices);
     if (more.ok()) {
       for (size_t i = 0; i < more->size(); ++i) {
-        choices.push_back({{"index", i + 1}, {"text", (*more)[i].text}, {"finish_reason", nullable((*more)[i].finish_reason)}});
+        choices.push_back(
+            {{"index", i + 1}, {"text", (*more)[i].text}, {"finish_reason", nullable((*more)[i].finish_reason)}});
       }
     }
     j["choices"] = std::move(choices);
@@ -177,9 +182,15 @@ json ledger_json(const admission::LedgerSnapshot& l) {
   for (int k = 0; k < admission::kNumOwnerKinds; ++k) {
     by[std::string(admission::owner_kind_name(static_cast<admission::OwnerKind>(k)))] = l.reserved[k];
   }
-  return {{"name", l.name},       {"capacity_bytes", l.capacity}, {"headroom_bytes", l.headroom},
-          {"limit_bytes", l.limit}, {"reserved_bytes", by},       {"observed_bytes", l.observed},
-          {"others_bytes", l.others}, {"used_bytes", l.used},     {"available_bytes", l.available},
+  return {{"name", l.name},
+          {"capacity_bytes", l.capacity},
+          {"headroom_bytes", l.headroom},
+          {"limit_bytes", l.limit},
+          {"reserved_bytes", by},
+          {"observed_bytes", l.observed},
+          {"others_bytes", l.others},
+          {"used_bytes", l.used},
+          {"available_bytes", l.available},
           {"pressure", l.limit > 0 ? static_cast<double>(l.used) / static_cast<double>(l.limit) : 0.0}};
 }
 
@@ -251,14 +262,15 @@ json replica_json(const gateway::ReplicaInfo& r) {
 // carried (null: not batched).
 json batching_json(const std::optional<StepBatcherStats>& b) {
   if (!b) return nullptr;
-  return {{"steps", b->steps},
-          {"decode_tokens", b->tokens},
-          {"prompt_tokens", b->prompt_tokens},
-          {"mixed_steps", b->mixed_steps},
-          {"mean_decode_tokens_per_step", b->steps ? static_cast<double>(b->tokens) / static_cast<double>(b->steps) : 0.0},
-          {"max_batch", b->max_batch},
-          {"max_rows", b->max_rows},
-          {"straggler_steps", b->straggler_steps}};
+  return {
+      {"steps", b->steps},
+      {"decode_tokens", b->tokens},
+      {"prompt_tokens", b->prompt_tokens},
+      {"mixed_steps", b->mixed_steps},
+      {"mean_decode_tokens_per_step", b->steps ? static_cast<double>(b->tokens) / static_cast<double>(b->steps) : 0.0},
+      {"max_batch", b->max_batch},
+      {"max_rows", b->max_rows},
+      {"straggler_steps", b->straggler_steps}};
 }
 
 json breaker_json(const std::optional<gateway::BreakerSnapshot>& b) {
@@ -412,15 +424,20 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                       {"reason", d.reason},
                       {"degraded", d.degraded}});
   }
-  json j = {{"object", "spillway.status"}, {"ready", s.ready},       {"paths", paths},
-            {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", reservations_json(s.reservations)},
-            {"decisions", decisions},       {"recent_decisions", recent},   {"equivalence", equivalence},
-            {"overflow", s.overflow}};
+  json j = {
+      {"object", "spillway.status"},  {"ready", s.ready},           {"paths", paths},
+      {"paths_not_built", not_built}, {"ledgers", ledgers},         {"reservations", reservations_json(s.reservations)},
+      {"decisions", decisions},       {"recent_decisions", recent}, {"equivalence", equivalence},
+      {"overflow", s.overflow}};
   if (http) {
-    j["http"] = {{"open_connections", http->open_connections}, {"accepted", http->accepted},
-                 {"over_limit", http->over_limit},             {"refused", http->refused},
-                 {"timed_out", http->timed_out},               {"client_errors", http->client_errors},
-                 {"disconnects", http->disconnects},           {"workers_running", http->workers_running}};
+    j["http"] = {{"open_connections", http->open_connections},
+                 {"accepted", http->accepted},
+                 {"over_limit", http->over_limit},
+                 {"refused", http->refused},
+                 {"timed_out", http->timed_out},
+                 {"client_errors", http->client_errors},
+                 {"disconnects", http->disconnects},
+                 {"workers_running", http->workers_running}};
   }
   return dump(j);
 }
@@ -461,7 +478,8 @@ std::optional<ApiError> parse_reservation_request(std::string_view body, Reserva
   }
   out.name = n->get<std::string>();
   auto b = obj.find("bytes");
-  if (b == obj.end()) return bad("bytes", "'bytes' is required (an integer, or a size such as \"2GiB\")", "missing_required_parameter");
+  if (b == obj.end())
+    return bad("bytes", "'bytes' is required (an integer, or a size such as \"2GiB\")", "missing_required_parameter");
   if (b->is_number_unsigned()) {
     out.bytes = b->get<uint64_t>();
     // The same domain as a size string (core/size.h): no size a sum could wrap on.
@@ -513,7 +531,8 @@ std::optional<ApiError> parse_fault_request(std::string_view body, FaultRequest&
   for (int i = 0; i < kNumFaultKinds; ++i) {
     names += (i ? ", " : "") + std::string(fault_kind_name(static_cast<FaultKind>(i)));
   }
-  if (k == obj.end() || k->is_null()) return bad("kind", "'kind' is required: one of " + names, "missing_required_parameter");
+  if (k == obj.end() || k->is_null())
+    return bad("kind", "'kind' is required: one of " + names, "missing_required_parameter");
   if (!k->is_string()) return wrong_type("kind", "a string", *k);
   const std::optional<FaultKind> kind = fault_kind_from_name(k->get<std::string>());
   if (!kind) {
@@ -533,7 +552,9 @@ std::optional<ApiError> parse_fault_request(std::string_view body, FaultRequest&
   std::optional<double> factor;
   SPW_TRY_FIELD(get_number(obj, "factor", factor));
   if (*kind == FaultKind::kSlow) {
-    if (!factor) return bad("factor", "'factor' is required for a slow fault: a number in (1, 1000]", "missing_required_parameter");
+    if (!factor)
+      return bad("factor", "'factor' is required for a slow fault: a number in (1, 1000]",
+                 "missing_required_parameter");
     SPW_TRY_FIELD(in_range("factor", *factor, 1.0, 1000.0, true));
     out.spec.factor = *factor;
   } else if (factor) {

@@ -44,12 +44,12 @@ std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs)
 // which decision (info: the spillway object, with queue_position and
 // estimated_delay_ms as of now, not as at acceptance), its state and tokens.
 struct LiveRequestView {
-  std::string id;           // "cmpl-..." / "chatcmpl-..."
-  std::string endpoint;     // "completions" or "chat.completions"
-  std::string state;        // "queued", "running"
+  std::string id;        // "cmpl-..." / "chatcmpl-..."
+  std::string endpoint;  // "completions" or "chat.completions"
+  std::string state;     // "queued", "running"
   SpillwayInfo info;
   int32_t generated = 0;
-  double age_s = 0;         // since acceptance
+  double age_s = 0;  // since acceptance
 };
 // GET /v1/requests: {"object": "list", "data": [...]}, oldest first.
 std::string render_live_requests(const std::vector<LiveRequestView>& rs);
@@ -102,22 +102,22 @@ std::string render_disarmed(size_t n);
 // Host memory as the server's ledger and probes see it (all bytes). Absent
 // from /health when the server was built without a ledger (tests).
 struct HealthMemory {
-  uint64_t budget = 0;      // the ledger's limit: what the server may hold
-  uint64_t reserved = 0;    // our reservations (the serving plan)
-  uint64_t available = 0;   // budget left for more
-  std::string bound_by;     // "MemAvailable", "cgroup" or "cap"
+  uint64_t budget = 0;     // the ledger's limit: what the server may hold
+  uint64_t reserved = 0;   // our reservations (the serving plan)
+  uint64_t available = 0;  // budget left for more
+  std::string bound_by;    // "MemAvailable", "cgroup" or "cap"
   std::optional<uint64_t> process_rss, process_rss_anon, process_rss_file;  // observed; null = unknown
 };
 
 // Device memory as the server's device ledger and the Vulkan allocator see it
 // (bytes). Absent from /health when no layer runs on a GPU.
 struct HealthDeviceMemory {
-  std::string device;          // e.g. "vulkan:0 (llvmpipe ...)"
+  std::string device;  // e.g. "vulkan:0 (llvmpipe ...)"
   bool healthy = true;
-  std::string health_reason;   // empty when healthy
-  uint64_t capacity = 0;       // the ledger's capacity: --device-memory or the largest device-local heap
-  uint64_t headroom = 0;       // kept free for kernels, the driver and co-tenants' bursts
-  uint64_t reserved = 0;       // our reservations (the serving plan)
+  std::string health_reason;        // empty when healthy
+  uint64_t capacity = 0;            // the ledger's capacity: --device-memory or the largest device-local heap
+  uint64_t headroom = 0;            // kept free for kernels, the driver and co-tenants' bursts
+  uint64_t reserved = 0;            // our reservations (the serving plan)
   uint64_t co_tenant_reserved = 0;  // declared by --co-tenant
   uint64_t others_observed = 0;     // observed use not ours beyond the co-tenants' reservations
   uint64_t available = 0;
@@ -125,7 +125,7 @@ struct HealthDeviceMemory {
   // everyone; null with `observed_unknown` saying why.
   std::optional<uint64_t> observed_heap_used;
   std::string observed_unknown;
-  uint64_t allocated = 0;       // the allocator's live bytes
+  uint64_t allocated = 0;  // the allocator's live bytes
   uint64_t allocated_peak = 0;
   std::vector<std::pair<std::string, uint64_t>> allocated_by_category;  // weights, kv, scratch, staging
 };
