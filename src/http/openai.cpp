@@ -245,6 +245,66 @@ std::optional<ApiError> parse_logprobs(const json& obj, bool chat, SamplingField
   return std::nullopt;
 }
 
+// stop: a string or an array of strings, within the cost limits (openai.h:
+// kMaxStop, kMaxStopBytes, kMaxStopTotalBytes).
+std::optional<ApiError> parse_stop(const json& obj, SamplingFields& s) {
+  auto stop = obj.find("stop");
+  if (stop != obj.end() && !stop->is_null()) {
+    if (stop->is_string()) {
+      const size_t n = stop->get_ref<const std::string&>().size();
+      if (n > kMaxStopBytes) return bad("stop", over_limit("'stop'", kMaxStopBytes, n));
+      s.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > kMaxStop) {
+        return bad("stop", "'stop' may hold at most " + std::to_string(kMaxStop) + " strings, got " +
+                               std::to_string(stop->size()));
+      }
+      size_t total = 0;
+      for (size_t k = 0; k < stop->size(); ++k) {
+        const json& e = (*stop)[k];
+        const std::string at = "stop[" + std::to_string(k) + "]";
+        if (!e.is_string()) return wrong_type(at, "a string", e);
+        const size_t n = e.get_ref<const std::string&>().size();
+        if (n > kMaxStopBytes) return bad(at, over_limit("'" + at + "'", kMaxStopBytes, n));
+        total += n;
+      }
+      if (total > kMaxStopTotalBytes) {
+        return bad("stop", over_limit("the 'stop' strings together", kMaxStopTotalBytes, total));
+      }
+      for (const json& e : *stop) s.stop.push_back(e.get<std::string>());
+    } else {
+      return wrong_type("stop", "a string or an array of strings", *stop);
+    }
+  }
+  return std::nullopt;
+}
+
+// stream, and stream_options ({"include_usage": bool}; other keys unknown).
+std::optional<ApiError> parse_stream(const json& obj, SamplingFields& s) {
+  std::optional<bool> b;
+  SPW_TRY_FIELD(get_bool(obj, "stream", b));
+  s.stream = b.value_or(false);
+  auto so = obj.find("stream_options");
+  if (so != obj.end() && !so->is_null()) {
+    if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
+    for (const auto& [key, value] : so->items()) {
+      if (key != "include_usage") {
+        return bad(input_excerpt("stream_options." + key, kMaxParamBytes / 2),
+                   "Unrecognized request argument supplied: stream_options." + input_excerpt(key) +
+                       " (stream_options accepts: include_usage)",
+                   "unknown_parameter");
+      }
+    }
+    std::optional<bool> inc;
+    if (auto e = get_bool(*so, "include_usage", inc)) {
+      e->param = "stream_options.include_usage";
+      return e;
+    }
+    s.include_usage = inc.value_or(false);
+  }
+  return std::nullopt;
+}
+
 // Fields common to /v1/completions and /v1/chat/completions.
 std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingFields& s, std::string& model) {
   std::optional<std::string> model_name;
@@ -349,56 +409,8 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   }
   SPW_TRY_FIELD(parse_vllm_fields(obj, s));
 
-  auto stop = obj.find("stop");
-  if (stop != obj.end() && !stop->is_null()) {
-    if (stop->is_string()) {
-      const size_t n = stop->get_ref<const std::string&>().size();
-      if (n > kMaxStopBytes) return bad("stop", over_limit("'stop'", kMaxStopBytes, n));
-      s.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      if (stop->size() > kMaxStop) {
-        return bad("stop", "'stop' may hold at most " + std::to_string(kMaxStop) + " strings, got " +
-                               std::to_string(stop->size()));
-      }
-      size_t total = 0;
-      for (size_t k = 0; k < stop->size(); ++k) {
-        const json& e = (*stop)[k];
-        const std::string at = "stop[" + std::to_string(k) + "]";
-        if (!e.is_string()) return wrong_type(at, "a string", e);
-        const size_t n = e.get_ref<const std::string&>().size();
-        if (n > kMaxStopBytes) return bad(at, over_limit("'" + at + "'", kMaxStopBytes, n));
-        total += n;
-      }
-      if (total > kMaxStopTotalBytes) {
-        return bad("stop", over_limit("the 'stop' strings together", kMaxStopTotalBytes, total));
-      }
-      for (const json& e : *stop) s.stop.push_back(e.get<std::string>());
-    } else {
-      return wrong_type("stop", "a string or an array of strings", *stop);
-    }
-  }
-
-  std::optional<bool> b;
-  SPW_TRY_FIELD(get_bool(obj, "stream", b));
-  s.stream = b.value_or(false);
-  auto so = obj.find("stream_options");
-  if (so != obj.end() && !so->is_null()) {
-    if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
-    for (const auto& [key, value] : so->items()) {
-      if (key != "include_usage") {
-        return bad(input_excerpt("stream_options." + key, kMaxParamBytes / 2),
-                   "Unrecognized request argument supplied: stream_options." + input_excerpt(key) +
-                       " (stream_options accepts: include_usage)",
-                   "unknown_parameter");
-      }
-    }
-    std::optional<bool> inc;
-    if (auto e = get_bool(*so, "include_usage", inc)) {
-      e->param = "stream_options.include_usage";
-      return e;
-    }
-    s.include_usage = inc.value_or(false);
-  }
+  SPW_TRY_FIELD(parse_stop(obj, s));
+  SPW_TRY_FIELD(parse_stream(obj, s));
 
   // Features this server does not implement: refuse rather than ignore.
   // (Chat's tools are read by parse_chat_tools.)
