@@ -35,7 +35,7 @@
 #include "gateway/gateway.h"
 #include "gateway/request_service.h"
 #include "gguf/gguf.h"
-#include "http/openai.h"
+#include "http/spillway_api.h"
 #include "journal/journal.h"
 #include "serve/journal_observer.h"
 #include "serve/scheduler.h"

@@ -1,10 +1,9 @@
 #include "http/openai.h"
 
 #include "http/completion_prompt.h"
+#include "http/json_fields.h"
 
-#include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
-#include "core/size.h"
 #include "engine/generate.h"
 #include "grammar/json_schema.h"
 #include "tokenizer/tokenizer.h"
@@ -17,253 +16,19 @@
 #include <span>
 
 namespace spw::http {
+
+using namespace json_fields;
+
 namespace {
-
-// Insertion-ordered: responses list their fields as written (as OpenAI does),
-// and a completions top_logprobs entry lists its alternatives most likely
-// first (a sorted map would list them alphabetically).
-using json = nlohmann::ordered_json;
-
-ApiError bad(std::string param, std::string message, std::string code = "invalid_value") {
-  ApiError e;
-  e.http_status = 400;
-  e.param = std::move(param);
-  e.message = std::move(message);
-  e.code = std::move(code);
-  return e;
-}
-
-ApiError wrong_type(const std::string& param, const char* expected, const json& got) {
-  return bad(param, "'" + param + "' must be " + expected + ", got " + std::string(got.type_name()),
-             "invalid_type");
-}
 
 // A cost limit's message (openai.h's kMax*Bytes): the limit and the size sent.
 std::string over_limit(const std::string& what, size_t limit, size_t got) {
   return what + " may be at most " + std::to_string(limit) + " bytes, got " + std::to_string(got) + " bytes";
 }
 
-// Each getter leaves `out` alone when the field is absent or null.
-std::optional<ApiError> get_int(const json& obj, const char* key, std::optional<int64_t>& out) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return std::nullopt;
-  if (it->is_number_unsigned()) {
-    uint64_t u = it->get<uint64_t>();
-    out = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
-                                                                          : static_cast<int64_t>(u);
-    return std::nullopt;
-  }
-  if (it->is_number_integer()) {
-    out = it->get<int64_t>();
-    return std::nullopt;
-  }
-  if (it->is_number_float()) {
-    double d = it->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
-      out = static_cast<int64_t>(d);
-      return std::nullopt;
-    }
-  }
-  return wrong_type(key, "an integer", *it);
-}
-
-std::optional<ApiError> get_number(const json& obj, const char* key, std::optional<double>& out) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return wrong_type(key, "a number", *it);
-  double d = it->get<double>();
-  if (!std::isfinite(d)) return bad(key, std::string("'") + key + "' must be a finite number");
-  out = d;
-  return std::nullopt;
-}
-
-std::optional<ApiError> get_bool(const json& obj, const char* key, std::optional<bool>& out) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) return wrong_type(key, "a boolean", *it);
-  out = it->get<bool>();
-  return std::nullopt;
-}
-
-std::optional<ApiError> get_string(const json& obj, const char* key, std::optional<std::string>& out) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) return wrong_type(key, "a string", *it);
-  out = it->get<std::string>();
-  return std::nullopt;
-}
-
-std::optional<ApiError> in_range(const char* key, double v, double lo, double hi, bool lo_open = false) {
-  if (v < lo || v > hi || (lo_open && v == lo)) {
-    return bad(key, std::string("'") + key + "' must be in " + (lo_open ? "(" : "[") + json(lo).dump() + ", " +
-                        json(hi).dump() + "], got " + json(v).dump());
-  }
-  return std::nullopt;
-}
-
-// The offset of the first byte of `s` that does not start a well-formed UTF-8
-// sequence (RFC 3629: no overlong forms, no surrogates, nothing past
-// U+10FFFF), or npos.
-size_t invalid_utf8_at(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // overlong
-      if (c == 0xED) hi = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;  // overlong
-      if (c == 0xF4) hi = 0x8F;  // past U+10FFFF
-    } else {
-      return i;  // a continuation byte, C0/C1 (overlong) or F5..FF
-    }
-    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (size_t k = 2; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return i;
-    }
-    i += len;
-  }
-  return std::string_view::npos;
-}
-
-// nlohmann's parse_error text without the client's bytes: its what() is
-// "[json.exception.parse_error.101] parse error at line L, column C: syntax
-// error while parsing X - <constant lexer message>; last read: '<the last
-// token, however long>'; expected Y". Only the part before "; last read"
-// is ours to repeat (the rest quotes the input: a 52 MB string token came
-// back whole in the error body).
-std::string syntax_error_text(const char* what) {
-  std::string_view w(what);
-  const size_t start = w.find("syntax error");
-  if (start == std::string_view::npos) return "syntax error";
-  w.remove_prefix(start);
-  if (const size_t cut = w.find("; last read"); cut != std::string_view::npos) w = w.substr(0, cut);
-  return std::string(w.substr(0, 160));
-}
-
-// The bytes around a parse error, for the message (a short excerpt only).
-std::string near(std::string_view body, size_t offset) {
-  if (offset >= body.size()) return "at the end of the body";
-  size_t from = offset > 16 ? offset - 16 : 0;
-  // Start on a character boundary (the body is valid UTF-8 by now).
-  while (from > 0 && (static_cast<unsigned char>(body[from]) & 0xC0) == 0x80) --from;
-  std::string_view around = body.substr(from, 32);
-  size_t end = around.size();
-  if (from + end < body.size()) {
-    while (end > 0 && (static_cast<unsigned char>(around[end]) & 0xC0) == 0x80) --end;
-  }
-  return "near '" + std::string(around.substr(0, end)) + "'";
-}
-
-// Accepts every event: with strict=false, sax_parse() then says whether the
-// body starts with one complete JSON value (whatever follows it).
-struct AcceptAll {
-  bool null() { return true; }
-  bool boolean(bool) { return true; }
-  bool number_integer(json::number_integer_t) { return true; }
-  bool number_unsigned(json::number_unsigned_t) { return true; }
-  bool number_float(json::number_float_t, const json::string_t&) { return true; }
-  bool string(json::string_t&) { return true; }
-  bool binary(json::binary_t&) { return true; }
-  bool start_object(size_t) { return true; }
-  bool key(json::string_t&) { return true; }
-  bool end_object() { return true; }
-  bool start_array(size_t) { return true; }
-  bool end_array() { return true; }
-  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
-};
-
-bool starts_with_json_value(std::string_view body) {
-  AcceptAll sax;
-  try {
-    return json::sax_parse(body.begin(), body.end(), &sax, json::input_format_t::json, /*strict=*/false);
-  } catch (const json::exception&) {
-    return false;
-  }
-}
-
-ApiError invalid_json(std::string what) {
-  return bad("", "request body is not valid JSON: " + what, "invalid_json");
-}
-
-std::optional<ApiError> parse_object(std::string_view body, json& out) {
-  // Checked before nlohmann sees the body: its lexer takes a NUL byte for the
-  // end of input, so `{"prompt":"a"}\0{"x":1}` would parse as the first
-  // object alone (strict mode cannot see the rest). Raw NULs are never valid
-  // JSON (not whitespace, and control characters must be escaped in strings).
-  if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
-    return invalid_json("NUL byte at byte offset " + std::to_string(nul) + " (of " + std::to_string(body.size()) +
-                        ")");
-  }
-  if (const size_t at = invalid_utf8_at(body); at != std::string_view::npos) {
-    return invalid_json("invalid UTF-8 at byte offset " + std::to_string(at) + " (of " +
-                        std::to_string(body.size()) + ")");
-  }
-  try {
-    // Strict: one value, then only whitespace to the end of the body.
-    out = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::parse_error& e) {
-    // e.byte is 1-based: the last character read (size + 1 at the end).
-    const size_t offset = e.byte > 0 ? e.byte - 1 : 0;
-    // Only on this error path: was it one good value with more after it?
-    std::string what = syntax_error_text(e.what());
-    if (starts_with_json_value(body)) what = "data after the JSON value (" + what + ")";
-    return invalid_json(what + " at byte offset " + std::to_string(offset) + " (of " + std::to_string(body.size()) +
-                        "), " + near(body, offset));
-  } catch (const json::exception&) {  // out_of_range for 1e999: its what() quotes the number
-    return invalid_json("a number is out of range (overflows a double)");
-  }
-  if (!out.is_object()) {
-    return bad("", std::string("request body must be a JSON object, got ") + out.type_name(), "invalid_json");
-  }
-  return std::nullopt;
-}
-
-// 400 unknown_parameter for the first field of `obj` (in key order) not in
-// any of `accepted`. `endpoint` names the route for the message.
-std::optional<ApiError> refuse_unknown(const json& obj, const char* endpoint,
-                                       std::initializer_list<std::span<const std::string_view>> accepted) {
-  for (const auto& [key, value] : obj.items()) {
-    bool known = false;
-    for (std::span<const std::string_view> list : accepted) {
-      known = known || std::find(list.begin(), list.end(), key) != list.end();
-    }
-    if (known) continue;
-    std::string names;
-    for (std::span<const std::string_view> list : accepted) {
-      for (std::string_view n : list) {
-        if (!names.empty()) names += ", ";
-        names += n;
-      }
-    }
-    return bad(input_excerpt(key, kMaxParamBytes / 2),
-               "Unrecognized request argument supplied: " + input_excerpt(key) + " (" + endpoint +
-                   " accepts: " + names + ")",
-               "unknown_parameter");
-  }
-  return std::nullopt;
-}
-
 ApiError unsupported(std::string param, std::string message) {
   return bad(std::move(param), std::move(message), "unsupported_parameter");
 }
-
-#define SPW_TRY_FIELD(expr)              \
-  do {                                   \
-    if (auto spw_err_ = (expr)) return spw_err_; \
-  } while (0)
 
 // logit_bias: {"<token id>": bias in [-100, 100]}, at most kMaxLogitBias
 // entries, into s.logit_bias sorted by id (one order for one request, so
@@ -480,6 +245,66 @@ std::optional<ApiError> parse_logprobs(const json& obj, bool chat, SamplingField
   return std::nullopt;
 }
 
+// stop: a string or an array of strings, within the cost limits (openai.h:
+// kMaxStop, kMaxStopBytes, kMaxStopTotalBytes).
+std::optional<ApiError> parse_stop(const json& obj, SamplingFields& s) {
+  auto stop = obj.find("stop");
+  if (stop != obj.end() && !stop->is_null()) {
+    if (stop->is_string()) {
+      const size_t n = stop->get_ref<const std::string&>().size();
+      if (n > kMaxStopBytes) return bad("stop", over_limit("'stop'", kMaxStopBytes, n));
+      s.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > kMaxStop) {
+        return bad("stop", "'stop' may hold at most " + std::to_string(kMaxStop) + " strings, got " +
+                               std::to_string(stop->size()));
+      }
+      size_t total = 0;
+      for (size_t k = 0; k < stop->size(); ++k) {
+        const json& e = (*stop)[k];
+        const std::string at = "stop[" + std::to_string(k) + "]";
+        if (!e.is_string()) return wrong_type(at, "a string", e);
+        const size_t n = e.get_ref<const std::string&>().size();
+        if (n > kMaxStopBytes) return bad(at, over_limit("'" + at + "'", kMaxStopBytes, n));
+        total += n;
+      }
+      if (total > kMaxStopTotalBytes) {
+        return bad("stop", over_limit("the 'stop' strings together", kMaxStopTotalBytes, total));
+      }
+      for (const json& e : *stop) s.stop.push_back(e.get<std::string>());
+    } else {
+      return wrong_type("stop", "a string or an array of strings", *stop);
+    }
+  }
+  return std::nullopt;
+}
+
+// stream, and stream_options ({"include_usage": bool}; other keys unknown).
+std::optional<ApiError> parse_stream(const json& obj, SamplingFields& s) {
+  std::optional<bool> b;
+  SPW_TRY_FIELD(get_bool(obj, "stream", b));
+  s.stream = b.value_or(false);
+  auto so = obj.find("stream_options");
+  if (so != obj.end() && !so->is_null()) {
+    if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
+    for (const auto& [key, value] : so->items()) {
+      if (key != "include_usage") {
+        return bad(input_excerpt("stream_options." + key, kMaxParamBytes / 2),
+                   "Unrecognized request argument supplied: stream_options." + input_excerpt(key) +
+                       " (stream_options accepts: include_usage)",
+                   "unknown_parameter");
+      }
+    }
+    std::optional<bool> inc;
+    if (auto e = get_bool(*so, "include_usage", inc)) {
+      e->param = "stream_options.include_usage";
+      return e;
+    }
+    s.include_usage = inc.value_or(false);
+  }
+  return std::nullopt;
+}
+
 // Fields common to /v1/completions and /v1/chat/completions.
 std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingFields& s, std::string& model) {
   std::optional<std::string> model_name;
@@ -584,56 +409,8 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   }
   SPW_TRY_FIELD(parse_vllm_fields(obj, s));
 
-  auto stop = obj.find("stop");
-  if (stop != obj.end() && !stop->is_null()) {
-    if (stop->is_string()) {
-      const size_t n = stop->get_ref<const std::string&>().size();
-      if (n > kMaxStopBytes) return bad("stop", over_limit("'stop'", kMaxStopBytes, n));
-      s.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      if (stop->size() > kMaxStop) {
-        return bad("stop", "'stop' may hold at most " + std::to_string(kMaxStop) + " strings, got " +
-                               std::to_string(stop->size()));
-      }
-      size_t total = 0;
-      for (size_t k = 0; k < stop->size(); ++k) {
-        const json& e = (*stop)[k];
-        const std::string at = "stop[" + std::to_string(k) + "]";
-        if (!e.is_string()) return wrong_type(at, "a string", e);
-        const size_t n = e.get_ref<const std::string&>().size();
-        if (n > kMaxStopBytes) return bad(at, over_limit("'" + at + "'", kMaxStopBytes, n));
-        total += n;
-      }
-      if (total > kMaxStopTotalBytes) {
-        return bad("stop", over_limit("the 'stop' strings together", kMaxStopTotalBytes, total));
-      }
-      for (const json& e : *stop) s.stop.push_back(e.get<std::string>());
-    } else {
-      return wrong_type("stop", "a string or an array of strings", *stop);
-    }
-  }
-
-  std::optional<bool> b;
-  SPW_TRY_FIELD(get_bool(obj, "stream", b));
-  s.stream = b.value_or(false);
-  auto so = obj.find("stream_options");
-  if (so != obj.end() && !so->is_null()) {
-    if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
-    for (const auto& [key, value] : so->items()) {
-      if (key != "include_usage") {
-        return bad(input_excerpt("stream_options." + key, kMaxParamBytes / 2),
-                   "Unrecognized request argument supplied: stream_options." + input_excerpt(key) +
-                       " (stream_options accepts: include_usage)",
-                   "unknown_parameter");
-      }
-    }
-    std::optional<bool> inc;
-    if (auto e = get_bool(*so, "include_usage", inc)) {
-      e->param = "stream_options.include_usage";
-      return e;
-    }
-    s.include_usage = inc.value_or(false);
-  }
+  SPW_TRY_FIELD(parse_stop(obj, s));
+  SPW_TRY_FIELD(parse_stream(obj, s));
 
   // Features this server does not implement: refuse rather than ignore.
   // (Chat's tools are read by parse_chat_tools.)
@@ -802,51 +579,6 @@ std::optional<ApiError> parse_chat_only(const json& obj, SamplingFields& s) {
   if (top) s.logprobs = static_cast<int32_t>(*top);
   return std::nullopt;
 }
-
-json nullable(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
-json optional_json(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
-
-json limits_json(const serve::AppliedLimits& l) {
-  json j;
-  j["n_ctx"] = l.n_ctx;
-  j["prompt_tokens"] = l.prompt_tokens;
-  j["max_tokens"] = l.max_tokens;
-  j["max_tokens_requested"] = l.max_tokens_requested ? json(*l.max_tokens_requested) : json(nullptr);
-  j["max_tokens_clamped"] = l.max_tokens_clamped;
-  return j;
-}
-
-json spillway_json(const SpillwayInfo& s) {
-  json j;
-  j["placement"] = s.placement;
-  j["path"] = nullable(s.path);
-  j["model"] = s.model;
-  j["fallback_model"] = s.fallback_model;
-  j["decision"] = nullable(s.decision);
-  j["reason"] = nullable(s.reason);
-  j["degraded"] = s.degraded;
-  j["shrunk"] = s.shrunk;
-  j["queue_position"] = s.queue_position;
-  j["estimated_delay_ms"] = optional_json(s.estimated_delay_ms);
-  j["quote"] = {{"ttft_ms", optional_json(s.predicted_ttft_ms)}, {"total_ms", optional_json(s.predicted_total_ms)}};
-  j["request_id"] = s.request_id;
-  j["seed"] = s.seed;
-  j["limits"] = limits_json(s.limits);
-  j["queue_ms"] = s.queue_ms;
-  j["run_ms"] = s.run_ms;
-  if (s.replayed) j["replayed"] = true;
-  j["migrations"] = s.migrations;
-  if (s.resumed_at_token) j["resumed_at_token"] = *s.resumed_at_token;
-  return j;
-}
-
-json usage_json(int32_t prompt, int32_t completion) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
-}
-
-
-// Generated text is valid UTF-8 (Utf8Stream), but never let a stray byte throw.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 }  // namespace
 
@@ -1207,311 +939,11 @@ std::string render_error(const ApiError& e, const std::string& model) {
   return dump(j);
 }
 
-std::string render_health(const HealthInfo& h) {
-  json j;
-  j["status"] = "ok";
-  j["model"] = h.model;
-  j["backend"] = h.backend;
-  j["queue"] = {{"depth", h.queue_depth}, {"capacity", h.queue_capacity}, {"running", h.running},
-                {"workers", h.workers}};
-  j["n_ctx"] = h.n_ctx;
-  j["chat_template"] = nullable(h.chat_template);
-  if (h.memory) {
-    const HealthMemory& m = *h.memory;
-    auto opt = [](const std::optional<uint64_t>& v) { return v ? json(*v) : json(nullptr); };
-    j["host_memory"] = {{"budget_bytes", m.budget},       {"reserved_bytes", m.reserved},
-                        {"available_bytes", m.available}, {"bound_by", m.bound_by},
-                        {"rss_bytes", opt(m.process_rss)}, {"rss_anon_bytes", opt(m.process_rss_anon)},
-                        {"rss_file_bytes", opt(m.process_rss_file)}};
-  }
-  if (h.device_memory) {
-    const HealthDeviceMemory& d = *h.device_memory;
-    json by_cat = json::object();
-    for (const auto& [name, bytes] : d.allocated_by_category) by_cat[name] = bytes;
-    j["device_memory"] = {
-        {"device", d.device},
-        {"healthy", d.healthy},
-        {"health_reason", nullable(d.health_reason)},
-        {"capacity_bytes", d.capacity},
-        {"headroom_bytes", d.headroom},
-        {"reserved_bytes", d.reserved},
-        {"co_tenant_reserved_bytes", d.co_tenant_reserved},
-        {"others_observed_bytes", d.others_observed},
-        {"available_bytes", d.available},
-        {"observed_heap_used_bytes", d.observed_heap_used ? json(*d.observed_heap_used) : json(nullptr)},
-        {"observed_unknown", nullable(d.observed_unknown)},
-        {"allocated_bytes", d.allocated},
-        {"allocated_peak_bytes", d.allocated_peak},
-        {"allocated_by_category", by_cat}};
-  }
-  return dump(j);
-}
-
-namespace {
-
-// Seconds to milliseconds for JSON; an unknown (infinite) time is null.
-json ms(double seconds) { return std::isfinite(seconds) ? json(seconds * 1000.0) : json(nullptr); }
-
-json verdicts_json(const admission::Decision& d) {
-  json a = json::array();
-  for (const admission::PathVerdict& v : d.verdicts) {
-    a.push_back({{"path", v.path}, {"eligible", v.eligible}, {"reason", v.reason}});
-  }
-  return a;
-}
-
-// The limits a decision applied (on its path): shared by the quote and the
-// journal's admission record.
-json decision_limits_json(const admission::Decision& d) {
-  return {{"n_ctx", d.n_ctx},
-          {"prompt_tokens", d.prompt_tokens},
-          {"max_tokens", d.max_tokens},
-          {"max_tokens_requested", d.max_tokens_requested ? json(*d.max_tokens_requested) : json(nullptr)},
-          {"max_tokens_clamped", d.max_tokens_clamped},
-          {"shrunk", d.shrunk},
-          {"kv_blocks", d.kv_blocks}};
-}
-
-// The status a decision answers with (a decision's http_status is only set
-// on reject).
-int decision_http_status(const admission::Decision& d) {
-  return d.kind == admission::DecisionKind::kReject ? d.http_status : 200;
-}
-
-// A decision with everything it was made from, in the names /v1/quote uses.
-json decision_json(const admission::Decision& d) {
-  const bool reject = d.kind == admission::DecisionKind::kReject;
-  json j = {{"kind", std::string(admission::decision_kind_name(d.kind))},
-            {"path", nullable(d.path)},
-            {"reason", d.reason},
-            {"failure", d.failure == FailureReason::kNone ? json(nullptr)
-                                                          : json(std::string(failure_reason_name(d.failure)))},
-            {"http_status", decision_http_status(d)},
-            {"degraded", d.degraded()},
-            {"limits", decision_limits_json(d)},
-            {"queue_position", d.queue_position},
-            {"estimated_delay_ms", ms(d.timing.delay_s)},
-            {"predicted_ttft_ms", ms(d.timing.ttft_s)},
-            {"predicted_total_ms", ms(d.timing.total_s)},
-            {"pressure", std::isfinite(d.pressure) ? json(d.pressure) : json(nullptr)},
-            {"verdicts", verdicts_json(d)}};
-  // Only a queue-full refusal has an estimate of when to come back.
-  if (reject) j["retry_after_s"] = d.http_status == 429 ? json(d.retry_after_s) : json(nullptr);
-  return j;
-}
-
-}  // namespace
-
-std::string render_decision(const admission::Decision& d) { return dump(decision_json(d)); }
-
-StoredRoute stored_route(std::string_view decision_json) {
-  StoredRoute out;
-  const json j = json::parse(decision_json, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return out;
-  auto text = [&](const char* key) {
-    auto it = j.find(key);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  out.path = text("path");
-  out.decision = text("kind");
-  out.reason = text("reason");
-  auto d = j.find("degraded");
-  out.degraded = d != j.end() && d->is_boolean() && d->get<bool>();
-  return out;
-}
-
-std::string render_request_record(const journal::Record& r) {
-  json j;
-  j["id"] = r.id;
-  j["object"] = "spillway.request";
-  j["state"] = std::string(journal::state_name(r.state));
-  j["terminal"] = journal::is_terminal(r.state);
-  j["resumable"] = r.outcome.resumable;
-  // A resume continues from here: generated tokens the checkpoint holds
-  // (null: none kept).
-  j["checkpoint_tokens"] = r.checkpoint.empty() ? json(nullptr) : json(r.checkpoint_tokens);
-  j["endpoint"] = r.endpoint;
-  j["idempotency_key"] = nullable(r.idempotency_key);
-  j["created_ms"] = r.created_ms;
-  j["updated_ms"] = r.updated_ms;
-  j["attempts"] = r.attempts;
-  j["placement"] = nullable(r.placement);
-  j["finish_reason"] = nullable(r.outcome.finish_reason);
-  j["text"] = r.outcome.text;
-  // n > 1: every choice by index (text and finish_reason above are choice 0's).
-  if (!r.outcome.choices.empty()) {
-    json choices = json::array({{{"index", 0}, {"text", r.outcome.text}, {"finish_reason", nullable(r.outcome.finish_reason)}}});
-    Result<std::vector<journal::StoredChoice>> more = journal::decode_choices(r.outcome.choices);
-    if (more.ok()) {
-      for (size_t i = 0; i < more->size(); ++i) {
-        choices.push_back({{"index", i + 1}, {"text", (*more)[i].text}, {"finish_reason", nullable((*more)[i].finish_reason)}});
-      }
-    }
-    j["choices"] = std::move(choices);
-  }
-  j["usage"] = usage_json(r.outcome.prompt_tokens, r.outcome.completion_tokens);
-  j["error"] = r.outcome.error_code.empty()
-                   ? json(nullptr)
-                   : json{{"code", r.outcome.error_code}, {"message", r.outcome.error_message}};
-  // Stored by us as a JSON object (the journal checks it); anything else
-  // (a hand-edited file) shows as null rather than failing the read.
-  json admission = r.admission.empty() ? json(nullptr) : json::parse(r.admission, nullptr, /*allow_exceptions=*/false);
-  j["admission"] = admission.is_object() ? std::move(admission) : json(nullptr);
-  // The request body as stored: its size and digest always; the body itself
-  // is not kept (body_kept false) for a refused request, so that refusals
-  // cost a summary, not their payload, nor, over the journal's body limit,
-  // once nothing can run from it (done, or failed for good).
-  j["body"] = {{"bytes", r.body_bytes},
-               {"sha256", nullable(r.body_sha256)},
-               {"kept", r.body_kept},
-               {"refusal_reason", nullable(r.refusal_reason)}};
-  j["owner"] = nullable(r.owner);
-  return dump(j);
-}
-
-namespace {
-
-json ledger_json(const admission::LedgerSnapshot& l) {
-  json by = json::object();
-  for (int k = 0; k < admission::kNumOwnerKinds; ++k) {
-    by[std::string(admission::owner_kind_name(static_cast<admission::OwnerKind>(k)))] = l.reserved[k];
-  }
-  return {{"name", l.name},       {"capacity_bytes", l.capacity}, {"headroom_bytes", l.headroom},
-          {"limit_bytes", l.limit}, {"reserved_bytes", by},       {"observed_bytes", l.observed},
-          {"others_bytes", l.others}, {"used_bytes", l.used},     {"available_bytes", l.available},
-          {"pressure", l.limit > 0 ? static_cast<double>(l.used) / static_cast<double>(l.limit) : 0.0}};
-}
-
-json reservation_json(const gateway::ReservationInfo& r) {
-  return {{"id", r.id},
-          {"object", "spillway.reservation"},
-          {"name", r.name},
-          {"ledger", r.ledger},
-          {"bytes", r.bytes},
-          {"ttl_s", r.ttl_s},
-          {"expires_in_s", r.expires_in_s},
-          {"fits", r.fits},
-          {"note", r.fits ? "counted by admission from now on"
-                          : "accepted, but it leaves Spillway no room under its safe limit: new requests go to "
-                            "other paths until it is released"},
-          {"ledger_after", ledger_json(r.after)}};
-}
-
-json reservations_json(const std::vector<gateway::ReservationInfo>& rs) {
-  json a = json::array();
-  for (const auto& r : rs) a.push_back(reservation_json(r));
-  return a;
-}
-
-json rates_json(const admission::PathRates& r) {
-  // Speeds at position 0 and what each earlier position adds to a token
-  // (attention): the line admission predicts times with.
-  return {{"prefill_tokens_per_s", r.prefill_tps},
-          {"decode_tokens_per_s", r.decode_tps},
-          {"prefill_us_per_token_per_position", r.prefill_s_per_pos * 1e6},
-          {"decode_us_per_token_per_position", r.decode_s_per_pos * 1e6},
-          {"completion_share", r.completion_share},
-          {"samples", r.samples},
-          {"measured", r.measured}};
-}
-
-// A path's rate prior (admission/prior.h): the bandwidth and bytes it came
-// from, and the rates the path started with.
-json prior_json(const admission::RatePrior& p) {
-  auto bw = [](double v) { return v > 0 ? json(v) : json(nullptr); };
-  return {{"computed", p.computed},
-          {"why_not", p.computed ? json(nullptr) : json(p.why)},
-          {"host_bandwidth_bytes_per_s", bw(p.host_bandwidth)},
-          {"device_bandwidth_bytes_per_s", bw(p.device_bandwidth)},
-          {"device_bandwidth_source", nullable(p.device_bandwidth_source)},
-          {"weight_bytes_per_token", p.weight_bytes_per_token},
-          {"kv_bytes_per_position", p.kv_bytes_per_position},
-          {"kernel_ms_per_token", p.compute_s_per_token * 1e3},
-          {"step_overhead_us", p.constants.step_overhead_s * 1e6},
-          {"prefill_per_decode", p.constants.prefill_per_decode},
-          {"decode_bandwidth_share", p.constants.decode_bandwidth_share},
-          {"rates", rates_json(p.rates)}};
-}
-
-json replica_json(const gateway::ReplicaInfo& r) {
-  auto measured = [](double ms) { return ms < 0 ? json(nullptr) : json(ms); };
-  return {{"mode", r.mode},
-          {"why", r.why},
-          {"loaded", r.loaded},
-          {"load_ms", measured(r.load_ms)},
-          {"page_in_ms", measured(r.page_in_ms)},
-          {"recovery_ms", r.recovery_ms},
-          {"loaded_in_ms", measured(r.loaded_in_ms)}};
-}
-
-// A path's device breaker (null on a path without one). Times are seconds
-// relative to the snapshot (the breaker runs on the monotonic clock).
-// The path's continuous batching: passes over the weights and what they
-// carried (null: not batched).
-json batching_json(const std::optional<StepBatcherStats>& b) {
-  if (!b) return nullptr;
-  return {{"steps", b->steps},
-          {"decode_tokens", b->tokens},
-          {"prompt_tokens", b->prompt_tokens},
-          {"mixed_steps", b->mixed_steps},
-          {"mean_decode_tokens_per_step", b->steps ? static_cast<double>(b->tokens) / static_cast<double>(b->steps) : 0.0},
-          {"max_batch", b->max_batch},
-          {"max_rows", b->max_rows},
-          {"straggler_steps", b->straggler_steps}};
-}
-
-json breaker_json(const std::optional<gateway::BreakerSnapshot>& b) {
-  if (!b) return nullptr;
-  json trips = json::array();
-  for (const gateway::BreakerTrip& t : b->recent_trips) {
-    trips.push_back({{"ago_s", static_cast<double>(b->now_ns - t.at_ns) / 1e9},
-                     {"reason", t.reason},
-                     {"failure", t.failure},
-                     {"detail", t.detail},
-                     {"cooldown_s", t.cooldown_s}});
-  }
-  const bool open = b->state == gateway::BreakerState::kOpen;
-  return {{"device", b->name},
-          {"state", std::string(gateway::breaker_state_name(b->state))},
-          {"since_s", b->since_s()},
-          {"reason", gateway::breaker_unavailable_reason(*b)},
-          {"trips", b->trips},
-          {"last_trips", trips},
-          {"cooldown_s", b->cooldown_s},
-          {"next_probe_in_s", open ? json(b->next_probe_in_s()) : json(nullptr)},
-          {"probes", {{"needed", b->probes_needed}, {"passed", b->probes_passed}, {"run", b->probes_run}}},
-          {"window", {{"outcomes", b->window_outcomes}, {"device_faults", b->window_faults}}},
-          {"consecutive_device_faults", b->consecutive_faults},
-          {"counts", {{"device_faults", b->faults}, {"successes", b->successes}, {"ignored", b->ignored}}}};
-}
-
-// A path's device: health checks and recovery after faults (null on a path
-// without a device). reopen_ms: this path's last session-group re-open.
-json device_json(const std::optional<gateway::DeviceStatus>& d, const std::string& path) {
-  if (!d) return nullptr;
-  auto measured = [](double ms) { return ms < 0 ? json(nullptr) : json(ms); };
-  json reopen = nullptr;
-  if (auto it = d->reopens.find(path); it != d->reopens.end()) {
-    reopen = {{"reopens", it->second.reopens},
-              {"failed", it->second.failed},
-              {"last_ms", measured(it->second.last_ms)},
-              {"last_error", nullable(it->second.last_error)}};
-  }
-  return {{"name", d->name},
-          {"healthy", d->healthy},
-          {"reinitializations", d->reinitializations},
-          {"failed_reinitializations", d->failed_reinitializations},
-          {"last_recovery_ms", measured(d->last_recovery_ms)},
-          {"last_recovery_error", nullable(d->last_recovery_error)},
-          {"session_group", reopen},
-          {"health_checks", d->health_checks},
-          {"health_failures", d->health_failures},
-          {"last_health_check_ms", measured(d->last_health_check_ms)},
-          {"last_health_failure", nullable(d->last_health_failure)}};
-}
-
-}  // namespace
-
+// Here, not in spillway_api.cpp: it is what the OpenAI routes answer when
+// admission refuses, an OpenAI error body (error_json, as render_error) that
+// OpenAI clients read as such; its "spillway" object is the same kind of
+// extension as every response's, built from the decision's verdicts
+// (json_fields.h, shared with spillway_api.cpp's decision renderings).
 std::string render_refusal(const ApiError& e, const std::string& model, const admission::Decision& d) {
   json j = {{"error", error_json(e)}};
   json s = {{"model", model.empty() ? json(nullptr) : json(model)}, {"placement", nullptr}, {"decision", "reject"},
@@ -1534,268 +966,10 @@ std::string render_queued_chunk(const std::string& id, int64_t created, const st
   return dump(j);
 }
 
-std::string render_quote(const gateway::Quote& q) {
-  const admission::Decision& d = q.decision;
-  json paths = json::array();
-  for (const gateway::PathQuote& p : q.paths) {
-    paths.push_back({{"path", p.path},
-                     {"placement", p.placement},
-                     {"model", p.model},
-                     {"can_serve", p.eligible},
-                     {"reason", p.reason},
-                     {"estimated_delay_ms", ms(p.timing.delay_s)},
-                     {"predicted_ttft_ms", ms(p.timing.ttft_s)},
-                     {"predicted_total_ms", ms(p.timing.total_s)},
-                     {"prefill_tokens_per_s", p.prefill_tps},
-                     {"decode_tokens_per_s", p.decode_tps},
-                     {"rates_measured", p.rates_measured},
-                     {"rates_source", p.rates_source}});
-  }
-  json j = {{"object", "spillway.quote"},
-            {"decision", std::string(admission::decision_kind_name(d.kind))},
-            {"reason", d.reason},
-            {"path", nullable(d.path)},
-            {"placement", nullable(q.placement)},
-            {"model", nullable(q.model)},
-            {"fallback_model", q.fallback_model},
-            {"degraded", d.degraded()},
-            {"limits", decision_limits_json(d)},
-            {"queue_position", d.queue_position},
-            {"estimated_delay_ms", ms(d.timing.delay_s)},
-            {"predicted_ttft_ms", ms(d.timing.ttft_s)},
-            {"predicted_total_ms", ms(d.timing.total_s)},
-            {"http_status", decision_http_status(d)},
-            {"verdicts", verdicts_json(d)},
-            {"paths", paths}};
-  return dump(j);
-}
-
-std::string render_status(const gateway::GatewayStatus& s, const TransportStats* http) {
-  json paths = json::array();
-  for (const gateway::PathStatus& p : s.paths) {
-    paths.push_back({{"name", p.name},
-                     {"placement", p.placement},
-                     {"model", p.model},
-                     {"fingerprint", nullable(p.fingerprint)},
-                     {"fallback_model", p.fallback_model},
-                     {"role", p.role},
-                     {"replica", replica_json(p.replica)},
-                     {"startup_ms", p.startup_ms},
-                     {"workers", p.workers},
-                     {"running", p.running},
-                     {"queue_depth", p.queue_depth},
-                     {"queue_capacity", p.queue_capacity},
-                     {"oldest_queued_s", p.oldest_queued_s},
-                     {"n_ctx", p.n_ctx},
-                     {"kv",
-                      {{"block_tokens", p.kv_block_tokens},
-                       {"blocks_total", p.kv_blocks_total},
-                       {"blocks_free", p.kv_blocks_free},
-                       {"type", p.kv_type}}},
-                     {"rates", rates_json(p.rates)},
-                     {"rates_source", gateway::rates_source(p.rates, p.prior)},
-                     {"rate_prior", prior_json(p.prior)},
-                     {"breaker", breaker_json(p.breaker)},
-                     {"device", device_json(p.device, p.name)},
-                     {"batching", batching_json(p.batching)},
-                     {"requests",
-                      {{"submitted", p.stats.submitted},
-                       {"rejected", p.stats.rejected},
-                       {"done", p.stats.done},
-                       {"cancelled", p.stats.cancelled},
-                       {"failed", p.stats.failed},
-                       {"failed_over", p.stats.failed_over},
-                       {"adopted", p.stats.adopted}}}});
-  }
-  json not_built = json::array();
-  for (const auto& n : s.not_built) not_built.push_back({{"path", n.name}, {"reason", n.reason}});
-  json ledgers = json::array();
-  for (const auto& l : s.ledgers) ledgers.push_back(ledger_json(l));
-  json decisions = json::object();
-  for (const char* k : {"admit", "delay", "shrink", "offload", "redirect", "reject"}) decisions[k] = 0;
-  for (const auto& [k, v] : s.decisions) decisions[k] = v;
-  json equivalence = json::array();
-  for (const gateway::EquivalenceInfo& e : s.equivalence) {
-    equivalence.push_back({{"paths", {e.a, e.b}},
-                           {"placements", {e.placement_a, e.placement_b}},
-                           {"fingerprint", e.fingerprint},
-                           {"passed", e.passed},
-                           {"detail", e.detail},
-                           {"ms", e.ms},
-                           {"source", e.source},
-                           {"checked_ms", e.checked_ms}});
-  }
-  json recent = json::array();
-  for (const gateway::RecentDecision& d : s.recent_decisions) {
-    recent.push_back({{"wall_ms", d.wall_ms},
-                      {"kind", d.kind},
-                      {"path", nullable(d.path)},
-                      {"reason", d.reason},
-                      {"degraded", d.degraded}});
-  }
-  json j = {{"object", "spillway.status"}, {"ready", s.ready},       {"paths", paths},
-            {"paths_not_built", not_built}, {"ledgers", ledgers},   {"reservations", reservations_json(s.reservations)},
-            {"decisions", decisions},       {"recent_decisions", recent},   {"equivalence", equivalence},
-            {"overflow", s.overflow}};
-  if (http) {
-    j["http"] = {{"open_connections", http->open_connections}, {"accepted", http->accepted},
-                 {"over_limit", http->over_limit},             {"refused", http->refused},
-                 {"timed_out", http->timed_out},               {"client_errors", http->client_errors},
-                 {"disconnects", http->disconnects},           {"workers_running", http->workers_running}};
-  }
-  return dump(j);
-}
-
-std::string render_reservation(const gateway::ReservationInfo& r) { return dump(reservation_json(r)); }
-
-std::string render_live_requests(const std::vector<LiveRequestView>& rs) {
-  json data = json::array();
-  for (const LiveRequestView& r : rs) {
-    data.push_back({{"id", r.id},
-                    {"request_id", r.info.request_id},
-                    {"object", "spillway.request"},
-                    {"endpoint", r.endpoint},
-                    {"state", r.state},
-                    {"generated_tokens", r.generated},
-                    {"age_s", r.age_s},
-                    {"spillway", spillway_json(r.info)}});
-  }
-  return dump({{"object", "list"}, {"data", data}});
-}
-
-// A list object as OpenAI's list endpoints answer ({"object":"list","data"}).
-std::string render_reservations(const std::vector<gateway::ReservationInfo>& rs) {
-  return dump({{"object", "list"}, {"data", reservations_json(rs)}});
-}
-
-std::string render_cancel(uint64_t request_id, bool cancelled, const std::string& state) {
-  return dump({{"id", request_id}, {"object", "spillway.request"}, {"cancelled", cancelled}, {"state", state}});
-}
-
 bool is_chat_body(std::string_view body) {
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   return j.is_object() && j.contains("messages");
 }
-
-std::optional<ApiError> parse_reservation_request(std::string_view body, ReservationRequest& out) {
-  json obj;
-  SPW_TRY_FIELD(parse_object(body, obj));
-  SPW_TRY_FIELD(refuse_unknown(obj, "POST /v1/reservations", {kReservationFields}));
-  auto n = obj.find("name");
-  if (n == obj.end() || !n->is_string() || n->get<std::string>().empty() || n->get<std::string>().size() > 64) {
-    return bad("name", "'name' is required: a string of 1 to 64 characters naming the service", "invalid_value");
-  }
-  out.name = n->get<std::string>();
-  auto b = obj.find("bytes");
-  if (b == obj.end()) return bad("bytes", "'bytes' is required (an integer, or a size such as \"2GiB\")", "missing_required_parameter");
-  if (b->is_number_unsigned()) {
-    out.bytes = b->get<uint64_t>();
-    // The same domain as a size string (core/size.h): no size a sum could wrap on.
-    if (Status st = check_byte_size(out.bytes, "'bytes'"); !st.ok()) return bad("bytes", st.message(), "invalid_value");
-  } else if (b->is_string()) {
-    auto v = parse_memory_size(b->get<std::string>());
-    if (!v.ok()) {  // its message quotes the whole string
-      return bad("bytes", "'bytes' must be a positive integer or a size such as \"2GiB\" or \"512M\", got '" +
-                              input_excerpt(b->get<std::string>()) + "'");
-    }
-    out.bytes = *v;
-  } else {
-    return bad("bytes", "'bytes' must be a positive integer or a size string such as \"2GiB\"", "invalid_value");
-  }
-  if (out.bytes == 0) return bad("bytes", "'bytes' must be > 0", "invalid_value");
-  auto t = obj.find("ttl_s");
-  if (t != obj.end() && !t->is_null()) {
-    if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400) {
-      return bad("ttl_s", "'ttl_s' must be a number of seconds in (0, 86400]", "invalid_value");
-    }
-    out.ttl_s = t->get<double>();
-  }
-  return std::nullopt;
-}
-
-std::optional<ApiError> parse_resume_request(std::string_view body, ResumeBody& out) {
-  json obj;
-  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return std::nullopt;  // empty: defaults
-  SPW_TRY_FIELD(parse_object(body, obj));
-  SPW_TRY_FIELD(refuse_unknown(obj, "POST /v1/requests/{id}/resume", {kResumeFields}));
-  for (const auto& [key, value] : obj.items()) {
-    if (key == "received_text") {
-      if (!value.is_string()) return wrong_type("received_text", "a string", value);
-      out.received_text = value.get<std::string>();
-    } else if (key == "stream") {
-      if (!value.is_boolean()) return wrong_type("stream", "a boolean", value);
-      out.stream = value.get<bool>();
-    }
-  }
-  return std::nullopt;
-}
-
-std::optional<ApiError> parse_fault_request(std::string_view body, FaultRequest& out) {
-  json obj;
-  SPW_TRY_FIELD(parse_object(body, obj));
-  SPW_TRY_FIELD(refuse_unknown(obj, "POST /v1/admin/faults", {kFaultFields}));
-  auto k = obj.find("kind");
-  std::string names;
-  for (int i = 0; i < kNumFaultKinds; ++i) {
-    names += (i ? ", " : "") + std::string(fault_kind_name(static_cast<FaultKind>(i)));
-  }
-  if (k == obj.end() || k->is_null()) return bad("kind", "'kind' is required: one of " + names, "missing_required_parameter");
-  if (!k->is_string()) return wrong_type("kind", "a string", *k);
-  const std::optional<FaultKind> kind = fault_kind_from_name(k->get<std::string>());
-  if (!kind) {
-    return bad("kind", "'kind' must be one of " + names + ", got \"" + input_excerpt(k->get<std::string>()) + "\"");
-  }
-  out.spec.kind = *kind;
-  std::optional<std::string> path;
-  SPW_TRY_FIELD(get_string(obj, "path", path));
-  out.path = path.value_or("");
-  std::optional<int64_t> after, count;
-  SPW_TRY_FIELD(get_int(obj, "after_submits", after));
-  if (after && *after < 0) return bad("after_submits", "'after_submits' must be >= 0");
-  out.spec.after = after.value_or(0);
-  SPW_TRY_FIELD(get_int(obj, "count", count));
-  if (count && *count < 0) return bad("count", "'count' must be >= 0 (0: until disarmed)");
-  out.spec.count = count.value_or(1);
-  std::optional<double> factor;
-  SPW_TRY_FIELD(get_number(obj, "factor", factor));
-  if (*kind == FaultKind::kSlow) {
-    if (!factor) return bad("factor", "'factor' is required for a slow fault: a number in (1, 1000]", "missing_required_parameter");
-    SPW_TRY_FIELD(in_range("factor", *factor, 1.0, 1000.0, true));
-    out.spec.factor = *factor;
-  } else if (factor) {
-    return bad("factor", "'factor' applies to slow faults only");
-  }
-  return std::nullopt;
-}
-
-namespace {
-
-json fault_json(const FaultView& f) {
-  const FaultSpec& s = f.fault.spec;
-  return {{"id", f.fault.id},
-          {"object", "spillway.fault"},
-          {"kind", std::string(fault_kind_name(s.kind))},
-          {"path", f.path},
-          {"device", f.device},
-          {"after_submits", s.after},
-          {"count", s.count},
-          {"factor", s.kind == FaultKind::kSlow ? json(s.factor) : json(nullptr)},
-          {"seen", f.fault.seen},
-          {"fired", f.fault.fired},
-          {"spent", f.fault.spent()}};
-}
-
-}  // namespace
-
-std::string render_fault(const FaultView& f) { return dump(fault_json(f)); }
-
-std::string render_faults(const std::vector<FaultView>& fs) {
-  json data = json::array();
-  for (const FaultView& f : fs) data.push_back(fault_json(f));
-  return dump(json{{"object", "list"}, {"data", data}});
-}
-
-std::string render_disarmed(size_t n) { return dump(json{{"disarmed", n}}); }
 
 std::string sse_data(std::string_view payload) {
   std::string s;

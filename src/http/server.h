@@ -88,8 +88,9 @@
 // kind, path, reason, limits, predictions, per-path verdicts) is written to
 // the record before the response, and GET /v1/requests/{id} shows it as
 // "admission"; a failed write of it is logged, not fatal.
-// Contract: request bodies are validated by http/openai.h (400 with an
-// OpenAI-style error body naming the field); the scheduler's errors map to
+// Contract: request bodies are validated by http/openai.h (completions and
+// chat) and http/spillway_api.h (resume, reservations, faults), 400 with an
+// OpenAI-style error body naming the field; the scheduler's errors map to
 // 400 (limits), 429 (queue full), 503 (shutting down / cancelled) and 500.
 // A chat request when no template is known is 400 with a message telling the
 // operator to start the server with --chat-template. Streams are
@@ -122,6 +123,7 @@
 #include "gguf/gguf.h"
 #include "http/auth.h"
 #include "http/openai.h"
+#include "http/spillway_api.h"
 #include "http/transport.h"
 #include "gateway/gateway.h"
 #include "serve/scheduler.h"
