@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -540,6 +541,25 @@ struct Active {
   size_t text_base = 0;  // ticket->text() before its first event (a resume's)
 };
 
+// The history's name for a gateway event (history.h's event kinds): a
+// breaker's transition by its new state, a probe's result as "breaker" (the
+// breaker's own line), equivalence checks, and the rest as "gateway".
+std::string event_kind(const gateway::GatewayEvent& e) {
+  switch (e.kind) {
+    case gateway::GatewayEventKind::kBreakerTransition:
+      if (!e.state) return "breaker";
+      return "breaker_" + std::string(gateway::breaker_state_name(*e.state));
+    case gateway::GatewayEventKind::kProbe:
+      return "breaker";
+    case gateway::GatewayEventKind::kEquivalence:
+      return "equivalence";
+    case gateway::GatewayEventKind::kHealthCheck:
+    case gateway::GatewayEventKind::kDevice:
+      return "gateway";
+  }
+  return "gateway";
+}
+
 class Simulation {
  public:
   Simulation(const Scenario& sc, const SimOptions& o, gateway::GatewayOptions server, Device dev,
@@ -634,7 +654,9 @@ class Simulation {
   std::set<int64_t> given_ids_;
   std::map<int64_t, bool> under_reserve_;  // record id -> every gpu-side decision under the line
   std::mutex log_mu_;
-  std::vector<std::pair<int64_t, std::string>> log_;
+  // The gateway's events: (time, text, the history's event kind); sorted by
+  // time then text when flushed.
+  std::vector<std::tuple<int64_t, std::string, std::string>> log_;
   uint64_t nemesis_ids_ = 0;
   bool error_ = false;
   std::string error_msg_;
@@ -730,9 +752,9 @@ Status Simulation::start_process() {
   // The drill's co-tenant stands for real memory another process takes:
   // the operator's leave for it to take everything.
   gp.reservation_max_share = 1.0;
-  gp.log = [this](const std::string& line) {
+  gp.on_event = [this](const gateway::GatewayEvent& e) {
     std::lock_guard<std::mutex> lk(log_mu_);
-    log_.push_back({env_.now_ns(), line});
+    log_.emplace_back(env_.now_ns(), e.text, event_kind(e));
   };
   SPW_ASSIGN_OR_RETURN(p->gw, gateway::Gateway::create(env_, std::move(paths), {}, std::move(gp)));
   gateway::RequestServiceOptions ro;
@@ -1533,29 +1555,14 @@ void Simulation::sample() {
 }
 
 void Simulation::flush_log() {
-  std::vector<std::pair<int64_t, std::string>> lines;
+  std::vector<std::tuple<int64_t, std::string, std::string>> lines;
   {
     std::lock_guard<std::mutex> lk(log_mu_);
     lines.swap(log_);
   }
   std::sort(lines.begin(), lines.end());
-  for (auto& [t, line] : lines) {
+  for (auto& [t, line, kind] : lines) {
     if (t < t0_) continue;  // the start's equivalence check
-    std::string kind = "gateway";
-    if (line.rfind("circuit breaker", 0) == 0) {
-      if (line.find(": open") != std::string::npos)
-        kind = "breaker_open";
-      else if (line.find(": half_open") != std::string::npos)
-        kind = "breaker_half_open";
-      else if (line.find(": closed") != std::string::npos)
-        kind = "breaker_closed";
-      else
-        kind = "breaker";
-    } else if (line.rfind("probe", 0) == 0) {
-      kind = "probe";
-    } else if (line.rfind("equivalence", 0) == 0) {
-      kind = "equivalence";
-    }
     rec_.add_event({ms(t), kind, line});
   }
 }

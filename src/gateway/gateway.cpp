@@ -17,9 +17,12 @@ std::string_view rates_source(const admission::PathRates& rates, const admission
 
 std::string_view overflow_name(Overflow o) {
   switch (o) {
-    case Overflow::kPlanned: return "planned";
-    case Overflow::kNone: return "none";
-    case Overflow::kNaive: return "naive";
+    case Overflow::kPlanned:
+      return "planned";
+    case Overflow::kNone:
+      return "none";
+    case Overflow::kNaive:
+      return "naive";
   }
   return "planned";
 }
@@ -29,7 +32,8 @@ Result<Overflow> parse_overflow(std::string_view name) {
     if (name == overflow_name(o)) return o;
   }
   return Status(StatusCode::kInvalidArgument,
-                "unknown overflow mode '" + std::string(name) + "' (planned, none or naive)", FailureReason::kInvalidField);
+                "unknown overflow mode '" + std::string(name) + "' (planned, none or naive)",
+                FailureReason::kInvalidField);
 }
 namespace {
 
@@ -89,8 +93,7 @@ Result<std::unique_ptr<Gateway>> Gateway::create(Env& env, std::vector<Execution
   return std::unique_ptr<Gateway>(new Gateway(env, std::move(paths), std::move(not_built), std::move(policy)));
 }
 
-Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNotBuilt> not_built,
-                 GatewayPolicy policy)
+Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNotBuilt> not_built, GatewayPolicy policy)
     : env_(env), paths_(std::move(paths)), not_built_(std::move(not_built)), policy_(std::move(policy)) {
   std::set<const CircuitBreaker*> seen;
   for (const ExecutionPath& p : paths_) {
@@ -99,25 +102,27 @@ Gateway::Gateway(Env& env, std::vector<ExecutionPath> paths, std::vector<PathNot
     // Wakes the prober on a trip or a close (it waits for those off the
     // clock); captures no Gateway pointer, as the breaker may outlive it.
     std::weak_ptr<CircuitBreaker> weak = p.breaker;
-    p.breaker->set_listener([sync = prober_sync_, log = policy_.log, weak](BreakerState s) {
-      {
-        std::lock_guard<std::mutex> lk(sync->mu);
-        sync->kick = true;
-      }
-      sync->cv.notify_all();
-      auto b = weak.lock();
-      if (log && b) {
-        const BreakerSnapshot snap = b->snapshot();
-        std::string line = "circuit breaker " + snap.name + ": " + std::string(breaker_state_name(s));
-        if (s != BreakerState::kClosed && !snap.recent_trips.empty()) {
-          const BreakerTrip& t = snap.recent_trips.back();
-          char cd[32];
-          std::snprintf(cd, sizeof cd, "%.1f", t.cooldown_s);
-          line += " after " + t.reason + " (" + t.failure + ": " + t.detail + "), next probe in " + cd + " s";
-        }
-        log(line);
-      }
-    });
+    p.breaker->set_listener(
+        [sync = prober_sync_, log = policy_.log, on_event = policy_.on_event, weak](BreakerState s) {
+          {
+            std::lock_guard<std::mutex> lk(sync->mu);
+            sync->kick = true;
+          }
+          sync->cv.notify_all();
+          auto b = weak.lock();
+          if ((log || on_event) && b) {
+            const BreakerSnapshot snap = b->snapshot();
+            std::string line = "circuit breaker " + snap.name + ": " + std::string(breaker_state_name(s));
+            if (s != BreakerState::kClosed && !snap.recent_trips.empty()) {
+              const BreakerTrip& t = snap.recent_trips.back();
+              char cd[32];
+              std::snprintf(cd, sizeof cd, "%.1f", t.cooldown_s);
+              line += " after " + t.reason + " (" + t.failure + ": " + t.detail + "), next probe in " + cd + " s";
+            }
+            if (log) log(line);
+            if (on_event) on_event(GatewayEvent{GatewayEventKind::kBreakerTransition, snap.name, s, line});
+          }
+        });
   }
   if (has_prober_) prober_ = std::thread([this] { prober_loop(); });
   // The health prober: one runner per device that has a check and a breaker
@@ -175,7 +180,7 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
 }
 
 admission::Decision Gateway::decide(const admission::RequestShape& shape,
-                                     std::vector<admission::PathSnapshot> snaps) const {
+                                    std::vector<admission::PathSnapshot> snaps) const {
   if (policy_.overflow == Overflow::kPlanned) return admission::decide(shape, snaps, policy_.admission);
   // The baselines keep the true figures to record the pressure the request
   // was really admitted under (the drill's reserve-line gate reads it).
@@ -242,8 +247,8 @@ Status Gateway::migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, co
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<admission::PathSnapshot> snaps = snapshots();
     snaps[from].usable = false;
-    snaps[from].unusable_reason = "failed this request at token " + std::to_string(cp->n_generated) + " (" +
-                                  failure_name + ")";
+    snaps[from].unusable_reason =
+        "failed this request at token " + std::to_string(cp->n_generated) + " (" + failure_name + ")";
     for (size_t i = 0; i < paths_.size(); ++i) {
       if (i == from || !snaps[i].usable) continue;
       if (Status ok = migration_allowed(from, i); !ok.ok()) {
@@ -323,8 +328,7 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
   };
   auto finish = [&](Run& r, const ExecutionPath& path, std::string& text) -> Status {
     if (!r.ticket) return r.status;
-    const int64_t deadline =
-        env_.now_ns() + static_cast<int64_t>(std::llround(policy_.equivalence_timeout_s * 1e9));
+    const int64_t deadline = env_.now_ns() + static_cast<int64_t>(std::llround(policy_.equivalence_timeout_s * 1e9));
     serve::RequestEvent ev;
     for (;;) {
       const serve::PopResult pr = r.ticket->next_event(ev, std::chrono::milliseconds(20));
@@ -368,10 +372,9 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
           info.ms = kept->ms;
           info.checked_ms = kept->checked_ms;
           info.source = "stored";
-          if (policy_.log) {
-            policy_.log("equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed" : "FAILED") +
-                        " (kept from an earlier run), " + info.detail);
-          }
+          emit({GatewayEventKind::kEquivalence, "", std::nullopt,
+                "equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed" : "FAILED") +
+                    " (kept from an earlier run), " + info.detail});
           std::lock_guard<std::mutex> lk(mu_);
           equivalence_[key] = info;
           continue;
@@ -395,9 +398,9 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
           g.sampler.temperature = seeded ? policy_.equivalence_temperature : 0.0f;
           g.sampler.seed = policy_.equivalence_seed;
           Result<std::vector<TokenId>> prompt = serve::encode_prompt(*a.tokenizer, g);
-          const int32_t room = prompt.ok() ? std::min(a.scheduler->n_ctx(), b.scheduler->n_ctx()) -
-                                                 static_cast<int32_t>(prompt->size())
-                                           : 0;
+          const int32_t room =
+              prompt.ok() ? std::min(a.scheduler->n_ctx(), b.scheduler->n_ctx()) - static_cast<int32_t>(prompt->size())
+                          : 0;
           const int32_t n = std::min(policy_.equivalence_tokens, room);
           if (!prompt.ok() || n < 1) continue;
           Run ra = start(a, *prompt, g.sampler, n);
@@ -426,11 +429,12 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
         compared = false;
         info.detail = "no prompt fits both paths' contexts";
       } else if (info.passed) {
-        info.detail = std::to_string(runs) + " runs (greedy and seeded) of " + std::to_string(policy_.equivalence_tokens) +
-                      " tokens gave the same text";
+        info.detail = std::to_string(runs) + " runs (greedy and seeded) of " +
+                      std::to_string(policy_.equivalence_tokens) + " tokens gave the same text";
       }
       info.ms = static_cast<double>(env_.now_ns() - t0) / 1e6;
-      if (policy_.log) policy_.log("equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed, " : "FAILED, ") + info.detail);
+      emit({GatewayEventKind::kEquivalence, "", std::nullopt,
+            "equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed, " : "FAILED, ") + info.detail});
       for (const auto& [unload, path] : {std::pair{unload_a, &a}, std::pair{unload_b, &b}}) {
         if (unload && path->unload()) path->replica->mark_unloaded();
       }
@@ -582,7 +586,8 @@ void Gateway::check_health_round() {
     // and its recovery has probes of its own.
     if (!r.breaker->closed()) continue;
     auto fail = [&](const Status& st) {
-      if (policy_.log) policy_.log("health check of " + r.device->name() + " failed: " + st.to_string());
+      emit({GatewayEventKind::kHealthCheck, r.device->name(), std::nullopt,
+            "health check of " + r.device->name() + " failed: " + st.to_string()});
       r.breaker->record_health_failure(st);
     };
     {
@@ -697,16 +702,18 @@ void Gateway::prober_loop() {
       const Status st = probe_path->device->recover();
       const DeviceStatus ds = probe_path->device->status();
       if (!st.ok()) {
-        if (policy_.log) policy_.log("device " + ds.name + ": re-initialisation failed: " + st.to_string());
+        emit({GatewayEventKind::kDevice, ds.name, std::nullopt,
+              "device " + ds.name + ": re-initialisation failed: " + st.to_string()});
         probe_path->breaker->record_probe(episode, st);
         lk.lock();
         continue;
       }
-      if (policy_.log && ds.reinitializations > before) {
+      if (ds.reinitializations > before) {
         char buf[48];
         std::snprintf(buf, sizeof buf, "%.1f", ds.last_recovery_ms);
-        policy_.log("device " + ds.name + ": re-initialised in " + buf + " ms (" +
-                    std::to_string(ds.reinitializations) + " so far); probing it");
+        emit({GatewayEventKind::kDevice, ds.name, std::nullopt,
+              "device " + ds.name + ": re-initialised in " + buf + " ms (" + std::to_string(ds.reinitializations) +
+                  " so far); probing it"});
       }
     }
     if (probe_path) {
@@ -726,11 +733,16 @@ void Gateway::prober_loop() {
   }
 }
 
+void Gateway::emit(GatewayEvent e) const {
+  if (policy_.log) policy_.log(e.text);
+  if (policy_.on_event) policy_.on_event(e);
+}
+
 bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
   ProberSync& ps = *prober_sync_;
   CircuitBreaker& breaker = *path.breaker;
   auto log = [&](const std::string& line) {
-    if (policy_.log) policy_.log("circuit breaker " + breaker.name() + ": " + line);
+    emit({GatewayEventKind::kProbe, breaker.name(), std::nullopt, "circuit breaker " + breaker.name() + ": " + line});
   };
   // The reference: the CPU path (the first path without a breaker), when it
   // serves the same model; a fallback model's text is expected to differ.
@@ -771,8 +783,10 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     serve::RequestEvent fin;
     serve::RequestEvent ev;
     while (tk.next_event(ev, std::chrono::milliseconds(0)) == serve::PopResult::kItem) {
-      if (ev.kind == serve::RequestEvent::Kind::kText) text += ev.text;
-      else fin = ev;
+      if (ev.kind == serve::RequestEvent::Kind::kText)
+        text += ev.text;
+      else
+        fin = ev;
     }
     return fin;
   };
@@ -848,8 +862,8 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
   const serve::RequestEvent fin = drain(*probe, text);
   if (fin.state == serve::RequestState::kCancelled) return true;  // shutting down: says nothing
   if (fin.state != serve::RequestState::kDone) {
-    const Status st = fin.status.ok() ? Status(StatusCode::kInternal, "probe failed", FailureReason::kUnhealthy)
-                                      : fin.status;
+    const Status st =
+        fin.status.ok() ? Status(StatusCode::kInternal, "probe failed", FailureReason::kUnhealthy) : fin.status;
     log("probe failed: " + st.to_string());
     breaker.record_probe(episode, st);
     return true;
@@ -867,18 +881,21 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     probe_reference_ = std::move(ref_text);
   }
   if (compare && text != *probe_reference_) {
-    const Status st(StatusCode::kInternal,
-                    "probe text differs from the " + ref->name + " path's: \"" + text + "\" vs \"" +
-                        *probe_reference_ + "\"",
-                    FailureReason::kUnhealthy);
+    const Status st(
+        StatusCode::kInternal,
+        "probe text differs from the " + ref->name + " path's: \"" + text + "\" vs \"" + *probe_reference_ + "\"",
+        FailureReason::kUnhealthy);
     log("probe failed: " + st.message());
     breaker.record_probe(episode, st);
     return true;
   }
   std::string how;
-  if (compare) how = " (text equals the " + ref->name + " path's)";
-  else if (ref) how = " (text not compared: the " + ref->name + " path serves another model)";
-  else how = " (text not compared: no CPU path)";
+  if (compare)
+    how = " (text equals the " + ref->name + " path's)";
+  else if (ref)
+    how = " (text not compared: the " + ref->name + " path serves another model)";
+  else
+    how = " (text not compared: no CPU path)";
   log("probe passed" + how);
   breaker.record_probe(episode, Status::ok_status());
   return true;
@@ -994,8 +1011,10 @@ Status Gateway::reject_status(const admission::Decision& d, const std::vector<ad
       std::any_of(paths_.begin(), paths_.end(), [](const ExecutionPath& p) { return p.scheduler->stopping(); })) {
     return Status(StatusCode::kUnavailable, "server is shutting down", FailureReason::kShuttingDown);
   }
-  if (d.failure == FailureReason::kContextFull) return Status(StatusCode::kInvalidArgument, d.reason, d.failure, "prompt");
-  const StatusCode code = d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
+  if (d.failure == FailureReason::kContextFull)
+    return Status(StatusCode::kInvalidArgument, d.reason, d.failure, "prompt");
+  const StatusCode code =
+      d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
   return Status(code, d.reason, d.failure);
 }
 
@@ -1005,7 +1024,8 @@ Status Gateway::precheck(const RouteRequest& request, size_t prompt_bytes, Refus
   std::call_once(longest_token_once_, [&] {
     for (const ExecutionPath& p : paths_) {
       size_t longest = 0;
-      for (int32_t t = 0; t < p.tokenizer->n_vocab(); ++t) longest = std::max(longest, p.tokenizer->token_text(t).size());
+      for (int32_t t = 0; t < p.tokenizer->n_vocab(); ++t)
+        longest = std::max(longest, p.tokenizer->token_text(t).size());
       longest_token_bytes_ = std::max(longest_token_bytes_, std::max<size_t>(longest, 4));
     }
   });
@@ -1091,8 +1111,10 @@ void Gateway::track(const std::shared_ptr<serve::Ticket>& t) {
   // Forget finished tickets as new ones come (bounded by what is in flight).
   for (auto it = live_.begin(); it != live_.end();) {
     auto sp = it->second.lock();
-    if (!sp || serve::is_terminal(sp->state())) it = live_.erase(it);
-    else ++it;
+    if (!sp || serve::is_terminal(sp->state()))
+      it = live_.erase(it);
+    else
+      ++it;
   }
   live_[t->id()] = t;
 }
@@ -1154,7 +1176,8 @@ Progress Gateway::progress(const serve::Ticket& t) {
     // Only its own path matters (this runs every second per queued stream).
     admission::PathSnapshot s = snapshot_of(p);
     // Only the work ahead of it counts.
-    if (static_cast<size_t>(out.queue_position - 1) < s.queued.size()) s.queued.resize(static_cast<size_t>(out.queue_position - 1));
+    if (static_cast<size_t>(out.queue_position - 1) < s.queued.size())
+      s.queued.resize(static_cast<size_t>(out.queue_position - 1));
     out.estimated_delay_s = admission::estimate_start_delay(s, t.kv_blocks());
     return out;
   }
@@ -1255,7 +1278,8 @@ std::string Gateway::takes_last_path(const admission::MemoryLedger& ledger, uint
       s.ledger_cotenants += bytes;
     }
     const admission::Decision after = decide(smallest, snaps);
-    if (after.kind == admission::DecisionKind::kReject) return "model " + m + " would have no path left: " + after.reason;
+    if (after.kind == admission::DecisionKind::kReject)
+      return "model " + m + " would have no path left: " + after.reason;
   }
   return "";
 }

@@ -133,12 +133,12 @@ struct ReplicaInfo {
   // start, pages read in by the first request; on-demand: nothing mapped
   // until the first request loads it.
   std::string mode = "shared";
-  std::string why;            // the choice and the figures behind it
-  double load_ms = -1;        // measured at start: map, parse, bind (-1: not measured)
-  double page_in_ms = -1;     // measured at start: read every page of the file
-  double recovery_ms = 0;     // predicted: from the first request to running on it
-  bool loaded = true;         // false: on-demand and not loaded yet
-  double loaded_in_ms = -1;   // on-demand: how long its load took when it came
+  std::string why;           // the choice and the figures behind it
+  double load_ms = -1;       // measured at start: map, parse, bind (-1: not measured)
+  double page_in_ms = -1;    // measured at start: read every page of the file
+  double recovery_ms = 0;    // predicted: from the first request to running on it
+  bool loaded = true;        // false: on-demand and not loaded yet
+  double loaded_in_ms = -1;  // on-demand: how long its load took when it came
 };
 
 // A path's replica as it changes (an on-demand load completes on a worker).
@@ -173,13 +173,13 @@ class Replica {
 };
 
 struct ExecutionPath {
-  std::string name;        // "gpu", "hybrid", "cpu"
-  std::string placement;   // "vulkan", "hybrid:2", "cpu"
-  std::string model;       // model name served on this path
+  std::string name;       // "gpu", "hybrid", "cpu"
+  std::string placement;  // "vulkan", "hybrid:2", "cpu"
+  std::string model;      // model name served on this path
   bool fallback_model = false;
   admission::PathRole role = admission::PathRole::kPrimary;
   std::shared_ptr<Replica> replica = std::make_shared<Replica>(ReplicaInfo{});
-  double startup_ms = 0;           // measured at start: build + warm-up
+  double startup_ms = 0;  // measured at start: build + warm-up
   // The rates the path started from before any request finished on it
   // (admission/prior.h): from the measured bandwidth of its memory and the
   // bytes a decode step streams. computed false: the scheduler's default.
@@ -248,7 +248,7 @@ Result<Overflow> parse_overflow(std::string_view name);
 // Whether a request may move between two paths mid-generation: both serve
 // one fingerprint and their runs of the same requests gave the same text.
 struct EquivalenceInfo {
-  std::string a, b;                    // path names
+  std::string a, b;  // path names
   std::string placement_a, placement_b;
   std::string fingerprint;
   bool passed = false;
@@ -271,6 +271,23 @@ struct EquivalenceStore {
   std::function<void(const std::string& key, const EquivalenceInfo& info)> save;
 };
 
+// What the gateway reports on its own (not per request), typed so that a
+// composition can count or plot it without reading its text: the server logs
+// `text`; the drill's simulation records events by kind.
+enum class GatewayEventKind {
+  kBreakerTransition,  // `state` is the device breaker's new state
+  kProbe,              // a breaker probe passed, failed or was postponed
+  kEquivalence,        // an equivalence check between two paths finished
+  kHealthCheck,        // a device health check failed
+  kDevice,             // a device re-initialisation (done or failed)
+};
+struct GatewayEvent {
+  GatewayEventKind kind = GatewayEventKind::kDevice;
+  std::string device;                 // the breaker's / device's name ("" for kEquivalence)
+  std::optional<BreakerState> state;  // kBreakerTransition only
+  std::string text;                   // one line for people, as `log` gets it
+};
+
 struct GatewayPolicy {
   admission::AdmissionPolicy admission;
   Overflow overflow = Overflow::kPlanned;
@@ -286,8 +303,10 @@ struct GatewayPolicy {
   // a check not answered within health_timeout_s fails (kTimeout).
   double health_interval_s = 5;
   double health_timeout_s = 10;
-  // One line per breaker transition and probe result (null: silent).
+  // Every GatewayEvent, as its text (log) and typed (on_event); either may be
+  // null. Called on the thread that saw the event, under no gateway lock.
   std::function<void(const std::string&)> log;
+  std::function<void(const GatewayEvent&)> on_event;
   // Equivalence check between paths of one fingerprint (verify_equivalence):
   // each prompt greedy and seeded (temperature, seed), tokens each.
   std::vector<std::string> equivalence_prompts = {"Once upon a time", "The little dog"};
@@ -339,7 +358,7 @@ struct ResumeRequest {
   std::string received_text;
   bool allow_migration = true;
   std::optional<int32_t> max_tokens_requested;  // what the original request asked
-  SafePointRules safe_points;                    // the original request's own spans
+  SafePointRules safe_points;                   // the original request's own spans
 };
 
 struct Resumed {
@@ -405,20 +424,20 @@ struct PathStatus {
   int32_t workers = 0, running = 0, queue_depth = 0, queue_capacity = 0, n_ctx = 0;
   double oldest_queued_s = 0;
   int32_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_free = 0;
-  std::string kv_type;  // ExecutionPath::kv_type
-  admission::PathRates rates;   // what quotes use now (rates.measured: from finished requests)
-  admission::RatePrior prior;   // ExecutionPath::prior
-  serve::SchedulerStats stats;  // probes included
-  std::optional<BreakerSnapshot> breaker;  // the path's device breaker; none on the CPU path
-  std::optional<DeviceStatus> device;      // its device's health and recovery; none on the CPU path
+  std::string kv_type;                       // ExecutionPath::kv_type
+  admission::PathRates rates;                // what quotes use now (rates.measured: from finished requests)
+  admission::RatePrior prior;                // ExecutionPath::prior
+  serve::SchedulerStats stats;               // probes included
+  std::optional<BreakerSnapshot> breaker;    // the path's device breaker; none on the CPU path
+  std::optional<DeviceStatus> device;        // its device's health and recovery; none on the CPU path
   std::optional<StepBatcherStats> batching;  // none: not batched (one worker or --no-batching)
 };
 
 // One decision as status shows it (the most recent first).
 struct RecentDecision {
-  int64_t wall_ms = 0;   // when (the Env's wall clock)
-  std::string kind;      // decision_kind_name, or "failover" / "migrate"
-  std::string path;      // where it sent the request ("" for a reject)
+  int64_t wall_ms = 0;  // when (the Env's wall clock)
+  std::string kind;     // decision_kind_name, or "failover" / "migrate"
+  std::string path;     // where it sent the request ("" for a reject)
   std::string reason;
   bool degraded = false;
 };
@@ -428,11 +447,11 @@ struct GatewayStatus {
   std::vector<PathNotBuilt> not_built;
   std::vector<admission::LedgerSnapshot> ledgers;
   std::vector<ReservationInfo> reservations;
-  std::map<std::string, uint64_t> decisions;  // by kind name
+  std::map<std::string, uint64_t> decisions;     // by kind name
   std::vector<RecentDecision> recent_decisions;  // the last kRecentDecisions, newest first
-  bool ready = false;                          // some path can take work
-  std::vector<EquivalenceInfo> equivalence;    // the checks done so far
-  std::string overflow = "planned";            // overflow_name(policy.overflow): a baseline says so
+  bool ready = false;                            // some path can take work
+  std::vector<EquivalenceInfo> equivalence;      // the checks done so far
+  std::string overflow = "planned";              // overflow_name(policy.overflow): a baseline says so
 };
 
 class Gateway {
@@ -572,6 +591,7 @@ class Gateway {
   admission::Decision decide(const admission::RequestShape& shape, std::vector<admission::PathSnapshot> snaps) const;
   admission::Decision decide_resume(const Checkpoint& cp, std::vector<admission::PathSnapshot> snaps);
   void prober_loop();
+  void emit(GatewayEvent e) const;
   // One probe of `path`'s breaker in half-open `episode`, reported to it.
   // False when it could not run now (queue full, no reference yet): retry.
   bool run_probe(const ExecutionPath& path, uint64_t episode);
