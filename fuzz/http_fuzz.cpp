@@ -15,6 +15,7 @@
 
 #include "core/size.h"
 #include "http/openai.h"
+#include "http/spillway_api.h"
 #include "http/transport.h"
 
 namespace {
