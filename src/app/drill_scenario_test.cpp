@@ -17,27 +17,10 @@
 #include "app/serve_options.h"
 #include "drill/scenario.h"
 #include "drill/simulation.h"
+#include "drill/simulation_test_util.h"
 
 namespace spw::drill {
 namespace {
-
-int64_t seeds_from_env(int64_t dflt) {
-  const char* v = std::getenv("SPW_SIM_SEEDS");
-  if (v == nullptr || *v == '\0') return dflt;
-  const long long n = std::atoll(v);
-  return n > 0 ? n : dflt;
-}
-
-std::string describe(const SimSummary& s) {
-  std::string out = std::string(sim_mode_name(s.mode)) + ": " + std::to_string(s.passed) + "/" +
-                    std::to_string(s.seeds) + " passed, accepted " + std::to_string(s.accepted) + ", succeeded " +
-                    std::to_string(s.succeeded) + ", over reserve " + std::to_string(s.over_reserve);
-  for (size_t i = 0; i < s.failures.size() && i < 5; ++i) {
-    out += "\n  seed " + std::to_string(s.failures[i].seed) + ": " + s.failures[i].detail + "\n    " +
-           s.failures[i].command;
-  }
-  return out;
-}
 
 // The shipped scenario, over many seeds (1,000 by default; SPW_SIM_SEEDS
 // lowers it under sanitizers).

@@ -9,6 +9,7 @@
 // failure), SPW_SIM_DETERMINISM_SEEDS + SPW_SIM_DUMP_DIR (a longer hunt for
 // nondeterminism, both histories of a differing seed written out).
 #include "drill/simulation.h"
+#include "drill/simulation_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -28,14 +29,6 @@ namespace spw::drill {
 namespace {
 
 std::string model_path() { return std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf"; }
-
-// Seeds per property (CI under sanitizers sets fewer).
-int64_t seeds_from_env(int64_t dflt) {
-  const char* v = std::getenv("SPW_SIM_SEEDS");
-  if (v == nullptr || *v == '\0') return dflt;
-  const long long n = std::atoll(v);
-  return n > 0 ? n : dflt;
-}
 
 // A device of 1 GiB (limit 972.8 MiB with the 5% headroom); Spillway's plan
 // is 64 MiB, each gpu run holds 4 MiB. Phases: traffic with device faults and
@@ -174,17 +167,6 @@ SimOptions options(uint64_t seed, SimMode mode = SimMode::kPlanned) {
   o.server = server;
   if (const char* j = std::getenv("SPW_SIM_JOBS")) o.jobs = std::atoi(j);
   return o;
-}
-
-std::string describe(const SimSummary& s) {
-  std::string out = std::string(sim_mode_name(s.mode)) + ": " + std::to_string(s.passed) + "/" +
-                    std::to_string(s.seeds) + " passed, accepted " + std::to_string(s.accepted) + ", succeeded " +
-                    std::to_string(s.succeeded) + ", over reserve " + std::to_string(s.over_reserve);
-  for (size_t i = 0; i < s.failures.size() && i < 5; ++i) {
-    out += "\n  seed " + std::to_string(s.failures[i].seed) + ": " + s.failures[i].detail + "\n    " +
-           s.failures[i].command;
-  }
-  return out;
 }
 
 TEST(DrillSimulationTest, TheSameSeedGivesTheSameHistoryByteForByte) {
