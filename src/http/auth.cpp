@@ -14,7 +14,7 @@ bool is_key_char(char c) { return c >= 0x21 && c <= 0x7E; }
 
 bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
-char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
 // Not a secret: 48 bits of the key's hash name it in logs and the journal.
 std::string owner_of(std::string_view hex) { return "key-" + std::string(hex.substr(0, 12)); }
@@ -75,7 +75,7 @@ Status ApiKeys::add_hash(std::string_view spec) {
         (spec.starts_with(kSpecPrefix) ? ")" : " and does not start with \"sha256:\")"));
   }
   std::string hex(spec.substr(kSpecPrefix.size()));
-  std::transform(hex.begin(), hex.end(), hex.begin(), lower);
+  std::transform(hex.begin(), hex.end(), hex.begin(), ascii_lower);
   add_digest(std::move(hex));
   return Status::ok_status();
 }
@@ -84,7 +84,7 @@ std::optional<std::string_view> bearer_token(std::string_view header) {
   constexpr std::string_view kScheme = "bearer";
   if (header.size() <= kScheme.size()) return std::nullopt;
   for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (lower(header[i]) != kScheme[i]) return std::nullopt;
+    if (ascii_lower(header[i]) != kScheme[i]) return std::nullopt;
   }
   std::string_view token = header.substr(kScheme.size());
   const size_t spaces = token.find_first_not_of(' ');

@@ -3,20 +3,18 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "http/json_fields.h"
+
 namespace spw::http {
 namespace {
 
-using json = nlohmann::json;
-
 constexpr size_t kMaxAliasBytes = 128;
 
-json model_json(const ModelEntry& e, int64_t created) {
-  json sp = {{"role", e.role}, {"paths", e.paths}};
+json_fields::json model_json(const ModelEntry& e, int64_t created) {
+  json_fields::json sp = {{"role", e.role}, {"paths", e.paths}};
   if (!e.alias_of.empty()) sp["alias_of"] = e.alias_of;
   return {{"id", e.id}, {"object", "model"}, {"created", created}, {"owned_by", "spillway"}, {"spillway", sp}};
 }
-
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 }  // namespace
 
@@ -72,12 +70,12 @@ ApiError model_not_found(std::string_view requested, const ModelCatalog& catalog
 }
 
 std::string render_models(const ModelCatalog& catalog, int64_t created) {
-  json data = json::array();
+  json_fields::json data = json_fields::json::array();
   for (const ModelEntry& e : catalog.entries()) data.push_back(model_json(e, created));
-  return dump({{"object", "list"}, {"data", data}});
+  return json_fields::dump({{"object", "list"}, {"data", data}});
 }
 
-std::string render_model(const ModelEntry& entry, int64_t created) { return dump(model_json(entry, created)); }
+std::string render_model(const ModelEntry& entry, int64_t created) { return json_fields::dump(model_json(entry, created)); }
 
 Status validate_aliases(const std::vector<std::string>& aliases, const std::string& served,
                         const std::vector<std::string>& other_ids) {
