@@ -130,6 +130,19 @@ const TypeShaders& type_shaders(gguf::GgmlType t) {
     if (ts.type == t) return ts;
   return kTypeShaders[0];  // unreachable: upload_matrix admits only listed types
 }
+// matmul.comp's workgroup size (its specialization constant MM_WG) on this
+// device. A GPU keeps 64. A CPU device (lavapipe) runs a workgroup as a loop
+// over SIMD vectors of subgroup_size lanes and pays for each of the
+// reduction's barriers: one vector per group ran the matmuls ~3x faster on
+// an AVX2 EPYC (bench/PERFORMANCE.md). Powers of two from 8 to 64 only: the
+// K types' passes need 8 invocations per super-block.
+uint32_t matmul_workgroup(const VulkanDeviceInfo& d) {
+  if (d.type != "cpu") return kWg;
+  uint32_t wg = 8;
+  while (wg < kWg && wg < d.subgroup_size) wg *= 2;
+  return wg;
+}
+
 // The float64 variant where the device has float64 and the type one.
 const char* matmul_shader(gguf::GgmlType t, bool f64) {
   const TypeShaders& ts = type_shaders(t);
@@ -289,6 +302,11 @@ struct VulkanBackend::Impl {
     cpi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
     cpi.stage.module = p.module;
     cpi.stage.pName = "main";
+    // matmul.comp's MM_WG (constant_id 0); the other shaders have none.
+    const uint32_t mm_wg = matmul_workgroup(info);
+    const VkSpecializationMapEntry wg_entry{0, 0, sizeof mm_wg};
+    const VkSpecializationInfo spec{1, &wg_entry, sizeof mm_wg, &mm_wg};
+    if (std::strncmp(sname, "matmul_", 7) == 0) cpi.stage.pSpecializationInfo = &spec;
     cpi.layout = p.layout;
     if (st.ok())
       st = ctx->check(vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &cpi, nullptr, &p.pipe), "vkCreateComputePipelines");

@@ -1,6 +1,6 @@
 #version 450
 // y[t * y_stride + row0 + r] = dot(W row r, x row t), one workgroup per (r, t):
-// 64 invocations stride over the columns (F32, F16) or over 32-element units
+// MM_WG invocations stride over the columns (F32, F16) or over 32-element units
 // (the quantised types), then a fixed shared-memory tree reduction. Each
 // (r, t) is computed the same way whatever the batch size, so results are
 // batch-invariant. WTYPE as in weights.glsl.
@@ -23,9 +23,17 @@
 //   Q6_K:        acc = fma(float(i), d * d_x, acc)
 // (`precise` keeps each product rounded on its own, as the CPU's is; fma is
 // exact.glsl's fma_rn, fused for certain in the EXACT_F64 variant.)
+//
+// The workgroup size is a specialization constant (MM_WG, default 64): the
+// backend picks it per device (VulkanBackend's matmul_workgroup). A GPU wants
+// wide groups; a CPU Vulkan device (lavapipe) runs a group's invocations as
+// one SIMD loop and pays for every barrier, so a group of one vector's width
+// runs several times faster there. Any size that is a power of two >= 8 gives
+// the same contract: batch-invariant, K types bitwise the CPU's.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
-layout(local_size_x = WG) in;
+layout(constant_id = 0) const uint MM_WG = 64;
+layout(local_size_x_id = 0) in;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 #if WTYPE >= 2
@@ -49,10 +57,10 @@ layout(push_constant) uniform PC {
 #include "exact.glsl"
 
 #if WTYPE < WT_Q4_K
-shared float red[WG];
+shared float red[MM_WG];
 #else
-shared int ired[WG];  // a pass's integer parts, invocation by invocation
-shared int kred[WG];
+shared int ired[MM_WG];  // a pass's integer parts, invocation by invocation
+shared int kred[MM_WG];
 #endif
 
 #if WTYPE >= 2
@@ -86,10 +94,10 @@ void main() {
   float s = 0.0;
 #if WTYPE == WT_F32
   const uint wb = r * pc.n_cols, xb = t * pc.n_cols;
-  for (uint c = tid; c < pc.n_cols; c += WG) s = fma(uintBitsToFloat(w[wb + c]), x[xb + c], s);
+  for (uint c = tid; c < pc.n_cols; c += MM_WG) s = fma(uintBitsToFloat(w[wb + c]), x[xb + c], s);
 #elif WTYPE == WT_F16
   const uint wb = (r * pc.n_cols) >> 1, xb = t * pc.n_cols;  // n_cols is even
-  for (uint c2 = tid; c2 < (pc.n_cols >> 1); c2 += WG) {
+  for (uint c2 = tid; c2 < (pc.n_cols >> 1); c2 += MM_WG) {
     const vec2 wv = unpackHalf2x16(w[wb + c2]);
     s = fma(wv.x, x[xb + 2u * c2], s);
     s = fma(wv.y, x[xb + 2u * c2 + 1u], s);
@@ -98,7 +106,7 @@ void main() {
   const uint n_units = pc.n_cols / 32u;
   const uint rb = r * pc.row_bytes;
   const uint xw0 = t * (pc.n_cols / 4u);  // this token's first xq word
-  for (uint u = tid; u < n_units; u += WG) {
+  for (uint u = tid; u < n_units; u += MM_WG) {
     const uint xo = xw0 + 8u * u;
 #if WTYPE == WT_Q8_0
     const uint o = rb + u * 34u;
@@ -122,7 +130,7 @@ void main() {
 #endif
   red[tid] = s;
   barrier();
-  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+  for (uint k = MM_WG / 2u; k > 0u; k >>= 1) {
     if (tid < k) red[tid] += red[tid + k];
     barrier();
   }
@@ -132,7 +140,7 @@ void main() {
   const uint rb = r * pc.row_bytes;
   const uint xw0 = t * (pc.n_cols / 4u);
   float acc = 0.0;  // invocation 0's
-  for (uint b0 = 0u; b0 < n_sb; b0 += WG / 8u) {
+  for (uint b0 = 0u; b0 < n_sb; b0 += MM_WG / 8u) {
     const uint b = b0 + (tid >> 3), j = tid & 7u;
     int ip = 0, kp = 0;
     if (b < n_sb) {
@@ -159,7 +167,7 @@ void main() {
     kred[tid] = kp;
     barrier();
     if (tid == 0u) {
-      for (uint k = 0u; k < WG / 8u && b0 + k < n_sb; ++k) {
+      for (uint k = 0u; k < MM_WG / 8u && b0 + k < n_sb; ++k) {
         int i = 0, m = 0;
         for (uint jj = 0u; jj < 8u; ++jj) {
           i += ired[8u * k + jj];
