@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with the `fuzz` preset (clang, ASan+UBSan) and
-# runs each for a bounded time.
+# runs each for a bounded time, one per core at a time (SPILLWAY_FUZZ_JOBS).
 #   fuzz/run_fuzzers.sh [SECONDS_PER_TARGET=60] [extra libFuzzer flags...]
 # Targets: gguf_fuzz (GGUF reader/writer), tokenizer_fuzz (SPM and BPE encode/decode, BPE pre-tokenizers,
 # Utf8Stream), checkpoint_fuzz (checkpoint parser), http_fuzz (HTTP request ->
@@ -20,15 +20,19 @@ cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz --target "${targets[@]/%/_fuzz}"
 
 artifacts="$root/build/fuzz/artifacts"
-mkdir -p "$artifacts"
-for t in "${targets[@]}"; do
-  corpus="$root/build/fuzz/corpus/$t"
+logs="$root/build/fuzz/logs"
+mkdir -p "$artifacts" "$logs"
+# Each fuzzer is one process on one core: they run SPILLWAY_FUZZ_JOBS at a
+# time (default: one per core), each for the full SECONDS, so the fuzzing is
+# the same as one after another in a fraction of the wall time. A fuzzer's
+# output goes to build/fuzz/logs/<target>.log; its last lines (the final
+# stats, or the crash report) are printed when it ends.
+fuzz_one() {
+  local t="$1" corpus="$root/build/fuzz/corpus/$1"
   mkdir -p "$corpus"
-  extra=()
+  local extra=() seeds=()
   [ -f "$root/fuzz/$t.dict" ] && extra+=(-dict="$root/fuzz/$t.dict")
-  seeds=()
   [ -d "$root/fuzz/corpus/$t" ] && seeds+=("$root/fuzz/corpus/$t")
-  echo "== fuzzing $t for ${secs}s"
   "$root/build/fuzz/fuzz/${t}_fuzz" \
     -max_total_time="$secs" \
     -max_len=65536 \
@@ -36,6 +40,31 @@ for t in "${targets[@]}"; do
     -rss_limit_mb=2048 \
     -print_final_stats=1 \
     -artifact_prefix="$artifacts/${t}-" \
-    "${extra[@]}" "$@" \
-    "$corpus" "${seeds[@]}"
+    "${extra[@]}" "${fuzz_flags[@]}" \
+    "$corpus" "${seeds[@]}" >"$logs/$t.log" 2>&1
+}
+
+fuzz_flags=("$@")
+jobs_max="${SPILLWAY_FUZZ_JOBS:-$(nproc)}"
+failed=0
+for ((i = 0; i < ${#targets[@]}; i += jobs_max)); do
+  batch=("${targets[@]:i:jobs_max}")
+  pids=()
+  for t in "${batch[@]}"; do
+    echo "== fuzzing $t for ${secs}s"
+    fuzz_one "$t" &
+    pids+=($!)
+  done
+  for j in "${!batch[@]}"; do
+    t="${batch[$j]}"
+    if wait "${pids[$j]}"; then
+      echo "== $t: done"
+      tail -n 12 "$logs/$t.log"
+    else
+      echo "== $t: FAILED (reproducer in $artifacts; log $logs/$t.log)"
+      tail -n 80 "$logs/$t.log"
+      failed=1
+    fi
+  done
 done
+exit "$failed"
