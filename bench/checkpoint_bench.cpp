@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
         const Outcome o = run_request(*v.scheduler, g);
         s.wall_ms = o.wall_ms;
         s.completion_tokens = o.fin.completion_tokens;
-        s.finish = std::string(spw::serve::finish_reason_name(o.fin.finish));
+        s.finish = std::string(spw::finish_reason_name(o.fin.finish));
         const int32_t n = v.times->n.load();
         const double span_s = static_cast<double>(v.times->last_ns.load() - v.times->first_ns.load()) / 1e9;
         s.decode_tps = n > 1 && span_s > 0 ? (n - 1) / span_s : 0;

@@ -129,7 +129,7 @@ int run_generate(GenerateCliOptions o) {
                  "spillway: on %s: %zu prompt tokens %.1f tok/s, %zu generated %.1f tok/s, finish=%s, load %.1f ms\n",
                  where.c_str(), r.prompt_tokens.size(),
                  per_second(static_cast<int64_t>(r.prompt_tokens.size()), r.prefill_ns), r.tokens.size(),
-                 per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns), r.finish_reason.c_str(),
+                 per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns), std::string(finish_reason_name(r.finish_reason)).c_str(),
                  load_ns / 1e6);
     return 0;
   }
@@ -141,7 +141,7 @@ int run_generate(GenerateCliOptions o) {
   j["prompt_tokens"] = r.prompt_tokens;
   j["tokens"] = r.tokens;
   j["text"] = r.text;
-  j["finish_reason"] = r.finish_reason;
+  j["finish_reason"] = finish_reason_name(r.finish_reason);
   j["seed"] = o.sampler.seed;
   j["threads"] = o.threads;
   j["device"] = dso.device.spec();     // the --device given, canonical

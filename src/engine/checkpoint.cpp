@@ -152,7 +152,7 @@ std::string serialize_checkpoint(const Checkpoint& c) {
   p.str(c.stop_held);
   p.str(c.utf8_pending);
   p.str(c.text);
-  p.str(c.finish_reason);
+  p.str(std::string(finish_reason_name(c.finish_reason)));  // by name: the format is text, as it was
   p.i32(c.options.max_tokens);
   p.u8(c.options.ignore_eos ? 1 : 0);
   const SamplerParams& s = c.options.sampler;
@@ -221,7 +221,11 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   SPW_RETURN_IF_ERROR(r.str(c.stop_held, "stop_held"));
   SPW_RETURN_IF_ERROR(r.str(c.utf8_pending, "utf8_pending"));
   SPW_RETURN_IF_ERROR(r.str(c.text, "text"));
-  SPW_RETURN_IF_ERROR(r.str(c.finish_reason, "finish_reason"));
+  std::string finish;
+  SPW_RETURN_IF_ERROR(r.str(finish, "finish_reason"));
+  const std::optional<FinishReason> fr = parse_finish_reason(finish);
+  if (!fr) return Status::corruption("checkpoint: field 'finish_reason' = '" + finish + "'");
+  c.finish_reason = *fr;
   SPW_RETURN_IF_ERROR(r.i32(c.options.max_tokens, "options.max_tokens"));
   uint8_t ie;
   SPW_RETURN_IF_ERROR(r.u8(ie, "options.ignore_eos"));
@@ -268,8 +272,9 @@ Checkpoint start_checkpoint(std::string model_fingerprint, std::vector<TokenId> 
 }
 
 Status check_safe_point(const Checkpoint& cp, const SafePointRules& rules) {
-  if (!cp.finish_reason.empty()) {
-    return Status(StatusCode::kFailedPrecondition, "the generation already finished (" + cp.finish_reason + ")",
+  if (cp.finish_reason != FinishReason::kNone) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "the generation already finished (" + std::string(finish_reason_name(cp.finish_reason)) + ")",
                   FailureReason::kNotSafePoint);
   }
   // Text the stop matcher holds back is part of the generation too: a marker

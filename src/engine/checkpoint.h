@@ -64,7 +64,7 @@ struct Checkpoint {
   std::string stop_held;
   std::string utf8_pending;
   std::string text;             // emitted so far
-  std::string finish_reason;    // "" unless the generation had already finished
+  FinishReason finish_reason = FinishReason::kNone;  // kNone unless the generation had already finished
   GenerateOptions options;
   std::string kv_type;          // KvType name the generated tokens were chosen with; "" = none yet
   // Log-probability entries not released yet (generate.h): in memory only,

@@ -234,7 +234,7 @@ void Generator::keep_released() {
   released_.clear();
 }
 
-void Generator::finish(const std::string& reason, const TokenCallback& cb, bool flush) {
+void Generator::finish(FinishReason reason, const TokenCallback& cb, bool flush) {
   if (flush) {
     const size_t held_before = stop_.held_size();
     std::string rest = utf8_.flush();
@@ -259,7 +259,7 @@ void Generator::finish(const std::string& reason, const TokenCallback& cb, bool 
 }
 
 void Generator::cancel() {
-  if (!finished()) result_.finish_reason = "cancelled";
+  if (!finished()) result_.finish_reason = FinishReason::kCancelled;
 }
 
 Result<bool> Generator::step(const TokenCallback& cb) {
@@ -274,12 +274,12 @@ Result<bool> Generator::step(const TokenCallback& cb) {
   } timer{result_, env, t0};
 
   if (options_.max_tokens > 0 && n_generated() >= options_.max_tokens) {
-    finish("length", cb, true);
+    finish(FinishReason::kLength, cb, true);
     return false;
   }
   if (pending_eval_) {
     if (session_.n_past() >= session_.n_ctx()) {
-      finish("length", cb, true);
+      finish(FinishReason::kLength, cb, true);
       return false;
     }
     const TokenId last = result_.tokens.back();
@@ -292,7 +292,7 @@ Result<bool> Generator::step(const TokenCallback& cb) {
   const Tokenizer& tok = session_.model().tokenizer();
   if (id < 0) return Status::internal("sampler returned no token");
   if ((!options_.ignore_eos && tok.is_eog(id)) || is_stop_token(id)) {
-    finish("stop", cb, true);
+    finish(FinishReason::kStop, cb, true);
     return false;
   }
   if (constraint_) SPW_RETURN_IF_ERROR(constraint_->accept(id));
@@ -328,15 +328,15 @@ Result<bool> Generator::step(const TokenCallback& cb) {
   const bool keep_going = cb ? cb(st.emit, id, released_) : true;
   keep_released();
   if (st.stopped) {
-    finish("stop", cb, false);
+    finish(FinishReason::kStop, cb, false);
     return false;
   }
   if (!keep_going) {
-    finish("cancelled", cb, false);
+    finish(FinishReason::kCancelled, cb, false);
     return false;
   }
   if (options_.max_tokens > 0 && n_generated() >= options_.max_tokens) {
-    finish("length", cb, true);
+    finish(FinishReason::kLength, cb, true);
     return false;
   }
   return true;

@@ -21,9 +21,9 @@
 // the sampler's choice (vLLM's min_tokens; stop strings still end it).
 // The token that completes a stop string is kept in `tokens`, the stop string is
 // not in `text`; an EOS token, and a stop_token_ids token, are in neither (as
-// an end, not output). finish_reason is "stop" (EOS, a stop token or a stop
-// string), "length" (max_tokens reached, or the session's context is full) or
-// "cancelled" (callback returned false, or *cancel became true). On "length"
+// an end, not output). finish_reason is kStop (EOS, a stop token or a stop
+// string), kLength (max_tokens reached, or the session's context is full) or
+// kCancelled (callback returned false, or *cancel became true). On kLength
 // and EOS the held-back text (partial UTF-8 as U+FFFD, partial stop-string
 // prefix) is flushed and emitted; on cancel it is dropped.
 // The callback is called once per generated token with the text that became
@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/finish_reason.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "engine/stop_rules.h"
@@ -150,7 +151,7 @@ struct PendingLogprobs {
 struct GenerateResult {
   std::vector<TokenId> prompt_tokens, tokens;
   std::string text;
-  std::string finish_reason;  // "stop", "length", "cancelled"; "" while running
+  FinishReason finish_reason = FinishReason::kNone;  // kNone while running
   // The log-probability entries released, in order (GenerateOptions::logprobs
   // >= 0; a resumed Generator's since its checkpoint).
   std::vector<TokenLogprobs> logprobs;
@@ -189,10 +190,10 @@ class Generator {
   Result<bool> step(const TokenCallback& cb = {});
   // Steps until finished; *cancel (if given) is checked before every token.
   Result<GenerateResult> run(const TokenCallback& cb = {}, const std::atomic<bool>* cancel = nullptr);
-  // Ends the generation as "cancelled" (no flush).
+  // Ends the generation as kCancelled (no flush).
   void cancel();
 
-  bool finished() const { return !result_.finish_reason.empty(); }
+  bool finished() const { return result_.finish_reason != FinishReason::kNone; }
   const GenerateResult& result() const { return result_; }
   int32_t n_generated() const { return static_cast<int32_t>(result_.tokens.size()); }
   // The state at the current token boundary (see checkpoint.h).
@@ -203,7 +204,7 @@ class Generator {
   Generator(Session& session, const GenerateOptions& options);
   // The constraint of options_ (if any), replaying `generated` into it.
   Status init_constraint(std::span<const TokenId> generated);
-  void finish(const std::string& reason, const TokenCallback& cb, bool flush);
+  void finish(FinishReason reason, const TokenCallback& cb, bool flush);
   Status evaluate_from_prefix(std::span<const TokenId> all_tokens);
   // start() with options_.prompt_logprobs: the whole prompt evaluated with
   // the session's row sink filling result_.prompt_logprobs.

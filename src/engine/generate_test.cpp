@@ -65,8 +65,8 @@ TEST(Generate, GreedyStories260KTellsTheStoryOfLily) {
   EXPECT_EQ(streamed, r->text);
   EXPECT_GE(calls, static_cast<int>(r->tokens.size()));
   EXPECT_EQ(r->prompt_tokens, f.prompt());
-  EXPECT_TRUE(r->finish_reason == "length" || r->finish_reason == "stop") << r->finish_reason;
-  if (r->finish_reason == "length") {
+  EXPECT_TRUE(r->finish_reason == FinishReason::kLength || r->finish_reason == FinishReason::kStop) << finish_reason_name(r->finish_reason);
+  if (r->finish_reason == FinishReason::kLength) {
     EXPECT_EQ(r->tokens.size(), 60u);
   }
   EXPECT_GT(r->prefill_ns, 0);
@@ -85,7 +85,7 @@ TEST(Generate, StopStringIsNotEmittedAndEndsGeneration) {
   o.stop = {"Lily"};
   auto r = generate(*f.session(), f.prompt(), o);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->finish_reason, "stop");
+  EXPECT_EQ(r->finish_reason, FinishReason::kStop);
   EXPECT_EQ(r->text, full->text.substr(0, at));
   EXPECT_LT(r->tokens.size(), full->tokens.size());
 }
@@ -96,13 +96,13 @@ TEST(Generate, CancelByCallbackAndByFlag) {
   auto r = generate(*f.session(), f.prompt(), greedy(50),
                     [&](std::string_view, TokenId, std::span<const TokenLogprobs>) { return ++n < 5; });
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->finish_reason, "cancelled");
+  EXPECT_EQ(r->finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(r->tokens.size(), 5u);
 
   std::atomic<bool> flag{true};
   auto r2 = generate(*f.session(), f.prompt(), greedy(50), {}, &flag);
   ASSERT_TRUE(r2.ok());
-  EXPECT_EQ(r2->finish_reason, "cancelled");
+  EXPECT_EQ(r2->finish_reason, FinishReason::kCancelled);
   EXPECT_TRUE(r2->tokens.empty());
 }
 
@@ -230,6 +230,24 @@ TEST(Checkpoint, OlderVersionsParseWithDefaults) {
   ASSERT_TRUE(v1.ok()) << v1.status().to_string();
   EXPECT_TRUE(*v1 == cp);
   EXPECT_EQ(v1->kv_type, "");
+}
+
+// A finished checkpoint keeps its typed finish reason through the bytes (which
+// spell it as text); every reason's name parses back, other text does not.
+TEST(Checkpoint, FinishReasonTravelsByName) {
+  for (FinishReason r : {FinishReason::kNone, FinishReason::kStop, FinishReason::kLength, FinishReason::kCancelled}) {
+    EXPECT_EQ(parse_finish_reason(finish_reason_name(r)), r) << finish_reason_name(r);
+  }
+  EXPECT_EQ(parse_finish_reason("done"), std::nullopt);
+  Fixture f;
+  Checkpoint cp = start_checkpoint(f.model->fingerprint(), f.prompt(), greedy(5));
+  cp.finish_reason = FinishReason::kLength;
+  auto parsed = parse_checkpoint(serialize_checkpoint(cp));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->finish_reason, FinishReason::kLength);
+  const Status st = check_safe_point(*parsed, SafePointRules{});
+  EXPECT_EQ(st.reason(), FailureReason::kNotSafePoint);
+  EXPECT_NE(st.message().find("(length)"), std::string::npos) << st.to_string();
 }
 
 // The OpenAI and vLLM options travel in the bytes, and a checkpoint that
@@ -388,14 +406,14 @@ TEST(GenerateEndRules, MinTokensIgnoreEosAndStopTokenIds) {
   eos.sampler.logit_bias = {{tok.eos_id(), 100.0f}};
   auto at_once = generate(*f.session(), f.prompt(), eos);
   ASSERT_TRUE(at_once.ok());
-  EXPECT_EQ(at_once->finish_reason, "stop");
+  EXPECT_EQ(at_once->finish_reason, FinishReason::kStop);
   EXPECT_TRUE(at_once->tokens.empty());
 
   GenerateOptions min = eos;
   min.min_tokens = 6;
   auto six = generate(*f.session(), f.prompt(), min);
   ASSERT_TRUE(six.ok());
-  EXPECT_EQ(six->finish_reason, "stop");
+  EXPECT_EQ(six->finish_reason, FinishReason::kStop);
   // Banned, the EOS leaves the choice to the unbiased argmax: the plain run.
   EXPECT_EQ(six->tokens, std::vector<TokenId>(plain->tokens.begin(), plain->tokens.begin() + 6));
   EXPECT_EQ(six->text, tok.decode(six->tokens, false));
@@ -405,7 +423,7 @@ TEST(GenerateEndRules, MinTokensIgnoreEosAndStopTokenIds) {
   ignore.max_tokens = 5;
   auto eoses = generate(*f.session(), f.prompt(), ignore);
   ASSERT_TRUE(eoses.ok());
-  EXPECT_EQ(eoses->finish_reason, "length");
+  EXPECT_EQ(eoses->finish_reason, FinishReason::kLength);
   EXPECT_EQ(eoses->tokens, std::vector<TokenId>(5, tok.eos_id()));
   EXPECT_EQ(eoses->text, "");
   // ignore_eos with min_tokens: the EOS is not an end, so not banned.
@@ -421,7 +439,7 @@ TEST(GenerateEndRules, MinTokensIgnoreEosAndStopTokenIds) {
   st.stop_token_ids = {stop_id};
   auto stopped = generate(*f.session(), f.prompt(), st);
   ASSERT_TRUE(stopped.ok());
-  EXPECT_EQ(stopped->finish_reason, "stop");
+  EXPECT_EQ(stopped->finish_reason, FinishReason::kStop);
   EXPECT_EQ(stopped->tokens, std::vector<TokenId>(plain->tokens.begin(), plain->tokens.begin() + at));
   EXPECT_EQ(stopped->text, tok.decode(stopped->tokens, false));
   // ignore_eos does not disarm them; min_tokens bans them until then.
@@ -538,7 +556,7 @@ TEST(GenerateLogprobs, EntriesAreTheModelsLogSoftmaxAtEachStep) {
     o.logprobs = 5;
     auto r = generate(*f.session(), f.prompt(), o);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    ASSERT_EQ(r->finish_reason, "length");
+    ASSERT_EQ(r->finish_reason, FinishReason::kLength);
     ASSERT_EQ(r->logprobs.size(), r->tokens.size()) << "every token listed";
     // The reference: every step's logits from one evaluation of the whole
     // sequence in a fresh session (the backend is batch-size invariant).
@@ -598,7 +616,7 @@ TEST(GenerateLogprobs, TheTokenCompletingAStopStringIsNotListedAndNoneRunsAhead)
     Recorder rec;
     auto r = generate(*f.session(), f.prompt(), o, rec.callback());
     ASSERT_TRUE(r.ok());
-    ASSERT_EQ(r->finish_reason, "stop");
+    ASSERT_EQ(r->finish_reason, FinishReason::kStop);
     EXPECT_EQ(rec.ahead, 0);
     const std::vector<size_t> ends = text_ends(tok, r->tokens);
     size_t want = 0;
@@ -623,7 +641,7 @@ TEST(GenerateLogprobs, TextHeldForAStopStringHoldsItsEntriesAndTheFlushReleasesT
   Recorder rec;
   auto r = generate(*f.session(), f.prompt(), o, rec.callback());
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->finish_reason, "length");
+  EXPECT_EQ(r->finish_reason, FinishReason::kLength);
   EXPECT_EQ(r->text, full->text);
   EXPECT_EQ(rec.ahead, 0);
   ASSERT_EQ(rec.entries.size(), r->tokens.size()) << "the end releases every entry";
@@ -650,7 +668,7 @@ TEST(GenerateLogprobs, SplitAndInvalidCharactersKeepEntriesAlignedWithTheText) {
     Recorder whole;
     auto r = generate(*make_session(model, cpu, make_pool(*model, 16, 8)), prompt, o, whole.callback());
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    ASSERT_EQ(r->finish_reason, "length");
+    ASSERT_EQ(r->finish_reason, FinishReason::kLength);
     EXPECT_EQ(whole.ahead, 0) << seed;
     ASSERT_EQ(whole.entries.size(), r->tokens.size()) << seed;
     Utf8Stream u;
@@ -669,7 +687,7 @@ TEST(GenerateLogprobs, SplitAndInvalidCharactersKeepEntriesAlignedWithTheText) {
     Recorder rec;
     auto rs = generate(*make_session(model, cpu, make_pool(*model, 16, 8)), prompt, o, rec.callback());
     ASSERT_TRUE(rs.ok());
-    ASSERT_EQ(rs->finish_reason, "stop");
+    ASSERT_EQ(rs->finish_reason, FinishReason::kStop);
     ++stopped;
     EXPECT_EQ(rec.ahead, 0) << seed;
     const std::vector<size_t> ends = text_ends(tok, rs->tokens);
@@ -760,7 +778,7 @@ TEST(GenerateConstraint, SeededSamplesAreWholeDocumentsOfTheSchema) {
   for (uint64_t seed = 1; seed <= 12; ++seed) {
     auto r = generate(*f.session(), f.prompt(), constrained(seed));
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(r->finish_reason, "stop") << r->text;
+    EXPECT_EQ(r->finish_reason, FinishReason::kStop) << r->text;
     EXPECT_TRUE(whole_document(kSmallSchema, r->text)) << r->text;
     texts.insert(r->text);
   }
@@ -811,7 +829,7 @@ TEST(GenerateConstraint, CheckpointCarriesTheSchemaAndRefusesEndRulesItCannotKee
   ASSERT_TRUE(live.ok());
   ASSERT_TRUE((*live)->run().ok());
   Checkpoint free_text = (*live)->checkpoint();
-  free_text.finish_reason.clear();
+  free_text.finish_reason = FinishReason::kNone;
   free_text.options.constraint = {grammar::ConstraintKind::kJsonObject, ""};
   auto other_session = f.session();
   auto bad = Generator::resume(*other_session, free_text);

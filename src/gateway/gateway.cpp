@@ -6,8 +6,6 @@
 #include <set>
 #include <string>
 
-#include "core/size.h"
-
 namespace spw::gateway {
 
 std::string_view rates_source(const admission::PathRates& rates, const admission::RatePrior& prior) {
@@ -35,6 +33,33 @@ Result<Overflow> parse_overflow(std::string_view name) {
                 "unknown overflow mode '" + std::string(name) + "' (planned, none or naive)",
                 FailureReason::kInvalidField);
 }
+
+DecisionCounter decision_counter(admission::DecisionKind k) {
+  switch (k) {
+    case admission::DecisionKind::kAdmit: return DecisionCounter::kAdmit;
+    case admission::DecisionKind::kDelay: return DecisionCounter::kDelay;
+    case admission::DecisionKind::kShrink: return DecisionCounter::kShrink;
+    case admission::DecisionKind::kOffload: return DecisionCounter::kOffload;
+    case admission::DecisionKind::kRedirect: return DecisionCounter::kRedirect;
+    case admission::DecisionKind::kReject: break;
+  }
+  return DecisionCounter::kReject;
+}
+
+std::string_view decision_counter_name(DecisionCounter c) {
+  switch (c) {
+    case DecisionCounter::kFailover: return "failover";
+    case DecisionCounter::kMigrate: return "migrate";
+    case DecisionCounter::kAdmit: return admission::decision_kind_name(admission::DecisionKind::kAdmit);
+    case DecisionCounter::kDelay: return admission::decision_kind_name(admission::DecisionKind::kDelay);
+    case DecisionCounter::kShrink: return admission::decision_kind_name(admission::DecisionKind::kShrink);
+    case DecisionCounter::kOffload: return admission::decision_kind_name(admission::DecisionKind::kOffload);
+    case DecisionCounter::kRedirect: return admission::decision_kind_name(admission::DecisionKind::kRedirect);
+    case DecisionCounter::kReject: break;
+  }
+  return admission::decision_kind_name(admission::DecisionKind::kReject);
+}
+
 namespace {
 
 admission::RequestShape shape_of(const RouteRequest& r, int32_t prompt_tokens) {
@@ -171,7 +196,7 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
     const serve::PreparedRequest p = prepared_for(std::move(d), was.prompt_tokens, was.max_tokens_requested);
     const Status st = paths_[to].scheduler->adopt(t, p);
     if (st.ok()) {
-      count_decision("failover", shown);
+      count_decision(DecisionCounter::kFailover, shown);
       return st;
     }
     if (st.reason() != FailureReason::kQueueFull) return st;  // else that queue filled meanwhile: again
@@ -265,190 +290,12 @@ Status Gateway::migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, co
     const serve::PreparedRequest p = resume_prepared(std::move(d), *cp, t->limits().max_tokens_requested);
     const Status st = paths_[to].scheduler->adopt(t, p);
     if (st.ok()) {
-      count_decision("migrate", shown);
+      count_decision(DecisionCounter::kMigrate, shown);
       return st;
     }
     if (st.reason() != FailureReason::kQueueFull) return st;
   }
   return Status(StatusCode::kResourceExhausted, "every other path's queue filled meanwhile", FailureReason::kQueueFull);
-}
-
-namespace {
-
-std::string equivalence_key(const std::string& fingerprint, std::string a, std::string b) {
-  if (b < a) std::swap(a, b);
-  return fingerprint + "|" + a + "|" + b;
-}
-
-}  // namespace
-
-Status Gateway::migration_allowed(size_t from, size_t to) const {
-  const ExecutionPath& a = paths_[from];
-  const ExecutionPath& b = paths_[to];
-  if (a.fingerprint.empty() || a.fingerprint != b.fingerprint) {
-    return Status::failed_precondition("serves another model than " + a.name + " (compatibility fingerprints differ)");
-  }
-  if (a.placement == b.placement) return Status::ok_status();  // one backend: bitwise by its contract
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = equivalence_.find(equivalence_key(a.fingerprint, a.placement, b.placement));
-  if (it == equivalence_.end()) {
-    return Status::failed_precondition("equivalence with " + a.name + " not verified");
-  }
-  if (!it->second.passed) {
-    return Status::failed_precondition("equivalence check with " + a.name + " failed: " + it->second.detail);
-  }
-  return Status::ok_status();
-}
-
-std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
-  std::lock_guard<std::mutex> one(verify_mu_);
-  // Runs one request on a path as the server's own and returns its text (or
-  // the failure): each side's run is bounded on the Env's clock.
-  struct Run {
-    std::shared_ptr<serve::Ticket> ticket;
-    Status status;
-  };
-  auto start = [&](const ExecutionPath& path, const std::vector<TokenId>& prompt, const SamplerParams& sampler,
-                   int32_t max_tokens) {
-    serve::PreparedRequest p;
-    p.id = next_ticket_id_.fetch_add(1);
-    p.internal = true;
-    p.job.prompt = prompt;
-    p.job.sampler = sampler;
-    p.job.max_tokens = max_tokens;
-    const auto n_prompt = static_cast<int32_t>(prompt.size());
-    p.limits.n_ctx = path.scheduler->n_ctx();
-    p.limits.prompt_tokens = n_prompt;
-    p.limits.max_tokens = max_tokens;
-    p.kv_blocks = admission::kv_blocks_for(n_prompt + max_tokens, path.scheduler->kv_block_tokens());
-    p.decision.path = path.name;
-    p.decision.reason = "equivalence check";
-    Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
-    return t.ok() ? Run{*t, Status()} : Run{nullptr, t.status()};
-  };
-  auto finish = [&](Run& r, const ExecutionPath& path, std::string& text) -> Status {
-    if (!r.ticket) return r.status;
-    const int64_t deadline = env_.now_ns() + static_cast<int64_t>(std::llround(policy_.equivalence_timeout_s * 1e9));
-    serve::RequestEvent ev;
-    for (;;) {
-      const serve::PopResult pr = r.ticket->next_event(ev, std::chrono::milliseconds(20));
-      if (pr == serve::PopResult::kClosed) return Status::internal("equivalence run ended without a result");
-      if (pr == serve::PopResult::kTimeout) {
-        if (env_.now_ns() > deadline) {
-          (void)path.scheduler->cancel(r.ticket->id());
-          return Status(StatusCode::kDeadlineExceeded, "the run did not finish in time", FailureReason::kTimeout);
-        }
-        continue;
-      }
-      if (ev.kind == serve::RequestEvent::Kind::kText) {
-        text += ev.text;
-        continue;
-      }
-      return ev.state == serve::RequestState::kDone ? Status() : ev.status;
-    }
-  };
-  for (size_t i = 0; i < paths_.size(); ++i) {
-    for (size_t j = i + 1; j < paths_.size(); ++j) {
-      const ExecutionPath& a = paths_[i];
-      const ExecutionPath& b = paths_[j];
-      if (a.fingerprint.empty() || a.fingerprint != b.fingerprint || a.placement == b.placement) continue;
-      const std::string key = equivalence_key(a.fingerprint, a.placement, b.placement);
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (equivalence_.count(key) != 0) continue;
-      }
-      EquivalenceInfo info;
-      info.a = a.name;
-      info.b = b.name;
-      info.placement_a = a.placement;
-      info.placement_b = b.placement;
-      info.fingerprint = a.fingerprint;
-      const EquivalenceStore& store = policy_.equivalence_store;
-      const std::string stored_key = key + "|" + store.scope;
-      if (store.load) {
-        if (std::optional<EquivalenceInfo> kept = store.load(stored_key)) {
-          info.passed = kept->passed;
-          info.detail = kept->detail;
-          info.ms = kept->ms;
-          info.checked_ms = kept->checked_ms;
-          info.source = "stored";
-          emit({GatewayEventKind::kEquivalence, "", std::nullopt,
-                "equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed" : "FAILED") +
-                    " (kept from an earlier run), " + info.detail});
-          std::lock_guard<std::mutex> lk(mu_);
-          equivalence_[key] = info;
-          continue;
-        }
-      }
-      // An on-demand replica not loaded yet is loaded by the check's own
-      // runs (its first work) and given back after, so the mode keeps its
-      // promise (nothing held until a request needs it) and is still a
-      // verified migration target.
-      const bool unload_a = !a.replica->info().loaded && a.unload;
-      const bool unload_b = !b.replica->info().loaded && b.unload;
-      info.passed = true;
-      info.checked_ms = env_.wall_time_ms();
-      const int64_t t0 = env_.now_ns();
-      int32_t runs = 0;
-      bool compared = true;
-      for (const std::string& prompt_text : policy_.equivalence_prompts) {
-        for (bool seeded : {false, true}) {
-          serve::GenerationRequest g;
-          g.prompt = prompt_text;
-          g.sampler.temperature = seeded ? policy_.equivalence_temperature : 0.0f;
-          g.sampler.seed = policy_.equivalence_seed;
-          Result<std::vector<TokenId>> prompt = serve::encode_prompt(*a.tokenizer, g);
-          const int32_t room =
-              prompt.ok() ? std::min(a.scheduler->n_ctx(), b.scheduler->n_ctx()) - static_cast<int32_t>(prompt->size())
-                          : 0;
-          const int32_t n = std::min(policy_.equivalence_tokens, room);
-          if (!prompt.ok() || n < 1) continue;
-          Run ra = start(a, *prompt, g.sampler, n);
-          Run rb = start(b, *prompt, g.sampler, n);
-          std::string ta, tb;
-          const Status sa = finish(ra, a, ta);
-          const Status sb = finish(rb, b, tb);
-          const std::string what = std::string(seeded ? "seeded" : "greedy") + " \"" + prompt_text + "\"";
-          if (!sa.ok() || !sb.ok()) {
-            info.passed = false;
-            compared = false;
-            info.detail = what + " did not run: " + (sa.ok() ? sb : sa).to_string();
-          } else if (ta != tb) {
-            size_t k = 0;
-            while (k < ta.size() && k < tb.size() && ta[k] == tb[k]) ++k;
-            info.passed = false;
-            info.detail = what + ": texts differ at byte " + std::to_string(k) + " (\"" + ta + "\" vs \"" + tb + "\")";
-          }
-          if (!info.passed) break;
-          ++runs;
-        }
-        if (!info.passed) break;
-      }
-      if (info.passed && runs == 0) {
-        info.passed = false;
-        compared = false;
-        info.detail = "no prompt fits both paths' contexts";
-      } else if (info.passed) {
-        info.detail = std::to_string(runs) + " runs (greedy and seeded) of " +
-                      std::to_string(policy_.equivalence_tokens) + " tokens gave the same text";
-      }
-      info.ms = static_cast<double>(env_.now_ns() - t0) / 1e6;
-      emit({GatewayEventKind::kEquivalence, "", std::nullopt,
-            "equivalence " + a.name + " <-> " + b.name + ": " + (info.passed ? "passed, " : "FAILED, ") + info.detail});
-      for (const auto& [unload, path] : {std::pair{unload_a, &a}, std::pair{unload_b, &b}}) {
-        if (unload && path->unload()) path->replica->mark_unloaded();
-      }
-      // A verdict is kept only when texts were compared: a run that could
-      // not start or finish says nothing about the paths.
-      if (store.save && compared) store.save(stored_key, info);
-      std::lock_guard<std::mutex> lk(mu_);
-      equivalence_[key] = info;
-    }
-  }
-  std::lock_guard<std::mutex> lk(mu_);
-  std::vector<EquivalenceInfo> out;
-  for (const auto& [k, v] : equivalence_) out.push_back(v);
-  return out;
 }
 
 Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g) {
@@ -486,7 +333,7 @@ Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) 
   refresh();
   for (int attempt = 0; attempt < 3; ++attempt) {
     admission::Decision d = decide_resume(cp, snapshots());
-    count_decision(admission::decision_kind_name(d.kind), d);
+    count_decision(decision_counter(d.kind), d);
     if (d.kind == admission::DecisionKind::kReject) {
       const StatusCode code =
           d.failure == FailureReason::kQueueFull ? StatusCode::kResourceExhausted : StatusCode::kUnavailable;
@@ -536,369 +383,6 @@ Gateway::~Gateway() {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [id, l] : leases_) (void)l.ledger->release(l.ticket);
   leases_.clear();
-}
-
-void Gateway::stop_health() {
-  {
-    std::lock_guard<std::mutex> lk(health_sync_->mu);
-    health_sync_->stop = true;
-  }
-  health_sync_->cv.notify_all();
-  std::lock_guard<std::mutex> j(health_join_mu_);
-  if (health_.joinable()) health_.join();
-  // A check still running is bounded by the device's own finite waits.
-  for (HealthRunner& r : health_runners_)
-    if (r.thread.joinable()) r.thread.join();
-}
-
-Gateway::HealthPark Gateway::health_park() const {
-  if (!has_health_) return {};
-  std::lock_guard<std::mutex> lk(health_sync_->mu);
-  const bool parked = health_sync_->parked && !health_sync_->stop;
-  return {parked, parked};
-}
-
-void Gateway::health_loop() {
-  HealthSync& hs = *health_sync_;
-  const auto interval = static_cast<int64_t>(std::llround(policy_.health_interval_s * 1e9));
-  int64_t next = env_.now_ns() + interval;
-  std::unique_lock<std::mutex> lk(hs.mu);
-  for (;;) {
-    if (hs.stop) return;
-    if (env_.now_ns() < next) {
-      hs.parked = true;
-      (void)env_.wait_until_ns(lk, hs.cv, next);
-      hs.parked = false;
-      continue;
-    }
-    lk.unlock();
-    check_health_round();
-    next = env_.now_ns() + interval;
-    lk.lock();
-  }
-}
-
-void Gateway::check_health_round() {
-  HealthSync& hs = *health_sync_;
-  const auto timeout = static_cast<int64_t>(std::llround(policy_.health_timeout_s * 1e9));
-  for (HealthRunner& r : health_runners_) {
-    // Only a device in service: an open breaker keeps clients off it already
-    // and its recovery has probes of its own.
-    if (!r.breaker->closed()) continue;
-    auto fail = [&](const Status& st) {
-      emit({GatewayEventKind::kHealthCheck, r.device->name(), std::nullopt,
-            "health check of " + r.device->name() + " failed: " + st.to_string()});
-      r.breaker->record_health_failure(st);
-    };
-    {
-      std::lock_guard<std::mutex> lk(hs.mu);
-      if (r.run && !r.run->done) {
-        // The last check never answered: the device is still not answering.
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "the health check started %.1f s ago has not answered",
-                      static_cast<double>(env_.now_ns() - r.run->started_ns) / 1e9);
-        const Status st(StatusCode::kDeadlineExceeded, buf, FailureReason::kTimeout);
-        r.device->record_health_timeout(st);
-        fail(st);
-        continue;
-      }
-    }
-    if (r.thread.joinable()) r.thread.join();
-    auto run = std::make_shared<HealthRun>();
-    run->started_ns = env_.now_ns();
-    r.run = run;
-    r.thread = std::thread([run, device = r.device, sync = health_sync_] {
-      Status st = device->health_check();
-      {
-        std::lock_guard<std::mutex> lk(sync->mu);
-        run->status = std::move(st);
-        run->done = true;
-      }
-      sync->cv.notify_all();
-    });
-    Status result;
-    bool answered = false;
-    {
-      std::unique_lock<std::mutex> lk(hs.mu);
-      (void)env_.wait_until_ns(lk, hs.cv, run->started_ns + timeout, [&] { return hs.stop || run->done; });
-      if (hs.stop) return;
-      answered = run->done;
-      if (answered) result = run->status;
-    }
-    if (!answered) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "the health check did not answer within %.1f s", policy_.health_timeout_s);
-      const Status st(StatusCode::kDeadlineExceeded, buf, FailureReason::kTimeout);
-      r.device->record_health_timeout(st);
-      fail(st);
-    } else if (!result.ok()) {
-      fail(result);
-    }
-  }
-}
-
-void Gateway::stop_prober() {
-  {
-    std::lock_guard<std::mutex> lk(prober_sync_->mu);
-    prober_sync_->stop = true;
-  }
-  prober_sync_->cv.notify_all();
-  // A second shutdown (a second signal) waits here for the first's join.
-  std::lock_guard<std::mutex> j(prober_join_mu_);
-  if (prober_.joinable()) prober_.join();
-}
-
-Gateway::ProberPark Gateway::prober_park() const {
-  if (!has_prober_) return {};
-  ProberSync& ps = *prober_sync_;
-  std::lock_guard<std::mutex> lk(ps.mu);
-  ProberPark out;
-  out.on_clock = ps.phase == ProberSync::Phase::kClock || ps.phase == ProberSync::Phase::kProbe;
-  out.parked = ps.phase != ProberSync::Phase::kBusy && !ps.stop;
-  if (ps.phase != ProberSync::Phase::kProbe && ps.kick) out.parked = false;
-  if (ps.phase == ProberSync::Phase::kProbe && ps.probe_settled && ps.probe_settled()) out.parked = false;
-  return out;
-}
-
-void Gateway::prober_loop() {
-  ProberSync& ps = *prober_sync_;
-  const auto retry_ns = static_cast<int64_t>(std::llround(policy_.probe_retry_s * 1e9));
-  int64_t retry_at = 0;  // a probe that could not run waits until then
-  std::unique_lock<std::mutex> lk(ps.mu);
-  for (;;) {
-    ps.phase = ProberSync::Phase::kBusy;
-    if (ps.stop) return;
-    ps.kick = false;
-    lk.unlock();
-    // The first half-open breaker's probe is due; else wait for the earliest
-    // probe time of an open one (or for a trip, off the clock).
-    const int64_t now = env_.now_ns();
-    int64_t wake = -1;
-    auto sooner = [&](int64_t t) { wake = wake < 0 ? t : std::min(wake, t); };
-    const ExecutionPath* probe_path = nullptr;
-    uint64_t episode = 0;
-    std::set<const CircuitBreaker*> seen;
-    for (const ExecutionPath& p : paths_) {
-      if (!p.breaker || !seen.insert(p.breaker.get()).second) continue;  // the device's first path probes
-      const uint64_t e = p.breaker->probe_episode();
-      if (e != 0) {
-        if (now >= retry_at) {
-          probe_path = &p;
-          episode = e;
-          break;
-        }
-        sooner(retry_at);
-        continue;
-      }
-      const BreakerSnapshot snap = p.breaker->snapshot();
-      if (snap.state == BreakerState::kOpen) sooner(snap.next_probe_ns);
-    }
-    if (probe_path && probe_path->device && recovered_episode_[probe_path->breaker.get()] != episode) {
-      // Before the episode's first probe: bring the device back if a fault
-      // left it unhealthy (re-initialised; the paths re-open their session
-      // groups on their next run, which is the probe).
-      recovered_episode_[probe_path->breaker.get()] = episode;
-      const uint64_t before = probe_path->device->status().reinitializations;
-      const Status st = probe_path->device->recover();
-      const DeviceStatus ds = probe_path->device->status();
-      if (!st.ok()) {
-        emit({GatewayEventKind::kDevice, ds.name, std::nullopt,
-              "device " + ds.name + ": re-initialisation failed: " + st.to_string()});
-        probe_path->breaker->record_probe(episode, st);
-        lk.lock();
-        continue;
-      }
-      if (ds.reinitializations > before) {
-        char buf[48];
-        std::snprintf(buf, sizeof buf, "%.1f", ds.last_recovery_ms);
-        emit({GatewayEventKind::kDevice, ds.name, std::nullopt,
-              "device " + ds.name + ": re-initialised in " + buf + " ms (" + std::to_string(ds.reinitializations) +
-                  " so far); probing it"});
-      }
-    }
-    if (probe_path) {
-      if (!run_probe(*probe_path, episode)) retry_at = env_.now_ns() + retry_ns;
-      lk.lock();
-      continue;
-    }
-    lk.lock();
-    if (ps.stop || ps.kick) continue;
-    if (wake >= 0) {
-      ps.phase = ProberSync::Phase::kClock;
-      (void)env_.wait_until_ns(lk, ps.cv, wake);
-    } else {
-      ps.phase = ProberSync::Phase::kIdle;
-      ps.cv.wait(lk);
-    }
-  }
-}
-
-void Gateway::emit(GatewayEvent e) const {
-  if (policy_.log) policy_.log(e.text);
-  if (policy_.on_event) policy_.on_event(e);
-}
-
-bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
-  ProberSync& ps = *prober_sync_;
-  CircuitBreaker& breaker = *path.breaker;
-  auto log = [&](const std::string& line) {
-    emit({GatewayEventKind::kProbe, breaker.name(), std::nullopt, "circuit breaker " + breaker.name() + ": " + line});
-  };
-  // The reference: the CPU path (the first path without a breaker), when it
-  // serves the same model; a fallback model's text is expected to differ.
-  const ExecutionPath* ref = nullptr;
-  for (const ExecutionPath& p : paths_) {
-    if (!p.breaker) {
-      ref = &p;
-      break;
-    }
-  }
-  const bool compare = ref && !ref->fallback_model && ref->model == path.model;
-  serve::GenerationRequest g;
-  g.prompt = policy_.probe_prompt;
-  g.sampler.temperature = 0;  // greedy: the text is a function of the model
-  Result<std::vector<TokenId>> prompt = serve::encode_prompt(*path.tokenizer, g);
-  if (!prompt.ok()) {
-    breaker.record_probe(episode, prompt.status().with_context("probe prompt"));
-    return true;
-  }
-  const auto n_prompt = static_cast<int32_t>(prompt->size());
-  int32_t room = path.scheduler->n_ctx() - n_prompt;
-  if (compare) room = std::min(room, ref->scheduler->n_ctx() - n_prompt);
-  const int32_t max_tokens = std::min(policy_.probe_tokens, room);
-  if (max_tokens < 1) {
-    breaker.record_probe(episode, Status(StatusCode::kInvalidArgument, "the probe prompt does not fit the context",
-                                         FailureReason::kContextFull));
-    return true;
-  }
-  auto wake = [sync = prober_sync_](const serve::Ticket&) {
-    {
-      std::lock_guard<std::mutex> lk(sync->mu);
-      sync->kick = true;
-    }
-    sync->cv.notify_all();
-  };
-  // Drains a finished ticket: its text and final event.
-  auto drain = [](serve::Ticket& tk, std::string& text) {
-    serve::RequestEvent fin;
-    serve::RequestEvent ev;
-    while (tk.next_event(ev, std::chrono::milliseconds(0)) == serve::PopResult::kItem) {
-      if (ev.kind == serve::RequestEvent::Kind::kText)
-        text += ev.text;
-      else
-        fin = ev;
-    }
-    return fin;
-  };
-  auto prepared = [&](const serve::Scheduler& s) {
-    serve::PreparedRequest p;
-    p.id = next_ticket_id_.fetch_add(1);
-    p.internal = true;
-    p.on_finished = wake;
-    p.job.prompt = *prompt;
-    p.job.sampler = g.sampler;
-    p.job.max_tokens = max_tokens;
-    p.limits.n_ctx = s.n_ctx();
-    p.limits.prompt_tokens = n_prompt;
-    p.limits.max_tokens = max_tokens;
-    p.kv_blocks = admission::kv_blocks_for(n_prompt + max_tokens, s.kv_block_tokens());
-    p.decision.path = s.path();
-    p.decision.reason = "circuit breaker probe";
-    return p;
-  };
-  // The reference run: submitted once and kept across rounds (a probe that
-  // fails at once does not wait for it), until its text is cached.
-  if (compare && !probe_reference_ && ref_pending_ && serve::is_terminal(ref_pending_->state())) {
-    std::string ref_text;
-    if (drain(*ref_pending_, ref_text).state == serve::RequestState::kDone) probe_reference_ = std::move(ref_text);
-    ref_pending_.reset();
-  }
-  if (compare && !probe_reference_ && !ref_pending_) {
-    auto t = ref->scheduler->submit_prepared(prepared(*ref->scheduler));
-    if (!t.ok()) {
-      log("probe postponed: the " + ref->name + " path cannot run the reference now (" + t.status().message() + ")");
-      return false;
-    }
-    ref_pending_ = *t;
-  }
-  const std::shared_ptr<serve::Ticket> ref_ticket = compare && !probe_reference_ ? ref_pending_ : nullptr;
-  auto t = path.scheduler->submit_prepared(prepared(*path.scheduler));
-  if (!t.ok()) {
-    log("probe postponed: " + t.status().message());
-    return false;
-  }
-  const std::shared_ptr<serve::Ticket> probe = *t;
-  // Done waiting: the probe ended, and either it failed or the reference
-  // (when one is still needed) ended too.
-  auto settled = [probe, ref_ticket] {
-    if (!serve::is_terminal(probe->state())) return false;
-    return !ref_ticket || probe->state() != serve::RequestState::kDone || serve::is_terminal(ref_ticket->state());
-  };
-  const int64_t deadline = env_.now_ns() + static_cast<int64_t>(std::llround(policy_.probe_timeout_s * 1e9));
-  bool stopped = false;
-  {
-    std::unique_lock<std::mutex> lk(ps.mu);
-    ps.phase = ProberSync::Phase::kProbe;
-    ps.probe_settled = settled;
-    (void)env_.wait_until_ns(lk, ps.cv, deadline, [&] { return ps.stop || settled(); });
-    ps.phase = ProberSync::Phase::kBusy;
-    ps.probe_settled = nullptr;
-    stopped = ps.stop;
-  }
-  if (stopped) {
-    (void)path.scheduler->cancel(probe->id());
-    if (ref_pending_) (void)ref->scheduler->cancel(ref_pending_->id());
-    return true;
-  }
-  if (!serve::is_terminal(probe->state())) {
-    (void)path.scheduler->cancel(probe->id());
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "the probe did not finish within %.1f s", policy_.probe_timeout_s);
-    log(std::string("probe failed: ") + buf);
-    breaker.record_probe(episode, Status(StatusCode::kDeadlineExceeded, buf, FailureReason::kTimeout));
-    return true;
-  }
-  std::string text;
-  const serve::RequestEvent fin = drain(*probe, text);
-  if (fin.state == serve::RequestState::kCancelled) return true;  // shutting down: says nothing
-  if (fin.state != serve::RequestState::kDone) {
-    const Status st =
-        fin.status.ok() ? Status(StatusCode::kInternal, "probe failed", FailureReason::kUnhealthy) : fin.status;
-    log("probe failed: " + st.to_string());
-    breaker.record_probe(episode, st);
-    return true;
-  }
-  if (ref_ticket) {
-    std::string ref_text;
-    const bool ended = serve::is_terminal(ref_ticket->state());
-    const bool done = ended && drain(*ref_ticket, ref_text).state == serve::RequestState::kDone;
-    if (!ended) (void)ref->scheduler->cancel(ref_ticket->id());
-    ref_pending_.reset();
-    if (!done) {
-      log("probe postponed: the " + ref->name + " path's reference run did not complete");
-      return false;
-    }
-    probe_reference_ = std::move(ref_text);
-  }
-  if (compare && text != *probe_reference_) {
-    const Status st(
-        StatusCode::kInternal,
-        "probe text differs from the " + ref->name + " path's: \"" + text + "\" vs \"" + *probe_reference_ + "\"",
-        FailureReason::kUnhealthy);
-    log("probe failed: " + st.message());
-    breaker.record_probe(episode, st);
-    return true;
-  }
-  std::string how;
-  if (compare)
-    how = " (text equals the " + ref->name + " path's)";
-  else if (ref)
-    how = " (text not compared: the " + ref->name + " path serves another model)";
-  else
-    how = " (text not compared: no CPU path)";
-  log("probe passed" + how);
-  breaker.record_probe(episode, Status::ok_status());
-  return true;
 }
 
 void Gateway::shutdown(std::chrono::milliseconds grace) {
@@ -1034,7 +518,7 @@ Status Gateway::precheck(const RouteRequest& request, size_t prompt_bytes, Refus
   std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
   admission::Decision d = decide(shape_of(request, n_prompt), snaps);
   if (d.kind != admission::DecisionKind::kReject) return Status::ok_status();
-  count_decision(admission::decision_kind_name(d.kind), d);
+  count_decision(decision_counter(d.kind), d);
   if (d.failure == FailureReason::kContextFull) {
     // Say what is known: a lower bound, not the count a tokenizer would give.
     int32_t max_ctx = 0;
@@ -1069,7 +553,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
     admission::Decision d = decide(shape_of(request, n_prompt), snaps);
-    count_decision(admission::decision_kind_name(d.kind), d);
+    count_decision(decision_counter(d.kind), d);
     if (d.kind == admission::DecisionKind::kReject) {
       Status st = reject_status(d, snaps);  // built before d is moved from
       return refuse(std::move(st), std::move(d));
@@ -1132,17 +616,17 @@ bool Gateway::cancel(uint64_t ticket_id) {
   return false;
 }
 
-void Gateway::count_decision(std::string_view kind, const admission::Decision& d) {
+void Gateway::count_decision(DecisionCounter kind, const admission::Decision& d) {
   RecentDecision r;
   r.wall_ms = env_.wall_time_ms();
-  r.kind = std::string(kind);
+  r.kind = kind;
   r.path = d.path_index >= 0 && static_cast<size_t>(d.path_index) < paths_.size()
                ? paths_[static_cast<size_t>(d.path_index)].name
                : "";
   r.reason = d.reason;
   r.degraded = d.degraded();
   std::lock_guard<std::mutex> lk(mu_);
-  ++decisions_[r.kind];
+  ++decisions_[static_cast<size_t>(kind)];
   recent_decisions_.push_back(std::move(r));
   if (recent_decisions_.size() > kRecentDecisions) recent_decisions_.pop_front();
 }
@@ -1228,145 +712,6 @@ Result<Quote> Gateway::quote(const RouteRequest& request) {
     q.paths.push_back(std::move(pq));
   }
   return q;
-}
-
-admission::MemoryLedger* Gateway::cotenant_ledger() const {
-  // The first path's ledger is the first-choice device's (the GPU's when
-  // there is one): co-tenants compete for that memory.
-  for (const ExecutionPath& p : paths_)
-    if (p.ledger) return p.ledger.get();
-  return nullptr;
-}
-
-ReservationInfo Gateway::info_locked(uint64_t id, int64_t now) const {
-  const Lease& l = leases_.at(id);
-  ReservationInfo r;
-  r.id = id;
-  r.owner = l.owner;
-  r.name = l.name;
-  r.ledger = l.ledger->name();
-  r.bytes = l.bytes;
-  r.ttl_s = l.ttl_s;
-  r.expires_in_s = static_cast<double>(l.expires_ns - now) / 1e9;
-  r.after = l.ledger->snapshot();
-  r.fits = r.after.used <= r.after.limit;
-  return r;
-}
-
-namespace {
-std::string lease_not_found(uint64_t id) { return "reservation " + std::to_string(id) + " (released or expired)"; }
-bool may_touch(const ReservationCaller& who, const std::string& owner) { return who.admin || who.owner == owner; }
-}  // namespace
-
-std::string Gateway::takes_last_path(const admission::MemoryLedger& ledger, uint64_t bytes) const {
-  // Asked of decide() itself, so that every rule of admission (contexts,
-  // breakers, the CPU path's host budget) counts: the smallest request each
-  // model can take, now and with the lease added to every path on its ledger.
-  std::set<std::string> models;
-  for (const ExecutionPath& p : paths_) models.insert(p.model);
-  admission::RequestShape smallest;
-  smallest.prompt_tokens = 1;
-  smallest.max_tokens = 1;
-  for (const std::string& m : models) {
-    std::vector<admission::PathSnapshot> snaps = snapshots_for(m);
-    if (decide(smallest, snaps).kind == admission::DecisionKind::kReject) continue;  // nothing to take away
-    for (admission::PathSnapshot& s : snaps) {
-      if (s.ledger != ledger.name()) continue;
-      // max(co-tenants + bytes, others) <= max(co-tenants, others) + bytes:
-      // the pessimistic side.
-      s.ledger_used += bytes;
-      s.ledger_cotenants += bytes;
-    }
-    const admission::Decision after = decide(smallest, snaps);
-    if (after.kind == admission::DecisionKind::kReject)
-      return "model " + m + " would have no path left: " + after.reason;
-  }
-  return "";
-}
-
-Result<ReservationInfo> Gateway::reserve_cotenant(const std::string& name, uint64_t bytes, double ttl_s,
-                                                  const ReservationCaller& who) {
-  if (name.empty() || name.size() > 64) return invalid_field("name", "name: 1 to 64 characters");
-  if (Status st = check_byte_size(bytes, "bytes"); !st.ok()) return invalid_field("bytes", st.message());
-  if (!(ttl_s > 0) || ttl_s > 86400.0) return invalid_field("ttl_s", "ttl_s: must be in (0, 86400]");
-  admission::MemoryLedger* ledger = cotenant_ledger();
-  if (!ledger) return Status::failed_precondition("this server keeps no memory ledger to reserve in");
-  refresh();
-  // One reservation is checked and declared at a time: two that each fit
-  // the share alone must not both pass on the same figures.
-  std::lock_guard<std::mutex> serial(reserve_mu_);
-  const admission::LedgerSnapshot before = ledger->snapshot();
-  uint64_t leased = 0;  // what clients' leases hold on this ledger now (refresh() dropped the lapsed ones)
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    size_t mine = 0;
-    for (const auto& [id, l] : leases_) {
-      if (l.owner == who.owner) ++mine;
-      if (l.ledger == ledger) leased += l.bytes;
-    }
-    if (mine >= kMaxReservationsPerOwner) {
-      return Status::resource_exhausted("too many reservations for this API key (" +
-                                        std::to_string(kMaxReservationsPerOwner) + "); release some first");
-    }
-    if (leases_.size() >= kMaxReservations) {
-      return Status::resource_exhausted("too many reservations on this server (" + std::to_string(kMaxReservations) +
-                                        "); release some first");
-    }
-  }
-  if (policy_.reservation_max_share < 1.0) {
-    const auto cap = static_cast<uint64_t>(policy_.reservation_max_share * static_cast<double>(before.limit));
-    if (leased + bytes > cap) {
-      return Status::failed_precondition(
-          "reservation of " + admission::format_bytes(bytes) + " refused: co-tenant reservations on " + before.name +
-          " would hold " + admission::format_bytes(leased + bytes) + ", more than " +
-          std::to_string(static_cast<int>(policy_.reservation_max_share * 100 + 0.5)) + "% of its limit " +
-          admission::format_bytes(before.limit) + " (" + admission::format_bytes(cap) +
-          "; the operator sets the share with --reservation-max-share)");
-    }
-    const std::string last = takes_last_path(*ledger, bytes);
-    if (!last.empty()) {
-      return Status::failed_precondition("reservation of " + admission::format_bytes(bytes) + " on " + before.name +
-                                         " refused: " + last +
-                                         " (the operator allows it with --reservation-max-share 1)");
-    }
-  }
-  const int64_t now = env_.now_ns();
-  std::lock_guard<std::mutex> lk(mu_);
-  SPW_ASSIGN_OR_RETURN(admission::Ticket t, ledger->declare({admission::OwnerKind::kCoTenant, name}, bytes));
-  const uint64_t id = next_lease_id_++;
-  leases_[id] = Lease{who.owner, name, ledger, t, bytes, ttl_s, now + static_cast<int64_t>(ttl_s * 1e9)};
-  return info_locked(id, now);
-}
-
-Result<ReservationInfo> Gateway::renew(uint64_t id, const ReservationCaller& who) {
-  refresh();
-  const int64_t now = env_.now_ns();
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = leases_.find(id);
-  // Another owner's lease is as absent as a released one: its existence is
-  // none of the caller's business.
-  if (it == leases_.end() || !may_touch(who, it->second.owner)) return Status::not_found(lease_not_found(id));
-  it->second.expires_ns = now + static_cast<int64_t>(it->second.ttl_s * 1e9);
-  return info_locked(id, now);
-}
-
-Status Gateway::release(uint64_t id, const ReservationCaller& who) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = leases_.find(id);
-  if (it == leases_.end() || !may_touch(who, it->second.owner)) return Status::not_found(lease_not_found(id));
-  Status st = it->second.ledger->release(it->second.ticket);
-  leases_.erase(it);
-  return st;
-}
-
-std::vector<ReservationInfo> Gateway::reservations(const ReservationCaller& who) {
-  refresh();
-  const int64_t now = env_.now_ns();
-  std::lock_guard<std::mutex> lk(mu_);
-  std::vector<ReservationInfo> out;
-  for (const auto& [id, l] : leases_)
-    if (may_touch(who, l.owner)) out.push_back(info_locked(id, now));
-  return out;
 }
 
 bool Gateway::ready() const {

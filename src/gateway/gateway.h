@@ -20,7 +20,7 @@
 //             again without that path and adopted by the chosen one under the
 //             same ticket, id and stream (nothing was streamed, so nothing
 //             repeats); its decision's reason starts "failover from <path>
-//             after <failure>", decisions["failover"] counts it, and the
+//             after <failure>", status counts it as kFailover, and the
 //             device fault reaches the breaker. With no other path able to
 //             take it now, it fails with its own error.
 //   quote()   the same decision without submitting, plus each path's own
@@ -97,6 +97,7 @@
 // Thread safety: every public method may be called from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -433,10 +434,20 @@ struct PathStatus {
   std::optional<StepBatcherStats> batching;  // none: not batched (one worker or --no-batching)
 };
 
+// The kinds status counts decisions by: the controller's six, and the
+// gateway's own re-decisions: kFailover (decided again without the faulted
+// path, before the first token) and kMigrate (moved at a checkpoint).
+enum class DecisionCounter : uint8_t { kAdmit, kDelay, kShrink, kOffload, kRedirect, kReject, kFailover, kMigrate };
+inline constexpr size_t kNumDecisionCounters = 8;
+// "admit", "delay", "shrink", "offload", "redirect", "reject" (as
+// admission::decision_kind_name), "failover", "migrate".
+std::string_view decision_counter_name(DecisionCounter c);
+DecisionCounter decision_counter(admission::DecisionKind k);
+
 // One decision as status shows it (the most recent first).
 struct RecentDecision {
   int64_t wall_ms = 0;  // when (the Env's wall clock)
-  std::string kind;     // decision_kind_name, or "failover" / "migrate"
+  DecisionCounter kind = DecisionCounter::kAdmit;
   std::string path;     // where it sent the request ("" for a reject)
   std::string reason;
   bool degraded = false;
@@ -447,11 +458,13 @@ struct GatewayStatus {
   std::vector<PathNotBuilt> not_built;
   std::vector<admission::LedgerSnapshot> ledgers;
   std::vector<ReservationInfo> reservations;
-  std::map<std::string, uint64_t> decisions;     // by kind name
+  std::array<uint64_t, kNumDecisionCounters> decisions{};  // by DecisionCounter
   std::vector<RecentDecision> recent_decisions;  // the last kRecentDecisions, newest first
   bool ready = false;                            // some path can take work
   std::vector<EquivalenceInfo> equivalence;      // the checks done so far
   std::string overflow = "planned";              // overflow_name(policy.overflow): a baseline says so
+
+  uint64_t decided(DecisionCounter c) const { return decisions[static_cast<size_t>(c)]; }
 };
 
 class Gateway {
@@ -622,11 +635,11 @@ class Gateway {
   };
   std::map<uint64_t, Lease> leases_;
   uint64_t next_lease_id_ = 1;
-  std::map<std::string, uint64_t> decisions_;
+  std::array<uint64_t, kNumDecisionCounters> decisions_{};  // by DecisionCounter
   static constexpr size_t kRecentDecisions = 32;
   std::deque<RecentDecision> recent_decisions_;
   // Counts a decision and keeps it among the recent ones.
-  void count_decision(std::string_view kind, const admission::Decision& d);
+  void count_decision(DecisionCounter kind, const admission::Decision& d);
   std::map<uint64_t, std::weak_ptr<serve::Ticket>> live_;
   // verify_equivalence's results, keyed by fingerprint and the two
   // placements in order.

@@ -50,6 +50,18 @@ using serve::testing::FakeFaults;
 using serve::testing::FakeSpeed;
 using serve::testing::FakeExecutor;
 
+// Status counts decisions by a typed kind: the controller's kinds keep their
+// names (the status JSON and the metrics' labels), the gateway's own two are
+// "failover" and "migrate".
+TEST(DecisionCounterTest, NamesFollowTheControllersKinds) {
+  for (DecisionKind k : {DecisionKind::kAdmit, DecisionKind::kDelay, DecisionKind::kShrink, DecisionKind::kOffload,
+                         DecisionKind::kRedirect, DecisionKind::kReject}) {
+    EXPECT_EQ(decision_counter_name(decision_counter(k)), admission::decision_kind_name(k));
+  }
+  EXPECT_EQ(decision_counter_name(DecisionCounter::kFailover), "failover");
+  EXPECT_EQ(decision_counter_name(DecisionCounter::kMigrate), "migrate");
+}
+
 // Real-time bound on every wait: a correct run never comes near it; it turns
 // a lost wake-up or a stuck worker into a failure instead of a hang.
 constexpr std::chrono::milliseconds kRealTimeout = 10s;
@@ -394,7 +406,7 @@ TEST(GatewayTest, ShortRequestsStayOnGpuAndALongPromptGoesToCpuBeforeRunning) {
   for (auto& t : shorts) {
     Collected c = collect(*t, kRealTimeout);
     EXPECT_EQ(c.fin.state, RequestState::kDone);
-    EXPECT_EQ(c.fin.finish, serve::FinishReason::kLength);
+    EXPECT_EQ(c.fin.finish, FinishReason::kLength);
     EXPECT_EQ(c.text, fake_text(20));
   }
   Collected c = collect(*longer, kRealTimeout);
@@ -948,10 +960,10 @@ TEST(GatewayTest, StatusReportsQueuesKvDecisionsAndReservations) {
   EXPECT_EQ(st.paths[1].role, "fallback");
   EXPECT_EQ(st.paths[1].running, 1);
   EXPECT_EQ(st.paths[1].queue_depth, 0);
-  EXPECT_EQ(st.decisions.at("admit"), 1u);
-  EXPECT_EQ(st.decisions.at("delay"), 2u);
-  EXPECT_EQ(st.decisions.at("redirect"), 1u);
-  EXPECT_EQ(st.decisions.count("reject"), 0u);
+  EXPECT_EQ(st.decided(DecisionCounter::kAdmit), 1u);
+  EXPECT_EQ(st.decided(DecisionCounter::kDelay), 2u);
+  EXPECT_EQ(st.decided(DecisionCounter::kRedirect), 1u);
+  EXPECT_EQ(st.decided(DecisionCounter::kReject), 0u);
   ASSERT_EQ(st.reservations.size(), 1u);
   EXPECT_EQ(st.reservations[0].name, "indexer");
   EXPECT_EQ(st.reservations[0].bytes, 100 * kMiB);
@@ -977,7 +989,7 @@ TEST(GatewayTest, StatusReportsQueuesKvDecisionsAndReservations) {
   EXPECT_EQ(refused.status().reason(), FailureReason::kQueueFull);
   EXPECT_EQ(refusal.decision.http_status, 429);
   EXPECT_GE(refusal.decision.retry_after_s, 1.0);
-  EXPECT_GE(h.gw->status().decisions.at("reject"), 1u);
+  EXPECT_GE(h.gw->status().decided(DecisionCounter::kReject), 1u);
   h.run_to_idle();
 }
 
@@ -1239,7 +1251,7 @@ TEST(GatewayFailoverTest, ADeviceLossBeforeTheFirstTokenRunsTheRequestOnTheCpuPa
   EXPECT_EQ(c.n_finished, 1);
   EXPECT_EQ(h.faults[0]->runs(), 1);
   EXPECT_EQ(h.faults[1]->runs(), 1);
-  EXPECT_EQ(h.gw->status().decisions.at("failover"), 1u);
+  EXPECT_EQ(h.gw->status().decided(DecisionCounter::kFailover), 1u);
 
   auto next = h.submit(request(20, 10));
   ASSERT_NE(next, nullptr);
@@ -1307,7 +1319,7 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   const int64_t t_trip = trip_gpu(h, &moved);
   EXPECT_EQ(b.state(), BreakerState::kOpen);
   EXPECT_TRUE(h.gw->ready()) << "the CPU path can serve";
-  EXPECT_EQ(h.gw->status().decisions.at("failover"), 3u);
+  EXPECT_EQ(h.gw->status().decided(DecisionCounter::kFailover), 3u);
   // The next requests go to the CPU path, with the breaker's reason.
   auto redirected = h.submit(request(20, 10));
   ASSERT_NE(redirected, nullptr);
@@ -1362,7 +1374,7 @@ TEST(GatewayBreakerTest, DeviceFaultsOpenTheBreakerTheCpuPathServesAndProbesClos
   EXPECT_EQ(h.faults[0]->runs(), 5);
   EXPECT_EQ(h.faults[1]->runs(), 6);  // + `during`
   // Probes are not client requests: no decision was counted for them.
-  EXPECT_EQ(h.gw->status().decisions.at("redirect"), 2u);
+  EXPECT_EQ(h.gw->status().decided(DecisionCounter::kRedirect), 2u);
   // New requests are admitted on the GPU again.
   auto back = h.submit(request(20, 10));
   ASSERT_NE(back, nullptr);
@@ -1502,7 +1514,7 @@ TEST(GatewayMigrationTest, ADeviceLossMidStreamContinuesOnTheCpuPathFromTheCheck
   EXPECT_EQ(h.sched(1).stats().adopted, 1u);
   EXPECT_EQ(h.faults[0]->runs() - gpu_runs, 1);
   EXPECT_EQ(h.faults[1]->runs() - cpu_runs, 1);
-  EXPECT_EQ(h.gw->status().decisions.at("migrate"), 1u);
+  EXPECT_EQ(h.gw->status().decided(DecisionCounter::kMigrate), 1u);
   EXPECT_EQ(h.breakers.at("vulkan:0")->snapshot().faults, 1u) << "the fault reached the breaker";
   EXPECT_EQ(h.breakers.at("vulkan:0")->state(), BreakerState::kOpen) << "a device loss trips it at once";
 }

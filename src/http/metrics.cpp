@@ -126,12 +126,10 @@ std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats
   w.family("decode_tokens_per_second", "histogram", "Decode rate of each finished request after its first token.");
   for (const auto& p : paths) w.histogram({{"path", p.name}}, p.stats.decode_tps);
 
-  w.family("decisions_total", "counter", "Admission decisions by kind (failover: re-decided after a device fault).");
-  std::set<std::string> kinds = {"admit", "delay", "shrink", "offload", "redirect", "reject", "failover"};
-  for (const auto& [k, n] : s.decisions) kinds.insert(k);
-  for (const std::string& k : kinds) {
-    auto it = s.decisions.find(k);
-    w.sample({{"kind", k}}, it == s.decisions.end() ? 0.0 : static_cast<double>(it->second));
+  w.family("decisions_total", "counter", "Admission decisions by kind (failover: re-decided after a device fault; migrate: moved at a checkpoint).");
+  for (size_t k = 0; k < gateway::kNumDecisionCounters; ++k) {
+    w.sample({{"kind", std::string(gateway::decision_counter_name(static_cast<gateway::DecisionCounter>(k)))}},
+             static_cast<double>(s.decisions[k]));
   }
 
   w.family("ledger_bytes", "gauge", "Memory ledgers: capacity, headroom, limit, used, observed, others, reserved by owner.");

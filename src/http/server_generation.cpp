@@ -373,8 +373,8 @@ std::string HttpServer::Impl::finish_name(const Call& c, std::string reason) {
   return reason;
 }
 
-std::string HttpServer::Impl::finish_name(const Call& c, serve::FinishReason f) {
-  return finish_name(c, std::string(serve::finish_reason_name(f)));
+std::string HttpServer::Impl::finish_name(const Call& c, FinishReason f) {
+  return finish_name(c, std::string(finish_reason_name(f)));
 }
 
 // Stream chunks for released text and calls (a content chunk, then one per
@@ -439,7 +439,7 @@ void HttpServer::Impl::whole_choices(Call& c, Response& res) {
   r.created = c.created;
   r.model = c.model;
   auto finish_of = [&](size_t i) {
-    return std::string(serve::finish_reason_name(i < ev.choice_finish.size() ? ev.choice_finish[i] : ev.finish));
+    return std::string(finish_reason_name(i < ev.choice_finish.size() ? ev.choice_finish[i] : ev.finish));
   };
   r.text = std::move(texts[0]);
   r.finish_reason = finish_of(0);
@@ -617,8 +617,8 @@ void HttpServer::Impl::stream(const std::shared_ptr<Call>& call, Response& res) 
         // carries the spillway info as for n = 1.
         for (int32_t i = 0; i < c.n; ++i) {
           const auto k = static_cast<size_t>(i);
-          const serve::FinishReason f = k < ev.choice_finish.size() ? ev.choice_finish[k] : ev.finish;
-          out += chunk(c, "", std::string(serve::finish_reason_name(f)), false, i + 1 == c.n, std::nullopt, i);
+          const FinishReason f = k < ev.choice_finish.size() ? ev.choice_finish[k] : ev.finish;
+          out += chunk(c, "", std::string(finish_reason_name(f)), false, i + 1 == c.n, std::nullopt, i);
         }
       } else {
         out += chunk(c, "", finish_name(c, ev.finish), false, true);

@@ -138,7 +138,7 @@ class HttpServer::Impl {
   static void start_tools(Call& c, const ToolUse& use);
   static ToolCallStream::Released tool_pass(Call& c, std::string text, bool at_end);
   static std::string finish_name(const Call& c, std::string reason);
-  static std::string finish_name(const Call& c, serve::FinishReason f);
+  static std::string finish_name(const Call& c, FinishReason f);
   std::string released_chunks(Call& c, ToolCallStream::Released r, bool with_info,
                               const std::optional<ChoiceLogprobs>& logprobs);
   static void mark_closed(serve::RequestEvent& ev);

@@ -403,8 +403,9 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
   json ledgers = json::array();
   for (const auto& l : s.ledgers) ledgers.push_back(ledger_json(l));
   json decisions = json::object();
-  for (const char* k : {"admit", "delay", "shrink", "offload", "redirect", "reject"}) decisions[k] = 0;
-  for (const auto& [k, v] : s.decisions) decisions[k] = v;
+  for (size_t k = 0; k < gateway::kNumDecisionCounters; ++k) {
+    decisions[std::string(gateway::decision_counter_name(static_cast<gateway::DecisionCounter>(k)))] = s.decisions[k];
+  }
   json equivalence = json::array();
   for (const gateway::EquivalenceInfo& e : s.equivalence) {
     equivalence.push_back({{"paths", {e.a, e.b}},
@@ -419,7 +420,7 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
   json recent = json::array();
   for (const gateway::RecentDecision& d : s.recent_decisions) {
     recent.push_back({{"wall_ms", d.wall_ms},
-                      {"kind", d.kind},
+                      {"kind", gateway::decision_counter_name(d.kind)},
                       {"path", nullable(d.path)},
                       {"reason", d.reason},
                       {"degraded", d.degraded}});

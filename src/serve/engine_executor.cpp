@@ -31,11 +31,6 @@ GenerateOptions generate_options(const ExecJob& job) {
   return o;
 }
 
-// A finished (not cancelled) generation's reason as the scheduler types it.
-FinishReason finish_of(const GenerateResult& r) {
-  return r.finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop;
-}
-
 // A request with n > 1 choices (ExecJob::n): a ChoiceGroup over the prompt,
 // evaluated once on the worker's session; the choices decode on forks of it
 // that share the prompt's KV, each step one pass for all of them
@@ -68,8 +63,8 @@ Result<ExecOutcome> run_choices(Session& session, const ExecJob& job, const Exec
   ExecOutcome out;
   for (int32_t i = 0; i < group->size(); ++i) {
     const GenerateResult& r = group->choice(i).result();
-    if (r.finish_reason == "cancelled") return Status::cancelled("request cancelled");
-    const FinishReason f = finish_of(r);
+    if (r.finish_reason == FinishReason::kCancelled) return Status::cancelled("request cancelled");
+    const FinishReason f = r.finish_reason;
     const auto n = static_cast<int32_t>(r.tokens.size());
     out.choice_finish.push_back(f);
     out.choice_tokens.push_back(n);
@@ -163,7 +158,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
     if (*r && every > 0 && g.n_generated() % every == 0) report(/*at_failure=*/false);
   }
   if (!mismatch.empty()) return Status(StatusCode::kFailedPrecondition, mismatch, FailureReason::kReplayMismatch);
-  if (g.result().finish_reason == "cancelled") return Status::cancelled("request cancelled");
+  if (g.result().finish_reason == FinishReason::kCancelled) return Status::cancelled("request cancelled");
   if (replayed < job.replay.size()) {
     return Status(StatusCode::kFailedPrecondition,
                   "the regenerated text ended after " + std::to_string(replayed) + " of the " +
@@ -171,7 +166,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
                   FailureReason::kReplayMismatch);
   }
   ExecOutcome out;
-  out.finish = finish_of(g.result());
+  out.finish = g.result().finish_reason;
   out.completion_tokens = g.n_generated();
   return out;
 }

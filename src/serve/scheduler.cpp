@@ -20,15 +20,6 @@ std::string_view request_state_name(RequestState s) {
   return "unknown";
 }
 
-std::string_view finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kNone: break;
-  }
-  return "";
-}
-
 Ticket::Ticket(Env& env, PreparedRequest p, std::string path)
     : env_(env),
       id_(p.id),

@@ -60,6 +60,7 @@
 #include "admission/controller.h"
 #include "core/status.h"
 #include "engine/checkpoint.h"
+#include "engine/finish_reason.h"
 #include "engine/sampler.h"
 #include "serve/channel.h"
 #include "tokenizer/tokenizer.h"
@@ -72,10 +73,9 @@ inline bool is_terminal(RequestState s) {
   return s == RequestState::kDone || s == RequestState::kCancelled || s == RequestState::kFailed;
 }
 
-// Why a finished (kDone) generation ended: kStop = end-of-generation token or a
-// stop string; kLength = max_tokens or the end of the context.
-enum class FinishReason { kNone, kStop, kLength };
-std::string_view finish_reason_name(FinishReason r);  // "stop", "length", ""
+// Why a finished (kDone) generation ended is the engine's FinishReason
+// (engine/finish_reason.h): kStop or kLength; a cancelled run is kCancelled
+// (the scheduler reports it as RequestState::kCancelled, not as a finish).
 
 // What a client asks for, in engine terms (the HTTP layer fills it in).
 struct GenerationRequest {

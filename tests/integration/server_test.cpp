@@ -424,7 +424,7 @@ TEST(Server, FullQueueIs429) {
   EXPECT_EQ((*ra)->status, 200) << (*ra)->body;
   EXPECT_EQ((*rb)->status, 200) << (*rb)->body;
   // Admission refused C and D before they reached the path's queue.
-  EXPECT_EQ(s.gateway().status().decisions["reject"], 2u);
+  EXPECT_EQ(s.gateway().status().decided(gateway::DecisionCounter::kReject), 2u);
 }
 
 // Streams a completion and hangs up after the first chunk that carries text.

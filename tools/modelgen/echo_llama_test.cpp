@@ -248,7 +248,7 @@ TEST(EchoLlama, ReplayedEosOrStopStringEndsTheGeneration) {
     ASSERT_TRUE(ds.ok()) << ds.status().to_string();
     auto r = generate(*ds->session, p, greedy(100, /*ignore_eos=*/false));
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(r->finish_reason, "stop");
+    EXPECT_EQ(r->finish_reason, FinishReason::kStop);
     EXPECT_EQ(r->tokens, said);
     EXPECT_EQ(r->text, said_text);
   }
@@ -265,7 +265,7 @@ TEST(EchoLlama, ReplayedEosOrStopStringEndsTheGeneration) {
     o.stop = {"END"};
     auto r = generate(*ds->session, p, o);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(r->finish_reason, "stop");
+    EXPECT_EQ(r->finish_reason, FinishReason::kStop);
     std::string end_text;
     for (TokenId id : end) end_text += tok.token_piece(id);
     const std::string full = said_text + end_text;
