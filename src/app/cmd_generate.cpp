@@ -125,12 +125,12 @@ int run_generate(GenerateCliOptions o) {
     const std::string where =
         ds.placement == placement_name ? placement_name : placement_name + " [" + ds.placement + "]";
     std::printf("\n");
+    const std::string finish(finish_reason_name(r.finish_reason));
     std::fprintf(stderr,
                  "spillway: on %s: %zu prompt tokens %.1f tok/s, %zu generated %.1f tok/s, finish=%s, load %.1f ms\n",
                  where.c_str(), r.prompt_tokens.size(),
                  per_second(static_cast<int64_t>(r.prompt_tokens.size()), r.prefill_ns), r.tokens.size(),
-                 per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns), std::string(finish_reason_name(r.finish_reason)).c_str(),
-                 load_ns / 1e6);
+                 per_second(static_cast<int64_t>(r.tokens.size()), r.decode_ns), finish.c_str(), load_ns / 1e6);
     return 0;
   }
 
