@@ -2,20 +2,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "gguf/ggml_types.h"
 
 namespace spw::admission {
-double decode_kernel_bytes_per_s(uint32_t t) {
-  switch (static_cast<gguf::GgmlType>(t)) {
-    case gguf::GgmlType::kQ4_K:
-    case gguf::GgmlType::kQ5_K:
-      return 9.9e9;
-    case gguf::GgmlType::kQ6_K:
-      return 17.3e9;
-    default:
-      return 0;
+KernelRates reference_kernel_rates() {
+  KernelRates r;
+  r.bytes_per_s[static_cast<uint32_t>(gguf::GgmlType::kQ4_K)] = 9.9e9;
+  r.bytes_per_s[static_cast<uint32_t>(gguf::GgmlType::kQ5_K)] = 9.9e9;
+  r.bytes_per_s[static_cast<uint32_t>(gguf::GgmlType::kQ6_K)] = 17.3e9;
+  return r;
+}
+
+double kernel_seconds(const StreamShare& s, const KernelRates& rates) {
+  if (s.device != DeviceKind::kHost) return 0;
+  const double threads = std::max(1, s.threads);
+  double seconds = 0;
+  for (const TypeBytes& tb : s.matrix_bytes) {
+    const double rate = rates.rate(tb.ggml_type);
+    if (rate > 0) seconds += static_cast<double>(tb.bytes) / (rate * threads);
   }
+  return seconds;
 }
 
 std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimate& est) {
@@ -24,7 +32,10 @@ std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimat
   auto share = [&](DeviceKind d) -> StreamShare& {
     for (StreamShare& s : shares)
       if (s.device == d) return s;
-    shares.push_back(StreamShare{d, 0, 0, 0});
+    StreamShare fresh;
+    fresh.device = d;
+    fresh.threads = std::max(1, est.plan.n_threads);
+    shares.push_back(std::move(fresh));
     return shares.back();
   };
   auto device_of_layer = [&](int32_t l) {
@@ -37,12 +48,14 @@ std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimat
   const DeviceKind emb_dev = est.stages.front().device;
   const DeviceKind out_dev = est.stages.back().device;
   const bool tied = file.find_tensor("output.weight") == nullptr;
-  const double threads = std::max(1, est.plan.n_threads);
   auto add = [&](DeviceKind d, const gguf::TensorInfo& t, uint64_t bytes) {
     StreamShare& s = share(d);
     s.weight_bytes += bytes;
-    const double rate = decode_kernel_bytes_per_s(t.type);
-    if (d == DeviceKind::kHost && rate > 0) s.compute_s += static_cast<double>(bytes) / (rate * threads);
+    if (t.n_dims < 2) return;  // a norm's vector: no matvec
+    auto it = std::find_if(s.matrix_bytes.begin(), s.matrix_bytes.end(),
+                           [&](const TypeBytes& tb) { return tb.ggml_type == t.type; });
+    if (it == s.matrix_bytes.end()) it = s.matrix_bytes.insert(s.matrix_bytes.end(), TypeBytes{t.type, 0});
+    it->bytes += bytes;
   };
   for (const gguf::TensorInfo& t : file.tensors()) {
     const int32_t l = tensor_layer(t.name);

@@ -11,8 +11,8 @@
 //   step_overhead_s + sum over memories m of (max(W_m / B_m, C_m) + KV_m * p / B_m)
 // seconds (W_m: weight bytes a step reads from m, KV_m: K+V bytes per
 // position of the layers on m, B_m: m's read bandwidth, C_m: the CPU
-// kernels' own time for those bytes where it is known to exceed the
-// streaming, see decode_kernel_bytes_per_s). Hence
+// kernels' own time for those bytes where it exceeds the streaming, see
+// KernelRates). Hence
 //   decode_tps = 1 / (step_overhead_s + sum max(W_m / B_m, C_m)),
 //   decode_s_per_pos = sum KV_m / B_m.
 // step_overhead_s is the fixed cost of a step that is not streaming: one
@@ -24,9 +24,9 @@
 // bandwidth says little about it; without a compute measurement the prior
 // takes prefill_tps = prefill_per_decode x decode_tps, the ratio measured on
 // the reference machine (docs/PERFORMANCE.md), and no growth with position.
-// What the model ignores: compute in decode beyond the K-quant kernels'
-// table (right while bandwidth binds, i.e. for models well beyond the
-// caches), the Vulkan kernels' compute, attention's arithmetic beyond its
+// What the model ignores: the overlap of compute and streaming (the larger
+// of the two is taken, not a sum: right at either end, optimistic where they
+// are close), the Vulkan kernels' compute, attention's arithmetic beyond its
 // KV reads, several requests sharing one weight read (continuous batching:
 // the prior is for a request alone, as a quote is), the cache serving part of
 // a model that fits in it, and a co-tenant's share of the bandwidth.
@@ -39,6 +39,7 @@
 // Thread safety: pure functions over values.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -50,6 +51,12 @@
 
 namespace spw::admission {
 
+// Weight bytes of one ggml type in a share.
+struct TypeBytes {
+  uint32_t ggml_type = 0;
+  uint64_t bytes = 0;
+};
+
 // What a decode step streams from one device's memory.
 struct StreamShare {
   DeviceKind device = DeviceKind::kHost;
@@ -57,15 +64,43 @@ struct StreamShare {
   uint64_t kv_bytes_per_position = 0;  // KV_m: K+V bytes per earlier position
   double bandwidth = 0;                // B_m: bytes/s (0: unknown)
   double compute_s = 0;                // C_m: kernel seconds per step where known (0: none)
+  // The matrices' part of weight_bytes by type (the embedding's one row is
+  // a lookup, not a kernel's): what kernel_seconds() prices.
+  std::vector<TypeBytes> matrix_bytes;
+  int threads = 1;  // CPU threads the share's kernels run on (the plan's)
 };
 
-// Weight bytes per second one CPU thread's decode kernel (one token against
-// a matrix) gets through for the weight types that are compute-bound on the
-// reference machine, 0 for the others (memory-bound there: F32, F16, Q8_0
-// decode at the bandwidth). From docs/PERFORMANCE.md "Low-bit types beside
-// Q8_0": Q4_K 9.9 GB/s, Q6_K 17.3 GB/s a thread (two threads 1.8-1.9x).
-// Q5_K, not measured, is taken as Q4_K (the same scale unpacking).
-double decode_kernel_bytes_per_s(uint32_t ggml_type);
+// Weight bytes per second one CPU thread's decode matvec (one token against a
+// matrix held in cache) gets through, by ggml type; 0: not known, and the
+// type is taken as memory-bound. Measured at start on the host
+// (backend/cpu/kernel_probe.h) unless the gateway skips its probes; else
+// reference_kernel_rates().
+struct KernelRates {
+  static constexpr uint32_t kTypes = 32;  // ggml type ids below this
+  std::array<double, kTypes> bytes_per_s{};
+  std::array<bool, kTypes> measured{};  // false: the reference machine's figure (or none)
+  double rate(uint32_t ggml_type) const { return ggml_type < kTypes ? bytes_per_s[ggml_type] : 0.0; }
+};
+
+// One weight type's rate as a path's prior used it (status).
+struct KernelRate {
+  uint32_t ggml_type = 0;
+  double bytes_per_s = 0;  // 0: none, the type taken as memory-bound
+  bool measured = false;   // on this host; else the reference machine's
+};
+
+// The reference machine's figures (AMD EPYC Zen 5, AVX-512, 1 thread;
+// docs/PERFORMANCE.md "Low-bit types beside Q8_0"): Q4_K 9.9 GB/s, Q6_K
+// 17.3 GB/s; Q5_K, not measured, taken as Q4_K (the same scale unpacking);
+// the other types 0 (memory-bound there: F32, F16, Q8_0 decode at the
+// bandwidth). Another CPU may differ by 2x (kernel_probe.h): these are the
+// fallback when nothing was measured.
+KernelRates reference_kernel_rates();
+
+// C_m of a host share: the sum over its matrix_bytes of bytes / (rate x
+// threads), types without a rate left out; 0 for a GPU share (its kernels'
+// compute is not modelled).
+double kernel_seconds(const StreamShare& share, const KernelRates& rates);
 
 struct PriorConstants {
   // Measured on the reference machine (AMD EPYC Zen 5, 2 vCPU) with the
@@ -91,9 +126,8 @@ struct PriorConstants {
 };
 
 // The shares of a path's estimate (one per device its layers are on), their
-// bandwidth left 0 for the caller to fill in. `file` is the estimate's model.
-// The host share's compute_s: its tensors' bytes over
-// decode_kernel_bytes_per_s x the plan's n_threads (the CPU backend's).
+// bandwidth and compute_s left 0 for the caller to fill in (kernel_seconds).
+// `file` is the estimate's model; threads is the plan's n_threads.
 std::vector<StreamShare> stream_shares(const gguf::GgufFile& file, const Estimate& estimate);
 
 // The prior (measured false, samples 0, completion_share 1).
@@ -109,6 +143,7 @@ struct RatePrior {
   uint64_t weight_bytes_per_token = 0;  // over every share
   uint64_t kv_bytes_per_position = 0;
   double compute_s_per_token = 0;  // sum of the shares' compute_s
+  std::vector<KernelRate> kernels;  // the host share's matrix types, as compute_s priced them
   PriorConstants constants;
   PathRates rates;  // the prior, as it was given to the path
 };

@@ -16,13 +16,24 @@
 namespace spw::admission {
 namespace {
 
+// A share of `weight` bytes a step, `kv` bytes a position, at `bw` bytes/s.
+StreamShare share(DeviceKind d, uint64_t weight, uint64_t kv, double bw, double compute_s = 0) {
+  StreamShare s;
+  s.device = d;
+  s.weight_bytes = weight;
+  s.kv_bytes_per_position = kv;
+  s.bandwidth = bw;
+  s.compute_s = compute_s;
+  return s;
+}
+
 TEST(PriorRates, DecodeIsBandwidthOverBytesPlusTheStepOverhead) {
   // 1 GB of weights at 20 GB/s: 50 ms a step, plus 1 ms overhead.
   PriorConstants c;
   c.step_overhead_s = 1e-3;
   c.prefill_per_decode = 8.0;
   c.decode_bandwidth_share = 1.0;
-  std::vector<StreamShare> shares{{DeviceKind::kHost, 1'000'000'000, 200'000, 20e9}};
+  std::vector<StreamShare> shares{share(DeviceKind::kHost, 1'000'000'000, 200'000, 20e9)};
   Result<PathRates> r = prior_rates(shares, c);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_NEAR(r->decode_tps, 1.0 / 0.051, 1e-9);
@@ -48,8 +59,8 @@ TEST(PriorRates, SharesOnTwoMemoriesAddTheirStreamingTimes) {
   PriorConstants c;
   c.step_overhead_s = 0;
   c.decode_bandwidth_share = 1.0;
-  std::vector<StreamShare> shares{{DeviceKind::kGpu, 300'000'000, 3000, 300e9},
-                                  {DeviceKind::kHost, 500'000'000, 5000, 25e9}};
+  std::vector<StreamShare> shares{share(DeviceKind::kGpu, 300'000'000, 3000, 300e9),
+                                  share(DeviceKind::kHost, 500'000'000, 5000, 25e9)};
   Result<PathRates> r = prior_rates(shares, c);
   ASSERT_TRUE(r.ok());
   EXPECT_NEAR(1.0 / r->decode_tps, 0.021, 1e-12);
@@ -61,18 +72,37 @@ TEST(PriorRates, AComputeBoundShareTakesItsKernelTimeNotItsStreamingTime) {
   PriorConstants c;
   c.step_overhead_s = 0;
   c.decode_bandwidth_share = 1.0;
-  std::vector<StreamShare> shares{{DeviceKind::kHost, 50'000'000, 0, 25e9, 5e-3}};
+  std::vector<StreamShare> shares{share(DeviceKind::kHost, 50'000'000, 0, 25e9, 5e-3)};
   Result<PathRates> r = prior_rates(shares, c);
   ASSERT_TRUE(r.ok());
   EXPECT_NEAR(1.0 / r->decode_tps, 5e-3, 1e-12);
   shares[0].compute_s = 1e-3;  // below the streaming: the streaming binds
   EXPECT_NEAR(1.0 / prior_rates(shares, c)->decode_tps, 2e-3, 1e-12);
-  EXPECT_EQ(decode_kernel_bytes_per_s(static_cast<uint32_t>(gguf::GgmlType::kQ4_K)), 9.9e9);
-  EXPECT_EQ(decode_kernel_bytes_per_s(static_cast<uint32_t>(gguf::GgmlType::kQ8_0)), 0.0);
+}
+
+TEST(KernelSeconds, PriceEachTypesBytesAtItsRateOverTheThreads) {
+  const auto q4k = static_cast<uint32_t>(gguf::GgmlType::kQ4_K);
+  const auto q6k = static_cast<uint32_t>(gguf::GgmlType::kQ6_K);
+  const auto f32 = static_cast<uint32_t>(gguf::GgmlType::kF32);
+  StreamShare host;
+  host.matrix_bytes = {{q4k, 99'000'000}, {q6k, 17'300'000}, {f32, 4'000'000}};
+  host.threads = 2;
+  const KernelRates ref = reference_kernel_rates();
+  EXPECT_EQ(ref.rate(q4k), 9.9e9);
+  EXPECT_EQ(ref.rate(f32), 0.0);  // memory-bound on the reference machine
+  EXPECT_EQ(ref.rate(999), 0.0);  // not a type: no rate, no crash
+  // F32 has no reference rate: left out.
+  EXPECT_NEAR(kernel_seconds(host, ref), 99e6 / (9.9e9 * 2) + 17.3e6 / (17.3e9 * 2), 1e-15);
+  KernelRates measured;
+  measured.bytes_per_s[f32] = 8e9;
+  EXPECT_NEAR(kernel_seconds(host, measured), 4e6 / (8e9 * 2), 1e-15);  // only the measured type
+  StreamShare gpu = host;
+  gpu.device = DeviceKind::kGpu;
+  EXPECT_EQ(kernel_seconds(gpu, ref), 0.0);  // a GPU's compute is not modelled
 }
 
 TEST(PriorRates, RefusesUnknownBandwidthAndBadConstants) {
-  std::vector<StreamShare> shares{{DeviceKind::kGpu, 1000, 10, 0}};
+  std::vector<StreamShare> shares{share(DeviceKind::kGpu, 1000, 10, 0)};
   Result<PathRates> r = prior_rates(shares);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -129,7 +159,20 @@ TEST(StreamShares, CountEveryLayerMatrixTheHeadAndOneEmbeddingRow) {
   EXPECT_EQ(shares[0].weight_bytes, expect);
   // F16 K and V of 3 layers, 2 KV heads of 16: 3 x 2 x 32 x 2 bytes.
   EXPECT_EQ(shares[0].kv_bytes_per_position, 3u * 2u * 32u * 2u);
-  EXPECT_EQ(shares[0].compute_s, 0.0);  // F32: memory-bound, no kernel term
+  EXPECT_EQ(shares[0].compute_s, 0.0);  // left to the caller (kernel_seconds)
+  // The matrices by type: everything but the norms' vectors and the
+  // embedding's looked-up row (tied: the head's read of it is a matrix's).
+  uint64_t matrices = 0;
+  for (const gguf::TensorInfo& t : (*file)->tensors()) {
+    const bool counted = t.name.rfind("blk.", 0) == 0 || t.name == "output.weight" ||
+                         (t.name == "token_embd.weight" && (*file)->find_tensor("output.weight") == nullptr);
+    if (counted && t.n_dims >= 2) matrices += t.nbytes;
+  }
+  uint64_t by_type = 0;
+  for (const TypeBytes& tb : shares[0].matrix_bytes) by_type += tb.bytes;
+  EXPECT_EQ(by_type, matrices);
+  EXPECT_GT(matrices, 0u);
+  EXPECT_EQ(shares[0].threads, std::max(1, est->plan.n_threads));
   std::filesystem::remove(path);
 }
 

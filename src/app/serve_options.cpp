@@ -216,7 +216,8 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
   adm->add_option("--host-bandwidth", g.host_bandwidth,
                   "Read bandwidth of host memory in bytes/s for the paths' rate priors (the speeds quoted before a "
                   "path's first request: bandwidth / bytes a decode step streams); 0: measured at start (~120-150 ms "
-                  "on the reference machine)")
+                  "on the reference machine) with each weight type's decode kernel (a few ms a type); given: no "
+                  "start-up probes, kernels priced with the reference machine's figures")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   adm->add_option("--device-bandwidth", g.device_bandwidth,

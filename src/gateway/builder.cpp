@@ -1,6 +1,7 @@
 #include "gateway/builder.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "admission/bandwidth.h"
 #include "admission/estimator.h"
 #include "admission/prior.h"
+#include "backend/cpu/kernel_probe.h"
 #include "backend/vulkan/device_spec.h"
 #include "device/host_memory.h"
 #include "gateway/composition.h"
@@ -252,6 +254,10 @@ struct Composition {
   // Rate priors: the host's bandwidth, measured at most once.
   std::optional<double> host_bw;
   std::string host_bw_why;
+  // The decode kernels' rates for the host shares (kernel_rates()): the
+  // types probed so far, the reference figures for the rest.
+  admission::KernelRates kernels = admission::reference_kernel_rates();
+  std::array<bool, admission::KernelRates::kTypes> kernel_tried{};
 
   bool cpu_primary() const { return n_gpu_layers == 0; }
   bool full_gpu() const { return n_gpu_layers == hp.n_layer; }
@@ -501,6 +507,42 @@ double host_bandwidth(Composition& c) {
   return *c.host_bw;
 }
 
+std::string format_rate(double bytes_per_s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GB/s", bytes_per_s / 1e9);
+  return buf;
+}
+
+// The decode kernels' rates for a host share's weight types: each type
+// probed once on this host (backend/cpu/kernel_probe.h, a few ms each) and
+// kept; a type whose probe fails (a simulated clock) keeps the reference
+// machine's figure. A given host_bandwidth means no start-up probes: the
+// kernels take the reference figures too. Logged.
+const admission::KernelRates& kernel_rates(Composition& c, const admission::StreamShare& sh) {
+  if (c.o.host_bandwidth > 0) return c.kernels;
+  std::string measured, failed;
+  const int64_t t0 = c.env.now_ns();
+  for (const admission::TypeBytes& tb : sh.matrix_bytes) {
+    if (tb.ggml_type >= admission::KernelRates::kTypes || c.kernel_tried[tb.ggml_type]) continue;
+    c.kernel_tried[tb.ggml_type] = true;
+    const std::string name = gguf::ggml_type_name(tb.ggml_type);
+    Result<double> r = cpu::measure_decode_kernel_rate(c.env, static_cast<gguf::GgmlType>(tb.ggml_type));
+    if (!r.ok()) {
+      failed += (failed.empty() ? "" : "; ") + name + ": " + r.status().message();
+      continue;
+    }
+    c.kernels.bytes_per_s[tb.ggml_type] = *r;
+    c.kernels.measured[tb.ggml_type] = true;
+    measured += (measured.empty() ? "" : ", ") + name + " " + format_rate(*r);
+  }
+  if (!measured.empty()) {
+    c.out.log.push_back("decode kernels measured (1 thread, matrix in cache): " + measured + " (" +
+                        std::to_string((c.env.now_ns() - t0) / 1000000) + " ms)");
+  }
+  if (!failed.empty()) c.out.log.push_back("decode kernels not measured, reference figures kept: " + failed);
+  return c.kernels;
+}
+
 // A path's rate prior (admission/prior.h) from what its decode step streams.
 // A GPU's memory: lavapipe's ("cpu") and an integrated GPU's are the host's
 // DRAM, so they take the host figure (lavapipe runs its shaders on the
@@ -516,6 +558,12 @@ admission::RatePrior rate_prior(Composition& c, std::vector<admission::StreamSha
     if (sh.device == admission::DeviceKind::kHost) {
       sh.bandwidth = rp.host_bandwidth = host_bandwidth(c);
       if (sh.bandwidth <= 0) why = c.host_bw_why;
+      const admission::KernelRates& kr = kernel_rates(c, sh);
+      sh.compute_s = admission::kernel_seconds(sh, kr);
+      for (const admission::TypeBytes& tb : sh.matrix_bytes) {
+        const bool known = tb.ggml_type < admission::KernelRates::kTypes;
+        rp.kernels.push_back({tb.ggml_type, kr.rate(tb.ggml_type), known && kr.measured[tb.ggml_type]});
+      }
     } else if (o.device_bandwidth > 0) {
       sh.bandwidth = rp.device_bandwidth = o.device_bandwidth;
       rp.device_bandwidth_source = "given";

@@ -10,6 +10,7 @@
 #include "backend/vulkan/device_spec.h"
 #include "core/failure.h"
 #include "core/size.h"
+#include "gguf/ggml_types.h"
 #include "http/json_fields.h"
 
 namespace spw::http {
@@ -231,6 +232,12 @@ json rates_json(const admission::PathRates& r) {
 // from, and the rates the path started with.
 json prior_json(const admission::RatePrior& p) {
   auto bw = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  json kernels = json::array();  // the host share's weight types and their decode kernels' rates
+  for (const admission::KernelRate& k : p.kernels) {
+    kernels.push_back({{"type", gguf::ggml_type_name(k.ggml_type)},
+                       {"bytes_per_s_per_thread", bw(k.bytes_per_s)},
+                       {"source", k.bytes_per_s <= 0 ? json(nullptr) : json(k.measured ? "measured" : "reference")}});
+  }
   return {{"computed", p.computed},
           {"why_not", p.computed ? json(nullptr) : json(p.why)},
           {"host_bandwidth_bytes_per_s", bw(p.host_bandwidth)},
@@ -239,6 +246,7 @@ json prior_json(const admission::RatePrior& p) {
           {"weight_bytes_per_token", p.weight_bytes_per_token},
           {"kv_bytes_per_position", p.kv_bytes_per_position},
           {"kernel_ms_per_token", p.compute_s_per_token * 1e3},
+          {"kernels", kernels},
           {"step_overhead_us", p.constants.step_overhead_s * 1e6},
           {"prefill_per_decode", p.constants.prefill_per_decode},
           {"decode_bandwidth_share", p.constants.decode_bandwidth_share},

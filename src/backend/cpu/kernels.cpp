@@ -76,6 +76,46 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
     }
   }
+#elif defined(__AVX2__)
+  // The same operations on four 8-lane vectors a block. Decode quantises
+  // every matmul's activation row: a 2048-wide row took 13.5 us in the
+  // scalar code and takes 0.8 us here (Zen 3), against ~13 us for a
+  // 64 KiB matrix's dot products.
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 half = _mm256_set1_ps(0.5f);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  // packs_epi32 then packs_epi16 interleave the four vectors' 4-lane groups
+  // per 128-bit half; this puts the 32 bytes back in element order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    __m256 v[4];
+    __m256 m = zero;
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+      // max(NaN, 0) is 0 (the second operand): NaNs drop out as in fmax.
+      m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[i]), zero));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = gguf::fp32_to_fp16(d);
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 s = _mm256_mul_ps(v[i], idv);
+      const __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(s, t));
+      const __m256 up = _mm256_cmp_ps(frac, half, _CMP_GE_OQ);
+      const __m256 step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(s, sign_bit)));  // +-1 or 0
+      q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+    }
+    const __m256i q16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), _mm256_permutevar8x32_epi32(q16, order));
+  }
 #else
   gguf::quantize_row_q8_0(x, y, static_cast<size_t>(n));
 #endif
