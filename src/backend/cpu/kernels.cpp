@@ -670,11 +670,63 @@ void tile_float(const WT* const* w, const float* const* x, int64_t n, float* yt,
       for (int j = 0; j < T; ++j) yt[j * ldy + i] = std::fma(wk, x[j][k], yt[j * ldy + i]);
     }
 }
-constexpr int kFloatTileToks = 6;
+constexpr int kFloatGemmRows = 4;
+constexpr int kFloatGemmToks = 6;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline __m256 in_reg(__m256 v) {
+  asm("" : "+x"(v));
+  return v;
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// 2 x 3 tile of dot_f32_n / dot_f16_n (AVX2): each (row, token) keeps the
+// one-token kernel's two accumulators (elements 16k..16k+7 in the first,
+// 16k+8..16k+15 in the second, a last 8 in the first), then hsum256 of
+// their sum and the scalar tail, exactly dot_*_n<1>'s sequence. 12
+// accumulators, two weight vectors and one activation vector fill 15 of the
+// 16 ymm registers: 12 FMAs per 10 loads where the per-row kernel over four
+// tokens did 8 per 10 (kernels_bench BM_Gemm, docs/PERFORMANCE.md).
+template <int T, typename WT>
+void tile_float(const WT* const* w, const float* const* x, int64_t n, float* yt, int64_t ldy) {
+  constexpr int R = 2;
+  __m256 a[2][T][R];
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < T; ++j)
+      for (int i = 0; i < R; ++i) a[h][j][i] = _mm256_setzero_ps();
+  auto step = [&](int h, int64_t k) {
+    __m256 wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = in_reg(load8(w[i] + k));
+    for (int j = 0; j < T; ++j) {
+      const __m256 xv = in_reg(_mm256_loadu_ps(x[j] + k));
+      for (int i = 0; i < R; ++i) a[h][j][i] = _mm256_fmadd_ps(wv[i], xv, a[h][j][i]);
+    }
+  };
+  int64_t i0 = 0;
+  for (; i0 + 16 <= n; i0 += 16) {
+    step(0, i0);
+    step(1, i0 + 8);
+  }
+  if (i0 + 8 <= n) {
+    step(0, i0);
+    i0 += 8;
+  }
+  for (int j = 0; j < T; ++j)
+    for (int i = 0; i < R; ++i) yt[j * ldy + i] = hsum256(_mm256_add_ps(a[0][j][i], a[1][j][i]));
+  for (int64_t k = i0; k < n; ++k)
+    for (int i = 0; i < R; ++i) {
+      const float wk = scalar_w(w[i] + k);
+      for (int j = 0; j < T; ++j) yt[j * ldy + i] = std::fma(wk, x[j][k], yt[j * ldy + i]);
+    }
+}
+#define SPW_FLOAT_TILE_AVX2 1
+constexpr int kFloatGemmRows = 2;
+constexpr int kFloatGemmToks = 3;
 #else
-constexpr int kFloatTileToks = kTokGroup;  // rows_tile
+constexpr int kFloatGemmRows = 4;         // rows_tile
+constexpr int kFloatGemmToks = kTokGroup;
 #endif
-constexpr int kFloatTileRows = 4;
+constexpr int kFloatTileRows = 4;  // the quantised types' rows_tile
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define SPW_GEMM_Q8_0_VNNI512 1  // admission/estimator.cpp mirrors this condition (kQ8_0TokenPairs)
@@ -840,16 +892,16 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
 template <typename WT, typename Row, typename Dot>
 void float_gemm(const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, int64_t n_cols,
                 float* y, Row row, Dot dot) {
-  gemm_block<kFloatTileRows, kFloatTileToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
-#if defined(__AVX512F__)
-    const WT* wr[kFloatTileRows];
-    for (int i = 0; i < kFloatTileRows; ++i) wr[i] = reinterpret_cast<const WT*>(row(r + i));
-    tile_float<kFloatTileToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
+  gemm_block<kFloatGemmRows, kFloatGemmToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
+#if defined(__AVX512F__) || defined(SPW_FLOAT_TILE_AVX2)
+    const WT* wr[kFloatGemmRows];
+    for (int i = 0; i < kFloatGemmRows; ++i) wr[i] = reinterpret_cast<const WT*>(row(r + i));
+    tile_float<kFloatGemmToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
 #else
     (void)px;
     (void)n_cols;
     (void)row;
-    rows_tile<kFloatTileRows, kFloatTileToks>(r, t, yt, n_rows, dot);
+    rows_tile<kFloatGemmRows, kFloatGemmToks>(r, t, yt, n_rows, dot);
 #endif
   }, dot);
 }
