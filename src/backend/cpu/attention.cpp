@@ -55,8 +55,29 @@ static inline __m512 exp_neg16(__m512 x) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// exp_neg on 8 lanes: exp_neg16's operations on ymm registers; the lanes
+// below kExpMin (or NaN) are cleared after the multiply, as the scalar
+// function returns 0 for them.
+static inline __m256 exp_neg8(__m256 x) {
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kC[7]);
+  for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
+  return _mm256_and_ps(ok, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#endif
+
 void exp_neg_shifted(float* x, int64_t n, float shift) {
   int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+  const __m256 s8 = _mm256_set1_ps(shift);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s8)));
+#endif
 #if defined(__AVX512F__)
   const __m512 s = _mm512_set1_ps(shift);
   for (; i < n; i += 16) {
@@ -151,7 +172,21 @@ float tile_softmax(float* s, int32_t len, float kq_scale, float* run_max, float*
   }
   tile_max = _mm512_reduce_max_ps(mx);
 #else
-  for (int32_t j = 0; j < len; ++j) {
+  int32_t j0 = 0;
+#if defined(__AVX2__)
+  // As above on 8 lanes; max is exact in any order.
+  const __m256 scale8 = _mm256_set1_ps(kq_scale);
+  __m256 mx8 = _mm256_set1_ps(tile_max);
+  for (; j0 + 8 <= len; j0 += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + j0), scale8);
+    _mm256_storeu_ps(s + j0, v);
+    mx8 = _mm256_max_ps(v, mx8);  // a NaN score leaves the max as std::max does
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, mx8);
+  for (float v : lanes) tile_max = std::max(tile_max, v);
+#endif
+  for (int32_t j = j0; j < len; ++j) {
     s[j] *= kq_scale;
     tile_max = std::max(tile_max, s[j]);
   }

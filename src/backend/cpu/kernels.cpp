@@ -314,6 +314,13 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
 static inline float scalar_w(const float* p) { return *p; }
 static inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
 
+#if defined(__AVX2__) && defined(__F16C__)
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
 #if defined(__AVX512F__)
 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16(const uint16_t* p) {
@@ -357,6 +364,30 @@ static void dot_xn(const float* w, const XT* const* x, int64_t n, float* out) {
   for (int t = 0; t < N; t += 4) reduce_x4(a + t, out + t);
   for (int64_t i = i0; i < n; ++i)
     for (int t = 0; t < N; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  // dot_f32_n<4>'s steps four rows at a time, F16 rows converted as they
+  // load (exact), which is dot_f16(x[t], w, n)'s sequence with the product's
+  // operands swapped: the F16 KV cache's scores, w loaded once for four.
+  for (int g = 0; g < N; g += 4) {
+    __m256 a0[4], a1[4];
+    for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+    int64_t i0 = 0;
+    for (; i0 + 16 <= n; i0 += 16) {
+      const __m256 w0 = _mm256_loadu_ps(w + i0), w1 = _mm256_loadu_ps(w + i0 + 8);
+      for (int t = 0; t < 4; ++t) {
+        a0[t] = _mm256_fmadd_ps(w0, load8(x[g + t] + i0), a0[t]);
+        a1[t] = _mm256_fmadd_ps(w1, load8(x[g + t] + i0 + 8), a1[t]);
+      }
+    }
+    if (i0 + 8 <= n) {
+      const __m256 w0 = _mm256_loadu_ps(w + i0);
+      for (int t = 0; t < 4; ++t) a0[t] = _mm256_fmadd_ps(w0, load8(x[g + t] + i0), a0[t]);
+      i0 += 8;
+    }
+    for (int t = 0; t < 4; ++t) out[g + t] = hsum256(_mm256_add_ps(a0[t], a1[t]));
+    for (int64_t i = i0; i < n; ++i)
+      for (int t = 0; t < 4; ++t) out[g + t] = std::fma(w[i], scalar_w(x[g + t] + i), out[g + t]);
+  }
 #else
   for (int g = 0; g < N; g += 4) {
     if constexpr (std::is_same_v<XT, float>) {
@@ -464,9 +495,47 @@ static void weighted_rows_reg(const VT* const* v, const float* const* a, int64_t
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+// weighted_rows for R rows of weights over 8 * NC of the V rows' columns
+// starting at d0: R * NC chains of the same fused steps (madd), each V chunk
+// loaded once for the R rows.
+template <int R, int NC, typename VT>
+static void weighted_rows_reg8(const VT* const* v, const float* const* a, int64_t n_pos, int64_t d0,
+                               float* const* out, bool accumulate) {
+  __m256 acc[R][NC];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c)
+      acc[r][c] = accumulate ? _mm256_loadu_ps(out[r] + d0 + 8 * c) : _mm256_setzero_ps();
+  for (int64_t p = 0; p < n_pos; ++p) {
+    __m256 ap[R];
+    for (int r = 0; r < R; ++r) ap[r] = _mm256_set1_ps(a[r][p]);
+    for (int c = 0; c < NC; ++c) {
+      const __m256 vc = load8(v[p] + d0 + 8 * c);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(ap[r], vc, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(out[r] + d0 + 8 * c, acc[r][c]);
+}
+
+// R rows over the columns [0, dim) (dim % 8 == 0): blocks of 8 x NC columns
+// (8 accumulators, R broadcast weights and one V chunk in registers).
+template <int R, typename VT>
+static void weighted_rows_avx2(const VT* const* v, const float* const* a, int64_t n_pos, int64_t dim,
+                               float* const* out, bool accumulate) {
+  constexpr int NC = 8 / R;
+  int64_t d0 = 0;
+  for (; d0 + 8 * NC <= dim; d0 += 8 * NC) weighted_rows_reg8<R, NC, VT>(v, a, n_pos, d0, out, accumulate);
+  for (; d0 < dim; d0 += 8) weighted_rows_reg8<R, 1, VT>(v, a, n_pos, d0, out, accumulate);
+}
+#endif
+
 template <typename VT>
 static void weighted_rows_one(const VT* const* v, const float* a, int64_t n_pos, int64_t dim, float* out,
                               bool accumulate) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+  if (dim % 8 == 0) return weighted_rows_avx2<1, VT>(v, &a, n_pos, dim, &out, accumulate);
+#endif
 #if defined(__AVX512F__)
   // The same fused multiply-adds as the loop below (madd), with the sums
   // kept in registers.
@@ -504,6 +573,9 @@ static void weighted_rows_four(const VT* const* v, const float* const* a, int64_
     kTwo[dim / 16 - 5](v, a + 2, n_pos, out + 2, accumulate);
     return;
   }
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+  if (dim % 8 == 0) return weighted_rows_avx2<4, VT>(v, a, n_pos, dim, out, accumulate);
 #endif
   for (int r = 0; r < 4; ++r) weighted_rows_one(v, a[r], n_pos, dim, out[r], accumulate);
 }
@@ -677,8 +749,6 @@ inline __m256 in_reg(__m256 v) {
   asm("" : "+x"(v));
   return v;
 }
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // 2 x 3 tile of dot_f32_n / dot_f16_n (AVX2): each (row, token) keeps the
 // one-token kernel's two accumulators (elements 16k..16k+7 in the first,
