@@ -80,6 +80,7 @@ struct KernelRates {
   std::array<double, kTypes> bytes_per_s{};
   std::array<bool, kTypes> measured{};  // false: the reference machine's figure (or none)
   double rate(uint32_t ggml_type) const { return ggml_type < kTypes ? bytes_per_s[ggml_type] : 0.0; }
+  bool is_measured(uint32_t ggml_type) const { return ggml_type < kTypes && measured[ggml_type]; }
 };
 
 // One weight type's rate as a path's prior used it (status).

@@ -560,10 +560,8 @@ admission::RatePrior rate_prior(Composition& c, std::vector<admission::StreamSha
       if (sh.bandwidth <= 0) why = c.host_bw_why;
       const admission::KernelRates& kr = kernel_rates(c, sh);
       sh.compute_s = admission::kernel_seconds(sh, kr);
-      for (const admission::TypeBytes& tb : sh.matrix_bytes) {
-        const bool known = tb.ggml_type < admission::KernelRates::kTypes;
-        rp.kernels.push_back({tb.ggml_type, kr.rate(tb.ggml_type), known && kr.measured[tb.ggml_type]});
-      }
+      for (const admission::TypeBytes& tb : sh.matrix_bytes)
+        rp.kernels.push_back({tb.ggml_type, kr.rate(tb.ggml_type), kr.is_measured(tb.ggml_type)});
     } else if (o.device_bandwidth > 0) {
       sh.bandwidth = rp.device_bandwidth = o.device_bandwidth;
       rp.device_bandwidth_source = "given";

@@ -194,15 +194,42 @@ static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const floa
 #endif
 }
 
-template <int NT>
-static void dot_f32_n(const float* w, const float* const* x, int64_t n, float* out) {
+// Loads of F32 values, or of F16 values converted to F32 (exact): what lets
+// one kernel read F32 rows and an F16 KV cache's rows in place.
+static inline float scalar_w(const float* p) { return *p; }
+static inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
+
+#if defined(__AVX2__)
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const uint16_t* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  return _mm256_setr_ps(fp16_to_fp32(p[0]), fp16_to_fp32(p[1]), fp16_to_fp32(p[2]), fp16_to_fp32(p[3]),
+                        fp16_to_fp32(p[4]), fp16_to_fp32(p[5]), fp16_to_fp32(p[6]), fp16_to_fp32(p[7]));
+#endif
+}
+#endif
+
+#if defined(__AVX512F__)
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
+
+// x: F32 activation rows, or F16 rows (XT uint16_t: the F16 KV cache's K
+// rows against a query, converted as they load, which gives bitwise the F32
+// kernel's result on the converted rows).
+template <int NT, typename XT = float>
+static void dot_f32_n(const float* w, const XT* const* x, int64_t n, float* out) {
   int64_t i0 = 0;
 #if defined(__AVX512F__)
   __m512 a[NT];
   for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
   for (; i0 + 16 <= n; i0 += 16) {
     const __m512 wv = _mm512_loadu_ps(w + i0);
-    for (int t = 0; t < NT; ++t) a[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i0), a[t]);
+    for (int t = 0; t < NT; ++t) a[t] = _mm512_fmadd_ps(wv, load16(x[t] + i0), a[t]);
   }
   for (int t = 0; t < NT; ++t) out[t] = reduce512(a[t]);
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -211,13 +238,13 @@ static void dot_f32_n(const float* w, const float* const* x, int64_t n, float* o
   for (; i0 + 16 <= n; i0 += 16) {
     const __m256 w0 = _mm256_loadu_ps(w + i0), w1 = _mm256_loadu_ps(w + i0 + 8);
     for (int t = 0; t < NT; ++t) {
-      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + i0), a0[t]);
-      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + i0 + 8), a1[t]);
+      a0[t] = _mm256_fmadd_ps(w0, load8(x[t] + i0), a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, load8(x[t] + i0 + 8), a1[t]);
     }
   }
   if (i0 + 8 <= n) {
     const __m256 w0 = _mm256_loadu_ps(w + i0);
-    for (int t = 0; t < NT; ++t) a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + i0), a0[t]);
+    for (int t = 0; t < NT; ++t) a0[t] = _mm256_fmadd_ps(w0, load8(x[t] + i0), a0[t]);
     i0 += 8;
   }
   for (int t = 0; t < NT; ++t) out[t] = hsum256(_mm256_add_ps(a0[t], a1[t]));
@@ -227,14 +254,14 @@ static void dot_f32_n(const float* w, const float* const* x, int64_t n, float* o
     for (int j = 0; j < 8; ++j) acc[t][j] = 0.0f;
   for (; i0 + 8 <= n; i0 += 8)
     for (int t = 0; t < NT; ++t)
-      for (int j = 0; j < 8; ++j) acc[t][j] = std::fma(w[i0 + j], x[t][i0 + j], acc[t][j]);
+      for (int j = 0; j < 8; ++j) acc[t][j] = std::fma(w[i0 + j], scalar_w(x[t] + i0 + j), acc[t][j]);
   for (int t = 0; t < NT; ++t) {
     const float* a = acc[t];
     out[t] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
   }
 #endif
   for (int64_t i = i0; i < n; ++i)
-    for (int t = 0; t < NT; ++t) out[t] = std::fma(w[i], x[t][i], out[t]);
+    for (int t = 0; t < NT; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
 }
 
 template <int NT>
@@ -311,22 +338,7 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
 // value converts to F32 exactly, so the same fused steps on the converted
 // lanes give bitwise what the F32 kernels give on a converted copy.
 
-static inline float scalar_w(const float* p) { return *p; }
-static inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
-
-#if defined(__AVX2__) && defined(__F16C__)
-static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-#endif
-
 #if defined(__AVX512F__)
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
 // reduce512 (the dot order's final reduction) of four accumulators side by
 // side: every add is one of reduce512's adds on the same two operands (fp
 // addition commutes), so each lane holds the one-token result bitwise.
@@ -364,38 +376,10 @@ static void dot_xn(const float* w, const XT* const* x, int64_t n, float* out) {
   for (int t = 0; t < N; t += 4) reduce_x4(a + t, out + t);
   for (int64_t i = i0; i < n; ++i)
     for (int t = 0; t < N; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  // dot_f32_n<4>'s steps four rows at a time, F16 rows converted as they
-  // load (exact), which is dot_f16(x[t], w, n)'s sequence with the product's
-  // operands swapped: the F16 KV cache's scores, w loaded once for four.
-  for (int g = 0; g < N; g += 4) {
-    __m256 a0[4], a1[4];
-    for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
-    int64_t i0 = 0;
-    for (; i0 + 16 <= n; i0 += 16) {
-      const __m256 w0 = _mm256_loadu_ps(w + i0), w1 = _mm256_loadu_ps(w + i0 + 8);
-      for (int t = 0; t < 4; ++t) {
-        a0[t] = _mm256_fmadd_ps(w0, load8(x[g + t] + i0), a0[t]);
-        a1[t] = _mm256_fmadd_ps(w1, load8(x[g + t] + i0 + 8), a1[t]);
-      }
-    }
-    if (i0 + 8 <= n) {
-      const __m256 w0 = _mm256_loadu_ps(w + i0);
-      for (int t = 0; t < 4; ++t) a0[t] = _mm256_fmadd_ps(w0, load8(x[g + t] + i0), a0[t]);
-      i0 += 8;
-    }
-    for (int t = 0; t < 4; ++t) out[g + t] = hsum256(_mm256_add_ps(a0[t], a1[t]));
-    for (int64_t i = i0; i < n; ++i)
-      for (int t = 0; t < 4; ++t) out[g + t] = std::fma(w[i], scalar_w(x[g + t] + i), out[g + t]);
-  }
 #else
-  for (int g = 0; g < N; g += 4) {
-    if constexpr (std::is_same_v<XT, float>) {
-      dot_f32_n<4>(w, x + g, n, out + g);
-    } else {
-      for (int t = g; t < g + 4; ++t) out[t] = dot_f16(x[t], w, n);  // the same steps with the rows converted
-    }
-  }
+  // dot_f32_n<4>'s steps (for F16 rows, dot_f16(x[t], w, n)'s sequence with
+  // the product's operands swapped), w loaded once for four rows.
+  for (int g = 0; g < N; g += 4) dot_f32_n<4>(w, x + g, n, out + g);
 #endif
 }
 void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) { dot_xn<4>(w, x, n, out); }
