@@ -16,7 +16,9 @@
 // InvalidArgument for n_threads < 1, passes < 1 or a buffer under 1 MiB; ResourceExhausted when the buffer cannot be mapped;
 // Unavailable when env's clock did not advance over a pass (a simulated Env:
 // inject the figure instead, GatewayOptions::host_bandwidth).
-// Why 64 MiB by default: larger than the last-level cache one core reaches
+// The gateway passes the size of what a decode step reads when that is
+// smaller (gateway/builder.cpp): a step rereads its weights every step, so a
+// model that fits in the caches is read from them. Why 64 MiB by default: larger than the last-level cache one core reaches
 // (Zen 5: 32 MiB of L3 per CCD; the OS may report the socket's sum, 512 MiB
 // on the reference VM, which no single core sees), and small enough to map in
 // tens of ms. A machine whose core-local LLC exceeds it reads partly from

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -252,7 +253,7 @@ struct Composition {
   std::shared_ptr<const Tokenizer> tok;
   std::vector<ExecutionPath> paths;
   // Rate priors: the host's bandwidth, measured at most once.
-  std::optional<double> host_bw;
+  std::map<size_t, double> host_bw;  // probe buffer bytes -> bytes/s (0: failed; key 0: the given figure)
   std::string host_bw_why;
   // The decode kernels' rates for the host shares (kernel_rates()): the
   // types probed so far, the reference figures for the rest.
@@ -479,32 +480,40 @@ Status plan_cpu_path(Composition& c) {
   return Status::ok_status();
 }
 
-// The host's read bandwidth for the rate priors: host_bandwidth when given,
-// else measured once (with the paths' thread count) and kept; 0 when the
+// The host's read bandwidth for a share whose decode step reads
+// `working_set` weight bytes: host_bandwidth when given; else measured over a
+// buffer of that size (between the probe's 1 MiB floor and its 64 MiB
+// default), as a decode step rereads its weights every step: a model that
+// fits in the caches is read from them, not from DRAM (the bundled 1 MB
+// model: a 64 MiB probe priced its steps 2-3x too slow). Each buffer size is
+// measured once, with the paths' thread count, and kept; 0 when the
 // measurement fails (host_bw_why says why). Logged either way.
-double host_bandwidth(Composition& c) {
-  if (c.host_bw) return *c.host_bw;
-  c.host_bw = c.o.host_bandwidth;
-  if (*c.host_bw > 0) {
-    c.out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*c.host_bw / 1e6)) +
-                        " MB/s (given)");
-    return *c.host_bw;
+double host_bandwidth(Composition& c, uint64_t working_set) {
+  if (c.o.host_bandwidth > 0) {
+    if (c.host_bw.empty()) {
+      c.out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(c.o.host_bandwidth / 1e6)) +
+                          " MB/s (given)");
+      c.host_bw[0] = c.o.host_bandwidth;
+    }
+    return c.o.host_bandwidth;
   }
   admission::BandwidthProbeOptions bo;
   bo.n_threads = c.n_threads;
+  bo.buffer_bytes = std::clamp<size_t>(working_set, size_t{1} << 20, bo.buffer_bytes);
+  if (auto it = c.host_bw.find(bo.buffer_bytes); it != c.host_bw.end()) return it->second;
   const int64_t t0 = c.env.now_ns();
   Result<double> bw = admission::measure_read_bandwidth(c.env, bo);
   if (!bw.ok()) {
-    c.host_bw = 0.0;
+    c.host_bw[bo.buffer_bytes] = 0.0;
     c.host_bw_why = "host bandwidth not measured: " + bw.status().message();
     c.out.log.push_back(c.host_bw_why);
     return 0;
   }
-  c.host_bw = *bw;
+  c.host_bw[bo.buffer_bytes] = *bw;
   c.out.log.push_back("host read bandwidth " + std::to_string(static_cast<int64_t>(*bw / 1e6)) + " MB/s measured (" +
-                      std::to_string(c.n_threads) + " threads over " + std::to_string(bo.buffer_bytes >> 20) +
-                      " MiB, " + std::to_string((c.env.now_ns() - t0) / 1000000) + " ms)");
-  return *c.host_bw;
+                      std::to_string(c.n_threads) + " threads over " + format_bytes(bo.buffer_bytes) + ", " +
+                      std::to_string((c.env.now_ns() - t0) / 1000000) + " ms)");
+  return *bw;
 }
 
 std::string format_rate(double bytes_per_s) {
@@ -556,7 +565,7 @@ admission::RatePrior rate_prior(Composition& c, std::vector<admission::StreamSha
   std::string why;
   for (admission::StreamShare& sh : shares) {
     if (sh.device == admission::DeviceKind::kHost) {
-      sh.bandwidth = rp.host_bandwidth = host_bandwidth(c);
+      sh.bandwidth = rp.host_bandwidth = host_bandwidth(c, sh.weight_bytes);
       if (sh.bandwidth <= 0) why = c.host_bw_why;
       const admission::KernelRates& kr = kernel_rates(c, sh);
       sh.compute_s = admission::kernel_seconds(sh, kr);
@@ -566,7 +575,7 @@ admission::RatePrior rate_prior(Composition& c, std::vector<admission::StreamSha
       sh.bandwidth = rp.device_bandwidth = o.device_bandwidth;
       rp.device_bandwidth_source = "given";
     } else if (c.device_on_host) {
-      sh.bandwidth = rp.device_bandwidth = host_bandwidth(c);
+      sh.bandwidth = rp.device_bandwidth = host_bandwidth(c, sh.weight_bytes);
       rp.device_bandwidth_source =
           "host memory (the Vulkan device is of type " + c.out.vulkan->device_info().type + ")";
       if (sh.bandwidth <= 0) why = c.host_bw_why;
