@@ -590,6 +590,9 @@ class Simulation {
   void arrive(size_t cls, const std::string& phase, bool greedy, uint64_t seed, bool keyed, bool retry);
   void send(Chain* c, const std::string& f);
   void resume(Chain* c);
+  // Completes `inv` as refused on the spot (no time spent in the server):
+  // `res` with the failure's status, code and message, at the clock's now.
+  void complete_refused(const Op& inv, Op res, int http_status, const std::string& code, const std::string& message);
   static serve::GenerationRequest generation_of(const Chain& c);
   void after_end(Chain* c);
   void finish_chain(Chain* c);

@@ -131,6 +131,17 @@ Result<gateway::StoredRequest> Simulation::stored_request(const journal::Record&
   return Status::not_found("no client sent request " + std::to_string(r.id));
 }
 
+void Simulation::complete_refused(const Op& inv, Op res, int http_status, const std::string& code,
+                                  const std::string& message) {
+  res.t_ms = ms(env_.now_ns());
+  res.type = OpType::kFail;
+  res.http_status = http_status;
+  res.error_code = code;
+  res.error_message = message;
+  res.latency_ms = 0;
+  rec_.complete(inv, res);
+}
+
 // A request through the server's own RequestService (idempotency, precheck,
 // journal, decision, refusal), as the HTTP layer hands it over.
 void Simulation::send(Chain* c, const std::string& f) {
@@ -139,13 +150,7 @@ void Simulation::send(Chain* c, const std::string& f) {
   Op res = inv;
   res.t_ms = inv.t_ms;
   auto fail_now = [&](int http, const std::string& code, const std::string& msg) {
-    res.t_ms = ms(env_.now_ns());
-    res.type = OpType::kFail;
-    res.http_status = http;
-    res.error_code = code;
-    res.error_message = msg;
-    res.latency_ms = 0;
-    rec_.complete(inv, res);
+    complete_refused(inv, res, http, code, msg);
     // A retry that found the server down is tried again (a client that
     // wants its answer), a second later.
     if (f == "retry" && http == 0 && ++c->retries < kMaxResumes) {
@@ -228,13 +233,7 @@ void Simulation::resume(Chain* c) {
   Op res = inv;
   res.request_id = c->record_id;
   auto fail_now = [&](int http, const std::string& code, const std::string& msg, bool again) {
-    res.t_ms = ms(env_.now_ns());
-    res.type = OpType::kFail;
-    res.http_status = http;
-    res.error_code = code;
-    res.error_message = msg;
-    res.latency_ms = 0;
-    rec_.complete(inv, res);
+    complete_refused(inv, res, http, code, msg);
     if (again && c->resumes < kMaxResumes) {
       at(env_.now_ns() + to_ns(1.0), [this, c] { resume(c); });
     } else {
