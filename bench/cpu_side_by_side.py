@@ -16,13 +16,17 @@ Each round runs every configuration once per program, alternating which
 program goes first (A B / B A) so drift on a shared machine hits both; the
 table reports the median over rounds and the ratio Spillway / llama.cpp.
 Optional --baseline BUILD adds a second Spillway build (e.g. before a change)
-to the same interleaving, with its own ratio column.
+to the same interleaving, with its own ratio column. --variant and
+--baseline-variant choose the CPU kernel variant each Spillway runs
+(SPILLWAY_CPU_VARIANT: x86-64-v3, ...; default the best this CPU runs), so
+one build's variants compare too (--baseline build/release
+--baseline-variant x86-64-v2); the header names them.
 
 llama.cpp is never built or fetched here: pass the path of an existing
 llama-bench binary with --llama-bench; without it only Spillway runs.
 
 Usage: bench/cpu_side_by_side.py [--build build/release] [--baseline DIR]
-          [--llama-bench PATH] [--types f32,f16,q8_0] [--threads 1,2]
+          [--variant NAME] [--baseline-variant NAME] [--llama-bench PATH] [--types f32,f16,q8_0] [--threads 1,2]
           [--prompt 818] [--gen 128] [--rounds 2] [--preset 110m]
 """
 import argparse
@@ -76,10 +80,28 @@ def prompt_of(spillway, model, target):
     return t
 
 
-def spillway_run(spillway, model, prompt, n_gen, threads, ctx, ubatch):
+def variant_env(variant):
+    env = dict(os.environ)
+    env.pop("SPILLWAY_CPU_VARIANT", None)
+    if variant:
+        env["SPILLWAY_CPU_VARIANT"] = variant
+    return env
+
+
+def active_variant(spillway, variant):
+    """The kernel variant `spillway devices` reports for this choice ("" for a
+    build without variants)."""
+    out = subprocess.run([spillway, "devices", "--json"], capture_output=True, text=True, env=variant_env(variant))
+    try:
+        return json.loads(out.stdout).get("cpu", {}).get("kernels", "")
+    except json.JSONDecodeError:
+        return ""
+
+
+def spillway_run(spillway, model, prompt, n_gen, threads, ctx, ubatch, variant):
     cmd = [spillway, "generate", "--json", "--model", model, "--prompt", prompt, "-n", str(n_gen), "--temp", "0",
            "--ignore-eos", "--threads", str(threads), "--ctx", str(ctx), "--ubatch", str(ubatch)]
-    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=variant_env(variant)).stdout)
     return j["timings"]
 
 
@@ -94,6 +116,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
     ap.add_argument("--baseline", help="a second Spillway build directory (its spillway binary) to compare")
+    ap.add_argument("--variant", default="", help="CPU kernel variant of --build's runs (default: the best)")
+    ap.add_argument("--baseline-variant", default="", help="CPU kernel variant of --baseline's runs")
     ap.add_argument("--llama-bench", help="path of an existing llama.cpp llama-bench binary")
     ap.add_argument("--types", default="f32,f16,q8_0")
     ap.add_argument("--threads", default="1,2")
@@ -106,8 +130,10 @@ def main():
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     progs = [("spillway", os.path.join(build, "spillway"))]
+    variants = {"spillway": args.variant}
     if args.baseline:
         progs.append(("baseline", os.path.join(os.path.abspath(args.baseline), "spillway")))
+        variants["baseline"] = args.baseline_variant
     if args.llama_bench:
         progs.append(("llama.cpp", os.path.abspath(args.llama_bench)))
     types = args.types.split(",")
@@ -130,11 +156,11 @@ def main():
                             v = (llama_run(exe, models[typ], args.prompt, 0, th, args.ubatch) if phase == "prefill"
                                  else llama_run(exe, models[typ], 0, args.gen, th, args.ubatch))
                         elif phase == "prefill":
-                            v = spillway_run(exe, models[typ], long_prompt, 1, th, ctx, args.ubatch)[
-                                "prefill_tokens_per_s"]
+                            v = spillway_run(exe, models[typ], long_prompt, 1, th, ctx, args.ubatch,
+                                             variants[name])["prefill_tokens_per_s"]
                         else:
-                            v = spillway_run(exe, models[typ], short_prompt, args.gen, th, ctx, args.ubatch)[
-                                "decode_tokens_per_s"]
+                            v = spillway_run(exe, models[typ], short_prompt, args.gen, th, ctx, args.ubatch,
+                                             variants[name])["decode_tokens_per_s"]
                         res.setdefault((typ, th, phase, name), []).append(v)
                         print(f"round {rnd + 1} {typ} t={th} {phase} {name}: {v:.1f} tok/s", file=sys.stderr)
 
@@ -146,6 +172,9 @@ def main():
           f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; load average {load:.1f} "
           f"at the end; gen-model {args.preset}; prefill {args.prompt} tokens (ubatch {args.ubatch}), decode "
           f"{args.gen} tokens; median of {args.rounds} interleaved rounds (tok/s).")
+    for name, exe in progs:
+        if name in variants:
+            print(f"{name}: CPU kernels {active_variant(exe, variants[name]) or 'of its build (no variants)'}")
     print()
     names = [n for n, _ in progs]
     head = "| type | threads | phase | " + " | ".join(names)

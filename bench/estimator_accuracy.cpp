@@ -52,19 +52,20 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <string>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "admission/alloc_tracker.h"
 #include "admission/estimator.h"
+#include "backend/cpu/kernel_variant.h"
 #include "backend/vulkan/device_spec.h"
 #include "core/env.h"
 #include "core/placement.h"
 #include "device/host_memory.h"
-#include "engine/step_batcher.h"
 #include "engine/device_session.h"
+#include "engine/step_batcher.h"
 #include "model/model.h"
 #include "tools/modelgen/random_llama.h"
 
@@ -264,6 +265,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
   SPW_ASSIGN_OR_RETURN(plan.kv_type, parse_kv_type(c.kv_type));
   admission::EstimatorConfig cfg;
   cfg.host.fixed_overhead = m0.process_rss_bytes.value();
+  cfg.host_kernels.q8_0_token_pairs = cpu::active_kernel_variant().q8_0_token_pairs;
 
   const auto t0 = std::chrono::steady_clock::now();
   json measured;

@@ -20,9 +20,10 @@
 # instead. That is decided when the install runs, from the prefix it runs
 # with, because cpack and `cmake --install --prefix P` choose it then.
 #
-# The binary is the build's: a release build is compiled with -march=native
-# (SPILLWAY_NATIVE), so its package runs on CPUs like the build machine's.
-# For another machine, configure with -DSPILLWAY_NATIVE=OFF.
+# The binary is the build's: built for x86-64-v2 with the CPU kernels once
+# per ISA level, chosen at start (src/backend/cpu/kernel_variant.h), so the
+# package runs on any x86-64 CPU since 2008. A build with SPILLWAY_NATIVE=ON
+# runs only on CPUs like the build machine's.
 
 include(GNUInstallDirs)
 

@@ -126,24 +126,16 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
 //   F32, F16: nothing.
 // A fused call whose matrices mix Q8_0 with Q4_0/Q5_0 allocates the Q4_0 term,
 // the largest, so the max over a stage's matrices still bounds it.
-// The token-pair copies exist only where kernels.cpp builds its AVX-512 VNNI
-// Q8_0 GEMM (SPW_GEMM_Q8_0_VNNI512: the same condition on the same compile
-// flags, mirrored because admission does not include the backend). Without
-// it (an AVX2 machine) they were counted anyway: the layer scratch of a Q8_0
-// model came out ~10% high on an AVX2-only AMD EPYC.
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-constexpr bool kQ8_0TokenPairs = true;
-#else
-constexpr bool kQ8_0TokenPairs = false;
-#endif
-
-uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m) {
+// The token-pair copies exist only in the kernel variants with the AVX-512
+// VNNI Q8_0 GEMM (HostKernels::q8_0_token_pairs). Counted everywhere, they
+// made the layer scratch of a Q8_0 model ~10% high on an AVX2-only AMD EPYC.
+uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m, const HostKernels& k) {
   const uint64_t act_row = 3 * sizeof(void*);
   const uint64_t nb32 = cols / 32;
   switch (static_cast<gguf::GgmlType>(type)) {
     case gguf::GgmlType::kQ8_0:
       return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) +
-             (kQ8_0TokenPairs && m >= 8 ? m * nb32 * 64 : 0);
+             (k.q8_0_token_pairs && m >= 8 ? m * nb32 * 64 : 0);
     case gguf::GgmlType::kQ4_0:
     case gguf::GgmlType::kQ5_0:
       return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) + m * act_row;
@@ -160,11 +152,11 @@ uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m) {
 }
 
 // Matrix tensors of layers [b, e): (type, n_cols) pairs for the PreparedX term.
-uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64_t rows_layers) {
+uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64_t rows_layers, const HostKernels& k) {
   uint64_t best = 0;
   auto consider = [&](const gguf::TensorInfo& t, uint64_t m) {
     if (t.n_dims != 2) return;
-    best = std::max(best, m * sizeof(void*) + prepared_act_bytes(t.type, t.ne[0], m));
+    best = std::max(best, m * sizeof(void*) + prepared_act_bytes(t.type, t.ne[0], m, k));
   };
   for (const auto& t : f.tensors()) {
     const int32_t l = tensor_layer(t.name);
@@ -173,13 +165,12 @@ uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64
   return best;
 }
 
-uint64_t output_prep_bytes(const gguf::GgufFile& f, uint64_t rows) {
+uint64_t output_prep_bytes(const gguf::GgufFile& f, uint64_t rows, const HostKernels& k) {
   const gguf::TensorInfo* t = f.find_tensor("output.weight");
   if (t == nullptr) t = f.find_tensor("token_embd.weight");
   if (t == nullptr) return 0;
-  return rows * sizeof(void*) + prepared_act_bytes(t->type, t->ne[0], rows);
+  return rows * sizeof(void*) + prepared_act_bytes(t->type, t->ne[0], rows, k);
 }
-
 
 // VulkanBackend constants mirrored here (src/backend/vulkan/vulkan_backend.cpp).
 constexpr uint64_t kVkScratchGranule = 64ull << 10;  // Impl::ensure rounding
@@ -576,7 +567,8 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     }
     ScratchTerms& t = est.devices[d].terms;
     t.layer_activations = (m * E + 2 * m * Q + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
-    t.matmul_prep = matmul_prep_bytes(f, s.layer_begin, s.layer_end, m) + kMatmulUnits + kTaskClosure;
+    t.matmul_prep =
+        matmul_prep_bytes(f, s.layer_begin, s.layer_end, m, config.host_kernels) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
     // Per attention worker: one scratch allocation (attention.h), whatever
     // the context, plus two tiles of this head's K and V slices dequantised
@@ -588,7 +580,7 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     const uint64_t items = (m + kAttnQueryTile - 1) / kAttnQueryTile * nh;
     const bool parallel = T > 1 && items > 1 && m * nh * c * hd >= (1u << 15);
     t.attention_workers = parallel ? T : 1;
-    if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows);
+    if (s.output) t.output_transient = out_rows * E * kF32 + output_prep_bytes(f, out_rows, config.host_kernels);
   }
   {
     // Host-side session state: hidden_, tokens_, block tables, logits.

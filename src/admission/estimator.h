@@ -149,6 +149,16 @@ struct GpuLimits {
   uint64_t weight_chunk_bytes = 0;
 };
 
+// What the host's kernels allocate that depends on the CPU kernel variant
+// running them (backend/cpu/kernel_variant.h; admission does not include the
+// backend, so whoever builds the config copies it from
+// cpu::active_kernel_variant()).
+struct HostKernels {
+  // matmul's Q8_0 GEMM keeps token-pair copies of the activations (the
+  // AVX-512 VNNI variants): m*(cols/32)*64 more bytes from 8 rows on.
+  bool q8_0_token_pairs = false;
+};
+
 struct EstimatorConfig {
   // Host: glibc malloc; 64-byte rounding (16 B header + 16 B granularity, cache
   // line), mmap'd (page-rounded) from 128 KiB; 5% fragmentation. The fixed
@@ -168,6 +178,7 @@ struct EstimatorConfig {
   // budget; raise it to reserve for them on a shared heap.
   DeviceCosts gpu{0, 256, 0, 4096, 0.0};
   GpuLimits gpu_limits;
+  HostKernels host_kernels;
 };
 
 // Bytes of one category on one device plus its documented allowance.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "backend/cpu/kernel_variant.h"
 #include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/env.h"
@@ -64,6 +65,36 @@ nlohmann::json vulkan_json(const Result<std::vector<VulkanDeviceInfo>>& devices)
   return {{"known", true}, {"devices", arr}};
 }
 
+// The CPU (CPUID, XGETBV) and the kernel variants built into this binary:
+// which run here, and which the CPU kernels use (kernel_variant.h).
+nlohmann::json cpu_json() {
+  const cpu::CpuFeatures f = cpu::detect_cpu_features();
+  const cpu::KernelVariantInfo active = cpu::active_kernel_variant();
+  nlohmann::json variants = nlohmann::json::array();
+  for (const cpu::KernelVariantInfo& v : cpu::kernel_variants()) {
+    variants.push_back(
+        {{"name", v.name}, {"isa", v.isa}, {"runs_here", v.runs_here}, {"active", v.name == active.name}});
+  }
+  return {{"vendor", f.vendor},     {"brand", f.brand},     {"features", f.usable()},
+          {"kernels", active.name}, {"variants", variants}, {"source", "cpuid, xgetbv"}};
+}
+
+std::string format_cpu(const nlohmann::json& c) {
+  std::string out = "  " + std::string(c["brand"].get<std::string>().empty() ? "unknown model" : c["brand"]) + "\n";
+  std::string features;
+  for (const auto& x : c["features"]) features += (features.empty() ? "" : " ") + x.get<std::string>();
+  out += "  features: " + (features.empty() ? std::string("none of the extensions the kernels use") : features) + "\n";
+  for (const auto& v : c["variants"]) {
+    const std::string isa = v["isa"].get<std::string>();
+    out +=
+        std::string(v["active"].get<bool>() ? "  * " : "    ") + v["name"].get<std::string>() + " (" +
+        (isa.empty() ? "scalar" : isa) + ")" +
+        (v["runs_here"].get<bool>() ? (v["active"].get<bool>() ? ": CPU kernels run this" : "") : ": not on this CPU") +
+        "\n";
+  }
+  return out;
+}
+
 int run_devices(const DevicesOptions& o) {
   device::CollectOptions c;
   c.env = &Env::default_env();
@@ -74,7 +105,8 @@ int run_devices(const DevicesOptions& o) {
   if (o.json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& f : inv.findings) arr.push_back(finding_to_json(f));
-    nlohmann::json j = {{"root", o.root}, {"findings", arr}, {"vulkan", vulkan_json(list_vulkan_devices())}};
+    nlohmann::json j = {
+        {"root", o.root}, {"findings", arr}, {"cpu", cpu_json()}, {"vulkan", vulkan_json(list_vulkan_devices())}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -93,6 +125,7 @@ int run_devices(const DevicesOptions& o) {
       std::printf("  %-22s unknown (%s)\n", f.figure.c_str(), f.reason.c_str());
     }
   }
+  std::printf("\ncpu kernels\n%s", format_cpu(cpu_json()).c_str());
   auto vk = list_vulkan_devices();
   std::printf("\nvulkan devices\n");
   if (vk.ok()) {

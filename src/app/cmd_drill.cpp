@@ -98,7 +98,10 @@ std::string failure_text(const drill::CheckResult& r) {
     s += "\n  " + g.name + ": " + g.detail;
     if (!g.request_ids.empty()) {
       s += " (requests";
-      for (size_t i = 0; i < g.request_ids.size() && i < 20; ++i) s += " " + std::to_string(g.request_ids[i]);
+      for (size_t i = 0; i < g.request_ids.size() && i < 20; ++i) {
+        s += ' ';  // not " " + to_string(): GCC 12 warns (-Wrestrict) on that concatenation at -O3
+        s += std::to_string(g.request_ids[i]);
+      }
       if (g.request_ids.size() > 20) s += " ... " + std::to_string(g.request_ids.size()) + " in all";
       s += ")";
     }

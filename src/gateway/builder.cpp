@@ -13,6 +13,7 @@
 #include "admission/estimator.h"
 #include "admission/prior.h"
 #include "backend/cpu/kernel_probe.h"
+#include "backend/cpu/kernel_variant.h"
 #include "backend/vulkan/device_spec.h"
 #include "device/host_memory.h"
 #include "gateway/composition.h"
@@ -695,6 +696,7 @@ Status make_path(Composition& c, PathSpec ps) {
   p.device = ps.device;
   p.cpu_faults = std::move(cpu_faults);
   p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
+  p.cpu_kernels = cpu::active_kernel_variant().name;
   p.prior = ps.prior;
   p.kv_type = std::string(kv_type_name(o.kv_type));
   p.scheduler = std::move(serving.scheduler);
@@ -798,6 +800,15 @@ Status build_cpu_path(Composition& c) {
   return Status::ok_status();
 }
 
+// The CPU and its kernel variant (backend/cpu/kernel_variant.h), for status.
+HostCpuInfo host_cpu_info() {
+  const cpu::CpuFeatures f = cpu::detect_cpu_features();
+  const cpu::KernelVariantInfo v = cpu::active_kernel_variant();
+  HostCpuInfo h{f.brand, f.usable(), v.name, v.isa, {}};
+  for (const cpu::KernelVariantInfo& b : cpu::kernel_variants()) h.built.push_back(b.name);
+  return h;
+}
+
 // The gateway over the built paths: gateway_policy() of the options, with
 // the ledgers' readings (out.observe_host / observe_device) as its observe,
 // stderr as its log and the journal as its equivalence store; then, with
@@ -807,6 +818,7 @@ Status start_gateway(Composition& c) {
   BuiltGateway& out = c.out;
   GatewayPolicy policy = gateway_policy(c.o);
   policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
+  policy.host_cpu = host_cpu_info();
   auto host_ledger = out.host_ledger;
   auto device_ledger = out.device_ledger;
   auto vulkan = out.vulkan;
@@ -884,6 +896,11 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   if (const auto rss = device::HostMemoryProbe(env).read().process_rss_bytes; rss.known()) {
     c.cfg.host.fixed_overhead = rss.value();
   }
+  const cpu::KernelVariantInfo kernels = cpu::active_kernel_variant();
+  c.cfg.host_kernels.q8_0_token_pairs = kernels.q8_0_token_pairs;
+  const std::string brand = cpu::detect_cpu_features().brand;
+  out.log.push_back("CPU kernels: " + kernels.name + " (" + (kernels.isa.empty() ? "scalar" : kernels.isa) + ")" +
+                    (brand.empty() ? "" : " on " + brand));
   // The plans, GPU side first: the CPU path counts the shared mapping only
   // when no GPU path holds it.
   if (c.n_gpu_layers > 0) {

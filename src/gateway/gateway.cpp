@@ -727,6 +727,7 @@ bool Gateway::ready() const {
 GatewayStatus Gateway::status() {
   GatewayStatus out;
   out.overflow = std::string(overflow_name(policy_.overflow));
+  out.host_cpu = policy_.host_cpu;
   out.reservations = reservations(ReservationCaller{"", /*admin=*/true});  // the HTTP layer filters per caller
   std::set<const admission::MemoryLedger*> seen;
   for (const ExecutionPath& p : paths_) {
@@ -736,6 +737,7 @@ GatewayStatus Gateway::status() {
     ps.placement = p.placement;
     ps.model = p.model;
     ps.fingerprint = p.fingerprint;
+    ps.cpu_kernels = p.cpu_kernels;
     ps.replica = p.replica->info();
     ps.fallback_model = p.fallback_model;
     ps.role = std::string(admission::path_role_name(p.role));

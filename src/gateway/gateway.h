@@ -208,6 +208,15 @@ struct ExecutionPath {
   // template, tokenizer and tensor types; a checkpoint carries its model's).
   // Empty: unknown, never migrated to or from.
   std::string fingerprint;
+  // The CPU kernel variant its host-side compute runs (backend/cpu/
+  // kernel_variant.h: "x86-64-v3"); "" when not known (a path built by
+  // hand). Variants round differently, so it is part of the path's numerics.
+  std::string cpu_kernels;
+  // What the path computes with: its placement and kernel variant. Two paths
+  // of one fingerprint and equal numerics give the same bits by their
+  // backend's contract; otherwise migration between them waits for their
+  // equivalence check (verify_equivalence).
+  std::string numerics() const { return cpu_kernels.empty() ? placement : placement + "/" + cpu_kernels; }
   // The element type of its KV cache ("f16", "f32", "q8_0"; `--kv-type`):
   // for status. "" when not known (a path built by hand).
   std::string kv_type;
@@ -250,7 +259,7 @@ Result<Overflow> parse_overflow(std::string_view name);
 // one fingerprint and their runs of the same requests gave the same text.
 struct EquivalenceInfo {
   std::string a, b;  // path names
-  std::string placement_a, placement_b;
+  std::string placement_a, placement_b;  // ExecutionPath::numerics(): "cpu/x86-64-v3"
   std::string fingerprint;
   bool passed = false;
   std::string detail;  // what was compared, or the first difference
@@ -289,7 +298,18 @@ struct GatewayEvent {
   std::string text;                   // one line for people, as `log` gets it
 };
 
+// The host CPU and the kernel variant chosen for it
+// (backend/cpu/kernel_variant.h), for status; filled by the builder.
+struct HostCpuInfo {
+  std::string brand;                  // "AMD EPYC 7B13"; "" when CPUID has none
+  std::vector<std::string> features;  // the extensions it has and the OS enabled
+  std::string kernels;                // the variant the CPU kernels run: "x86-64-v3"
+  std::string kernels_isa;            // the extensions that variant uses: "avx2 fma f16c"
+  std::vector<std::string> built;     // the variants in this binary, best first
+};
+
 struct GatewayPolicy {
+  HostCpuInfo host_cpu;  // reported in status as is
   admission::AdmissionPolicy admission;
   Overflow overflow = Overflow::kPlanned;
   double observe_interval_s = 1.0;  // re-read observed memory at most this often
@@ -426,6 +446,7 @@ struct PathStatus {
   double oldest_queued_s = 0;
   int32_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_free = 0;
   std::string kv_type;                       // ExecutionPath::kv_type
+  std::string cpu_kernels;                   // ExecutionPath::cpu_kernels
   admission::PathRates rates;                // what quotes use now (rates.measured: from finished requests)
   admission::RatePrior prior;                // ExecutionPath::prior
   serve::SchedulerStats stats;               // probes included
@@ -463,6 +484,7 @@ struct GatewayStatus {
   bool ready = false;                            // some path can take work
   std::vector<EquivalenceInfo> equivalence;      // the checks done so far
   std::string overflow = "planned";              // overflow_name(policy.overflow): a baseline says so
+  HostCpuInfo host_cpu;                          // GatewayPolicy::host_cpu
 
   uint64_t decided(DecisionCounter c) const { return decisions[static_cast<size_t>(c)]; }
 };

@@ -24,9 +24,9 @@ Status Gateway::migration_allowed(size_t from, size_t to) const {
   if (a.fingerprint.empty() || a.fingerprint != b.fingerprint) {
     return Status::failed_precondition("serves another model than " + a.name + " (compatibility fingerprints differ)");
   }
-  if (a.placement == b.placement) return Status::ok_status();  // one backend: bitwise by its contract
+  if (a.numerics() == b.numerics()) return Status::ok_status();  // one backend and variant: bitwise by contract
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = equivalence_.find(equivalence_key(a.fingerprint, a.placement, b.placement));
+  auto it = equivalence_.find(equivalence_key(a.fingerprint, a.numerics(), b.numerics()));
   if (it == equivalence_.end()) {
     return Status::failed_precondition("equivalence with " + a.name + " not verified");
   }
@@ -87,8 +87,8 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
     for (size_t j = i + 1; j < paths_.size(); ++j) {
       const ExecutionPath& a = paths_[i];
       const ExecutionPath& b = paths_[j];
-      if (a.fingerprint.empty() || a.fingerprint != b.fingerprint || a.placement == b.placement) continue;
-      const std::string key = equivalence_key(a.fingerprint, a.placement, b.placement);
+      if (a.fingerprint.empty() || a.fingerprint != b.fingerprint || a.numerics() == b.numerics()) continue;
+      const std::string key = equivalence_key(a.fingerprint, a.numerics(), b.numerics());
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (equivalence_.count(key) != 0) continue;
@@ -96,8 +96,8 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
       EquivalenceInfo info;
       info.a = a.name;
       info.b = b.name;
-      info.placement_a = a.placement;
-      info.placement_b = b.placement;
+      info.placement_a = a.numerics();
+      info.placement_b = b.numerics();
       info.fingerprint = a.fingerprint;
       const EquivalenceStore& store = policy_.equivalence_store;
       const std::string stored_key = key + "|" + store.scope;

@@ -118,6 +118,7 @@ struct PathSpec {
   BreakerOptions breaker_options;
   // The model it serves (ExecutionPath::fingerprint and every checkpoint's).
   std::string fingerprint = "fake-model";
+  std::string cpu_kernels;  // ExecutionPath::cpu_kernels
   SafePointRules safe_points;
   int32_t checkpoint_every = 0;  // for journaled requests (record_id != 0)
 };
@@ -199,6 +200,7 @@ class Harness {
       p.ledger = s.ledger;
       p.breaker = breaker;
       p.fingerprint = s.fingerprint;
+      p.cpu_kernels = s.cpu_kernels;
       paths.push_back(std::move(p));
     }
     GatewayPolicy gp;
@@ -1537,6 +1539,35 @@ TEST(GatewayMigrationTest, AFailedEquivalenceCheckForbidsMigration) {
   Collected c = collect(*t, kRealTimeout);
   EXPECT_EQ(c.fin.status.reason(), FailureReason::kResumable) << c.fin.status.to_string();
   EXPECT_EQ(c.text, fake_text(3));
+}
+
+// Two paths of one model and placement whose CPU kernel variants differ
+// round differently: they are checked like two placements, and a request
+// moves between them only once the check passed. Equal variants need none.
+TEST(GatewayMigrationTest, PathsOfDifferentKernelVariantsNeedTheEquivalenceCheck) {
+  PathSpec a = cpu_spec(), b = cpu_spec();
+  a.name = "cpu-v3";
+  a.role = PathRole::kPrimary;
+  a.cpu_kernels = "x86-64-v3";
+  b.name = "cpu-v2";
+  b.cpu_kernels = "x86-64-v2";
+  Harness h({a, b});
+  ASSERT_NE(h.gw, nullptr);
+  const Status why = h.gw->migration_allowed(0, 1);
+  EXPECT_TRUE(contains(why.message(), "equivalence with cpu-v3 not verified")) << why.message();
+  const std::vector<EquivalenceInfo> eq = h.verify();
+  ASSERT_EQ(eq.size(), 1u);
+  EXPECT_EQ(eq[0].placement_a, "cpu/x86-64-v3");
+  EXPECT_EQ(eq[0].placement_b, "cpu/x86-64-v2");
+  EXPECT_TRUE(eq[0].passed) << eq[0].detail;
+  EXPECT_TRUE(h.gw->migration_allowed(0, 1).ok());
+  EXPECT_EQ(h.gw->status().paths[1].cpu_kernels, "x86-64-v2");
+
+  b.cpu_kernels = "x86-64-v3";
+  Harness same({a, b});
+  ASSERT_NE(same.gw, nullptr);
+  EXPECT_TRUE(same.gw->migration_allowed(0, 1).ok()) << "one placement and variant: bitwise by contract";
+  EXPECT_TRUE(same.verify().empty()) << "nothing to check";
 }
 
 // Without a verified pair the stream ends with a resumable error that keeps

@@ -376,6 +376,7 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                      {"placement", p.placement},
                      {"model", p.model},
                      {"fingerprint", nullable(p.fingerprint)},
+                     {"cpu_kernels", nullable(p.cpu_kernels)},
                      {"fallback_model", p.fallback_model},
                      {"role", p.role},
                      {"replica", replica_json(p.replica)},
@@ -438,6 +439,13 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
       {"paths_not_built", not_built}, {"ledgers", ledgers},         {"reservations", reservations_json(s.reservations)},
       {"decisions", decisions},       {"recent_decisions", recent}, {"equivalence", equivalence},
       {"overflow", s.overflow}};
+  if (!s.host_cpu.kernels.empty()) {
+    j["host_cpu"] = {{"brand", nullable(s.host_cpu.brand)},
+                     {"features", s.host_cpu.features},
+                     {"kernels", s.host_cpu.kernels},
+                     {"kernels_isa", s.host_cpu.kernels_isa},
+                     {"kernels_built", s.host_cpu.built}};
+  }
   if (http) {
     j["http"] = {{"open_connections", http->open_connections},
                  {"accepted", http->accepted},

@@ -5,7 +5,7 @@
 #include <new>
 #include <string>
 
-#if defined(__F16C__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -71,26 +71,46 @@ Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
 size_t KvPool::bytes_per_token() const { return 2 * static_cast<size_t>(n_layers()) * row_bytes_; }
 
 namespace {
-// F16 rows: F16C where the build has it (the attention converts every
-// position's rows at every step, and the portable conversion branches per
-// element: 4x slower decode at 1024 positions on the 110M model). Both are
-// exact to F32 and round to nearest even from F32 (gguf/fp16.h), so the
-// stored and read bits do not depend on the build (kv_cache_test checks them).
-void f16_from_f32(const float* x, uint8_t* dst, size_t n) {
+// F16 rows: F16C where the CPU has it (the portable conversion branches per
+// element; the attention reads F16 rows in place through the CPU kernels,
+// this converts rows appended and copied). Both are exact to F32 and round
+// to nearest even from F32 (gguf/fp16.h), so the stored and read bits do not
+// depend on the CPU (kv_cache_test checks them). The binary's baseline has
+// no F16C: the loops below raise their own target and run where
+// __builtin_cpu_supports (CPUID and the OS's AVX state) says they can.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SPW_KV_F16C 1
+bool cpu_has_f16c() {
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has;
+}
+__attribute__((target("avx,f16c"))) size_t f16_from_f32_f16c(const float* x, uint8_t* dst, size_t n) {
   size_t i = 0;
-#if defined(__F16C__)
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
   }
+  return i;
+}
+__attribute__((target("avx,f16c"))) size_t f16_to_f32_f16c(const uint8_t* src, float* y, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+  return i;
+}
+#endif
+
+void f16_from_f32(const float* x, uint8_t* dst, size_t n) {
+  size_t i = 0;
+#if defined(SPW_KV_F16C)
+  if (cpu_has_f16c()) i = f16_from_f32_f16c(x, dst, n);
 #endif
   gguf::quantize_row_f16(x + i, dst + 2 * i, n - i);
 }
 void f16_to_f32(const uint8_t* src, float* y, size_t n) {
   size_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+#if defined(SPW_KV_F16C)
+  if (cpu_has_f16c()) i = f16_to_f32_f16c(src, y, n);
 #endif
   gguf::dequantize_row_f16(src + 2 * i, y + i, n - i);
 }

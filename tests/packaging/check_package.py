@@ -20,6 +20,10 @@
    whose paths point into that root, when systemd-analyze is installed.
 5. Every commented `# key = value` example of the config is accepted by the
    real `spillway serve --config` parser.
+6. The packaged binary under qemu-user as a Haswell (no AVX-512) and a
+   Nehalem (no AVX): it picks the AVX2 and the baseline kernel variant, and
+   generates the same tokens as the build's binary does natively on each
+   (tests/portability/qemu_cpu_test.py).
 
 Bounded (every step has a deadline), loopback only, everything in one
 temporary folder that is removed at the end; the build directory's
@@ -472,6 +476,28 @@ def check_config_examples(root, tmp, source):
         check(re.search(rf"^{re.escape(key)} = ", r.stdout, re.M) is not None, f"--dump-config lacks {key}")
 
 
+def check_emulated_cpus(args, root, source):
+    """6. The packaged binary on emulated older CPUs (tests/portability's
+    checks 1-2: the variant chosen, the same tokens as the build's binary on
+    that variant natively), where the build has the x86-64 kernel variants
+    and qemu-user is installed."""
+    binary = os.path.join(root, "usr/bin/spillway")
+    qemu = shutil.which("qemu-x86_64")
+    r = run([os.path.join(args.build_dir, "spillway"), "devices", "--json"])
+    variants = [v["name"] for v in json.loads(r.stdout).get("cpu", {}).get("variants", [])] if r.returncode == 0 else []
+    if "x86-64-v3" not in variants or qemu is None:
+        print(f"packaging: emulated CPUs not checked ({'no qemu-x86_64' if qemu is None else 'a native build'})",
+              flush=True)
+        return
+    sys.path.insert(0, os.path.join(source, "tests", "portability"))
+    from qemu_cpu_test import emulated_cpu_checks  # noqa: E402
+    found = emulated_cpu_checks(qemu, binary, os.path.join(source, "models", "stories260K.gguf"),
+                                reference=os.path.join(args.build_dir, "spillway"), log=lambda line: None)
+    for f in found:
+        check(False, "packaged binary: " + f)
+    check(not found, "packaged binary on emulated CPUs")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", required=True)
@@ -503,6 +529,8 @@ def main():
                 check_unit(root, tmp, unit_text)
             check_config_examples(root, tmp, source)
             print(f"packaging: config examples checked ({time.monotonic() - t0:.1f} s)", flush=True)
+            check_emulated_cpus(args, root, source)
+            print(f"packaging: emulated CPUs checked ({time.monotonic() - t0:.1f} s)", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if saved_manifest is None:

@@ -10,7 +10,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd.h"
 
-namespace spw::cpu {
+SPW_CPU_KERNELS_BEGIN
 
 namespace {
 
@@ -38,7 +38,7 @@ float exp_neg(float x) {
   return p * scale;
 }
 
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
 // exp_neg on 16 lanes: the same operations in the same order (roundscale to
 // nearest-even is nearbyint under the default rounding mode; fnmadd(n, c, x)
 // is fma(-n, c, x)).
@@ -55,7 +55,7 @@ static inline __m512 exp_neg16(__m512 x) {
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(SPW_AVX2) && defined(SPW_FMA) && !defined(SPW_AVX512F)
 // exp_neg on 8 lanes: exp_neg16's operations on ymm registers; the lanes
 // below kExpMin (or NaN) are cleared after the multiply, as the scalar
 // function returns 0 for them.
@@ -74,11 +74,11 @@ static inline __m256 exp_neg8(__m256 x) {
 
 void exp_neg_shifted(float* x, int64_t n, float shift) {
   int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(SPW_AVX2) && defined(SPW_FMA) && !defined(SPW_AVX512F)
   const __m256 s8 = _mm256_set1_ps(shift);
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s8)));
 #endif
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   const __m512 s = _mm512_set1_ps(shift);
   for (; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
@@ -138,7 +138,7 @@ inline void scale_row(float* out, int64_t dim, float c) {
 // exactly), then the lanes are summed pairwise. It depends only on the values.
 float tile_sum(const float* s, int32_t len) {
   static_assert(kKvTile == 32, "two 16-lane halves");
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   const __mmask16 k0 = len >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << len) - 1);
   const __mmask16 k1 = len >= 32 ? __mmask16(0xFFFF) : len <= 16 ? __mmask16(0) : static_cast<__mmask16>((1u << (len - 16)) - 1);
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_maskz_loadu_ps(k0, s), _mm512_maskz_loadu_ps(k1, s + 16)));
@@ -159,7 +159,7 @@ float tile_sum(const float* s, int32_t len) {
 // ignored on the first tile, which starts the sums).
 float tile_softmax(float* s, int32_t len, float kq_scale, float* run_max, float* run_sum, bool first) {
   float tile_max = -std::numeric_limits<float>::infinity();
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   // GCC does not vectorise a float max reduction without -ffast-math: as a
   // plain loop, this step made an 8k-token prefill 15% slower.
   const __m512 scale = _mm512_set1_ps(kq_scale), ninf = _mm512_set1_ps(tile_max);
@@ -173,7 +173,7 @@ float tile_softmax(float* s, int32_t len, float kq_scale, float* run_max, float*
   tile_max = _mm512_reduce_max_ps(mx);
 #else
   int32_t j0 = 0;
-#if defined(__AVX2__)
+#if defined(SPW_AVX2)
   // As above on 8 lanes; max is exact in any order.
   const __m256 scale8 = _mm256_set1_ps(kq_scale);
   __m256 mx8 = _mm256_set1_ps(tile_max);
@@ -401,4 +401,4 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
   }
 }
 
-}  // namespace spw::cpu
+SPW_CPU_KERNELS_END

@@ -38,6 +38,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/variant_ns.h"
 
 namespace spw::cpu {
 
@@ -59,9 +60,13 @@ inline constexpr int64_t attention_scratch_floats(int64_t head_dim, bool convert
   return static_cast<int64_t>(kQueryTile) * (kKvTile + head_dim + 2) + (converts ? 2 * kKvTile * head_dim : 0);
 }
 
+SPW_CPU_NS_BEGIN
+
 // Work items of a pass: sum over slices of ceil(n_tokens / kQueryTile), times
 // n_head.
 int64_t attention_items(std::span<const SeqSlice> slices, int32_t n_head);
+
+SPW_CPU_NS_END
 
 // Whether attention() uses the pool: more than one item and work
 // (rows * n_head * max_positions * head_dim) of at least 2^15, below which
@@ -70,6 +75,8 @@ inline bool attention_parallel(int64_t items, int64_t rows, int64_t n_head, int6
                                int64_t head_dim) {
   return items > 1 && rows * n_head * max_positions * head_dim >= (int64_t{1} << 15);
 }
+
+SPW_CPU_NS_BEGIN
 
 // q and out: [rows][n_head * head_dim], rows the slices' rows in order.
 void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionShape& shape, const float* q,
@@ -83,5 +90,7 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
 float exp_neg(float x);
 // x[i] = exp_neg(x[i] - shift) for i < n.
 void exp_neg_shifted(float* x, int64_t n, float shift);
+
+SPW_CPU_NS_END
 
 }  // namespace spw::cpu

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/kernel_variant_test_env.h"
+
 namespace spw::cpu {
 namespace {
 

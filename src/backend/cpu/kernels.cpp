@@ -18,14 +18,14 @@
 #include <utility>
 #include <vector>
 
-namespace spw::cpu {
+SPW_CPU_KERNELS_BEGIN
 
 // ---------------------------------------------------------------- fp16
 
 // Scalar conversions are gguf/fp16.h's (the one portable implementation);
 // F16C does the same rounding in one instruction where the CPU has it.
 float fp16_to_fp32(uint16_t h) {
-#if defined(__F16C__)
+#if defined(SPW_F16C)
   return _cvtsh_ss(h);
 #else
   return gguf::fp16_to_fp32(h);
@@ -33,7 +33,7 @@ float fp16_to_fp32(uint16_t h) {
 }
 
 uint16_t fp32_to_fp16(float f) {
-#if defined(__F16C__)
+#if defined(SPW_F16C)
   return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 #else
   return gguf::fp32_to_fp16(f);
@@ -52,7 +52,7 @@ uint16_t fp32_to_fp16(float f) {
 // halfway cases included.
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   assert(n % 32 == 0);
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   const __m512 zero = _mm512_setzero_ps();
   const __m512 half = _mm512_set1_ps(0.5f);
   const __m512 one = _mm512_set1_ps(1.0f);
@@ -76,7 +76,7 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
     }
   }
-#elif defined(__AVX2__)
+#elif defined(SPW_AVX2)
   // The same operations on four 8-lane vectors a block. Decode quantises
   // every matmul's activation row: a 2048-wide row took 13.5 us in the
   // scalar code and takes 0.8 us here (Zen 3), against ~13 us for a
@@ -121,7 +121,7 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
 #endif
 }
 
-#if defined(__AVX2__)
+#if defined(SPW_AVX2)
 static inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
   __m128 hi = _mm256_extractf128_ps(v, 1);
@@ -134,7 +134,7 @@ static inline float hsum256(__m256 v) {
 }
 #endif
 
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
 // The F32/F16 dot order with AVX-512: one 16-lane accumulator per (weight
 // row, activation row), a fused multiply-add per 16 elements in k order, then
 // this reduction (the two 256-bit halves added, hsum256), then the scalar tail.
@@ -156,10 +156,10 @@ static inline float reduce512(__m512 a) {
 template <int NT>
 static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const float* const* xd, int64_t nb,
                        float* out) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(SPW_AVX2) && defined(SPW_FMA)
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#if !(defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL))
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
   for (int64_t b = 0; b < nb; ++b) {
@@ -170,7 +170,7 @@ static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const floa
     for (int t = 0; t < NT; ++t) {
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
       const __m256i sx = _mm256_sign_epi8(qx, qw);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL)
       const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
 #else
       const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
@@ -199,10 +199,10 @@ static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const floa
 static inline float scalar_w(const float* p) { return *p; }
 static inline float scalar_w(const uint16_t* p) { return fp16_to_fp32(*p); }
 
-#if defined(__AVX2__)
+#if defined(SPW_AVX2)
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8(const uint16_t* p) {
-#if defined(__F16C__)
+#if defined(SPW_F16C)
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
   return _mm256_setr_ps(fp16_to_fp32(p[0]), fp16_to_fp32(p[1]), fp16_to_fp32(p[2]), fp16_to_fp32(p[3]),
@@ -211,7 +211,7 @@ static inline __m256 load8(const uint16_t* p) {
 }
 #endif
 
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -224,7 +224,7 @@ static inline __m512 load16(const uint16_t* p) {
 template <int NT, typename XT = float>
 static void dot_f32_n(const float* w, const XT* const* x, int64_t n, float* out) {
   int64_t i0 = 0;
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   __m512 a[NT];
   for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
   for (; i0 + 16 <= n; i0 += 16) {
@@ -232,7 +232,7 @@ static void dot_f32_n(const float* w, const XT* const* x, int64_t n, float* out)
     for (int t = 0; t < NT; ++t) a[t] = _mm512_fmadd_ps(wv, load16(x[t] + i0), a[t]);
   }
   for (int t = 0; t < NT; ++t) out[t] = reduce512(a[t]);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(SPW_AVX2) && defined(SPW_FMA)
   __m256 a0[NT], a1[NT];
   for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
   for (; i0 + 16 <= n; i0 += 16) {
@@ -267,7 +267,7 @@ static void dot_f32_n(const float* w, const XT* const* x, int64_t n, float* out)
 template <int NT>
 static void dot_f16_n(const uint16_t* w, const float* const* x, int64_t n, float* out) {
   int64_t i0 = 0;
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   __m512 a[NT];
   for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
   for (; i0 + 16 <= n; i0 += 16) {
@@ -275,7 +275,7 @@ static void dot_f16_n(const uint16_t* w, const float* const* x, int64_t n, float
     for (int t = 0; t < NT; ++t) a[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i0), a[t]);
   }
   for (int t = 0; t < NT; ++t) out[t] = reduce512(a[t]);
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(SPW_AVX2) && defined(SPW_FMA) && defined(SPW_F16C)
   __m256 a0[NT], a1[NT];
   for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
   for (; i0 + 16 <= n; i0 += 16) {
@@ -338,7 +338,7 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
 // value converts to F32 exactly, so the same fused steps on the converted
 // lanes give bitwise what the F32 kernels give on a converted copy.
 
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
 // reduce512 (the dot order's final reduction) of four accumulators side by
 // side: every add is one of reduce512's adds on the same two operands (fp
 // addition commutes), so each lane holds the one-token result bitwise.
@@ -364,7 +364,7 @@ static inline void reduce_x4(const __m512* a, float* out) { _mm_storeu_ps(out, r
 template <int N, typename XT>
 static void dot_xn(const float* w, const XT* const* x, int64_t n, float* out) {
   static_assert(N % 4 == 0, "rows in fours");
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   // dot_f32_n<N>'s accumulation, then its reductions four at a time.
   __m512 a[N];
   for (int t = 0; t < N; ++t) a[t] = _mm512_setzero_ps();
@@ -385,7 +385,7 @@ static void dot_xn(const float* w, const XT* const* x, int64_t n, float* out) {
 void dot_f32_x4(const float* w, const float* const* x, int64_t n, float* out) { dot_xn<4>(w, x, n, out); }
 void dot_f32_x4(const float* w, const uint16_t* const* x, int64_t n, float* out) { dot_xn<4>(w, x, n, out); }
 
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
 // dot_xn<P> for two w rows at once: each x chunk is loaded once for both
 // rows, 2 * P independent accumulators. NC = n / 16 chunks when known at
 // compile time (a head's width: the loops unroll and the accumulators stay in
@@ -424,7 +424,7 @@ static constexpr auto fixed_2xp(std::index_sequence<I...>) {
 
 template <int P, typename XT>
 static void dot_2xp(const float* const* w, const XT* const* x, int64_t n, float* out0, float* out1) {
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   static constexpr auto kFixed = fixed_2xp<P, XT>(std::make_index_sequence<16>());  // widths 16..256
   if (n % 16 == 0 && n >= 16 && n <= 256) return kFixed[static_cast<size_t>(n / 16 - 1)](w, x, n, out0, out1);
   dot_2xp_impl<P, 0, XT>(w, x, n, out0, out1);
@@ -451,14 +451,14 @@ void dot_f32_2x8(const float* const* w, const uint16_t* const* x, int64_t n, flo
 // vfmadd), two otherwise: spelled out rather than left to the compiler's
 // contraction, which -O1 (the sanitizer builds) does not do.
 static inline float madd(float a, float b, float c) {
-#if defined(__FMA__)
+#if defined(SPW_FMA)
   return std::fma(a, b, c);
 #else
   return a * b + c;
 #endif
 }
 
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
 // weighted_rows for R rows of weights over the same V rows: R * NC
 // independent chains (one row's NC chains wait on the FMA latency at every
 // position), each V chunk loaded once for the R rows.
@@ -479,7 +479,7 @@ static void weighted_rows_reg(const VT* const* v, const float* const* a, int64_t
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#if defined(SPW_AVX2) && defined(SPW_FMA) && defined(SPW_F16C) && !defined(SPW_AVX512F)
 // weighted_rows for R rows of weights over 8 * NC of the V rows' columns
 // starting at d0: R * NC chains of the same fused steps (madd), each V chunk
 // loaded once for the R rows.
@@ -517,10 +517,10 @@ static void weighted_rows_avx2(const VT* const* v, const float* const* a, int64_
 template <typename VT>
 static void weighted_rows_one(const VT* const* v, const float* a, int64_t n_pos, int64_t dim, float* out,
                               bool accumulate) {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#if defined(SPW_AVX2) && defined(SPW_FMA) && defined(SPW_F16C) && !defined(SPW_AVX512F)
   if (dim % 8 == 0) return weighted_rows_avx2<1, VT>(v, &a, n_pos, dim, &out, accumulate);
 #endif
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   // The same fused multiply-adds as the loop below (madd), with the sums
   // kept in registers.
   using Reg = void (*)(const VT* const*, const float* const*, int64_t, float* const*, bool);
@@ -545,7 +545,7 @@ static void weighted_rows_one(const VT* const* v, const float* a, int64_t n_pos,
 template <typename VT>
 static void weighted_rows_four(const VT* const* v, const float* const* a, int64_t n_pos, int64_t dim,
                                float* const* out, bool accumulate) {
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
   using Reg = void (*)(const VT* const*, const float* const*, int64_t, float* const*, bool);
   static constexpr Reg kFour[] = {weighted_rows_reg<4, 1, VT>, weighted_rows_reg<4, 2, VT>,
                                   weighted_rows_reg<4, 3, VT>, weighted_rows_reg<4, 4, VT>};
@@ -558,7 +558,7 @@ static void weighted_rows_four(const VT* const* v, const float* const* a, int64_
     return;
   }
 #endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#if defined(SPW_AVX2) && defined(SPW_FMA) && defined(SPW_F16C) && !defined(SPW_AVX512F)
   if (dim % 8 == 0) return weighted_rows_avx2<4, VT>(v, a, n_pos, dim, out, accumulate);
 #endif
   for (int r = 0; r < 4; ++r) weighted_rows_one(v, a[r], n_pos, dim, out[r], accumulate);
@@ -687,7 +687,7 @@ void rows_tile(int64_t r, int64_t t, float* yt, int64_t ldy, Dot dot) {
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
 // Pins a loaded vector in a register: without it GCC folds the activation
 // load into every FMA that uses it (one load per FMA instead of one per tile
 // column), and the tile becomes load-bound again.
@@ -728,7 +728,7 @@ void tile_float(const WT* const* w, const float* const* x, int64_t n, float* yt,
 }
 constexpr int kFloatGemmRows = 4;
 constexpr int kFloatGemmToks = 6;
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(SPW_AVX2) && defined(SPW_FMA) && defined(SPW_F16C)
 inline __m256 in_reg(__m256 v) {
   asm("" : "+x"(v));
   return v;
@@ -782,8 +782,7 @@ constexpr int kFloatGemmToks = kTokGroup;
 #endif
 constexpr int kFloatTileRows = 4;  // the quantised types' rows_tile
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define SPW_GEMM_Q8_0_VNNI512 1  // admission/estimator.cpp mirrors this condition (kQ8_0TokenPairs)
+#if defined(SPW_GEMM_Q8_0_VNNI512)  // simd.h
 // R rows x TP token pairs of dot_q8_0_n (AVX-512 VNNI). A zmm register holds
 // one row's 8-lane accumulator for two tokens (low half token t, high half
 // t + 1), so every lane runs the one-token kernel's sequence:
@@ -947,7 +946,7 @@ template <typename WT, typename Row, typename Dot>
 void float_gemm(const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1, int64_t n_rows, int64_t n_cols,
                 float* y, Row row, Dot dot) {
   gemm_block<kFloatGemmRows, kFloatGemmToks>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
-#if defined(__AVX512F__) || defined(SPW_FLOAT_TILE_AVX2)
+#if defined(SPW_AVX512F) || defined(SPW_FLOAT_TILE_AVX2)
     const WT* wr[kFloatGemmRows];
     for (int i = 0; i < kFloatGemmRows; ++i) wr[i] = reinterpret_cast<const WT*>(row(r + i));
     tile_float<kFloatGemmToks>(wr, &px.rows[static_cast<size_t>(t)], n_cols, yt, n_rows);
@@ -974,7 +973,7 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
         if (nt == kTokGroup) dot_f32_n<kTokGroup>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
         else dot_f32_n<1>(wr, &px.rows[static_cast<size_t>(t)], n_cols, out);
       };
-#if defined(__AVX512F__)
+#if defined(SPW_AVX512F)
       // One token (decode's matvec): eight weight rows at a time, each with
       // dot_f32's one accumulator (the activation is loaded once for the
       // eight; the product commutes). One row after another would leave each
@@ -1206,4 +1205,4 @@ void add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-}  // namespace spw::cpu
+SPW_CPU_KERNELS_END

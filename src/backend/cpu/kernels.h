@@ -2,9 +2,11 @@
 //
 // Contract: plain functions over host F32 activations and weights in their GGUF
 // layout (F32, F16, Q8_0 here; Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K through
-// quant_dot.h, whose kernels matmul uses with the same invariance contract). SIMD paths (AVX-512 / AVX2+FMA+F16C / VNNI) are
-// chosen at compile time from the target's macros, with scalar fallbacks, so the
-// code builds without AVX. Every dot product of a given weight row with a given
+// quant_dot.h, whose kernels matmul uses with the same invariance contract).
+// SIMD paths (AVX-512 / AVX2+FMA+F16C / VNNI) are chosen at compile time from
+// the ISA a source is built for (simd.h), with scalar fallbacks; the binary
+// holds one build per ISA level and calls the one kernel_variant.h chose at
+// start. Every dot product of a given weight row with a given
 // activation row is computed by one function with a fixed summation order, so a
 // matmul over a batch gives bitwise the same values as matvecs token by token,
 // and the result does not depend on the thread count (rows and tokens are
@@ -27,6 +29,7 @@
 #include <cstdint>
 
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/variant_ns.h"
 #include "model/model.h"
 
 namespace spw::cpu {
@@ -36,6 +39,8 @@ struct BlockQ8_0 {
   int8_t qs[32];
 };
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
+
+SPW_CPU_NS_BEGIN
 
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);  // round to nearest even
@@ -89,6 +94,8 @@ void dequantize_row(const WeightMatrix& w, int64_t row, float* out);
 // y[t * n_rows + r] = dot(row r of w, x + t * n_cols) for t < n_tokens.
 void matmul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool);
 
+SPW_CPU_NS_END
+
 // Several matrices over the same input in one parallel region (Q/K/V, gate/up):
 // one synchronisation and one quantisation of x when their types share an
 // activation format (Q4_K and Q6_K do: a Q4_K_M file's mixed Q/K/V stays
@@ -97,10 +104,15 @@ struct MatmulOut {
   const WeightMatrix* w;
   float* y;  // [n_tokens][w->n_rows]
 };
+
+SPW_CPU_NS_BEGIN
+
 void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_tokens, ThreadPool* pool);
 
 // y = x / sqrt(mean(x^2) + eps) * weight. y may alias x.
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y);
+
+SPW_CPU_NS_END
 
 // RoPE frequency scaling as llama.cpp applies it without YaRN: theta is
 // multiplied by freq_scale (1 / the linear factor) and divided by the
@@ -114,6 +126,8 @@ struct RopeScaling {
 inline RopeScaling rope_scaling(const Model& m) {
   return {m.hparams().rope_freq_scale, m.rope_freq_factors().empty() ? nullptr : m.rope_freq_factors().data()};
 }
+
+SPW_CPU_NS_BEGIN
 
 // Cos/sin table for positions pos0..pos0+n_tokens-1: [n_tokens][n_rot/2] each.
 // theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i, computed in double.
@@ -131,5 +145,7 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t n);
 void softmax(float* x, int64_t n);  // in place, max-subtracted
 void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up
 void add(float* y, const float* x, int64_t n);  // y += x
+
+SPW_CPU_NS_END
 
 }  // namespace spw::cpu

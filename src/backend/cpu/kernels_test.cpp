@@ -1,9 +1,6 @@
 // Kernels against scalar double references on random inputs of odd sizes.
 #include "backend/cpu/kernels.h"
 
-#include "gguf/fp16.h"
-#include "gguf/quant.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +8,10 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "backend/cpu/kernel_variant_test_env.h"
+#include "gguf/fp16.h"
+#include "gguf/quant.h"
 
 namespace spw::cpu {
 namespace {
@@ -387,12 +388,13 @@ TEST(Kernels, AttentionHelpersMatchPlainLoops) {
     for (int64_t p = 0; p < n_pos; ++p) {
       const float ap = a[static_cast<size_t>(p)];
       const float* vp = rows[static_cast<size_t>(p)];
-      // One rounding per term where the target has FMA (kernels.h), two otherwise.
-#if defined(__FMA__)
-      for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] = std::fma(ap, vp[d], ref[static_cast<size_t>(d)]);
-#else
-      for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] = ap * vp[d] + ref[static_cast<size_t>(d)];
-#endif
+      // One rounding per term where the variant has FMA (kernels.h), two otherwise.
+      if (active_kernel_variant().uses("fma")) {
+        for (int64_t d = 0; d < dim; ++d)
+          ref[static_cast<size_t>(d)] = std::fma(ap, vp[d], ref[static_cast<size_t>(d)]);
+      } else {
+        for (int64_t d = 0; d < dim; ++d) ref[static_cast<size_t>(d)] = ap * vp[d] + ref[static_cast<size_t>(d)];
+      }
     }
     weighted_rows(rows.data(), a.data(), n_pos, dim, got.data());
     ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << "dim " << dim;

@@ -6,15 +6,15 @@
 #include <type_traits>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd.h"
 #include "gguf/quant.h"
 #include "gguf/quant_blocks.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#if defined(SPW_AVX2) && defined(SPW_FMA) && defined(SPW_F16C)
 #define SPW_QDOT_AVX2 1
 #endif
 
-namespace spw::cpu {
+SPW_CPU_KERNELS_BEGIN
 
 using gguf::BlockQ4_0;
 using gguf::BlockQ4_1;
@@ -259,7 +259,7 @@ inline int32_t hsum_i32(__m256i v) {
 // u8 x s8 products summed in groups of four into int32 lanes (exact: each
 // u8*s8 pair sum is at most 2 * 63 * 127 < 2^15 for every caller).
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -517,7 +517,7 @@ const QuantDot* quant_dot_scalar(GgmlType w) {
 }
 
 const char* quant_dot_isa() {
-#if defined(SPW_QDOT_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(SPW_QDOT_AVX2) && defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL)
   return "avx2+vnni";
 #elif defined(SPW_QDOT_AVX2)
   return "avx2";
@@ -526,4 +526,4 @@ const char* quant_dot_isa() {
 #endif
 }
 
-}  // namespace spw::cpu
+SPW_CPU_KERNELS_END

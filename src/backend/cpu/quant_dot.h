@@ -34,17 +34,22 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cpu/variant_ns.h"
 #include "gguf/ggml_types.h"
 
 namespace spw::cpu {
 
 enum class ActFormat : uint8_t { kFloat, kQ8_0, kQ8_1, kQ8_K };
 
+SPW_CPU_NS_BEGIN
+
 // The activation format of weight type `w` (kFloat for F32/F16).
 ActFormat act_format(gguf::GgmlType w);
 // Elements and bytes of one activation block (32/34, 32/36, 256/292).
 int64_t act_block_elems(ActFormat f);
 size_t act_block_bytes(ActFormat f);
+
+SPW_CPU_NS_END
 
 // One token's quantised activations.
 struct ActRow {
@@ -53,9 +58,13 @@ struct ActRow {
   const float* s = nullptr;      // Q8_1: float of each block's fp16 s
 };
 
+SPW_CPU_NS_BEGIN
+
 // Quantises n activations into `blocks` of format f (not kFloat), filling the
 // per-block floats d (Q8_0, Q8_1) and s (Q8_1); d/s may be null for Q8_K.
 void quantize_act_row(ActFormat f, const float* x, int64_t n, void* blocks, float* d, float* s);
+
+SPW_CPU_NS_END
 
 // out[t] = dot(weight row w, token t) for t < NT (NT = 1 or 4).
 using QuantDotFn = void (*)(const uint8_t* w, const ActRow* x, int64_t n_cols, float* out);
@@ -64,6 +73,8 @@ struct QuantDot {
   QuantDotFn four;
 };
 
+SPW_CPU_NS_BEGIN
+
 // The kernels of weight type `w` (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K):
 // SIMD where compiled in, else scalar. nullptr for other types.
 const QuantDot* quant_dot(gguf::GgmlType w);
@@ -71,5 +82,7 @@ const QuantDot* quant_dot(gguf::GgmlType w);
 const QuantDot* quant_dot_scalar(gguf::GgmlType w);
 // "avx2", "avx2+vnni" or "scalar": what quant_dot() runs.
 const char* quant_dot_isa();
+
+SPW_CPU_NS_END
 
 }  // namespace spw::cpu

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernel_variant_test_env.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
 #include "gguf/fp16.h"

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/cpu/kernel_variant.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/vulkan/device_allocator.h"
@@ -29,14 +30,6 @@ constexpr uint32_t kPushBytes = 128;
 constexpr uint32_t kPoolSets = 512;
 constexpr uint32_t kMaxBindings = 6;
 constexpr uint64_t kStagingBytes = 8ull << 20;
-// 1 where the CPU's dot_f32 takes an 8-element chunk after its 16-element
-// ones (the AVX2 kernel; AVX-512 goes on one element at a time):
-// attention.comp's pc.tail8.
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-constexpr uint32_t kCpuDotTail8 = 1;
-#else
-constexpr uint32_t kCpuDotTail8 = 0;
-#endif
 
 // The weight types with shaders, and their shader-name suffix (one matmul and
 // one embed variant each: CMakeLists.txt, shaders/weights.glsl). The K types
@@ -377,11 +370,7 @@ class VulkanBackend::Impl::Recorder {
   const char* swiglu_shader() const { return im_.ctx->info().shader_float64 ? "swiglu_f64" : "swiglu"; }
 
   bool exact_attention() const {
-#if defined(__AVX2__) && defined(__FMA__)
-    return im_.ctx->info().shader_float64;
-#else
-    return false;
-#endif
+    return im_.ctx->info().shader_float64 && cpu::active_kernel_traits().fused_dot_order;
   }
 
   void dispatch(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,
@@ -997,7 +986,7 @@ Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int
                                static_cast<uint32_t>(n_pos),
                                static_cast<uint32_t>(Q),
                                scale_bits,
-                               kCpuDotTail8};
+                               cpu::active_kernel_traits().dot_tail8 ? 1u : 0u};
       // The exact variant keeps four output elements per invocation.
       const char* attention = rec.exact_attention() && hd <= 4 * kWg ? (kv_f16 ? "attention_f16_f64" : "attention_f64")
                                                                      : (kv_f16 ? "attention_f16" : "attention");

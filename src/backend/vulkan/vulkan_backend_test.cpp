@@ -14,6 +14,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
+#include "backend/cpu/kernel_variant.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/vulkan/device_spec.h"
@@ -27,6 +28,10 @@ namespace spw {
 namespace {
 
 using testing::make_pool;
+
+// Whether the CPU kernels run the dot order the shaders repeat: the AVX2
+// (and AVX-512) variants' fused steps, not the scalar one's.
+bool cpu_dot_order_is_shaders() { return cpu::active_kernel_traits().fused_dot_order; }
 
 // A small model of a low-bit type: the K types need rows of 256.
 modelgen::RandomLlamaSpec low_bit_spec(gguf::GgmlType type,
@@ -373,11 +378,9 @@ TEST(VulkanOps, ElementwiseOpsMatchCpu) {
     for (int t = 0; t < nt; ++t) cpu::rope_apply(ref.data() + t * nh * hd, nh, hd, n_rot, c.data() + t * half, s.data() + t * half);
     ASSERT_TRUE(b->op_rope(got.data(), nt, nh, hd, n_rot, 7, 10000.0f).ok());
     EXPECT_LT(nmse(got, ref), 1e-12) << "rope n_rot " << n_rot;
-#if defined(__AVX2__) && defined(__FMA__)
-    if (b->device_info().shader_float64) {  // rope_apply's fused steps (rope.comp)
+    if (cpu_dot_order_is_shaders() && b->device_info().shader_float64) {  // rope_apply's fused steps (rope.comp)
       EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4)) << "rope n_rot " << n_rot << " not bitwise";
     }
-#endif
   }
 }
 
@@ -489,9 +492,7 @@ TEST(VulkanModel, LogitsMatchCpu) {
 // SwiGLU (swiglu.comp), residual adds and the output head.
 TEST(VulkanModel, KQuantLogitsBitwiseEqualCpu) {
   VK_OR_SKIP(b);
-#if !(defined(__AVX2__) && defined(__FMA__))
-  GTEST_SKIP() << "the CPU kernels of this build have another dot order than attention.comp's";
-#endif
+  if (!cpu_dot_order_is_shaders()) GTEST_SKIP() << "the CPU kernel variant has another dot order than attention.comp's";
   if (!b->device_info().shader_float64) GTEST_SKIP() << "no float64: the device's steps round within float rounding";
   auto cpu = std::make_shared<CpuBackend>(1);
   std::vector<std::pair<std::string, modelgen::RandomLlamaSpec>> specs;

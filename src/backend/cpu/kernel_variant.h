@@ -1,0 +1,107 @@
+// Kernel variants: the CPU kernels built for several ISA levels in one binary,
+// one of them chosen at start.
+//
+// Contract: the package is compiled for a baseline (x86-64-v2: SSE4.2 and
+// POPCNT, every x86-64 CPU since 2008) and carries the kernel sources
+// (kernels.cpp, attention.cpp, quant_dot.cpp) once more per higher level:
+//   x86-64-v2        the scalar kernels (the compiler's SSE code)
+//   x86-64-v3        AVX2, FMA, F16C (Haswell, Zen 1 and later; most home CPUs)
+//   x86-64-v4        AVX-512 F/BW/CD/DQ/VL (Skylake-X, Zen 4)
+//   x86-64-v4-vnni   v4 and AVX-512 VNNI (Ice Lake, Sapphire Rapids, Zen 4/5):
+//                    the Q8_0 GEMM's integer dot products
+// The first kernel call, or use_kernel_variant("auto"), picks the best one
+// this CPU runs (unless SPILLWAY_CPU_VARIANT names another): its CPUID bits and the OS's enabled register state (XCR0:
+// AVX needs the YMM state saved, AVX-512 the opmask and ZMM state too). A
+// build with SPILLWAY_NATIVE=ON has one variant, "native" (the build
+// machine's ISA); a build that is not GCC on x86-64 has one, "generic".
+// Variants differ in their rounding (their summation orders differ), never
+// in what they compute: the kernels' bitwise contracts (batch and thread
+// invariance) hold within a variant, and a path's variant is part of its
+// numerics identity (gateway: two paths of different variants are the same
+// placement only once their equivalence check passed).
+// Thread safety: detection and the listing are pure; use_kernel_variant
+// switches every later kernel call atomically and must not run while
+// kernels run on other threads (call it at start, or in a test's set-up).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace spw::cpu {
+
+// What CPUID and XGETBV report; false where the CPU is not x86-64.
+struct CpuFeatures {
+  std::string vendor;  // "GenuineIntel", "AuthenticAMD"; empty off x86
+  std::string brand;   // "AMD EPYC 9B45", ...
+  bool sse42 = false, popcnt = false;
+  bool avx = false, avx2 = false, fma = false, f16c = false, bmi1 = false, bmi2 = false, lzcnt = false, movbe = false;
+  bool avx512f = false, avx512bw = false, avx512cd = false, avx512dq = false, avx512vl = false, avx512vnni = false,
+       avx512bf16 = false, avxvnni = false;
+  bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
+  bool os_avx = false;     // XCR0 bits 1-2: the OS saves XMM and YMM state
+  bool os_avx512 = false;  // XCR0 bits 5-7: opmask, ZMM0-15 upper halves, ZMM16-31
+  bool os_amx = false;     // XCR0 bits 17-18: tile config and data
+
+  // The names of the extensions the CPU has and the OS enabled ("avx2",
+  // "avx512f", ...), in a fixed order.
+  std::vector<std::string> usable() const;
+};
+
+CpuFeatures detect_cpu_features();
+
+struct KernelVariantInfo {
+  std::string name;  // "x86-64-v3", "native", "generic"
+  std::string isa;   // the extensions its kernels use: "avx2 fma f16c"; "" = scalar
+  bool runs_here = false;
+  // Whether matmul's Q8_0 GEMM keeps token-pair copies of the activations
+  // (the AVX-512 VNNI tile): the estimator prices that scratch only then
+  // (admission::EstimatorConfig::host_kernels).
+  bool q8_0_token_pairs = false;
+
+  // Whether its kernels were built with extension `ext` ("fma", "avx2", ...).
+  bool uses(std::string_view ext) const;
+};
+
+// What code outside the kernels that must round as they do needs to know
+// about the chosen variant (the Vulkan backend's exact shaders, the
+// estimator); cheap to ask, no allocation.
+struct KernelTraits {
+  // dot_f32 and attention take the AVX2/AVX-512 order with fused
+  // multiply-adds (the Vulkan EXACT_F64 shaders repeat it).
+  bool fused_dot_order = false;
+  // dot_f32 ends with an 8-element chunk after its 16-element ones (the AVX2
+  // kernel; AVX-512 goes on one element at a time): attention.comp's tail8.
+  bool dot_tail8 = false;
+  // KernelVariantInfo::q8_0_token_pairs.
+  bool q8_0_token_pairs = false;
+};
+
+// The chosen variant's traits (choosing it first if nothing has).
+const KernelTraits& active_kernel_traits();
+
+// The variants built into this binary, best first.
+std::vector<KernelVariantInfo> kernel_variants();
+
+// The variant kernel calls run now. If nothing chose one before, the first
+// kernel call does: the one SPILLWAY_CPU_VARIANT names when it is built and
+// runs here, else the best that runs here.
+KernelVariantInfo active_kernel_variant();
+
+// Chooses the variant by name, or "auto" for the best that runs here.
+// NotFound (naming the built ones) for a name this binary does not have;
+// FailedPrecondition (naming the missing extensions) for one this CPU or OS
+// cannot run.
+Status use_kernel_variant(std::string_view name);
+
+// The environment variable tests and benchmarks choose a variant by (the
+// spillway binary takes --cpu-variant, which defaults to it).
+inline constexpr const char* kKernelVariantEnv = "SPILLWAY_CPU_VARIANT";
+
+// use_kernel_variant(getenv(kKernelVariantEnv)) when it is set and not empty;
+// OK and no change otherwise.
+Status use_kernel_variant_from_env();
+
+}  // namespace spw::cpu

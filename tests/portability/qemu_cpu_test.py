@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The portable binary on older CPUs, emulated by qemu-user (Debian's
+qemu-user: QEMU 7.2 emulates up to AVX2, not AVX-512).
+
+For each emulated CPU -- Haswell (AVX2, FMA, F16C; no AVX-512) and Nehalem
+(SSE4.2, no AVX) -- with no SPILLWAY_CPU_VARIANT set:
+
+1. `spillway devices --json` chose the variant the CPU calls for
+   (x86-64-v3, x86-64-v2), and lists every higher one as not running there;
+   asking for a higher one (--cpu-variant) is refused, naming what is
+   missing.
+2. `spillway generate` (greedy, bundled model) gives the same tokens under
+   emulation as the same variant gives natively (--cpu-variant): the
+   emulated run took the right kernels, and they ran without an illegal
+   instruction.
+3. The engine's correctness tests (the kernel, attention and quantised-dot
+   tests, the engine against the double-precision reference) pass on the
+   emulated CPU, on the variant it chose.
+
+Bounded (every run has a deadline); no network. Exit 0 when every check
+passed, else 1 with the reasons.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CPUS = [("Haswell", "x86-64-v3"), ("Nehalem", "x86-64-v2")]
+# Not meaningful under emulation: qemu-user passes the host's /proc/cpuinfo
+# through (the emulated CPUID disagrees with it by design), and emulated
+# kernels run far below any plausible rate.
+EMULATION_EXCLUDES = "-KernelVariant.CpuidAgreesWithTheKernel:KernelProbe.GivesAPlausibleRateForEachTypeTheBackendRuns"
+
+
+def run(cmd, timeout, env=None):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout} s")
+
+
+def clean_env():
+    env = dict(os.environ)
+    env.pop("SPILLWAY_CPU_VARIANT", None)
+    return env
+
+
+def generate(prefix, spillway, model, extra):
+    cmd = prefix + [spillway] + extra + ["generate", "--json", "--model", model, "--prompt", "Once upon a time",
+                                         "-n", "48", "--temp", "0", "--threads", "2"]
+    r = run(cmd, 300, clean_env())
+    if r.returncode != 0:
+        return None, f"exit {r.returncode}: {r.stderr.strip()[-400:]}"
+    return json.loads(r.stdout)["tokens"], ""
+
+
+def emulated_cpu_checks(qemu, spillway, model, reference=None, tests=(), log=print):
+    """Checks 1-3 (the module's docstring) of `spillway` on each emulated CPU;
+    `reference` (default: spillway itself) gives the native tokens, so a
+    packaged (stripped) copy can be compared with the build's binary. Returns
+    the failures, one line each."""
+    failures = []
+
+    def check(cond, what):
+        if not cond:
+            failures.append(what)
+            print("FAIL: " + what, flush=True)
+        return cond
+
+    reference = reference or spillway
+    for cpu, want in CPUS:
+        emu = [qemu, "-cpu", cpu]
+        t0 = time.monotonic()
+        r = run(emu + [spillway, "devices", "--json"], 120, clean_env())
+        if not check(r.returncode == 0, f"{cpu}: spillway devices exited {r.returncode}: {r.stderr.strip()[-400:]}"):
+            continue
+        c = json.loads(r.stdout)["cpu"]
+        check(c["kernels"] == want, f"{cpu}: chose {c['kernels']}, expected {want}")
+        names = [v["name"] for v in c["variants"]]
+        if not check(want in names, f"{cpu}: {want} not among the built variants {names}"):
+            continue
+        for v in c["variants"][:names.index(want)]:
+            check(not v["runs_here"], f"{cpu}: {v['name']} listed as running here")
+        if names.index(want) > 0:
+            higher = names[names.index(want) - 1]
+            r = run(emu + [spillway, "--cpu-variant", higher, "devices"], 120, clean_env())
+            check(r.returncode != 0 and "lacks" in r.stderr,
+                  f"{cpu}: --cpu-variant {higher} was not refused (exit {r.returncode}: {r.stderr.strip()[-300:]})")
+
+        native, why = generate([], reference, model, ["--cpu-variant", want])
+        check(native is not None, f"native generate on {want}: {why}")
+        emulated, why = generate(emu, spillway, model, [])
+        check(emulated is not None, f"{cpu}: generate: {why}")
+        if native is not None and emulated is not None:
+            check(native == emulated, f"{cpu}: tokens differ from the native {want} run:\n  {native}\n  {emulated}")
+
+        for t in tests:
+            r = run(emu + [t, "--gtest_filter=" + EMULATION_EXCLUDES], 600, clean_env())
+            ok = r.returncode == 0
+            if "CPU kernel variant:" in r.stdout:  # the kernel tests name the variant they ran
+                ok = ok and f"CPU kernel variant: {want}\n" in r.stdout
+            check(ok, f"{cpu}: {os.path.basename(t)} exited {r.returncode}: {(r.stdout + r.stderr).strip()[-600:]}")
+        log(f"{cpu}: {want}, {len(tests)} test binaries, {time.monotonic() - t0:.0f} s")
+    return failures
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qemu", required=True)
+    ap.add_argument("--spillway", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("tests", nargs="*", help="GoogleTest binaries to run on each emulated CPU")
+    args = ap.parse_args()
+    failures = emulated_cpu_checks(args.qemu, args.spillway, args.model, tests=args.tests,
+                                   log=lambda line: print(line, flush=True))
+    if failures:
+        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
