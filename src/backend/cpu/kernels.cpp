@@ -20,6 +20,21 @@
 
 SPW_CPU_KERNELS_BEGIN
 
+// a * b + c with one rounding where the target has FMA (as the AVX-512 path's
+// vfmadd), two otherwise: spelled out rather than left to the compiler's
+// contraction, which -O1 (the sanitizer builds) does not do. The scalar
+// paths use it too: std::fma on a CPU without FMA is a library call per
+// element (software on the CPUs the baseline variant is for), which made
+// the baseline's F32 GEMM ~90x slower than the AVX2 one where a multiply and
+// an add cost two instructions.
+static inline float madd(float a, float b, float c) {
+#if defined(SPW_FMA)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // ---------------------------------------------------------------- fp16
 
 // Scalar conversions are gguf/fp16.h's (the one portable implementation);
@@ -187,7 +202,7 @@ static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const floa
     for (int t = 0; t < NT; ++t) {
       int32_t si = 0;
       for (int j = 0; j < 32; ++j) si += static_cast<int32_t>(w[b].qs[j]) * static_cast<int32_t>(x[t][b].qs[j]);
-      sum[t] = std::fma(static_cast<float>(si), dw * xd[t][b], sum[t]);
+      sum[t] = madd(static_cast<float>(si), dw * xd[t][b], sum[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = sum[t];
@@ -254,14 +269,14 @@ static void dot_f32_n(const float* w, const XT* const* x, int64_t n, float* out)
     for (int j = 0; j < 8; ++j) acc[t][j] = 0.0f;
   for (; i0 + 8 <= n; i0 += 8)
     for (int t = 0; t < NT; ++t)
-      for (int j = 0; j < 8; ++j) acc[t][j] = std::fma(w[i0 + j], scalar_w(x[t] + i0 + j), acc[t][j]);
+      for (int j = 0; j < 8; ++j) acc[t][j] = madd(w[i0 + j], scalar_w(x[t] + i0 + j), acc[t][j]);
   for (int t = 0; t < NT; ++t) {
     const float* a = acc[t];
     out[t] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
   }
 #endif
   for (int64_t i = i0; i < n; ++i)
-    for (int t = 0; t < NT; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
+    for (int t = 0; t < NT; ++t) out[t] = madd(w[i], scalar_w(x[t] + i), out[t]);
 }
 
 template <int NT>
@@ -299,7 +314,7 @@ static void dot_f16_n(const uint16_t* w, const float* const* x, int64_t n, float
   for (; i0 + 8 <= n; i0 += 8)
     for (int j = 0; j < 8; ++j) {
       const float wv = fp16_to_fp32(w[i0 + j]);
-      for (int t = 0; t < NT; ++t) acc[t][j] = std::fma(wv, x[t][i0 + j], acc[t][j]);
+      for (int t = 0; t < NT; ++t) acc[t][j] = madd(wv, x[t][i0 + j], acc[t][j]);
     }
   for (int t = 0; t < NT; ++t) {
     const float* a = acc[t];
@@ -308,7 +323,7 @@ static void dot_f16_n(const uint16_t* w, const float* const* x, int64_t n, float
 #endif
   for (int64_t i = i0; i < n; ++i) {
     const float wv = fp16_to_fp32(w[i]);
-    for (int t = 0; t < NT; ++t) out[t] = std::fma(wv, x[t][i], out[t]);
+    for (int t = 0; t < NT; ++t) out[t] = madd(wv, x[t][i], out[t]);
   }
 }
 
@@ -375,7 +390,7 @@ static void dot_xn(const float* w, const XT* const* x, int64_t n, float* out) {
   }
   for (int t = 0; t < N; t += 4) reduce_x4(a + t, out + t);
   for (int64_t i = i0; i < n; ++i)
-    for (int t = 0; t < N; ++t) out[t] = std::fma(w[i], scalar_w(x[t] + i), out[t]);
+    for (int t = 0; t < N; ++t) out[t] = madd(w[i], scalar_w(x[t] + i), out[t]);
 #else
   // dot_f32_n<4>'s steps (for F16 rows, dot_f16(x[t], w, n)'s sequence with
   // the product's operands swapped), w loaded once for four rows.
@@ -410,7 +425,7 @@ static inline void dot_2xp_impl(const float* const* w, const XT* const* x, int64
     for (int t = 0; t < P; t += 4) reduce_x4(a[r] + t, out[r] + t);
     if constexpr (NC == 0) {  // a width that is not a multiple of 16
       for (int64_t i = i0; i < n; ++i)
-        for (int t = 0; t < P; ++t) out[r][t] = std::fma(w[r][i], scalar_w(x[t] + i), out[r][t]);
+        for (int t = 0; t < P; ++t) out[r][t] = madd(w[r][i], scalar_w(x[t] + i), out[r][t]);
     }
   }
 }
@@ -447,16 +462,6 @@ void dot_f32_2x8(const float* const* w, const uint16_t* const* x, int64_t n, flo
   dot_2xp<8>(w, x, n, out0, out1);
 }
 
-// a * b + c with one rounding where the target has FMA (as the AVX-512 path's
-// vfmadd), two otherwise: spelled out rather than left to the compiler's
-// contraction, which -O1 (the sanitizer builds) does not do.
-static inline float madd(float a, float b, float c) {
-#if defined(SPW_FMA)
-  return std::fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
 
 #if defined(SPW_AVX512F)
 // weighted_rows for R rows of weights over the same V rows: R * NC
@@ -723,7 +728,7 @@ void tile_float(const WT* const* w, const float* const* x, int64_t n, float* yt,
   for (int64_t k = i0; k < n; ++k)
     for (int i = 0; i < R; ++i) {
       const float wk = scalar_w(w[i] + k);
-      for (int j = 0; j < T; ++j) yt[j * ldy + i] = std::fma(wk, x[j][k], yt[j * ldy + i]);
+      for (int j = 0; j < T; ++j) yt[j * ldy + i] = madd(wk, x[j][k], yt[j * ldy + i]);
     }
 }
 constexpr int kFloatGemmRows = 4;
@@ -770,7 +775,7 @@ void tile_float(const WT* const* w, const float* const* x, int64_t n, float* yt,
   for (int64_t k = i0; k < n; ++k)
     for (int i = 0; i < R; ++i) {
       const float wk = scalar_w(w[i] + k);
-      for (int j = 0; j < T; ++j) yt[j * ldy + i] = std::fma(wk, x[j][k], yt[j * ldy + i]);
+      for (int j = 0; j < T; ++j) yt[j * ldy + i] = madd(wk, x[j][k], yt[j * ldy + i]);
     }
 }
 #define SPW_FLOAT_TILE_AVX2 1
