@@ -46,7 +46,8 @@ def ensure_model(build, preset, typ):
     path = os.path.join(build, "bench-models", f"gen-{preset}-{typ}.gguf")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        subprocess.run([os.path.join(build, "spillway-gen-model"), "--preset", preset, "--type", typ, "--seed", "1",
+        kind = ["--mix", typ] if typ in ("q4_k_m", "q5_k_m") else ["--type", typ]  # llama.cpp's mixed recipes
+        subprocess.run([os.path.join(build, "spillway-gen-model"), "--preset", preset] + kind + ["--seed", "1",
                         "--out", path], check=True, stdout=subprocess.DEVNULL)
     return path
 
