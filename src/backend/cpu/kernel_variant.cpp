@@ -37,8 +37,6 @@ Regs cpuid(unsigned leaf, unsigned sub) {
   return r;
 }
 
-bool bit(unsigned reg, int i) { return ((reg >> i) & 1u) != 0; }
-
 // XCR0, the register state the OS saves on a context switch: an extension
 // whose registers it does not save cannot be used even where CPUID has it.
 uint64_t xcr0() {
@@ -47,6 +45,43 @@ uint64_t xcr0() {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 #endif
+
+// Which register state an extension's registers need the OS to save.
+enum class OsState : uint8_t { kNone, kYmm, kZmm, kTiles };
+
+// Where CPUID reports each extension, and its name in CpuFeatures::usable().
+struct FeatureBit {
+  bool CpuFeatures::*field;
+  unsigned leaf, sub;
+  char reg;  // 'a', 'b', 'c', 'd'
+  int bit;
+  const char* name;
+  OsState state;
+};
+
+constexpr FeatureBit kFeatureBits[] = {
+    {&CpuFeatures::sse42, 1, 0, 'c', 20, "sse4.2", OsState::kNone},
+    {&CpuFeatures::popcnt, 1, 0, 'c', 23, "popcnt", OsState::kNone},
+    {&CpuFeatures::avx, 1, 0, 'c', 28, "avx", OsState::kYmm},
+    {&CpuFeatures::avx2, 7, 0, 'b', 5, "avx2", OsState::kYmm},
+    {&CpuFeatures::fma, 1, 0, 'c', 12, "fma", OsState::kYmm},
+    {&CpuFeatures::f16c, 1, 0, 'c', 29, "f16c", OsState::kYmm},
+    {&CpuFeatures::bmi1, 7, 0, 'b', 3, "bmi1", OsState::kNone},
+    {&CpuFeatures::bmi2, 7, 0, 'b', 8, "bmi2", OsState::kNone},
+    {&CpuFeatures::lzcnt, 0x80000001u, 0, 'c', 5, "lzcnt", OsState::kNone},
+    {&CpuFeatures::movbe, 1, 0, 'c', 22, "movbe", OsState::kNone},
+    {&CpuFeatures::avxvnni, 7, 1, 'a', 4, "avx-vnni", OsState::kYmm},
+    {&CpuFeatures::avx512f, 7, 0, 'b', 16, "avx512f", OsState::kZmm},
+    {&CpuFeatures::avx512bw, 7, 0, 'b', 30, "avx512bw", OsState::kZmm},
+    {&CpuFeatures::avx512cd, 7, 0, 'b', 28, "avx512cd", OsState::kZmm},
+    {&CpuFeatures::avx512dq, 7, 0, 'b', 17, "avx512dq", OsState::kZmm},
+    {&CpuFeatures::avx512vl, 7, 0, 'b', 31, "avx512vl", OsState::kZmm},
+    {&CpuFeatures::avx512vnni, 7, 0, 'c', 11, "avx512vnni", OsState::kZmm},
+    {&CpuFeatures::avx512bf16, 7, 1, 'a', 5, "avx512bf16", OsState::kZmm},
+    {&CpuFeatures::amx_tile, 7, 0, 'd', 24, "amx-tile", OsState::kTiles},
+    {&CpuFeatures::amx_int8, 7, 0, 'd', 25, "amx-int8", OsState::kTiles},
+    {&CpuFeatures::amx_bf16, 7, 0, 'd', 22, "amx-bf16", OsState::kTiles},
+};
 
 struct Built {
   const char* ident;  // the namespace: x86_64_v4_vnni
@@ -68,7 +103,8 @@ std::string variant_name(const char* ident) {
 }
 
 // The extensions a variant needs that this machine lacks ("" = it runs).
-// native and generic were built for the machine that runs them.
+// native and generic were built for the machine that runs them; scalar (a
+// native build's) and x86-64-v2 need only what the binary itself needs.
 std::string missing(const char* ident, const CpuFeatures& f) {
   const std::string id = ident;
   if (id == "native" || id == "generic") return "";
@@ -157,31 +193,11 @@ KernelVariantInfo info(size_t i) {
 
 std::vector<std::string> CpuFeatures::usable() const {
   std::vector<std::string> out;
-  auto add = [&](bool have, const char* name) {
-    if (have) out.emplace_back(name);
-  };
-  add(sse42, "sse4.2");
-  add(popcnt, "popcnt");
-  add(avx && os_avx, "avx");
-  add(avx2 && os_avx, "avx2");
-  add(fma && os_avx, "fma");
-  add(f16c && os_avx, "f16c");
-  add(bmi1, "bmi1");
-  add(bmi2, "bmi2");
-  add(lzcnt, "lzcnt");
-  add(movbe, "movbe");
-  add(avxvnni && os_avx, "avx-vnni");
-  const bool z = os_avx512;
-  add(avx512f && z, "avx512f");
-  add(avx512bw && z, "avx512bw");
-  add(avx512cd && z, "avx512cd");
-  add(avx512dq && z, "avx512dq");
-  add(avx512vl && z, "avx512vl");
-  add(avx512vnni && z, "avx512vnni");
-  add(avx512bf16 && z, "avx512bf16");
-  add(amx_tile && os_amx, "amx-tile");
-  add(amx_int8 && os_amx, "amx-int8");
-  add(amx_bf16 && os_amx, "amx-bf16");
+  for (const FeatureBit& b : kFeatureBits) {
+    const bool os = b.state == OsState::kNone || (b.state == OsState::kYmm && os_avx) ||
+                    (b.state == OsState::kZmm && os_avx512) || (b.state == OsState::kTiles && os_amx);
+    if (this->*b.field && os) out.emplace_back(b.name);
+  }
   return out;
 }
 
@@ -190,44 +206,24 @@ CpuFeatures detect_cpu_features() {
 #if defined(SPW_X86)
   const Regs v = cpuid(0, 0);
   const unsigned max_leaf = v.a;
+  const unsigned max_ext = cpuid(0x80000000u, 0).a;
   char vendor[13] = {};
   std::memcpy(vendor, &v.b, 4);
   std::memcpy(vendor + 4, &v.d, 4);
   std::memcpy(vendor + 8, &v.c, 4);
   f.vendor = vendor;
-  const Regs l1 = cpuid(1, 0);
-  f.sse42 = bit(l1.c, 20);
-  f.popcnt = bit(l1.c, 23);
-  f.fma = bit(l1.c, 12);
-  f.movbe = bit(l1.c, 22);
-  f.avx = bit(l1.c, 28);
-  f.f16c = bit(l1.c, 29);
-  if (bit(l1.c, 27)) {  // OSXSAVE: XGETBV is available
+  for (const FeatureBit& b : kFeatureBits) {
+    if (b.leaf > (b.leaf >= 0x80000000u ? max_ext : max_leaf)) continue;
+    const Regs r = cpuid(b.leaf, b.sub);
+    const unsigned reg = b.reg == 'a' ? r.a : b.reg == 'b' ? r.b : b.reg == 'c' ? r.c : r.d;
+    f.*b.field = ((reg >> b.bit) & 1u) != 0;
+  }
+  if (((cpuid(1, 0).c >> 27) & 1u) != 0) {  // OSXSAVE: XGETBV is available
     const uint64_t x = xcr0();
     f.os_avx = (x & 0x6) == 0x6;
     f.os_avx512 = f.os_avx && (x & 0xE0) == 0xE0;
     f.os_amx = (x & 0x60000) == 0x60000;
   }
-  if (max_leaf >= 7) {
-    const Regs l7 = cpuid(7, 0);
-    f.bmi1 = bit(l7.b, 3);
-    f.avx2 = bit(l7.b, 5);
-    f.bmi2 = bit(l7.b, 8);
-    f.avx512f = bit(l7.b, 16);
-    f.avx512dq = bit(l7.b, 17);
-    f.avx512cd = bit(l7.b, 28);
-    f.avx512bw = bit(l7.b, 30);
-    f.avx512vl = bit(l7.b, 31);
-    f.avx512vnni = bit(l7.c, 11);
-    f.amx_bf16 = bit(l7.d, 22);
-    f.amx_tile = bit(l7.d, 24);
-    f.amx_int8 = bit(l7.d, 25);
-    const Regs l71 = cpuid(7, 1);
-    f.avxvnni = bit(l71.a, 4);
-    f.avx512bf16 = bit(l71.a, 5);
-  }
-  const unsigned max_ext = cpuid(0x80000000u, 0).a;
-  if (max_ext >= 0x80000001u) f.lzcnt = bit(cpuid(0x80000001u, 0).c, 5);
   if (max_ext >= 0x80000004u) {
     char brand[49] = {};
     for (unsigned i = 0; i < 3; ++i) {

@@ -9,11 +9,17 @@
 //   x86-64-v4        AVX-512 F/BW/CD/DQ/VL (Skylake-X, Zen 4)
 //   x86-64-v4-vnni   v4 and AVX-512 VNNI (Ice Lake, Sapphire Rapids, Zen 4/5):
 //                    the Q8_0 GEMM's integer dot products
+// Why x86-64-v2 and not v3 for the rest of the binary: the package must run
+// on CPUs without AVX2 (Sandy and Ivy Bridge Xeons are still common in home
+// servers), and what is not a kernel (HTTP, JSON, the journal, the
+// scheduler) gains nothing measurable from AVX2; v1 would add only CPUs
+// older than 2008, for which the scalar kernels are no answer anyway.
 // The first kernel call, or use_kernel_variant("auto"), picks the best one
 // this CPU runs (unless SPILLWAY_CPU_VARIANT names another): its CPUID bits and the OS's enabled register state (XCR0:
 // AVX needs the YMM state saved, AVX-512 the opmask and ZMM state too). A
-// build with SPILLWAY_NATIVE=ON has one variant, "native" (the build
-// machine's ISA); a build that is not GCC on x86-64 has one, "generic".
+// build with SPILLWAY_NATIVE=ON has "native" (the build machine's ISA) and,
+// on x86-64, "scalar" (the same sources without vector extensions, kept for
+// its tests); a build that is not GCC on x86-64 has one, "generic".
 // Variants differ in their rounding (their summation orders differ), never
 // in what they compute: the kernels' bitwise contracts (batch and thread
 // invariance) hold within a variant, and a path's variant is part of its
