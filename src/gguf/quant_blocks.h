@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace spw::gguf {
 
@@ -121,6 +122,21 @@ inline void unpack_scale_min_k4(const uint8_t* s, int j, uint8_t* sc, uint8_t* m
     *sc = static_cast<uint8_t>((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
     *m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
   }
+}
+
+// All eight at once, as unpack_scale_min_k4 gives them one by one, with
+// word operations on the 12 bytes (s[0..3] hold scales 0-3 and the top bits
+// of scales 4-7, s[4..7] mins 0-3 and the top bits of mins 4-7, s[8..11] the
+// low nibbles of scales 4-7 and, above them, of mins 4-7): what a kernel
+// does per super-block without a branch per sub-block. sc8 and m8 are the
+// bytes sc[0..7] and m[0..7] in little-endian words (sc8[0] = scales 0-3).
+inline void unpack_scales_mins_k4(const uint8_t* s, uint32_t sc8[2], uint32_t m8[2]) {
+  uint32_t w[3];
+  std::memcpy(w, s, 12);
+  sc8[0] = w[0] & 0x3f3f3f3fu;
+  m8[0] = w[1] & 0x3f3f3f3fu;
+  sc8[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+  m8[1] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
 }
 
 }  // namespace spw::gguf

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,28 @@ std::string hex(const uint8_t* p, size_t n) {
     s += b;
   }
   return s;
+}
+
+// The word-wise unpacking of a K-quant's 12 scale bytes gives what the
+// per-sub-block one gives, for every bit pattern tried.
+TEST(QuantRef, ScalesAndMinsUnpackAllAtOnceAsOneByOne) {
+  std::mt19937 g(17);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int trial = 0; trial < 20000; ++trial) {
+    uint8_t s[12];
+    for (uint8_t& v : s) v = static_cast<uint8_t>(trial < 256 ? (trial * 37 + (&v - s) * 101) & 255 : byte(g));
+    uint32_t sc8[2], m8[2];
+    unpack_scales_mins_k4(s, sc8, m8);
+    uint8_t sc[8], m[8];
+    std::memcpy(sc, sc8, 8);
+    std::memcpy(m, m8, 8);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t want_sc, want_m;
+      unpack_scale_min_k4(s, j, &want_sc, &want_m);
+      ASSERT_EQ(sc[j], want_sc) << "trial " << trial << " j " << j;
+      ASSERT_EQ(m[j], want_m) << "trial " << trial << " j " << j;
+    }
+  }
 }
 
 TEST(QuantRef, FixedInputIsTheOneTheExpectedBytesCameFrom) {
