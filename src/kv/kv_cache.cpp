@@ -6,6 +6,7 @@
 #include <string>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -76,12 +77,21 @@ namespace {
 // this converts rows appended and copied). Both are exact to F32 and round
 // to nearest even from F32 (gguf/fp16.h), so the stored and read bits do not
 // depend on the CPU (kv_cache_test checks them). The binary's baseline has
-// no F16C: the loops below raise their own target and run where
-// __builtin_cpu_supports (CPUID and the OS's AVX state) says they can.
+// no F16C: the loops below raise their own target and run where CPUID and
+// the OS's AVX state say they can.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SPW_KV_F16C 1
+// CPUID.1:ECX: OSXSAVE (27), AVX (28), F16C (29); and the OS saves the YMM
+// registers (XCR0 bits 1-2). (clang 14's __builtin_cpu_supports has no "f16c".)
 bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+    if (((c >> 27) & 7u) != 7u) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
+  }();
   return has;
 }
 __attribute__((target("avx,f16c"))) size_t f16_from_f32_f16c(const float* x, uint8_t* dst, size_t n) {

@@ -1077,6 +1077,7 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
   const bool q8_pairs = gemm && has_q8_0;
 #else
   const bool q8_pairs = false;
+  (void)has_q8_0;  // only the VNNI tile keeps token pairs
 #endif
   PreparedX px;
   prepare_x(format, low_bit, q8_pairs, x, n_tokens, w0.n_cols, px);
