@@ -265,7 +265,7 @@ Result<json> run_child(const Case& c, const std::string& model_path) {
   SPW_ASSIGN_OR_RETURN(plan.kv_type, parse_kv_type(c.kv_type));
   admission::EstimatorConfig cfg;
   cfg.host.fixed_overhead = m0.process_rss_bytes.value();
-  cfg.host_kernels.q8_0_token_pairs = cpu::active_kernel_variant().q8_0_token_pairs;
+  cfg.host_kernels.q8_0_token_pairs = cpu::active_kernel_traits().q8_0_token_pairs;
 
   const auto t0 = std::chrono::steady_clock::now();
   json measured;

@@ -152,7 +152,7 @@ struct GpuLimits {
 // What the host's kernels allocate that depends on the CPU kernel variant
 // running them (backend/cpu/kernel_variant.h; admission does not include the
 // backend, so whoever builds the config copies it from
-// cpu::active_kernel_variant()).
+// cpu::active_kernel_traits()).
 struct HostKernels {
   // matmul's Q8_0 GEMM keeps token-pair copies of the activations (the
   // AVX-512 VNNI variants): m*(cols/32)*64 more bytes from 8 rows on.

@@ -236,6 +236,7 @@ struct Composition {
   const GatewayOptions& o;
   BuiltGateway& out;
   int n_threads = 1;
+  HostCpuInfo host_cpu;  // the CPU and its kernel variant: read once, for the log, status and each path
   // Read by read_model_files (released before the engines load the model).
   std::unique_ptr<gguf::GgufFile> file, fallback_file;
   LlamaHparams hp, cpu_hp;
@@ -696,7 +697,7 @@ Status make_path(Composition& c, PathSpec ps) {
   p.device = ps.device;
   p.cpu_faults = std::move(cpu_faults);
   p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
-  p.cpu_kernels = cpu::active_kernel_variant().name;
+  p.cpu_kernels = c.host_cpu.kernels;
   p.prior = ps.prior;
   p.kv_type = std::string(kv_type_name(o.kv_type));
   p.scheduler = std::move(serving.scheduler);
@@ -818,7 +819,7 @@ Status start_gateway(Composition& c) {
   BuiltGateway& out = c.out;
   GatewayPolicy policy = gateway_policy(c.o);
   policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
-  policy.host_cpu = host_cpu_info();
+  policy.host_cpu = c.host_cpu;
   auto host_ledger = out.host_ledger;
   auto device_ledger = out.device_ledger;
   auto vulkan = out.vulkan;
@@ -896,11 +897,11 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   if (const auto rss = device::HostMemoryProbe(env).read().process_rss_bytes; rss.known()) {
     c.cfg.host.fixed_overhead = rss.value();
   }
-  const cpu::KernelVariantInfo kernels = cpu::active_kernel_variant();
-  c.cfg.host_kernels.q8_0_token_pairs = kernels.q8_0_token_pairs;
-  const std::string brand = cpu::detect_cpu_features().brand;
-  out.log.push_back("CPU kernels: " + kernels.name + " (" + (kernels.isa.empty() ? "scalar" : kernels.isa) + ")" +
-                    (brand.empty() ? "" : " on " + brand));
+  c.cfg.host_kernels.q8_0_token_pairs = cpu::active_kernel_traits().q8_0_token_pairs;
+  c.host_cpu = host_cpu_info();
+  out.log.push_back("CPU kernels: " + c.host_cpu.kernels + " (" +
+                    (c.host_cpu.kernels_isa.empty() ? "scalar" : c.host_cpu.kernels_isa) + ")" +
+                    (c.host_cpu.brand.empty() ? "" : " on " + c.host_cpu.brand));
   // The plans, GPU side first: the CPU path counts the shared mapping only
   // when no GPU path holds it.
   if (c.n_gpu_layers > 0) {

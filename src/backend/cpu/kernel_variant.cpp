@@ -150,22 +150,33 @@ size_t best_index() {
   return std::size(kBuilt) - 1;  // the baseline: the binary itself runs here
 }
 
+// The built variant called `name` that runs here, or why not: NotFound
+// (naming the built ones), FailedPrecondition (naming what is missing).
+Result<size_t> find_variant(std::string_view name) {
+  std::string built;
+  for (size_t i = 0; i < std::size(kBuilt); ++i) {
+    const std::string n = variant_name(kBuilt[i].ident);
+    built += (built.empty() ? "" : ", ") + n;
+    if (n != name) continue;
+    const std::string m = missing(kBuilt[i].ident, features());
+    if (!m.empty())
+      return Status::failed_precondition("CPU kernel variant " + n + " needs " + m + ", which this machine lacks");
+    return i;
+  }
+  return Status::not_found("no CPU kernel variant '" + std::string(name) + "' in this build (built: " + built +
+                           ", or auto)");
+}
+
 // The variant of the first kernel call when nothing chose one: the one
 // SPILLWAY_CPU_VARIANT names if it is built and runs here, else (with a
 // warning on stderr, as there is no caller to return an error to) the best.
 size_t initial_index() {
   const char* want = std::getenv(kKernelVariantEnv);
   if (want == nullptr || *want == '\0' || std::string_view(want) == "auto") return best_index();
-  for (size_t i = 0; i < std::size(kBuilt); ++i) {
-    if (variant_name(kBuilt[i].ident) != want) continue;
-    const std::string m = missing(kBuilt[i].ident, features());
-    if (m.empty()) return i;
-    std::fprintf(stderr, "spillway: %s=%s needs %s, which this machine lacks; using the best variant\n",
-                 kKernelVariantEnv, want, m.c_str());
-    return best_index();
-  }
-  std::fprintf(stderr, "spillway: %s=%s is not a CPU kernel variant of this build; using the best variant\n",
-               kKernelVariantEnv, want);
+  Result<size_t> i = find_variant(want);
+  if (i.ok()) return *i;
+  std::fprintf(stderr, "spillway: %s=%s: %s; using the best variant\n", kKernelVariantEnv, want,
+               i.status().message().c_str());
   return best_index();
 }
 
@@ -185,7 +196,6 @@ KernelVariantInfo info(size_t i) {
   const KernelTable& t = kBuilt[i].table();  // baseline code: safe to read anywhere
   v.isa = t.isa;
   while (!v.isa.empty() && v.isa.back() == ' ') v.isa.pop_back();
-  v.q8_0_token_pairs = t.traits.q8_0_token_pairs;
   return v;
 }
 
@@ -285,19 +295,10 @@ Status use_kernel_variant(std::string_view name) {
     activate(best_index());
     return Status::ok_status();
   }
-  std::string built;
-  for (size_t i = 0; i < std::size(kBuilt); ++i) {
-    const std::string n = variant_name(kBuilt[i].ident);
-    built += (built.empty() ? "" : ", ") + n;
-    if (n != name) continue;
-    const std::string m = missing(kBuilt[i].ident, features());
-    if (!m.empty())
-      return Status::failed_precondition("CPU kernel variant " + n + " needs " + m + ", which this machine lacks");
-    activate(i);
-    return Status::ok_status();
-  }
-  return Status::not_found("no CPU kernel variant '" + std::string(name) + "' in this build (built: " + built +
-                           ", or auto)");
+  Result<size_t> i = find_variant(name);
+  if (!i.ok()) return i.status();
+  activate(*i);
+  return Status::ok_status();
 }
 
 Status use_kernel_variant_from_env() {

@@ -62,10 +62,6 @@ struct KernelVariantInfo {
   std::string name;  // "x86-64-v3", "native", "generic"
   std::string isa;   // the extensions its kernels use: "avx2 fma f16c"; "" = scalar
   bool runs_here = false;
-  // Whether matmul's Q8_0 GEMM keeps token-pair copies of the activations
-  // (the AVX-512 VNNI tile): the estimator prices that scratch only then
-  // (admission::EstimatorConfig::host_kernels).
-  bool q8_0_token_pairs = false;
 
   // Whether its kernels were built with extension `ext` ("fma", "avx2", ...).
   bool uses(std::string_view ext) const;
@@ -81,7 +77,9 @@ struct KernelTraits {
   // dot_f32 ends with an 8-element chunk after its 16-element ones (the AVX2
   // kernel; AVX-512 goes on one element at a time): attention.comp's tail8.
   bool dot_tail8 = false;
-  // KernelVariantInfo::q8_0_token_pairs.
+  // matmul's Q8_0 GEMM keeps token-pair copies of the activations (the
+  // AVX-512 VNNI tile): the estimator prices that scratch only then
+  // (admission::EstimatorConfig::host_kernels).
   bool q8_0_token_pairs = false;
 };
 

@@ -53,7 +53,7 @@
 #endif
 
 // kernels.cpp's AVX-512 VNNI Q8_0 GEMM tile (its token-pair copies are
-// scratch the estimator prices: KernelVariantInfo::q8_0_token_pairs).
+// scratch the estimator prices: KernelTraits::q8_0_token_pairs).
 #if defined(SPW_AVX512F) && defined(SPW_AVX512VNNI) && defined(SPW_AVX512BW)
 #define SPW_GEMM_Q8_0_VNNI512 1
 #endif
