@@ -46,11 +46,20 @@ std::optional<RequestState> state_from(std::string_view s) {
   return std::nullopt;
 }
 
-// A prepared statement that finalizes itself.
+// A prepared statement for one scope. One-off (the schema's and open()'s
+// statements) or leased from the journal's StatementCache (every statement a
+// request's writes and reads run), which resets it at the end of the scope.
 class Stmt {
  public:
   Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr); }
-  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(StatementCache& cache, sqlite3* db, std::string_view sql) : cache_(&cache), lease_(cache.acquire(db, sql)) {
+    s_ = lease_.stmt;
+    rc_ = lease_.rc;
+  }
+  ~Stmt() {
+    if (cache_ != nullptr) cache_->release(lease_);
+    else sqlite3_finalize(s_);
+  }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
   bool ok() const { return rc_ == SQLITE_OK; }
@@ -99,6 +108,8 @@ class Stmt {
   bool col_null(int i) const { return sqlite3_column_type(s_, i) == SQLITE_NULL; }
 
  private:
+  StatementCache* cache_ = nullptr;
+  StatementCache::Lease lease_;
   sqlite3_stmt* s_ = nullptr;
   int rc_ = SQLITE_ERROR;
 };
@@ -219,6 +230,7 @@ Journal::Journal(Env& env, std::string path, JournalOptions options)
 Journal::~Journal() {
   // SQLite first: its locks go with its connection, so closing our
   // descriptors after it drops nothing of its.
+  stmts_.clear();  // before the close: a statement left keeps the connection alive
   if (db_ != nullptr) sqlite3_close_v2(db_);
   if (lock_fd_ < 0) return;
   OpenFiles& files = open_files();
@@ -309,6 +321,12 @@ Status Journal::exec_locked(const char* sql) {
     sqlite3_free(err);
     return Status::io_error("journal " + path_ + ": " + m);
   }
+  return Status();
+}
+
+Status Journal::step_locked(const char* sql) {
+  Stmt s(stmts_, db_, sql);
+  if (!s.ok() || s.step() != SQLITE_DONE) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
   return Status();
 }
 
@@ -410,7 +428,7 @@ Result<std::unique_ptr<Journal>> Journal::open(Env& env, const std::string& path
 }
 
 Status Journal::prune_locked() {
-  Stmt d(db_, "DELETE FROM requests WHERE state IN ('done','cancelled','failed') AND updated_ms < ?1");
+  Stmt d(stmts_, db_, "DELETE FROM requests WHERE state IN ('done','cancelled','failed') AND updated_ms < ?1");
   if (!d.ok() || d.i64(1, env_.wall_time_ms() - options_.retention_ms).step() != SQLITE_DONE) {
     return error_locked("pruning");
   }
@@ -421,7 +439,7 @@ Status Journal::prune_locked() {
 Result<std::optional<Record>> Journal::find_locked(const char* where_sql, int64_t n, const std::string& owner,
                                                    const std::string& key) {
   const std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE " + where_sql;
-  Stmt q(db_, sql.c_str());
+  Stmt q(stmts_, db_, sql.c_str());
   if (!q.ok()) return error_locked("preparing a lookup");
   // Only the parameters the clause uses (up to the highest it names).
   const int params = q.param_count();
@@ -442,7 +460,7 @@ Result<int64_t> Journal::new_public_id_locked() {
   for (int i = 0; i < kDraws; ++i) {
     const int64_t pid = static_cast<int64_t>(env_.random_u64() & kMaxPublicId);
     if (pid == 0) continue;
-    Stmt q(db_, "SELECT 1 FROM requests WHERE public_id=?1");
+    Stmt q(stmts_, db_, "SELECT 1 FROM requests WHERE public_id=?1");
     if (!q.ok()) return error_locked("preparing a public id lookup");
     const int rc = q.i64(1, pid).step();
     if (rc == SQLITE_DONE) return pid;
@@ -457,7 +475,7 @@ Status Journal::complete_migrated_rows_locked() {
   // walks them is not defined, and bodies may be large.
   std::vector<int64_t> ids;
   {
-    Stmt q(db_, "SELECT id FROM requests WHERE public_id < 1");
+    Stmt q(stmts_, db_, "SELECT id FROM requests WHERE public_id < 1");
     if (!q.ok()) return error_locked("preparing the migrated rows' lookup");
     int rc;
     while ((rc = q.step()) == SQLITE_ROW) ids.push_back(q.col_i64(0));
@@ -466,14 +484,14 @@ Status Journal::complete_migrated_rows_locked() {
   for (int64_t id : ids) {
     std::string body;
     {
-      Stmt q(db_, "SELECT body FROM requests WHERE id=?1");
+      Stmt q(stmts_, db_, "SELECT body FROM requests WHERE id=?1");
       if (!q.ok() || q.i64(1, id).step() != SQLITE_ROW) {
         return error_locked("reading migrated request " + std::to_string(id));
       }
       body = q.col_text(0);
     }
     SPW_ASSIGN_OR_RETURN(const int64_t pid, new_public_id_locked());
-    Stmt u(db_, "UPDATE requests SET public_id=?1, body_bytes=?2, body_sha256=?3 WHERE id=?4");
+    Stmt u(stmts_, db_, "UPDATE requests SET public_id=?1, body_bytes=?2, body_sha256=?3 WHERE id=?4");
     if (!u.ok()) return error_locked("preparing the migrated rows' update");
     u.i64(1, pid).i64(2, static_cast<int64_t>(body.size())).text(3, sha256_hex(body)).i64(4, id);
     if (u.step() != SQLITE_DONE) return error_locked("completing migrated request " + std::to_string(id));
@@ -483,7 +501,7 @@ Status Journal::complete_migrated_rows_locked() {
 
 Result<std::optional<EquivalenceVerdict>> Journal::load_equivalence(const std::string& key) {
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt q(db_, "SELECT passed, detail, ms, checked_ms FROM equivalence WHERE key = ?1");
+  Stmt q(stmts_, db_, "SELECT passed, detail, ms, checked_ms FROM equivalence WHERE key = ?1");
   if (!q.ok()) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
   q.text(1, key);
   const int rc = q.step();
@@ -499,7 +517,7 @@ Result<std::optional<EquivalenceVerdict>> Journal::load_equivalence(const std::s
 
 Status Journal::save_equivalence(const std::string& key, const EquivalenceVerdict& v) {
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt q(db_,
+  Stmt q(stmts_, db_,
          "INSERT INTO equivalence (key, passed, detail, ms, checked_ms) VALUES (?1, ?2, ?3, ?4, ?5) "
          "ON CONFLICT(key) DO UPDATE SET passed = ?2, detail = ?3, ms = ?4, checked_ms = ?5");
   if (!q.ok()) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
@@ -516,14 +534,14 @@ Result<JournalStats> Journal::stats() {
   }
   std::lock_guard<std::mutex> lk(mu_);
   {
-    Stmt q(db_, "SELECT state, COUNT(*) FROM requests GROUP BY state");
+    Stmt q(stmts_, db_, "SELECT state, COUNT(*) FROM requests GROUP BY state");
     if (!q.ok()) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
     int rc;
     while ((rc = q.step()) == SQLITE_ROW) out.rows_by_state[q.col_text(0)] = q.col_i64(1);
     if (rc != SQLITE_DONE) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
   }
   {
-    Stmt q(db_, "PRAGMA page_count");
+    Stmt q(stmts_, db_, "PRAGMA page_count");
     if (!q.ok() || q.step() != SQLITE_ROW) return Status::io_error("journal " + path_ + ": " + sqlite3_errmsg(db_));
     out.file_bytes = q.col_i64(0) * page_size_;
   }
@@ -543,7 +561,7 @@ Result<int64_t> Journal::used_bytes_locked() {
   int64_t pages[2] = {0, 0};
   const char* pragmas[2] = {"PRAGMA page_count", "PRAGMA freelist_count"};
   for (int i = 0; i < 2; ++i) {
-    Stmt q(db_, pragmas[i]);
+    Stmt q(stmts_, db_, pragmas[i]);
     if (!q.ok() || q.step() != SQLITE_ROW) return error_locked("measuring the database");
     pages[i] = q.col_i64(0);
   }
@@ -593,7 +611,7 @@ Status Journal::make_room_locked(int64_t body_bytes, int64_t keep_id) {
     bool exhausted = false;
     {
       // Rows nothing can resume first, then resumable ones; oldest first in each.
-      Stmt q(db_,
+      Stmt q(stmts_, db_,
              "SELECT id, (CASE WHEN body_kept = 1 THEN body_bytes ELSE 0 END) + length(text) + "
              "IFNULL(length(checkpoint), 0) + IFNULL(length(admission), 0) + length(error_message) + 100 "
              "FROM requests WHERE state IN ('done','cancelled','failed') AND id != ?1 "
@@ -617,7 +635,7 @@ Status Journal::make_room_locked(int64_t body_bytes, int64_t keep_id) {
     if (ids.empty() || (exhausted && at_most < excess)) {
       return full("and the rows in it are requests still running or resumable; retry when some have finished");
     }
-    Stmt d(db_, "DELETE FROM requests WHERE id = ?1");
+    Stmt d(stmts_, db_, "DELETE FROM requests WHERE id = ?1");
     if (!d.ok()) return error_locked("preparing a prune");
     for (int64_t id : ids) {
       if (d.reset().i64(1, id).step() != SQLITE_DONE) return error_locked("pruning for space");
@@ -636,7 +654,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = env_.wall_time_ms();
   bound_wal_locked(body_bytes);
-  SPW_RETURN_IF_ERROR(exec_locked("BEGIN IMMEDIATE"));
+  SPW_RETURN_IF_ERROR(step_locked("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<AcceptResult> {
     if (!req.idempotency_key.empty()) {
       SPW_ASSIGN_OR_RETURN(std::optional<Record> old,
@@ -662,7 +680,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
         // The body goes back in: a refusal (finish_refused) dropped it, and
         // this attempt runs from it.
         SPW_RETURN_IF_ERROR(make_room_locked(body_bytes, old->id));
-        Stmt u(db_,
+        Stmt u(stmts_, db_,
                "UPDATE requests SET state='accepted', attempts=attempts+1, updated_ms=?1, resumable=0, "
                "finish_reason='', text='', prompt_tokens=0, completion_tokens=0, error_code='', error_message='', "
                "placement='', admission=NULL, checkpoint=NULL, checkpoint_tokens=0, body=?3, body_kept=1, "
@@ -676,7 +694,7 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
     }
     SPW_RETURN_IF_ERROR(make_room_locked(body_bytes, 0));
     SPW_ASSIGN_OR_RETURN(const int64_t public_id, new_public_id_locked());
-    Stmt ins(db_,
+    Stmt ins(stmts_, db_,
              "INSERT INTO requests (idempotency_key, endpoint, body, state, created_ms, updated_ms, public_id, owner, "
              "body_bytes, body_sha256, body_kept) VALUES (?1, ?2, ?3, 'accepted', ?4, ?4, ?5, ?6, ?7, ?8, 1)");
     if (!ins.ok()) return error_locked("preparing insert");
@@ -691,16 +709,16 @@ Result<AcceptResult> Journal::accept(const NewRequest& req) {
     return AcceptResult{std::move(*rec), false};
   }();
   if (!body.ok()) {
-    (void)exec_locked("ROLLBACK");
+    (void)step_locked("ROLLBACK");
     return body.status();
   }
-  SPW_RETURN_IF_ERROR(exec_locked("COMMIT"));
+  SPW_RETURN_IF_ERROR(step_locked("COMMIT"));
   return body;
 }
 
 Status Journal::mark_running(int64_t id, const std::string& placement) {
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt u(db_, "UPDATE requests SET state='running', placement=?1, updated_ms=?2 WHERE id=?3 AND state IN ('accepted','running')");
+  Stmt u(stmts_, db_, "UPDATE requests SET state='running', placement=?1, updated_ms=?2 WHERE id=?3 AND state IN ('accepted','running')");
   if (!u.ok() || u.text(1, placement).i64(2, env_.wall_time_ms()).i64(3, id).step() != SQLITE_DONE) {
     return error_locked("marking request " + std::to_string(id) + " running");
   }
@@ -725,7 +743,7 @@ Status Journal::finish_row(int64_t id, const Outcome& o, bool drop_body) {
   // body over max_body_bytes_kept (?16) goes too once nothing can run from
   // it: kDone, or an end that is not resumable (reopen() requires
   // resumable); a resumable one keeps it for the resume.
-  Stmt u(db_,
+  Stmt u(stmts_, db_,
          "UPDATE requests SET state=?1, resumable=?2, finish_reason=?3, text=?4, prompt_tokens=?5, "
          "completion_tokens=?6, error_code=?7, error_message=?8, seed=?9, queue_ms=?10, run_ms=?11, "
          "max_tokens_requested=?12, updated_ms=?13, choices=?17, "
@@ -762,7 +780,7 @@ Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = env_.wall_time_ms();
   bound_wal_locked(row_bytes);
-  SPW_RETURN_IF_ERROR(exec_locked("BEGIN IMMEDIATE"));
+  SPW_RETURN_IF_ERROR(step_locked("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<Record> {
     if (!s.idempotency_key.empty()) {
       SPW_ASSIGN_OR_RETURN(std::optional<Record> old,
@@ -783,7 +801,7 @@ Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o
         // The next attempt under the key, refused: as accept() then
         // finish_refused() would leave it, without writing the body.
         SPW_RETURN_IF_ERROR(make_room_locked(row_bytes, old->id));
-        Stmt u(db_,
+        Stmt u(stmts_, db_,
                "UPDATE requests SET attempts=attempts+1, state=?1, resumable=?2, finish_reason=?3, text=?4, "
                "prompt_tokens=?5, completion_tokens=?6, error_code=?7, error_message=?8, seed=?9, queue_ms=?10, "
                "run_ms=?11, max_tokens_requested=?12, updated_ms=?13, placement='', admission=NULL, "
@@ -800,7 +818,7 @@ Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o
     SPW_ASSIGN_OR_RETURN(const int64_t public_id, new_public_id_locked());
     // No body: the row says that a request came and why it was refused, and
     // costs little.
-    Stmt ins(db_,
+    Stmt ins(stmts_, db_,
              "INSERT INTO requests (state, resumable, finish_reason, text, prompt_tokens, completion_tokens, "
              "error_code, error_message, seed, queue_ms, run_ms, max_tokens_requested, created_ms, updated_ms, "
              "public_id, owner, endpoint, body, body_bytes, body_sha256, body_kept, refusal_reason, "
@@ -821,10 +839,10 @@ Result<Record> Journal::record_refusal(const RefusalSummary& s, const Outcome& o
     return std::move(*rec);
   }();
   if (!body.ok()) {
-    (void)exec_locked("ROLLBACK");
+    (void)step_locked("ROLLBACK");
     return body.status();
   }
-  SPW_RETURN_IF_ERROR(exec_locked("COMMIT"));
+  SPW_RETURN_IF_ERROR(step_locked("COMMIT"));
   return body;
 }
 
@@ -832,7 +850,7 @@ Status Journal::set_admission(int64_t id, std::string_view admission_json) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!admission_json.empty()) {
     // Readers parse it back (GET /v1/requests/{id}): only an object goes in.
-    Stmt q(db_, "SELECT CASE WHEN json_valid(?1) THEN json_type(?1) END");
+    Stmt q(stmts_, db_, "SELECT CASE WHEN json_valid(?1) THEN json_type(?1) END");
     if (!q.ok() || q.text(1, admission_json).step() != SQLITE_ROW) return error_locked("checking an admission");
     if (q.col_text(0) != "object") {
       return Status::invalid_argument("journal: the admission of request " + std::to_string(id) +
@@ -840,7 +858,7 @@ Status Journal::set_admission(int64_t id, std::string_view admission_json) {
     }
   }
   // updated_ms is left alone: it dates the request's state, which this does not change.
-  Stmt u(db_, "UPDATE requests SET admission=?1 WHERE id=?2");
+  Stmt u(stmts_, db_, "UPDATE requests SET admission=?1 WHERE id=?2");
   if (!u.ok()) return error_locked("preparing set_admission");
   if (admission_json.empty()) u.null(1);
   else u.text(1, admission_json);
@@ -871,7 +889,7 @@ Status Journal::save_checkpoint(int64_t id, std::string_view bytes, int32_t gene
   // after finish() (or after a recovery) must neither resurrect the request
   // nor replace the checkpoint a resume reads. updated_ms moves: a checkpoint
   // is progress.
-  Stmt u(db_,
+  Stmt u(stmts_, db_,
          "UPDATE requests SET checkpoint=?1, checkpoint_tokens=?2, updated_ms=?3 WHERE id=?4 AND state='running'");
   if (!u.ok()) return error_locked("preparing save_checkpoint");
   if (bytes.empty()) u.null(1);
@@ -879,7 +897,7 @@ Status Journal::save_checkpoint(int64_t id, std::string_view bytes, int32_t gene
   u.i64(2, generated_tokens).i64(3, env_.wall_time_ms()).i64(4, id);
   if (u.step() != SQLITE_DONE) return error_locked("saving the checkpoint of request " + std::to_string(id));
   if (sqlite3_changes(db_) > 0) return Status();
-  Stmt q(db_, "SELECT state FROM requests WHERE id=?1");
+  Stmt q(stmts_, db_, "SELECT state FROM requests WHERE id=?1");
   if (!q.ok()) return error_locked("preparing a lookup");
   const int rc = q.i64(1, id).step();
   if (rc == SQLITE_DONE) return Status::not_found("request " + std::to_string(id) + " is not in the journal");
@@ -894,7 +912,7 @@ Status Journal::reopen(int64_t id, const std::string& placement, bool require_ch
   // or should the mutex ever go) exactly one sees a change. The attempt count
   // stays: this is the same attempt continuing. The partial result stays until
   // finish() overwrites it.
-  Stmt u(db_,
+  Stmt u(stmts_, db_,
          "UPDATE requests SET state='running', placement=?1, updated_ms=?2, resumable=0, error_code='', "
          "error_message='' WHERE id=?3 AND state IN ('failed','cancelled') AND resumable=1 AND body_kept=1 AND "
          "(checkpoint IS NOT NULL OR ?4 = 0)");
@@ -905,7 +923,7 @@ Status Journal::reopen(int64_t id, const std::string& placement, bool require_ch
   }
   if (sqlite3_changes(db_) > 0) return Status();
   // Refused: say why, in the order a caller would check.
-  Stmt q(db_, "SELECT state, resumable, error_code, body_kept FROM requests WHERE id=?1");
+  Stmt q(stmts_, db_, "SELECT state, resumable, error_code, body_kept FROM requests WHERE id=?1");
   if (!q.ok()) return error_locked("preparing a lookup");
   const int rc = q.i64(1, id).step();
   if (rc == SQLITE_DONE) return Status::not_found("request " + std::to_string(id) + " is not in the journal");

@@ -193,6 +193,7 @@
 
 #include "core/env.h"
 #include "core/status.h"
+#include "journal/statement_cache.h"
 
 struct sqlite3;
 
@@ -365,7 +366,10 @@ class Journal {
 
  private:
   Journal(Env& env, std::string path, JournalOptions options);
+  // sqlite3_exec: parsed on every call, for open()'s one-off SQL.
   Status exec_locked(const char* sql);
+  // One statement from stmts_ (transaction control on the request paths).
+  Status step_locked(const char* sql);
   Status prune_locked();
   // One row by a WHERE clause over ?1 = n, ?2 = owner, ?3 = key (any subset).
   Result<std::optional<Record>> find_locked(const char* where_sql, int64_t n, const std::string& owner = {},
@@ -398,6 +402,7 @@ class Journal {
   const JournalOptions options_;
   std::mutex mu_;
   sqlite3* db_ = nullptr;
+  StatementCache stmts_;  // every statement the request paths run, prepared once (statement_cache.h)
   std::string db_path_;    // the file SQLite opened: path_ with symlinks resolved
   int lock_fd_ = -1;       // the database file, flock()ed
   uint64_t file_dev_ = 0;  // its identity, registered while this Journal lives
