@@ -6,10 +6,10 @@
 #include <string>
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
+#include "core/cpu_features.h"
 #include "gguf/fp16.h"
 #include "gguf/quant.h"
 
@@ -81,16 +81,11 @@ namespace {
 // the OS's AVX state say they can.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SPW_KV_F16C 1
-// CPUID.1:ECX: OSXSAVE (27), AVX (28), F16C (29); and the OS saves the YMM
-// registers (XCR0 bits 1-2). (clang 14's __builtin_cpu_supports has no "f16c".)
+// F16C and AVX, with the OS saving the YMM registers (core/cpu_features.h).
 bool cpu_has_f16c() {
   static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-    if (((c >> 27) & 7u) != 7u) return false;
-    unsigned lo = 0, hi = 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 6u) == 6u;
+    const CpuFeatures& f = host_cpu_features();
+    return f.f16c && f.avx && f.os_avx;
   }();
   return has;
 }

@@ -34,29 +34,15 @@
 #include <string_view>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/status.h"
 
 namespace spw::cpu {
 
-// What CPUID and XGETBV report; false where the CPU is not x86-64.
-struct CpuFeatures {
-  std::string vendor;  // "GenuineIntel", "AuthenticAMD"; empty off x86
-  std::string brand;   // "AMD EPYC 9B45", ...
-  bool sse42 = false, popcnt = false;
-  bool avx = false, avx2 = false, fma = false, f16c = false, bmi1 = false, bmi2 = false, lzcnt = false, movbe = false;
-  bool avx512f = false, avx512bw = false, avx512cd = false, avx512dq = false, avx512vl = false, avx512vnni = false,
-       avx512bf16 = false, avxvnni = false;
-  bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
-  bool os_avx = false;     // XCR0 bits 1-2: the OS saves XMM and YMM state
-  bool os_avx512 = false;  // XCR0 bits 5-7: opmask, ZMM0-15 upper halves, ZMM16-31
-  bool os_amx = false;     // XCR0 bits 17-18: tile config and data
-
-  // The names of the extensions the CPU has and the OS enabled ("avx2",
-  // "avx512f", ...), in a fixed order.
-  std::vector<std::string> usable() const;
-};
-
-CpuFeatures detect_cpu_features();
+// The CPU's extensions (core/cpu_features.h), named here too: the kernel
+// variants are chosen from them.
+using spw::CpuFeatures;
+using spw::detect_cpu_features;
 
 struct KernelVariantInfo {
   std::string name;  // "x86-64-v3", "native", "generic"
