@@ -3,7 +3,7 @@
 //
 // Contract: the package is compiled for a baseline (x86-64-v2: SSE4.2 and
 // POPCNT, every x86-64 CPU since 2008) and carries the kernel sources
-// (kernels.cpp, attention.cpp, quant_dot.cpp) once more per higher level:
+// (kernels.cpp, gemm.cpp, attention.cpp, quant_dot.cpp) once more per higher level:
 //   x86-64-v2        the scalar kernels (the compiler's SSE code)
 //   x86-64-v3        AVX2, FMA, F16C (Haswell, Zen 1 and later; most home CPUs)
 //   x86-64-v4        AVX-512 F/BW/CD/DQ/VL (Skylake-X, Zen 4)

@@ -12,9 +12,9 @@
 // and the result does not depend on the thread count (rows and tokens are
 // split, never the reduction). From 8 tokens on, matmul runs as a GEMM:
 // blocks of rows x tokens are the parallel work items and register tiles
-// replay the one-token operation sequence per (row, token) (kernels.cpp).
+// replay the one-token operation sequence per (row, token) (gemm.cpp).
 // With AVX-512 an F32/F16 dot product keeps one 16-lane accumulator in k
-// order and reduces it at the end (kernels.cpp, reduce512); one F32 token
+// order and reduces it at the end (kernels_internal.h, reduce512); one F32 token
 // (decode's matvec) runs eight rows side by side, each row's operations
 // unchanged.
 // Q8_0 follows llama.cpp: the activation row is quantised to Q8_0 blocks

@@ -1,6 +1,7 @@
-// The ISA the CPU kernel sources (kernels.cpp, attention.cpp, quant_dot.cpp;
-// never a public header) are compiled for, as SPW_* macros, and the x86
-// intrinsics where that ISA has any.
+// The ISA the CPU kernel sources (kernels.cpp, gemm.cpp, attention.cpp,
+// quant_dot.cpp and their private kernels_internal.h; never a public header)
+// are compiled for, as SPW_* macros, and the x86 intrinsics where that ISA
+// has any.
 //
 // A kernel variant (kernel_variant.h) is these sources compiled once more
 // for a higher ISA than the binary's baseline. Its build passes SPW_CPU_TARGET
@@ -52,7 +53,7 @@
 #endif
 #endif
 
-// kernels.cpp's AVX-512 VNNI Q8_0 GEMM tile (its token-pair copies are
+// gemm.cpp's AVX-512 VNNI Q8_0 GEMM tile (its token-pair copies are
 // scratch the estimator prices: KernelTraits::q8_0_token_pairs).
 #if defined(SPW_AVX512F) && defined(SPW_AVX512VNNI) && defined(SPW_AVX512BW)
 #define SPW_GEMM_Q8_0_VNNI512 1

@@ -1,0 +1,385 @@
+// The forward pass on the device: the embedding lookup (embed), the layers
+// (forward_layers / forward_batch, recorded step by step by BatchPass) and
+// the output head (output).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kernel_variant.h"
+#include "backend/cpu/kernels.h"
+#include "backend/vulkan/vulkan_backend_internal.h"
+
+namespace spw {
+
+Status VulkanBackend::embed(const Model& model, std::span<const TokenId> tokens, float* hidden) {
+  std::lock_guard<TimedMutex> lk(impl_->mu);
+  Impl& im = *impl_;
+  const auto& hp = model.hparams();
+  for (TokenId t : tokens)
+    if (t < 0 || t >= hp.n_vocab)
+      return Status::invalid_argument("token id " + std::to_string(t) + " out of range [0, " +
+                                      std::to_string(hp.n_vocab) + ")");
+  if (tokens.empty()) return Status();
+  SPW_RETURN_IF_ERROR(im.healthy_or_error());
+  SPW_ASSIGN_OR_RETURN(ModelWeights * mw, im.weights(model));
+  if (!mw->tok_embd) return Status::failed_precondition("embedding not prepared on " + im.name());
+  const uint64_t n = tokens.size();
+  const uint64_t hbytes = n * static_cast<uint64_t>(hp.n_embd) * sizeof(float);
+  Scratch& s = im.scratch;
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_tokens, n * sizeof(int32_t), true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_hidden, hbytes, true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.x, hbytes, false));
+  std::memcpy(s.io_tokens.mapped(), tokens.data(), n * sizeof(int32_t));
+  Impl::Recorder rec(im);
+  const DevMatrix& m = *mw->tok_embd;
+  for (const DevChunk& c : m.chunks) {
+    const uint32_t pc[4] = {static_cast<uint32_t>(m.n_cols), static_cast<uint32_t>(c.n_rows),
+                            static_cast<uint32_t>(c.row0), static_cast<uint32_t>(m.row_bytes)};
+    rec.dispatch(embed_shader(m.type), {c.buf.buffer(), s.io_tokens.buffer(), s.x.buffer()}, pc, sizeof pc,
+                 static_cast<uint32_t>(n));
+  }
+  rec.barrier();
+  rec.copy(s.x.buffer(), s.io_hidden.buffer(), hbytes);
+  SPW_RETURN_IF_ERROR(rec.finish());
+  std::memcpy(hidden, s.io_hidden.mapped(), hbytes);
+  return Status();
+}
+
+namespace {
+
+using Recorder = VulkanBackend::Impl::Recorder;
+
+// forward_batch over the rows of one KV pool, in its steps: build_rows, bind,
+// size_scratch, upload_inputs, then record, which records each layer as
+// record_qkv, record_attention and record_ffn. The members are what the
+// steps share, grouped by the step that sets them.
+struct BatchPass {
+  BatchPass(VulkanBackend::Impl& impl, const Model& m, std::span<const SeqSlice> sl)
+      : im(impl), model(m), hp(m.hparams()), slices(sl) {}
+
+  void build_rows();
+  Status bind(int32_t layer_begin, int32_t layer_end);
+  Status size_scratch();
+  void upload_inputs(const float* hidden);
+  Status record(int32_t layer_begin, int32_t layer_end, float* hidden);
+  void record_qkv(Recorder& rec, const DevLayer& L);
+  void record_attention(Recorder& rec, const DevLayer& L, size_t lp);
+  void record_ffn(Recorder& rec, const DevLayer& L);
+  void rms(Recorder& rec, VkBuffer w);
+  void add(Recorder& rec, VkBuffer from, uint64_t count);
+
+  VulkanBackend::Impl& im;
+  const Model& model;
+  const LlamaHparams& hp;
+  std::span<const SeqSlice> slices;
+  KvPool* pool = slices[0].kv.pool;
+  const KvPoolOptions& kvo = pool->options();
+  const int32_t bt = pool->block_tokens();
+  Scratch& s = im.scratch;
+  // Set by build_rows.
+  // The row table (position and block-table offset per row, kv_write.comp)
+  // followed by each slice's block ids.
+  std::vector<int32_t> table;
+  uint64_t n = 0, max_pos = 0;
+  // Set by bind.
+  VulkanKvStorage* kvs = nullptr;
+  bool kv_f16 = false;
+  ModelWeights* mw = nullptr;
+  // Set by size_scratch.
+  uint64_t E = 0, KV = 0, FF = 0, Q = 0;
+  uint32_t hd = 0, half = 0;
+  uint64_t n_pos = 0, row_bytes = 0, tc = 0;
+  // Set by record.
+  uint32_t eps_bits = 0, scale_bits = 0, nt = 0;
+};
+
+void BatchPass::build_rows() {
+  uint64_t n_block_ids = 0;
+  for (const SeqSlice& sl : slices) {
+    n += static_cast<uint64_t>(sl.n_tokens);
+    max_pos = std::max<uint64_t>(max_pos, static_cast<uint64_t>(sl.pos0) + static_cast<uint64_t>(sl.n_tokens));
+    n_block_ids += sl.kv.table->blocks().size();
+  }
+  table.reserve(2 * n + n_block_ids);
+  table.resize(2 * n);
+  {
+    size_t row = 0;
+    for (const SeqSlice& sl : slices) {
+      const auto boff = static_cast<int32_t>(table.size());
+      for (int32_t t = 0; t < sl.n_tokens; ++t, ++row) {
+        table[2 * row] = sl.pos0 + t;
+        table[2 * row + 1] = boff;
+      }
+      const auto& ids = sl.kv.table->blocks();
+      table.insert(table.end(), ids.begin(), ids.end());
+    }
+  }
+}
+
+Status BatchPass::bind(int32_t layer_begin, int32_t layer_end) {
+  SPW_RETURN_IF_ERROR(im.healthy_or_error());
+  kvs = dynamic_cast<VulkanKvStorage*>(pool->device_storage());
+  if (kvs == nullptr || kvs->ctx != im.ctx)
+    return Status::invalid_argument("forward_layers: KV pool is not in " + im.name() +
+                                    " memory (make it with create_kv_pool, after the last reinitialize)");
+  kv_f16 = kvs->type == KvType::kF16;
+  SPW_ASSIGN_OR_RETURN(mw, im.weights(model));
+  for (int32_t il = layer_begin; il < layer_end; ++il)
+    if (!mw->layers[static_cast<size_t>(il)].present)
+      return Status::failed_precondition("layer " + std::to_string(il) + " not prepared on " + im.name());
+  return Status();
+}
+
+Status BatchPass::size_scratch() {
+  E = static_cast<uint64_t>(hp.n_embd);
+  KV = static_cast<uint64_t>(hp.n_embd_kv());
+  FF = static_cast<uint64_t>(hp.n_ff);
+  Q = static_cast<uint64_t>(hp.n_embd_q());
+  hd = static_cast<uint32_t>(hp.head_dim());
+  half = static_cast<uint32_t>(hp.n_rot / 2);
+  n_pos = max_pos;  // the longest row's positions: the scores' stride
+  const uint64_t qcols = std::max({E, FF, Q});
+  // Attention scratch: scores for up to `tc` tokens at a time.
+  row_bytes = static_cast<uint64_t>(hp.n_head) * n_pos * sizeof(float);
+  tc = std::max<uint64_t>(1, std::min<uint64_t>(n, im.ctx->max_buffer_bytes() / row_bytes));
+  if (row_bytes > im.ctx->max_buffer_bytes())
+    return Status::invalid_argument("forward_layers: attention scores for " + std::to_string(n_pos) +
+                                    " positions exceed the largest buffer");
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_hidden, n * E * 4, true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_rope, 2 * n * std::max<uint32_t>(half, 1) * 4, true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_blocks, table.size() * 4, true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.x, n * E * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.cur, n * E * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.q, n * Q * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.k, n * KV * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.v, n * KV * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.att, n * Q * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.gate, n * FF * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.up, n * FF * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.xq, n * (qcols / 32 + 1) * 32, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.xd, n * (qcols / 32 + 1) * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.scores, tc * row_bytes, false));
+  return Status();
+}
+
+void BatchPass::upload_inputs(const float* hidden) {
+  std::memcpy(s.io_hidden.mapped(), hidden, n * E * 4);
+  std::memcpy(s.io_blocks.mapped(), table.data(), table.size() * 4);
+  if (half > 0) {
+    // cos rows of every slice, then their sin rows (rope.comp's layout).
+    float* cs = static_cast<float*>(s.io_rope.mapped());
+    uint64_t row = 0;
+    for (const SeqSlice& sl : slices) {
+      cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, cs + row * half, cs + (n + row) * half,
+                      cpu::rope_scaling(model));
+      row += static_cast<uint64_t>(sl.n_tokens);
+    }
+  }
+}
+
+Status BatchPass::record(int32_t layer_begin, int32_t layer_end, float* hidden) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float eps = hp.rms_eps;
+  std::memcpy(&eps_bits, &eps, 4);
+  std::memcpy(&scale_bits, &scale, 4);
+  nt = static_cast<uint32_t>(n);
+
+  Recorder rec(im);
+  rec.copy(s.io_hidden.buffer(), s.x.buffer(), n * E * 4);
+  rec.barrier();
+  for (int32_t il = layer_begin; il < layer_end; ++il) {
+    const DevLayer& L = mw->layers[static_cast<size_t>(il)];
+    const size_t lp = static_cast<size_t>(il - kvo.layer_begin);
+    record_qkv(rec, L);
+    record_attention(rec, L, lp);
+    record_ffn(rec, L);
+  }
+  rec.copy(s.x.buffer(), s.io_hidden.buffer(), n * E * 4);
+  SPW_RETURN_IF_ERROR(rec.finish());
+  std::memcpy(hidden, s.io_hidden.mapped(), n * E * 4);
+  return Status();
+}
+
+// The attention norm, the Q/K/V projections, the architecture's optional
+// biases (Qwen2) and Q/K norms (Qwen3), and RoPE.
+void BatchPass::record_qkv(Recorder& rec, const DevLayer& L) {
+  rms(rec, L.attn_norm.buffer());
+  {
+    MatmulInput in(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
+    in.matmul(L.wq, nt, s.q.buffer(), static_cast<uint32_t>(Q));
+    in.matmul(L.wk, nt, s.k.buffer(), static_cast<uint32_t>(KV));
+    in.matmul(L.wv, nt, s.v.buffer(), static_cast<uint32_t>(KV));
+  }
+  rec.barrier();
+  if (L.bq.buffer() != VK_NULL_HANDLE) {  // Qwen2
+    const std::pair<VkBuffer, std::pair<VkBuffer, uint64_t>> biases[] = {
+        {s.q.buffer(), {L.bq.buffer(), Q}}, {s.k.buffer(), {L.bk.buffer(), KV}}, {s.v.buffer(), {L.bv.buffer(), KV}}};
+    for (const auto& [y, b] : biases) {
+      const uint32_t pb[2] = {static_cast<uint32_t>(n * b.second), static_cast<uint32_t>(b.second)};
+      rec.dispatch_flat("add_bias", {y, b.first}, pb, sizeof pb, n * b.second);
+    }
+    rec.barrier();
+  }
+  if (L.q_norm.buffer() != VK_NULL_HANDLE) {  // Qwen3: each head of Q and K, through att as scratch
+    rec.rms_rows(s.q.buffer(), L.q_norm.buffer(), s.att.buffer(), hd, n * hp.n_head, eps_bits);
+    rec.barrier();
+    rec.copy(s.att.buffer(), s.q.buffer(), n * Q * 4);
+    rec.barrier();
+    rec.rms_rows(s.k.buffer(), L.k_norm.buffer(), s.att.buffer(), hd, n * hp.n_head_kv, eps_bits);
+    rec.barrier();
+    rec.copy(s.att.buffer(), s.k.buffer(), n * KV * 4);
+    rec.barrier();
+  }
+  if (half > 0) {
+    const bool neox = hp.rope_style == RopeStyle::kNeox;
+    const char* rope = rec.exact_attention() ? (neox ? "rope_neox_f64" : "rope_f64") : (neox ? "rope_neox" : "rope");
+    const uint32_t pq[5] = {nt, static_cast<uint32_t>(hp.n_head), hd, half, static_cast<uint32_t>(Q)};
+    rec.dispatch_flat(rope, {s.q.buffer(), s.io_rope.buffer()}, pq, sizeof pq, n * hp.n_head * half);
+    const uint32_t pk[5] = {nt, static_cast<uint32_t>(hp.n_head_kv), hd, half, static_cast<uint32_t>(KV)};
+    rec.dispatch_flat(rope, {s.k.buffer(), s.io_rope.buffer()}, pk, sizeof pk, n * hp.n_head_kv * half);
+    rec.barrier();
+  }
+}
+
+// The KV write, attention over each row's positions, the output projection
+// and the residual add.
+void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp) {
+  const uint32_t pw[3] = {nt, static_cast<uint32_t>(KV), static_cast<uint32_t>(bt)};
+  // F16: one invocation per pair of halves (one uint of the cache).
+  rec.dispatch_flat(kv_f16 ? "kv_write_f16" : "kv_write",
+                    {s.k.buffer(), s.v.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer()}, pw,
+                    sizeof pw, kv_f16 ? n * KV / 2 : n * KV);
+  rec.barrier();
+  for (uint64_t t0 = 0; t0 < n; t0 += tc) {
+    const uint32_t cnt = static_cast<uint32_t>(std::min(tc, n - t0));
+    const uint32_t pa[10] = {hd,
+                             static_cast<uint32_t>(hp.n_head),
+                             static_cast<uint32_t>(hp.n_gqa()),
+                             static_cast<uint32_t>(KV),
+                             static_cast<uint32_t>(bt),
+                             static_cast<uint32_t>(t0),
+                             static_cast<uint32_t>(n_pos),
+                             static_cast<uint32_t>(Q),
+                             scale_bits,
+                             cpu::active_kernel_traits().dot_tail8 ? 1u : 0u};
+    // The exact variant keeps four output elements per invocation.
+    const char* attention = rec.exact_attention() && hd <= 4 * kWg ? (kv_f16 ? "attention_f16_f64" : "attention_f64")
+                                                                   : (kv_f16 ? "attention_f16" : "attention");
+    rec.dispatch(attention,
+                 {s.q.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer(), s.scores.buffer(),
+                  s.att.buffer()},
+                 pa, sizeof pa, static_cast<uint32_t>(hp.n_head), cnt, 1);
+    rec.barrier();
+  }
+  MatmulInput(rec, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), n * Q).matmul(L.wo, nt, s.cur.buffer(),
+                                                                                 static_cast<uint32_t>(E));
+  rec.barrier();
+  add(rec, s.cur.buffer(), n * E);
+}
+
+// The FFN norm, gate and up, SwiGLU, down and the residual add.
+void BatchPass::record_ffn(Recorder& rec, const DevLayer& L) {
+  rms(rec, L.ffn_norm.buffer());
+  {
+    MatmulInput in(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
+    in.matmul(L.gate, nt, s.gate.buffer(), static_cast<uint32_t>(FF));
+    in.matmul(L.up, nt, s.up.buffer(), static_cast<uint32_t>(FF));
+  }
+  rec.barrier();
+  const uint32_t ps[1] = {static_cast<uint32_t>(n * FF)};
+  rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, n * FF);
+  rec.barrier();
+  MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), n * FF)
+      .matmul(L.down, nt, s.cur.buffer(), static_cast<uint32_t>(E));
+  rec.barrier();
+  add(rec, s.cur.buffer(), n * E);
+}
+
+void BatchPass::rms(Recorder& rec, VkBuffer w) {
+  rec.rms_rows(s.x.buffer(), w, s.cur.buffer(), E, n, eps_bits);
+  rec.barrier();
+}
+
+void BatchPass::add(Recorder& rec, VkBuffer from, uint64_t count) {
+  const uint32_t pc[1] = {static_cast<uint32_t>(count)};
+  rec.dispatch_flat("add", {s.x.buffer(), from}, pc, sizeof pc, count);
+  rec.barrier();
+}
+
+}  // namespace
+
+Status VulkanBackend::forward_layers(const Model& model, int32_t layer_begin, int32_t layer_end, const KvSequence& kv,
+                                     int32_t pos0, int32_t n_tokens, float* hidden) {
+  const SeqSlice one{kv, pos0, n_tokens};
+  return forward_batch(model, layer_begin, layer_end, std::span<const SeqSlice>(&one, 1), hidden);
+}
+
+Status VulkanBackend::forward_batch(const Model& model, int32_t layer_begin, int32_t layer_end,
+                                    std::span<const SeqSlice> slices, float* hidden) {
+  const LlamaHparams& hp = model.hparams();
+  SPW_RETURN_IF_ERROR(check_slices(hp, layer_begin, layer_end, slices));
+  // One pass binds one K/V buffer pair per layer: sequences of different
+  // pools (not the server's layout: a session group shares one pool per
+  // stage) run one pool after another.
+  for (const SeqSlice& sl : slices) {
+    if (sl.kv.pool != slices[0].kv.pool) {
+      int64_t row = 0;
+      for (const SeqSlice& one : slices) {
+        SPW_RETURN_IF_ERROR(forward_batch(model, layer_begin, layer_end, std::span<const SeqSlice>(&one, 1),
+                                          hidden + row * hp.n_embd));
+        row += one.n_tokens;
+      }
+      return Status();
+    }
+  }
+  std::lock_guard<TimedMutex> lk(impl_->mu);
+  BatchPass pass(*impl_, model, slices);
+  pass.build_rows();
+  SPW_RETURN_IF_ERROR(pass.bind(layer_begin, layer_end));
+  if (layer_begin == layer_end) return Status();
+  SPW_RETURN_IF_ERROR(pass.size_scratch());
+  pass.upload_inputs(hidden);
+  return pass.record(layer_begin, layer_end, hidden);
+}
+
+Status VulkanBackend::output(const Model& model, const float* hidden, int32_t n_rows, float* logits) {
+  std::lock_guard<TimedMutex> lk(impl_->mu);
+  Impl& im = *impl_;
+  const auto& hp = model.hparams();
+  if (n_rows <= 0) return n_rows == 0 ? Status() : Status::invalid_argument("output: n_rows < 0");
+  SPW_RETURN_IF_ERROR(im.healthy_or_error());
+  SPW_ASSIGN_OR_RETURN(ModelWeights * mw, im.weights(model));
+  if (!mw->output) return Status::failed_precondition("output head not prepared on " + im.name());
+  const DevMatrix& m = *mw->output;
+  const uint64_t n = static_cast<uint64_t>(n_rows), E = static_cast<uint64_t>(hp.n_embd),
+                 V = static_cast<uint64_t>(hp.n_vocab);
+  Scratch& s = im.scratch;
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_hidden, n * E * 4, true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.io_logits, n * V * 4, true));
+  SPW_RETURN_IF_ERROR(im.ensure(s.x, n * E * 4, false));
+  SPW_RETURN_IF_ERROR(im.ensure(s.cur, n * E * 4, false));
+  if (cpu::act_format(m.type) != cpu::ActFormat::kFloat) {
+    SPW_RETURN_IF_ERROR(im.ensure(s.xq, n * (E / 32 + 1) * 32, false));
+    SPW_RETURN_IF_ERROR(im.ensure(s.xd, n * (E / 32 + 1) * 4, false));
+  }
+  std::memcpy(s.io_hidden.mapped(), hidden, n * E * 4);
+  const float eps = hp.rms_eps;
+  uint32_t eps_bits;
+  std::memcpy(&eps_bits, &eps, 4);
+  Impl::Recorder rec(im);
+  rec.copy(s.io_hidden.buffer(), s.x.buffer(), n * E * 4);
+  rec.barrier();
+  rec.rms_rows(s.x.buffer(), mw->output_norm.buffer(), s.cur.buffer(), E, n, eps_bits);
+  rec.barrier();
+  MatmulInput(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E)
+      .matmul(m, static_cast<uint32_t>(n), s.io_logits.buffer(), static_cast<uint32_t>(V));
+  SPW_RETURN_IF_ERROR(rec.finish());
+  std::memcpy(logits, s.io_logits.mapped(), n * V * 4);
+  return Status();
+}
+
+}  // namespace spw
