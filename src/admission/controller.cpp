@@ -170,135 +170,174 @@ double pressure_of(const PathSnapshot& p) {
              : 0.0;
 }
 
-Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy) {
-  Decision d;
-  d.prompt_tokens = req.prompt_tokens;
-  d.max_tokens_requested = req.max_tokens;
-  const bool may_shrink = req.allow_shrink || policy.allow_shrink;
+namespace {
+
+// The first path passed over only because its wait is long: the request
+// waits there when no other path can take it (queueing beats refusing).
+struct Waiting {
+  int32_t i = -1, n_ctx = 0, max_tokens = 0, blocks = 0;
+  double delay = 0, pressure = 0;
+};
+
+// One path's figures for the request, as decide's walk over the paths
+// computes them before it judges the path.
+struct Candidate {
+  int32_t i = 0;
+  const PathSnapshot& p;
+  int32_t max_tokens = 0;
+  int32_t n = 1;
+  int32_t blocks = 0;
+  std::string times_n;
+  bool primary = false;
+  double pressure = 0;
+  bool pressure_ok = false;
+  bool queue_ok = false;
+};
+
+// decide's state while it walks the paths in order.
+struct Decider {
+  Decider(const RequestShape& req, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy, Decision& d)
+      : req(req), paths(paths), policy(policy), d(d), may_shrink(req.allow_shrink || policy.allow_shrink) {}
+
+  // Path `idx`: its verdict recorded; true when the request goes there.
+  bool consider(size_t idx);
+  // The waiting fallback, then the reason (and for a rejection the status).
+  void conclude();
+  void fill(Decision& out, int32_t i, DecisionKind kind, int32_t n_ctx, int32_t max_tokens, int32_t blocks,
+            double delay, double pressure) const;
+  bool try_shrink(const Candidate& c, PathVerdict& v);
+  void reject(std::string reason);
+
+  const RequestShape& req;
+  const std::vector<PathSnapshot>& paths;
+  const AdmissionPolicy& policy;
+  Decision& d;
+  const bool may_shrink;
   bool queue_full_somewhere = false;
   double retry_after = kInf;
-  // The first path passed over only because its wait is long: the request
-  // waits there when no other path can take it (queueing beats refusing).
-  struct Waiting {
-    int32_t i = -1, n_ctx = 0, max_tokens = 0, blocks = 0;
-    double delay = 0, pressure = 0;
-  } waiting;
+  Waiting waiting;
+};
 
-  auto fill = [&](Decision& out, int32_t i, DecisionKind kind, int32_t n_ctx, int32_t max_tokens, int32_t blocks,
-                  double delay, double pressure) {
-    const PathSnapshot& p = paths[static_cast<size_t>(i)];
-    out.kind = kind;
-    out.path_index = i;
-    out.path = p.name;
-    out.n_ctx = n_ctx;
-    out.max_tokens = max_tokens;
-    out.kv_blocks = blocks;
-    out.pressure = pressure;
-    out.timing.delay_s = delay;
-    out.timing.ttft_s = delay + prefill_s(p.rates, req.prompt_tokens);
-    out.timing.total_s = delay + estimate_run_s(p.rates, req.prompt_tokens, max_tokens * std::max(1, req.n));
-    const bool waits = !p.queued.empty() || static_cast<int32_t>(p.running.size()) >= p.workers ||
-                       (p.kv_blocks_total > 0 && blocks > p.kv_blocks_free);
-    out.queue_position = waits ? static_cast<int32_t>(p.queued.size()) + 1 : 0;
-    out.max_tokens_clamped = req.max_tokens && *req.max_tokens > n_ctx - req.prompt_tokens;
-    out.http_status = 200;
-  };
+void Decider::fill(Decision& out, int32_t i, DecisionKind kind, int32_t n_ctx, int32_t max_tokens, int32_t blocks,
+                   double delay, double pressure) const {
+  const PathSnapshot& p = paths[static_cast<size_t>(i)];
+  out.kind = kind;
+  out.path_index = i;
+  out.path = p.name;
+  out.n_ctx = n_ctx;
+  out.max_tokens = max_tokens;
+  out.kv_blocks = blocks;
+  out.pressure = pressure;
+  out.timing.delay_s = delay;
+  out.timing.ttft_s = delay + prefill_s(p.rates, req.prompt_tokens);
+  out.timing.total_s = delay + estimate_run_s(p.rates, req.prompt_tokens, max_tokens * std::max(1, req.n));
+  const bool waits = !p.queued.empty() || static_cast<int32_t>(p.running.size()) >= p.workers ||
+                     (p.kv_blocks_total > 0 && blocks > p.kv_blocks_free);
+  out.queue_position = waits ? static_cast<int32_t>(p.queued.size()) + 1 : 0;
+  out.max_tokens_clamped = req.max_tokens && *req.max_tokens > n_ctx - req.prompt_tokens;
+  out.http_status = 200;
+}
 
-  for (size_t idx = 0; idx < paths.size(); ++idx) {
-    const int32_t i = static_cast<int32_t>(idx);
-    const PathSnapshot& p = paths[idx];
-    PathVerdict v;
-    v.path = p.name;
-    auto skip = [&](std::string why) {
-      v.reason = std::move(why);
-      d.verdicts.push_back(v);
-    };
-    if (!p.usable) {
-      skip("out of service (" + p.unusable_reason + ")");
-      continue;
-    }
-    if (req.prompt_tokens >= p.n_ctx) {
-      skip("prompt of " + std::to_string(req.prompt_tokens) + " tokens does not fit its context of " +
-           std::to_string(p.n_ctx));
-      continue;
-    }
-    const int32_t room = p.n_ctx - req.prompt_tokens;
-    const int32_t max_tokens = req.max_tokens ? std::min(*req.max_tokens, room) : room;
-    const int32_t n = std::max(1, req.n);
-    const int32_t blocks = kv_blocks_for_choices(req.prompt_tokens, max_tokens, p.kv_block_tokens, n);
-    const std::string times_n = n > 1 ? " x n = " + std::to_string(n) + " choices" : "";
-    const bool primary = p.role == PathRole::kPrimary;
-    const double pressure = pressure_of(p);
-    const bool pressure_ok = p.ledger_limit == 0 || pressure <= policy.pressure_threshold;
-    const bool queue_ok = static_cast<int32_t>(p.queued.size()) < p.queue_capacity;
+// Shrink on the first-choice path: the largest max_tokens whose blocks
+// are free now (so it starts without waiting on KV).
+bool Decider::try_shrink(const Candidate& c, PathVerdict& v) {
+  const PathSnapshot& p = c.p;
+  const int32_t max_tokens = c.max_tokens;
+  const int32_t n = c.n;
+  if (!c.primary || !may_shrink || !c.pressure_ok || !c.queue_ok || p.kv_blocks_total <= 0) return false;
+  const int32_t fit_blocks = std::min(p.kv_blocks_total, p.kv_blocks_free);
+  // The largest per-choice length whose n choices fit fit_blocks.
+  const int32_t shared = std::max(0, req.prompt_tokens - 1) / p.kv_block_tokens;
+  const int32_t per_choice = fit_blocks > shared ? (fit_blocks - shared) / n : 0;
+  const int32_t fit_tokens = (shared + per_choice) * p.kv_block_tokens - req.prompt_tokens;
+  if (fit_tokens < policy.min_shrink_tokens || fit_tokens >= max_tokens) return false;
+  const int32_t b = kv_blocks_for_choices(req.prompt_tokens, fit_tokens, p.kv_block_tokens, n);
+  const double delay = estimate_start_delay(p, b);
+  if (!(delay <= policy.max_delay_s)) return false;
+  fill(d, c.i, DecisionKind::kShrink, p.n_ctx, fit_tokens, b, delay, c.pressure);
+  d.shrunk = true;
+  v.eligible = true;
+  v.reason = "shrunk max_tokens " + std::to_string(max_tokens) + " -> " + std::to_string(fit_tokens) + c.times_n +
+             " to fit the " + std::to_string(fit_blocks) + " free KV blocks";
+  v.timing = d.timing;
+  d.verdicts.push_back(v);
+  return true;
+}
 
-    // Shrink on the first-choice path: the largest max_tokens whose blocks
-    // are free now (so it starts without waiting on KV).
-    auto try_shrink = [&]() -> bool {
-      if (!primary || !may_shrink || !pressure_ok || !queue_ok || p.kv_blocks_total <= 0) return false;
-      const int32_t fit_blocks = std::min(p.kv_blocks_total, p.kv_blocks_free);
-      // The largest per-choice length whose n choices fit fit_blocks.
-      const int32_t shared = std::max(0, req.prompt_tokens - 1) / p.kv_block_tokens;
-      const int32_t per_choice = fit_blocks > shared ? (fit_blocks - shared) / n : 0;
-      const int32_t fit_tokens = (shared + per_choice) * p.kv_block_tokens - req.prompt_tokens;
-      if (fit_tokens < policy.min_shrink_tokens || fit_tokens >= max_tokens) return false;
-      const int32_t b = kv_blocks_for_choices(req.prompt_tokens, fit_tokens, p.kv_block_tokens, n);
-      const double delay = estimate_start_delay(p, b);
-      if (!(delay <= policy.max_delay_s)) return false;
-      fill(d, i, DecisionKind::kShrink, p.n_ctx, fit_tokens, b, delay, pressure);
-      d.shrunk = true;
-      v.eligible = true;
-      v.reason = "shrunk max_tokens " + std::to_string(max_tokens) + " -> " + std::to_string(fit_tokens) +
-                 times_n + " to fit the " + std::to_string(fit_blocks) + " free KV blocks";
-      v.timing = d.timing;
-      d.verdicts.push_back(v);
-      return true;
-    };
-
-    if (p.kv_blocks_total > 0 && blocks > p.kv_blocks_total) {
-      if (try_shrink()) break;
-      skip("needs " + std::to_string(blocks) + " KV blocks for " + std::to_string(req.prompt_tokens) + " + " +
-           std::to_string(max_tokens) + " tokens" + times_n + ", its whole KV budget is " +
-           std::to_string(p.kv_blocks_total));
-      continue;
-    }
-    if (!pressure_ok) {
-      skip("memory pressure on " + p.ledger + ": " + fmt_pct(pressure) + " of the safe limit " +
-           format_byte_size(p.ledger_limit) + " (used " + format_byte_size(p.ledger_used) + ", co-tenants " +
-           format_byte_size(p.ledger_cotenants) + ", this request " + format_byte_size(p.request_extra_bytes) +
-           "), threshold " + fmt_pct(policy.pressure_threshold));
-      continue;
-    }
-    if (!queue_ok) {
-      queue_full_somewhere = true;
-      retry_after = std::min(retry_after, estimate_start_delay(p, blocks));
-      skip("queue full (" + std::to_string(p.queued.size()) + " of " + std::to_string(p.queue_capacity) + ")");
-      continue;
-    }
-    const double delay = estimate_start_delay(p, blocks);
-    if (primary && !(delay <= policy.max_delay_s)) {
-      if (try_shrink()) break;
-      v.timing.delay_s = delay;
-      if (waiting.i < 0) waiting = {i, p.n_ctx, max_tokens, blocks, delay, pressure};
-      skip("estimated wait " + fmt_s(delay) + " exceeds max_delay " + fmt_s(policy.max_delay_s));
-      continue;
-    }
-    DecisionKind kind = DecisionKind::kRedirect;
-    if (primary) kind = delay <= policy.admit_delay_s ? DecisionKind::kAdmit : DecisionKind::kDelay;
-    else if (p.role == PathRole::kOffload) kind = DecisionKind::kOffload;
-    fill(d, i, kind, p.n_ctx, max_tokens, blocks, delay, pressure);
-    v.eligible = true;
-    v.timing = d.timing;
-    v.reason = "fits: " + std::to_string(blocks) + " KV blocks" +
-               (p.kv_blocks_total > 0 ? " (" + std::to_string(p.kv_blocks_free) + " of " +
-                                            std::to_string(p.kv_blocks_total) + " free)"
-                                      : std::string()) +
-               (p.ledger_limit > 0 ? ", pressure " + fmt_pct(pressure) : std::string()) + ", estimated wait " +
-               fmt_s(delay);
+bool Decider::consider(size_t idx) {
+  const int32_t i = static_cast<int32_t>(idx);
+  const PathSnapshot& p = paths[idx];
+  PathVerdict v;
+  v.path = p.name;
+  auto skip = [&](std::string why) {
+    v.reason = std::move(why);
     d.verdicts.push_back(v);
-    break;
+  };
+  if (!p.usable) {
+    skip("out of service (" + p.unusable_reason + ")");
+    return false;
   }
+  if (req.prompt_tokens >= p.n_ctx) {
+    skip("prompt of " + std::to_string(req.prompt_tokens) + " tokens does not fit its context of " +
+         std::to_string(p.n_ctx));
+    return false;
+  }
+  const int32_t room = p.n_ctx - req.prompt_tokens;
+  const int32_t max_tokens = req.max_tokens ? std::min(*req.max_tokens, room) : room;
+  const int32_t n = std::max(1, req.n);
+  const int32_t blocks = kv_blocks_for_choices(req.prompt_tokens, max_tokens, p.kv_block_tokens, n);
+  const std::string times_n = n > 1 ? " x n = " + std::to_string(n) + " choices" : "";
+  const bool primary = p.role == PathRole::kPrimary;
+  const double pressure = pressure_of(p);
+  const bool pressure_ok = p.ledger_limit == 0 || pressure <= policy.pressure_threshold;
+  const bool queue_ok = static_cast<int32_t>(p.queued.size()) < p.queue_capacity;
+  const Candidate c{i, p, max_tokens, n, blocks, times_n, primary, pressure, pressure_ok, queue_ok};
 
+  if (p.kv_blocks_total > 0 && blocks > p.kv_blocks_total) {
+    if (try_shrink(c, v)) return true;
+    skip("needs " + std::to_string(blocks) + " KV blocks for " + std::to_string(req.prompt_tokens) + " + " +
+         std::to_string(max_tokens) + " tokens" + times_n + ", its whole KV budget is " +
+         std::to_string(p.kv_blocks_total));
+    return false;
+  }
+  if (!pressure_ok) {
+    skip("memory pressure on " + p.ledger + ": " + fmt_pct(pressure) + " of the safe limit " +
+         format_byte_size(p.ledger_limit) + " (used " + format_byte_size(p.ledger_used) + ", co-tenants " +
+         format_byte_size(p.ledger_cotenants) + ", this request " + format_byte_size(p.request_extra_bytes) +
+         "), threshold " + fmt_pct(policy.pressure_threshold));
+    return false;
+  }
+  if (!queue_ok) {
+    queue_full_somewhere = true;
+    retry_after = std::min(retry_after, estimate_start_delay(p, blocks));
+    skip("queue full (" + std::to_string(p.queued.size()) + " of " + std::to_string(p.queue_capacity) + ")");
+    return false;
+  }
+  const double delay = estimate_start_delay(p, blocks);
+  if (primary && !(delay <= policy.max_delay_s)) {
+    if (try_shrink(c, v)) return true;
+    v.timing.delay_s = delay;
+    if (waiting.i < 0) waiting = {i, p.n_ctx, max_tokens, blocks, delay, pressure};
+    skip("estimated wait " + fmt_s(delay) + " exceeds max_delay " + fmt_s(policy.max_delay_s));
+    return false;
+  }
+  DecisionKind kind = DecisionKind::kRedirect;
+  if (primary) kind = delay <= policy.admit_delay_s ? DecisionKind::kAdmit : DecisionKind::kDelay;
+  else if (p.role == PathRole::kOffload) kind = DecisionKind::kOffload;
+  fill(d, i, kind, p.n_ctx, max_tokens, blocks, delay, pressure);
+  v.eligible = true;
+  v.timing = d.timing;
+  v.reason = "fits: " + std::to_string(blocks) + " KV blocks" +
+             (p.kv_blocks_total > 0 ? " (" + std::to_string(p.kv_blocks_free) + " of " +
+                                          std::to_string(p.kv_blocks_total) + " free)"
+                                    : std::string()) +
+             (p.ledger_limit > 0 ? ", pressure " + fmt_pct(pressure) : std::string()) + ", estimated wait " +
+             fmt_s(delay);
+  d.verdicts.push_back(v);
+  return true;
+}
+
+void Decider::conclude() {
   if (d.path_index < 0 && waiting.i >= 0) {
     fill(d, waiting.i, DecisionKind::kDelay, waiting.n_ctx, waiting.max_tokens, waiting.blocks, waiting.delay,
          waiting.pressure);
@@ -315,8 +354,14 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
       reason += "; no other path can take it, so it waits on " + d.path;
     }
     d.reason = std::string(decision_kind_name(d.kind)) + " on " + d.path + " (" + reason + ")";
-    return d;
+    return;
   }
+  reject(std::move(reason));
+}
+
+// No path takes it: 400 when no path's context holds the prompt, 429 when a
+// full queue stood in the way, else 503.
+void Decider::reject(std::string reason) {
   d.kind = DecisionKind::kReject;
   if (paths.empty()) reason = "the server has no execution path";
   int32_t max_ctx = 0;
@@ -338,6 +383,19 @@ Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths,
     d.failure = FailureReason::kNoPath;
     d.reason = "no path can serve it (" + reason + ")";
   }
+}
+
+}  // namespace
+
+Decision decide(const RequestShape& req, const std::vector<PathSnapshot>& paths, const AdmissionPolicy& policy) {
+  Decision d;
+  d.prompt_tokens = req.prompt_tokens;
+  d.max_tokens_requested = req.max_tokens;
+  Decider decider(req, paths, policy, d);
+  for (size_t idx = 0; idx < paths.size(); ++idx) {
+    if (decider.consider(idx)) break;
+  }
+  decider.conclude();
   return d;
 }
 

@@ -410,9 +410,11 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
   return r;
 }
 
-Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const EstimatorConfig& config) {
-  SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(f));  // refuses an unknown architecture
+namespace {
 
+// The plan as the engine runs it (placement resolved, n_ctx defaulted), each
+// field checked.
+Result<Plan> resolve_plan(const Plan& plan_in, const LlamaHparams& hp) {
   Plan plan = plan_in;
   plan.placement = plan.placement.resolved(hp.n_layer);  // as the engine runs it
   if (plan.n_ctx == 0) plan.n_ctx = hp.n_ctx_train;
@@ -428,39 +430,31 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   if (plan.n_threads < 1 || plan.n_threads > 1024) return bad_plan("n_threads", plan.n_threads, "must be 1..1024");
   if (plan.kv_block_tokens <= 0 || plan.kv_block_tokens > plan.n_ctx)
     return bad_plan("kv_block_tokens", plan.kv_block_tokens, "must be in 1..n_ctx");
+  return plan;
+}
 
-  Estimate est;
-  est.plan = plan;
-  est.hparams = hp;
-  est.config = config;
-  SPW_ASSIGN_OR_RETURN(est.stages, plan_stages(plan, hp.n_layer));
-  // The KV type: what KvPool::create and VulkanBackend::create_kv_pool accept.
-  {
-    const std::string kvt(kv_type_name(plan.kv_type));
-    Status st = check_kv_type(plan.kv_type, hp.n_embd_kv(), hp.head_dim());
-    if (!st.ok()) return Status::invalid_argument("plan kv_type: " + st.message());
-    for (const auto& s : est.stages) {
-      if (s.device != DeviceKind::kGpu) continue;
-      st = check_device_kv_type(plan.kv_type, hp.n_embd_kv(), hp.head_dim());
-      if (!st.ok()) return Status::invalid_argument("plan kv_type = " + kvt + ": " + st.message());
-    }
+// The KV type: what KvPool::create and VulkanBackend::create_kv_pool accept.
+Status check_plan_kv_type(const Plan& plan, const LlamaHparams& hp, const std::vector<StageLayout>& stages) {
+  const std::string kvt(kv_type_name(plan.kv_type));
+  Status st = check_kv_type(plan.kv_type, hp.n_embd_kv(), hp.head_dim());
+  if (!st.ok()) return Status::invalid_argument("plan kv_type: " + st.message());
+  for (const auto& s : stages) {
+    if (s.device != DeviceKind::kGpu) continue;
+    st = check_device_kv_type(plan.kv_type, hp.n_embd_kv(), hp.head_dim());
+    if (!st.ok()) return Status::invalid_argument("plan kv_type = " + kvt + ": " + st.message());
   }
+  return Status::ok_status();
+}
 
-  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
-  const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
-  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
-  const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
-  const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
-  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
-  const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
-  const uint64_t half = static_cast<uint64_t>(hp.n_rot / 2);
-  const uint64_t P = static_cast<uint64_t>(plan.n_parallel);
-  const uint64_t T = static_cast<uint64_t>(plan.n_threads);
-  const uint64_t blocks_per_seq = (c + static_cast<uint64_t>(plan.kv_block_tokens) - 1) /
-                                  static_cast<uint64_t>(plan.kv_block_tokens);
-  const uint64_t out_rows = plan.logits_all ? m : 1;
-  const int n_stages = static_cast<int>(est.stages.size());
+// The estimate's categories being summed, per device (index: DeviceKind).
+struct DeviceAccs {
+  Acc weights[kNumDeviceKinds], kv[kNumDeviceKinds], logits[kNumDeviceKinds], overhead[kNumDeviceKinds];
+};
 
+// Weights: each tensor on the device its layer (or role) runs on; returns the
+// largest single upload to the GPU (the staging buffer's size rule).
+uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const EstimatorConfig& config,
+                     uint64_t weight_chunk, Estimate& est, Acc (&weights)[kNumDeviceKinds]) {
   auto device_of_layer = [&](int32_t l) {
     for (const auto& s : est.stages)
       if (l >= s.layer_begin && l < s.layer_end) return s.device;
@@ -469,20 +463,6 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
   const DeviceKind emb_dev = est.stages.front().device;
   const DeviceKind out_dev = est.stages.back().device;
   const bool tied = f.find_tensor("output.weight") == nullptr;
-
-  Acc weights[kNumDeviceKinds], kv[kNumDeviceKinds], logits[kNumDeviceKinds], overhead[kNumDeviceKinds];
-  for (int d = 0; d < kNumDeviceKinds; ++d) {
-    const DeviceCosts* costs = d == 0 ? &config.host : &config.gpu;
-    weights[d].costs = kv[d].costs = logits[d].costs = overhead[d].costs = costs;
-    est.devices[d].device = static_cast<DeviceKind>(d);
-  }
-  for (const auto& s : est.stages) est.devices[static_cast<int>(s.device)].used = true;
-
-  const uint64_t max_buffer =
-      config.gpu_limits.max_buffer_bytes > 0 ? (config.gpu_limits.max_buffer_bytes & ~uint64_t{3}) : kNoLimit;
-  const uint64_t weight_chunk = config.gpu_limits.weight_chunk_bytes > 0
-                                    ? std::min(max_buffer, config.gpu_limits.weight_chunk_bytes & ~uint64_t{3})
-                                    : max_buffer;
   uint64_t largest_upload = 0;  // the GPU staging buffer's size rule
 
   // Weights: exact tensor bytes. Host weights are used in place from the
@@ -532,10 +512,16 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     hw.bytes = std::max(hw.bytes, mapped);
     hw.n_allocations = 1;
   }
+  return largest_upload;
+}
 
-  // KV pools: one per stage, allocated whole by KvPool::create; on the GPU one
-  // K and one V buffer of kv_type rows per layer (VulkanBackend::create_kv_pool), with
-  // the pool's block stack and object on the host.
+// KV pools: one per stage, allocated whole by KvPool::create; on the GPU one
+// K and one V buffer of kv_type rows per layer (VulkanBackend::create_kv_pool), with
+// the pool's block stack and object on the host.
+void add_kv_pools(const LlamaHparams& hp, const Plan& plan, uint64_t blocks_per_seq, Estimate& est,
+                  Acc (&kv)[kNumDeviceKinds]) {
+  const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
+  const uint64_t P = static_cast<uint64_t>(plan.n_parallel);
   for (const auto& s : est.stages) {
     const int d = static_cast<int>(s.device);
     const bool gpu = s.device == DeviceKind::kGpu;
@@ -555,8 +541,23 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     kv[0].add(kKvPoolObject);
     est.kv_bytes_per_token += per_tok;
   }
+}
 
-  // Scratch, per device (terms per session; see ScratchTerms).
+// Scratch, per device (terms per session; see ScratchTerms): a host stage's
+// terms, a GPU stage's buffers, and the host-side session state.
+void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const EstimatorConfig& config,
+                       uint64_t max_buffer, uint64_t blocks_per_seq, Estimate& est) {
+  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
+  const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
+  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
+  const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
+  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
+  const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
+  const uint64_t half = static_cast<uint64_t>(hp.n_rot / 2);
+  const uint64_t T = static_cast<uint64_t>(plan.n_threads);
+  const uint64_t out_rows = plan.logits_all ? m : 1;
+  const int n_stages = static_cast<int>(est.stages.size());
   const uint64_t hd = static_cast<uint64_t>(hp.head_dim());
   const uint64_t nh = static_cast<uint64_t>(hp.n_head);
   for (const auto& s : est.stages) {
@@ -593,6 +594,20 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
     h.logits = (plan.logits_all ? static_cast<uint64_t>(plan.n_batch) + 1 : 1) * V * kF32;
     est.devices[0].used = true;  // the session always lives on the host
   }
+}
+
+// Closes each used device's categories: scratch from its terms (the GPU's
+// staging buffer counted as overhead), logits, weights, KV, fixed overhead and
+// the host's model heap.
+void close_devices(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const EstimatorConfig& config,
+                   uint64_t largest_upload, uint64_t max_buffer, DeviceAccs& acc, Estimate& est) {
+  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
+  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
+  const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
+  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
+  const uint64_t half = static_cast<uint64_t>(hp.n_rot / 2);
+  const uint64_t P = static_cast<uint64_t>(plan.n_parallel);
   for (int d = 0; d < kNumDeviceKinds; ++d) {
     DeviceEstimate& de = est.devices[d];
     if (!de.used) continue;
@@ -608,17 +623,53 @@ Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const Es
       de.scratch = a.finish(true);
       de.gpu_terms.staging =
           largest_upload > 0 ? vk_alloc_size(std::min(largest_upload, std::min(kVkStagingBytes, max_buffer))) : 0;
-      overhead[d].add(de.gpu_terms.staging);
+      acc.overhead[d].add(de.gpu_terms.staging);
     }
-    logits[d].add(t.logits, P);
-    de.logits = logits[d].finish(true);
-    de.weights = weights[d].finish(false);
-    de.kv = kv[d].finish(true);
-    overhead[d].add(costs.fixed_overhead);
-    overhead[d].add(costs.engine_code);
-    if (d == 0) overhead_model_heap(f, hp, overhead[d]);
-    de.overhead = overhead[d].finish(true);
+    acc.logits[d].add(t.logits, P);
+    de.logits = acc.logits[d].finish(true);
+    de.weights = acc.weights[d].finish(false);
+    de.kv = acc.kv[d].finish(true);
+    acc.overhead[d].add(costs.fixed_overhead);
+    acc.overhead[d].add(costs.engine_code);
+    if (d == 0) overhead_model_heap(f, hp, acc.overhead[d]);
+    de.overhead = acc.overhead[d].finish(true);
   }
+}
+
+}  // namespace
+
+Result<Estimate> estimate(const gguf::GgufFile& f, const Plan& plan_in, const EstimatorConfig& config) {
+  SPW_ASSIGN_OR_RETURN(LlamaHparams hp, read_llama_hparams(f));  // refuses an unknown architecture
+  SPW_ASSIGN_OR_RETURN(const Plan plan, resolve_plan(plan_in, hp));
+
+  Estimate est;
+  est.plan = plan;
+  est.hparams = hp;
+  est.config = config;
+  SPW_ASSIGN_OR_RETURN(est.stages, plan_stages(plan, hp.n_layer));
+  SPW_RETURN_IF_ERROR(check_plan_kv_type(plan, hp, est.stages));
+
+  const uint64_t c = static_cast<uint64_t>(plan.n_ctx);
+  const uint64_t blocks_per_seq = (c + static_cast<uint64_t>(plan.kv_block_tokens) - 1) /
+                                  static_cast<uint64_t>(plan.kv_block_tokens);
+
+  DeviceAccs acc;
+  for (int d = 0; d < kNumDeviceKinds; ++d) {
+    const DeviceCosts* costs = d == 0 ? &config.host : &config.gpu;
+    acc.weights[d].costs = acc.kv[d].costs = acc.logits[d].costs = acc.overhead[d].costs = costs;
+    est.devices[d].device = static_cast<DeviceKind>(d);
+  }
+  for (const auto& s : est.stages) est.devices[static_cast<int>(s.device)].used = true;
+
+  const uint64_t max_buffer =
+      config.gpu_limits.max_buffer_bytes > 0 ? (config.gpu_limits.max_buffer_bytes & ~uint64_t{3}) : kNoLimit;
+  const uint64_t weight_chunk = config.gpu_limits.weight_chunk_bytes > 0
+                                    ? std::min(max_buffer, config.gpu_limits.weight_chunk_bytes & ~uint64_t{3})
+                                    : max_buffer;
+  const uint64_t largest_upload = add_weights(f, hp, plan, config, weight_chunk, est, acc.weights);
+  add_kv_pools(hp, plan, blocks_per_seq, est, acc.kv);
+  add_scratch_terms(f, hp, plan, config, max_buffer, blocks_per_seq, est);
+  close_devices(f, hp, plan, config, largest_upload, max_buffer, acc, est);
   return est;
 }
 

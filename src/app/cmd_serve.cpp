@@ -141,44 +141,19 @@ bool install_stop_signals() {
   return sigaction(SIGINT, &sa, nullptr) == 0 && sigaction(SIGTERM, &sa, nullptr) == 0;
 }
 
-int run_serve(const ServeCliOptions& o) {
-  if (!install_stop_signals()) {
-    std::fprintf(stderr, "spillway serve: cannot install signal handlers: %s\n", std::strerror(errno));
-    return 1;
-  }
-  Env& env = Env::default_env();
-  auto fail = [](const Status& st, const std::string& what = "") {
-    std::fprintf(stderr, "spillway serve: %s%s\n", what.c_str(), st.to_string().c_str());
-    return 1;
-  };
-  auto keys = load_api_keys(o);
-  if (!keys.ok()) return fail(keys.status());
-  auto max_body = parse_byte_size(o.max_body);
-  if (!max_body.ok()) return fail(max_body.status(), "--max-body: ");
-  // The flags' text into typed options (a value that does not parse names
-  // its flag); the ranges and combinations are build_gateway's.
-  auto g = gateway_options(o);
-  if (!g.ok()) return fail(g.status());
-  // Checked before the model loads (seconds to minutes), with the ids the
-  // files will be served under; the server checks again with the built paths.
-  std::vector<std::string> fallback_ids;
-  if (!o.g.fallback_model.empty()) fallback_ids.push_back(gateway::model_name_from_path(o.g.fallback_model));
-  if (Status st = http::validate_aliases(o.aliases, gateway::model_name_from_path(o.g.model), fallback_ids); !st.ok()) {
-    return fail(st);
-  }
-  auto built = gateway::build_gateway(env, *g);
-  if (!built.ok()) return fail(with_flags(built.status()));
-  gateway::BuiltGateway& b = *built;
-  for (const std::string& line : b.log) std::fprintf(stderr, "spillway serve: %s\n", line.c_str());
-  if (b.journal) {
-    std::fprintf(
-        stderr, "spillway serve: journal %s (%lld interrupted requests from an earlier run marked failed, resumable)\n",
-        b.journal->path().c_str(), static_cast<long long>(b.journal->recovered()));
-  }
+// The template /v1/chat/completions uses, and whether it is the default.
+struct ServeChatTemplate {
+  ChatTemplateKind kind = ChatTemplateKind::kChatML;
+  bool is_default = false;
+};
+
+// --chat-template, else the model's, else the default; nullopt (after saying
+// why on stderr) when --chat-template names none Spillway knows.
+std::optional<ServeChatTemplate> serve_chat_template(const gateway::BuiltGateway& b, const ServeCliOptions& o) {
   auto chat_template = http::resolve_chat_template(b.model->file(), o.g.chat_template);
   if (!chat_template.ok()) {
     std::fprintf(stderr, "spillway serve: --chat-template: %s\n", chat_template.status().message().c_str());
-    return 1;
+    return std::nullopt;
   }
   // A model without a recognised template still serves chat clients: ChatML
   // is the documented default (README), named in every chat response and on
@@ -192,8 +167,15 @@ int run_serve(const ServeCliOptions& o) {
                  "default chatml template (choose another with --chat-template NAME)\n",
                  b.model_name.c_str());
   }
-  gateway::Gateway& gw = *b.gateway;
+  return ServeChatTemplate{**chat_template, default_template};
+}
 
+// The HTTP server's options: the flags', the built gateway's model and
+// journal, and /health's memory readings over `env` and `b` (which must
+// outlive the server).
+http::HttpServerOptions http_server_options(Env& env, gateway::BuiltGateway& b, const ServeCliOptions& o,
+                                            const std::shared_ptr<http::ApiKeys>& keys, uint64_t max_body,
+                                            const ServeChatTemplate& chat_template) {
   http::HttpServerOptions ho;
   ho.host_memory = [&env, &b] { return host_memory_status(env, b); };
   if (b.observe_device) ho.device_memory = [&b] { return device_memory_status(b); };
@@ -202,32 +184,36 @@ int run_serve(const ServeCliOptions& o) {
   ho.port = o.port;
   ho.model_name = b.model_name;
   ho.model_aliases = o.aliases;
-  ho.chat_template = *chat_template;
-  ho.chat_template_default = default_template;
+  ho.chat_template = chat_template.kind;
+  ho.chat_template_default = chat_template.is_default;
   ho.log_requests = o.log_requests;
   ho.admin_token = o.admin_token;
-  ho.api_keys = *keys;
+  ho.api_keys = keys;
   ho.insecure_no_auth = o.insecure_no_auth;
-  ho.transport.max_body_bytes = static_cast<size_t>(*max_body);
+  ho.transport.max_body_bytes = static_cast<size_t>(max_body);
   ho.transport.max_connections = o.max_connections;
   ho.transport.allowed_hosts = o.allowed_hosts;
   ho.transport.max_connections_per_client = o.max_connections_per_client;
   ho.transport.idle_timeout = seconds_ms(o.idle_timeout_s);
   ho.transport.header_timeout = seconds_ms(o.header_timeout_s);
   ho.transport.body_timeout = seconds_ms(o.body_timeout_s);
-  auto server = http::HttpServer::create(env, gw, ho);
-  if (!server.ok()) return fail(server.status());
-  Status started = (*server)->start();
-  if (!started.ok()) return fail(started);
-  if (!http::is_loopback_host(o.host) && (*keys)->empty()) {
+  return ho;
+}
+
+// The warnings about keys, then the "listening" line on stdout.
+void announce_listening(const ServeCliOptions& o, const gateway::BuiltGateway& b, const http::ApiKeys& keys, int port,
+                        const ServeChatTemplate& chat_template) {
+  const gateway::Gateway& gw = *b.gateway;
+  if (!http::is_loopback_host(o.host) && keys.empty()) {
     std::fprintf(stderr, "spillway serve: warning: listening on %s without authentication (--insecure-no-auth)\n",
                  o.host.c_str());
   }
-  if (!(*keys)->empty()) {
+  if (!keys.empty()) {
     std::fprintf(stderr, "spillway serve: %zu API keys; /v1/* and /metrics need Authorization: Bearer <key>\n",
-                 (*keys)->size());
+                 keys.size());
   }
-  const std::string tmpl = std::string(chat_template_name(**chat_template)) + (default_template ? "(default)" : "");
+  const std::string tmpl =
+      std::string(chat_template_name(chat_template.kind)) + (chat_template.is_default ? "(default)" : "");
   std::string paths;
   for (const gateway::ExecutionPath& p : gw.paths()) {
     paths += (paths.empty() ? "" : ",") + p.name + ":" + p.placement;
@@ -236,14 +222,19 @@ int run_serve(const ServeCliOptions& o) {
   std::printf(
       "spillway: listening on http://%s:%d model=%s ctx=%d workers=%d queue=%d chat_template=%s "
       "placement=%s paths=%s\n",
-      o.host.c_str(), (*server)->port(), b.model_name.c_str(), first.n_ctx(), first.n_workers(), first.queue_capacity(),
+      o.host.c_str(), port, b.model_name.c_str(), first.n_ctx(), first.n_workers(), first.queue_capacity(),
       tmpl.c_str(), first.placement().c_str(), paths.c_str());
   std::fflush(stdout);
+}
 
+// From the first stop signal: drain the gateway within the grace (a second
+// signal cancels what runs), stop the server, print the totals. Leaves with
+// _Exit(1) when the bounds run out.
+void stop_serving(gateway::Gateway& gw, http::HttpServer& server, double grace_s) {
   const int sig = wait_stop_signal(-1);
   std::fprintf(stderr, "spillway serve: %s received, stopping (grace %.0f s; signal again to cancel and exit)\n",
-               sig == SIGINT ? "SIGINT" : "SIGTERM", o.grace_s);
-  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+               sig == SIGINT ? "SIGINT" : "SIGTERM", grace_s);
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   // Why the bounds: a worker inside a device call that hangs (a submission
   // the driver never finishes, a slow device) cannot be joined, and a
   // server that ignores SIGTERM is killed by its supervisor anyway, later
@@ -280,7 +271,7 @@ int run_serve(const ServeCliOptions& o) {
   drainer.join();
   if (canceller.joinable()) canceller.join();
   // Handlers have their final events by now; let them write them, then close.
-  (*server)->stop();
+  server.stop();
   serve::SchedulerStats total;
   for (const gateway::ExecutionPath& p : gw.paths()) {
     const serve::SchedulerStats st = p.scheduler->stats();
@@ -292,6 +283,53 @@ int run_serve(const ServeCliOptions& o) {
   std::fprintf(stderr, "spillway serve: stopped (done %llu, cancelled %llu, failed %llu, rejected %llu)\n",
                static_cast<unsigned long long>(total.done), static_cast<unsigned long long>(total.cancelled),
                static_cast<unsigned long long>(total.failed), static_cast<unsigned long long>(total.rejected));
+}
+
+int run_serve(const ServeCliOptions& o) {
+  if (!install_stop_signals()) {
+    std::fprintf(stderr, "spillway serve: cannot install signal handlers: %s\n", std::strerror(errno));
+    return 1;
+  }
+  Env& env = Env::default_env();
+  auto fail = [](const Status& st, const std::string& what = "") {
+    std::fprintf(stderr, "spillway serve: %s%s\n", what.c_str(), st.to_string().c_str());
+    return 1;
+  };
+  auto keys = load_api_keys(o);
+  if (!keys.ok()) return fail(keys.status());
+  auto max_body = parse_byte_size(o.max_body);
+  if (!max_body.ok()) return fail(max_body.status(), "--max-body: ");
+  // The flags' text into typed options (a value that does not parse names
+  // its flag); the ranges and combinations are build_gateway's.
+  auto g = gateway_options(o);
+  if (!g.ok()) return fail(g.status());
+  // Checked before the model loads (seconds to minutes), with the ids the
+  // files will be served under; the server checks again with the built paths.
+  std::vector<std::string> fallback_ids;
+  if (!o.g.fallback_model.empty()) fallback_ids.push_back(gateway::model_name_from_path(o.g.fallback_model));
+  if (Status st = http::validate_aliases(o.aliases, gateway::model_name_from_path(o.g.model), fallback_ids); !st.ok()) {
+    return fail(st);
+  }
+  auto built = gateway::build_gateway(env, *g);
+  if (!built.ok()) return fail(with_flags(built.status()));
+  gateway::BuiltGateway& b = *built;
+  for (const std::string& line : b.log) std::fprintf(stderr, "spillway serve: %s\n", line.c_str());
+  if (b.journal) {
+    std::fprintf(
+        stderr, "spillway serve: journal %s (%lld interrupted requests from an earlier run marked failed, resumable)\n",
+        b.journal->path().c_str(), static_cast<long long>(b.journal->recovered()));
+  }
+  const std::optional<ServeChatTemplate> chat_template = serve_chat_template(b, o);
+  if (!chat_template) return 1;
+  gateway::Gateway& gw = *b.gateway;
+
+  auto server = http::HttpServer::create(env, gw, http_server_options(env, b, o, *keys, *max_body, *chat_template));
+  if (!server.ok()) return fail(server.status());
+  Status started = (*server)->start();
+  if (!started.ok()) return fail(started);
+  announce_listening(o, b, **keys, (*server)->port(), *chat_template);
+
+  stop_serving(gw, **server, o.grace_s);
   return 0;
 }
 

@@ -28,13 +28,9 @@ CLI::Validator key_rules(std::string what, bool allow_empty = false) {
       "", "key rules");
 }
 
-}  // namespace
-
-void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
+// The model, the address and the process: --model, --host, --port, ..., --no-warmup.
+void add_server_flags(CLI::Option_group* srv, ServeCliOptions& o) {
   gateway::GatewayOptions& g = o.g;
-  GatewayFlagText& text = o.text;
-  auto section = [&sub](const char* name) { return sub.add_option_group(name); };
-  CLI::Option_group* srv = section("server");
   srv->add_option("--model,-m", g.model, "GGUF model file")->required();
   srv->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   srv->add_option("--port", o.port, "Port (0 = pick a free one)")->capture_default_str()->check(CLI::Range(0, 65535));
@@ -55,7 +51,13 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
                   "Enables the admin API (POST/GET/DELETE /v1/admin/faults: arm faults on the GPU for drills) "
                   "for loopback clients sending 'Authorization: Bearer TOKEN'; off when empty")
       ->check(key_rules("the admin token (--admin-token)", /*allow_empty=*/true));
-  CLI::Option_group* cl = section("clients");
+  srv->add_flag_function(
+      "--no-warmup", [&o](int64_t) { o.g.warmup = false; },
+      "Skip the one tiny request per path at start (it compiles shaders and measures first rates)");
+}
+
+// Who may connect and how much they may send: API keys, hosts, connection limits, timeouts.
+void add_client_flags(CLI::Option_group* cl, ServeCliOptions& o) {
   cl->add_option("--api-key", o.api_keys,
                  "An API key (repeatable; at least 16 printable characters): with keys, /v1/* and /metrics need "
                  "'Authorization: Bearer KEY' and each key sees only its own requests")
@@ -96,11 +98,12 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
   cl->add_option("--body-timeout", o.body_timeout_s, "Seconds a request body may take to arrive (408 after)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  srv->add_flag_function(
-      "--no-warmup", [&o](int64_t) { o.g.warmup = false; },
-      "Skip the one tiny request per path at start (it compiles shaders and measures first rates)");
+}
 
-  CLI::Option_group* first = section("first-choice path");
+// The first-choice path: its device, workers, batching, queue, context and KV.
+void add_first_path_flags(CLI::Option_group* first, ServeCliOptions& o) {
+  gateway::GatewayOptions& g = o.g;
+  GatewayFlagText& text = o.text;
   first
       ->add_option("--device", text.device,
                    "cpu, vulkan[:i|:name] or hybrid:N[:i] (embedding and first N layers on Vulkan)")
@@ -140,8 +143,12 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
                    "(0 = what the memory allows, up to parallel x ctx)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+}
 
-  CLI::Option_group* fb = section("CPU fallback path");
+// The CPU fallback path: its workers, queue, context, model and replica.
+void add_fallback_flags(CLI::Option_group* fb, ServeCliOptions& o) {
+  gateway::GatewayOptions& g = o.g;
+  GatewayFlagText& text = o.text;
   fb->add_flag_function(
       "--no-cpu-fallback", [&o](int64_t) { o.g.cpu_fallback = false; },
       "With a GPU first path, do not serve a CPU path on the same model file for the requests the GPU cannot take");
@@ -166,8 +173,11 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
                  "auto replica: the longest measured load + page-in time the CPU path's first request may wait")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+}
 
-  CLI::Option_group* off = section("offload path");
+// The offload (hybrid) path beside a Vulkan first path.
+void add_offload_flags(CLI::Option_group* off, ServeCliOptions& o) {
+  gateway::GatewayOptions& g = o.g;
   off->add_option("--offload-layers", g.offload_layers,
                   "With --device vulkan: also serve a hybrid path with this many layers on the GPU (sharing the "
                   "GPU path's weights) for prompts the GPU path's KV cannot hold (0 = none)")
@@ -176,8 +186,12 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
   off->add_option("--offload-queue", g.offload_queue, "Requests that may wait on the offload path")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+}
 
-  CLI::Option_group* mem = section("memory");
+// Host and device memory budgets, headroom, co-tenants and reservations.
+void add_memory_flags(CLI::Option_group* mem, ServeCliOptions& o) {
+  gateway::GatewayOptions& g = o.g;
+  GatewayFlagText& text = o.text;
   mem->add_option("--host-memory-share", g.host_memory_share,
                   "Share of MemAvailable the server may use (the cgroup's room counts at 0.8)")
       ->capture_default_str()
@@ -203,8 +217,12 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
                   "all; below 1 a reservation that would leave a model no path is also refused, 1 allows it")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1.0));
+}
 
-  CLI::Option_group* adm = section("admission");
+// Admission: pressure, delay, rate priors, shrinking, overflow mode.
+void add_admission_flags(CLI::Option_group* adm, ServeCliOptions& o) {
+  gateway::GatewayOptions& g = o.g;
+  GatewayFlagText& text = o.text;
   adm->add_option("--pressure-threshold", g.pressure_threshold,
                   "Largest share of a ledger's safe limit (capacity - headroom) a path may be at to take new work")
       ->capture_default_str()
@@ -237,8 +255,11 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
   adm->add_option("--overflow", text.overflow,
                   "planned; or a drill baseline: none (no redirect or failover) or naive (free-memory check only)")
       ->capture_default_str();
+}
 
-  CLI::Option_group* cb = section("circuit breaker");
+// The GPU circuit breaker and the device health checks.
+void add_breaker_flags(CLI::Option_group* cb, ServeCliOptions& o) {
+  gateway::GatewayOptions& g = o.g;
   cb->add_option("--breaker-consecutive-failures", g.breaker_consecutive_failures,
                  "Device faults in a row (device lost, device out of memory, timeouts, failed health checks) "
                  "that take the GPU out of service")
@@ -278,8 +299,12 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
                  "A health check that has not answered after this many seconds fails")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+}
 
-  CLI::Option_group* jr = section("journal");
+// The request journal: file, retention, sizes, checkpoints.
+void add_journal_flags(CLI::Option_group* jr, ServeCliOptions& o) {
+  gateway::GatewayOptions& g = o.g;
+  GatewayFlagText& text = o.text;
   jr->add_option("--journal", g.journal,
                  "SQLite request journal (default $XDG_STATE_HOME or ~/.local/state /spillway/journal.sqlite; "
                  "'none' for no journal, no Idempotency-Key and no GET /v1/requests/{id})");
@@ -302,6 +327,22 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
                  "interrupted); a resume after a crash continues from the last one")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+}
+
+}  // namespace
+
+// One function per option group, in --help and --dump-config order.
+void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
+  auto section = [&sub](const char* name) { return sub.add_option_group(name); };
+  add_server_flags(section("server"), o);
+  add_client_flags(section("clients"), o);
+  add_first_path_flags(section("first-choice path"), o);
+  add_fallback_flags(section("CPU fallback path"), o);
+  add_offload_flags(section("offload path"), o);
+  add_memory_flags(section("memory"), o);
+  add_admission_flags(section("admission"), o);
+  add_breaker_flags(section("circuit breaker"), o);
+  add_journal_flags(section("journal"), o);
 }
 
 Result<gateway::GatewayOptions> gateway_options(const ServeCliOptions& o) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -153,18 +154,17 @@ std::string client_text(const std::vector<const OpView*>& ops) {
   return text;
 }
 
-}  // namespace
-
-CheckResult check(const History& h) {
-  CheckResult res;
-  res.scenario = h.scenario;
-  res.mode = h.mode;
-  res.seed = h.seed;
-  Figures& fig = res.figures;
-
-  // ---- operations: pair invokes and completions by op_id.
+// One operation per op_id, its invoke and completion paired.
+struct Operations {
   std::vector<OpView> views;
-  std::unordered_map<int64_t, size_t> by_id;
+  std::unordered_map<int64_t, size_t> by_id;  // op_id -> index in views
+};
+
+// ---- operations: pair invokes and completions by op_id.
+Operations pair_operations(const History& h) {
+  Operations ops;
+  std::vector<OpView>& views = ops.views;
+  std::unordered_map<int64_t, size_t>& by_id = ops.by_id;
   for (size_t i = 0; i < h.ops.size(); ++i) {
     const Op& o = h.ops[i];
     auto it = by_id.find(o.op_id);
@@ -184,16 +184,21 @@ CheckResult check(const History& h) {
       }
     }
   }
-  fig.operations = static_cast<int64_t>(views.size());
+  return ops;
+}
 
-  // ---- requests: operations joined by `continues` and by request id.
+using Groups = std::map<size_t, std::vector<const OpView*>>;  // root -> ops in invoke order
+
+// ---- requests: operations joined by `continues` and by request id.
+Groups group_requests(const Operations& ops) {
+  const std::vector<OpView>& views = ops.views;
   UnionFind uf(views.size());
   std::unordered_map<int64_t, size_t> first_with_rid;
   for (size_t i = 0; i < views.size(); ++i) {
     const int64_t cont = views[i].req().continues;
     if (cont != 0) {
-      auto it = by_id.find(cont);
-      if (it != by_id.end()) uf.unite(i, it->second);
+      auto it = ops.by_id.find(cont);
+      if (it != ops.by_id.end()) uf.unite(i, it->second);
     }
     const int64_t rid = views[i].request_id();
     if (rid != 0) {
@@ -201,16 +206,27 @@ CheckResult check(const History& h) {
       if (!inserted) uf.unite(i, it->second);
     }
   }
-  std::map<size_t, std::vector<const OpView*>> groups;  // root -> ops in invoke order
+  Groups groups;
   for (size_t i = 0; i < views.size(); ++i) groups[uf.find(i)].push_back(&views[i]);
+  return groups;
+}
 
-  auto final_of = [&](int64_t rid) -> const FinalRecord* {
-    auto it = h.finals.find(rid);
-    return it == h.finals.end() ? nullptr : &it->second;
-  };
+const FinalRecord* final_of(const History& h, int64_t rid) {
+  auto it = h.finals.find(rid);
+  return it == h.finals.end() ? nullptr : &it->second;
+}
 
-  std::vector<int64_t> lost_ids;
-  int64_t lost_without_id = 0;
+// The accepted requests that ended with neither an ok response nor a
+// terminal journal record (the no_lost gate's evidence).
+struct Lost {
+  std::vector<int64_t> ids;
+  int64_t without_id = 0;
+};
+
+// Per request: accepted, succeeded, lost, refused, cancelled, resumed, and
+// the token equivalence of its text.
+Lost count_requests(const History& h, const Groups& groups, Figures& fig) {
+  Lost lost;
   for (auto& [root, ops] : groups) {
     std::set<int64_t> rids;
     bool accepted = false, succeeded = false, failed_answer = false, cancelled = false, resumed = false;
@@ -224,7 +240,7 @@ CheckResult check(const History& h) {
     }
     bool terminal_record = false;
     for (int64_t rid : rids) {
-      const FinalRecord* f = final_of(rid);
+      const FinalRecord* f = final_of(h, rid);
       if (f != nullptr && f->found && terminal_state(f->state)) terminal_record = true;
       if (f != nullptr && f->found && f->state == "cancelled") cancelled = true;
     }
@@ -233,8 +249,8 @@ CheckResult check(const History& h) {
       if (succeeded) ++fig.succeeded;
       if (!succeeded && !terminal_record) {
         ++fig.lost;
-        if (rids.empty()) ++lost_without_id;
-        lost_ids.insert(lost_ids.end(), rids.begin(), rids.end());
+        if (rids.empty()) ++lost.without_id;
+        lost.ids.insert(lost.ids.end(), rids.begin(), rids.end());
       }
     } else if (failed_answer) {
       ++fig.refused;
@@ -254,12 +270,19 @@ CheckResult check(const History& h) {
     }
   }
   fig.success_rate = fig.accepted == 0 ? 1.0 : static_cast<double>(fig.succeeded) / static_cast<double>(fig.accepted);
+  return lost;
+}
 
-  // ---- duplicated side effects.
-  std::map<int64_t, std::string> dup;  // request id -> why (the first reason found)
-  auto flag = [&](int64_t rid, std::string why) {
-    if (rid != 0) dup.emplace(rid, std::move(why));
-  };
+// ---- duplicated side effects.
+using Duplicates = std::map<int64_t, std::string>;  // request id -> why (the first reason found)
+
+void flag_duplicate(Duplicates& dup, int64_t rid, std::string why) {
+  if (rid != 0) dup.emplace(rid, std::move(why));
+}
+
+// Checks (1) and (4), per request id.
+void check_texts_and_runs(const History& h, const Groups& groups, Duplicates& dup) {
+  auto flag = [&](int64_t rid, std::string why) { flag_duplicate(dup, rid, std::move(why)); };
   // (1) Text: per request id, what the client received against the journal's
   // text (or the clean reference when the journal has no finished text).
   std::map<int64_t, std::vector<const OpView*>> by_rid;
@@ -278,7 +301,7 @@ CheckResult check(const History& h) {
     }
   }
   for (auto& [rid, ops] : by_rid) {
-    const FinalRecord* f = final_of(rid);
+    const FinalRecord* f = final_of(h, rid);
     const bool journal_text = f != nullptr && f->found && f->state == "done";
     std::optional<std::string> expected;
     if (journal_text) {
@@ -315,7 +338,11 @@ CheckResult check(const History& h) {
       }
     }
   }
-  // (2) and (3): each Idempotency-Key maps to one request id and runs once.
+}
+
+// (2) and (3): each Idempotency-Key maps to one request id and runs once.
+void check_idempotency_keys(const std::vector<OpView>& views, Duplicates& dup) {
+  auto flag = [&](int64_t rid, std::string why) { flag_duplicate(dup, rid, std::move(why)); };
   std::map<std::string, std::vector<const OpView*>> by_key;
   for (const OpView& v : views) {
     if (!v.req().idempotency_key.empty() && v.generating()) by_key[v.req().idempotency_key].push_back(&v);
@@ -326,7 +353,9 @@ CheckResult check(const History& h) {
       if (v->request_id() != 0) rids.insert(v->request_id());
     }
     if (rids.size() > 1) {
-      for (int64_t rid : rids) flag(rid, "Idempotency-Key '" + key + "' has " + std::to_string(rids.size()) + " request ids");
+      for (int64_t rid : rids) {
+        flag(rid, "Idempotency-Key '" + key + "' has " + std::to_string(rids.size()) + " request ids");
+      }
     }
     for (const OpView* b : ops) {
       if (!b->ok() || b->replayed()) continue;
@@ -340,12 +369,18 @@ CheckResult check(const History& h) {
       }
     }
   }
-  fig.duplicated = static_cast<int64_t>(dup.size());
+}
 
-  // ---- latency, degraded, replays.
+// Degraded responses that did not show it (the degraded_visible gate's evidence).
+struct Hidden {
+  std::vector<int64_t> ids;
+  int64_t without_id = 0;
+};
+
+// ---- latency, degraded, replays.
+Hidden tally_latency_and_degraded(const std::vector<OpView>& views, Figures& fig) {
+  Hidden hidden;
   std::map<std::string, std::vector<double>> lat_cls, lat_path, ttft_path;
-  std::vector<int64_t> hidden_ids;
-  int64_t hidden_without_id = 0;
   for (const OpView& v : views) {
     if (!v.completed()) continue;
     const Op& o = *v.done;
@@ -363,20 +398,28 @@ CheckResult check(const History& h) {
       if (o.degraded_shown) {
         ++fig.degraded_shown;
       } else if (v.request_id() != 0) {
-        hidden_ids.push_back(v.request_id());
+        hidden.ids.push_back(v.request_id());
       } else {
-        ++hidden_without_id;
+        ++hidden.without_id;
       }
     }
   }
   for (auto& [k, vals] : lat_cls) fig.latency_by_class[k] = percentiles(std::move(vals));
   for (auto& [k, vals] : lat_path) fig.latency_by_path[k] = percentiles(std::move(vals));
   for (auto& [k, vals] : ttft_path) fig.ttft_by_path[k] = percentiles(std::move(vals));
+  return hidden;
+}
 
-  // ---- samples: queues, device and host memory.
-  bool host_over = false;
-  double host_over_t = 0;
-  uint64_t host_over_peak = 0, host_over_budget = 0;
+// The first sample whose host memory was over its own budget.
+struct HostOver {
+  bool over = false;
+  double t = 0;
+  uint64_t peak = 0, budget = 0;
+};
+
+// ---- samples: queues, device and host memory.
+HostOver read_samples(const History& h, Figures& fig) {
+  HostOver over;
   uint64_t min_limit = 0;
   for (const Sample& s : h.samples) {
     for (const PathSample& p : s.paths) {
@@ -394,149 +437,202 @@ CheckResult check(const History& h) {
       // The tightest budget seen: the gate below compares each sample with
       // its own budget; the figure shows the strictest one.
       fig.host_budget = fig.host_budget == 0 ? s.host_budget : std::min(fig.host_budget, s.host_budget);
-      if (host > s.host_budget && !host_over) {
-        host_over = true;
-        host_over_t = s.t_ms;
-        host_over_peak = host;
-        host_over_budget = s.host_budget;
+      if (host > s.host_budget && !over.over) {
+        over.over = true;
+        over.t = s.t_ms;
+        over.peak = host;
+        over.budget = s.host_budget;
       }
     }
   }
   fig.device_limit = min_limit;
+  return over;
+}
 
-  // ---- recovery per fault.
+// The moment of the first text after `t` of any generating operation (on the
+// CPU path only: cpu_only); -1: none.
+double first_token_after(const std::vector<OpView>& views, double t, bool cpu_only) {
+  double best = -1;
+  for (const OpView& v : views) {
+    if (!v.generating() || (cpu_only && !v.on_cpu())) continue;
+    const double ft = v.first_token_t();
+    if (ft >= t && (best < 0 || ft < best)) best = ft;
+  }
+  return best;
+}
+
+// An armed device fault `e`: when it fired (its arming time when no firing was seen).
+double device_fault_time(const Event* e, const std::vector<const Event*>& events) {
+  // An armed fault fires at the device's next event of its kind: time
+  // runs from its firing (the drill's fault_fired event, polled, or the
+  // breaker opening if that was seen first), not from its arming.
+  for (const Event* f : events) {
+    if (f->kind != "fault_fired" || f->t_ms < e->t_ms || f->detail.rfind(e->kind + " ", 0) != 0) continue;
+    double fired = f->t_ms;
+    for (const Event* b : events) {
+      if (b->kind == "breaker_open" && b->t_ms >= e->t_ms && b->t_ms < fired) fired = b->t_ms;
+    }
+    return fired;
+  }
+  return e->t_ms;
+}
+
+// A device fault's recovery from fault_t: the breaker opening (seen in a
+// sample or as an event), the first CPU token, the first token anywhere.
+void device_recovery(const History& h, const std::vector<OpView>& views, const std::vector<const Event*>& events,
+                     double fault_t, Recovery& r) {
+  double open = -1;
+  for (const Sample& s : h.samples) {
+    if (s.t_ms < fault_t) continue;
+    const bool any_open = std::any_of(s.paths.begin(), s.paths.end(), [](const PathSample& p) {
+      return !p.breaker.empty() && p.breaker != "closed";
+    });
+    if (any_open && (open < 0 || s.t_ms < open)) open = s.t_ms;
+  }
+  for (const Event* b : events) {
+    if (b->kind == "breaker_open" && b->t_ms >= fault_t && (open < 0 || b->t_ms < open)) open = b->t_ms;
+  }
+  if (open >= 0) r.breaker_open_ms = open - fault_t;
+  const double cpu = first_token_after(views, fault_t, true);
+  if (cpu >= 0) r.first_cpu_token_ms = cpu - fault_t;
+  const double any = first_token_after(views, fault_t, false);
+  if (any >= 0) r.first_token_ms = any - fault_t;
+}
+
+// A kill's recovery: the restart, then the first token after it.
+void kill_recovery(const std::vector<OpView>& views, const std::vector<const Event*>& events, const Event* e,
+                   Recovery& r) {
+  double from = e->t_ms;
+  for (const Event* b : events) {
+    if (b->kind == "restart" && b->t_ms >= e->t_ms) {
+      r.restart_ms = b->t_ms - e->t_ms;
+      from = b->t_ms;
+      break;
+    }
+  }
+  const double any = first_token_after(views, from, false);
+  if (any >= 0) r.first_token_ms = any - e->t_ms;
+}
+
+// ---- recovery per fault.
+void measure_recoveries(const History& h, const std::vector<OpView>& views, Figures& fig) {
   std::vector<const Event*> events;
   for (const Event& e : h.events) events.push_back(&e);
   std::stable_sort(events.begin(), events.end(), [](const Event* a, const Event* b) { return a->t_ms < b->t_ms; });
-  auto first_token_after = [&](double t, bool cpu_only) {
-    double best = -1;
-    for (const OpView& v : views) {
-      if (!v.generating() || (cpu_only && !v.on_cpu())) continue;
-      const double ft = v.first_token_t();
-      if (ft >= t && (best < 0 || ft < best)) best = ft;
-    }
-    return best;
-  };
   for (const Event* e : events) {
     const bool device_fault = e->kind == "alloc_fail" || e->kind == "device_lost";
     if (!device_fault && e->kind != "kill") continue;
     Recovery r;
     r.fault_ms = e->t_ms;
     r.fault = e->kind;
-    if (device_fault) {
-      // An armed fault fires at the device's next event of its kind: time
-      // runs from its firing (the drill's fault_fired event, polled, or the
-      // breaker opening if that was seen first), not from its arming.
-      for (const Event* f : events) {
-        if (f->kind != "fault_fired" || f->t_ms < e->t_ms || f->detail.rfind(e->kind + " ", 0) != 0) continue;
-        double fired = f->t_ms;
-        for (const Event* b : events) {
-          if (b->kind == "breaker_open" && b->t_ms >= e->t_ms && b->t_ms < fired) fired = b->t_ms;
-        }
-        r.fault_ms = fired;
-        break;
-      }
-    }
+    if (device_fault) r.fault_ms = device_fault_time(e, events);
     const double fault_t = r.fault_ms;
     if (device_fault) {
-      double open = -1;
-      for (const Sample& s : h.samples) {
-        if (s.t_ms < fault_t) continue;
-        const bool any_open = std::any_of(s.paths.begin(), s.paths.end(), [](const PathSample& p) {
-          return !p.breaker.empty() && p.breaker != "closed";
-        });
-        if (any_open && (open < 0 || s.t_ms < open)) open = s.t_ms;
-      }
-      for (const Event* b : events) {
-        if (b->kind == "breaker_open" && b->t_ms >= fault_t && (open < 0 || b->t_ms < open)) open = b->t_ms;
-      }
-      if (open >= 0) r.breaker_open_ms = open - fault_t;
-      const double cpu = first_token_after(fault_t, true);
-      if (cpu >= 0) r.first_cpu_token_ms = cpu - fault_t;
-      const double any = first_token_after(fault_t, false);
-      if (any >= 0) r.first_token_ms = any - fault_t;
+      device_recovery(h, views, events, fault_t, r);
     } else {
-      double from = e->t_ms;
-      for (const Event* b : events) {
-        if (b->kind == "restart" && b->t_ms >= e->t_ms) {
-          r.restart_ms = b->t_ms - e->t_ms;
-          from = b->t_ms;
-          break;
-        }
-      }
-      const double any = first_token_after(from, false);
-      if (any >= 0) r.first_token_ms = any - e->t_ms;
+      kill_recovery(views, events, e, r);
     }
     fig.recoveries.push_back(r);
   }
+}
 
-  // ---- gates.
-  {
-    Gate g;
-    g.name = "no_lost";
-    g.passed = fig.lost == 0;
-    std::sort(lost_ids.begin(), lost_ids.end());
-    g.request_ids = lost_ids;
-    g.detail = std::to_string(fig.lost) + " of " + std::to_string(fig.accepted) +
-               " accepted requests ended with neither an ok response nor a terminal journal record";
-    if (lost_without_id > 0) g.detail += " (" + std::to_string(lost_without_id) + " without a request id)";
-    if (!lost_ids.empty()) g.detail += ": " + ids_text(lost_ids);
-    res.gates.push_back(std::move(g));
+// ---- gates.
+Gate no_lost_gate(const Figures& fig, Lost lost) {
+  Gate g;
+  g.name = "no_lost";
+  g.passed = fig.lost == 0;
+  std::sort(lost.ids.begin(), lost.ids.end());
+  g.request_ids = lost.ids;
+  g.detail = std::to_string(fig.lost) + " of " + std::to_string(fig.accepted) +
+             " accepted requests ended with neither an ok response nor a terminal journal record";
+  if (lost.without_id > 0) g.detail += " (" + std::to_string(lost.without_id) + " without a request id)";
+  if (!lost.ids.empty()) g.detail += ": " + ids_text(lost.ids);
+  return g;
+}
+
+Gate no_duplicates_gate(const Duplicates& dup) {
+  Gate g;
+  g.name = "no_duplicates";
+  g.passed = dup.empty();
+  for (const auto& [rid, why] : dup) g.request_ids.push_back(rid);
+  g.detail = std::to_string(dup.size()) + " request ids with a duplicated side effect";
+  if (!dup.empty()) g.detail += "; request " + std::to_string(dup.begin()->first) + ": " + dup.begin()->second;
+  return g;
+}
+
+Gate host_budget_gate(const Figures& fig, const HostOver& over) {
+  Gate g;
+  g.name = "host_budget";
+  g.passed = !over.over;
+  if (fig.host_budget == 0) {
+    g.detail = "no host budget sampled (peak host memory " + format_byte_size(fig.host_peak) + ")";
+  } else if (over.over) {
+    g.detail = "host memory " + format_byte_size(over.peak) + " over its budget " + format_byte_size(over.budget) +
+               " at " + fmt(over.t / 1000.0) + " s (peak " + format_byte_size(fig.host_peak) + ")";
+  } else {
+    g.detail = "peak host memory " + format_byte_size(fig.host_peak) + " within the budget " +
+               format_byte_size(fig.host_budget);
   }
-  {
-    Gate g;
-    g.name = "no_duplicates";
-    g.passed = dup.empty();
-    for (const auto& [rid, why] : dup) g.request_ids.push_back(rid);
-    g.detail = std::to_string(dup.size()) + " request ids with a duplicated side effect";
-    if (!dup.empty()) g.detail += "; request " + std::to_string(dup.begin()->first) + ": " + dup.begin()->second;
-    res.gates.push_back(std::move(g));
+  return g;
+}
+
+Gate reserve_line_gate(const History& h, const Figures& fig) {
+  Gate g;
+  g.name = "reserve_line";
+  int64_t checked = 0;
+  for (const auto& [rid, f] : h.finals) {
+    if (!f.admitted_under_reserve) continue;
+    ++checked;
+    if (!*f.admitted_under_reserve) g.request_ids.push_back(rid);
   }
-  {
-    Gate g;
-    g.name = "host_budget";
-    g.passed = !host_over;
-    if (fig.host_budget == 0) {
-      g.detail = "no host budget sampled (peak host memory " + format_byte_size(fig.host_peak) + ")";
-    } else if (host_over) {
-      g.detail = "host memory " + format_byte_size(host_over_peak) + " over its budget " +
-                 format_byte_size(host_over_budget) + " at " + fmt(host_over_t / 1000.0) + " s (peak " +
-                 format_byte_size(fig.host_peak) + ")";
-    } else {
-      g.detail = "peak host memory " + format_byte_size(fig.host_peak) + " within the budget " +
-                 format_byte_size(fig.host_budget);
-    }
-    res.gates.push_back(std::move(g));
-  }
-  {
-    Gate g;
-    g.name = "reserve_line";
-    int64_t checked = 0;
-    for (const auto& [rid, f] : h.finals) {
-      if (!f.admitted_under_reserve) continue;
-      ++checked;
-      if (!*f.admitted_under_reserve) g.request_ids.push_back(rid);
-    }
-    g.passed = g.request_ids.empty();
-    g.detail = std::to_string(g.request_ids.size()) + " of " + std::to_string(checked) +
-               " GPU-side admissions over the reserve line; peak device " + format_byte_size(fig.device_peak) +
-               " against the line " + format_byte_size(fig.device_limit);
-    if (!g.request_ids.empty()) g.detail += ": " + ids_text(g.request_ids);
-    res.gates.push_back(std::move(g));
-  }
-  {
-    Gate g;
-    g.name = "degraded_visible";
-    g.passed = fig.degraded == fig.degraded_shown;
-    std::sort(hidden_ids.begin(), hidden_ids.end());
-    hidden_ids.erase(std::unique(hidden_ids.begin(), hidden_ids.end()), hidden_ids.end());
-    g.request_ids = hidden_ids;
-    g.detail = std::to_string(fig.degraded_shown) + " of " + std::to_string(fig.degraded) +
-               " degraded responses showed it";
-    if (hidden_without_id > 0) g.detail += " (" + std::to_string(hidden_without_id) + " hidden without a request id)";
-    if (!hidden_ids.empty()) g.detail += "; hidden: " + ids_text(hidden_ids);
-    res.gates.push_back(std::move(g));
-  }
+  g.passed = g.request_ids.empty();
+  g.detail = std::to_string(g.request_ids.size()) + " of " + std::to_string(checked) +
+             " GPU-side admissions over the reserve line; peak device " + format_byte_size(fig.device_peak) +
+             " against the line " + format_byte_size(fig.device_limit);
+  if (!g.request_ids.empty()) g.detail += ": " + ids_text(g.request_ids);
+  return g;
+}
+
+Gate degraded_visible_gate(const Figures& fig, Hidden hidden) {
+  Gate g;
+  g.name = "degraded_visible";
+  g.passed = fig.degraded == fig.degraded_shown;
+  std::sort(hidden.ids.begin(), hidden.ids.end());
+  hidden.ids.erase(std::unique(hidden.ids.begin(), hidden.ids.end()), hidden.ids.end());
+  g.request_ids = hidden.ids;
+  g.detail = std::to_string(fig.degraded_shown) + " of " + std::to_string(fig.degraded) +
+             " degraded responses showed it";
+  if (hidden.without_id > 0) g.detail += " (" + std::to_string(hidden.without_id) + " hidden without a request id)";
+  if (!hidden.ids.empty()) g.detail += "; hidden: " + ids_text(hidden.ids);
+  return g;
+}
+
+}  // namespace
+
+CheckResult check(const History& h) {
+  CheckResult res;
+  res.scenario = h.scenario;
+  res.mode = h.mode;
+  res.seed = h.seed;
+  Figures& fig = res.figures;
+
+  const Operations ops = pair_operations(h);
+  fig.operations = static_cast<int64_t>(ops.views.size());
+  const Groups groups = group_requests(ops);
+  Lost lost = count_requests(h, groups, fig);
+  Duplicates dup;
+  check_texts_and_runs(h, groups, dup);
+  check_idempotency_keys(ops.views, dup);
+  fig.duplicated = static_cast<int64_t>(dup.size());
+  Hidden hidden = tally_latency_and_degraded(ops.views, fig);
+  const HostOver host_over = read_samples(h, fig);
+  measure_recoveries(h, ops.views, fig);
+
+  res.gates.push_back(no_lost_gate(fig, std::move(lost)));
+  res.gates.push_back(no_duplicates_gate(dup));
+  res.gates.push_back(host_budget_gate(fig, host_over));
+  res.gates.push_back(reserve_line_gate(h, fig));
+  res.gates.push_back(degraded_visible_gate(fig, std::move(hidden)));
   res.passed = std::all_of(res.gates.begin(), res.gates.end(), [](const Gate& g) { return g.passed; });
   return res;
 }

@@ -630,6 +630,14 @@ class Gateway {
   // One probe of `path`'s breaker in half-open `episode`, reported to it.
   // False when it could not run now (queue full, no reference yet): retry.
   bool run_probe(const ExecutionPath& path, uint64_t episode);
+  // run_probe's steps (gateway_health.cpp): the reference run started (false:
+  // postponed, retry); the wait for the probe (true: the prober is stopping);
+  // the probe's verdict reported to the breaker (run_probe's result).
+  struct ProbeJob;
+  bool start_probe_reference(const ProbeJob& job);
+  bool wait_for_probe(const std::shared_ptr<serve::Ticket>& probe, const std::shared_ptr<serve::Ticket>& ref_ticket);
+  bool finish_probe(const ProbeJob& job, const std::shared_ptr<serve::Ticket>& probe,
+                    const std::shared_ptr<serve::Ticket>& ref_ticket);
   void stop_prober();
   void health_loop();
   void check_health_round();

@@ -210,8 +210,36 @@ void Gateway::emit(GatewayEvent e) const {
   if (policy_.on_event) policy_.on_event(e);
 }
 
+namespace {
+
+// Drains a finished ticket: its text and final event.
+serve::RequestEvent drain_ticket(serve::Ticket& tk, std::string& text) {
+  serve::RequestEvent fin;
+  serve::RequestEvent ev;
+  while (tk.next_event(ev, std::chrono::milliseconds(0)) == serve::PopResult::kItem) {
+    if (ev.kind == serve::RequestEvent::Kind::kText)
+      text += ev.text;
+    else
+      fin = ev;
+  }
+  return fin;
+}
+
+}  // namespace
+
+// One probe of a path's breaker: what run_probe's steps share.
+struct Gateway::ProbeJob {
+  const ExecutionPath& path;
+  uint64_t episode;
+  CircuitBreaker& breaker;
+  const ExecutionPath* ref;  // the reference path (the CPU path), or null
+  bool compare;              // the probe's text is compared with ref's
+  std::function<void(const std::string&)> log;
+  // The probe's request (or its reference run's) for a path's scheduler.
+  std::function<serve::PreparedRequest(const serve::Scheduler&)> prepared;
+};
+
 bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
-  ProberSync& ps = *prober_sync_;
   CircuitBreaker& breaker = *path.breaker;
   auto log = [&](const std::string& line) {
     emit({GatewayEventKind::kProbe, breaker.name(), std::nullopt, "circuit breaker " + breaker.name() + ": " + line});
@@ -250,18 +278,6 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     }
     sync->cv.notify_all();
   };
-  // Drains a finished ticket: its text and final event.
-  auto drain = [](serve::Ticket& tk, std::string& text) {
-    serve::RequestEvent fin;
-    serve::RequestEvent ev;
-    while (tk.next_event(ev, std::chrono::milliseconds(0)) == serve::PopResult::kItem) {
-      if (ev.kind == serve::RequestEvent::Kind::kText)
-        text += ev.text;
-      else
-        fin = ev;
-    }
-    return fin;
-  };
   auto prepared = [&](const serve::Scheduler& s) {
     serve::PreparedRequest p;
     p.id = next_ticket_id_.fetch_add(1);
@@ -278,21 +294,8 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     p.decision.reason = "circuit breaker probe";
     return p;
   };
-  // The reference run: submitted once and kept across rounds (a probe that
-  // fails at once does not wait for it), until its text is cached.
-  if (compare && !probe_reference_ && ref_pending_ && serve::is_terminal(ref_pending_->state())) {
-    std::string ref_text;
-    if (drain(*ref_pending_, ref_text).state == serve::RequestState::kDone) probe_reference_ = std::move(ref_text);
-    ref_pending_.reset();
-  }
-  if (compare && !probe_reference_ && !ref_pending_) {
-    auto t = ref->scheduler->submit_prepared(prepared(*ref->scheduler));
-    if (!t.ok()) {
-      log("probe postponed: the " + ref->name + " path cannot run the reference now (" + t.status().message() + ")");
-      return false;
-    }
-    ref_pending_ = *t;
-  }
+  const ProbeJob job{path, episode, breaker, ref, compare, log, prepared};
+  if (!start_probe_reference(job)) return false;
   const std::shared_ptr<serve::Ticket> ref_ticket = compare && !probe_reference_ ? ref_pending_ : nullptr;
   auto t = path.scheduler->submit_prepared(prepared(*path.scheduler));
   if (!t.ok()) {
@@ -300,6 +303,41 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     return false;
   }
   const std::shared_ptr<serve::Ticket> probe = *t;
+  if (wait_for_probe(probe, ref_ticket)) {  // stopped
+    (void)path.scheduler->cancel(probe->id());
+    if (ref_pending_) (void)ref->scheduler->cancel(ref_pending_->id());
+    return true;
+  }
+  return finish_probe(job, probe, ref_ticket);
+}
+
+// The reference run: submitted once and kept across rounds (a probe that
+// fails at once does not wait for it), until its text is cached.
+bool Gateway::start_probe_reference(const ProbeJob& job) {
+  const ExecutionPath* ref = job.ref;
+  const bool compare = job.compare;
+  if (compare && !probe_reference_ && ref_pending_ && serve::is_terminal(ref_pending_->state())) {
+    std::string ref_text;
+    if (drain_ticket(*ref_pending_, ref_text).state == serve::RequestState::kDone) {
+      probe_reference_ = std::move(ref_text);
+    }
+    ref_pending_.reset();
+  }
+  if (compare && !probe_reference_ && !ref_pending_) {
+    auto t = ref->scheduler->submit_prepared(job.prepared(*ref->scheduler));
+    if (!t.ok()) {
+      job.log("probe postponed: the " + ref->name + " path cannot run the reference now (" + t.status().message() +
+              ")");
+      return false;
+    }
+    ref_pending_ = *t;
+  }
+  return true;
+}
+
+bool Gateway::wait_for_probe(const std::shared_ptr<serve::Ticket>& probe,
+                             const std::shared_ptr<serve::Ticket>& ref_ticket) {
+  ProberSync& ps = *prober_sync_;
   // Done waiting: the probe ended, and either it failed or the reference
   // (when one is still needed) ended too.
   auto settled = [probe, ref_ticket] {
@@ -317,11 +355,16 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     ps.probe_settled = nullptr;
     stopped = ps.stop;
   }
-  if (stopped) {
-    (void)path.scheduler->cancel(probe->id());
-    if (ref_pending_) (void)ref->scheduler->cancel(ref_pending_->id());
-    return true;
-  }
+  return stopped;
+}
+
+bool Gateway::finish_probe(const ProbeJob& job, const std::shared_ptr<serve::Ticket>& probe,
+                           const std::shared_ptr<serve::Ticket>& ref_ticket) {
+  const ExecutionPath& path = job.path;
+  const ExecutionPath* ref = job.ref;
+  CircuitBreaker& breaker = job.breaker;
+  const uint64_t episode = job.episode;
+  const auto& log = job.log;
   if (!serve::is_terminal(probe->state())) {
     (void)path.scheduler->cancel(probe->id());
     char buf[64];
@@ -331,7 +374,7 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     return true;
   }
   std::string text;
-  const serve::RequestEvent fin = drain(*probe, text);
+  const serve::RequestEvent fin = drain_ticket(*probe, text);
   if (fin.state == serve::RequestState::kCancelled) return true;  // shutting down: says nothing
   if (fin.state != serve::RequestState::kDone) {
     const Status st =
@@ -343,7 +386,7 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
   if (ref_ticket) {
     std::string ref_text;
     const bool ended = serve::is_terminal(ref_ticket->state());
-    const bool done = ended && drain(*ref_ticket, ref_text).state == serve::RequestState::kDone;
+    const bool done = ended && drain_ticket(*ref_ticket, ref_text).state == serve::RequestState::kDone;
     if (!ended) (void)ref->scheduler->cancel(ref_ticket->id());
     ref_pending_.reset();
     if (!done) {
@@ -352,7 +395,7 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     }
     probe_reference_ = std::move(ref_text);
   }
-  if (compare && text != *probe_reference_) {
+  if (job.compare && text != *probe_reference_) {
     const Status st(
         StatusCode::kInternal,
         "probe text differs from the " + ref->name + " path's: \"" + text + "\" vs \"" + *probe_reference_ + "\"",
@@ -362,7 +405,7 @@ bool Gateway::run_probe(const ExecutionPath& path, uint64_t episode) {
     return true;
   }
   std::string how;
-  if (compare)
+  if (job.compare)
     how = " (text equals the " + ref->name + " path's)";
   else if (ref)
     how = " (text not compared: the " + ref->name + " path serves another model)";

@@ -217,14 +217,11 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(Env& env, const std::string& pa
   return parse(std::move(mapped));
 }
 
-Result<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> file) {
-  if (file == nullptr) return Status::invalid_argument("gguf: null file");
-  const std::string ctx = "gguf '" + file->path() + "'";
-  std::unique_ptr<GgufFile> g(new GgufFile());
-  const uint8_t* base = file->data();
-  const uint64_t size = file->size();
-  Cursor c(base, static_cast<size_t>(size));
+namespace {
 
+// The header: magic, version and the two counts, each count checked against
+// the bytes that remain.
+Status read_header(Cursor& c, const std::string& ctx, uint32_t* version, uint64_t* n_tensors_out, uint64_t* n_kv_out) {
   uint32_t magic = 0;
   SPW_RETURN_IF_ERROR(c.read(&magic, "magic").with_context(ctx));
   if (magic != kGgufMagic) {
@@ -234,9 +231,9 @@ Result<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> fi
     for (char ch : m) shown += (ch >= 32 && ch < 127) ? ch : '?';
     return Status::corruption("bad magic '" + shown + "', expected 'GGUF'" + at(0)).with_context(ctx);
   }
-  SPW_RETURN_IF_ERROR(c.read(&g->version_, "version").with_context(ctx));
-  if (g->version_ != 2 && g->version_ != 3) {
-    return Status::invalid_argument("unsupported GGUF version " + std::to_string(g->version_) +
+  SPW_RETURN_IF_ERROR(c.read(version, "version").with_context(ctx));
+  if (*version != 2 && *version != 3) {
+    return Status::invalid_argument("unsupported GGUF version " + std::to_string(*version) +
                                     " (only 2 and 3 are read)" + at(4))
         .with_context(ctx);
   }
@@ -255,14 +252,23 @@ Result<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> fi
                               std::to_string(c.remaining()) + " bytes remaining" + at(8))
         .with_context(ctx);
   }
+  *n_tensors_out = n_tensors;
+  *n_kv_out = n_kv;
+  return Status::ok_status();
+}
 
-  g->kv_.reserve(static_cast<size_t>(n_kv));
+using NameIndex = std::map<std::string, size_t, std::less<>>;
+
+// The n_kv metadata entries, in file order, each key once.
+Status read_metadata(Cursor& c, const std::string& ctx, uint64_t n_kv, std::vector<std::pair<std::string, Value>>& kv,
+                     NameIndex& kv_index) {
+  kv.reserve(static_cast<size_t>(n_kv));
   for (uint64_t i = 0; i < n_kv; ++i) {
     const uint64_t kv_pos = c.pos();
     std::string key;
     SPW_RETURN_IF_ERROR(
         c.read_string(&key, "key of metadata entry #" + std::to_string(i)).with_context(ctx));
-    if (g->kv_index_.count(key) != 0) {
+    if (kv_index.count(key) != 0) {
       return Status::corruption("duplicate metadata key '" + key + "'" + at(kv_pos)).with_context(ctx);
     }
     const uint64_t type_pos = c.pos();
@@ -275,93 +281,160 @@ Result<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> fi
     }
     Value v;
     SPW_RETURN_IF_ERROR(read_value(c, static_cast<ValueType>(type), &v, key, 0).with_context(ctx));
-    g->kv_index_.emplace(key, g->kv_.size());
-    g->kv_.emplace_back(std::move(key), std::move(v));
+    kv_index.emplace(key, kv.size());
+    kv.emplace_back(std::move(key), std::move(v));
   }
+  return Status::ok_status();
+}
 
-  if (const Value* a = g->find("general.alignment")) {
-    const uint64_t* u = std::get_if<uint64_t>(&a->v);
-    const int64_t* s = std::get_if<int64_t>(&a->v);
-    uint64_t al = 0;
-    bool ok = a->is_integer();
-    if (ok && u != nullptr) al = *u;
-    if (ok && s != nullptr) {
-      ok = *s > 0;
-      al = ok ? static_cast<uint64_t>(*s) : 0;
-    }
-    if (!ok || al == 0 || al > UINT32_MAX || !std::has_single_bit(al)) {
-      std::string shown = a->is_integer() ? std::to_string(al) : std::string(value_type_name(a->type));
-      return Status::corruption("key 'general.alignment' must be a nonzero power of two, got " + shown)
+// general.alignment, when the file sets it: a nonzero power of two that fits
+// 32 bits.
+Status read_alignment(const Value* a, const std::string& ctx, uint32_t* alignment) {
+  const uint64_t* u = std::get_if<uint64_t>(&a->v);
+  const int64_t* s = std::get_if<int64_t>(&a->v);
+  uint64_t al = 0;
+  bool ok = a->is_integer();
+  if (ok && u != nullptr) al = *u;
+  if (ok && s != nullptr) {
+    ok = *s > 0;
+    al = ok ? static_cast<uint64_t>(*s) : 0;
+  }
+  if (!ok || al == 0 || al > UINT32_MAX || !std::has_single_bit(al)) {
+    std::string shown = a->is_integer() ? std::to_string(al) : std::string(value_type_name(a->type));
+    return Status::corruption("key 'general.alignment' must be a nonzero power of two, got " + shown)
+        .with_context(ctx);
+  }
+  *alignment = static_cast<uint32_t>(al);
+  return Status::ok_status();
+}
+
+// Tensor info #i: a new nonempty name, 1..kMaxDims nonzero dims whose element
+// count stays below 2^63, a known type whose blocks tile ne[0], an aligned
+// data offset. Where the data lies is checked once the data section is known.
+Status read_tensor_info(Cursor& c, const std::string& ctx, uint64_t i, uint32_t alignment,
+                        const NameIndex& tensor_index, TensorInfo& t) {
+  const uint64_t info_pos = c.pos();
+  SPW_RETURN_IF_ERROR(
+      c.read_string(&t.name, "name of tensor #" + std::to_string(i)).with_context(ctx));
+  const std::string tn = "tensor '" + t.name + "'";
+  if (t.name.empty()) {
+    return Status::corruption("tensor #" + std::to_string(i) + " has an empty name" + at(info_pos))
+        .with_context(ctx);
+  }
+  if (tensor_index.count(t.name) != 0) {
+    return Status::corruption("duplicate " + tn + at(info_pos)).with_context(ctx);
+  }
+  const uint64_t dims_pos = c.pos();
+  SPW_RETURN_IF_ERROR(c.read(&t.n_dims, tn + " n_dims").with_context(ctx));
+  if (t.n_dims == 0 || t.n_dims > static_cast<uint32_t>(kMaxDims)) {
+    return Status::corruption(tn + ": n_dims " + std::to_string(t.n_dims) + " is not in 1.." +
+                              std::to_string(kMaxDims) + at(dims_pos))
+        .with_context(ctx);
+  }
+  uint64_t n = 1;
+  for (uint32_t d = 0; d < t.n_dims; ++d) {
+    const uint64_t ne_pos = c.pos();
+    SPW_RETURN_IF_ERROR(c.read(&t.ne[d], tn + " ne[" + std::to_string(d) + "]").with_context(ctx));
+    if (t.ne[d] == 0) {
+      return Status::corruption(tn + ": ne[" + std::to_string(d) + "] is zero" + at(ne_pos))
           .with_context(ctx);
     }
-    g->alignment_ = static_cast<uint32_t>(al);
+    // ggml indexes with int64_t, so the element count must stay below 2^63.
+    if (t.ne[d] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / n) {
+      return Status::corruption(tn + ": element count overflows at ne[" + std::to_string(d) +
+                                "] = " + std::to_string(t.ne[d]) + at(ne_pos))
+          .with_context(ctx);
+    }
+    n *= t.ne[d];
+  }
+  t.n_elements = n;
+  const uint64_t type_pos = c.pos();
+  SPW_RETURN_IF_ERROR(c.read(&t.type, tn + " type").with_context(ctx));
+  const GgmlTypeInfo* info = ggml_type_info(t.type);
+  if (info == nullptr) {
+    return Status::invalid_argument(tn + ": unknown ggml type id " + std::to_string(t.type) +
+                                    at(type_pos))
+        .with_context(ctx);
+  }
+  if (t.ne[0] % info->block_size != 0) {
+    return Status::corruption(tn + ": ne[0] = " + std::to_string(t.ne[0]) +
+                              " is not a multiple of " + info->name + "'s block size " +
+                              std::to_string(info->block_size) + at(dims_pos))
+        .with_context(ctx);
+  }
+  auto nbytes = ggml_nbytes(t.type, n);
+  if (!nbytes.ok()) {
+    return Status::corruption(tn + ": " + nbytes.status().message() + at(type_pos)).with_context(ctx);
+  }
+  t.nbytes = *nbytes;
+  const uint64_t off_pos = c.pos();
+  SPW_RETURN_IF_ERROR(c.read(&t.offset, tn + " offset").with_context(ctx));
+  if (t.offset % alignment != 0) {
+    return Status::corruption(tn + ": data offset " + std::to_string(t.offset) +
+                              " is not a multiple of the alignment " +
+                              std::to_string(alignment) + at(off_pos))
+        .with_context(ctx);
+  }
+  return Status::ok_status();
+}
+
+// Each tensor's data inside the data section (pointed at from `base`), and no
+// two tensors' data overlapping.
+Status place_tensor_data(std::vector<TensorInfo>& tensors, const uint8_t* base, uint64_t data_offset,
+                         uint64_t data_size, const std::string& ctx) {
+  for (TensorInfo& t : tensors) {
+    if (t.offset > data_size || t.nbytes > data_size - t.offset) {
+      return Status::corruption("tensor '" + t.name + "' " + ggml_type_name(t.type) + " " +
+                                dims_string(t) + ": data [" + std::to_string(t.offset) + ", +" +
+                                std::to_string(t.nbytes) + ") ends past the " +
+                                std::to_string(data_size) + "-byte data section (file offset " +
+                                std::to_string(data_offset + t.offset) + ")")
+          .with_context(ctx);
+    }
+    t.data = base + data_offset + t.offset;
+  }
+
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return tensors[x].offset < tensors[y].offset;
+  });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const TensorInfo& prev = tensors[order[i - 1]];
+    const TensorInfo& cur = tensors[order[i]];
+    if (prev.offset + prev.nbytes > cur.offset) {
+      return Status::corruption("tensor '" + cur.name + "' data at offset " +
+                                std::to_string(cur.offset) + " overlaps tensor '" + prev.name +
+                                "' [" + std::to_string(prev.offset) + ", " +
+                                std::to_string(prev.offset + prev.nbytes) + ") (file offset " +
+                                std::to_string(data_offset + cur.offset) + ")")
+          .with_context(ctx);
+    }
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> file) {
+  if (file == nullptr) return Status::invalid_argument("gguf: null file");
+  const std::string ctx = "gguf '" + file->path() + "'";
+  std::unique_ptr<GgufFile> g(new GgufFile());
+  const uint8_t* base = file->data();
+  const uint64_t size = file->size();
+  Cursor c(base, static_cast<size_t>(size));
+
+  uint64_t n_tensors = 0, n_kv = 0;
+  SPW_RETURN_IF_ERROR(read_header(c, ctx, &g->version_, &n_tensors, &n_kv));
+  SPW_RETURN_IF_ERROR(read_metadata(c, ctx, n_kv, g->kv_, g->kv_index_));
+  if (const Value* a = g->find("general.alignment")) {
+    SPW_RETURN_IF_ERROR(read_alignment(a, ctx, &g->alignment_));
   }
 
   g->tensors_.reserve(static_cast<size_t>(n_tensors));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     TensorInfo t;
-    const uint64_t info_pos = c.pos();
-    SPW_RETURN_IF_ERROR(
-        c.read_string(&t.name, "name of tensor #" + std::to_string(i)).with_context(ctx));
-    const std::string tn = "tensor '" + t.name + "'";
-    if (t.name.empty()) {
-      return Status::corruption("tensor #" + std::to_string(i) + " has an empty name" + at(info_pos))
-          .with_context(ctx);
-    }
-    if (g->tensor_index_.count(t.name) != 0) {
-      return Status::corruption("duplicate " + tn + at(info_pos)).with_context(ctx);
-    }
-    const uint64_t dims_pos = c.pos();
-    SPW_RETURN_IF_ERROR(c.read(&t.n_dims, tn + " n_dims").with_context(ctx));
-    if (t.n_dims == 0 || t.n_dims > static_cast<uint32_t>(kMaxDims)) {
-      return Status::corruption(tn + ": n_dims " + std::to_string(t.n_dims) + " is not in 1.." +
-                                std::to_string(kMaxDims) + at(dims_pos))
-          .with_context(ctx);
-    }
-    uint64_t n = 1;
-    for (uint32_t d = 0; d < t.n_dims; ++d) {
-      const uint64_t ne_pos = c.pos();
-      SPW_RETURN_IF_ERROR(c.read(&t.ne[d], tn + " ne[" + std::to_string(d) + "]").with_context(ctx));
-      if (t.ne[d] == 0) {
-        return Status::corruption(tn + ": ne[" + std::to_string(d) + "] is zero" + at(ne_pos))
-            .with_context(ctx);
-      }
-      // ggml indexes with int64_t, so the element count must stay below 2^63.
-      if (t.ne[d] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / n) {
-        return Status::corruption(tn + ": element count overflows at ne[" + std::to_string(d) +
-                                  "] = " + std::to_string(t.ne[d]) + at(ne_pos))
-            .with_context(ctx);
-      }
-      n *= t.ne[d];
-    }
-    t.n_elements = n;
-    const uint64_t type_pos = c.pos();
-    SPW_RETURN_IF_ERROR(c.read(&t.type, tn + " type").with_context(ctx));
-    const GgmlTypeInfo* info = ggml_type_info(t.type);
-    if (info == nullptr) {
-      return Status::invalid_argument(tn + ": unknown ggml type id " + std::to_string(t.type) +
-                                      at(type_pos))
-          .with_context(ctx);
-    }
-    if (t.ne[0] % info->block_size != 0) {
-      return Status::corruption(tn + ": ne[0] = " + std::to_string(t.ne[0]) +
-                                " is not a multiple of " + info->name + "'s block size " +
-                                std::to_string(info->block_size) + at(dims_pos))
-          .with_context(ctx);
-    }
-    auto nbytes = ggml_nbytes(t.type, n);
-    if (!nbytes.ok()) {
-      return Status::corruption(tn + ": " + nbytes.status().message() + at(type_pos)).with_context(ctx);
-    }
-    t.nbytes = *nbytes;
-    const uint64_t off_pos = c.pos();
-    SPW_RETURN_IF_ERROR(c.read(&t.offset, tn + " offset").with_context(ctx));
-    if (t.offset % g->alignment_ != 0) {
-      return Status::corruption(tn + ": data offset " + std::to_string(t.offset) +
-                                " is not a multiple of the alignment " +
-                                std::to_string(g->alignment_) + at(off_pos))
-          .with_context(ctx);
-    }
+    SPW_RETURN_IF_ERROR(read_tensor_info(c, ctx, i, g->alignment_, g->tensor_index_, t));
     g->tensor_index_.emplace(t.name, g->tensors_.size());
     g->tensors_.push_back(std::move(t));
   }
@@ -377,36 +450,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> fi
   }
   g->data_offset_ = std::min(data_offset, size);
   const uint64_t data_size = size - g->data_offset_;
-
-  for (TensorInfo& t : g->tensors_) {
-    if (t.offset > data_size || t.nbytes > data_size - t.offset) {
-      return Status::corruption("tensor '" + t.name + "' " + ggml_type_name(t.type) + " " +
-                                dims_string(t) + ": data [" + std::to_string(t.offset) + ", +" +
-                                std::to_string(t.nbytes) + ") ends past the " +
-                                std::to_string(data_size) + "-byte data section (file offset " +
-                                std::to_string(g->data_offset_ + t.offset) + ")")
-          .with_context(ctx);
-    }
-    t.data = base + g->data_offset_ + t.offset;
-  }
-
-  std::vector<size_t> order(g->tensors_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return g->tensors_[x].offset < g->tensors_[y].offset;
-  });
-  for (size_t i = 1; i < order.size(); ++i) {
-    const TensorInfo& prev = g->tensors_[order[i - 1]];
-    const TensorInfo& cur = g->tensors_[order[i]];
-    if (prev.offset + prev.nbytes > cur.offset) {
-      return Status::corruption("tensor '" + cur.name + "' data at offset " +
-                                std::to_string(cur.offset) + " overlaps tensor '" + prev.name +
-                                "' [" + std::to_string(prev.offset) + ", " +
-                                std::to_string(prev.offset + prev.nbytes) + ") (file offset " +
-                                std::to_string(g->data_offset_ + cur.offset) + ")")
-          .with_context(ctx);
-    }
-  }
+  SPW_RETURN_IF_ERROR(place_tensor_data(g->tensors_, base, g->data_offset_, data_size, ctx));
 
   g->file_ = std::move(file);
   return g;

@@ -56,35 +56,19 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
-}  // namespace
+// Binds weight tensors by name, checking shape and type, and counts each
+// bound tensor's parameters and bytes by type into the model's totals.
+struct TensorBinder {
+  const gguf::GgufFile& f;
+  int64_t& n_params;
+  std::map<std::string, uint64_t>& bytes_by_type;
 
-Result<std::shared_ptr<const Model>> Model::load(Env& env, const std::string& path, const ModelLoadOptions& options) {
-  SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::open(env, path, MapOptions{options.prefault}));
-  return load_from(std::move(file));
-}
+  void account(const gguf::TensorInfo& t) {
+    n_params += static_cast<int64_t>(t.n_elements);
+    bytes_by_type[gguf::ggml_type_name(t.type)] += t.nbytes;
+  }
 
-Result<std::shared_ptr<const Model>> Model::load_from(std::unique_ptr<gguf::GgufFile> file) {
-  if (!file) return Status::invalid_argument("Model::load_from: null file");
-  std::shared_ptr<Model> m(new Model());
-  m->file_ = std::move(file);
-  SPW_RETURN_IF_ERROR(m->bind());
-  return std::shared_ptr<const Model>(std::move(m));
-}
-
-Status Model::bind() {
-  const gguf::GgufFile& f = *file_;
-  SPW_ASSIGN_OR_RETURN(hp_, read_llama_hparams(f));  // refuses an architecture arch.h does not list
-  const ArchSpec* spec = find_arch(hp_.arch);
-
-  Fnv1a64 fp;
-  std::string types_summary;
-  auto account = [&](const gguf::TensorInfo& t) {
-    n_params_ += static_cast<int64_t>(t.n_elements);
-    bytes_by_type_[gguf::ggml_type_name(t.type)] += t.nbytes;
-  };
-
-  auto find = [&](const std::string& name, std::vector<uint64_t> dims,
-                  const gguf::TensorInfo** out) -> Status {
+  Status find(const std::string& name, std::vector<uint64_t> dims, const gguf::TensorInfo** out) const {
     const gguf::TensorInfo* t = f.find_tensor(name);
     if (t == nullptr) return Status::not_found("tensor '" + name + "' not found");
     bool ok = t->n_dims == dims.size();
@@ -101,8 +85,9 @@ Status Model::bind() {
                                       " (supported: F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
     *out = t;
     return Status();
-  };
-  auto bind_matrix = [&](const std::string& name, uint64_t cols, uint64_t rows, WeightMatrix& w) -> Status {
+  }
+
+  Status matrix(const std::string& name, uint64_t cols, uint64_t rows, WeightMatrix& w) {
     const gguf::TensorInfo* t = nullptr;
     SPW_RETURN_IF_ERROR(find(name, {cols, rows}, &t));
     // Blocks never straddle rows (ggml requires it too): a row of a 32- or
@@ -120,8 +105,9 @@ Status Model::bind() {
     w.name = &t->name;
     account(*t);
     return Status();
-  };
-  auto bind_vector = [&](const std::string& name, uint64_t n, std::vector<float>& out) -> Status {
+  }
+
+  Status vector(const std::string& name, uint64_t n, std::vector<float>& out) {
     const gguf::TensorInfo* t = nullptr;
     SPW_RETURN_IF_ERROR(find(name, {n}, &t));
     out.resize(n);
@@ -139,63 +125,12 @@ Status Model::bind() {
     }
     account(*t);
     return Status();
-  };
-
-  const uint64_t E = static_cast<uint64_t>(hp_.n_embd);
-  const uint64_t Q = static_cast<uint64_t>(hp_.n_embd_q());
-  const uint64_t KV = static_cast<uint64_t>(hp_.n_embd_kv());
-  const uint64_t HD = static_cast<uint64_t>(hp_.head_dim());
-  const uint64_t FF = static_cast<uint64_t>(hp_.n_ff);
-  const uint64_t V = static_cast<uint64_t>(hp_.n_vocab);
-  SPW_RETURN_IF_ERROR(bind_matrix("token_embd.weight", E, V, tok_embd_));
-  SPW_RETURN_IF_ERROR(bind_vector("output_norm.weight", E, output_norm_));
-  if (f.find_tensor("output.weight") != nullptr) {
-    SPW_RETURN_IF_ERROR(bind_matrix("output.weight", E, V, output_));
-    output_tied_ = false;
-  } else {
-    output_ = tok_embd_;
-    output_tied_ = true;
   }
-  layers_.resize(static_cast<size_t>(hp_.n_layer));
-  for (int32_t i = 0; i < hp_.n_layer; ++i) {
-    const std::string p = "blk." + std::to_string(i) + ".";
-    LlamaLayerWeights& L = layers_[static_cast<size_t>(i)];
-    SPW_RETURN_IF_ERROR(bind_vector(p + "attn_norm.weight", E, L.attn_norm));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_q.weight", E, Q, L.wq));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_k.weight", E, KV, L.wk));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_v.weight", E, KV, L.wv));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "attn_output.weight", Q, E, L.wo));
-    if (spec->qkv_bias) {
-      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_q.bias", Q, L.bq));
-      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_k.bias", KV, L.bk));
-      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_v.bias", KV, L.bv));
-    }
-    if (spec->qk_norm) {
-      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_q_norm.weight", HD, L.q_norm));
-      SPW_RETURN_IF_ERROR(bind_vector(p + "attn_k_norm.weight", HD, L.k_norm));
-    }
-    SPW_RETURN_IF_ERROR(bind_vector(p + "ffn_norm.weight", E, L.ffn_norm));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_gate.weight", E, FF, L.w_gate));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_up.weight", E, FF, L.w_up));
-    SPW_RETURN_IF_ERROR(bind_matrix(p + "ffn_down.weight", FF, E, L.w_down));
-    bytes_per_token_ += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.w_gate.nbytes() +
-                        L.w_up.nbytes() + L.w_down.nbytes();
-  }
-  bytes_per_token_ += output_.nbytes();
-  if (f.find_tensor("rope_freqs.weight") != nullptr) {
-    SPW_RETURN_IF_ERROR(bind_vector("rope_freqs.weight", static_cast<uint64_t>(hp_.n_rot / 2), rope_freqs_));
-    for (float factor : rope_freqs_) {
-      if (!(factor > 0.0f)) return Status::corruption("tensor 'rope_freqs.weight' has a factor <= 0");
-    }
-  }
+};
 
-  SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(f));
-  tokenizer_ = std::move(tok);
-  if (tokenizer_->n_vocab() > hp_.n_vocab)
-    return Status::corruption("tokenizer has " + std::to_string(tokenizer_->n_vocab()) +
-                              " tokens but token_embd.weight has " + std::to_string(hp_.n_vocab) + " rows");
-
-  // Fingerprint (see header): metadata, tensor table, sampled tensor bytes.
+// The file part of the fingerprint (see header): metadata, tensor table,
+// sampled tensor bytes.
+void hash_file(Fnv1a64& fp, const gguf::GgufFile& f) {
   fp.u64(f.file_size());
   for (const auto& [key, value] : f.metadata()) {
     fp.str(key);
@@ -215,6 +150,87 @@ Status Model::bind() {
       fp.bytes(t.data + t.nbytes - sample, sample);
     }
   }
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Model>> Model::load(Env& env, const std::string& path, const ModelLoadOptions& options) {
+  SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::open(env, path, MapOptions{options.prefault}));
+  return load_from(std::move(file));
+}
+
+Result<std::shared_ptr<const Model>> Model::load_from(std::unique_ptr<gguf::GgufFile> file) {
+  if (!file) return Status::invalid_argument("Model::load_from: null file");
+  std::shared_ptr<Model> m(new Model());
+  m->file_ = std::move(file);
+  SPW_RETURN_IF_ERROR(m->bind());
+  return std::shared_ptr<const Model>(std::move(m));
+}
+
+Status Model::bind() {
+  const gguf::GgufFile& f = *file_;
+  SPW_ASSIGN_OR_RETURN(hp_, read_llama_hparams(f));  // refuses an architecture arch.h does not list
+  const ArchSpec* spec = find_arch(hp_.arch);
+  TensorBinder binder{f, n_params_, bytes_by_type_};
+
+  const uint64_t E = static_cast<uint64_t>(hp_.n_embd);
+  const uint64_t Q = static_cast<uint64_t>(hp_.n_embd_q());
+  const uint64_t KV = static_cast<uint64_t>(hp_.n_embd_kv());
+  const uint64_t HD = static_cast<uint64_t>(hp_.head_dim());
+  const uint64_t FF = static_cast<uint64_t>(hp_.n_ff);
+  const uint64_t V = static_cast<uint64_t>(hp_.n_vocab);
+  SPW_RETURN_IF_ERROR(binder.matrix("token_embd.weight", E, V, tok_embd_));
+  SPW_RETURN_IF_ERROR(binder.vector("output_norm.weight", E, output_norm_));
+  if (f.find_tensor("output.weight") != nullptr) {
+    SPW_RETURN_IF_ERROR(binder.matrix("output.weight", E, V, output_));
+    output_tied_ = false;
+  } else {
+    output_ = tok_embd_;
+    output_tied_ = true;
+  }
+  layers_.resize(static_cast<size_t>(hp_.n_layer));
+  for (int32_t i = 0; i < hp_.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LlamaLayerWeights& L = layers_[static_cast<size_t>(i)];
+    SPW_RETURN_IF_ERROR(binder.vector(p + "attn_norm.weight", E, L.attn_norm));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_q.weight", E, Q, L.wq));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_k.weight", E, KV, L.wk));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_v.weight", E, KV, L.wv));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_output.weight", Q, E, L.wo));
+    if (spec->qkv_bias) {
+      SPW_RETURN_IF_ERROR(binder.vector(p + "attn_q.bias", Q, L.bq));
+      SPW_RETURN_IF_ERROR(binder.vector(p + "attn_k.bias", KV, L.bk));
+      SPW_RETURN_IF_ERROR(binder.vector(p + "attn_v.bias", KV, L.bv));
+    }
+    if (spec->qk_norm) {
+      SPW_RETURN_IF_ERROR(binder.vector(p + "attn_q_norm.weight", HD, L.q_norm));
+      SPW_RETURN_IF_ERROR(binder.vector(p + "attn_k_norm.weight", HD, L.k_norm));
+    }
+    SPW_RETURN_IF_ERROR(binder.vector(p + "ffn_norm.weight", E, L.ffn_norm));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_gate.weight", E, FF, L.w_gate));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up.weight", E, FF, L.w_up));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_down.weight", FF, E, L.w_down));
+    bytes_per_token_ += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.w_gate.nbytes() +
+                        L.w_up.nbytes() + L.w_down.nbytes();
+  }
+  bytes_per_token_ += output_.nbytes();
+  if (f.find_tensor("rope_freqs.weight") != nullptr) {
+    SPW_RETURN_IF_ERROR(binder.vector("rope_freqs.weight", static_cast<uint64_t>(hp_.n_rot / 2), rope_freqs_));
+    for (float factor : rope_freqs_) {
+      if (!(factor > 0.0f)) return Status::corruption("tensor 'rope_freqs.weight' has a factor <= 0");
+    }
+  }
+
+  SPW_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_gguf(f));
+  tokenizer_ = std::move(tok);
+  if (tokenizer_->n_vocab() > hp_.n_vocab)
+    return Status::corruption("tokenizer has " + std::to_string(tokenizer_->n_vocab()) +
+                              " tokens but token_embd.weight has " + std::to_string(hp_.n_vocab) + " rows");
+
+  // Fingerprint (see header): metadata, tensor table, sampled tensor bytes.
+  Fnv1a64 fp;
+  hash_file(fp, f);
+  std::string types_summary;
   for (const auto& [type, bytes] : bytes_by_type_) types_summary += (types_summary.empty() ? "" : ",") + type;
   const uint64_t gguf_hash = fp.value();
   fingerprint_hash_ = fp.u64(tokenizer_->fingerprint()).value();
