@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with the `fuzz` preset (clang, ASan+UBSan) and
+# Builds the libFuzzer targets with the `asan` preset (clang, ASan+UBSan: the
+# build CI's sanitizer tests use, so after them this builds nothing) and
 # runs each for a bounded time, one per core at a time (SPILLWAY_FUZZ_JOBS).
 #   fuzz/run_fuzzers.sh [SECONDS_PER_TARGET=60] [extra libFuzzer flags...]
 # Targets: gguf_fuzz (GGUF reader/writer), tokenizer_fuzz (SPM and BPE encode/decode, BPE pre-tokenizers,
@@ -16,8 +17,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 targets=(gguf tokenizer checkpoint http)
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz --target "${targets[@]/%/_fuzz}"
+cmake --preset asan >/dev/null
+cmake --build --preset asan --target "${targets[@]/%/_fuzz}"
 
 artifacts="$root/build/fuzz/artifacts"
 logs="$root/build/fuzz/logs"
@@ -33,7 +34,7 @@ fuzz_one() {
   local extra=() seeds=()
   [ -f "$root/fuzz/$t.dict" ] && extra+=(-dict="$root/fuzz/$t.dict")
   [ -d "$root/fuzz/corpus/$t" ] && seeds+=("$root/fuzz/corpus/$t")
-  "$root/build/fuzz/fuzz/${t}_fuzz" \
+  "$root/build/asan/fuzz/${t}_fuzz" \
     -max_total_time="$secs" \
     -max_len=65536 \
     -timeout=10 \

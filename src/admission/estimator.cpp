@@ -115,7 +115,7 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
   }
 }
 
-// kernels.cpp's PreparedX for m activation rows against a matrix of `type`
+// gemm.cpp's PreparedX for m activation rows against a matrix of `type`
 // with `cols` columns, beyond the m row pointers (mirrors prepare_x):
 //   Q8_0 weights: m*nb Q8_0 blocks (34 B) + m*nb float scales + 2*m pointers
 //     (nb = cols/32), and from 8 rows on (the GEMM), with AVX-512 VNNI, the token-pair copies:

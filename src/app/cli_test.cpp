@@ -244,7 +244,7 @@ TEST(CliTest, EstimateHostTotalCoversGeneratePeakRss) {
   CmdResult g = run("generate --json" + plan + " --prompt 'Once upon a time' -n 64 --temp 0");
   ASSERT_EQ(g.exit_code, 0) << g.err;
   [[maybe_unused]] const uint64_t peak = nlohmann::json::parse(g.out)["timings"]["peak_rss_bytes"].get<uint64_t>();
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !defined(SPW_SANITIZE_ADDRESS) && !defined(SPW_SANITIZE_THREAD)
   // (Sanitizer runtimes add shadow memory the estimate does not model.)
   EXPECT_LE(peak, host_total) << "estimate " << host_total << " below generate's peak RSS " << peak;
   EXPECT_GE(peak, host_total * 8 / 10) << "estimate " << host_total << " far above generate's peak RSS " << peak;

@@ -135,7 +135,7 @@ std::string slow_model() {
 
 // About 1,500 tokens; 400 under a sanitizer, which is slow enough as it is.
 std::string long_prompt() {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(SPW_SANITIZE_THREAD) || defined(SPW_SANITIZE_ADDRESS)
   constexpr int kRepeats = 30;
 #else
   constexpr int kRepeats = 110;

@@ -282,7 +282,7 @@ TEST(FaultAdmin, DeviceLostOpensTheBreakerAndTheGpuRecovers) {
 // cannot be joined (it once ignored two SIGTERMs for 35 s).
 TEST(FaultAdmin, ASlowGpuNeverStallsHealthStatusOrShutdown) {
   if (auto why = no_vulkan()) GTEST_SKIP() << *why;
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(SPW_SANITIZE_THREAD) || defined(SPW_SANITIZE_ADDRESS)
   constexpr double kScale = 4;  // the sanitizers' own overhead on every answer
 #else
   constexpr double kScale = 1;

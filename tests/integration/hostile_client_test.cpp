@@ -386,7 +386,7 @@ struct Exchange {
 // Sanitizer builds parse and copy several times slower (a 5 MB invalid JSON
 // body took 10-13 s of the 15 s bound under TSan alone, and failed it beside
 // other tests): the default bound scales with them.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(SPW_SANITIZE_THREAD) || defined(SPW_SANITIZE_ADDRESS)
 constexpr int kSanitizerSlowdown = 4;
 #else
 constexpr int kSanitizerSlowdown = 1;
@@ -1278,7 +1278,7 @@ double metric(int port, const std::string& name) {
 // after it finished (it is pruned only after that). Under a sanitizer, 200
 // requests against 8 MiB: the same proportions at a fifth of the cost.
 TEST(HostileClient, TheJournalStaysWithinItsBudgetThroughAThousandLargeRequests) {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(SPW_SANITIZE_THREAD) || defined(SPW_SANITIZE_ADDRESS)
   constexpr int kRequests = 200;
   constexpr double kBudgetMiB = 8;
 #else

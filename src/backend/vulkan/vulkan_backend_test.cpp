@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SPW_SANITIZE_ADDRESS)
 #include <sanitizer/lsan_interface.h>
 #endif
 
@@ -804,7 +804,7 @@ TEST(VulkanFaults, RealFenceTimeoutNeverFreesMemoryStillInFlight) {
   VK_OR_SKIP(b, o);
   auto m = testing::stories();
   ASSERT_NE(m, nullptr);
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SPW_SANITIZE_ADDRESS)
   // The driver's bookkeeping for a submission abandoned in flight is leaked on
   // purpose with it (see keep_forever); LeakSanitizer must not count it.
   __lsan::ScopedDisabler driver_objects_may_be_abandoned;
