@@ -11,6 +11,7 @@
 #include "backend/cpu/kernel_variant.h"
 #include "backend/vulkan/device_spec.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "core/cpu_features.h"
 #include "core/env.h"
 #include "device/inventory.h"
 
@@ -68,7 +69,7 @@ nlohmann::json vulkan_json(const Result<std::vector<VulkanDeviceInfo>>& devices)
 // The CPU (CPUID, XGETBV) and the kernel variants built into this binary:
 // which run here, and which the CPU kernels use (kernel_variant.h).
 nlohmann::json cpu_json() {
-  const cpu::CpuFeatures f = cpu::detect_cpu_features();
+  const CpuFeatures& f = host_cpu_features();
   const cpu::KernelVariantInfo active = cpu::active_kernel_variant();
   nlohmann::json variants = nlohmann::json::array();
   for (const cpu::KernelVariantInfo& v : cpu::kernel_variants()) {

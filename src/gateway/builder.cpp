@@ -15,6 +15,7 @@
 #include "backend/cpu/kernel_probe.h"
 #include "backend/cpu/kernel_variant.h"
 #include "backend/vulkan/device_spec.h"
+#include "core/cpu_features.h"
 #include "device/host_memory.h"
 #include "gateway/composition.h"
 #include "gguf/gguf.h"
@@ -803,7 +804,7 @@ Status build_cpu_path(Composition& c) {
 
 // The CPU and its kernel variant (backend/cpu/kernel_variant.h), for status.
 HostCpuInfo host_cpu_info() {
-  const cpu::CpuFeatures f = cpu::detect_cpu_features();
+  const CpuFeatures& f = host_cpu_features();
   const cpu::KernelVariantInfo v = cpu::active_kernel_variant();
   HostCpuInfo h{f.brand, f.usable(), v.name, v.isa, {}};
   for (const cpu::KernelVariantInfo& b : cpu::kernel_variants()) h.built.push_back(b.name);

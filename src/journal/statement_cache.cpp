@@ -6,7 +6,7 @@ namespace spw::journal {
 
 StatementCache::Lease StatementCache::acquire(sqlite3* db, std::string_view sql) {
   Lease lease;
-  auto it = by_sql_.find(std::string(sql));
+  auto it = by_sql_.find(sql);
   if (it != by_sql_.end() && !it->second.in_use) {
     it->second.in_use = true;
     lease.stmt = it->second.stmt;
@@ -27,7 +27,7 @@ StatementCache::Lease StatementCache::acquire(sqlite3* db, std::string_view sql)
     return lease;
   }
   if (keep) {
-    Entry& e = by_sql_[std::string(sql)];
+    Entry& e = by_sql_.emplace(std::string(sql), Entry{}).first->second;
     e.stmt = lease.stmt;
     e.in_use = true;
     lease.in_use = &e.in_use;

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -58,8 +59,14 @@ class StatementCache {
     sqlite3_stmt* stmt = nullptr;
     bool in_use = false;
   };
+  // Looked up by the caller's string_view without building a std::string
+  // (every statement of a request's writes goes through acquire).
+  struct SqlHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   size_t capacity_;
-  std::unordered_map<std::string, Entry> by_sql_;  // node-based: &Entry::in_use stays valid
+  std::unordered_map<std::string, Entry, SqlHash, std::equal_to<>> by_sql_;  // node-based: &Entry::in_use stays valid
 };
 
 }  // namespace spw::journal

@@ -83,11 +83,8 @@ namespace {
 #define SPW_KV_F16C 1
 // F16C and AVX, with the OS saving the YMM registers (core/cpu_features.h).
 bool cpu_has_f16c() {
-  static const bool has = [] {
-    const CpuFeatures& f = host_cpu_features();
-    return f.f16c && f.avx && f.os_avx;
-  }();
-  return has;
+  const CpuFeatures& f = host_cpu_features();
+  return f.f16c && f.avx && f.os_avx;
 }
 __attribute__((target("avx,f16c"))) size_t f16_from_f32_f16c(const float* x, uint8_t* dst, size_t n) {
   size_t i = 0;
