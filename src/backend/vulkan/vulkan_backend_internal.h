@@ -35,6 +35,11 @@ namespace vulkan_internal {
 constexpr uint32_t kWg = 64;            // local_size_x of every shader
 constexpr uint32_t kMaxGroups = 65535;  // guaranteed maxComputeWorkGroupCount per dimension
 constexpr uint32_t kPushBytes = 128;
+// matmul.comp's token tile (MM_TT) for several tokens: the tokens of a
+// prompt chunk one workgroup applies each weight unit to (a single token
+// takes tile 1). At most the smallest workgroup (8, matmul_workgroup):
+// invocation k writes token k of the tile.
+constexpr uint32_t kMatmulTokenTile = 8;
 constexpr uint32_t kPoolSets = 512;
 constexpr uint32_t kMaxBindings = 6;
 constexpr uint64_t kStagingBytes = 8ull << 20;
@@ -92,6 +97,7 @@ using vulkan_internal::DevLayer;
 using vulkan_internal::DevMatrix;
 using vulkan_internal::embed_shader;
 using vulkan_internal::kMaxBindings;
+using vulkan_internal::kMatmulTokenTile;
 using vulkan_internal::kMaxGroups;
 using vulkan_internal::kPoolSets;
 using vulkan_internal::kPushBytes;
@@ -161,7 +167,9 @@ struct VulkanBackend::Impl {
     return ctx->require_healthy();
   }
 
-  Result<Pipeline*> pipeline(const char* sname);  // made on first use (vulkan_pipelines.cpp)
+  // Made on first use (vulkan_pipelines.cpp); token_tile is matmul.comp's
+  // MM_TT (1 for every other shader).
+  Result<Pipeline*> pipeline(const char* sname, uint32_t token_tile = 1);
 
   Result<DeviceBuffer> alloc(uint64_t bytes, MemoryCategory c, const std::string& owner, bool host_visible = false) {
     return ctx->allocator().allocate(bytes, c, owner, host_visible);
@@ -213,7 +221,7 @@ class VulkanBackend::Impl::Recorder {
   }
 
   void dispatch(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,
-                uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
+                uint32_t gx, uint32_t gy = 1, uint32_t gz = 1, uint32_t token_tile = 1);
 
   // 1-D work of n invocations spread over a 2-D grid of 64-wide groups.
   void dispatch_flat(const char* shader, std::initializer_list<VkBuffer> bufs, const void* pc, size_t pc_size,

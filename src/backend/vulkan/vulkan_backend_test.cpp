@@ -250,8 +250,11 @@ TEST(VulkanOps, MatmulMatchesCpuAllTypesAndShapes) {
   };
   // 4096 and 11008 columns: 16 and 43 K super-blocks, several of
   // matmul.comp's 8-super-block passes (the last one partial).
+  // Tokens: 9 and 80 span several of matmul.comp's 8-token tiles (9: a
+  // partial second one).
   const Shape shapes[] = {{1, 32, 1},     {7, 64, 3},     {100, 256, 5}, {33, 1024, 2}, {130, 96, 4},
-                          {512, 256, 80}, {256, 512, 80}, {9, 768, 7},   {6, 4096, 5},  {3, 11008, 2}};
+                          {512, 256, 80}, {256, 512, 80}, {9, 768, 7},   {6, 4096, 5},  {3, 11008, 2},
+                          {17, 512, 9}};
   for (auto type : kVulkanWeightTypes) {
     const int64_t block = cpu::act_block_elems(cpu::act_format(type));
     for (const Shape& sh : shapes) {
@@ -275,6 +278,15 @@ TEST(VulkanOps, MatmulMatchesCpuAllTypesAndShapes) {
         // integer dots; only the float steps' order differs (matmul.comp).
         const double tol = cpu::act_format(type) != cpu::ActFormat::kFloat ? 1e-6 : 1e-7;
         EXPECT_LT(nmse(got, ref), tol) << what;
+      }
+      // Batch invariance across the tiles: a token alone (the untiled
+      // pipeline) gives bitwise its row of the batch (a tile's first, inner
+      // or last token).
+      for (int32_t t : {sh.tokens - 1, std::min(sh.tokens - 1, 8)}) {
+        std::vector<float> one(static_cast<size_t>(sh.rows));
+        ASSERT_TRUE(b->op_matmul(m.w, x.data() + t * sh.cols, 1, one.data()).ok());
+        EXPECT_EQ(0, std::memcmp(one.data(), got.data() + t * sh.rows, one.size() * 4))
+            << what << ": token " << t << " alone differs from its row of the batch";
       }
       Status st = split->op_matmul(m.w, x.data(), sh.tokens, got_split.data());
       if (static_cast<uint64_t>(m.w.row_bytes) > 1024) {

@@ -93,8 +93,10 @@ const char* embed_shader(gguf::GgmlType t) { return type_shaders(t).embed; }
 
 // ------------------------------------------------------------------ pipelines
 
-Result<Pipeline*> VulkanBackend::Impl::pipeline(const char* sname) {
-  auto it = pipes.find(sname);
+Result<Pipeline*> VulkanBackend::Impl::pipeline(const char* sname, uint32_t token_tile) {
+  // One pipeline per shader and token tile (only the matmuls have tiles).
+  const std::string key = token_tile == 1 ? std::string(sname) : std::string(sname) + "/t" + std::to_string(token_tile);
+  auto it = pipes.find(key);
   if (it != pipes.end()) return &it->second;
   const uint32_t nb = shader_bindings(sname);
   const uint32_t* words = nullptr;
@@ -131,23 +133,24 @@ Result<Pipeline*> VulkanBackend::Impl::pipeline(const char* sname) {
   cpi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   cpi.stage.module = p.module;
   cpi.stage.pName = "main";
-  // matmul.comp's MM_WG (constant_id 0); the other shaders have none.
-  const uint32_t mm_wg = matmul_workgroup(info);
-  const VkSpecializationMapEntry wg_entry{0, 0, sizeof mm_wg};
-  const VkSpecializationInfo spec{1, &wg_entry, sizeof mm_wg, &mm_wg};
+  // matmul.comp's MM_WG and MM_TT (constant_id 0 and 1); the other shaders
+  // have none.
+  const uint32_t mm_consts[2] = {matmul_workgroup(info), token_tile};
+  const VkSpecializationMapEntry mm_entries[2] = {{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}};
+  const VkSpecializationInfo spec{2, mm_entries, sizeof mm_consts, mm_consts};
   if (std::strncmp(sname, "matmul_", 7) == 0) cpi.stage.pSpecializationInfo = &spec;
   cpi.layout = p.layout;
   if (st.ok())
     st = ctx->check(vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &cpi, nullptr, &p.pipe),
                     "vkCreateComputePipelines");
-  auto& slot = pipes[sname];
+  auto& slot = pipes[key];
   slot = p;  // stored even on failure so teardown destroys what was made
   if (!st.ok()) {
     if (slot.pipe == VK_NULL_HANDLE) {
       if (slot.layout) vkDestroyPipelineLayout(dev, slot.layout, nullptr);
       if (slot.dsl) vkDestroyDescriptorSetLayout(dev, slot.dsl, nullptr);
       if (slot.module) vkDestroyShaderModule(dev, slot.module, nullptr);
-      pipes.erase(sname);
+      pipes.erase(key);
     }
     return st;
   }
@@ -166,9 +169,10 @@ const char* VulkanBackend::Impl::Recorder::quantize_shader(cpu::ActFormat f) con
 }
 
 void VulkanBackend::Impl::Recorder::dispatch(const char* shader, std::initializer_list<VkBuffer> bufs,
-                                             const void* pc, size_t pc_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+                                             const void* pc, size_t pc_size, uint32_t gx, uint32_t gy, uint32_t gz,
+                                             uint32_t token_tile) {
   if (!st_.ok()) return;
-  auto p = im_.pipeline(shader);
+  auto p = im_.pipeline(shader, token_tile);
   if (!p.ok()) {
     st_ = p.status();
     return;
@@ -293,16 +297,23 @@ namespace vulkan_internal {
 
 void record_matmul(VulkanBackend::Impl::Recorder& rec, const DevMatrix& m, VkBuffer x, VkBuffer xq, VkBuffer xd,
                    uint32_t n_tokens, VkBuffer y, uint32_t y_stride) {
+  // A decode step's single token takes the untiled pipeline: with a tile,
+  // the per-token loops and shared rows it would not use cost ~2x on lavapipe.
+  // Every tile computes each token the same way, so the choice changes no
+  // result (batch invariance).
+  const uint32_t tile = n_tokens == 1 ? 1 : kMatmulTokenTile;
   for (const DevChunk& c : m.chunks) {
-    const uint32_t pc[5] = {static_cast<uint32_t>(m.n_cols), static_cast<uint32_t>(c.n_rows),
-                            static_cast<uint32_t>(c.row0), y_stride, static_cast<uint32_t>(m.row_bytes)};
+    const uint32_t pc[6] = {static_cast<uint32_t>(m.n_cols), static_cast<uint32_t>(c.n_rows),
+                            static_cast<uint32_t>(c.row0),   y_stride,
+                            static_cast<uint32_t>(m.row_bytes), n_tokens};
     const uint32_t rows = static_cast<uint32_t>(c.n_rows);
     const uint32_t gx = std::min(rows, kMaxGroups);
+    const uint32_t gy = (n_tokens + tile - 1) / tile;
     const uint32_t gz = (rows + gx - 1) / gx;
     if (cpu::act_format(m.type) != cpu::ActFormat::kFloat) {
-      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), xq, xd, y}, pc, sizeof pc, gx, n_tokens, gz);
+      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), xq, xd, y}, pc, sizeof pc, gx, gy, gz, tile);
     } else {
-      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), x, x, y}, pc, sizeof pc, gx, n_tokens, gz);
+      rec.dispatch(rec.matmul_shader(m.type), {c.buf.buffer(), x, x, y}, pc, sizeof pc, gx, gy, gz, tile);
     }
   }
 }

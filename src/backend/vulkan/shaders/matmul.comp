@@ -1,9 +1,12 @@
 #version 450
-// y[t * y_stride + row0 + r] = dot(W row r, x row t), one workgroup per (r, t):
-// MM_WG invocations stride over the columns (F32, F16) or over 32-element units
-// (the quantised types), then a fixed shared-memory tree reduction. Each
-// (r, t) is computed the same way whatever the batch size, so results are
-// batch-invariant. WTYPE as in weights.glsl.
+// y[t * y_stride + row0 + r] = dot(W row r, x row t), one workgroup per row r
+// and tile of MM_TT tokens: MM_WG invocations stride over the columns (F32,
+// F16) or over 32-element units (the quantised types), each reading its weight
+// unit once and applying it to every token of the tile, then a fixed
+// shared-memory tree reduction per token. Each (r, t) is computed the same way
+// whatever the batch size and whichever tile t falls in (the same invocation
+// sums the same units in the same order), so results are batch-invariant.
+// WTYPE as in weights.glsl.
 //
 // The quantised types follow backend/cpu/quant_dot.h: the activations arrive
 // quantised in the weight type's paired format (quantize_act.comp: xq the
@@ -24,6 +27,11 @@
 // (`precise` keeps each product rounded on its own, as the CPU's is; fma is
 // exact.glsl's fma_rn, fused for certain in the EXACT_F64 variant.)
 //
+// The token tile is a specialization constant (MM_TT, default 8, at most
+// MM_WG): a prompt chunk's weights are read and unpacked once per MM_TT
+// tokens instead of once per token (prefill was no faster than decode per
+// token before). A tile's last tokens past n_tokens are skipped by a branch
+// that is uniform across the workgroup, so a decode step does one token's work.
 // The workgroup size is a specialization constant (MM_WG, default 64): the
 // backend picks it per device (VulkanBackend's matmul_workgroup). A GPU wants
 // wide groups; a CPU Vulkan device (lavapipe) runs a group's invocations as
@@ -33,6 +41,7 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(constant_id = 0) const uint MM_WG = 64;
+layout(constant_id = 1) const uint MM_TT = 8;
 layout(local_size_x_id = 0) in;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
@@ -51,130 +60,164 @@ layout(push_constant) uniform PC {
   uint row0;      // first output row of this chunk
   uint y_stride;  // output floats per token
   uint row_bytes; // bytes per weight row (quantised types)
+  uint n_tokens;  // tokens in x (the grid's y covers them in tiles of MM_TT)
 } pc;
 
 #include "weights.glsl"
 #include "exact.glsl"
 
 #if WTYPE < WT_Q4_K
-shared float red[MM_WG];
+shared float red[MM_TT][MM_WG];
 #else
-shared int ired[MM_WG];  // a pass's integer parts, invocation by invocation
-shared int kred[MM_WG];
+shared int ired[MM_TT][MM_WG];  // a pass's integer parts, token by token, invocation by invocation
+shared int kred[MM_TT][MM_WG];
 #endif
 
 #if WTYPE >= 2
-// sum_i (code_i - bias) * x_i over the four bytes of each word.
-int dot4(uint codes, int bias, uint xword) {
-  const int xv = int(xword);
-  int s = 0;
-  for (int b = 0; b < 4; ++b)
-    s += (int((codes >> (8 * b)) & 0xffu) - bias) * bitfieldExtract(xv, 8 * b, 8);
-  return s;
+// The four bytes of a word as signed ints, each less `bias` (the weights of a
+// unit are unpacked once per tile, then dotted with each token's codes).
+ivec4 unpack4(uint codes, int bias) {
+  return ivec4(int(codes & 0xffu), int((codes >> 8) & 0xffu), int((codes >> 16) & 0xffu), int(codes >> 24)) - bias;
 }
-// The same over signed bytes on both sides (Q8_0 weights).
-int dot4s(uint wword, uint xword) {
-  const int wv = int(wword), xv = int(xword);
-  int s = 0;
-  for (int b = 0; b < 4; ++b) s += bitfieldExtract(wv, 8 * b, 8) * bitfieldExtract(xv, 8 * b, 8);
-  return s;
+ivec4 unpack4s(uint word) {
+  const int v = int(word);
+  return ivec4(bitfieldExtract(v, 0, 8), bitfieldExtract(v, 8, 8), bitfieldExtract(v, 16, 8), bitfieldExtract(v, 24, 8));
+}
+// sum_b wv[b] * (signed byte b of xword): exact integer arithmetic, so any
+// grouping gives the CPU's integer dot.
+int dot4(ivec4 wv, uint xword) {
+  const ivec4 xv = unpack4s(xword);
+  return wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
 }
 int sum4(uint xword) {
-  const int xv = int(xword);
-  return bitfieldExtract(xv, 0, 8) + bitfieldExtract(xv, 8, 8) + bitfieldExtract(xv, 16, 8) + bitfieldExtract(xv, 24, 8);
+  const ivec4 xv = unpack4s(xword);
+  return xv.x + xv.y + xv.z + xv.w;
 }
 #endif
 
 void main() {
   const uint r = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-  const uint t = gl_WorkGroupID.y;
+  const uint t0 = gl_WorkGroupID.y * MM_TT;
   const uint tid = gl_LocalInvocationID.x;
   if (r >= pc.n_rows) return;  // uniform per workgroup
+  const uint nt = min(MM_TT, pc.n_tokens - t0);  // tokens in this tile, >= 1
 #if WTYPE < WT_Q4_K
-  float s = 0.0;
+  float s[MM_TT];
+  for (uint k = 0u; k < MM_TT; ++k) s[k] = 0.0;
 #if WTYPE == WT_F32
-  const uint wb = r * pc.n_cols, xb = t * pc.n_cols;
-  for (uint c = tid; c < pc.n_cols; c += MM_WG) s = fma(uintBitsToFloat(w[wb + c]), x[xb + c], s);
+  const uint wb = r * pc.n_cols;
+  for (uint c = tid; c < pc.n_cols; c += MM_WG) {
+    const float wv = uintBitsToFloat(w[wb + c]);
+    for (uint k = 0u; k < MM_TT; ++k)
+      if (k < nt) s[k] = fma(wv, x[(t0 + k) * pc.n_cols + c], s[k]);
+  }
 #elif WTYPE == WT_F16
-  const uint wb = (r * pc.n_cols) >> 1, xb = t * pc.n_cols;  // n_cols is even
+  const uint wb = (r * pc.n_cols) >> 1;  // n_cols is even
   for (uint c2 = tid; c2 < (pc.n_cols >> 1); c2 += MM_WG) {
     const vec2 wv = unpackHalf2x16(w[wb + c2]);
-    s = fma(wv.x, x[xb + 2u * c2], s);
-    s = fma(wv.y, x[xb + 2u * c2 + 1u], s);
+    for (uint k = 0u; k < MM_TT; ++k) {
+      if (k < nt) {
+        const uint xb = (t0 + k) * pc.n_cols + 2u * c2;
+        s[k] = fma(wv.x, x[xb], s[k]);
+        s[k] = fma(wv.y, x[xb + 1u], s[k]);
+      }
+    }
   }
 #else
   const uint n_units = pc.n_cols / 32u;
   const uint rb = r * pc.row_bytes;
-  const uint xw0 = t * (pc.n_cols / 4u);  // this token's first xq word
+  const uint xwords = pc.n_cols / 4u;  // xq words per token
   for (uint u = tid; u < n_units; u += MM_WG) {
-    const uint xo = xw0 + 8u * u;
+    ivec4 wq[8];
 #if WTYPE == WT_Q8_0
     const uint o = rb + u * 34u;
-    int isum = 0;
-    for (uint i = 0u; i < 8u; ++i) isum += dot4s(w_u32(o + 2u + 4u * i), xq[xo + i]);
-    s = fma(float(isum), w_half(o) * uintBitsToFloat(xd[t * n_units + u]), s);
+    for (uint i = 0u; i < 8u; ++i) wq[i] = unpack4s(w_u32(o + 2u + 4u * i));
 #else
     const uint o = rb + u * BLOCK_BYTES;
     const int bias = WTYPE == WT_Q4_0 ? 8 : WTYPE == WT_Q5_0 ? 16 : 0;
-    int isum = 0;
-    for (uint i = 0u; i < 8u; ++i) isum += dot4(unit_codes(o, 0u, i), bias, xq[xo + i]);
-#if WTYPE == WT_Q4_0 || WTYPE == WT_Q5_0
-    s = fma(float(isum), w_half(o) * uintBitsToFloat(xd[t * n_units + u]), s);
+    for (uint i = 0u; i < 8u; ++i) wq[i] = unpack4(unit_codes(o, 0u, i), bias);
+#endif
+    const float dw = w_half(o);
+#if WTYPE == WT_Q4_1 || WTYPE == WT_Q5_1
+    const float mw = w_half(o + 2u);
+#endif
+    for (uint k = 0u; k < MM_TT; ++k) {
+      if (k < nt) {
+        const uint t = t0 + k;
+        const uint xo = t * xwords + 8u * u;
+        int isum = 0;
+        for (uint i = 0u; i < 8u; ++i) isum += dot4(wq[i], xq[xo + i]);
+#if WTYPE == WT_Q4_1 || WTYPE == WT_Q5_1
+        const vec2 ds = unpackHalf2x16(xd[t * n_units + u]);  // Q8_1: (d, s)
+        s[k] = fma(float(isum), dw * ds.x, s[k]);
+        s[k] = fma(mw, ds.y, s[k]);
 #else
-    const vec2 ds = unpackHalf2x16(xd[t * n_units + u]);  // Q8_1: (d, s)
-    s = fma(float(isum), w_half(o) * ds.x, s);
-    s = fma(w_half(o + 2u), ds.y, s);
+        s[k] = fma(float(isum), dw * uintBitsToFloat(xd[t * n_units + u]), s[k]);
 #endif
-#endif
+      }
+    }
   }
 #endif
-  red[tid] = s;
+  for (uint k = 0u; k < MM_TT; ++k) red[k][tid] = s[k];
   barrier();
-  for (uint k = MM_WG / 2u; k > 0u; k >>= 1) {
-    if (tid < k) red[tid] += red[tid + k];
+  for (uint h = MM_WG / 2u; h > 0u; h >>= 1) {
+    if (tid < h)
+      for (uint k = 0u; k < MM_TT; ++k)
+        if (k < nt) red[k][tid] += red[k][tid + h];
     barrier();
   }
-  if (tid == 0u) y[t * pc.y_stride + pc.row0 + r] = red[0];
+  if (tid < nt) y[(t0 + tid) * pc.y_stride + pc.row0 + r] = red[tid][0];
 #else
   const uint n_sb = pc.n_cols / 256u;
   const uint rb = r * pc.row_bytes;
-  const uint xw0 = t * (pc.n_cols / 4u);
-  float acc = 0.0;  // invocation 0's
+  const uint xwords = pc.n_cols / 4u;
+  // Invocation k < nt applies token t0 + k's float steps, in the order
+  // invocation 0 applied them when a workgroup held one token.
+  float acc = 0.0;
   for (uint b0 = 0u; b0 < n_sb; b0 += MM_WG / 8u) {
     const uint b = b0 + (tid >> 3), j = tid & 7u;
-    int ip = 0, kp = 0;
     if (b < n_sb) {
       const uint o = rb + b * BLOCK_BYTES;
-      const uint xo = xw0 + 64u * b + 8u * j;
+      ivec4 wq[8];
+      for (uint i = 0u; i < 8u; ++i) wq[i] = unpack4(unit_codes(o, j, i), WTYPE == WT_Q6_K ? 32 : 0);
 #if WTYPE == WT_Q6_K
-      int i0 = 0, i1 = 0;
-      for (uint i = 0u; i < 4u; ++i) i0 += dot4(unit_codes(o, j, i), 32, xq[xo + i]);
-      for (uint i = 4u; i < 8u; ++i) i1 += dot4(unit_codes(o, j, i), 32, xq[xo + i]);
-      ip = bitfieldExtract(int(w_u8(o + 192u + 2u * j)), 0, 8) * i0 +
-           bitfieldExtract(int(w_u8(o + 193u + 2u * j)), 0, 8) * i1;
+      const int sc0 = bitfieldExtract(int(w_u8(o + 192u + 2u * j)), 0, 8);
+      const int sc1 = bitfieldExtract(int(w_u8(o + 193u + 2u * j)), 0, 8);
 #else
-      int isum = 0, xsum = 0;
-      for (uint i = 0u; i < 8u; ++i) {
-        isum += dot4(unit_codes(o, j, i), 0, xq[xo + i]);
-        xsum += sum4(xq[xo + i]);
-      }
       const ivec2 sm = k4_scale_min(o + 4u, j);
-      ip = sm.x * isum;
-      kp = sm.y * xsum;
 #endif
+      for (uint k = 0u; k < MM_TT; ++k) {
+        if (k < nt) {
+          const uint xo = (t0 + k) * xwords + 64u * b + 8u * j;
+#if WTYPE == WT_Q6_K
+          int i0 = 0, i1 = 0;
+          for (uint i = 0u; i < 4u; ++i) i0 += dot4(wq[i], xq[xo + i]);
+          for (uint i = 4u; i < 8u; ++i) i1 += dot4(wq[i], xq[xo + i]);
+          ired[k][tid] = sc0 * i0 + sc1 * i1;
+          kred[k][tid] = 0;
+#else
+          int isum = 0, xsum = 0;
+          for (uint i = 0u; i < 8u; ++i) {
+            isum += dot4(wq[i], xq[xo + i]);
+            xsum += sum4(xq[xo + i]);
+          }
+          ired[k][tid] = sm.x * isum;
+          kred[k][tid] = sm.y * xsum;
+#endif
+        }
+      }
     }
-    ired[tid] = ip;
-    kred[tid] = kp;
     barrier();
-    if (tid == 0u) {
-      for (uint k = 0u; k < MM_WG / 8u && b0 + k < n_sb; ++k) {
+    if (tid < nt) {
+      const uint t = t0 + tid;
+      for (uint kb = 0u; kb < MM_WG / 8u && b0 + kb < n_sb; ++kb) {
         int i = 0, m = 0;
         for (uint jj = 0u; jj < 8u; ++jj) {
-          i += ired[8u * k + jj];
-          m += kred[8u * k + jj];
+          i += ired[tid][8u * kb + jj];
+          m += kred[tid][8u * kb + jj];
         }
-        const uint o = rb + (b0 + k) * BLOCK_BYTES;
-        const float dx = uintBitsToFloat(xd[t * n_sb + b0 + k]);
+        const uint o = rb + (b0 + kb) * BLOCK_BYTES;
+        const float dx = uintBitsToFloat(xd[t * n_sb + b0 + kb]);
 #if WTYPE == WT_Q6_K
         precise const float dd = w_half(o + 208u) * dx;
         acc = fma_rn(float(i), dd, acc);
@@ -188,6 +231,6 @@ void main() {
     }
     barrier();  // ired/kred are rewritten by the next pass
   }
-  if (tid == 0u) y[t * pc.y_stride + pc.row0 + r] = acc;
+  if (tid < nt) y[(t0 + tid) * pc.y_stride + pc.row0 + r] = acc;
 #endif
 }
