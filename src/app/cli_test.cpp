@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -273,7 +274,15 @@ TEST(CliTest, GenerateOnVulkanAndHybridGivesTheCpuTokens) {
     auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["tokens"], cpu["tokens"]) << dev;
     EXPECT_GT(j["device_memory"]["peak_by_category"]["weights"].get<uint64_t>(), 0u) << dev;
+    // The device's work: the prompt in some submissions, each decode step
+    // the same number (24 tokens: 23 steps).
+    EXPECT_GE(j["device_work"]["prefill"]["submissions"].get<uint64_t>(), 1u) << dev;
+    const double per_step = j["device_work"]["decode_per_step"]["submissions"].get<double>();
+    EXPECT_GE(per_step, 1.0) << dev;
+    EXPECT_EQ(per_step, std::floor(per_step)) << dev << ": steps differ";
+    EXPECT_GT(j["device_work"]["decode_per_step"]["dispatches"].get<double>(), 0.0) << dev;
   }
+  EXPECT_FALSE(cpu.contains("device_work"));
   CmdResult tiny = run(base + " --device vulkan --device-memory 64KiB");
   EXPECT_EQ(tiny.exit_code, 1);
   EXPECT_NE(tiny.err.find("ResourceExhausted"), std::string::npos) << tiny.err;

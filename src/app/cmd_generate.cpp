@@ -116,7 +116,21 @@ int run_generate(GenerateCliOptions o) {
       return true;
     };
   }
+  // The device's work per phase (--json, Vulkan and hybrid): the first
+  // token's callback comes right after the prefill, and every later token's
+  // evaluation is a decode step.
+  VulkanWorkCounts work_start, work_prefill, work_end;
+  bool prefilled = false;
+  if (ds.vulkan) work_start = ds.vulkan->work_counts();
+  if (o.json && ds.vulkan) {
+    print_text = [&](std::string_view, TokenId, std::span<const TokenLogprobs>) {
+      if (!prefilled) work_prefill = ds.vulkan->work_counts();
+      prefilled = true;
+      return true;
+    };
+  }
   auto result = generate(*session, prompt, go, print_text);
+  if (ds.vulkan) work_end = ds.vulkan->work_counts();
   if (!result.ok()) return fail(result.status());
   const GenerateResult& r = *result;
 
@@ -159,6 +173,18 @@ int run_generate(GenerateCliOptions o) {
     j["device_memory"] = {{"budget_bytes", st.budget_bytes}, {"used_bytes", st.used_bytes},
                           {"peak_bytes", st.peak_bytes},     {"used_by_category", used},
                           {"peak_by_category", peak},        {"budget_rejections", st.n_budget_rejections}};
+  }
+  if (ds.vulkan && prefilled) {
+    // Queue submissions (each a host round trip) and compute dispatches.
+    const VulkanWorkCounts pre = work_prefill - work_start, dec = work_end - work_prefill;
+    const double steps = static_cast<double>(r.tokens.size() > 1 ? r.tokens.size() - 1 : 0);
+    nlohmann::json per_step = nullptr;
+    if (steps > 0) {
+      per_step = {{"submissions", static_cast<double>(dec.submissions) / steps},
+                  {"dispatches", static_cast<double>(dec.dispatches) / steps}};
+    }
+    j["device_work"] = {{"prefill", {{"submissions", pre.submissions}, {"dispatches", pre.dispatches}}},
+                        {"decode_per_step", per_step}};
   }
   j["n_params"] = m.n_params();
   j["weight_bytes_per_token"] = m.weight_bytes_per_token();

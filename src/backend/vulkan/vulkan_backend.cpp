@@ -231,6 +231,10 @@ DeviceMemoryStats VulkanBackend::memory_stats() const {
   return c ? c->allocator().stats() : DeviceMemoryStats{};
 }
 
+VulkanWorkCounts VulkanBackend::work_counts() const {
+  return {impl_->n_submissions.load(std::memory_order_relaxed), impl_->n_dispatches.load(std::memory_order_relaxed)};
+}
+
 bool VulkanBackend::healthy() const {
   const std::shared_ptr<VulkanContext> c = impl_->published_ctx();
   return c && c->healthy();

@@ -144,6 +144,18 @@ struct DeviceMemoryStats {
   std::vector<VulkanHeapInfo> heaps;  // with budget/usage when VK_EXT_memory_budget exists
 };
 
+// What the backend has asked of the device since it was created: queue
+// submissions (each one waited for on a fence) and compute dispatches. Device
+// independent, so the cost of a step in host round trips and passes is
+// measured the same on lavapipe and a GPU (issue 36's whole-step submission).
+struct VulkanWorkCounts {
+  uint64_t submissions = 0;
+  uint64_t dispatches = 0;
+  VulkanWorkCounts operator-(const VulkanWorkCounts& o) const {
+    return {submissions - o.submissions, dispatches - o.dispatches};
+  }
+};
+
 class VulkanBackend final : public Backend {
  public:
   static Result<std::shared_ptr<VulkanBackend>> create(const VulkanBackendOptions& options = {});
@@ -181,6 +193,8 @@ class VulkanBackend final : public Backend {
   const VulkanDeviceInfo& device_info() const;
   const VulkanBackendOptions& options() const;
   DeviceMemoryStats memory_stats() const;
+  // Lock-free: readable while a step is in flight (a snapshot of either side).
+  VulkanWorkCounts work_counts() const;
   FaultInjector& faults();
   bool healthy() const;
   std::string health_reason() const;  // empty when healthy

@@ -8,6 +8,7 @@
 //   vulkan_ops.cpp        the single ops and the health check
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -150,6 +151,9 @@ struct VulkanBackend::Impl {
   std::map<const Model*, std::unique_ptr<ModelWeights>> models;
   Scratch scratch;
   DeviceBuffer staging;
+  // work_counts(): written by the Recorder under `mu`, read without it.
+  std::atomic<uint64_t> n_submissions{0};
+  std::atomic<uint64_t> n_dispatches{0};
 
   ~Impl() { teardown(); }
 

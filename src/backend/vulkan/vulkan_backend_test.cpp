@@ -630,6 +630,33 @@ TEST(VulkanModel, GreedyTokensAgreeCpuVulkanHybrid) {
   expect_greedy_agree(b, m, {1, 403, 407, 261, 378}, 24, "stories260K");
 }
 
+// The device work of a decode step on the device alone: counted (queue
+// submissions, each a host round trip, and dispatches), the same for every
+// step, one matmul dispatch at least per weight matrix, and a bounded number
+// of submissions: the embedding, the layers and the head each record into a
+// command buffer of their own today (issue 36 asks for at most 2).
+TEST(VulkanModel, DecodeStepWorkIsCountedAndSteady) {
+  VK_OR_SKIP(b);
+  auto m = testing::stories();
+  ASSERT_NE(m, nullptr);
+  auto s = vk_session(m, b, 16, 8);
+  ASSERT_TRUE(s->eval(std::vector<TokenId>{1, 403, 407, 261}).ok());
+  const VulkanWorkCounts w0 = b->work_counts();
+  ASSERT_TRUE(s->eval(std::vector<TokenId>{378}).ok());
+  const VulkanWorkCounts w1 = b->work_counts();
+  ASSERT_TRUE(s->eval(std::vector<TokenId>{260}).ok());
+  const VulkanWorkCounts w2 = b->work_counts();
+  const VulkanWorkCounts d1 = w1 - w0, d2 = w2 - w1;
+  std::printf("decode step: %llu submissions, %llu dispatches (%d layers)\n",
+              static_cast<unsigned long long>(d1.submissions), static_cast<unsigned long long>(d1.dispatches),
+              m->hparams().n_layer);
+  EXPECT_EQ(d1.submissions, d2.submissions);
+  EXPECT_EQ(d1.dispatches, d2.dispatches);
+  EXPECT_GE(d1.submissions, 1u);
+  EXPECT_LE(d1.submissions, 3u);
+  EXPECT_GE(d1.dispatches, static_cast<uint64_t>(7 * m->hparams().n_layer + 1));
+}
+
 // Every low-bit type and the Q4_K_M / Q5_K_M mixes on the CPU, the device and
 // both hybrids, teacher-forced (every session is fed the CPU's greedy token,
 // so each of 24 positions is compared, as the equivalence probe does). The

@@ -217,6 +217,7 @@ void VulkanBackend::Impl::Recorder::dispatch(const char* shader, std::initialize
   std::memcpy(pcb, pc, std::min<size_t>(pc_size, kPushBytes));
   vkCmdPushConstants(cb_, pl->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushBytes, pcb);
   vkCmdDispatch(cb_, gx, gy, gz);
+  im_.n_dispatches.fetch_add(1, std::memory_order_relaxed);
 }
 
 void VulkanBackend::Impl::Recorder::dispatch_flat(const char* shader, std::initializer_list<VkBuffer> bufs,
@@ -280,7 +281,10 @@ void VulkanBackend::Impl::Recorder::begin() {
 void VulkanBackend::Impl::Recorder::submit() {
   open_ = false;
   st_ = im_.ctx->check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer");
-  if (st_.ok()) st_ = im_.ctx->submit_and_wait();
+  if (st_.ok()) {
+    im_.n_submissions.fetch_add(1, std::memory_order_relaxed);
+    st_ = im_.ctx->submit_and_wait();
+  }
   // After a real timeout the GPU may still read the sets: leave the pool alone.
   if (!im_.ctx->in_flight()) vkResetDescriptorPool(im_.ctx->device(), im_.dpool, 0);
 }

@@ -38,6 +38,7 @@ void VulkanBackend::release_model(const Model&) {}
 const VulkanDeviceInfo& VulkanBackend::device_info() const { return impl_->info; }
 const VulkanBackendOptions& VulkanBackend::options() const { return impl_->opts; }
 DeviceMemoryStats VulkanBackend::memory_stats() const { return {}; }
+VulkanWorkCounts VulkanBackend::work_counts() const { return {}; }
 FaultInjector& VulkanBackend::faults() { return impl_->faults; }
 bool VulkanBackend::healthy() const { return false; }
 std::string VulkanBackend::health_reason() const { return "built without Vulkan"; }

@@ -81,7 +81,8 @@ ivec4 unpack4(uint codes, int bias) {
 }
 ivec4 unpack4s(uint word) {
   const int v = int(word);
-  return ivec4(bitfieldExtract(v, 0, 8), bitfieldExtract(v, 8, 8), bitfieldExtract(v, 16, 8), bitfieldExtract(v, 24, 8));
+  return ivec4(bitfieldExtract(v, 0, 8), bitfieldExtract(v, 8, 8), bitfieldExtract(v, 16, 8),
+               bitfieldExtract(v, 24, 8));
 }
 // sum_b wv[b] * (signed byte b of xword): exact integer arithmetic, so any
 // grouping gives the CPU's integer dot.
