@@ -5,7 +5,8 @@
 // options.buffer_bytes (populated at map time, so the timed passes see no page
 // faults), reads it options.passes times with options.n_threads threads each
 // summing its own slice, and returns the bytes per second of the fastest pass,
-// timed on env's monotonic clock. The fastest pass, not the mean: the passes
+// timed on env's monotonic clock (with one thread, on its CPU clock when that
+// is less: time spent waiting for a core is the neighbours', not the memory's). The fastest pass, not the mean: the passes
 // are short (a few ms each) and the machine may be shared, so the slower ones
 // measure the neighbours, not the memory (8 passes: on 2 shared cores a
 // pass of a few ms is often preempted; one of 8 rarely all are). Cost:

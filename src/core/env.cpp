@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -78,6 +79,11 @@ class PosixEnv final : public Env {
     return std::chrono::duration_cast<std::chrono::milliseconds>(
                std::chrono::system_clock::now().time_since_epoch())
         .count();
+  }
+  int64_t thread_cpu_ns() override {
+    timespec ts{};
+    if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return now_ns();
+    return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
   }
   void sleep_for_ns(int64_t ns) override {
     if (ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));

@@ -56,6 +56,12 @@ class Env {
   virtual int64_t now_ns() = 0;
   // Wall-clock milliseconds since the Unix epoch (for logs and journals only).
   virtual int64_t wall_time_ms() = 0;
+  // Nanoseconds the calling thread has run on a CPU (arbitrary epoch), for
+  // measurements of work that must not count the time the thread waited for
+  // a core (the start-up probes, admission/bandwidth.h and
+  // backend/cpu/kernel_probe.h). The real Env reads the thread's CPU clock;
+  // by default (a simulated or scripted Env) it is now_ns().
+  virtual int64_t thread_cpu_ns() { return now_ns(); }
   virtual void sleep_for_ns(int64_t ns) = 0;
 
   // Waits on `cv` until notified or until now_ns() reaches `deadline_ns`.
