@@ -104,14 +104,15 @@ KernelRates reference_kernel_rates();
 double kernel_seconds(const StreamShare& share, const KernelRates& rates);
 
 struct PriorConstants {
-  // Measured on the reference machine (AMD EPYC Zen 5, 2 vCPU) with the
-  // bundled 260K model at 1 thread: a step takes 37 us on a quiet machine
+  // Measured with the bundled 260K model at 1 thread: a step takes 33-37 us
+  // on a quiet machine (33: Zen 3 in CI, 2026-12-07; 37: the Zen 5 reference)
   // and 56-96 us of CPU time beside other builds; its 1 MiB of weights would
-  // stream from DRAM in ~26-40 us (from its L2, less). 25 us puts the prior
-  // (~58-75 us with decode_bandwidth_share) within 2x of both ends
-  // (docs/PERFORMANCE.md, "Rate prior"). Negligible beside a
-  // bandwidth-bound model's milliseconds.
-  double step_overhead_s = 25e-6;
+  // stream from DRAM in ~26-40 us (from its L2, less), which the prior counts
+  // at the probe's DRAM figure. 12 us puts the prior (~52-60 us at 25-32 GB/s
+  // with decode_bandwidth_share) near the middle of 33-96 us, within 2x of
+  // both ends; 25 us read 2.14 against a 33 us step (docs/PERFORMANCE.md,
+  // "Rate prior"). Negligible beside a bandwidth-bound model's milliseconds.
+  double step_overhead_s = 12e-6;
   // Prefill tokens/s over decode tokens/s at position 0. Measured at 1 thread
   // on the reference machine (docs/PERFORMANCE.md): 1.9 (Q8_0), 2.2 (the
   // bundled model), 3.2 (F16), 5.4 (F32): prefill is compute-bound, so the
