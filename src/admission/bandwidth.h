@@ -6,9 +6,10 @@
 // faults), reads it options.passes times with options.n_threads threads each
 // summing its own slice, and returns the bytes per second of the fastest pass,
 // timed on env's monotonic clock (with one thread, on its CPU clock when that
-// is less: time spent waiting for a core is the neighbours', not the memory's). The fastest pass, not the mean: the passes
-// are short (a few ms each) and the machine may be shared, so the slower ones
-// measure the neighbours, not the memory (8 passes: on 2 shared cores a
+// is less: time spent waiting for a core is the neighbours', not the
+// memory's). The fastest pass, not the mean: the passes are short (a few ms
+// each) and the machine may be shared, so the slower ones measure the
+// neighbours, not the memory (8 passes: on 2 shared cores a
 // pass of a few ms is often preempted; one of 8 rarely all are). Cost:
 // mapping the buffer plus passes x buffer / bandwidth: 115-150 ms for 64 MiB
 // on the reference machine, of which ~90 ms is its sandbox faulting the
