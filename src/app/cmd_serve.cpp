@@ -186,6 +186,21 @@ http::HttpServerOptions http_server_options(Env& env, gateway::BuiltGateway& b, 
   ho.model_aliases = o.aliases;
   ho.chat_template = chat_template.kind;
   ho.chat_template_default = chat_template.is_default;
+  for (const gateway::CatalogueEntry& e : b.catalogue) {
+    http::HttpServerOptions::CatalogueModel m;
+    m.id = e.name;
+    m.unavailable = e.available ? "" : e.reason;
+    // The file's own template, else ChatML as for the served model (named
+    // as the default in its chat responses).
+    if (e.chat_template) {
+      if (Result<ChatTemplateKind> k = detect_chat_template(*e.chat_template); k.ok()) m.chat_template = *k;
+    }
+    if (!m.chat_template) {
+      m.chat_template = ChatTemplateKind::kChatML;
+      m.chat_template_default = true;
+    }
+    ho.catalogue.push_back(std::move(m));
+  }
   ho.log_requests = o.log_requests;
   ho.admin_token = o.admin_token;
   ho.api_keys = keys;
@@ -307,7 +322,7 @@ int run_serve(const ServeCliOptions& o) {
   // files will be served under; the server checks again with the built paths.
   std::vector<std::string> fallback_ids;
   if (!o.g.fallback_model.empty()) fallback_ids.push_back(gateway::model_name_from_path(o.g.fallback_model));
-  if (Status st = http::validate_aliases(o.aliases, gateway::model_name_from_path(o.g.model), fallback_ids); !st.ok()) {
+  if (Status st = http::validate_aliases(o.aliases, gateway::model_name_from_path(g->model), fallback_ids); !st.ok()) {
     return fail(st);
   }
   auto built = gateway::build_gateway(env, *g);

@@ -1,12 +1,15 @@
 #include "app/serve_options.h"
 
+#include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "backend/vulkan/device_spec.h"
+#include "core/duration.h"
 #include "core/size.h"
 #include "http/models.h"
 #include "http/server.h"
@@ -31,7 +34,27 @@ CLI::Validator key_rules(std::string what, bool allow_empty = false) {
 // The model, the address and the process: --model, --host, --port, ..., --no-warmup.
 void add_server_flags(CLI::Option_group* srv, ServeCliOptions& o) {
   gateway::GatewayOptions& g = o.g;
-  srv->add_option("--model,-m", g.model, "GGUF model file")->required();
+  srv->add_option("--model,-m", o.models,
+                  "GGUF model file, or NAME=FILE (repeatable): the first is the served model (always resident); "
+                  "each other one is a catalogue model that requests name in `model`, loaded by its first request "
+                  "and evicted when idle for another's load or after its keep-alive");
+  srv->add_option("--models-dir", g.models_dir,
+                  "A folder whose *.gguf files join the catalogue, each named by its file stem (without --model, "
+                  "the first by name is the served model); a file that cannot be served is listed in /v1/models "
+                  "as unavailable with the reason");
+  srv->add_option("--keep-alive", o.keep_alive,
+                  "How long a catalogue model stays loaded after its last request (5m, 300, 1h; negative: until "
+                  "evicted for room); a request's keep_alive field or X-Spillway-Keep-Alive header overrides it")
+      ->capture_default_str();
+  srv->add_option("--min-residency-s", g.min_residency_s,
+                  "Seconds a catalogue model stays loaded before another model's load may evict it: two models "
+                  "that cannot both fit are then served in runs, not one load per request (0: no minimum)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  srv->add_option("--pin", o.pin, "A catalogue model (by name) loaded at start and never evicted (repeatable)");
+  srv->add_option("--preload", o.preload, "A catalogue model (by name) loaded at start (repeatable)");
+  srv->add_option("--model-keep-alive", o.model_keep_alive,
+                  "NAME=DURATION: one catalogue model's keep-alive instead of --keep-alive (repeatable)");
   srv->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   srv->add_option("--port", o.port, "Port (0 = pick a free one)")->capture_default_str()->check(CLI::Range(0, 65535));
   srv->add_option("--alias", o.aliases,
@@ -329,6 +352,65 @@ void add_journal_flags(CLI::Option_group* jr, ServeCliOptions& o) {
       ->check(CLI::Range(0, 1 << 20));
 }
 
+// [NAME=]PATH: NAME when the text has '=' before any '/' (a path may hold
+// '=' further on).
+gateway::CatalogueModel catalogue_model(const std::string& text) {
+  gateway::CatalogueModel m;
+  const size_t eq = text.find('=');
+  if (eq != std::string::npos && eq > 0 && text.find('/') > eq) {
+    m.name = text.substr(0, eq);
+    m.path = text.substr(eq + 1);
+  } else {
+    m.path = text;
+  }
+  return m;
+}
+
+// --model, --models-dir, --keep-alive, --pin, --preload and
+// --model-keep-alive into the catalogue of `g`.
+Status catalogue_options(const ServeCliOptions& o, gateway::GatewayOptions& g) {
+  auto ka = parse_duration_s(o.keep_alive);
+  if (!ka.ok()) return invalid_field("keep-alive", "--keep-alive: " + ka.status().message());
+  g.keep_alive_s = *ka;
+  g.models.clear();
+  if (o.models.empty()) {
+    if (g.models_dir.empty()) {
+      return invalid_field("model", "--model: a GGUF model file is needed (or --models-dir DIR)");
+    }
+    // The first *.gguf of the folder by name is the served model.
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(g.models_dir, ec)) {
+      if (e.path().extension() == ".gguf") files.push_back(e.path().string());
+    }
+    if (ec) return invalid_field("models-dir", "--models-dir " + g.models_dir + ": " + ec.message());
+    if (files.empty()) return invalid_field("models-dir", "--models-dir " + g.models_dir + ": no *.gguf file in it");
+    g.model = *std::min_element(files.begin(), files.end());
+  } else {
+    const gateway::CatalogueModel first = catalogue_model(o.models.front());
+    if (!first.name.empty()) {
+      return invalid_field("model", "--model " + o.models.front() +
+                                        ": the served model is named by its file (use --alias for other ids)");
+    }
+    g.model = first.path;
+    for (size_t i = 1; i < o.models.size(); ++i) g.models.push_back(catalogue_model(o.models[i]));
+  }
+  g.pin = o.pin;
+  g.preload = o.preload;
+  g.model_keep_alive.clear();
+  for (const std::string& text : o.model_keep_alive) {
+    const size_t eq = text.find('=');
+    if (eq == 0 || eq == std::string::npos) {
+      return invalid_field("model-keep-alive",
+                           "--model-keep-alive " + text + ": expected NAME=DURATION, e.g. coder=30m");
+    }
+    auto d = parse_duration_s(text.substr(eq + 1));
+    if (!d.ok()) return invalid_field("model-keep-alive", "--model-keep-alive " + text + ": " + d.status().message());
+    g.model_keep_alive[text.substr(0, eq)] = *d;
+  }
+  return Status::ok_status();
+}
+
 }  // namespace
 
 // One function per option group, in --help and --dump-config order.
@@ -348,6 +430,7 @@ void add_serve_options(CLI::App& sub, ServeCliOptions& o) {
 Result<gateway::GatewayOptions> gateway_options(const ServeCliOptions& o) {
   gateway::GatewayOptions g = o.g;
   const GatewayFlagText& t = o.text;
+  SPW_RETURN_IF_ERROR(catalogue_options(o, g));
   {
     auto device = Placement::parse(t.device);
     if (!device.ok()) return device.status().with_context("--device");

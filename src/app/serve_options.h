@@ -51,6 +51,15 @@ struct GatewayFlagText {
 struct ServeCliOptions {
   gateway::GatewayOptions g;  // the typed fields are set by gateway_options()
   GatewayFlagText text;
+  // --model (repeatable; [NAME=]PATH): the first is the served model, the
+  // others join the catalogue (gateway::CatalogueModel); --pin, --preload and
+  // --model-keep-alive NAME=DURATION name catalogue models; --keep-alive is
+  // their default (a duration: "5m", "300", "-1" for forever).
+  std::vector<std::string> models;
+  std::vector<std::string> pin;
+  std::vector<std::string> preload;
+  std::vector<std::string> model_keep_alive;
+  std::string keep_alive = "5m";
   std::string host = "127.0.0.1";
   int port = 8080;
   double grace_s = 10;

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
+#include <variant>
 
 #include "admission/bandwidth.h"
 #include "admission/estimator.h"
@@ -255,6 +257,10 @@ struct Composition {
   std::shared_ptr<serve::RequestObserver> journal_observer;  // null without a journal
   std::shared_ptr<const Tokenizer> tok;
   std::vector<ExecutionPath> paths;
+  // The GPU-side paths' breaker and device control (catalogue models on the
+  // device share them).
+  std::shared_ptr<CircuitBreaker> gpu_breaker;
+  std::shared_ptr<DeviceControl> gpu_device;
   // Rate priors: the host's bandwidth, measured at most once.
   std::map<size_t, double> host_bw;  // probe buffer bytes -> bytes/s (0: failed; key 0: the given figure)
   std::string host_bw_why;
@@ -619,6 +625,7 @@ struct PathSpec {
   std::shared_ptr<DeviceControl> device;                       // GPU-side paths: the device's
   std::string fingerprint;                                     // "" when not known at start
   admission::RatePrior prior;                                  // rate_prior(its plan's shares)
+  std::shared_ptr<ModelResidency> residency;                   // a catalogue model's: around every run
 };
 
 // A path spec of the first path's model (its name, tokenizer).
@@ -683,6 +690,22 @@ Status make_path(Composition& c, PathSpec ps) {
     odm.tokenizer = ps.tokenizer;
     odm.hparams = ps.hparams;
     odm.on_loaded = [replica](double ms) { replica->mark_loaded(ms); };
+    if (ps.residency) {
+      // A catalogue model: its memory is reserved (room made) before its
+      // load, given back by eviction (residency.h).
+      std::weak_ptr<ModelResidency> weak = ps.residency;
+      const std::string model = ps.model_name;
+      odm.on_loaded = [weak, model](double ms) {
+        if (auto r = weak.lock()) r->loaded(model, ms);
+      };
+      odm.begin_run = [weak, model](const std::atomic<bool>& cancel) {
+        auto r = weak.lock();
+        return r ? r->begin_run(model, cancel) : Status::ok_status();
+      };
+      odm.end_run = [weak, model](bool loaded) {
+        if (auto r = weak.lock()) r->end_run(model, loaded);
+      };
+    }
     SPW_ASSIGN_OR_RETURN(serving, serve::make_on_demand_scheduler(c.env, std::move(odm), so));
   }
   ExecutionPath p;
@@ -729,6 +752,8 @@ Status build_gpu_paths(Composition& c) {
   SPW_ASSIGN_OR_RETURN(std::shared_ptr<CircuitBreaker> breaker,
                        CircuitBreaker::create(c.env, c.out.vulkan->name(), breaker_opts));
   std::shared_ptr<DeviceControl> device = make_device_control(c.env, c.out.vulkan);
+  c.gpu_breaker = breaker;
+  c.gpu_device = device;
   PathSpec ps = model_path_spec(c, c.full_gpu() ? "gpu" : "hybrid", o.device, admission::PathRole::kPrimary,
                                 path_shape(o, admission::PathRole::kPrimary, c.n_ctx));
   ps.breaker = breaker;
@@ -802,6 +827,199 @@ Status build_cpu_path(Composition& c) {
   return Status::ok_status();
 }
 
+// The ledgers' observed usage re-read now (host readings, the device heap):
+// the gateway's observe, and the residency's after an eviction.
+std::function<void()> make_observe(Composition& c) {
+  BuiltGateway& out = c.out;
+  auto host_ledger = out.host_ledger;
+  out.observe_host = [&env = c.env, host_ledger] {
+    if (auto r = host_readings(env); r.ok()) host_ledger->update(*r);
+  };
+  if (out.vulkan && out.device_ledger) {
+    out.observe_device = [device_ledger = out.device_ledger, vulkan = out.vulkan] {
+      return observe_device(*vulkan, *device_ledger);
+    };
+  }
+  return [observe_host = out.observe_host, observe_device = out.observe_device] {
+    observe_host();
+    if (observe_device) (void)observe_device();
+  };
+}
+
+void add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out);
+
+// The catalogue beyond the first model: options.models, then models_dir's
+// *.gguf files (sorted; the first model's and the fallback model's files
+// skipped), each named by CatalogueModel::name or its file's stem.
+Result<std::vector<CatalogueModel>> catalogue_models(const GatewayOptions& o) {
+  namespace fs = std::filesystem;
+  std::vector<CatalogueModel> out = o.models;
+  if (!o.models_dir.empty()) add_models_dir(o, out);
+  // The settings by name: pinned, preloaded, keep-alive.
+  auto find = [&](const std::string& name, const char* field) -> Result<CatalogueModel*> {
+    for (CatalogueModel& m : out) {
+      if ((m.name.empty() ? model_name_from_path(m.path) : m.name) == name) return &m;
+    }
+    return invalid_field(field, std::string(field) + " " + name + ": no catalogue model has this name (the served " +
+                                    "model is always loaded)");
+  };
+  for (const std::string& n : o.pin) {
+    SPW_ASSIGN_OR_RETURN(CatalogueModel * m, find(n, "pin"));
+    m->pinned = true;
+  }
+  for (const std::string& n : o.preload) {
+    SPW_ASSIGN_OR_RETURN(CatalogueModel * m, find(n, "preload"));
+    m->preload = true;
+  }
+  for (const auto& [n, s] : o.model_keep_alive) {
+    SPW_ASSIGN_OR_RETURN(CatalogueModel * m, find(n, "model-keep-alive"));
+    m->keep_alive_s = s;
+  }
+  return out;
+}
+
+// models_dir's *.gguf files not already in `out`, the served model's and the
+// fallback model's skipped, sorted by name.
+void add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(o.models_dir, ec)) {
+    if (e.path().extension() == ".gguf" && e.is_regular_file(ec)) files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  auto same = [](const std::string& a, const std::string& b) {
+    std::error_code e2;
+    return !b.empty() && fs::equivalent(a, b, e2);
+  };
+  for (const std::string& f : files) {
+    if (same(f, o.model) || same(f, o.fallback_model)) continue;
+    bool listed = false;
+    for (const CatalogueModel& m : o.models) listed = listed || same(f, m.path);
+    if (listed) continue;
+    CatalogueModel m;
+    m.path = f;
+    m.from_dir = true;
+    out.push_back(std::move(m));
+  }
+}
+
+// One catalogue model: its file read (hyperparameters, tokenizer, template),
+// its memory plan on the first path's placement (the device ledger's for
+// GPU layers, the host ledger's for the rest and, on a device computing from
+// host memory, its device bytes too: weights, KV for `parallel` full
+// contexts, scratch), registered with the residency, and its on-demand path
+// ("gpu/NAME", "hybrid/NAME" or "cpu/NAME"). A file that cannot be served is
+// an error naming the entry, or with from_dir an unavailable entry (OK).
+Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<std::string>& names) {
+  const GatewayOptions& o = c.o;
+  CatalogueEntry entry;
+  entry.path = cm.path;
+  entry.name = cm.name.empty() ? model_name_from_path(cm.path) : cm.name;
+  auto refuse = [&](const std::string& why) -> Status {
+    if (!cm.from_dir) return invalid_field("model", "model " + entry.name + " (" + cm.path + "): " + why);
+    entry.reason = why;
+    c.out.log.push_back("model " + entry.name + " (" + cm.path + ") unavailable: " + why);
+    c.out.catalogue.push_back(std::move(entry));
+    return Status::ok_status();
+  };
+  if (!names.insert(entry.name).second) return refuse("another model of the catalogue has this name");
+  auto file = gguf::GgufFile::open(c.env, cm.path);
+  if (!file.ok()) return refuse(file.status().message());
+  auto hp = read_llama_hparams(**file);
+  if (!hp.ok()) return refuse(hp.status().message());
+  auto tok = Tokenizer::from_gguf(**file);
+  if (!tok.ok()) return refuse(tok.status().message());
+  if (const gguf::Value* v = (*file)->find("tokenizer.chat_template");
+      v != nullptr && std::holds_alternative<std::string>(v->v)) {
+    entry.chat_template = std::get<std::string>(v->v);
+  }
+  // Its placement: the first path's device when the first model's GPU-side
+  // path was built there, else the CPU.
+  const bool on_device = c.gpu.built && c.out.device_ledger && c.out.vulkan;
+  const Placement where = on_device ? o.device : Placement::cpu();
+  if (on_device) {
+    if (Status types = vulkan_check_weight_types(**file); !types.ok()) return refuse(types.message());
+  }
+  const int32_t ctx = std::min(o.ctx > 0 ? o.ctx : hp->n_ctx_train, hp->n_ctx_train);
+  PathShape shape = path_shape(o, admission::PathRole::kPrimary, ctx);
+  shape.ctx = ctx;
+  const int32_t blocks = shape.workers * ((ctx + kBlockTokens - 1) / kBlockTokens);
+  auto e = admission::estimate(**file, path_plan(where, ctx, shape.workers, blocks, c.n_threads, o.kv_type), c.cfg);
+  if (!e.ok()) return refuse(e.status().message());
+  std::vector<ModelCharge> charges;
+  const uint64_t device_bytes = where.gpu_layer_count(hp->n_layer) > 0 ? e->gpu().total() : 0;
+  uint64_t host_bytes = host_bytes_beyond_baseline(*e, c.cfg) + (c.device_on_host ? device_bytes : 0);
+  if (device_bytes > 0) charges.push_back({c.out.device_ledger, device_bytes});
+  charges.push_back({c.out.host_ledger, std::max<uint64_t>(1, host_bytes)});
+  for (const ModelCharge& ch : charges) {
+    const uint64_t limit = ch.ledger->snapshot().limit;
+    if (ch.bytes > limit) {
+      return refuse("its plan needs " + format_bytes(ch.bytes) + " on " + ch.ledger->name() + ", whose limit is " +
+                    format_bytes(limit) + " (lower --ctx or --parallel, or raise the memory budget)");
+    }
+  }
+  // The load's prior: reading the file at ~1 GB/s (a cold page cache), plus
+  // the upload of its device bytes at the same rate; the first load's
+  // measured time replaces it.
+  const double predicted_ms = 20.0 + static_cast<double>((*file)->file_size() + device_bytes) / 1e6;
+  const std::optional<double> keep_alive = cm.pinned ? std::optional<double>(-1.0) : cm.keep_alive_s;
+  SPW_RETURN_IF_ERROR(c.out.residency->add(entry.name, charges, cm.pinned, keep_alive, predicted_ms));
+
+  PathSpec ps;
+  ps.name = std::string(on_device ? (c.full_gpu() ? "gpu/" : "hybrid/") : "cpu/") + entry.name;
+  ps.where = where;
+  ps.role = admission::PathRole::kPrimary;
+  ps.shape = shape;
+  ps.blocks = blocks;
+  ps.ledger = on_device ? std::shared_ptr<admission::MemoryLedger>(c.out.device_ledger)
+                        : std::shared_ptr<admission::MemoryLedger>(c.out.host_ledger);
+  ps.tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tok));
+  ps.hparams = *hp;
+  ps.model_name = entry.name;
+  ps.load = [&env = c.env, path = cm.path]() { return Model::load(env, path); };
+  ps.prior = rate_prior(c, admission::stream_shares(**file, *e));
+  if (on_device) {
+    ps.breaker = c.gpu_breaker;
+    ps.device = c.gpu_device;
+  }
+  ps.replica.mode = "on-demand";
+  ps.replica.why = cm.pinned    ? "catalogue model, pinned: loaded at start, never evicted"
+                   : cm.preload ? "catalogue model: loaded at start, evicted when idle for room or after its keep-alive"
+                                : "catalogue model: loaded by its first request, evicted when idle for room or after "
+                                  "its keep-alive";
+  ps.replica.recovery_ms = predicted_ms;
+  ps.replica.loaded = false;
+  ps.residency = c.out.residency;
+  file->reset();
+  SPW_RETURN_IF_ERROR(make_path(c, std::move(ps)));
+  ExecutionPath& path = c.paths.back();
+  c.out.residency->bind(entry.name, path.unload, path.replica);
+  if ((cm.pinned || cm.preload) && o.warmup) warm_up(c.env, *path.scheduler);
+  entry.available = true;
+  c.out.catalogue.push_back(std::move(entry));
+  return Status::ok_status();
+}
+
+// The catalogue's models beyond the first, under one ModelResidency over
+// the shared ledgers (none: nothing to do).
+Status build_catalogue(Composition& c) {
+  const GatewayOptions& o = c.o;
+  SPW_ASSIGN_OR_RETURN(const std::vector<CatalogueModel> models, catalogue_models(o));
+  if (models.empty()) return Status::ok_status();
+  ResidencyOptions ro;
+  ro.keep_alive_s = o.keep_alive_s;
+  ro.min_residency_s = o.min_residency_s;
+  ro.observe = make_observe(c);
+  ro.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
+  c.out.residency = std::make_shared<ModelResidency>(c.env, std::move(ro));
+  std::set<std::string> names{c.out.model_name};
+  if (!o.fallback_model.empty()) names.insert(model_name_from_path(o.fallback_model));
+  for (const CatalogueModel& m : models) SPW_RETURN_IF_ERROR(build_catalogue_model(c, m, names));
+  c.out.residency->start_expiry();
+  return Status::ok_status();
+}
+
 // The CPU and its kernel variant (backend/cpu/kernel_variant.h), for status.
 HostCpuInfo host_cpu_info() {
   const CpuFeatures& f = host_cpu_features();
@@ -821,19 +1039,8 @@ Status start_gateway(Composition& c) {
   GatewayPolicy policy = gateway_policy(c.o);
   policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
   policy.host_cpu = c.host_cpu;
-  auto host_ledger = out.host_ledger;
-  auto device_ledger = out.device_ledger;
-  auto vulkan = out.vulkan;
-  out.observe_host = [&env = c.env, host_ledger] {
-    if (auto r = host_readings(env); r.ok()) host_ledger->update(*r);
-  };
-  if (vulkan && device_ledger) {
-    out.observe_device = [device_ledger, vulkan] { return observe_device(*vulkan, *device_ledger); };
-  }
-  policy.observe = [observe_host = out.observe_host, observe_device = out.observe_device] {
-    observe_host();
-    if (observe_device) (void)observe_device();
-  };
+  policy.observe = make_observe(c);
+  policy.residency = out.residency;
   for (const auto& n : c.not_built) out.log.push_back(n.name + " path not built: " + n.reason);
   if (out.journal) policy.equivalence_store = journal_equivalence_store(out.journal, out.vulkan.get());
   SPW_ASSIGN_OR_RETURN(out.gateway,
@@ -927,6 +1134,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   c.tok = std::shared_ptr<const Tokenizer>(out.model, &out.model->tokenizer());
   if (c.gpu.built) SPW_RETURN_IF_ERROR(build_gpu_paths(c));
   if (c.cpu.built) SPW_RETURN_IF_ERROR(build_cpu_path(c));
+  SPW_RETURN_IF_ERROR(build_catalogue(c));
   SPW_RETURN_IF_ERROR(start_gateway(c));
   return out;
 }

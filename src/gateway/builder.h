@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,22 @@ struct CoTenant {
   uint64_t bytes = 0;
 };
 
+// A model of the catalogue beyond the first (issue 32): served by an
+// on-demand path of its own on the first path's placement, loaded by its
+// first request (or at start: preload, pinned), kept for its keep-alive,
+// evicted for another model's load when idle (never when pinned). See
+// gateway/residency.h.
+struct CatalogueModel {
+  std::string name;  // "": the file's stem
+  std::string path;
+  bool pinned = false;
+  bool preload = false;
+  std::optional<double> keep_alive_s;  // none: GatewayOptions::keep_alive_s
+  // Found by models_dir: a file that cannot be served is listed unavailable
+  // with the reason instead of refusing the server's start.
+  bool from_dir = false;
+};
+
 // Every key is also a `spillway serve` flag of the same name (with dashes);
 // the defaults here are the documented ones (`spillway serve --dump-config`
 // prints them as TOML with their descriptions). The values are typed: the
@@ -97,6 +114,21 @@ struct CoTenant {
 struct GatewayOptions {
   std::string model;
   std::string chat_template;
+  // The catalogue beyond `model` (CatalogueModel), and a folder whose *.gguf
+  // files join it (named by file stem; `model` and fallback_model skipped).
+  std::vector<CatalogueModel> models;
+  std::string models_dir;
+  // Seconds a catalogue model stays resident after its last use (< 0:
+  // until evicted for room), and the least time it stays resident before
+  // another model's load may evict it (0: no minimum; see residency.h).
+  double keep_alive_s = 300;
+  double min_residency_s = 30;
+  // By catalogue model name (explicit or found in models_dir): pinned,
+  // preloaded, its own keep-alive. A name no catalogue model has is
+  // InvalidArgument (field "pin", "preload", "model-keep-alive").
+  std::vector<std::string> pin;
+  std::vector<std::string> preload;
+  std::map<std::string, double> model_keep_alive;
   // First-choice path.
   Placement device = Placement::cpu();
   int32_t parallel = 1;   // its workers (concurrent requests)
@@ -209,6 +241,16 @@ struct HeapReading {
   std::string unknown;
 };
 
+// A catalogue model as the HTTP layer needs it (its id, template), or why it
+// is not served.
+struct CatalogueEntry {
+  std::string name;
+  std::string path;
+  bool available = false;
+  std::string reason;                       // unavailable: why
+  std::optional<std::string> chat_template;  // the file's tokenizer.chat_template
+};
+
 struct BuiltGateway {
   std::unique_ptr<Gateway> gateway;
   std::shared_ptr<journal::Journal> journal;  // null with journal = "none"
@@ -220,6 +262,9 @@ struct BuiltGateway {
   std::shared_ptr<admission::HostLedger> host_ledger;
   std::shared_ptr<admission::DeviceLedger> device_ledger;  // null without a GPU path
   std::shared_ptr<VulkanBackend> vulkan;                   // null without a GPU path
+  // The catalogue beyond the first model, and its residency (null: none).
+  std::vector<CatalogueEntry> catalogue;
+  std::shared_ptr<ModelResidency> residency;
   // Re-read observed usage into the host / device ledger now (the gateway
   // calls both on its schedule; /health each for its own section).
   std::function<void()> observe_host;

@@ -25,6 +25,10 @@ Status check_options(const GatewayOptions& o) {
                          "pressure-threshold must be > 0, max-delay-s and observe-interval-s >= 0, "
                          "min-shrink-tokens >= 1");
   }
+  if (!std::isfinite(o.keep_alive_s) || !(o.min_residency_s >= 0) || !std::isfinite(o.min_residency_s)) {
+    return invalid_field("keep-alive", "keep-alive must be a finite number of seconds (< 0: forever) and "
+                                       "min-residency-s finite and >= 0");
+  }
   if (!(o.recovery_budget_ms >= 0)) return invalid_field("recovery-budget-ms", "recovery-budget-ms must be >= 0");
   if (o.offload_layers < 0 || o.offload_queue < 0) {
     return invalid_field("offload-layers", "offload-layers and offload-queue must be >= 0");

@@ -299,7 +299,7 @@ Status Gateway::migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, co
 }
 
 Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g) {
-  SPW_ASSIGN_OR_RETURN(std::vector<TokenId> prompt, prepare(g));
+  SPW_ASSIGN_OR_RETURN(std::vector<TokenId> prompt, prepare(g, ""));
   GenerateOptions o;
   const int32_t room = paths_[0].scheduler->n_ctx() - static_cast<int32_t>(prompt.size());
   o.max_tokens = g.max_tokens.value_or(std::max(1, room));
@@ -421,6 +421,7 @@ void Gateway::refresh() {
     }
   }
   if (observe && policy_.observe) policy_.observe();
+  if (policy_.residency) policy_.residency->expire();
 }
 
 admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p) const {
@@ -460,6 +461,27 @@ admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p) const {
     snap.ledger_cotenants = l.reserved[static_cast<int>(admission::OwnerKind::kCoTenant)];
     snap.ledger_capacity = l.capacity;
     snap.ledger_reading_used = l.reserved_ours + l.others;
+    if (policy_.residency) {
+      // A catalogue model that is not resident: its load is part of the
+      // request (its plan's bytes against the ledger, less what the models
+      // that may be evicted for it hold; the wait for their minimum
+      // residency before the load time).
+      const LoadPlan lp = policy_.residency->plan(p.model, p.ledger.get());
+      if (!lp.resident) {
+        snap.request_extra_bytes = lp.extra_bytes;
+        const uint64_t reclaim = std::min(lp.reclaim_bytes, snap.ledger_used);
+        snap.ledger_used -= reclaim;
+        snap.ledger_reading_used -= std::min(reclaim, snap.ledger_reading_used);
+        snap.startup_s += lp.wait_s;
+        if (snap.usable && lp.extra_bytes > l.limit - std::min(l.limit, snap.ledger_used)) {
+          snap.usable = false;
+          snap.unusable_reason = "model " + p.model + " is not loaded and its plan needs " +
+                                 admission::format_bytes(lp.extra_bytes) + " on " + l.name + ", more than the " +
+                                 admission::format_bytes(l.limit - std::min(l.limit, snap.ledger_used)) +
+                                 " left with every other unpinned model evicted";
+        }
+      }
+    }
   }
   return snap;
 }
@@ -473,7 +495,17 @@ std::vector<admission::PathSnapshot> Gateway::snapshots() const {
 
 std::vector<admission::PathSnapshot> Gateway::snapshots_for(const std::string& model) const {
   std::vector<admission::PathSnapshot> out = snapshots();
-  if (model.empty()) return out;
+  if (model.empty()) {
+    // The service's model: a catalogue model's paths serve only requests
+    // that name it.
+    if (!policy_.residency) return out;
+    for (admission::PathSnapshot& s : out) {
+      if (!s.usable || !policy_.residency->manages(s.model)) continue;
+      s.usable = false;
+      s.unusable_reason = "serves model " + s.model + ", which a request must name";
+    }
+    return out;
+  }
   for (admission::PathSnapshot& s : out) {
     if (s.model == model || !s.usable) continue;
     s.usable = false;
@@ -482,10 +514,26 @@ std::vector<admission::PathSnapshot> Gateway::snapshots_for(const std::string& m
   return out;
 }
 
-Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g) {
+Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g, const std::string& model) {
   SPW_RETURN_IF_ERROR(serve::validate_generation_request(g));
   refresh();
-  return serve::encode_prompt(tokenizer(), g);
+  return serve::encode_prompt(tokenizer_for(model), g);
+}
+
+void Gateway::note_load(admission::Decision& d) const {
+  if (!policy_.residency || d.path_index < 0) return;
+  const ExecutionPath& path = paths_[static_cast<size_t>(d.path_index)];
+  if (!path.ledger) return;
+  const LoadPlan lp = policy_.residency->plan(path.model, path.ledger.get());
+  if (!lp.resident) d.reason += "; " + lp.note;
+}
+
+const Tokenizer& Gateway::tokenizer_for(const std::string& model) const {
+  if (!model.empty()) {
+    for (const ExecutionPath& p : paths_)
+      if (p.model == model) return *p.tokenizer;
+  }
+  return tokenizer();
 }
 
 Status Gateway::reject_status(const admission::Decision& d, const std::vector<admission::PathSnapshot>& snaps) const {
@@ -543,7 +591,10 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     if (refusal) refusal->status = st;
     return st;
   };
-  Result<std::vector<TokenId>> prepared = prepare(g);
+  Result<std::vector<TokenId>> prepared = prepare(g, request.model);
+  if (prepared.ok() && request.keep_alive_s && policy_.residency) {
+    policy_.residency->set_keep_alive(request.model, *request.keep_alive_s);
+  }
   if (!prepared.ok()) return refuse(prepared.status(), {});
   const std::vector<TokenId>& prompt = *prepared;
   const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
@@ -553,6 +604,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
     admission::Decision d = decide(shape_of(request, n_prompt), snaps);
+    note_load(d);
     count_decision(decision_counter(d.kind), d);
     if (d.kind == admission::DecisionKind::kReject) {
       Status st = reject_status(d, snaps);  // built before d is moved from
@@ -679,11 +731,12 @@ int32_t Gateway::in_flight() const {
 
 Result<Quote> Gateway::quote(const RouteRequest& request) {
   const serve::GenerationRequest& g = request.generation;
-  SPW_ASSIGN_OR_RETURN(const std::vector<TokenId> prompt, prepare(g));
+  SPW_ASSIGN_OR_RETURN(const std::vector<TokenId> prompt, prepare(g, request.model));
   const auto n_prompt = static_cast<int32_t>(std::min<size_t>(prompt.size(), INT32_MAX));
   std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
   Quote q;
   q.decision = decide(shape_of(request, n_prompt), snaps);
+  note_load(q.decision);
   if (q.decision.path_index >= 0) {
     const ExecutionPath& p = paths_[static_cast<size_t>(q.decision.path_index)];
     q.placement = p.placement;
@@ -763,6 +816,10 @@ GatewayStatus Gateway::status() {
     if (p.ledger && seen.insert(p.ledger.get()).second) out.ledgers.push_back(p.ledger->snapshot());
   }
   out.not_built = not_built_;
+  if (policy_.residency) {
+    policy_.residency->expire();
+    out.models = policy_.residency->list();
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     out.decisions = decisions_;

@@ -121,6 +121,7 @@
 #include "engine/step_batcher.h"
 #include "gateway/breaker.h"
 #include "gateway/device_control.h"
+#include "gateway/residency.h"
 #include "serve/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -161,6 +162,12 @@ class Replica {
   void mark_unloaded() {
     std::lock_guard<std::mutex> lk(mu_);
     info_.loaded = false;
+  }
+  // The predicted time of its next load (a catalogue model's last measured
+  // load: gateway/residency.h).
+  void set_recovery_ms(double ms) {
+    std::lock_guard<std::mutex> lk(mu_);
+    info_.recovery_ms = ms;
   }
   // Seconds before the path can start any work (admission's startup_s).
   double startup_s() const {
@@ -337,6 +344,13 @@ struct GatewayPolicy {
   double equivalence_timeout_s = 120;  // per run, on the Env's clock
   // Verdicts kept across restarts (null functions: none).
   EquivalenceStore equivalence_store;
+  // The catalogue's models beyond the first (gateway/residency.h): which are
+  // resident, loads and evictions; null: the server has one model. Paths
+  // serving a model it manages are eligible only for requests naming that
+  // model; a path whose model is not resident is priced with its load (its
+  // plan's bytes against the ledger, less what evictable models hold; its
+  // replica's predicted load time and the wait for room before its start).
+  std::shared_ptr<ModelResidency> residency;
   // Co-tenant leases (reserve_cotenant) on a ledger hold at most this share
   // of its limit; 1 lets them take it all, the last path of a model
   // included (the drill's co-tenant, which stands for real memory).
@@ -363,6 +377,10 @@ struct RouteRequest {
   // (a fallback model included, marked as such). The server resolves ids and
   // aliases (http/models.h) before it gets here.
   std::string model;
+  // Ollama's keep_alive for a catalogue model (GatewayPolicy::residency):
+  // seconds it stays resident after this request (< 0: until evicted for
+  // room; 0: given back when idle); none: the model's own.
+  std::optional<double> keep_alive_s;
 };
 
 struct Admitted {
@@ -484,6 +502,7 @@ struct GatewayStatus {
   bool ready = false;                            // some path can take work
   std::vector<EquivalenceInfo> equivalence;      // the checks done so far
   std::string overflow = "planned";              // overflow_name(policy.overflow): a baseline says so
+  std::vector<ResidentModelInfo> models;         // the catalogue's managed models (none: one model)
   HostCpuInfo host_cpu;                          // GatewayPolicy::host_cpu
 
   uint64_t decided(DecisionCounter c) const { return decisions[static_cast<size_t>(c)]; }
@@ -564,6 +583,10 @@ class Gateway {
   std::vector<ReservationInfo> reservations(const ReservationCaller& who = {});
 
   GatewayStatus status();
+  // The catalogue's managed models now (GatewayStatus::models alone).
+  std::vector<ResidentModelInfo> models() const {
+    return policy_.residency ? policy_.residency->list() : std::vector<ResidentModelInfo>{};
+  }
   // Some path can take work: not shutting down, queue not full, breaker closed.
   bool ready() const;
   // Stops the prober (joined), then drains the paths side by side.
@@ -589,6 +612,8 @@ class Gateway {
   const std::vector<ExecutionPath>& paths() const { return paths_; }
   const ExecutionPath& primary() const { return paths_.front(); }
   const Tokenizer& tokenizer() const { return *paths_.front().tokenizer; }
+  // The tokenizer of the paths serving `model` ("" or unknown: tokenizer()).
+  const Tokenizer& tokenizer_for(const std::string& model) const;
   // Running + queued on every path.
   int32_t in_flight() const;
 
@@ -598,8 +623,11 @@ class Gateway {
   void expire_locked(int64_t now);
   // Validation, observed-memory refresh and tokenization: what submit and
   // quote both do before deciding.
-  Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request);
+  Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request, const std::string& model);
   admission::PathSnapshot snapshot_of(const ExecutionPath& path) const;
+  // A decision for a catalogue model that is not resident: its reason says
+  // what the load will hold and evict (ModelResidency::plan's note).
+  void note_load(admission::Decision& d) const;
   std::vector<admission::PathSnapshot> snapshots() const;
   // snapshots(), with the paths that do not serve `model` (when not empty:
   // RouteRequest::model) unusable, saying which model they serve.

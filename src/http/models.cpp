@@ -10,29 +10,67 @@ namespace {
 
 constexpr size_t kMaxAliasBytes = 128;
 
-json_fields::json model_json(const ModelEntry& e, int64_t created) {
+json_fields::json model_json(const ModelEntry& e, int64_t created,
+                             const std::vector<gateway::ResidentModelInfo>& residency) {
   json_fields::json sp = {{"role", e.role}, {"paths", e.paths}};
   if (!e.alias_of.empty()) sp["alias_of"] = e.alias_of;
+  if (!e.unavailable.empty()) {
+    sp["state"] = "unavailable";
+    sp["reason"] = e.unavailable;
+  } else if (e.role != "catalogue") {
+    sp["state"] = "loaded";
+    sp["pinned"] = true;
+  }
+  for (const gateway::ResidentModelInfo& r : residency) {
+    if (r.name != e.id) continue;
+    sp["state"] = r.state;
+    sp["pinned"] = r.pinned;
+    sp["draining"] = r.draining;
+    sp["memory_bytes"] = r.bytes;
+    json_fields::json charges = json_fields::json::object();
+    for (const auto& [ledger, bytes] : r.charges) charges[ledger] = bytes;
+    sp["memory_by_ledger"] = charges;
+    sp["last_used"] = r.last_used_ms > 0 ? json_fields::json(r.last_used_ms / 1000) : json_fields::json(nullptr);
+    sp["keep_alive_s"] = r.keep_alive_s;
+    sp["keep_alive_left_s"] = r.keep_alive_left_s >= 0 ? json_fields::json(r.keep_alive_left_s) : json_fields::json(nullptr);
+    sp["running"] = r.running;
+    sp["waiting"] = r.waiting;
+    sp["loads"] = r.loads;
+    sp["evictions"] = r.evictions;
+    sp["predicted_load_ms"] = r.predicted_load_ms;
+    sp["last_load_ms"] = r.last_load_ms >= 0 ? json_fields::json(r.last_load_ms) : json_fields::json(nullptr);
+  }
   return {{"id", e.id}, {"object", "model"}, {"created", created}, {"owned_by", "spillway"}, {"spillway", sp}};
 }
 
 }  // namespace
 
 ModelCatalog ModelCatalog::build(const std::string& served, const std::vector<std::string>& aliases,
-                                 const std::vector<gateway::ExecutionPath>& paths) {
+                                 const std::vector<gateway::ExecutionPath>& paths,
+                                 const std::vector<std::pair<std::string, std::string>>& catalogue) {
   ModelCatalog c;
   c.served_ = served;
+  auto in_catalogue = [&](const std::string& model) {
+    return std::any_of(catalogue.begin(), catalogue.end(), [&](const auto& m) { return m.first == model; });
+  };
   // The paths that run the served model: those not marked fallback_model
-  // (a path's own name may be empty in tests: it is the served model then).
+  // nor serving a catalogue model (a path's own name may be empty in tests:
+  // it is the served model then).
   std::vector<std::string> served_paths;
   for (const gateway::ExecutionPath& p : paths)
-    if (!p.fallback_model) served_paths.push_back(p.name);
-  c.entries_.push_back({served, "primary", "", served_paths});
-  for (const std::string& a : aliases) c.entries_.push_back({a, "alias", served, served_paths});
+    if (!p.fallback_model && !in_catalogue(p.model)) served_paths.push_back(p.name);
+  c.entries_.push_back({served, "primary", "", served_paths, ""});
+  for (const std::string& a : aliases) c.entries_.push_back({a, "alias", served, served_paths, ""});
+  for (const auto& [id, why] : catalogue) {
+    ModelEntry e{id, "catalogue", "", {}, why};
+    for (const gateway::ExecutionPath& p : paths)
+      if (p.model == id) e.paths.push_back(p.name);
+    c.entries_.push_back(std::move(e));
+  }
   for (const gateway::ExecutionPath& p : paths) {
     if (!p.fallback_model) continue;
     auto it = std::find_if(c.entries_.begin(), c.entries_.end(), [&](const ModelEntry& e) { return e.id == p.model; });
-    if (it == c.entries_.end()) c.entries_.push_back({p.model, "fallback", "", {p.name}});
+    if (it == c.entries_.end()) c.entries_.push_back({p.model, "fallback", "", {p.name}, ""});
     else it->paths.push_back(p.name);
   }
   return c;
@@ -50,7 +88,15 @@ std::variant<std::string, ApiError> ModelCatalog::resolve(std::string_view reque
   if (!e) return model_not_found(requested, *this);
   // The service's model may run anywhere the plan sends it; a fallback
   // model's id keeps the request to the paths that serve that model.
-  if (e->role == "fallback") return e->id;
+  if (!e->unavailable.empty()) {
+    ApiError err;
+    err.http_status = 404;
+    err.param = "model";
+    err.code = "model_unavailable";
+    err.message = "The model '" + e->id + "' is in this server's catalogue but cannot be served: " + e->unavailable;
+    return err;
+  }
+  if (e->role == "fallback" || e->role == "catalogue") return e->id;
   return std::string();
 }
 
@@ -69,13 +115,17 @@ ApiError model_not_found(std::string_view requested, const ModelCatalog& catalog
   return e;
 }
 
-std::string render_models(const ModelCatalog& catalog, int64_t created) {
+std::string render_models(const ModelCatalog& catalog, int64_t created,
+                          const std::vector<gateway::ResidentModelInfo>& residency) {
   json_fields::json data = json_fields::json::array();
-  for (const ModelEntry& e : catalog.entries()) data.push_back(model_json(e, created));
+  for (const ModelEntry& e : catalog.entries()) data.push_back(model_json(e, created, residency));
   return json_fields::dump({{"object", "list"}, {"data", data}});
 }
 
-std::string render_model(const ModelEntry& entry, int64_t created) { return json_fields::dump(model_json(entry, created)); }
+std::string render_model(const ModelEntry& entry, int64_t created,
+                         const std::vector<gateway::ResidentModelInfo>& residency) {
+  return json_fields::dump(model_json(entry, created, residency));
+}
 
 Status validate_aliases(const std::vector<std::string>& aliases, const std::string& served,
                         const std::vector<std::string>& other_ids) {

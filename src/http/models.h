@@ -7,8 +7,11 @@
 //   - empty (the field absent) or the served id or an alias: the service's
 //     model, wherever the plan runs it (a fallback model included, marked as
 //     such in the response): route model "".
-//   - a fallback model's id: that model only (the client chose it): route
-//     model = the id, so only paths serving it are eligible.
+//   - a fallback model's or a catalogue model's id: that model only (the
+//     client chose it): route model = the id, so only paths serving it are
+//     eligible.
+//   - an unavailable catalogue model's id: 404 with code
+//     "model_unavailable" and the reason.
 //   - anything else: 404 with code "model_not_found", `param` "model", and a
 //     message that names the ids this server answers to.
 // Roles in /v1/models: "primary" (the served id), "alias" (alias_of the
@@ -35,16 +38,20 @@ namespace spw::http {
 
 struct ModelEntry {
   std::string id;
-  std::string role;      // "primary", "alias", "fallback"
+  std::string role;      // "primary", "alias", "fallback", "catalogue"
   std::string alias_of;  // role "alias": the served id; else empty
   std::vector<std::string> paths;  // names of the paths serving it
+  std::string unavailable;         // a catalogue model that cannot be served: why ("": it is served)
 };
 
 class ModelCatalog {
  public:
   ModelCatalog() = default;
+  // `catalogue`: the catalogue's models beyond the served one (id, and why
+  // it is unavailable or ""), whose paths are theirs alone.
   static ModelCatalog build(const std::string& served, const std::vector<std::string>& aliases,
-                            const std::vector<gateway::ExecutionPath>& paths);
+                            const std::vector<gateway::ExecutionPath>& paths,
+                            const std::vector<std::pair<std::string, std::string>>& catalogue = {});
 
   // The route model for a request's `model` field (see the contract), or the
   // 404 error.
@@ -64,9 +71,15 @@ ApiError model_not_found(std::string_view requested, const ModelCatalog& catalog
 
 // GET /v1/models: {"object":"list","data":[model...]}; GET /v1/models/{id}:
 // one model: {"id","object":"model","created","owned_by":"spillway",
-// "spillway":{"role","alias_of"|absent,"paths":[...]}}.
-std::string render_models(const ModelCatalog& catalog, int64_t created);
-std::string render_model(const ModelEntry& entry, int64_t created);
+// "spillway":{"role","alias_of"|absent,"paths":[...],"state",...}}. The
+// state: "loaded" for the served model (always resident); a catalogue
+// model's from `residency` (loaded, loading, unloaded, with its memory,
+// last use, keep-alive left, loads and evictions), or "unavailable" with
+// "reason".
+std::string render_models(const ModelCatalog& catalog, int64_t created,
+                          const std::vector<gateway::ResidentModelInfo>& residency = {});
+std::string render_model(const ModelEntry& entry, int64_t created,
+                         const std::vector<gateway::ResidentModelInfo>& residency = {});
 
 Status validate_aliases(const std::vector<std::string>& aliases, const std::string& served,
                         const std::vector<std::string>& other_ids);

@@ -3,6 +3,7 @@
 #include "http/completion_prompt.h"
 #include "http/json_fields.h"
 
+#include "core/duration.h"
 #include "core/failure.h"
 #include "engine/generate.h"
 #include "grammar/json_schema.h"
@@ -310,6 +311,16 @@ std::optional<ApiError> parse_sampling(const json& obj, bool chat, SamplingField
   std::optional<std::string> model_name;
   SPW_TRY_FIELD(get_string(obj, "model", model_name));
   if (model_name) model = *model_name;
+  if (auto it = obj.find("keep_alive"); it != obj.end() && !it->is_null()) {
+    Result<double> ka = it->is_number() ? Result<double>(it->get<double>())
+                        : it->is_string() ? parse_duration_s(it->get<std::string>())
+                                          : Result<double>(Status::invalid_argument("expected a number of seconds or "
+                                                                                    "a duration string, got " +
+                                                                                    std::string(it->type_name())));
+    if (ka.ok() && !std::isfinite(*ka)) ka = Status::invalid_argument("not a finite number");
+    if (!ka.ok()) return bad("keep_alive", "'keep_alive': " + ka.status().message());
+    s.keep_alive_s = *ka < 0 ? -1.0 : std::min(*ka, kMaxDurationS);
+  }
 
   // max_completion_tokens is OpenAI's newer name for max_tokens, on both
   // endpoints here. Two different limits in one request have no honest

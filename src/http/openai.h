@@ -168,7 +168,8 @@ inline constexpr std::string_view kSharedGenerationFields[] = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "n",
     "best_of", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
     "logit_bias", "logprobs", "response_format", "tools", "user", "metadata", "store", "service_tier",
-    "stream_options", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens"};
+    "stream_options", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
+    "keep_alive"};
 // /v1/completions also: prompt (required; a string, token ids, or an array
 // of one of those: http/completion_prompt.h; a batch of several is a 400),
 // echo (a boolean: true puts the prompt before the completion's text, and
@@ -252,6 +253,10 @@ struct SamplingFields {
   // OpenAI's n: choices in [1, kMaxChoices] (engine/generate.h), choice i
   // sampled with seed + i; best_of must equal n when given.
   int32_t n = 1;
+  // Ollama's keep_alive for a catalogue model (gateway/residency.h): seconds
+  // (a number) or a duration string ("5m", "1h", "-1": forever; core/
+  // duration.h), as the X-Spillway-Keep-Alive header; none: the model's own.
+  std::optional<double> keep_alive_s;
 };
 
 struct CompletionRequest {

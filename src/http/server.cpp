@@ -194,12 +194,12 @@ Router HttpServer::Impl::routes() {
         }),
         true);
   r.add("GET", "/v1/models", kInline, authed([this](const Request&, Response& res, const Principal&) {
-          res.set_content(render_models(models_, env_.wall_time_ms() / 1000), kJson);
+          res.set_content(render_models(models_, env_.wall_time_ms() / 1000, gateway_.models()), kJson);
         }));
   r.add("GET", "/v1/models/{}", kInline, authed([this](const Request& req, Response& res, const Principal&) {
           const ModelEntry* m = models_.find(req.params[0]);
           if (!m) return set_error(res, model_not_found(req.params[0], models_));
-          res.set_content(render_model(*m, env_.wall_time_ms() / 1000), kJson);
+          res.set_content(render_model(*m, env_.wall_time_ms() / 1000, gateway_.models()), kJson);
         }));
   r.add("POST", "/v1/completions", kWorker,
         authed([this](const Request& req, Response& res, const Principal& p) { completion(req, res, p, false); }));

@@ -140,6 +140,16 @@ struct HttpServerOptions {
   // may be and the 404 for anything else.
   std::vector<std::string> model_aliases;
   std::optional<ChatTemplateKind> chat_template;  // none: chat requests are refused
+  // The catalogue's models beyond the served one (gateway/builder.h): each
+  // id with its own chat template, or the reason it is unavailable (listed
+  // in /v1/models, 404 model_unavailable when named).
+  struct CatalogueModel {
+    std::string id;
+    std::string unavailable;  // "": served
+    std::optional<ChatTemplateKind> chat_template;
+    bool chat_template_default = false;
+  };
+  std::vector<CatalogueModel> catalogue;
   // The template is a default chosen for a model that has none: chat
   // responses say so (X-Spillway-Chat-Template: NAME; default).
   bool chat_template_default = false;

@@ -14,6 +14,8 @@
 #include "http/completion_prompt.h"
 #include "http/server_impl.h"
 
+#include "core/duration.h"
+
 namespace spw::http {
 
 namespace {
@@ -79,16 +81,28 @@ std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string
                                                                serve::GenerationRequest& g, SamplingFields& sampling,
                                                                std::string* route_model, ToolUse* tool_use,
                                                                std::string* prompt_text, bool* echo) {
+  // The model the body names, resolved (a stored body of an id no longer
+  // served is read with the served model's tokenizer and template).
+  std::string model;
+  auto resolve = [&](const std::string& requested) -> std::optional<ApiError> {
+    if (route_model) {
+      if (auto e = resolve_model(requested, route_model)) return e;
+      model = *route_model;
+    } else if (auto r = models_.resolve(requested); std::holds_alternative<std::string>(r)) {
+      model = std::get<std::string>(r);
+    }
+    return std::nullopt;
+  };
   if (chat) {
     ChatRequest cr;
     if (auto e = parse_chat_request(body, cr)) return e;
-    if (route_model)
-      if (auto e = resolve_model(cr.model, route_model)) return e;
-    if (!options_.chat_template) {
+    if (auto e = resolve(cr.model)) return e;
+    const ModelChat mc = model_chat(model);
+    if (!mc.kind) {
       ApiError e;
       e.param = "messages";
       e.code = "chat_template_missing";
-      e.message = "model '" + options_.model_name +
+      e.message = "model '" + (model.empty() ? options_.model_name : model) +
                   "' has no chat template that Spillway recognises (tokenizer.chat_template is missing or of an "
                   "unknown family); start the server with --chat-template NAME (e.g. chatml, llama2, llama3, "
                   "mistral, zephyr, gemma), or use /v1/completions";
@@ -96,20 +110,20 @@ std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string
     }
     // The template writes BOS itself where its reference does, with the
     // vocabulary's own BOS/EOS texts; so the tokenizer must not add another.
-    const Tokenizer& tok = gateway_.tokenizer();
+    const Tokenizer& tok = gateway_.tokenizer_for(model);
     ChatSpecialTexts special;
     if (tok.bos_id() >= 0) special.bos = tok.token_text(tok.bos_id());
     if (tok.eos_id() >= 0) special.eos = tok.token_text(tok.eos_id());
-    if (!cr.tools.empty() && !chat_template_renders_tools(*options_.chat_template)) {
+    if (!cr.tools.empty() && !chat_template_renders_tools(*mc.kind)) {
       ApiError e;
       e.param = "tools";
       e.code = "unsupported_parameter";
-      e.message = "the server's chat template (" + std::string(chat_template_name(*options_.chat_template)) +
+      e.message = "the server's chat template (" + std::string(chat_template_name(*mc.kind)) +
                   ") has no tool-call format Spillway renders; tools work with the chatml, llama3, mistral-v3, "
                   "mistral-v3-tekken and mistral-v7-tekken templates";
       return e;
     }
-    Result<std::string> prompt = apply_chat_template(*options_.chat_template, cr.messages, true, special, cr.tools);
+    Result<std::string> prompt = apply_chat_template(*mc.kind, cr.messages, true, special, cr.tools);
     if (!prompt.ok()) {
       ApiError e = api_error_from_status(prompt.status());
       if (e.http_status == 400 && e.param.empty()) e.param = "messages";
@@ -121,26 +135,25 @@ std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string
     g.add_bos = false;
     // End-of-turn markers: control tokens in real chat vocabularies (then
     // is_eog ends the turn), but plain text in others; stop on them either way.
-    for (const char* marker : turn_end_markers(*options_.chat_template)) g.stop.emplace_back(marker);
+    for (const char* marker : turn_end_markers(*mc.kind)) g.stop.emplace_back(marker);
     if (!cr.tools.empty()) {
       // A call in progress is no place to split the generation: its
       // arguments must come from one run.
-      const ToolFormat format = tool_format(*options_.chat_template);
+      const ToolFormat format = tool_format(*mc.kind);
       g.safe_points = tool_safe_points(format);
       if (tool_use) *tool_use = {format, cr.parallel_tool_calls};
     }
   } else {
     CompletionRequest cr;
     if (auto e = parse_completion_request(body, cr)) return e;
-    if (route_model)
-      if (auto e = resolve_model(cr.model, route_model)) return e;
+    if (auto e = resolve(cr.model)) return e;
     sampling = cr.sampling;
     if (!sampling.max_tokens) sampling.max_tokens = options_.completion_default_max_tokens;
-    if (auto e = check_prompt_tokens(cr, gateway_.tokenizer().n_vocab())) return e;
+    if (auto e = check_prompt_tokens(cr, gateway_.tokenizer_for(model).n_vocab())) return e;
     g = to_generation(sampling);
     // The prompt's text as its echo and text_offset read it: a token-id
     // prompt decoded (only for that: the engine gets the ids themselves).
-    if (prompt_text) *prompt_text = cr.prompt_tokens ? gateway_.tokenizer().decode(*cr.prompt_tokens) : cr.prompt;
+    if (prompt_text) *prompt_text = cr.prompt_tokens ? gateway_.tokenizer_for(model).decode(*cr.prompt_tokens) : cr.prompt;
     if (echo) *echo = cr.echo;
     if (cr.echo && sampling.logprobs) g.prompt_logprobs = *sampling.logprobs;
     g.prompt = std::move(cr.prompt);
@@ -151,7 +164,7 @@ std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string
   g.parse_special = true;
   // Ids are the served model's (a fallback model of a smaller vocabulary
   // ignores the ones past it: engine/sampler.h).
-  return check_token_ids(sampling, gateway_.tokenizer().n_vocab());
+  return check_token_ids(sampling, gateway_.tokenizer_for(model).n_vocab());
 }
 
 void HttpServer::Impl::completion(const Request& req, Response& res, const Principal& who, bool chat) {
@@ -200,6 +213,18 @@ void HttpServer::Impl::completion(const Request& req, Response& res, const Princ
   route.allow_shrink = header_true(req, "X-Spillway-Allow-Shrink");
   route.allow_migration = *migrate;
   route.model = std::move(route_model);
+  route.keep_alive_s = sampling.keep_alive_s;
+  if (req.has_header("X-Spillway-Keep-Alive")) {
+    auto ka = parse_duration_s(req.header("X-Spillway-Keep-Alive"));
+    if (!ka.ok()) {
+      ApiError e;
+      e.param = "X-Spillway-Keep-Alive";
+      e.code = "invalid_value";
+      e.message = "X-Spillway-Keep-Alive: " + ka.status().message();
+      return set_error(res, e, options_.model_name);
+    }
+    route.keep_alive_s = *ka;
+  }
 
   gateway::Submission sub;
   sub.caller = service_caller(who);
@@ -277,9 +302,9 @@ void HttpServer::Impl::respond(const Request& req, const std::shared_ptr<Call>& 
   res.set_header("X-Spillway-Max-Tokens", std::to_string(call->info.limits.max_tokens));
   res.set_header("X-Spillway-Context", std::to_string(call->info.limits.n_ctx));
   res.set_header("X-Spillway-Request-Id", std::to_string(call->info.request_id));
-  if (chat && options_.chat_template) {
-    res.set_header("X-Spillway-Chat-Template", std::string(chat_template_name(*options_.chat_template)) +
-                                                   (options_.chat_template_default ? "; default" : ""));
+  if (const ModelChat mc = model_chat(call->model); chat && mc.kind) {
+    res.set_header("X-Spillway-Chat-Template",
+                   std::string(chat_template_name(*mc.kind)) + (mc.is_default ? "; default" : ""));
   }
 
   // A client that goes away cancels its request at the next token

@@ -85,13 +85,28 @@ struct ToolUse {
   bool parallel = true;
 };
 
+// A model's chat template (the served one's, or a catalogue model's).
+struct ModelChat {
+  std::optional<ChatTemplateKind> kind;
+  bool is_default = false;
+};
+
+// The catalogue's ids with their unavailability ("" : served), for ModelCatalog.
+inline std::vector<std::pair<std::string, std::string>> catalogue_ids(
+    const std::vector<HttpServerOptions::CatalogueModel>& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& m : c) out.emplace_back(m.id, m.unavailable);
+  return out;
+}
+
 class HttpServer::Impl {
  public:
   Impl(Env& env, gateway::Gateway& gateway, HttpServerOptions options)
       : env_(env),
         gateway_(gateway),
         options_(std::move(options)),
-        models_(ModelCatalog::build(options_.model_name, options_.model_aliases, gateway.paths())),
+        models_(ModelCatalog::build(options_.model_name, options_.model_aliases, gateway.paths(),
+                                    catalogue_ids(options_.catalogue))),
         service_(env, gateway, service_options()) {}
 
   ~Impl() { stop(); }
@@ -123,6 +138,14 @@ class HttpServer::Impl {
   // Generation: completions and chat completions (server_generation.cpp).
   serve::GenerationRequest to_generation(const SamplingFields& s);
   std::optional<ApiError> resolve_model(const std::string& requested, std::string* out) const;
+  // The chat template of a model id (a catalogue model's own; else the
+  // served model's, which a fallback model shares).
+  ModelChat model_chat(const std::string& model) const {
+    for (const HttpServerOptions::CatalogueModel& m : options_.catalogue) {
+      if (m.id == model) return {m.chat_template, m.chat_template_default};
+    }
+    return {options_.chat_template, options_.chat_template_default};
+  }
   std::optional<ApiError> generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g,
                                                SamplingFields& sampling, std::string* route_model = nullptr,
                                                ToolUse* tool_use = nullptr, std::string* prompt_text = nullptr,

@@ -342,12 +342,39 @@ SchedulerOptions scheduler_options(const EngineServeOptions& o, const LlamaHpara
   return so;
 }
 
+// A session group's workers' executors: with layers on a Vulkan device a
+// DeviceGroup they share (it re-opens itself after the device is
+// re-initialised), else one SessionExecutor per session. The executors own
+// the sessions (which hold their stages' pools and backends).
+std::vector<std::unique_ptr<Executor>> group_executors(Env& env, std::shared_ptr<const Model> model,
+                                                       const SessionGroupOptions& go, SessionGroup group,
+                                                       const std::shared_ptr<StepBatcher>& batcher,
+                                                       std::function<void(const Status&, double)> on_reopened) {
+  std::vector<std::unique_ptr<Executor>> executors;
+  if (group.vulkan && group.n_gpu_layers > 0) {
+    const size_t n = group.sessions.size();
+    auto shared = std::make_shared<DeviceGroup>(env, std::move(model), go, std::move(group), std::move(on_reopened));
+    shared->set_batcher(batcher);
+    for (size_t i = 0; i < n; ++i) executors.push_back(std::make_unique<DeviceGroupExecutor>(shared, i));
+  } else {
+    for (auto& s : group.sessions) {
+      executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.full_pool, batcher));
+    }
+  }
+  return executors;
+}
+
 // The session group of an on-demand path, opened by the first worker that
 // needs it; every worker then runs its own session of the group.
 class OnDemandGroup {
  public:
-  OnDemandGroup(Env& env, OnDemandModel model, SessionGroupOptions options, std::shared_ptr<StepBatcher> batcher)
-      : env_(env), model_(std::move(model)), options_(std::move(options)), batcher_(std::move(batcher)) {}
+  OnDemandGroup(Env& env, OnDemandModel model, SessionGroupOptions options, std::shared_ptr<StepBatcher> batcher,
+                std::function<void(const Status&, double)> on_reopened)
+      : env_(env),
+        model_(std::move(model)),
+        options_(std::move(options)),
+        batcher_(std::move(batcher)),
+        on_reopened_(std::move(on_reopened)) {}
 
   // The worker's executor, loading the model first when it is not loaded;
   // the caller runs on it and then calls release(). Counted, so that
@@ -362,10 +389,7 @@ class OnDemandGroup {
                                            " changed since start (its tokenizer differs)");
       }
       SPW_ASSIGN_OR_RETURN(SessionGroup g, open_session_group(m, options_));
-      std::vector<std::unique_ptr<Executor>> ex;
-      for (auto& s : g.sessions) ex.push_back(std::make_unique<SessionExecutor>(std::move(s), g.full_pool, batcher_));
-      group_ = std::move(g);
-      executors_ = std::move(ex);
+      executors_ = group_executors(env_, m, options_, std::move(g), batcher_, on_reopened_);
       if (model_.on_loaded) model_.on_loaded(static_cast<double>(env_.now_ns() - t0) / 1e6);
     }
     ++active_;
@@ -387,9 +411,14 @@ class OnDemandGroup {
   bool unload(int64_t wait_ns) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!env_.wait_until_ns(lk, idle_, env_.now_ns() + wait_ns, [&] { return active_ == 0; })) return false;
-    executors_.clear();        // the sessions first: they use the group's pools
-    group_ = SessionGroup{};
+    executors_.clear();  // sessions, pools, backends (and a device group's uploaded weights)
     return true;
+  }
+
+  const OnDemandModel& model() const { return model_; }
+  bool loaded() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return !executors_.empty();
   }
 
  private:
@@ -397,20 +426,26 @@ class OnDemandGroup {
   const OnDemandModel model_;
   const SessionGroupOptions options_;
   std::mutex mu_;
-  SessionGroup group_;  // backends and pools the executors' sessions use
   std::vector<std::unique_ptr<Executor>> executors_;  // empty until loaded
   int active_ = 0;  // workers between acquire() and release()
   std::condition_variable idle_;  // active_ fell
   const std::shared_ptr<StepBatcher> batcher_;
+  const std::function<void(const Status&, double)> on_reopened_;
 };
 
 class OnDemandExecutor final : public Executor {
  public:
   OnDemandExecutor(std::shared_ptr<OnDemandGroup> group, size_t worker) : group_(std::move(group)), worker_(worker) {}
   Result<ExecOutcome> run(const ExecJob& job, const ExecCallbacks& cb, const std::atomic<bool>& cancel) override {
-    SPW_ASSIGN_OR_RETURN(Executor * e, group_->acquire(worker_));
-    Result<ExecOutcome> out = e->run(job, cb, cancel);
-    group_->release();
+    const OnDemandModel& m = group_->model();
+    if (m.begin_run) SPW_RETURN_IF_ERROR(m.begin_run(cancel));
+    Result<ExecOutcome> out = [&]() -> Result<ExecOutcome> {
+      SPW_ASSIGN_OR_RETURN(Executor * e, group_->acquire(worker_));
+      Result<ExecOutcome> r = e->run(job, cb, cancel);
+      group_->release();
+      return r;
+    }();
+    if (m.end_run) m.end_run(group_->loaded());
     return out;
   }
 
@@ -433,21 +468,10 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
   EngineServing out;
   out.vulkan = group.vulkan;
   out.placement_detail = group.placement;
-  std::vector<std::unique_ptr<Executor>> executors;
   auto batcher = make_batcher(env, o);
   out.batcher = batcher;
-  if (group.vulkan && group.n_gpu_layers > 0) {
-    // Layers on a device: a group that can re-open itself after the device
-    // is re-initialised.
-    const size_t n = group.sessions.size();
-    auto shared = std::make_shared<DeviceGroup>(env, model, go, std::move(group), o.on_reopened);
-    shared->set_batcher(batcher);
-    for (size_t i = 0; i < n; ++i) executors.push_back(std::make_unique<DeviceGroupExecutor>(shared, i));
-  } else {
-    for (auto& s : group.sessions) {
-      executors.push_back(std::make_unique<SessionExecutor>(std::move(s), group.full_pool, batcher));
-    }
-  }
+  std::vector<std::unique_ptr<Executor>> executors =
+      group_executors(env, model, go, std::move(group), batcher, o.on_reopened);
   // The tokenizer lives inside the model: share the model's lifetime.
   std::shared_ptr<const Tokenizer> tok(model, &model->tokenizer());
   SPW_ASSIGN_OR_RETURN(out.scheduler, Scheduler::create(env, std::move(tok), std::move(executors), std::move(so)));
@@ -456,9 +480,6 @@ Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Mode
 
 Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, const EngineServeOptions& o) {
   if (!model.load || !model.tokenizer) return Status::invalid_argument("serve: on-demand model without loader or tokenizer");
-  if (o.device.gpu_layer_count(model.hparams.n_layer) != 0) {
-    return Status::invalid_argument("an on-demand replica runs on the cpu placement only, got " + o.device.name());
-  }
   const LlamaHparams hp = model.hparams;
   SPW_ASSIGN_OR_RETURN(const int32_t n_ctx, check_options(hp, o));
   SchedulerOptions so = scheduler_options(o, hp, n_ctx);
@@ -468,16 +489,18 @@ Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, co
   }
   std::shared_ptr<const Tokenizer> tok = model.tokenizer;
   auto batcher = make_batcher(env, o);
-  auto group = std::make_shared<OnDemandGroup>(env, std::move(model), group_options(o, n_ctx), batcher);
+  auto group =
+      std::make_shared<OnDemandGroup>(env, std::move(model), group_options(o, n_ctx), batcher, o.on_reopened);
   std::vector<std::unique_ptr<Executor>> executors;
   for (int32_t i = 0; i < o.n_workers; ++i) {
     executors.push_back(std::make_unique<OnDemandExecutor>(group, static_cast<size_t>(i)));
   }
   EngineServing out;
   out.batcher = batcher;
+  out.vulkan = o.vulkan;
   out.unload = [group] { return group->unload(int64_t{5'000'000'000}); };
+  out.placement_detail = so.placement + " (on-demand: loaded at the first request)";
   SPW_ASSIGN_OR_RETURN(out.scheduler, Scheduler::create(env, std::move(tok), std::move(executors), std::move(so)));
-  out.placement_detail = "cpu (on-demand: loaded at the first request)";
   return out;
 }
 

@@ -29,6 +29,7 @@
 // Thread safety: as Scheduler.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -106,21 +107,32 @@ struct EngineServing {
 Result<EngineServing> make_engine_scheduler(Env& env, std::shared_ptr<const Model> model,
                                             const EngineServeOptions& options);
 
-// A path whose model is loaded at its first request (replica "on-demand"):
-// nothing of the weights is mapped until a worker takes the path's first
-// request; that worker calls `load`, opens the session group as
-// make_engine_scheduler would, and runs the request (which waits in the
-// meantime, as running). A failed load fails that request with the loader's
-// status and is tried again by the next one. Admission and the KV gate work
-// from the start: the tokenizer and hparams are the file's, read at start,
-// and the KV gate's budget is options.kv_blocks (0: n_workers full contexts).
-// Only the CPU placement (an on-demand replica is a host copy).
+// A path whose model is loaded at its first request (replica "on-demand",
+// and the catalogue's models beyond the first): nothing of the weights is
+// mapped until a worker takes the path's first request; that worker calls
+// `load`, opens the session group as make_engine_scheduler would (on any
+// placement: with layers on Vulkan, options.vulkan's device, the group
+// re-opening itself after a re-initialisation), and runs the request (which
+// waits in the meantime, as running). A failed load fails that request with
+// the loader's status and is tried again by the next one. Admission and the
+// KV gate work from the start: the tokenizer and hparams are the file's,
+// read at start, and the KV gate's budget is options.kv_blocks (0: n_workers
+// full contexts).
 struct OnDemandModel {
   std::function<Result<std::shared_ptr<const Model>>()> load;
   std::shared_ptr<const Tokenizer> tokenizer;
   LlamaHparams hparams;
-  // Told once, on the loading worker's thread, how long the load took.
+  // Told once per load, on the loading worker's thread, how long it took.
   std::function<void(double load_ms)> on_loaded;
+  // Around every run, on the worker's thread (null: none). begin_run comes
+  // before the load and may block until the run may start (the gateway's
+  // model residency makes room for a load there, or holds a run back while
+  // another model's load waits for this one's memory); it returns early
+  // with Cancelled when `cancel` is set, and an error fails the run with it.
+  // end_run follows every begun run, with whether the model is loaded now
+  // (false: its load failed).
+  std::function<Status(const std::atomic<bool>& cancel)> begin_run;
+  std::function<void(bool loaded)> end_run;
 };
 Result<EngineServing> make_on_demand_scheduler(Env& env, OnDemandModel model, const EngineServeOptions& options);
 
