@@ -509,7 +509,7 @@ TEST(CliTest, ServeDumpConfigReadsBack) {
   CmdResult defaults = run("serve --dump-config");
   ASSERT_EQ(defaults.exit_code, 0) << defaults.err;
   for (const char* line : {"\nport = 8080\n", "\nhost = \"127.0.0.1\"\n", "\ncpu-queue = 8\n", "\napi-key-hash = []\n",
-                           "\nno-batching = false\n", "\nmax-body = \"16MiB\"\n", "\n# model = "}) {
+                           "\nno-batching = false\n", "\nmax-body = \"16MiB\"\n", "\nmodel = []\n"}) {
     EXPECT_NE(defaults.out.find(line), std::string::npos) << line << defaults.out;
   }
   const std::string dumped = write_config("dumped.toml", defaults.out);

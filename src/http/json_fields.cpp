@@ -283,4 +283,26 @@ json verdicts_json(const admission::Decision& d) {
   return a;
 }
 
+json resident_model_json(const gateway::ResidentModelInfo& r) {
+  json charges = json::object();
+  for (const auto& [ledger, bytes] : r.charges) charges[ledger] = bytes;
+  return {{"name", r.name},
+          {"state", r.state},
+          {"pinned", r.pinned},
+          {"draining", r.draining},
+          {"memory_bytes", r.bytes},
+          {"memory_by_ledger", charges},
+          {"last_used", r.last_used_ms > 0 ? json(r.last_used_ms / 1000) : json(nullptr)},
+          {"keep_alive_s", r.keep_alive_s},
+          {"keep_alive_left_s", r.keep_alive_left_s >= 0 ? json(r.keep_alive_left_s) : json(nullptr)},
+          {"resident_s", r.resident_s},
+          {"running", r.running},
+          {"waiting", r.waiting},
+          {"loads", r.loads},
+          {"evictions", r.evictions},
+          {"last_evicted_for", nullable(r.last_evicted_for)},
+          {"predicted_load_ms", r.predicted_load_ms},
+          {"last_load_ms", r.last_load_ms >= 0 ? json(r.last_load_ms) : json(nullptr)}};
+}
+
 }  // namespace spw::http::json_fields

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "gateway/residency.h"
 #include "http/openai.h"
 
 namespace spw::http::json_fields {
@@ -60,6 +61,12 @@ json spillway_json(const SpillwayInfo& s);
 json usage_json(int32_t prompt, int32_t completion);
 // An admission decision's verdicts, one per path: {"path","eligible","reason"}.
 json verdicts_json(const admission::Decision& d);
+// A catalogue model's residency (gateway/residency.h) for /v1/models and
+// /v1/status: state, pinned, draining, memory (all ledgers and by ledger),
+// last use (Unix seconds or null), keep-alive and what is left of it (null
+// while not counting), runs running and waiting, loads, evictions, the
+// predicted and the last load time.
+json resident_model_json(const gateway::ResidentModelInfo& r);
 
 // Generated text is valid UTF-8 (Utf8Stream), but never let a stray byte throw.
 std::string dump(const json& j);

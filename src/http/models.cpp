@@ -23,22 +23,9 @@ json_fields::json model_json(const ModelEntry& e, int64_t created,
   }
   for (const gateway::ResidentModelInfo& r : residency) {
     if (r.name != e.id) continue;
-    sp["state"] = r.state;
-    sp["pinned"] = r.pinned;
-    sp["draining"] = r.draining;
-    sp["memory_bytes"] = r.bytes;
-    json_fields::json charges = json_fields::json::object();
-    for (const auto& [ledger, bytes] : r.charges) charges[ledger] = bytes;
-    sp["memory_by_ledger"] = charges;
-    sp["last_used"] = r.last_used_ms > 0 ? json_fields::json(r.last_used_ms / 1000) : json_fields::json(nullptr);
-    sp["keep_alive_s"] = r.keep_alive_s;
-    sp["keep_alive_left_s"] = r.keep_alive_left_s >= 0 ? json_fields::json(r.keep_alive_left_s) : json_fields::json(nullptr);
-    sp["running"] = r.running;
-    sp["waiting"] = r.waiting;
-    sp["loads"] = r.loads;
-    sp["evictions"] = r.evictions;
-    sp["predicted_load_ms"] = r.predicted_load_ms;
-    sp["last_load_ms"] = r.last_load_ms >= 0 ? json_fields::json(r.last_load_ms) : json_fields::json(nullptr);
+    json_fields::json m = json_fields::resident_model_json(r);
+    m.erase("name");
+    sp.update(m);
   }
   return {{"id", e.id}, {"object", "model"}, {"created", created}, {"owned_by", "spillway"}, {"spillway", sp}};
 }

@@ -65,11 +65,46 @@ TEST(ModelCatalog, RendersTheListAndOneModelWithRoles) {
   EXPECT_EQ(list["object"], "list");
   ASSERT_EQ(list["data"].size(), 3u);
   EXPECT_EQ(list["data"][1], json::parse(R"({"id":"a","object":"model","created":1700000000,"owned_by":"spillway",
-      "spillway":{"role":"alias","alias_of":"m","paths":["gpu","hybrid"]}})"));
+      "spillway":{"role":"alias","alias_of":"m","paths":["gpu","hybrid"],"state":"loaded","pinned":true}})"));
   const json one = json::parse(render_model(*c.find("Llama-3.2-1B-Q8_0"), 5));
   EXPECT_EQ(one["spillway"]["role"], "fallback");
   EXPECT_FALSE(one["spillway"].contains("alias_of"));
   EXPECT_EQ(c.find("nope"), nullptr);
+}
+
+TEST(ModelCatalog, CatalogueModelsResolveToThemselvesAndUnavailableOnesSayWhy) {
+  std::vector<gateway::ExecutionPath> paths = paths_with_fallback();
+  paths.emplace_back();
+  paths.back().name = "gpu/coder";
+  paths.back().model = "coder";
+  const ModelCatalog c =
+      ModelCatalog::build("Llama-3.2-3B-Q4_K_M", {}, paths, {{"coder", ""}, {"broken", "unsupported architecture 'x'"}});
+  // The served model's paths exclude the catalogue model's.
+  EXPECT_EQ(c.entries()[0].paths, (std::vector<std::string>{"gpu", "hybrid"}));
+  const ModelEntry* coder = c.find("coder");
+  ASSERT_NE(coder, nullptr);
+  EXPECT_EQ(coder->role, "catalogue");
+  EXPECT_EQ(coder->paths, std::vector<std::string>{"gpu/coder"});
+  EXPECT_EQ(std::get<std::string>(c.resolve("coder")), "coder");
+  const ApiError e = std::get<ApiError>(c.resolve("broken"));
+  EXPECT_EQ(e.http_status, 404);
+  EXPECT_EQ(e.code, "model_unavailable");
+  EXPECT_NE(e.message.find("unsupported architecture 'x'"), std::string::npos) << e.message;
+  // The residency's figures are rendered with the entry.
+  gateway::ResidentModelInfo r;
+  r.name = "coder";
+  r.state = "unloaded";
+  r.bytes = 123;
+  r.charges = {{"vulkan:0", 100}, {"host", 23}};
+  r.evictions = 2;
+  const json one = json::parse(render_model(*coder, 5, {r}));
+  EXPECT_EQ(one["spillway"]["state"], "unloaded");
+  EXPECT_EQ(one["spillway"]["memory_by_ledger"]["vulkan:0"], 100);
+  EXPECT_EQ(one["spillway"]["evictions"], 2);
+  EXPECT_TRUE(one["spillway"]["last_used"].is_null());
+  const json broken = json::parse(render_model(*c.find("broken"), 5));
+  EXPECT_EQ(broken["spillway"]["state"], "unavailable");
+  EXPECT_EQ(broken["spillway"]["reason"], "unsupported architecture 'x'");
 }
 
 TEST(ModelCatalog, AliasesThatWouldBeAmbiguousOrMalformedAreRefusedByName) {

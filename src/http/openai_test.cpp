@@ -307,7 +307,7 @@ TEST(OpenAiStrict, UnknownFieldsAreRefused) {
   ApiError long_name =
       chat_error(json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {std::string(5000, 'k'), 1}}.dump());
   EXPECT_LE(long_name.message.size(), kMaxErrorMessageBytes);
-  EXPECT_NE(long_name.message.find("skip_special_tokens)"), std::string::npos) << long_name.message;
+  EXPECT_NE(long_name.message.find("keep_alive)"), std::string::npos) << long_name.message;
   // vLLM's other parameters are unknown here, named as such.
   for (const char* vllm : {"use_beam_search", "include_stop_str_in_output", "allowed_token_ids", "bad_words",
                            "spaces_between_special_tokens", "prompt_logprobs", "guided_json"}) {

@@ -434,8 +434,10 @@ std::string render_status(const gateway::GatewayStatus& s, const TransportStats*
                       {"reason", d.reason},
                       {"degraded", d.degraded}});
   }
+  json models = json::array();
+  for (const gateway::ResidentModelInfo& m : s.models) models.push_back(resident_model_json(m));
   json j = {
-      {"object", "spillway.status"},  {"ready", s.ready},           {"paths", paths},
+      {"object", "spillway.status"},  {"ready", s.ready},           {"paths", paths}, {"models", models},
       {"paths_not_built", not_built}, {"ledgers", ledgers},         {"reservations", reservations_json(s.reservations)},
       {"decisions", decisions},       {"recent_decisions", recent}, {"equivalence", equivalence},
       {"overflow", s.overflow}};
