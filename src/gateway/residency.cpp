@@ -137,7 +137,15 @@ ModelResidency::Room ModelResidency::find_room_locked(const Model& m, int64_t no
   for (const auto& [n, v] : models_) {
     if (v.get() != &m && v->reserved && !v->pinned && !v->evicting) lru.push_back(v.get());
   }
-  std::sort(lru.begin(), lru.end(), [](const Model* a, const Model* b) { return a->last_used_ns < b->last_used_ns; });
+  // Those that could go now (idle, past their minimum residency) first,
+  // least recently used first within each group: a running model is chosen
+  // only when the idle ones are not enough (its load then waits for it).
+  const int64_t min_res = seconds_ns(options_.min_residency_s);
+  auto now_ok = [&](const Model* v) { return v->running == 0 && now - v->reserved_ns >= min_res; };
+  std::sort(lru.begin(), lru.end(), [&](const Model* a, const Model* b) {
+    if (now_ok(a) != now_ok(b)) return now_ok(a);
+    return a->last_used_ns < b->last_used_ns;
+  });
   std::vector<Model*> chosen;
   for (const ModelCharge& c : m.charges) {
     const uint64_t available = c.ledger->available();
@@ -164,7 +172,6 @@ ModelResidency::Room ModelResidency::find_room_locked(const Model& m, int64_t no
   }
   room.needed = chosen;
   room.fits_now = chosen.empty();
-  const int64_t min_res = seconds_ns(options_.min_residency_s);
   bool all_now = true;
   room.wait_until_ns = std::numeric_limits<int64_t>::max();
   for (Model* v : chosen) {

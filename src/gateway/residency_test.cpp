@@ -122,6 +122,20 @@ TEST(Residency, NeverEvictsAPinnedOrARunningModel) {
   EXPECT_EQ(f.info("pinned").state, "loaded");  // never given back
 }
 
+TEST(Residency, AnIdleModelGoesBeforeAnOlderRunningOne) {
+  Fixture f(no_minimum());
+  f.add("a", 40);
+  f.add("b", 40);
+  f.add("c", 40);
+  ASSERT_TRUE(f.residency->begin_run("a", f.no_cancel).ok());  // a runs, and is the least recently used
+  std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(f.run("b").ok());
+  EXPECT_NE(f.residency->plan("c", f.ledger.get()).note.find("evicting b"), std::string::npos);
+  ASSERT_TRUE(f.run("c").ok());
+  EXPECT_EQ(f.unloaded(), std::vector<std::string>{"b"});
+  f.residency->end_run("a", true);
+}
+
 TEST(Residency, APlanThatCanNeverFitIsRefusedNamingTheFigures) {
   Fixture f(no_minimum());
   f.add("pinned", 60, /*pinned=*/true);
