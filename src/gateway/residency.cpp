@@ -269,16 +269,20 @@ Status ModelResidency::begin_run(const std::string& name, const std::atomic<bool
       if (room.never) return leave(Status(StatusCode::kResourceExhausted, room.why, FailureReason::kNoPath));
       if (room.fits_now) {
         if (reserve_locked(m)) {
+          // Running from here on (before any unlock): nobody may evict what
+          // this run is about to load.
           ++m.loads;
-          clear_drains_locked(m.name);
+          ++m.running;
+          m.last_used_ns = now;
+          m.last_used_ms = env_.wall_time_ms();
+          Status st = leave(Status::ok_status());
           if (options_.log) {
             const std::string line = "model " + m.name + " reserved " + admission::format_bytes(m.total_bytes()) +
                                      ", loading";
             lk.unlock();
             options_.log(line);
-            lk.lock();
           }
-          continue;  // runs at the top of the loop
+          return st;
         }
         // The ledger's observed use rose between the check and the
         // reservation: look again shortly.
@@ -356,6 +360,9 @@ LoadPlan ModelResidency::plan(const std::string& name, const admission::MemoryLe
   if (m.reserved && !m.evicting) return p;
   p.resident = false;
   p.extra_bytes = m.bytes_on(ledger);
+  // Being evicted: its own tickets still count in the ledger until its
+  // unload ends, and are gone before it can be reserved again.
+  if (m.reserved) p.reclaim_bytes += m.bytes_on(ledger);
   const int64_t now = env_.now_ns();
   for (const auto& [n, v] : models_) {
     if (v.get() != &m && v->reserved && !v->pinned) p.reclaim_bytes += v->bytes_on(ledger);
