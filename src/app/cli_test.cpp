@@ -504,6 +504,43 @@ TEST(CliTest, ServeCommandLineWinsOverConfig) {
   std::remove(cfg.c_str());
 }
 
+TEST(CliTest, ServeConfigModelTablesAreTheCatalogueFlags) {
+  const std::string cfg = write_config("models.toml", "[[model]]\npath = \"" + kStories +
+                                                          "\"\n\n[[model]]\nname = \"coder\"\npath = \"/m/c.gguf\"\n"
+                                                          "pinned = true\nkeep_alive = \"30m\"\n\n[[model]]\n"
+                                                          "path = \"/m/small.gguf\"\npreload = true\nkeep_alive = 60\n");
+  CmdResult d = run("serve --config " + cfg + " --dump-config");
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.out.find("\nmodel = [\"" + kStories + "\", \"coder=/m/c.gguf\", \"/m/small.gguf\"]\n"), std::string::npos)
+      << d.out;
+  EXPECT_NE(d.out.find("\npin = [\"coder\"]\n"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("\npreload = [\"small\"]\n"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("\nmodel-keep-alive = [\"coder=30m\", \"small=60\"]\n"), std::string::npos) << d.out;
+  // Mistakes name the file, the line and the key.
+  const std::string bad = write_config("bad-models.toml", "[[model]]\npath = \"a.gguf\"\n\n[[model]]\nfile = \"b\"\n");
+  CmdResult b = run("serve --config " + bad + " --dump-config");
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_NE(b.err.find("line 4"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("unknown key 'file'"), std::string::npos) << b.err;
+  std::remove(cfg.c_str());
+  std::remove(bad.c_str());
+}
+
+TEST(CliTest, ServeRefusesABadCatalogueEntryNamingIt) {
+  CmdResult r = run("serve --model " + kStories + " --model coder=/nonexistent/c.gguf --port 0 --journal none");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--model coder (/nonexistent/c.gguf): "), std::string::npos) << r.err;
+  r = run("serve --model " + kStories + " --model " + kStories + " --port 0 --journal none");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("another model of the catalogue has this name"), std::string::npos) << r.err;
+  r = run("serve --model " + kStories + " --pin coder --port 0 --journal none");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--pin coder: no catalogue model has this name"), std::string::npos) << r.err;
+  r = run("serve --model " + kStories + " --keep-alive 5x --port 0 --journal none");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--keep-alive: duration '5x'"), std::string::npos) << r.err;
+}
+
 TEST(CliTest, ServeDumpConfigReadsBack) {
   // The defaults: every key, readable as a config file giving the same.
   CmdResult defaults = run("serve --dump-config");

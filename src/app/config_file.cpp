@@ -24,6 +24,7 @@
 #include <toml++/toml.h>
 
 #include "app/commands.h"
+#include "gateway/builder.h"
 
 namespace spw::app {
 namespace {
@@ -125,6 +126,81 @@ toml::table parse_or_refuse(const std::string& path) {
 #endif
 }
 
+// Adds `values` to the option named `flag` (when the command line did not
+// give it) and runs its callback, a bad value reported against the file.
+void add_values(CLI::App& app, const std::string& path, std::size_t line, const std::string& flag,
+                const std::vector<std::string>& values) {
+  CLI::Option* opt = app.get_option_no_throw(flag);
+  if (opt == nullptr || values.empty() || opt->count() > 0) return;
+  opt->add_result(values);
+  try {
+    opt->run_callback();
+  } catch (const CLI::Error& e) {
+    refuse(path, line, flag.substr(2) + ": " + e.what());
+  }
+}
+
+// `[[model]]` tables (`spillway serve`'s catalogue): each with `path`
+// (required), `name` (default: the file's stem), `pinned`, `preload` and
+// `keep_alive` (a duration string or seconds), standing for the --model
+// NAME=PATH, --pin, --preload and --model-keep-alive flags. The first table
+// is the served model (no name, pinned, preload or keep_alive: it is always
+// loaded and named by its file). The command line's --model replaces all of
+// them. Returns false when `node` is not an array of tables.
+bool apply_model_tables(CLI::App& app, const std::string& path, const toml::node& node, std::size_t line) {
+  const toml::array* arr = node.as_array();
+  if (arr == nullptr || arr->empty() || !(*arr)[0].is_table()) return false;
+  CLI::Option* model = app.get_option_no_throw("--model");
+  if (model == nullptr || model->count() > 0) return true;
+  std::vector<std::string> models, pins, preloads, keep_alives;
+  for (std::size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* t = (*arr)[i].as_table();
+    std::size_t at = (*arr)[i].source().begin.line > 0 ? (*arr)[i].source().begin.line : line;
+    if (t == nullptr) refuse(path, at, "model: every entry of [[model]] must be a table");
+    for (const auto& [k, v] : *t) {
+      const std::string key(k.str());
+      if (key != "path" && key != "name" && key != "pinned" && key != "preload" && key != "keep_alive") {
+        refuse(path, at, "[[model]]: unknown key '" + key + "' (path, name, pinned, preload, keep_alive)");
+      }
+    }
+    const std::optional<std::string> file = (*t)["path"].value_exact<std::string>();
+    if (!file) refuse(path, at, "[[model]]: `path` (a string, the GGUF file) is required");
+    const std::optional<std::string> name = (*t)["name"].value_exact<std::string>();
+    if ((*t).contains("name") && !name) refuse(path, at, "[[model]]: `name` must be a string");
+    const std::string id = name ? *name : gateway::model_name_from_path(*file);
+    if (i == 0) {
+      if (t->size() != 1) {
+        refuse(path, at, "[[model]]: the first table is the served model (always loaded, named by its file): only "
+                         "`path` there");
+      }
+      models.push_back(*file);
+      continue;
+    }
+    models.push_back(name ? *name + "=" + *file : *file);
+    for (const char* flag : {"pinned", "preload"}) {
+      if (!t->contains(flag)) continue;
+      const std::optional<bool> b = (*t)[flag].value_exact<bool>();
+      if (!b) refuse(path, at, std::string("[[model]]: `") + flag + "` must be true or false");
+      if (*b) (std::string(flag) == "pinned" ? pins : preloads).push_back(id);
+    }
+    if (t->contains("keep_alive")) {
+      const toml::node& ka = *(*t).get("keep_alive");
+      std::optional<std::string> text = ka.value_exact<std::string>();
+      if (!text) {
+        if (auto n = ka.value_exact<int64_t>()) text = std::to_string(*n);
+        else if (auto d = ka.value_exact<double>()) text = float_text(*d);
+      }
+      if (!text) refuse(path, at, "[[model]]: `keep_alive` must be a duration string (\"5m\") or seconds");
+      keep_alives.push_back(id + "=" + *text);
+    }
+  }
+  add_values(app, path, line, "--model", models);
+  add_values(app, path, line, "--pin", pins);
+  add_values(app, path, line, "--preload", preloads);
+  add_values(app, path, line, "--model-keep-alive", keep_alives);
+  return true;
+}
+
 // Reads `path` into the options of `app` that the command line did not give.
 void apply_config_file(CLI::App& app, const std::string& path) {
   const toml::table root = parse_or_refuse(path);
@@ -132,6 +208,7 @@ void apply_config_file(CLI::App& app, const std::string& path) {
     const std::string key(key_obj.str());
     std::size_t line = key_obj.source().begin.line;
     if (line == 0) line = node.source().begin.line;
+    if (key == "model" && apply_model_tables(app, path, node, line)) continue;
     CLI::Option* opt = key.empty() || key.front() == '-' ? nullptr : app.get_option_no_throw("--" + key);
     if (opt == nullptr && node.is_table()) {
       refuse(path, line,
