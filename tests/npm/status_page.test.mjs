@@ -11,6 +11,8 @@
 //   - a click on a queued request's Cancel button cancels it: the client
 //     waiting for it gets its cancellation, and it leaves the list;
 //   - the recent decisions with their reasons are listed;
+//   - the catalogue's models are listed with their state (a --model spare=
+//     beside the served one, never asked for: unloaded);
 //   - a screenshot is kept as a test artefact (SPILLWAY_ARTIFACTS_DIR).
 //
 // Run by ctest (status_page_test) with SPILLWAY_BINARY, SPILLWAY_GEN_MODEL and
@@ -53,7 +55,7 @@ async function loadPuppeteer() {
 
 const startServer = (model) => spawnServer('status', ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0',
   '--threads', '1', '--parallel', '1', '--queue', '8', '--journal', 'none', '--api-key', KEY,
-  '--admin-token', ADMIN]);
+  '--admin-token', ADMIN, '--model', `spare=${path.join(SOURCE_DIR, 'models', 'stories260K.gguf')}`]);
 
 // A non-streaming completion; resolves with the HTTP status and body.
 function complete(srv, prompt, maxTokens) {
@@ -184,6 +186,10 @@ describe('the status page in headless chromium', () => {
       capacity: svg.querySelector('.capacity').getAttribute('points').split(' ').length,
     }));
     assert.ok(ledger.used >= 4 && ledger.limit >= 2 && ledger.capacity >= 2, JSON.stringify(ledger));
+    // The catalogue's model (--model spare=...), not asked for yet.
+    const spare = await page.$eval('#models tbody tr', (tr) => ({ state: tr.dataset.state, text: tr.innerText }));
+    assert.equal(spare.state, 'unloaded', JSON.stringify(spare));
+    assert.match(spare.text, /spare/);
 
     await page.screenshot({ path: path.join(artifacts, 'status_page.png'), fullPage: true });
 
