@@ -124,6 +124,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
   app.add_option("--rope-freq-base", rope_base)->capture_default_str();
   app.add_option("--rms-eps", rms_eps)->capture_default_str();
+  std::string pooling;
+  app.add_option("--pooling", pooling, "write <arch>.pooling_type: an embedding model (mean | cls | last)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   CLI11_PARSE(app, argc, argv);
 
   spw::Env& env = spw::Env::default_env();
@@ -160,6 +163,7 @@ int main(int argc, char** argv) {
   spec.rope_freq_base = rope_base;
   spec.rms_eps = rms_eps;
   spec.vocab_path = vocab;
+  spec.pooling_type = pooling == "mean" ? 1 : pooling == "cls" ? 2 : pooling == "last" ? 3 : 0;
 
   spw::modelgen::RandomLlamaStats stats;
   auto plan = spw::modelgen::random_llama_writer(env, spec, &stats);

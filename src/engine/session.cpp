@@ -159,6 +159,9 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
       st = stages_[i].backend->forward_layers(*model_, stages_[i].layer_begin, stages_[i].layer_end, kv, n0 + off,
                                               m, hidden_.data());
     }
+    if (st.ok() && hidden_sink_) {
+      hidden_sink_(n0 + off, m, std::span<const float>(hidden_.data(), static_cast<size_t>(m) * static_cast<size_t>(E)));
+    }
     if (st.ok() && row_sink_) st = sink_rows(hidden_.data(), m, n0 + off, 1);
     if (st.ok()) {
       if (all_logits) {
@@ -278,6 +281,10 @@ std::vector<Status> Session::eval_batch(std::span<const BatchPart> parts) {
     for (size_t i : in) {
       Session& s = *parts[i].session;
       const auto n = static_cast<int32_t>(parts[i].tokens.size());
+      if (st.ok() && s.hidden_sink_) {
+        s.hidden_sink_(s.n_past(), n,
+                       std::span<const float>(hidden.data() + row * E, static_cast<size_t>(n) * static_cast<size_t>(E)));
+      }
       if (st.ok() && s.row_sink_) {
         st = s.sink_rows(hidden.data() + row * E, n, s.n_past(), static_cast<int32_t>(std::max<int64_t>(n_heads, 1)));
       }

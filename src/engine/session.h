@@ -90,6 +90,12 @@ struct SessionOptions {
 };
 
 using RowLogitsSink = std::function<void(int32_t first_pos, int32_t rows, std::span<const float> logits)>;
+// Every appended row's hidden state after the last layer, before the output
+// norm (n_embd floats a row, row-major; positions from first_pos), in
+// position order, before the call that appended them returns: what a
+// pooled sentence embedding is made of (engine/embedding.h). Costs nothing
+// beyond the call: the rows are the pass's own.
+using RowHiddenSink = std::function<void(int32_t first_pos, int32_t rows, std::span<const float> hidden)>;
 
 class Session {
  public:
@@ -133,6 +139,7 @@ class Session {
   Result<std::unique_ptr<Session>> fork();
   // See "Every row's logits" above; an empty function removes it.
   void set_row_logits_sink(RowLogitsSink sink) { row_sink_ = std::move(sink); }
+  void set_row_hidden_sink(RowHiddenSink sink) { hidden_sink_ = std::move(sink); }
 
   int32_t n_past() const { return static_cast<int32_t>(tokens_.size()); }
   const std::vector<TokenId>& tokens() const { return tokens_; }
@@ -165,6 +172,7 @@ class Session {
   std::vector<float> last_logits_;
   std::vector<float> hidden_;  // scratch [n_ubatch][n_embd]
   RowLogitsSink row_sink_;
+  RowHiddenSink hidden_sink_;
   StepBatcher* batcher_ = nullptr;  // while a member (StepBatcher::Membership)
 };
 

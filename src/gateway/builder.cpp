@@ -21,6 +21,7 @@
 #include "device/host_memory.h"
 #include "gateway/composition.h"
 #include "gguf/gguf.h"
+#include "engine/embedding.h"
 #include "serve/engine_executor.h"
 #include "serve/journal_observer.h"
 
@@ -721,6 +722,11 @@ Status make_path(Composition& c, PathSpec ps) {
   p.device = ps.device;
   p.cpu_faults = std::move(cpu_faults);
   p.fingerprint = ps.model ? ps.model->fingerprint() : ps.fingerprint;
+  {
+    const LlamaHparams& hp = ps.model ? ps.model->hparams() : ps.hparams;
+    if (embedding_support(hp).ok()) p.pooling = hp.pooling;
+    p.embedding_dims = hp.n_embd;
+  }
   p.cpu_kernels = c.host_cpu.kernels;
   p.prior = ps.prior;
   p.kv_type = std::string(kv_type_name(o.kv_type));

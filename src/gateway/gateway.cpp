@@ -68,6 +68,9 @@ admission::RequestShape shape_of(const RouteRequest& r, int32_t prompt_tokens) {
   s.max_tokens = r.generation.max_tokens;
   s.allow_shrink = r.allow_shrink;
   s.n = r.generation.n;
+  // An embeddings request generates nothing: its longest input's KV and one
+  // position (the controller's smallest request).
+  if (r.generation.pooling != Pooling::kNone) s.max_tokens = 1;
   return s;
 }
 
@@ -180,12 +183,13 @@ Status Gateway::failover(size_t from, const std::shared_ptr<serve::Ticket>& t, c
     std::vector<admission::PathSnapshot> snaps = snapshots_for(t->model());
     snaps[from].usable = false;
     snaps[from].unusable_reason = "failed this request before its first token (" + failure_name + ")";
+    if (t->job().pooling != Pooling::kNone) embeddings_only(snaps, t->job().pooling);
     return snaps;
   };
   const serve::AppliedLimits was = t->limits();
   admission::RequestShape shape;
   shape.prompt_tokens = was.prompt_tokens;
-  shape.max_tokens = was.max_tokens_requested;
+  shape.max_tokens = t->job().pooling != Pooling::kNone ? std::optional<int32_t>(1) : was.max_tokens_requested;
   shape.n = t->job().n;
   for (int attempt = 0; attempt < 3; ++attempt) {
     admission::Decision d = decide(shape, snapshots_without_from());
@@ -514,10 +518,40 @@ std::vector<admission::PathSnapshot> Gateway::snapshots_for(const std::string& m
   return out;
 }
 
-Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g, const std::string& model) {
+Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g, const std::string& model,
+                                              std::vector<std::vector<TokenId>>* embed_inputs) {
   SPW_RETURN_IF_ERROR(serve::validate_generation_request(g));
   refresh();
-  return serve::encode_prompt(tokenizer_for(model), g);
+  if (g.pooling == Pooling::kNone) return serve::encode_prompt(tokenizer_for(model), g);
+  // An embeddings request: every input tokenized as a prompt would be; the
+  // longest stands for the request in admission (its KV, its context).
+  std::vector<std::vector<TokenId>> inputs;
+  serve::GenerationRequest one = g;
+  for (const std::string& text : g.embed_texts) {
+    one.prompt = text;
+    one.prompt_tokens.reset();
+    SPW_ASSIGN_OR_RETURN(std::vector<TokenId> ids, serve::encode_prompt(tokenizer_for(model), one));
+    inputs.push_back(std::move(ids));
+  }
+  for (const std::vector<TokenId>& ids : g.embed_token_ids) {
+    one.prompt_tokens = ids;
+    SPW_ASSIGN_OR_RETURN(std::vector<TokenId> checked, serve::encode_prompt(tokenizer_for(model), one));
+    inputs.push_back(std::move(checked));
+  }
+  std::vector<TokenId> longest;
+  for (const auto& ids : inputs)
+    if (ids.size() > longest.size()) longest = ids;
+  if (embed_inputs) *embed_inputs = std::move(inputs);
+  return longest;
+}
+
+void Gateway::embeddings_only(std::vector<admission::PathSnapshot>& snaps, Pooling pooling) const {
+  for (size_t i = 0; i < snaps.size(); ++i) {
+    if (!snaps[i].usable || paths_[i].pooling == pooling) continue;
+    snaps[i].usable = false;
+    snaps[i].unusable_reason = "its model (" + paths_[i].model + ") does not pool " + std::string(pooling_name(pooling)) +
+                               " embeddings";
+  }
 }
 
 void Gateway::note_load(admission::Decision& d) const {
@@ -591,7 +625,8 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     if (refusal) refusal->status = st;
     return st;
   };
-  Result<std::vector<TokenId>> prepared = prepare(g, request.model);
+  std::vector<std::vector<TokenId>> embed_inputs;
+  Result<std::vector<TokenId>> prepared = prepare(g, request.model, &embed_inputs);
   if (prepared.ok() && request.keep_alive_s && policy_.residency) {
     policy_.residency->set_keep_alive(request.model, *request.keep_alive_s);
   }
@@ -603,6 +638,7 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
   // decide again with fresh snapshots, a bounded number of times.
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<admission::PathSnapshot> snaps = snapshots_for(request.model);
+    if (g.pooling != Pooling::kNone) embeddings_only(snaps, g.pooling);
     admission::Decision d = decide(shape_of(request, n_prompt), snaps);
     note_load(d);
     count_decision(decision_counter(d.kind), d);
@@ -627,6 +663,8 @@ Result<Admitted> Gateway::submit(const RouteRequest& request, Refusal* refusal) 
     p.job.prompt_logprobs = g.prompt_logprobs;
     p.job.request_safe_points = g.safe_points;
     p.job.n = g.n;
+    p.job.pooling = g.pooling;
+    p.job.embed_inputs = embed_inputs;
     Result<std::shared_ptr<serve::Ticket>> t = path.scheduler->submit_prepared(std::move(p));
     if (t.ok()) {
       track(*t);

@@ -224,6 +224,10 @@ struct ExecutionPath {
   // backend's contract; otherwise migration between them waits for their
   // equivalence check (verify_equivalence).
   std::string numerics() const { return cpu_kernels.empty() ? placement : placement + "/" + cpu_kernels; }
+  // How its model pools embeddings (LlamaHparams::pooling; kNone: it serves
+  // no /v1/embeddings).
+  Pooling pooling = Pooling::kNone;
+  int32_t embedding_dims = 0;  // its model's n_embd: the width of its embeddings
   // The element type of its KV cache ("f16", "f32", "q8_0"; `--kv-type`):
   // for status. "" when not known (a path built by hand).
   std::string kv_type;
@@ -623,7 +627,12 @@ class Gateway {
   void expire_locked(int64_t now);
   // Validation, observed-memory refresh and tokenization: what submit and
   // quote both do before deciding.
-  Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request, const std::string& model);
+  // An embeddings request (request.pooling): every input tokenized into
+  // *embed_inputs, the longest returned.
+  Result<std::vector<TokenId>> prepare(const serve::GenerationRequest& request, const std::string& model,
+                                       std::vector<std::vector<TokenId>>* embed_inputs = nullptr);
+  // Paths whose model does not pool `pooling` embeddings made unusable, saying so.
+  void embeddings_only(std::vector<admission::PathSnapshot>& snaps, Pooling pooling) const;
   admission::PathSnapshot snapshot_of(const ExecutionPath& path) const;
   // A decision for a catalogue model that is not resident: its reason says
   // what the load will hold and evict (ModelResidency::plan's note).

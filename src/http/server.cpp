@@ -205,6 +205,8 @@ Router HttpServer::Impl::routes() {
         authed([this](const Request& req, Response& res, const Principal& p) { completion(req, res, p, false); }));
   r.add("POST", "/v1/chat/completions", kWorker,
         authed([this](const Request& req, Response& res, const Principal& p) { completion(req, res, p, true); }));
+  r.add("POST", "/v1/embeddings", kWorker,
+        authed([this](const Request& req, Response& res, const Principal& p) { embeddings(req, res, p); }));
   r.add("GET", "/v1/requests", kInline,
         authed([this](const Request&, Response& res, const Principal& p) { list_requests(res, p); }));
   r.add("GET", "/v1/requests/{}", kWorker,

@@ -200,6 +200,7 @@ class HttpServer::Impl {
   static ApiError reservation_error(const Status& st);
   void reserve(const Request& req, Response& res, const Principal& p);
   void quote(const Request& req, Response& res);
+  void embeddings(const Request& req, Response& res, const Principal& who);
   // Reservations belong to the key that made them (the admin sees all).
   static gateway::ReservationCaller caller(const Principal& p) { return {p.owner, p.admin}; }
 

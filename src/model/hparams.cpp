@@ -53,6 +53,17 @@ std::string LlamaHparams::to_string() const {
          " rms_eps=" + std::to_string(rms_eps) + " n_vocab=" + std::to_string(n_vocab);
 }
 
+std::string_view pooling_name(Pooling p) {
+  switch (p) {
+    case Pooling::kNone: return "none";
+    case Pooling::kMean: return "mean";
+    case Pooling::kCls: return "cls";
+    case Pooling::kLast: return "last";
+    case Pooling::kRank: return "rank";
+  }
+  return "none";
+}
+
 Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
   LlamaHparams hp;
   SPW_ASSIGN_OR_RETURN(hp.arch, f.get_string("general.architecture"));
@@ -91,6 +102,15 @@ Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
   if (f.has(key("rope.dimension_count"))) SPW_RETURN_IF_ERROR(get_i32(key("rope.dimension_count"), hp.n_rot));
   SPW_ASSIGN_OR_RETURN(hp.rope_freq_base, f.get_f32_or(key("rope.freq_base"), 10000.0f));
   SPW_ASSIGN_OR_RETURN(hp.rms_eps, f.get_f32_or(key("attention.layer_norm_rms_epsilon"), 1e-5f));
+  if (f.has(key("pooling_type"))) {
+    int32_t pt = 0;
+    SPW_RETURN_IF_ERROR(get_i32(key("pooling_type"), pt));
+    if (pt > 4) return bad(key("pooling_type"), pt, "unknown (0 none, 1 mean, 2 cls, 3 last, 4 rank)");
+    hp.pooling = static_cast<Pooling>(pt);
+  }
+  if (const gguf::Value* v = f.find(key("attention.causal")); v != nullptr) {
+    if (const bool* b = std::get_if<bool>(&v->v)) hp.causal = *b;
+  }
   // RoPE scaling: linear is a position scale; Llama 3's per-frequency factors
   // come as a tensor (bound by the model); the rest is refused by name.
   std::string scaling = "none";

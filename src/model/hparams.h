@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 #include "gguf/gguf.h"
@@ -32,6 +33,12 @@ namespace spw {
 // Which pairs of a head's dimensions RoPE rotates together: llama's "normal"
 // (2i, 2i+1) or GPT-NeoX's (i, i + n_rot/2), which Qwen2/Qwen3 use.
 enum class RopeStyle { kNormal, kNeox };
+
+// How a model's GGUF says its token states pool into one sentence
+// embedding (<arch>.pooling_type: 0 none, 1 mean, 2 cls, 3 last; 4 rank, a
+// reranker's, is kept as kRank and not embedded).
+enum class Pooling { kNone, kMean, kCls, kLast, kRank };
+std::string_view pooling_name(Pooling p);  // "none", "mean", "cls", "last", "rank"
 
 struct LlamaHparams {
   std::string arch = "llama";  // general.architecture; the keys' prefix
@@ -48,6 +55,8 @@ struct LlamaHparams {
   RopeStyle rope_style = RopeStyle::kNormal;
   float rms_eps = 1e-5f;
   int32_t n_vocab = 0;
+  Pooling pooling = Pooling::kNone;  // <arch>.pooling_type (absent: none)
+  bool causal = true;                // <arch>.attention.causal (absent: true)
 
   int32_t head_dim() const {
     if (n_embd_head > 0) return n_embd_head;

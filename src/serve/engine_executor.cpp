@@ -1,6 +1,7 @@
 #include "serve/engine_executor.h"
 
 #include "engine/checkpoint.h"
+#include "engine/embedding.h"
 #include "engine/device_session.h"
 #include "engine/generate.h"
 #include "engine/session.h"
@@ -74,6 +75,24 @@ Result<ExecOutcome> run_choices(Session& session, const ExecJob& job, const Exec
   return out;
 }
 
+// An embeddings job: each input pooled in turn on the session (its prompt
+// passes share the batched steps like any prompt), the cancel flag read
+// between inputs.
+Result<ExecOutcome> run_embeddings(Session& session, const ExecJob& job, const std::atomic<bool>& cancel) {
+  auto vectors = std::make_shared<Embeddings>();
+  vectors->vectors.reserve(job.embed_inputs.size());
+  for (const std::vector<TokenId>& input : job.embed_inputs) {
+    if (cancel.load(std::memory_order_acquire)) return Status::cancelled("request cancelled");
+    SPW_ASSIGN_OR_RETURN(std::vector<float> v, embed_tokens(session, input, job.pooling));
+    vectors->vectors.push_back(std::move(v));
+    vectors->prompt_tokens += static_cast<int64_t>(input.size());
+  }
+  ExecOutcome out;
+  out.finish = FinishReason::kStop;
+  out.embeddings = std::move(vectors);
+  return out;
+}
+
 // One request on one session of a group: a Generator started from the
 // prompt or resumed from a checkpoint, stepped here so that checkpoints are
 // taken between steps (a clean token boundary, never inside a step).
@@ -92,6 +111,7 @@ Result<ExecOutcome> run_on_session(Session& session, bool keep_kv, StepBatcher* 
   // given back.
   std::optional<StepBatcher::Membership> member;
   if (batcher != nullptr) member.emplace(batcher->join(session));
+  if (job.pooling != Pooling::kNone) return run_embeddings(session, job, cancel);
   if (job.n > 1) return run_choices(session, job, cb, cancel, member);
   Result<std::unique_ptr<Generator>> started = [&]() -> Result<std::unique_ptr<Generator>> {
     if (job.resume) {

@@ -114,6 +114,16 @@ Scheduler::Scheduler(Env& env, std::shared_ptr<const Tokenizer> tokenizer, Sched
 Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
 
 Status validate_generation_request(const GenerationRequest& request) {
+  if (request.pooling != Pooling::kNone) {
+    if (request.embed_texts.empty() == request.embed_token_ids.empty()) {
+      return invalid_field("input", "input: one or more texts, or one or more token-id arrays");
+    }
+    for (const std::string& t : request.embed_texts)
+      if (t.empty()) return invalid_field("input", "input: an empty string cannot be embedded");
+    for (const auto& ids : request.embed_token_ids)
+      if (ids.empty()) return invalid_field("input", "input: an empty token array cannot be embedded");
+    return Status::ok_status();
+  }
   if (request.prompt_tokens ? request.prompt_tokens->empty() : request.prompt.empty()) {
     return invalid_field("prompt", "prompt: must not be empty");
   }
@@ -485,6 +495,7 @@ void Scheduler::run_one(Executor* executor, const std::shared_ptr<Ticket>& t) {
       fin.completion_tokens = r->completion_tokens;
       fin.choice_finish = r->choice_finish;
       fin.choice_tokens = r->choice_tokens;
+      fin.embeddings = r->embeddings;
     } else if (r.status().code() == StatusCode::kCancelled) {
       fin.state = RequestState::kCancelled;
       fin.status = r.status();

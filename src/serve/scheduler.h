@@ -60,6 +60,7 @@
 #include "admission/controller.h"
 #include "core/status.h"
 #include "engine/checkpoint.h"
+#include "model/hparams.h"
 #include "engine/finish_reason.h"
 #include "engine/sampler.h"
 #include "serve/channel.h"
@@ -113,6 +114,13 @@ struct GenerationRequest {
   // OpenAI's n: choices generated from one evaluation of the prompt
   // (engine/generate.h ChoiceGroup), choice i sampled with seed + i.
   int32_t n = 1;
+  // An embeddings request (/v1/embeddings) when pooling is not kNone: each
+  // input is pooled into one vector (engine/embedding.h) instead of a
+  // generation; inputs as text (tokenized as `prompt` would be) or as token
+  // ids. `prompt` / `prompt_tokens` are then ignored.
+  Pooling pooling = Pooling::kNone;
+  std::vector<std::string> embed_texts;
+  std::vector<std::vector<TokenId>> embed_token_ids;
 };
 
 // The checks every submitter makes before tokenizing: a non-empty prompt
@@ -134,6 +142,13 @@ struct AppliedLimits {
   int32_t max_tokens = 0;  // effective completion-token limit
   std::optional<int32_t> max_tokens_requested;
   bool max_tokens_clamped = false;  // requested more than the context leaves
+};
+
+// An embeddings request's result: one vector per input, in input order,
+// and the tokens its inputs came to.
+struct Embeddings {
+  std::vector<std::vector<float>> vectors;
+  int64_t prompt_tokens = 0;
 };
 
 struct RequestEvent {
@@ -159,6 +174,8 @@ struct RequestEvent {
   // index (`finish` is choice 0's).
   std::vector<FinishReason> choice_finish;
   std::vector<int32_t> choice_tokens;
+  // kFinished with kDone of an embeddings request: its vectors, by input.
+  std::shared_ptr<const Embeddings> embeddings;
 };
 
 // What a worker runs: tokens in, text out through `on_text`.
@@ -204,11 +221,17 @@ struct ExecJob {
   // (a migration or resume would need one per choice): a fault after its
   // first token ends it with its own error.
   int32_t n = 1;
+  // An embeddings job (pooling not kNone): each input's pooled vector
+  // (engine/embedding.h) into ExecOutcome::embeddings, nothing generated.
+  Pooling pooling = Pooling::kNone;
+  std::vector<std::vector<TokenId>> embed_inputs;
 };
 
 struct ExecOutcome {
   FinishReason finish = FinishReason::kStop;  // choice 0's
   int32_t completion_tokens = 0;              // all choices'
+  // An embeddings job's vectors, by input.
+  std::shared_ptr<const Embeddings> embeddings;
   // n > 1: by choice.
   std::vector<FinishReason> choice_finish;
   std::vector<int32_t> choice_tokens;

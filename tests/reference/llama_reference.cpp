@@ -321,7 +321,7 @@ LlamaReference::Cache LlamaReference::new_cache() const {
   return c;
 }
 
-void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logits) const {
+void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logits, std::vector<double>* normed) const {
   const int64_t n_embd = hp_.n_embd, hd = hp_.head_dim, pos = cache.n_past;
   const int64_t n_embd_kv = hd * hp_.n_head_kv, group = hp_.n_head / hp_.n_head_kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -386,6 +386,7 @@ void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logi
     for (int64_t i = 0; i < n_embd; ++i) x[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
   }
   rms_norm(x, output_norm_, hp_.rms_eps, h);
+  if (normed) *normed = h;
   mv(output_tied_ ? tok_embd_ : output_, h, logits);
   cache.n_past++;
 }
@@ -412,6 +413,28 @@ Result<std::vector<double>> LlamaReference::forward(std::span<const TokenId> tok
     all.insert(all.end(), logits.begin(), logits.end());
   }
   return all;
+}
+
+Result<std::vector<double>> LlamaReference::embed(std::span<const TokenId> tokens, int pooling) const {
+  SPW_RETURN_IF_ERROR(check_tokens(tokens));
+  if (pooling < 1 || pooling > 3) return Status::invalid_argument("reference: pooling must be 1, 2 or 3");
+  Cache cache = new_cache();
+  std::vector<double> logits, h, pooled(static_cast<size_t>(hp_.n_embd), 0.0);
+  for (size_t p = 0; p < tokens.size(); ++p) {
+    step(cache, tokens[p], logits, &h);
+    const bool take = pooling == 1 || (pooling == 2 && p == 0) || (pooling == 3 && p + 1 == tokens.size());
+    if (take) add_to(pooled, h);
+  }
+  if (pooling == 1) {
+    for (double& v : pooled) v /= static_cast<double>(tokens.size());
+  }
+  double norm = 0;
+  for (double v : pooled) norm += v * v;
+  norm = std::sqrt(norm);
+  if (norm > 0) {
+    for (double& v : pooled) v /= norm;
+  }
+  return pooled;
 }
 
 Result<std::vector<TokenId>> LlamaReference::greedy(std::span<const TokenId> prompt, int n_new,

@@ -69,6 +69,14 @@ class LlamaReference {
   // empty sequence or an id outside [0, n_vocab).
   Result<std::vector<double>> forward(std::span<const TokenId> tokens) const;
 
+  // A sentence embedding as llama.cpp's llama-embedding makes one: every
+  // position's state after the output norm, pooled (pooling 1 mean over the
+  // positions, 2 the first, 3 the last: <arch>.pooling_type's numbers), then
+  // scaled to unit Euclidean length. Its own arithmetic (double), written
+  // from that definition, not from the engine's. InvalidArgument as
+  // forward(), or for another pooling.
+  Result<std::vector<double>> embed(std::span<const TokenId> tokens, int pooling) const;
+
   // Greedy continuation (argmax, lowest id on ties) of `prompt` by up to `n_new`
   // tokens, stopping after `stop_token` when it is >= 0 (it is included).
   // Uses an incremental KV cache: same arithmetic as forward().
@@ -97,7 +105,7 @@ class LlamaReference {
                                                  int64_t n);
   Status check_tokens(std::span<const TokenId> tokens) const;
   // Appends one token at position cache.n_past and writes its logits.
-  void step(Cache& cache, TokenId token, std::vector<double>& logits) const;
+  void step(Cache& cache, TokenId token, std::vector<double>& logits, std::vector<double>* normed = nullptr) const;
   Cache new_cache() const;
 
   ReferenceHparams hp_;

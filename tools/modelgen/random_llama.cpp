@@ -204,6 +204,7 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
   w.set(a + "rope.dimension_count", Value::u32(head_dim));
   w.set(a + "rope.freq_base", Value::f32(s.rope_freq_base));
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(s.rms_eps));
+  if (s.pooling_type > 0) w.set(a + "pooling_type", Value::u32(s.pooling_type));
   for (const auto& [key, value] : vocab->metadata()) {
     if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);
   }

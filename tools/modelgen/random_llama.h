@@ -86,6 +86,9 @@ struct RandomLlamaSpec {
   float rms_eps = 1e-5f;
   uint64_t seed = 1;
   std::string vocab_path;  // GGUF whose tokenizer.* keys are copied
+  // <arch>.pooling_type written when > 0 (1 mean, 2 cls, 3 last): an
+  // embedding model as llama.cpp reads one.
+  uint32_t pooling_type = 0;
 };
 
 struct RandomLlamaStats {
