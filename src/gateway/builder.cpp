@@ -694,17 +694,18 @@ Status make_path(Composition& c, PathSpec ps) {
     if (ps.residency) {
       // A catalogue model: its memory is reserved (room made) before its
       // load, given back by eviction (residency.h).
+      // The residency's unit is the path.
       std::weak_ptr<ModelResidency> weak = ps.residency;
-      const std::string model = ps.model_name;
-      odm.on_loaded = [weak, model](double ms) {
-        if (auto r = weak.lock()) r->loaded(model, ms);
+      const std::string unit = ps.name;
+      odm.on_loaded = [weak, unit](double ms) {
+        if (auto r = weak.lock()) r->loaded(unit, ms);
       };
-      odm.begin_run = [weak, model](const std::atomic<bool>& cancel) {
+      odm.begin_run = [weak, unit](const std::atomic<bool>& cancel) {
         auto r = weak.lock();
-        return r ? r->begin_run(model, cancel) : Status::ok_status();
+        return r ? r->begin_run(unit, cancel) : Status::ok_status();
       };
-      odm.end_run = [weak, model](bool loaded) {
-        if (auto r = weak.lock()) r->end_run(model, loaded);
+      odm.end_run = [weak, unit](bool loaded) {
+        if (auto r = weak.lock()) r->end_run(unit, loaded);
       };
     }
     SPW_ASSIGN_OR_RETURN(serving, serve::make_on_demand_scheduler(c.env, std::move(odm), so));
@@ -910,13 +911,28 @@ void add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out) {
   }
 }
 
+// One path of a catalogue model and its plan (build_catalogue_model).
+struct CatalogueUnit {
+  std::string name;  // "gpu/coder", "cpu/coder"
+  Placement where;
+  admission::PathRole role = admission::PathRole::kPrimary;
+  PathShape shape;
+  int32_t blocks = 0;
+  std::vector<ModelCharge> charges;
+  std::vector<admission::StreamShare> shares;
+  double predicted_ms = 0;
+};
+
 // One catalogue model: its file read (hyperparameters, tokenizer, template),
-// its memory plan on the first path's placement (the device ledger's for
-// GPU layers, the host ledger's for the rest and, on a device computing from
-// host memory, its device bytes too: weights, KV for `parallel` full
-// contexts, scratch), registered with the residency, and its on-demand path
-// ("gpu/NAME", "hybrid/NAME" or "cpu/NAME"). A file that cannot be served is
-// an error naming the entry, or with from_dir an unavailable entry (OK).
+// its paths' memory plans (weights, KV for the path's workers' full contexts,
+// scratch; device bytes on the device ledger, the rest on the host ledger,
+// and on a device computing from host memory its device bytes there too),
+// each path registered with the residency as a unit: the first-choice path
+// on the served model's placement ("gpu/NAME", "hybrid/NAME" or "cpu/NAME")
+// and, beside a GPU one, a CPU fallback "cpu/NAME" (cpu_parallel workers,
+// cpu_queue, cpu_ctx) unless cpu_fallback is off. A file that cannot be
+// served is an error naming the entry, or with from_dir an unavailable entry
+// (OK).
 Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<std::string>& names) {
   const GatewayOptions& o = c.o;
   CatalogueEntry entry;
@@ -941,67 +957,97 @@ Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<
     entry.chat_template = std::get<std::string>(v->v);
   }
   // Its placement: the first path's device when the first model's GPU-side
-  // path was built there, else the CPU.
+  // path was built there, else the CPU; beside a GPU path, a CPU fallback
+  // path too (unless --no-cpu-fallback), a residency unit of its own.
   const bool on_device = c.gpu.built && c.out.device_ledger && c.out.vulkan;
-  const Placement where = on_device ? o.device : Placement::cpu();
   if (on_device) {
     if (Status types = vulkan_check_weight_types(**file); !types.ok()) return refuse(types.message());
   }
   const int32_t ctx = std::min(o.ctx > 0 ? o.ctx : hp->n_ctx_train, hp->n_ctx_train);
-  PathShape shape = path_shape(o, admission::PathRole::kPrimary, ctx);
-  shape.ctx = ctx;
-  const int32_t blocks = shape.workers * ((ctx + kBlockTokens - 1) / kBlockTokens);
-  auto e = admission::estimate(**file, path_plan(where, ctx, shape.workers, blocks, c.n_threads, o.kv_type), c.cfg);
-  if (!e.ok()) return refuse(e.status().message());
-  std::vector<ModelCharge> charges;
-  const uint64_t device_bytes = where.gpu_layer_count(hp->n_layer) > 0 ? e->gpu().total() : 0;
-  uint64_t host_bytes = host_bytes_beyond_baseline(*e, c.cfg) + (c.device_on_host ? device_bytes : 0);
-  if (device_bytes > 0) charges.push_back({c.out.device_ledger, device_bytes});
-  charges.push_back({c.out.host_ledger, std::max<uint64_t>(1, host_bytes)});
-  for (const ModelCharge& ch : charges) {
-    const uint64_t limit = ch.ledger->snapshot().limit;
-    if (ch.bytes > limit) {
-      return refuse("its plan needs " + format_bytes(ch.bytes) + " on " + ch.ledger->name() + ", whose limit is " +
-                    format_bytes(limit) + " (lower --ctx or --parallel, or raise the memory budget)");
+  CatalogueUnit first;
+  first.where = on_device ? o.device : Placement::cpu();
+  first.role = admission::PathRole::kPrimary;
+  first.shape = path_shape(o, admission::PathRole::kPrimary, ctx);
+  first.shape.ctx = ctx;
+  first.name = std::string(on_device ? (c.full_gpu() ? "gpu/" : "hybrid/") : "cpu/") + entry.name;
+  std::vector<CatalogueUnit> units{first};
+  if (on_device && o.cpu_fallback) {
+    CatalogueUnit cpu;
+    cpu.where = Placement::cpu();
+    cpu.role = admission::PathRole::kFallback;
+    cpu.shape = path_shape(o, admission::PathRole::kFallback, ctx);
+    cpu.shape.ctx = std::min(cpu.shape.ctx, hp->n_ctx_train);
+    cpu.name = "cpu/" + entry.name;
+    units.push_back(cpu);
+  }
+  // Each unit's plan, checked against its ledgers' limits before anything
+  // is registered (a plan that can never fit refuses the whole entry).
+  for (CatalogueUnit& u : units) {
+    u.blocks = u.shape.workers * ((u.shape.ctx + kBlockTokens - 1) / kBlockTokens);
+    auto e = admission::estimate(**file, path_plan(u.where, u.shape.ctx, u.shape.workers, u.blocks, c.n_threads,
+                                                   o.kv_type), c.cfg);
+    if (!e.ok()) return refuse(e.status().message());
+    const uint64_t device_bytes = u.where.gpu_layer_count(hp->n_layer) > 0 ? e->gpu().total() : 0;
+    const uint64_t host_bytes = host_bytes_beyond_baseline(*e, c.cfg) + (c.device_on_host ? device_bytes : 0);
+    if (device_bytes > 0) u.charges.push_back({c.out.device_ledger, device_bytes});
+    u.charges.push_back({c.out.host_ledger, std::max<uint64_t>(1, host_bytes)});
+    for (const ModelCharge& ch : u.charges) {
+      const uint64_t limit = ch.ledger->snapshot().limit;
+      if (ch.bytes > limit) {
+        return refuse("its " + u.name + " plan needs " + format_bytes(ch.bytes) + " on " + ch.ledger->name() +
+                      ", whose limit is " + format_bytes(limit) +
+                      " (lower --ctx or --parallel, or raise the memory budget)");
+      }
     }
+    u.shares = admission::stream_shares(**file, *e);
+    // The load's prior: reading the file at ~1 GB/s (a cold page cache),
+    // plus the upload of its device bytes at the same rate; the first
+    // load's measured time replaces it.
+    u.predicted_ms = 20.0 + static_cast<double>((*file)->file_size() + device_bytes) / 1e6;
   }
-  // The load's prior: reading the file at ~1 GB/s (a cold page cache), plus
-  // the upload of its device bytes at the same rate; the first load's
-  // measured time replaces it.
-  const double predicted_ms = 20.0 + static_cast<double>((*file)->file_size() + device_bytes) / 1e6;
   const std::optional<double> keep_alive = cm.pinned ? std::optional<double>(-1.0) : cm.keep_alive_s;
-  SPW_RETURN_IF_ERROR(c.out.residency->add(entry.name, charges, cm.pinned, keep_alive, predicted_ms));
-
-  PathSpec ps;
-  ps.name = std::string(on_device ? (c.full_gpu() ? "gpu/" : "hybrid/") : "cpu/") + entry.name;
-  ps.where = where;
-  ps.role = admission::PathRole::kPrimary;
-  ps.shape = shape;
-  ps.blocks = blocks;
-  ps.ledger = on_device ? std::shared_ptr<admission::MemoryLedger>(c.out.device_ledger)
-                        : std::shared_ptr<admission::MemoryLedger>(c.out.host_ledger);
-  ps.tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tok));
-  ps.hparams = *hp;
-  ps.model_name = entry.name;
-  ps.load = [&env = c.env, path = cm.path]() { return Model::load(env, path); };
-  ps.prior = rate_prior(c, admission::stream_shares(**file, *e));
-  if (on_device) {
-    ps.breaker = c.gpu_breaker;
-    ps.device = c.gpu_device;
-  }
-  ps.replica.mode = "on-demand";
-  ps.replica.why = cm.pinned    ? "catalogue model, pinned: loaded at start, never evicted"
-                   : cm.preload ? "catalogue model: loaded at start, evicted when idle for room or after its keep-alive"
-                                : "catalogue model: loaded by its first request, evicted when idle for room or after "
-                                  "its keep-alive";
-  ps.replica.recovery_ms = predicted_ms;
-  ps.replica.loaded = false;
-  ps.residency = c.out.residency;
+  auto tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tok));
   file->reset();
-  SPW_RETURN_IF_ERROR(make_path(c, std::move(ps)));
-  ExecutionPath& path = c.paths.back();
-  c.out.residency->bind(entry.name, path.unload, path.replica);
-  if ((cm.pinned || cm.preload) && o.warmup) warm_up(c.env, *path.scheduler);
+  for (const CatalogueUnit& u : units) {
+    // Pinned and preloaded: the first-choice unit only (the CPU copy loads
+    // when work is sent to it).
+    const bool first_choice = u.role == admission::PathRole::kPrimary;
+    SPW_RETURN_IF_ERROR(c.out.residency->add(u.name, entry.name, u.charges, cm.pinned && first_choice, keep_alive,
+                                             u.predicted_ms));
+    PathSpec ps;
+    ps.name = u.name;
+    ps.where = u.where;
+    ps.role = u.role;
+    ps.shape = u.shape;
+    ps.blocks = u.blocks;
+    const bool gpu_side = u.where.gpu_layer_count(hp->n_layer) > 0;
+    ps.ledger = gpu_side ? std::shared_ptr<admission::MemoryLedger>(c.out.device_ledger)
+                         : std::shared_ptr<admission::MemoryLedger>(c.out.host_ledger);
+    ps.tokenizer = tokenizer;
+    ps.hparams = *hp;
+    ps.model_name = entry.name;
+    ps.load = [&env = c.env, path = cm.path]() { return Model::load(env, path); };
+    ps.prior = rate_prior(c, u.shares);
+    if (gpu_side) {
+      ps.breaker = c.gpu_breaker;
+      ps.device = c.gpu_device;
+    }
+    ps.replica.mode = "on-demand";
+    ps.replica.why = !first_choice ? "catalogue model, CPU fallback: loaded when work is sent to it, evicted when "
+                                     "idle for room or after its keep-alive"
+                     : cm.pinned  ? "catalogue model, pinned: loaded at start, never evicted"
+                     : cm.preload ? "catalogue model: loaded at start, evicted when idle for room or after its "
+                                    "keep-alive"
+                                  : "catalogue model: loaded by its first request, evicted when idle for room or "
+                                    "after its keep-alive";
+    ps.replica.recovery_ms = u.predicted_ms;
+    ps.replica.loaded = false;
+    ps.residency = c.out.residency;
+    SPW_RETURN_IF_ERROR(make_path(c, std::move(ps)));
+    ExecutionPath& path = c.paths.back();
+    c.out.residency->bind(u.name, path.unload, path.replica);
+    if (first_choice && (cm.pinned || cm.preload) && o.warmup) warm_up(c.env, *path.scheduler);
+  }
   entry.available = true;
   c.out.catalogue.push_back(std::move(entry));
   return Status::ok_status();

@@ -470,7 +470,7 @@ admission::PathSnapshot Gateway::snapshot_of(const ExecutionPath& p) const {
       // request (its plan's bytes against the ledger, less what the models
       // that may be evicted for it hold; the wait for their minimum
       // residency before the load time).
-      const LoadPlan lp = policy_.residency->plan(p.model, p.ledger.get());
+      const LoadPlan lp = policy_.residency->plan(p.name, p.ledger.get());
       if (!lp.resident) {
         snap.request_extra_bytes = lp.extra_bytes;
         const uint64_t reclaim = std::min(lp.reclaim_bytes, snap.ledger_used);
@@ -504,7 +504,7 @@ std::vector<admission::PathSnapshot> Gateway::snapshots_for(const std::string& m
     // that name it.
     if (!policy_.residency) return out;
     for (admission::PathSnapshot& s : out) {
-      if (!s.usable || !policy_.residency->manages(s.model)) continue;
+      if (!s.usable || !policy_.residency->manages_model(s.model)) continue;
       s.usable = false;
       s.unusable_reason = "serves model " + s.model + ", which a request must name";
     }
@@ -558,7 +558,7 @@ void Gateway::note_load(admission::Decision& d) const {
   if (!policy_.residency || d.path_index < 0) return;
   const ExecutionPath& path = paths_[static_cast<size_t>(d.path_index)];
   if (!path.ledger) return;
-  const LoadPlan lp = policy_.residency->plan(path.model, path.ledger.get());
+  const LoadPlan lp = policy_.residency->plan(path.name, path.ledger.get());
   if (!lp.resident) d.reason += "; " + lp.note;
 }
 

@@ -10,7 +10,8 @@
 namespace spw::gateway {
 
 struct ModelResidency::Model {
-  std::string name;
+  std::string name;   // the unit (path)
+  std::string model;  // the model it serves
   std::vector<ModelCharge> charges;
   std::vector<admission::Ticket> tickets;  // one per charge while reserved
   bool pinned = false;
@@ -38,6 +39,8 @@ struct ModelResidency::Model {
       if (c.ledger.get() == l) b += c.bytes;
     return b;
   }
+  // "coder (gpu/coder)"; the model alone when the unit has its name.
+  std::string label() const { return model.empty() || model == name ? name : model + " (" + name + ")"; }
   uint64_t total_bytes() const {
     uint64_t b = 0;
     for (const ModelCharge& c : charges) b += c.bytes;
@@ -102,12 +105,13 @@ void ModelResidency::start_expiry() {
   });
 }
 
-Status ModelResidency::add(const std::string& name, std::vector<ModelCharge> charges, bool pinned,
-                           std::optional<double> keep_alive_s, double predicted_load_ms) {
+Status ModelResidency::add(const std::string& name, const std::string& model, std::vector<ModelCharge> charges,
+                           bool pinned, std::optional<double> keep_alive_s, double predicted_load_ms) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (models_.count(name)) return Status::invalid_argument("model " + name + " is in the catalogue twice");
+  if (models_.count(name)) return Status::invalid_argument("unit " + name + " is in the catalogue twice");
   auto m = std::make_unique<Model>();
   m->name = name;
+  m->model = model;
   m->charges = std::move(charges);
   m->pinned = pinned;
   m->keep_alive_s = keep_alive_s.value_or(options_.keep_alive_s);
@@ -127,6 +131,13 @@ void ModelResidency::bind(const std::string& name, std::function<bool()> unload,
 bool ModelResidency::manages(const std::string& name) const {
   std::lock_guard<std::mutex> lk(mu_);
   return models_.count(name) > 0;
+}
+
+bool ModelResidency::manages_model(const std::string& model) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [n, m] : models_)
+    if (m->model == model) return true;
+  return false;
 }
 
 ModelResidency::Room ModelResidency::find_room_locked(const Model& m, int64_t now) const {
@@ -163,7 +174,7 @@ ModelResidency::Room ModelResidency::find_room_locked(const Model& m, int64_t no
     }
     if (available + freed < c.bytes) {
       room.never = true;
-      room.why = "model " + m.name + " needs " + admission::format_bytes(c.bytes) + " on " + c.ledger->name() + "; " +
+      room.why = "model " + m.label() + " needs " + admission::format_bytes(c.bytes) + " on " + c.ledger->name() + "; " +
                  admission::format_bytes(available) + " is available there and the models that may be evicted hold " +
                  admission::format_bytes(freed) + " (the rest is the first model's, pinned models', co-tenants' " +
                  "and the headroom)";
@@ -225,7 +236,7 @@ bool ModelResidency::evict_locked(std::unique_lock<std::mutex>& lk, Model& v, co
   if (v.replica) v.replica->mark_unloaded();
   std::function<void(const std::string&)> log = options_.log;
   std::function<void()> observe = options_.observe;
-  const std::string line = "model " + v.name + " unloaded (" + admission::format_bytes(v.total_bytes()) + ")" +
+  const std::string line = "model " + v.label() + " unloaded (" + admission::format_bytes(v.total_bytes()) + ")" +
                            (for_model.empty() ? ": keep-alive lapsed" : ": room for " + for_model);
   lk.unlock();
   if (observe) observe();
@@ -245,7 +256,9 @@ void ModelResidency::clear_drains_locked(const std::string& for_model) {
 Status ModelResidency::begin_run(const std::string& name, const std::atomic<bool>& cancel) {
   std::unique_lock<std::mutex> lk(mu_);
   auto it = models_.find(name);
-  if (it == models_.end()) return Status::ok_status();
+  // A path wired to a unit that was never added would run without its
+  // memory reserved: fail it loudly instead.
+  if (it == models_.end()) return Status::internal("model residency: no unit named " + name);
   Model& m = *it->second;
   ++m.waiting;
   const int64_t deadline = env_.now_ns() + seconds_ns(options_.room_wait_s);
@@ -277,7 +290,7 @@ Status ModelResidency::begin_run(const std::string& name, const std::atomic<bool
           m.last_used_ms = env_.wall_time_ms();
           Status st = leave(Status::ok_status());
           if (options_.log) {
-            const std::string line = "model " + m.name + " reserved " + admission::format_bytes(m.total_bytes()) +
+            const std::string line = "model " + m.label() + " reserved " + admission::format_bytes(m.total_bytes()) +
                                      ", loading";
             lk.unlock();
             options_.log(line);
@@ -289,7 +302,7 @@ Status ModelResidency::begin_run(const std::string& name, const std::atomic<bool
       } else if (!room.evict_now.empty()) {
         for (Model* v : room.evict_now) {
           if (!v->reserved || v->evicting || v->running > 0) break;
-          if (!evict_locked(lk, *v, m.name)) break;
+          if (!evict_locked(lk, *v, m.model.empty() ? m.name : m.model)) break;
         }
         continue;
       } else {
@@ -304,7 +317,7 @@ Status ModelResidency::begin_run(const std::string& name, const std::atomic<bool
     }
     if (now >= deadline) {
       return leave(Status(StatusCode::kResourceExhausted,
-                          "model " + m.name + " waited " + std::to_string(static_cast<int64_t>(options_.room_wait_s)) +
+                          "model " + m.label() + " waited " + std::to_string(static_cast<int64_t>(options_.room_wait_s)) +
                               " s for memory held by other models",
                           FailureReason::kNoPath));
     }
@@ -348,7 +361,7 @@ void ModelResidency::loaded(const std::string& name, double ms) {
     replica->set_recovery_ms(ms);
     replica->mark_loaded(ms);
   }
-  if (options_.log) options_.log("model " + name + " loaded in " + std::to_string(static_cast<int64_t>(ms)) + " ms");
+  if (options_.log) options_.log("model unit " + name + " loaded in " + std::to_string(static_cast<int64_t>(ms)) + " ms");
 }
 
 LoadPlan ModelResidency::plan(const std::string& name, const admission::MemoryLedger* ledger) const {
@@ -368,11 +381,11 @@ LoadPlan ModelResidency::plan(const std::string& name, const admission::MemoryLe
     if (v.get() != &m && v->reserved && !v->pinned) p.reclaim_bytes += v->bytes_on(ledger);
   }
   Room room = find_room_locked(m, now);
-  p.note = "loads " + m.name + " (" + admission::format_bytes(m.total_bytes()) + ", ~" +
+  p.note = "loads " + m.label() + " (" + admission::format_bytes(m.total_bytes()) + ", ~" +
            std::to_string(static_cast<int64_t>(m.predicted_load_ms)) + " ms)";
   if (!room.never && !room.needed.empty()) {
     std::string names;
-    for (const Model* v : room.needed) names += (names.empty() ? "" : ", ") + v->name;
+    for (const Model* v : room.needed) names += (names.empty() ? "" : ", ") + v->label();
     p.note += ", evicting " + names;
     if (room.evict_now.empty() && room.wait_until_ns != std::numeric_limits<int64_t>::max()) {
       p.wait_s = static_cast<double>(room.wait_until_ns - now) / 1e9;
@@ -381,10 +394,10 @@ LoadPlan ModelResidency::plan(const std::string& name, const admission::MemoryLe
   return p;
 }
 
-void ModelResidency::set_keep_alive(const std::string& name, double seconds) {
+void ModelResidency::set_keep_alive(const std::string& model, double seconds) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = models_.find(name);
-  if (it != models_.end()) it->second->keep_alive_s = seconds;
+  for (auto& [n, m] : models_)
+    if (m->model == model) m->keep_alive_s = seconds;
 }
 
 double ModelResidency::keep_alive_left_locked(const Model& m, int64_t now) const {
@@ -411,6 +424,7 @@ std::vector<ResidentModelInfo> ModelResidency::list() const {
   for (const auto& [n, v] : models_) {
     ResidentModelInfo i;
     i.name = v->name;
+    i.model = v->model;
     i.state = !v->reserved ? "unloaded" : v->loaded ? "loaded" : "loading";
     i.pinned = v->pinned;
     i.draining = !v->drain_for.empty();

@@ -3,10 +3,15 @@
 //
 // Contract. The first model of a server (the one its GPU, offload and CPU
 // paths serve, as before) is always resident and is not managed here. Every
-// other model of the catalogue is served by an on-demand path
-// (serve::OnDemandModel) whose memory plan (weights, KV pool and scratch per
-// ledger: the device's and/or the host's; `ModelCharge`) is reserved in the
-// shared ledgers only while the model is resident:
+// other model of the catalogue is served by on-demand paths
+// (serve::OnDemandModel: its first-choice path on the served model's
+// placement and, beside a GPU one, a CPU fallback path), each a residency
+// unit named by its path ("gpu/coder", "cpu/coder") whose memory plan
+// (weights, KV pool and scratch per ledger: the device's and/or the host's;
+// `ModelCharge`) is reserved in the shared ledgers only while that unit is
+// resident. The calls below take a unit's name; a model's units are
+// resident, loaded and evicted independently (the GPU copy may go while the
+// CPU copy stays):
 //   begin_run(name)  the on-demand executor's hook before each run. A
 //                    resident model runs at once (its last use is now),
 //                    unless it is draining (below): then the run waits. A
@@ -45,9 +50,9 @@
 //                    keep-alive lapses (on the Env's clock), so an idle server
 //                    gives models back without any request; stopped and joined
 //                    by the destructor.
-//   set_keep_alive(name, s)  a request's keep_alive: s seconds from its last
-//                    use (< 0: until evicted for room; 0: given back when its
-//                    runs end).
+//   set_keep_alive(model, s)  a request's keep_alive, for every unit of
+//                    that model: s seconds from its last use (< 0: until
+//                    evicted for room; 0: given back when its runs end).
 // Pinned and preloaded models are loaded at start by a warm-up run on their
 // path (builder.cpp); pinned ones are never evicted.
 // Thread safety: every method may be called from any thread. The unload and
@@ -92,7 +97,8 @@ struct ResidencyOptions {
 
 // One managed model as status and /v1/models show it.
 struct ResidentModelInfo {
-  std::string name;
+  std::string name;   // the unit: its path's name ("gpu/coder")
+  std::string model;  // the model it serves ("coder")
   std::string state;  // "loaded", "loading" (reserved, weights coming in), "unloaded"
   bool pinned = false;
   bool draining = false;  // another model waits for its memory: new runs wait
@@ -125,21 +131,24 @@ class ModelResidency {
   ModelResidency(Env& env, ResidencyOptions options);
   ~ModelResidency();
 
-  // Build time: a model, its plan, whether pinned, its keep-alive (none: the
-  // options') and its predicted load time. InvalidArgument for a duplicate.
-  Status add(const std::string& name, std::vector<ModelCharge> charges, bool pinned,
+  // Build time: a unit (its path's name), the model it serves, its plan,
+  // whether pinned, its keep-alive (none: the options') and its predicted
+  // load time. InvalidArgument for a duplicate unit.
+  Status add(const std::string& name, const std::string& model, std::vector<ModelCharge> charges, bool pinned,
              std::optional<double> keep_alive_s, double predicted_load_ms);
   // Its path's unload (serve::EngineServing::unload) and replica (marked
   // loaded / unloaded, its recovery time kept at the predicted load).
   void bind(const std::string& name, std::function<bool()> unload, std::shared_ptr<Replica> replica);
   bool manages(const std::string& name) const;
+  // Some unit serves `model` (a catalogue model's name).
+  bool manages_model(const std::string& model) const;
 
   Status begin_run(const std::string& name, const std::atomic<bool>& cancel);
   void end_run(const std::string& name, bool loaded);
   void loaded(const std::string& name, double ms);
 
   LoadPlan plan(const std::string& name, const admission::MemoryLedger* ledger) const;
-  void set_keep_alive(const std::string& name, double seconds);
+  void set_keep_alive(const std::string& model, double seconds);
   void expire();
   void start_expiry();
   std::vector<ResidentModelInfo> list() const;

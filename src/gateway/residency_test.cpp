@@ -25,7 +25,7 @@ struct Fixture {
     residency = std::make_shared<ModelResidency>(Env::default_env(), std::move(o));
   }
   void add(const std::string& name, uint64_t mb, bool pinned = false, std::optional<double> keep_alive = {}) {
-    ASSERT_TRUE(residency->add(name, {{ledger, mb * kMB}}, pinned, keep_alive, 10).ok());
+    ASSERT_TRUE(residency->add(name, name, {{ledger, mb * kMB}}, pinned, keep_alive, 10).ok());
     residency->bind(name, [this, name] {
       std::lock_guard<std::mutex> lk(mu);
       unloads.push_back(name);
@@ -221,6 +221,12 @@ TEST(Residency, AWaitingRunEndsWhenCancelled) {
   f.residency->end_run("a", true);
   EXPECT_EQ(f.info("b").waiting, 0);
   EXPECT_FALSE(f.info("a").draining);
+}
+
+TEST(Residency, AnUnknownUnitFailsItsRun) {
+  Fixture f(no_minimum());
+  std::atomic<bool> no{false};
+  EXPECT_EQ(f.residency->begin_run("nope", no).code(), StatusCode::kInternal);
 }
 
 TEST(Residency, AFailedLoadGivesTheReservationBack) {

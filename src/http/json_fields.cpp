@@ -287,6 +287,7 @@ json resident_model_json(const gateway::ResidentModelInfo& r) {
   json charges = json::object();
   for (const auto& [ledger, bytes] : r.charges) charges[ledger] = bytes;
   return {{"name", r.name},
+          {"model", r.model},
           {"state", r.state},
           {"pinned", r.pinned},
           {"draining", r.draining},

@@ -61,8 +61,8 @@ json spillway_json(const SpillwayInfo& s);
 json usage_json(int32_t prompt, int32_t completion);
 // An admission decision's verdicts, one per path: {"path","eligible","reason"}.
 json verdicts_json(const admission::Decision& d);
-// A catalogue model's residency (gateway/residency.h) for /v1/models and
-// /v1/status: state, pinned, draining, memory (all ledgers and by ledger),
+// A catalogue model's residency unit (gateway/residency.h: one of its paths)
+// for /v1/models and /v1/status: its name (the path) and model, state, pinned, draining, memory (all ledgers and by ledger),
 // last use (Unix seconds or null), keep-alive and what is left of it (null
 // while not counting), runs running and waiting, loads, evictions, the
 // predicted and the last load time.

@@ -173,18 +173,20 @@ std::string render_metrics(const gateway::GatewayStatus& s, const TransportStats
 
   // The catalogue's models beyond the served one (gateway/residency.h).
   if (!s.models.empty()) {
-    w.family("model_loaded", "gauge", "1 while the catalogue model holds its memory (loaded or loading), else 0.");
-    for (const auto& m : s.models) w.sample({{"model", m.name}}, m.state == "unloaded" ? 0.0 : 1.0);
+    w.family("model_loaded", "gauge", "1 while a catalogue model's path holds its memory (loaded or loading), else 0.");
+    for (const auto& m : s.models) w.sample({{"model", m.model}, {"path", m.name}}, m.state == "unloaded" ? 0.0 : 1.0);
     w.family("model_memory_bytes", "gauge", "The catalogue model's memory plan (held while loaded), all ledgers.");
-    for (const auto& m : s.models) w.sample({{"model", m.name}}, static_cast<double>(m.bytes));
+    for (const auto& m : s.models) w.sample({{"model", m.model}, {"path", m.name}}, static_cast<double>(m.bytes));
     w.family("model_loads_total", "counter", "Loads of the catalogue model (reservations of its plan).");
-    for (const auto& m : s.models) w.sample({{"model", m.name}}, static_cast<double>(m.loads));
+    for (const auto& m : s.models) w.sample({{"model", m.model}, {"path", m.name}}, static_cast<double>(m.loads));
     w.family("model_evictions_total", "counter",
              "Times the catalogue model was given back (for another model's load or its keep-alive).");
-    for (const auto& m : s.models) w.sample({{"model", m.name}}, static_cast<double>(m.evictions));
+    for (const auto& m : s.models) {
+      w.sample({{"model", m.model}, {"path", m.name}}, static_cast<double>(m.evictions));
+    }
     w.family("model_load_seconds", "gauge", "The catalogue model's last measured load time.");
     for (const auto& m : s.models) {
-      if (m.last_load_ms >= 0) w.sample({{"model", m.name}}, m.last_load_ms / 1e3);
+      if (m.last_load_ms >= 0) w.sample({{"model", m.model}, {"path", m.name}}, m.last_load_ms / 1e3);
     }
   }
 

@@ -19,7 +19,8 @@
 //     current one of closed / open / half_open, else 0), breaker_trips_total,
 //     device_faults_total, device_reinitializations_total,
 //     device_health_failures_total;
-//   per catalogue model (label model; gateway/residency.h): model_loaded
+//   per catalogue model's path (labels model, path; gateway/residency.h):
+//     model_loaded
 //     (1 / 0), model_memory_bytes, model_loads_total, model_evictions_total,
 //     model_load_seconds (the last load, once measured);
 //   reservations (co-tenant leases held) and ready (1 while a path accepts);

@@ -21,11 +21,25 @@ json_fields::json model_json(const ModelEntry& e, int64_t created,
     sp["state"] = "loaded";
     sp["pinned"] = true;
   }
+  // A catalogue model's residency units (its paths): the first-choice one's
+  // figures at the top, each unit's under "units", and the state of the
+  // model as a whole (loaded when some unit is).
+  json_fields::json units = json_fields::json::array();
+  const gateway::ResidentModelInfo* first = nullptr;
+  std::string state;
   for (const gateway::ResidentModelInfo& r : residency) {
-    if (r.name != e.id) continue;
-    json_fields::json m = json_fields::resident_model_json(r);
+    if (r.model != e.id) continue;
+    units.push_back(json_fields::resident_model_json(r));
+    if (first == nullptr || (!e.paths.empty() && r.name == e.paths.front())) first = &r;
+    if (r.state == "loaded" || (r.state == "loading" && state != "loaded") || state.empty()) state = r.state;
+  }
+  if (first != nullptr) {
+    json_fields::json m = json_fields::resident_model_json(*first);
     m.erase("name");
+    m.erase("model");
     sp.update(m);
+    sp["state"] = state;
+    sp["units"] = std::move(units);
   }
   return {{"id", e.id}, {"object", "model"}, {"created", created}, {"owned_by", "spillway"}, {"spillway", sp}};
 }

@@ -92,7 +92,8 @@ TEST(ModelCatalog, CatalogueModelsResolveToThemselvesAndUnavailableOnesSayWhy) {
   EXPECT_NE(e.message.find("unsupported architecture 'x'"), std::string::npos) << e.message;
   // The residency's figures are rendered with the entry.
   gateway::ResidentModelInfo r;
-  r.name = "coder";
+  r.name = "gpu/coder";
+  r.model = "coder";
   r.state = "unloaded";
   r.bytes = 123;
   r.charges = {{"vulkan:0", 100}, {"host", 23}};
@@ -102,6 +103,8 @@ TEST(ModelCatalog, CatalogueModelsResolveToThemselvesAndUnavailableOnesSayWhy) {
   EXPECT_EQ(one["spillway"]["memory_by_ledger"]["vulkan:0"], 100);
   EXPECT_EQ(one["spillway"]["evictions"], 2);
   EXPECT_TRUE(one["spillway"]["last_used"].is_null());
+  ASSERT_EQ(one["spillway"]["units"].size(), 1u);
+  EXPECT_EQ(one["spillway"]["units"][0]["name"], "gpu/coder");
   const json broken = json::parse(render_model(*c.find("broken"), 5));
   EXPECT_EQ(broken["spillway"]["state"], "unavailable");
   EXPECT_EQ(broken["spillway"]["reason"], "unsupported architecture 'x'");

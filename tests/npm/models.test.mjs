@@ -8,8 +8,9 @@
 // recently used idle model is the one evicted (responses' reasons,
 // /v1/models, /v1/status, /metrics); a model with a request running is never
 // evicted; a quote before a load includes the load time; the device ledger
-// never goes over its limit; the broken file is listed unavailable and
-// naming it is a 404 model_unavailable.
+// never goes over its limit; a co-tenant that takes the device sends a
+// catalogue model to its own CPU fallback path; the broken file is listed
+// unavailable and naming it is a 404 model_unavailable.
 //
 // The budget is measured, not guessed: a first server reports each model's
 // device plan (/v1/models) and the served model's (the ledger's use), and
@@ -123,11 +124,14 @@ describe('several models behind one server through the openai client', () => {
     assert.equal(m.m1.last_evicted_for, 'm3');
     assert.equal(m.stories260K.state, 'loaded');  // the served model stays
     const status = (await call(srv, 'GET', '/v1/status')).json;
-    assert.deepEqual(status.models.map((x) => x.name).sort(), NAMES);
+    // Each model's GPU path and its CPU fallback are residency units of their own.
+    assert.deepEqual(status.models.map((x) => x.name).sort(),
+      [...NAMES.map((n) => `cpu/${n}`), ...NAMES.map((n) => `gpu/${n}`)]);
+    assert.ok(status.models.filter((x) => x.name.startsWith('cpu/')).every((x) => x.state === 'unloaded'));
     const metrics = (await call(srv, 'GET', '/metrics')).text;
-    assert.match(metrics, /^spillway_model_evictions_total\{model="m1"\} [1-9]/m);
-    assert.match(metrics, /^spillway_model_loaded\{model="m1"\} 0$/m);
-    assert.match(metrics, /^spillway_model_loaded\{model="m3"\} 1$/m);
+    assert.match(metrics, /^spillway_model_evictions_total\{model="m1",path="gpu\/m1"\} [1-9]/m);
+    assert.match(metrics, /^spillway_model_loaded\{model="m1",path="gpu\/m1"\} 0$/m);
+    assert.match(metrics, /^spillway_model_loaded\{model="m3",path="gpu\/m3"\} 1$/m);
     assert.deepEqual(overLimit, [], 'the device ledger went over its limit');
   });
 
@@ -190,6 +194,25 @@ describe('several models behind one server through the openai client', () => {
     assert.equal(r.model, cold);
     assert.ok(after[cold].last_load_ms <= 2 * m[cold].predicted_load_ms + 50,
       `load ${after[cold].last_load_ms} ms against ${m[cold].predicted_load_ms} ms predicted`);
+  });
+
+  it('sends a catalogue model to its CPU fallback when a co-tenant takes the device', async (t) => {
+    if (skip) return t.skip(skip);
+    const l = await ledger();
+    const r = await call(srv, 'POST', '/v1/reservations', { name: 'whisper', bytes: Math.floor(0.75 * l.limit_bytes),
+      ttl_s: 60 });
+    assert.equal(r.status, 201, r.text);
+    try {
+      const out = await bounded(client.completions.create({ model: 'm1', prompt: PROMPT, max_tokens: 4, temperature: 0 }),
+        60_000, 'm1 with the device taken');
+      assert.equal(out.spillway.path, 'cpu/m1', JSON.stringify(out.spillway));
+      assert.equal(out.spillway.decision, 'redirect');
+      assert.equal(out.spillway.degraded, true);
+      assert.match(out.spillway.reason, /gpu\/m1: .*pressure/);
+      assert.equal((await models()).m1.units.find((u) => u.name === 'cpu/m1').state, 'loaded');
+    } finally {
+      await call(srv, 'DELETE', `/v1/reservations/${r.json.id}`);
+    }
   });
 
   it('lists a file it cannot serve as unavailable, and naming it is a 404', async (t) => {
