@@ -1007,7 +1007,11 @@ Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<
   }
   const std::optional<double> keep_alive = cm.pinned ? std::optional<double>(-1.0) : cm.keep_alive_s;
   auto tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tok));
-  file->reset();
+  // Its compatibility fingerprint, as a load would compute it (binding the
+  // mapping reads a few sampled bytes per tensor, not the weights): what a
+  // checkpoint of this model carries, so a resume finds these paths.
+  std::string fingerprint;
+  if (auto probe = Model::load_from(std::move(*file)); probe.ok()) fingerprint = (*probe)->fingerprint();
   for (const CatalogueUnit& u : units) {
     // Pinned and preloaded: the first-choice unit only (the CPU copy loads
     // when work is sent to it).
@@ -1026,6 +1030,7 @@ Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<
     ps.tokenizer = tokenizer;
     ps.hparams = *hp;
     ps.model_name = entry.name;
+    ps.fingerprint = fingerprint;
     ps.load = [&env = c.env, path = cm.path]() { return Model::load(env, path); };
     ps.prior = rate_prior(c, u.shares);
     if (gpu_side) {

@@ -549,7 +549,10 @@ class Gateway {
   // (ExecutionPath::unload), so that it is a migration target like the
   // others. A verdict kept in policy.equivalence_store under the same key
   // and scope is taken instead of running the check; a check that ran to a
-  // verdict (texts compared) is saved there.
+  // verdict (texts compared) is saved there. Paths of catalogue models
+  // (GatewayPolicy::residency) are not run: that would load every one of
+  // them at start; a verdict for the same fingerprint and numerics applies
+  // to them all the same.
   std::vector<EquivalenceInfo> verify_equivalence();
   // May a request move from paths_[from] to paths_[to] mid-generation?
   // OK, or why not.

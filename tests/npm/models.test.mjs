@@ -128,6 +128,8 @@ describe('several models behind one server through the openai client', () => {
     assert.deepEqual(status.models.map((x) => x.name).sort(),
       [...NAMES.map((n) => `cpu/${n}`), ...NAMES.map((n) => `gpu/${n}`)]);
     assert.ok(status.models.filter((x) => x.name.startsWith('cpu/')).every((x) => x.state === 'unloaded'));
+    // Their compatibility fingerprints are known from the start (a resume finds them).
+    for (const p of status.paths.filter((x) => NAMES.includes(x.model))) assert.ok(p.fingerprint, JSON.stringify(p));
     const metrics = (await call(srv, 'GET', '/metrics')).text;
     assert.match(metrics, /^spillway_model_evictions_total\{model="m1",path="gpu\/m1"\} [1-9]/m);
     assert.match(metrics, /^spillway_model_loaded\{model="m1",path="gpu\/m1"\} 0$/m);
