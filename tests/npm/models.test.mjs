@@ -42,6 +42,7 @@ describe('several models behind one server through the openai client', () => {
   let client;
   let skip = '';
   let modelBytes = 0;  // one generated model's device plan
+  let deviceMemory = 0;  // the real server's --device-memory
   const overLimit = [];  // ledger readings above the limit, if any
 
   const serveArgs = (deviceMemory) => ['serve', '--model', MODEL, '--models-dir', dir, '--host', '127.0.0.1',
@@ -83,7 +84,8 @@ describe('several models behind one server through the openai client', () => {
       const limit = l.used_bytes + 2.5 * modelBytes;
       srv = null;
       await killServer(probe);
-      srv = await spawnServer('models', serveArgs(Math.ceil(limit / 0.95)));
+      deviceMemory = Math.ceil(limit / 0.95);
+      srv = await spawnServer('models', serveArgs(deviceMemory));
     } finally {
       await killServer(probe);
     }
@@ -216,6 +218,35 @@ describe('several models behind one server through the openai client', () => {
       await call(srv, 'DELETE', `/v1/reservations/${r.json.id}`);
     }
   });
+
+  it('loses nothing across a kill -9 while a model loads: the request is readable and resumable after restart',
+    async (t) => {
+      if (skip) return t.skip(skip);
+      const m = await models();
+      const cold = NAMES.find((n) => m[n].state === 'unloaded' && m[n].units.every((u) => u.state === 'unloaded'));
+      assert.ok(cold, JSON.stringify(m));
+      // The stream's headers come at acceptance (journaled), before the load
+      // and the prefill; the kill follows at once.
+      const { response } = await bounded(client.completions.create({ model: cold, prompt: PROMPT, max_tokens: 24,
+        temperature: 0, stream: true }).withResponse(), 60_000, `${cold} stream headers`);
+      const id = response.headers.get('x-spillway-request-id');
+      assert.ok(id, 'a journaled request id');
+      await killServer(srv);
+      srv = await spawnServer('models-restarted', serveArgs(deviceMemory));
+      client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 * SLOWDOWN });
+      const rec = await call(srv, 'GET', `/v1/requests/${id}`);
+      assert.equal(rec.status, 200, rec.text);
+      assert.equal(rec.json.terminal, true, rec.text);
+      if (rec.json.state !== 'done') {
+        // Interrupted: resumable, and the resume finishes it on a path of that model.
+        assert.equal(rec.json.resumable, true, rec.text);
+        const r = await call(srv, 'POST', `/v1/requests/${id}/resume`, { received_text: '', stream: false });
+        assert.equal(r.status, 200, r.text);
+        const done = await call(srv, 'GET', `/v1/requests/${id}`);
+        assert.equal(done.json.state, 'done', done.text);
+      }
+      console.log(`kill -9 during ${cold}'s load: the record was ${rec.json.state}`);
+    });
 
   it('lists a file it cannot serve as unavailable, and naming it is a 404', async (t) => {
     if (skip) return t.skip(skip);
