@@ -302,10 +302,17 @@ Status Gateway::migrate(size_t from, const std::shared_ptr<serve::Ticket>& t, co
   return Status(StatusCode::kResourceExhausted, "every other path's queue filled meanwhile", FailureReason::kQueueFull);
 }
 
-Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g) {
-  SPW_ASSIGN_OR_RETURN(std::vector<TokenId> prompt, prepare(g, ""));
+Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g, const std::string& model) {
+  SPW_ASSIGN_OR_RETURN(std::vector<TokenId> prompt, prepare(g, model));
+  const ExecutionPath* path = &paths_[0];
+  for (const ExecutionPath& p : paths_) {
+    if (!model.empty() && p.model == model) {
+      path = &p;
+      break;
+    }
+  }
   GenerateOptions o;
-  const int32_t room = paths_[0].scheduler->n_ctx() - static_cast<int32_t>(prompt.size());
+  const int32_t room = path->scheduler->n_ctx() - static_cast<int32_t>(prompt.size());
   o.max_tokens = g.max_tokens.value_or(std::max(1, room));
   o.sampler = g.sampler;
   o.stop = g.stop;
@@ -313,7 +320,7 @@ Result<Checkpoint> Gateway::start_checkpoint(const serve::GenerationRequest& g) 
   o.min_tokens = g.min_tokens;
   o.constraint = g.constraint;
   o.stop_token_ids = g.stop_token_ids;
-  return spw::start_checkpoint(paths_[0].fingerprint, std::move(prompt), std::move(o));
+  return spw::start_checkpoint(path->fingerprint, std::move(prompt), std::move(o));
 }
 
 Result<Resumed> Gateway::resume(const ResumeRequest& request, Refusal* refusal) {

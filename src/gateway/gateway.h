@@ -532,11 +532,12 @@ class Gateway {
   Result<Resumed> resume(const ResumeRequest& request, Refusal* refusal = nullptr);
   // The checkpoint a request has before its first token (engine's
   // start_checkpoint): its prompt tokenized as submit() does, its sampler,
-  // stop rules and max_tokens (absent: the first path's context less the
-  // prompt), for the first path's model. A request interrupted before it
-  // saved a checkpoint (a crash during its prefill) resumes from it. Errors:
-  // those of submit()'s validation and tokenization.
-  Result<Checkpoint> start_checkpoint(const serve::GenerationRequest& request);
+  // stop rules and max_tokens (absent: the path's context less the prompt),
+  // for `model` (RouteRequest::model: the first path serving it; "" the
+  // first path's model). A request interrupted before it saved a checkpoint
+  // (a crash during its prefill, or a catalogue model's load) resumes from
+  // it. Errors: those of submit()'s validation and tokenization.
+  Result<Checkpoint> start_checkpoint(const serve::GenerationRequest& request, const std::string& model = "");
   // Runs the equivalence check between every two paths that serve one
   // fingerprint on different placements and have not been checked yet
   // (results cached by fingerprint and placements for the Gateway's life),

@@ -204,7 +204,7 @@ Result<Checkpoint> RequestService::start_checkpoint_of(const Result<StoredReques
         "keep, so the text already received cannot be continued; send the request again (with a seed to make "
         "it repeatable)");
   }
-  return gateway_.start_checkpoint(stored->generation);
+  return gateway_.start_checkpoint(stored->generation, stored->model);
 }
 
 Result<ResumeOutcome> RequestService::resume(const ResumeCommand& c, Refusal* refusal) {

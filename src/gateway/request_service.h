@@ -63,6 +63,10 @@ struct Caller {
 // the generation it asked for and what a resume needs to know of it.
 struct StoredRequest {
   serve::GenerationRequest generation;
+  // The route model its body named (RouteRequest::model: a fallback or
+  // catalogue model's id; "" the service's model), so that a restart from
+  // its prompt runs that model.
+  std::string model;
   bool seed_given = false;  // the client sent a seed (else the server chose one, not kept)
   int32_t n = 1;
   std::optional<int32_t> max_tokens_requested;

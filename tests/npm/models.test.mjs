@@ -244,6 +244,9 @@ describe('several models behind one server through the openai client', () => {
         assert.equal(r.status, 200, r.text);
         const done = await call(srv, 'GET', `/v1/requests/${id}`);
         assert.equal(done.json.state, 'done', done.text);
+        // Restarted from its prompt on a path of its own model, not the served one.
+        assert.equal(r.json.spillway.model, cold, r.text);
+        assert.match(r.json.spillway.path, new RegExp(`^(gpu|cpu)/${cold}$`), r.text);
       }
       console.log(`kill -9 during ${cold}'s load: the record was ${rec.json.state}`);
     });
