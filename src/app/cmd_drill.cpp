@@ -132,9 +132,7 @@ int run_simulation(const DrillOptions& o, const drill::Scenario& sc) {
   // (its defaults and checks): the simulated server is configured as the
   // live drill's would be. A bad one is a bad scenario.
   {
-    std::vector<std::string> args = {"--model", base.model_path};
-    args.insert(args.end(), sc.server.args.begin(), sc.server.args.end());
-    auto server = parse_serve_args(args);
+    auto server = parse_serve_args(drill::simulated_serve_args(sc, base.model_path));
     if (!server.ok()) {
       say(o.scenario + ": server.args: " + server.status().message());
       return 2;

@@ -35,9 +35,7 @@ TEST(DrillScenarioTest, DefaultScenarioPassesOverManySeeds) {
   o.model_path = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
   o.scenario_file = "drills/default.toml";
   if (const char* j = std::getenv("SPW_SIM_JOBS")) o.jobs = std::atoi(j);
-  std::vector<std::string> args = {"--model", o.model_path};
-  args.insert(args.end(), sc->server.args.begin(), sc->server.args.end());
-  Result<gateway::GatewayOptions> server = app::parse_serve_args(args);
+  Result<gateway::GatewayOptions> server = app::parse_serve_args(simulated_serve_args(*sc, o.model_path));
   ASSERT_TRUE(server.ok()) << server.status().to_string();
   o.server = *server;
   const int64_t n = seeds_from_env(1000);

@@ -19,8 +19,10 @@ namespace live_detail {
 
 // ---------------------------------------------------------------- server
 
-std::string resolve_model(const Scenario& sc, const LiveOptions& o) {
-  const fs::path m(sc.server.model);
+// A scenario's file: as given when it exists (or is absolute), else under
+// the first of o.search_dirs that has it.
+std::string resolve_file(const std::string& file, const LiveOptions& o) {
+  const fs::path m(file);
   if (m.is_absolute() || fs::exists(m)) return m.string();
   for (const auto& dir : o.search_dirs) {
     const fs::path p = fs::path(dir) / m;
@@ -28,6 +30,8 @@ std::string resolve_model(const Scenario& sc, const LiveOptions& o) {
   }
   return m.string();  // serve names it when missing
 }
+
+std::string resolve_model(const Scenario& sc, const LiveOptions& o) { return resolve_file(sc.server.model, o); }
 
 // Starts the server (port 0 the first time, then the same port) and waits
 // for its ready line and /health/ready.
@@ -306,6 +310,7 @@ std::string completion_body(const RequestClass& cls, uint64_t seed) {
   std::string prompt;
   for (int32_t i = 0; i < std::max(1, cls.prompt_repeat); ++i) prompt += cls.prompt;
   json b = {{"prompt", prompt}, {"max_tokens", cls.max_tokens}, {"stream", cls.stream}};
+  if (!cls.model.empty()) b["model"] = cls.model;
   if (cls.greedy) {
     b["temperature"] = 0;
   } else {
@@ -741,6 +746,11 @@ Result<History> run_live(const Scenario& sc, const LiveOptions& o) {
         d.server_args_.insert(d.server_args_.end(), {"--device-memory", sc.server.device_memory});
       }
       d.server_args_.insert(d.server_args_.end(), sc.server.args.begin(), sc.server.args.end());
+      // The catalogue (NAME=FILE), its files found as the model's is.
+      for (const std::string& m : sc.server.models) {
+        const size_t eq = m.find('=');
+        d.server_args_.insert(d.server_args_.end(), {"--model", m.substr(0, eq + 1) + resolve_file(m.substr(eq + 1), o)});
+      }
       d.port_.store(0);
       d.log("starting spillway serve (overflow " + o.overflow + ") in " + o.work_dir);
       SPW_RETURN_IF_ERROR(start_server(d));

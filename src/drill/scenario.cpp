@@ -40,6 +40,13 @@ Result<FaultKind> parse_fault_kind(std::string_view name) {
 
 Result<uint64_t> parse_size(std::string_view text) { return parse_byte_size(text, /*allow_zero=*/true); }
 
+std::vector<std::string> simulated_serve_args(const Scenario& sc, const std::string& model_path) {
+  std::vector<std::string> args = {"--model", model_path};
+  args.insert(args.end(), sc.server.args.begin(), sc.server.args.end());
+  for (const std::string& m : sc.server.models) args.insert(args.end(), {"--model", m});
+  return args;
+}
+
 const RequestClass* Scenario::find_class(std::string_view n) const {
   for (const auto& c : classes) {
     if (c.name == n) return &c;
@@ -235,7 +242,7 @@ class Reader {
 Result<RequestClass> read_class(const Reader& r, const toml::table& t, const std::string& p) {
   SPW_RETURN_IF_ERROR(r.only_keys(t, p,
                                   {"name", "prompt", "prompt_repeat", "max_tokens", "stream", "greedy",
-                                   "idempotency_share", "retry_share"}));
+                                   "idempotency_share", "retry_share", "model"}));
   RequestClass c;
   SPW_RETURN_IF_ERROR(r.get_string(t, p, "name", c.name, true, true));
   SPW_RETURN_IF_ERROR(r.get_string(t, p, "prompt", c.prompt, true, true));
@@ -243,6 +250,7 @@ Result<RequestClass> read_class(const Reader& r, const toml::table& t, const std
   SPW_RETURN_IF_ERROR(r.get_int32(t, p, "max_tokens", c.max_tokens, 1));
   SPW_RETURN_IF_ERROR(r.get_bool(t, p, "stream", c.stream));
   SPW_RETURN_IF_ERROR(r.get_bool(t, p, "greedy", c.greedy));
+  SPW_RETURN_IF_ERROR(r.get_string(t, p, "model", c.model, false, true));
   SPW_RETURN_IF_ERROR(r.get_number(t, p, "idempotency_share", c.idempotency_share, false, 1.0));
   SPW_RETURN_IF_ERROR(r.get_number(t, p, "retry_share", c.retry_share, false, 1.0));
   return c;
@@ -341,7 +349,7 @@ Result<Scenario> read_scenario(const Reader& r, const toml::table& root) {
   if (const toml::node* sn = root.get("server")) {
     const auto* st = sn->as_table();
     if (st == nullptr) return r.error(sn, "server", "expected a table ([server])");
-    SPW_RETURN_IF_ERROR(r.only_keys(*st, "server", {"model", "device", "device_memory", "args"}));
+    SPW_RETURN_IF_ERROR(r.only_keys(*st, "server", {"model", "device", "device_memory", "args", "models"}));
     SPW_RETURN_IF_ERROR(r.get_string(*st, "server", "model", sc.server.model, false, true));
     SPW_RETURN_IF_ERROR(r.get_string(*st, "server", "device", sc.server.device, false, true));
     const toml::node* dm = st->get("device_memory");
@@ -355,6 +363,13 @@ Result<Scenario> read_scenario(const Reader& r, const toml::table& root) {
       sc.server.device_memory = dm->is_string() ? dm->as_string()->get() : std::to_string(bytes);
     }
     SPW_RETURN_IF_ERROR(r.get_string_array(*st, "server", "args", sc.server.args));
+    SPW_RETURN_IF_ERROR(r.get_string_array(*st, "server", "models", sc.server.models));
+    for (const std::string& m : sc.server.models) {
+      const size_t eq = m.find('=');
+      if (eq == 0 || eq == std::string::npos || eq + 1 == m.size()) {
+        return r.error(st->get("models"), "server.models", "expected NAME=FILE, got '" + m + "'");
+      }
+    }
   }
 
   SPW_ASSIGN_OR_RETURN(const toml::array* classes, r.get_table_array(root, "", "class"));
@@ -364,6 +379,11 @@ Result<Scenario> read_scenario(const Reader& r, const toml::table& root) {
     SPW_ASSIGN_OR_RETURN(RequestClass c, read_class(r, *(*classes)[i].as_table(), p));
     if (sc.find_class(c.name) != nullptr) {
       return r.error(&(*classes)[i], p + ".name", "duplicate class name '" + c.name + "'");
+    }
+    if (!c.model.empty() && std::none_of(sc.server.models.begin(), sc.server.models.end(), [&](const std::string& m) {
+          return m.substr(0, m.find('=')) == c.model;
+        })) {
+      return r.error(&(*classes)[i], p + ".model", "'" + c.model + "' is not a name of server.models");
     }
     sc.classes.push_back(std::move(c));
   }

@@ -29,6 +29,8 @@
 //   device = "vulkan"
 //   device_memory = "48MiB"     # a size, passed on as --device-memory; "" = the device's heap
 //   args = ["--breaker-cooldown-s", "2"]   # strings, verbatim
+//   models = ["second=models/stories260K.gguf"]  # catalogue models, NAME=FILE (FILE found as `model` is),
+//                                                # passed on as --model NAME=FILE
 //
 //   [[class]]                   # at least one
 //   name = "short"              # (req) unique
@@ -37,6 +39,7 @@
 //   max_tokens = 16             # >= 1
 //   stream = true
 //   greedy = true
+//   model = "second"            # a name of server.models; default "": the served model
 //   idempotency_share = 0.0     # 0..1
 //   retry_share = 0.0           # 0..1
 //
@@ -82,6 +85,7 @@ struct RequestClass {
   int32_t max_tokens = 16;
   bool stream = true;
   bool greedy = true;          // false: temperature 0.8 with a per-request seed
+  std::string model;           // a catalogue model's name (server.models); "": the served model
   double idempotency_share = 0;  // share of requests sent with an Idempotency-Key (0..1)
   // Share of this class's idempotent requests that are sent twice (a client
   // retry after its first attempt ended): the second must replay, not run.
@@ -137,6 +141,9 @@ struct ServerSpec {
   std::string device = "vulkan";
   std::string device_memory;      // --device-memory ("" = the device's heap)
   std::vector<std::string> args;  // more `spillway serve` flags, verbatim
+  // Catalogue models, "NAME=FILE" (issue 32): the FILE resolved as `model`
+  // is, passed on as --model NAME=FILE.
+  std::vector<std::string> models;
 };
 
 struct Scenario {
@@ -153,6 +160,13 @@ struct Scenario {
   const RequestClass* find_class(std::string_view name) const;
   double total_s() const;  // sum of phase durations
 };
+
+// The `spillway serve` flags a scenario's server stands for, for the
+// simulation's parser (app/serve_options.h): --model model_path, then
+// server.args, then --model NAME=FILE per catalogue model (the simulation's
+// engines are fakes: the files are not read). The live drill adds its own
+// (port, journal, admin token) and resolves the files.
+std::vector<std::string> simulated_serve_args(const Scenario& sc, const std::string& model_path);
 
 // A size as scenarios write it (see above); 0 is accepted here, callers that
 // need a positive size refuse it themselves. InvalidArgument on anything else.

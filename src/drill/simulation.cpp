@@ -33,6 +33,73 @@ std::string replay_command(const std::string& scenario_file, uint64_t seed, SimM
 
 namespace sim_detail {
 
+Result<serve::ExecOutcome> ResidentExecutor::run(const serve::ExecJob& job, const serve::ExecCallbacks& cb,
+                                                 const std::atomic<bool>& cancel) {
+  const uint64_t ticket = tl_ticket;
+  if (Status st = residency_->begin_run(unit_, cancel); !st.ok()) {
+    after_.enter(ticket);
+    return st;
+  }
+  Result<serve::ExecOutcome> out = inner_->run(job, cb, cancel);
+  residency_->end_run(unit_, true);
+  return out;
+}
+
+// The catalogue's models (server_.models, from the scenario's server.models):
+// as build_gateway makes them, a GPU path "gpu/NAME" on the simulated device
+// and a CPU fallback "cpu/NAME", each a residency unit whose plan (the served
+// model's weights and half its pool, as the fake device's figures go) is
+// reserved only while resident; their engines are the served model's fakes
+// under a fingerprint of their own (a checkpoint resumes on its model).
+Status Simulation::add_catalogue_paths(Process& p, const std::shared_ptr<serve::RequestObserver>& journal_obs,
+                                       const std::shared_ptr<gateway::CircuitBreaker>& breaker,
+                                       std::vector<gateway::ExecutionPath>& paths) {
+  if (server_.models.empty()) return Status::ok_status();
+  gateway::ResidencyOptions ro;
+  ro.keep_alive_s = server_.keep_alive_s;
+  ro.min_residency_s = server_.min_residency_s;
+  p.residency = std::make_shared<gateway::ModelResidency>(*p.penv, std::move(ro));
+  for (const gateway::CatalogueModel& cm : server_.models) {
+    const std::string name = cm.name.empty() ? gateway::model_name_from_path(cm.path) : cm.name;
+    for (int i = 0; i < 2; ++i) {
+      const bool gpu = i == 0;
+      const std::string unit = (gpu ? "gpu/" : "cpu/") + name;
+      const uint64_t plan = dev_.weights + dev_.pool / 2;
+      SPW_RETURN_IF_ERROR(p.residency->add(unit, name, {{gpu ? p.gpu_ledger : p.host_ledger, plan}}, cm.pinned,
+                                           cm.keep_alive_s, 50));
+      const admission::PathRole role = gpu ? admission::PathRole::kPrimary : admission::PathRole::kFallback;
+      const gateway::PathShape shape = gateway::path_shape(server_, role, server_.ctx);
+      serve::SchedulerOptions so = gateway::scheduler_options(
+          server_, unit, shape,
+          std::make_shared<TrackingObserver>(gateway::path_observer(journal_obs, gpu ? breaker : nullptr), p.after));
+      so.placement = gpu ? "vulkan" : "cpu";
+      const FakeSpeed speed = gpu ? FakeSpeed{1000.0, 100.0, 0} : FakeSpeed{200.0, 20.0, 0};
+      so.prior_rates = admission::PathRates{speed.prefill_tps, speed.decode_tps, 1.0, 0, false};
+      so.hooks.before_run = [](uint64_t id) { tl_ticket = id; };
+      const std::string fingerprint = std::string(kFingerprint) + "/" + name;
+      std::vector<std::unique_ptr<serve::Executor>> ex;
+      for (int k = 0; k < shape.workers; ++k) {
+        ex.push_back(std::make_unique<ResidentExecutor>(
+            p.residency, unit, p.after,
+            std::make_unique<SimExecutor>(*p.penv, device_, p.after, i, speed, fingerprint)));
+      }
+      SPW_ASSIGN_OR_RETURN(auto sched, serve::Scheduler::create(env_, tok_, std::move(ex), so));
+      gateway::ExecutionPath path;
+      path.name = unit;
+      path.placement = so.placement;
+      path.model = name;
+      path.role = role;
+      path.scheduler = std::move(sched);
+      path.tokenizer = tok_;
+      path.ledger = gpu ? p.gpu_ledger : p.host_ledger;
+      if (gpu) path.breaker = breaker;
+      path.fingerprint = fingerprint;
+      paths.push_back(std::move(path));
+    }
+  }
+  return Status::ok_status();
+}
+
 Status Simulation::start_process() {
   auto p = std::make_unique<Process>();
   p->penv = std::make_unique<ProcessEnv>(env_);
@@ -96,7 +163,9 @@ Status Simulation::start_process() {
     path.fingerprint = kFingerprint;
     paths.push_back(std::move(path));
   }
+  SPW_RETURN_IF_ERROR(add_catalogue_paths(*p, journal_obs, breaker, paths));
   gateway::GatewayPolicy gp = gateway::gateway_policy(server_);
+  gp.residency = p->residency;
   // The run's mode decides the overflow (the live drill passes --overflow
   // per mode the same way).
   gp.overflow = opt_.mode == SimMode::kPlanned      ? gateway::Overflow::kPlanned

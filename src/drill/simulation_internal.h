@@ -41,6 +41,7 @@
 #include "gateway/breaker.h"
 #include "gateway/composition.h"
 #include "gateway/gateway.h"
+#include "gateway/residency.h"
 #include "gateway/request_service.h"
 #include "gguf/gguf.h"
 #include "http/spillway_api.h"
@@ -369,17 +370,38 @@ class AfterRun {
   std::multiset<uint64_t> tickets_;
 };
 
+// A catalogue model's worker (issue 32): its runs go through the model
+// residency as the real on-demand executor's do (room made, or waited for,
+// before the run; the unit released after it); a run the residency refuses
+// ends there, counted by AfterRun like any run's return.
+class ResidentExecutor final : public serve::Executor {
+ public:
+  ResidentExecutor(std::shared_ptr<gateway::ModelResidency> residency, std::string unit, AfterRun& after,
+                   std::unique_ptr<serve::Executor> inner)
+      : residency_(std::move(residency)), unit_(std::move(unit)), after_(after), inner_(std::move(inner)) {}
+  Result<serve::ExecOutcome> run(const serve::ExecJob& job, const serve::ExecCallbacks& cb,
+                                 const std::atomic<bool>& cancel) override;
+
+ private:
+  std::shared_ptr<gateway::ModelResidency> residency_;
+  std::string unit_;
+  AfterRun& after_;
+  std::unique_ptr<serve::Executor> inner_;
+};
+
 // A worker's engine: the device decides first (armed fault, out of memory),
 // then a FakeExecutor with its own FakeFaults runs it on the process's clock.
 class SimExecutor final : public serve::Executor {
  public:
-  SimExecutor(ProcessEnv& penv, DeviceModel& device, AfterRun& after, int path, FakeSpeed speed)
+  // `fingerprint`: the model it serves (a catalogue model's is its own).
+  SimExecutor(ProcessEnv& penv, DeviceModel& device, AfterRun& after, int path, FakeSpeed speed,
+              const std::string& fingerprint = kFingerprint)
       : penv_(penv),
         device_(device),
         after_(after),
         path_(path),
         faults_(std::make_shared<FakeFaults>()),
-        inner_(penv, speed, faults_, kFingerprint) {}
+        inner_(penv, speed, faults_, fingerprint) {}
 
   Result<serve::ExecOutcome> run(const serve::ExecJob& job, const serve::ExecCallbacks& cb,
                                  const std::atomic<bool>& cancel) override {
@@ -481,6 +503,7 @@ struct Process {
   std::shared_ptr<std::atomic<bool>> alive = std::make_shared<std::atomic<bool>>(true);
   std::shared_ptr<admission::MemoryLedger> gpu_ledger, host_ledger;
   std::unique_ptr<gateway::Gateway> gw;
+  std::shared_ptr<gateway::ModelResidency> residency;  // the catalogue's (null: one model)
   // The server's own request lifecycle over this process's gateway and the
   // journal (destroyed before the gateway it refers to).
   std::unique_ptr<gateway::RequestService> service;
@@ -493,6 +516,7 @@ struct Chain {
   size_t cls = 0;
   std::string phase;
   std::string prompt, body, key, prompt_key;
+  std::string model;  // RequestClass::model: a catalogue model's name ("": the served model)
   bool stream = true, greedy = true;
   uint64_t seed = 0;
   int32_t max_tokens = 0;
@@ -593,6 +617,9 @@ class Simulation {
   // Completes `inv` as refused on the spot (no time spent in the server):
   // `res` with the failure's status, code and message, at the clock's now.
   void complete_refused(const Op& inv, Op res, int http_status, const std::string& code, const std::string& message);
+  Status add_catalogue_paths(Process& p, const std::shared_ptr<serve::RequestObserver>& journal_obs,
+                             const std::shared_ptr<gateway::CircuitBreaker>& breaker,
+                             std::vector<gateway::ExecutionPath>& paths);
   static serve::GenerationRequest generation_of(const Chain& c);
   void after_end(Chain* c);
   void finish_chain(Chain* c);

@@ -64,10 +64,12 @@ void Simulation::arrive(size_t cls, const std::string& phase, bool greedy, uint6
   c->greedy = greedy;
   c->seed = greedy ? 0 : seed;
   c->max_tokens = rc.max_tokens;
+  c->model = rc.model;
   c->retry = retry;
   c->prompt_key = rc.name + (greedy ? "/greedy" : "/seed=" + std::to_string(c->seed));
   if (keyed) c->key = "drill-" + std::to_string(opt_.seed) + "-" + std::to_string(chains_.size() + 1);
-  c->body = "{\"prompt\":\"" + json_escape(c->prompt) + "\",\"max_tokens\":" + std::to_string(c->max_tokens) +
+  c->body = "{" + (c->model.empty() ? std::string() : "\"model\":\"" + json_escape(c->model) + "\",") +
+            "\"prompt\":\"" + json_escape(c->prompt) + "\",\"max_tokens\":" + std::to_string(c->max_tokens) +
             ",\"stream\":" + (c->stream ? "true" : "false") +
             (greedy ? std::string(",\"temperature\":0") : ",\"temperature\":0.8,\"seed\":" + std::to_string(c->seed)) +
             "}";
@@ -96,12 +98,18 @@ Op Simulation::request_op(const Chain& c, const std::string& f) const {
 
 void Simulation::fill_route(Op& op, const serve::Ticket& t) const {
   op.path = t.path();
-  op.placement = op.path == "gpu" ? "vulkan" : op.path;
+  // "gpu" and a catalogue model's "gpu/NAME" run on the device.
+  const bool gpu = op.path == "gpu" || op.path.rfind("gpu/", 0) == 0;
+  op.placement = gpu ? "vulkan" : "cpu";
   op.model = model_name_;
+  if (proc_ && proc_->gw) {
+    for (const gateway::ExecutionPath& p : proc_->gw->paths())
+      if (p.name == op.path) op.model = p.model;
+  }
   const admission::Decision d = t.decision();
   op.decision = std::string(admission::decision_kind_name(d.kind));
   op.reason = d.reason;
-  op.degraded = op.path != "gpu";
+  op.degraded = !gpu;
   // What the spillway object shows: degraded = the decision's.
   op.degraded_shown = op.degraded && d.degraded();
   op.failovers = t.attempts() - t.migrations();
@@ -111,7 +119,7 @@ void Simulation::fill_route(Op& op, const serve::Ticket& t) const {
 // The checker's over-reserve figure: whether every decision that placed the
 // request on the gpu path kept it under its reserve.
 void Simulation::note_decision(int64_t record_id, const admission::Decision& d) {
-  if (d.path_index != 0) return;
+  if (d.path != "gpu" && d.path.rfind("gpu/", 0) != 0) return;
   const bool under = d.pressure <= 1.0 + 1e-12;
   auto [it, fresh] = under_reserve_.emplace(record_id, under);
   if (!fresh) it->second = it->second && under;
@@ -124,6 +132,7 @@ Result<gateway::StoredRequest> Simulation::stored_request(const journal::Record&
     if (c->record_id != r.id) continue;
     gateway::StoredRequest out;
     out.generation = generation_of(*c);
+    out.model = c->model;
     out.seed_given = true;
     out.max_tokens_requested = c->max_tokens;
     return out;
@@ -165,6 +174,7 @@ void Simulation::send(Chain* c, const std::string& f) {
   sub.body = c->body;
   sub.idempotency_key = c->key;
   sub.route.generation = generation_of(*c);
+  sub.route.model = c->model;
   sub.prompt_bytes = c->prompt.size();
   gateway::SubmitOutcome out = proc_->service->submit(std::move(sub));
   const int64_t id = out.record_id;
@@ -190,11 +200,15 @@ void Simulation::send(Chain* c, const std::string& f) {
     res.accepted = true;
     res.replayed = true;
     res.placement = rec.placement;
-    // As the server's replay says: the path it ran on (by its placement).
+    // As the server's replay says: the path it ran on (by its placement,
+    // among its model's).
+    res.model = c->model.empty() ? model_name_ : c->model;
     for (const gateway::ExecutionPath& p : proc_->gw->paths()) {
-      if (p.placement == res.placement) res.path = p.name;
+      if (p.placement == res.placement && p.model == res.model) {
+        res.path = p.name;
+        break;
+      }
     }
-    res.model = model_name_;
     res.text = rec.outcome.text;
     res.completion_tokens = rec.outcome.completion_tokens;
     res.finish_reason = rec.outcome.finish_reason;
