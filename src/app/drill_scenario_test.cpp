@@ -46,6 +46,28 @@ TEST(DrillScenarioTest, DefaultScenarioPassesOverManySeeds) {
   EXPECT_EQ(s->passed, n) << describe(*s);
 }
 
+// drills/two-models.toml (issue 32): two models behind one device ledger
+// under shrinking memory, a device fault and a kill, over 100 seeds
+// (SPW_SIM_SEEDS lowers it).
+TEST(DrillScenarioTest, TwoModelsScenarioPassesOverSeeds) {
+  const std::string path = std::string(SPILLWAY_SOURCE_DIR) + "/drills/two-models.toml";
+  Result<Scenario> sc = load_scenario(path);
+  ASSERT_TRUE(sc.ok()) << sc.status().to_string();
+  ASSERT_EQ(sc->server.models, std::vector<std::string>{"second=models/stories260K.gguf"});
+  SimOptions o;
+  o.model_path = std::string(SPILLWAY_SOURCE_DIR) + "/models/stories260K.gguf";
+  o.scenario_file = "drills/two-models.toml";
+  Result<gateway::GatewayOptions> server = app::parse_serve_args(simulated_serve_args(*sc, o.model_path));
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  ASSERT_EQ(server->models.size(), 1u);
+  o.server = *server;
+  const int64_t n = std::min<int64_t>(seeds_from_env(100), 100);
+  Result<SimSummary> s = simulate_seeds(*sc, o, 1, n, SimMode::kPlanned);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::printf("%s\n", describe(*s).c_str());
+  EXPECT_EQ(s->passed, n) << describe(*s);
+}
+
 // The scenario's flags are the server's: parsed with serve's defaults, and a
 // flag serve does not know is refused.
 TEST(DrillScenarioTest, ServerArgsAreParsedAsServeParsesThem) {

@@ -206,6 +206,8 @@ TEST(Scenario, RefusesAndNamesTheKey) {
       {with("", "", "cotenant_bytes = -5"), "phase[1].cotenant_bytes|negative"},
       {with("[server]\ndevice_memory = \"0\"", "", ""), "server.device_memory|greater than 0"},
       {with("[server]\nargs = [\"a\", 3]", "", ""), "server.args[2]|expected a string"},
+      {with("[server]\nmodels = [\"justname\"]", "", ""), "server.models|NAME=FILE"},
+      {with("", "model = \"nope\"", ""), "class[1].model|not a name of server.models"},
       {with("", "", "", "kind = \"meteor\"\nat_s = 1"), "phase[1].fault[1].kind|meteor"},
       {with("", "", "", "kind = \"alloc_fail\"\nat_s = 5"), "phase[1].fault[1].at_s|outside its phase"},
       {with("", "", "", "kind = \"alloc_fail\""), "phase[1].fault[1].at_s|missing"},

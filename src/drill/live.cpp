@@ -255,13 +255,23 @@ Op completion_of(const Drill& d, const Op& inv, const Exchange& x) {
   // A replay's spillway object names the placement only: the path of that
   // placement, so that figures by path count it where it ran.
   if (r.path.empty() && !r.placement.empty()) {
-    for (const auto& [name, info] : d.path_info_)
-      if (jstr(info, "placement") == r.placement) r.path = name;
+    for (const auto& [name, info] : d.path_info_) {
+      if (jstr(info, "placement") == r.placement && (x.model.empty() || jstr(info, "model") == x.model)) {
+        r.path = name;
+        break;
+      }
+    }
   }
   r.model = x.model;
   r.decision = x.decision;
   r.reason = x.reason;
-  r.degraded = x.degraded || (!x.path.empty() && x.path != d.first_path_);
+  // Degraded: not on its model's first-choice path (the first path, or a
+  // catalogue model's own primary one, "gpu/NAME").
+  bool first_choice = x.path == d.first_path_;
+  if (auto it = d.path_info_.find(x.path); it != d.path_info_.end()) {
+    first_choice = first_choice || jstr(it->second, "role") == "primary";
+  }
+  r.degraded = x.degraded || (!x.path.empty() && !first_choice);
   r.degraded_shown = x.degraded_shown;
   r.replayed = x.replayed;
   r.text = x.text;

@@ -266,4 +266,40 @@ TEST(Drill, DefaultScenarioEveryFaultKindAndNoAcceptedRequestLost) {
   fs::remove_all(dir);
 }
 
+// drills/two-models.toml (issue 32): the served model and a catalogue model
+// under shrinking device memory, a device fault and a kill -9. Release only
+// (the sanitizer stages run the default drill's code paths already).
+TEST(Drill, TwoModelsScenarioLosesNothingOfEitherModel) {
+  if (auto why = no_vulkan()) GTEST_SKIP() << *why;
+  if (const char* san = std::getenv("SPILLWAY_SANITIZE"); san && *san) GTEST_SKIP() << "release only";
+  const fs::path dir = temp_dir("two-models");
+  const fs::path report = dir / "report";
+  int err = -1;
+  const fs::path scenario = fs::path(SPILLWAY_SOURCE_DIR) / "drills" / "two-models.toml";
+  const pid_t pid = spw::testing::start({"drill", "--scenario", scenario.string(), "--report", report.string()}, &err);
+  const auto f = spw::testing::wait_for(pid, err, std::chrono::seconds(200));
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  const json r = json::parse(slurp(report / "report.json"), nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << "report.json does not parse";
+  const json* gates = find_key(r, "gates");
+  ASSERT_NE(gates, nullptr);
+  for (const json& g : *gates) EXPECT_TRUE(g.value("passed", false)) << g.dump();
+  const json* ops = find_key(r, "ops");
+  ASSERT_NE(ops, nullptr);
+  // Both models answered, the second on its own paths (the device's and,
+  // squeezed, the CPU's).
+  std::set<std::string> second_paths;
+  bool served = false;
+  for (const json& o : *ops) {
+    if (o.value("type", "") != "ok" || o.value("replayed", false)) continue;
+    if (o.value("model", "") == "second") second_paths.insert(o.value("path", ""));
+    if (o.value("model", "") == "stories260K") served = true;
+  }
+  EXPECT_TRUE(served);
+  EXPECT_TRUE(second_paths.count("gpu/second")) << "no second-model request on its GPU path";
+  EXPECT_TRUE(second_paths.count("cpu/second")) << "no second-model request redirected to its CPU path";
+  for (const std::string& p : second_paths) EXPECT_TRUE(p == "gpu/second" || p == "cpu/second") << p;
+  fs::remove_all(dir);
+}
+
 }  // namespace
