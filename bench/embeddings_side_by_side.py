@@ -22,21 +22,15 @@ import http.client
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
+
+from serve_side_by_side import free_port, wait_ready  # bench/: the same ways to pick a port and wait
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(ROOT, "models", "stories260K.gguf")
 TEXTS = ["Once upon a time there was a little dog", "The cat sat on the mat", "Lily and Ben went to the park"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port, path, body):
@@ -55,20 +49,12 @@ def serve(binary, model, device):
     proc = subprocess.Popen([binary, "serve", "--model", model, "--port", str(port), "--threads", "1",
                              "--journal", "none", "--device", device, "--ctx", "256"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"spillway serve exited with {proc.returncode}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health/ready")
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("spillway serve not ready")
+    try:
+        wait_ready(port, "/health/ready", proc)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, port
 
 
 def llama_vectors(binary, model, text, pooling):

@@ -25,21 +25,16 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 
+from serve_side_by_side import free_port, wait_ready  # bench/: the same ways to pick a port and wait
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVED = os.path.join(ROOT, "models", "stories260K.gguf")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def request(port, method, path, body=None, timeout=600):
@@ -59,18 +54,12 @@ def start(binary, models, threads, extra):
     for name, path in models:
         args += ["--model", f"{name}={path}"]
     proc = subprocess.Popen(args + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(args + extra)}")
-        try:
-            if request(port, "GET", "/health/ready", timeout=2)[0] == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server not ready in 120 s")
+    try:
+        wait_ready(port, "/health/ready", proc)
+    except RuntimeError as e:
+        proc.kill()
+        raise RuntimeError(f"{e}: {' '.join(args + extra)}") from None
+    return proc, port
 
 
 def stop(proc):
