@@ -1,8 +1,6 @@
 #include "app/serve_options.h"
 
-#include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <limits>
 #include <set>
 #include <string>
@@ -378,14 +376,10 @@ Status catalogue_options(const ServeCliOptions& o, gateway::GatewayOptions& g) {
       return invalid_field("model", "--model: a GGUF model file is needed (or --models-dir DIR)");
     }
     // The first *.gguf of the folder by name is the served model.
-    std::vector<std::string> files;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(g.models_dir, ec)) {
-      if (e.path().extension() == ".gguf") files.push_back(e.path().string());
-    }
-    if (ec) return invalid_field("models-dir", "--models-dir " + g.models_dir + ": " + ec.message());
-    if (files.empty()) return invalid_field("models-dir", "--models-dir " + g.models_dir + ": no *.gguf file in it");
-    g.model = *std::min_element(files.begin(), files.end());
+    auto files = gateway::models_dir_files(g.models_dir);
+    if (!files.ok()) return invalid_field("models-dir", "--" + files.status().message());
+    if (files->empty()) return invalid_field("models-dir", "--models-dir " + g.models_dir + ": no *.gguf file in it");
+    g.model = files->front();
   } else {
     const gateway::CatalogueModel first = catalogue_model(o.models.front());
     if (!first.name.empty()) {

@@ -20,8 +20,8 @@
 #include "core/cpu_features.h"
 #include "device/host_memory.h"
 #include "gateway/composition.h"
-#include "gguf/gguf.h"
 #include "engine/embedding.h"
+#include "gguf/gguf.h"
 #include "serve/engine_executor.h"
 #include "serve/journal_observer.h"
 
@@ -262,6 +262,9 @@ struct Composition {
   // device share them).
   std::shared_ptr<CircuitBreaker> gpu_breaker;
   std::shared_ptr<DeviceControl> gpu_device;
+  // Re-reads observed usage into the ledgers (make_observe): the gateway's
+  // and the catalogue's residency's.
+  std::function<void()> observe;
   // Rate priors: the host's bandwidth, measured at most once.
   std::map<size_t, double> host_bw;  // probe buffer bytes -> bytes/s (0: failed; key 0: the given figure)
   std::string host_bw_why;
@@ -834,8 +837,10 @@ Status build_cpu_path(Composition& c) {
   return Status::ok_status();
 }
 
-// The ledgers' observed usage re-read now (host readings, the device heap):
-// the gateway's observe, and the residency's after an eviction.
+// The ledgers' observed usage re-read now (host readings, the device heap),
+// with out.observe_host / observe_device set for /health: made once
+// (Composition::observe), the gateway's observe and the residency's after
+// an eviction.
 std::function<void()> make_observe(Composition& c) {
   BuiltGateway& out = c.out;
   auto host_ledger = out.host_ledger;
@@ -853,7 +858,7 @@ std::function<void()> make_observe(Composition& c) {
   };
 }
 
-void add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out);
+Status add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out);
 
 // The catalogue beyond the first model: options.models, then models_dir's
 // *.gguf files (sorted; the first model's and the fallback model's files
@@ -861,7 +866,7 @@ void add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out);
 Result<std::vector<CatalogueModel>> catalogue_models(const GatewayOptions& o) {
   namespace fs = std::filesystem;
   std::vector<CatalogueModel> out = o.models;
-  if (!o.models_dir.empty()) add_models_dir(o, out);
+  if (!o.models_dir.empty()) SPW_RETURN_IF_ERROR(add_models_dir(o, out));
   // The settings by name: pinned, preloaded, keep-alive.
   auto find = [&](const std::string& name, const char* field) -> Result<CatalogueModel*> {
     for (CatalogueModel& m : out) {
@@ -887,14 +892,9 @@ Result<std::vector<CatalogueModel>> catalogue_models(const GatewayOptions& o) {
 
 // models_dir's *.gguf files not already in `out`, the served model's and the
 // fallback model's skipped, sorted by name.
-void add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out) {
+Status add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out) {
   namespace fs = std::filesystem;
-  std::vector<std::string> files;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(o.models_dir, ec)) {
-    if (e.path().extension() == ".gguf" && e.is_regular_file(ec)) files.push_back(e.path().string());
-  }
-  std::sort(files.begin(), files.end());
+  SPW_ASSIGN_OR_RETURN(const std::vector<std::string> files, models_dir_files(o.models_dir));
   auto same = [](const std::string& a, const std::string& b) {
     std::error_code e2;
     return !b.empty() && fs::equivalent(a, b, e2);
@@ -909,12 +909,14 @@ void add_models_dir(const GatewayOptions& o, std::vector<CatalogueModel>& out) {
     m.from_dir = true;
     out.push_back(std::move(m));
   }
+  return Status::ok_status();
 }
 
 // One path of a catalogue model and its plan (build_catalogue_model).
 struct CatalogueUnit {
   std::string name;  // "gpu/coder", "cpu/coder"
   Placement where;
+  bool gpu_side = false;  // some layers on the device
   admission::PathRole role = admission::PathRole::kPrimary;
   PathShape shape;
   int32_t blocks = 0;
@@ -983,11 +985,12 @@ Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<
   // Each unit's plan, checked against its ledgers' limits before anything
   // is registered (a plan that can never fit refuses the whole entry).
   for (CatalogueUnit& u : units) {
+    u.gpu_side = u.where.gpu_layer_count(hp->n_layer) > 0;
     u.blocks = u.shape.workers * ((u.shape.ctx + kBlockTokens - 1) / kBlockTokens);
     auto e = admission::estimate(**file, path_plan(u.where, u.shape.ctx, u.shape.workers, u.blocks, c.n_threads,
                                                    o.kv_type), c.cfg);
     if (!e.ok()) return refuse(e.status().message());
-    const uint64_t device_bytes = u.where.gpu_layer_count(hp->n_layer) > 0 ? e->gpu().total() : 0;
+    const uint64_t device_bytes = u.gpu_side ? e->gpu().total() : 0;
     const uint64_t host_bytes = host_bytes_beyond_baseline(*e, c.cfg) + (c.device_on_host ? device_bytes : 0);
     if (device_bytes > 0) u.charges.push_back({c.out.device_ledger, device_bytes});
     u.charges.push_back({c.out.host_ledger, std::max<uint64_t>(1, host_bytes)});
@@ -1024,16 +1027,15 @@ Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<
     ps.role = u.role;
     ps.shape = u.shape;
     ps.blocks = u.blocks;
-    const bool gpu_side = u.where.gpu_layer_count(hp->n_layer) > 0;
-    ps.ledger = gpu_side ? std::shared_ptr<admission::MemoryLedger>(c.out.device_ledger)
-                         : std::shared_ptr<admission::MemoryLedger>(c.out.host_ledger);
+    ps.ledger = u.gpu_side ? std::shared_ptr<admission::MemoryLedger>(c.out.device_ledger)
+                           : std::shared_ptr<admission::MemoryLedger>(c.out.host_ledger);
     ps.tokenizer = tokenizer;
     ps.hparams = *hp;
     ps.model_name = entry.name;
     ps.fingerprint = fingerprint;
     ps.load = [&env = c.env, path = cm.path]() { return Model::load(env, path); };
     ps.prior = rate_prior(c, u.shares);
-    if (gpu_side) {
+    if (u.gpu_side) {
       ps.breaker = c.gpu_breaker;
       ps.device = c.gpu_device;
     }
@@ -1067,7 +1069,7 @@ Status build_catalogue(Composition& c) {
   ResidencyOptions ro;
   ro.keep_alive_s = o.keep_alive_s;
   ro.min_residency_s = o.min_residency_s;
-  ro.observe = make_observe(c);
+  ro.observe = c.observe;
   ro.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
   c.out.residency = std::make_shared<ModelResidency>(c.env, std::move(ro));
   std::set<std::string> names{c.out.model_name};
@@ -1096,7 +1098,7 @@ Status start_gateway(Composition& c) {
   GatewayPolicy policy = gateway_policy(c.o);
   policy.log = [](const std::string& line) { std::fprintf(stderr, "spillway serve: %s\n", line.c_str()); };
   policy.host_cpu = c.host_cpu;
-  policy.observe = make_observe(c);
+  policy.observe = c.observe;
   policy.residency = out.residency;
   for (const auto& n : c.not_built) out.log.push_back(n.name + " path not built: " + n.reason);
   if (out.journal) policy.equivalence_store = journal_equivalence_store(out.journal, out.vulkan.get());
@@ -1145,6 +1147,19 @@ Result<std::string> default_journal_path() {
   return base + "/spillway/journal.sqlite";
 }
 
+Result<std::vector<std::string>> models_dir_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    std::error_code fe;
+    if (e.path().extension() == ".gguf" && e.is_regular_file(fe)) files.push_back(e.path().string());
+  }
+  if (ec) return invalid_field("models-dir", "models-dir " + dir + ": " + ec.message());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 std::string model_name_from_path(const std::string& path) {
   std::string name = path.substr(path.find_last_of('/') + 1);
   if (name.size() > 5 && name.ends_with(".gguf")) name.resize(name.size() - 5);
@@ -1191,6 +1206,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   c.tok = std::shared_ptr<const Tokenizer>(out.model, &out.model->tokenizer());
   if (c.gpu.built) SPW_RETURN_IF_ERROR(build_gpu_paths(c));
   if (c.cpu.built) SPW_RETURN_IF_ERROR(build_cpu_path(c));
+  c.observe = make_observe(c);
   SPW_RETURN_IF_ERROR(build_catalogue(c));
   SPW_RETURN_IF_ERROR(start_gateway(c));
   return out;

@@ -275,6 +275,10 @@ struct BuiltGateway {
 // ~/.local/state/spillway/journal.sqlite.
 Result<std::string> default_journal_path();
 std::string model_name_from_path(const std::string& path);
+// The model files of a --models-dir: its regular *.gguf files, sorted by
+// name; InvalidArgument (field "models-dir") naming the folder when it
+// cannot be read.
+Result<std::vector<std::string>> models_dir_files(const std::string& dir);
 
 Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& options);
 

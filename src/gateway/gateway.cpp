@@ -532,22 +532,23 @@ Result<std::vector<TokenId>> Gateway::prepare(const serve::GenerationRequest& g,
   if (g.pooling == Pooling::kNone) return serve::encode_prompt(tokenizer_for(model), g);
   // An embeddings request: every input tokenized as a prompt would be; the
   // longest stands for the request in admission (its KV, its context).
+  const Tokenizer& tok = tokenizer_for(model);
   std::vector<std::vector<TokenId>> inputs;
   serve::GenerationRequest one = g;
   for (const std::string& text : g.embed_texts) {
     one.prompt = text;
     one.prompt_tokens.reset();
-    SPW_ASSIGN_OR_RETURN(std::vector<TokenId> ids, serve::encode_prompt(tokenizer_for(model), one));
+    SPW_ASSIGN_OR_RETURN(std::vector<TokenId> ids, serve::encode_prompt(tok, one));
     inputs.push_back(std::move(ids));
   }
   for (const std::vector<TokenId>& ids : g.embed_token_ids) {
     one.prompt_tokens = ids;
-    SPW_ASSIGN_OR_RETURN(std::vector<TokenId> checked, serve::encode_prompt(tokenizer_for(model), one));
+    SPW_ASSIGN_OR_RETURN(std::vector<TokenId> checked, serve::encode_prompt(tok, one));
     inputs.push_back(std::move(checked));
   }
-  std::vector<TokenId> longest;
-  for (const auto& ids : inputs)
-    if (ids.size() > longest.size()) longest = ids;
+  // Validation refused an empty list, so there is a longest.
+  std::vector<TokenId> longest = *std::max_element(
+      inputs.begin(), inputs.end(), [](const auto& a, const auto& b) { return a.size() < b.size(); });
   if (embed_inputs) *embed_inputs = std::move(inputs);
   return longest;
 }

@@ -89,9 +89,9 @@ std::vector<EquivalenceInfo> Gateway::verify_equivalence() {
       const ExecutionPath& b = paths_[j];
       if (a.fingerprint.empty() || a.fingerprint != b.fingerprint || a.numerics() == b.numerics()) continue;
       // Catalogue models' paths are not run here: the check would load each
-      // of them at start. A verdict for their fingerprint and numerics (the
-      // served model's, if it is the same file, or one the store kept) still
-      // applies to them through migration_allowed.
+      // of them at start. A verdict of this run for their fingerprint and
+      // numerics (the served model's, if it is the same file) still applies
+      // to them through migration_allowed.
       if (policy_.residency && (policy_.residency->manages(a.name) || policy_.residency->manages(b.name))) continue;
       const std::string key = equivalence_key(a.fingerprint, a.numerics(), b.numerics());
       {

@@ -1,7 +1,6 @@
 #include "gateway/residency.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <utility>
 

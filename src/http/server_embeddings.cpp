@@ -18,8 +18,7 @@ void HttpServer::Impl::embeddings(const Request& req, Response& res, const Princ
   // The model's pooling and width, from a path that serves it.
   const gateway::ExecutionPath* serving = nullptr;
   for (const gateway::ExecutionPath& p : gateway_.paths()) {
-    if ((p.model == model || (route_model.empty() && p.name == gateway_.primary().name)) &&
-        p.pooling != Pooling::kNone) {
+    if (p.model == model && p.pooling != Pooling::kNone) {
       serving = &p;
       break;
     }
@@ -61,11 +60,7 @@ void HttpServer::Impl::embeddings(const Request& req, Response& res, const Princ
     wait_event(c, ev);
   } while (ev.kind != serve::RequestEvent::Kind::kFinished);
   fill_times(c);
-  res.set_header("X-Spillway-Placement", c.info.placement);
-  res.set_header("X-Spillway-Path", c.info.path);
-  res.set_header("X-Spillway-Model", c.model);
-  res.set_header("X-Spillway-Decision", c.info.decision);
-  res.set_header("X-Spillway-Degraded", c.info.degraded ? "true" : "false");
+  route_headers(c, res);
   if (ev.state != serve::RequestState::kDone || !ev.embeddings) {
     const Status st = ev.status.ok() ? Status::internal("embeddings: the run ended without vectors") : ev.status;
     return set_error(res, error_for(c, st), c.model);

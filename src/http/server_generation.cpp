@@ -75,14 +75,15 @@ std::optional<ApiError> HttpServer::Impl::resolve_model(const std::string& reque
 // template, with its end-of-turn stops) and, when route_model is given, the
 // body's `model` resolved (ModelCatalog::resolve: a 404 for an id this
 // server does not serve; a stored body, parsed again without route_model,
-// keeps the id it was accepted under even if --alias changed since);
-// nullopt on success, else the error.
+// keeps the id it was accepted under even if --alias changed since, and is
+// read with the served model's tokenizer and template when its id is no
+// longer served); read_model (optional): the route model the body was read
+// for either way. nullopt on success, else the error.
 std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string& body, bool chat,
                                                                serve::GenerationRequest& g, SamplingFields& sampling,
                                                                std::string* route_model, ToolUse* tool_use,
-                                                               std::string* prompt_text, bool* echo) {
-  // The model the body names, resolved (a stored body of an id no longer
-  // served is read with the served model's tokenizer and template).
+                                                               std::string* prompt_text, bool* echo,
+                                                               std::string* read_model) {
   std::string model;
   auto resolve = [&](const std::string& requested) -> std::optional<ApiError> {
     if (route_model) {
@@ -162,6 +163,7 @@ std::optional<ApiError> HttpServer::Impl::generation_from_body(const std::string
   }
   // As llama.cpp's server: control-token texts in the prompt are those tokens.
   g.parse_special = true;
+  if (read_model) *read_model = model;
   // Ids are the served model's (a fallback model of a smaller vocabulary
   // ignores the ones past it: engine/sampler.h).
   return check_token_ids(sampling, gateway_.tokenizer_for(model).n_vocab());
@@ -284,21 +286,25 @@ void HttpServer::Impl::refuse(Response& res, const Status& st, const gateway::Re
   res.set_content(render_refusal(e, options_.model_name, refusal.decision), kJson);
 }
 
+// Where a call runs and why, as headers: what fill_route read (one reading
+// of the ticket). Completions and embeddings alike.
+void HttpServer::Impl::route_headers(const Call& c, Response& res) {
+  res.set_header("X-Spillway-Placement", c.info.placement);
+  res.set_header("X-Spillway-Path", c.info.path);
+  res.set_header("X-Spillway-Model", c.model);
+  res.set_header("X-Spillway-Fallback-Model", c.info.fallback_model ? "true" : "false");
+  res.set_header("X-Spillway-Decision", c.info.decision);
+  res.set_header("X-Spillway-Degraded", c.info.degraded ? "true" : "false");
+  res.set_header("X-Spillway-Queue-Position", std::to_string(c.info.queue_position));
+  if (c.info.estimated_delay_ms) {
+    res.set_header("X-Spillway-Estimated-Delay-Ms", std::to_string(static_cast<int64_t>(*c.info.estimated_delay_ms)));
+  }
+}
+
 // Headers from the call's route, then the body or the stream.
 void HttpServer::Impl::respond(const Request& req, const std::shared_ptr<Call>& call, Response& res, bool stream_it) {
   const bool chat = call->chat;
-  // The headers say what fill_route read (one reading of the ticket).
-  res.set_header("X-Spillway-Placement", call->info.placement);
-  res.set_header("X-Spillway-Path", call->info.path);
-  res.set_header("X-Spillway-Model", call->model);
-  res.set_header("X-Spillway-Fallback-Model", call->info.fallback_model ? "true" : "false");
-  res.set_header("X-Spillway-Decision", call->info.decision);
-  res.set_header("X-Spillway-Degraded", call->info.degraded ? "true" : "false");
-  res.set_header("X-Spillway-Queue-Position", std::to_string(call->info.queue_position));
-  if (call->info.estimated_delay_ms) {
-    res.set_header("X-Spillway-Estimated-Delay-Ms",
-                   std::to_string(static_cast<int64_t>(*call->info.estimated_delay_ms)));
-  }
+  route_headers(*call, res);
   res.set_header("X-Spillway-Max-Tokens", std::to_string(call->info.limits.max_tokens));
   res.set_header("X-Spillway-Context", std::to_string(call->info.limits.n_ctx));
   res.set_header("X-Spillway-Request-Id", std::to_string(call->info.request_id));

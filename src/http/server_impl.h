@@ -149,7 +149,7 @@ class HttpServer::Impl {
   std::optional<ApiError> generation_from_body(const std::string& body, bool chat, serve::GenerationRequest& g,
                                                SamplingFields& sampling, std::string* route_model = nullptr,
                                                ToolUse* tool_use = nullptr, std::string* prompt_text = nullptr,
-                                               bool* echo = nullptr);
+                                               bool* echo = nullptr, std::string* read_model = nullptr);
   void completion(const Request& req, Response& res, const Principal& who, bool chat);
   static Result<bool> allow_migration(const Request& req);
   void refuse(Response& res, const Status& st, const gateway::Refusal& refusal, int64_t public_id = 0);
@@ -201,6 +201,7 @@ class HttpServer::Impl {
   void reserve(const Request& req, Response& res, const Principal& p);
   void quote(const Request& req, Response& res);
   void embeddings(const Request& req, Response& res, const Principal& who);
+  void route_headers(const Call& c, Response& res);
   // Reservations belong to the key that made them (the admin sees all).
   static gateway::ReservationCaller caller(const Principal& p) { return {p.owner, p.admin}; }
 

@@ -6,7 +6,6 @@
 // because none of it runs a request from a new body.
 #include <cstdio>
 
-#include "http/json_fields.h"
 #include "http/server_impl.h"
 
 namespace spw::http {
@@ -107,20 +106,15 @@ void HttpServer::Impl::resume_request(const Request& req, Response& res, const P
 Result<gateway::StoredRequest> HttpServer::Impl::parse_stored(const journal::Record& r) {
   gateway::StoredRequest out;
   SamplingFields sampling;
-  if (auto e = generation_from_body(r.body, r.endpoint == "/v1/chat/completions", out.generation, sampling)) {
+  // out.model: the model it named, as served now (an id no longer served:
+  // the service's model, which the body was then read for).
+  if (auto e = generation_from_body(r.body, r.endpoint == "/v1/chat/completions", out.generation, sampling, nullptr,
+                                    nullptr, nullptr, nullptr, &out.model)) {
     return Status::invalid_argument(e->message);
   }
   out.seed_given = sampling.seed.has_value();
   out.n = sampling.n;
   out.max_tokens_requested = sampling.max_tokens;
-  // The model it named, as served now (an id no longer served: the
-  // service's model, as the body was read with its tokenizer).
-  json_fields::json obj;
-  if (!json_fields::parse_object(r.body, obj) && obj.contains("model") && obj["model"].is_string()) {
-    if (auto m = models_.resolve(obj["model"].get<std::string>()); std::holds_alternative<std::string>(m)) {
-      out.model = std::get<std::string>(m);
-    }
-  }
   return out;
 }
 

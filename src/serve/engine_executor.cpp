@@ -1,8 +1,8 @@
 #include "serve/engine_executor.h"
 
 #include "engine/checkpoint.h"
-#include "engine/embedding.h"
 #include "engine/device_session.h"
+#include "engine/embedding.h"
 #include "engine/generate.h"
 #include "engine/session.h"
 #include "engine/step_batcher.h"
