@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/thread_pool.h"
 #include "gguf/quant.h"
 #include "model/model.h"
@@ -26,6 +27,7 @@ constexpr int64_t kCols = 4096;
 
 struct Fixture {
   std::vector<uint8_t> bytes;
+  spw::cpu::PackedMatrix packed;  // the layout the kernel variant computes from, if not the file's
   WeightMatrix w;
 };
 
@@ -49,6 +51,10 @@ const Fixture& fixture(GgmlType type, int64_t rows = kRows, int64_t cols = kCols
     f->w.n_cols = cols;
     f->w.n_rows = rows;
     f->w.row_bytes = row_bytes;
+    if (spw::cpu::wants_packed(f->w)) {
+      f->packed = spw::cpu::pack_q8_0x16(f->w);
+      f->w = f->packed.view;
+    }
     cached = std::move(f);
   }
   return *cached;

@@ -118,24 +118,24 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
 // gemm.cpp's PreparedX for m activation rows against a matrix of `type`
 // with `cols` columns, beyond the m row pointers (mirrors prepare_x):
 //   Q8_0 weights: m*nb Q8_0 blocks (34 B) + m*nb float scales + 2*m pointers
-//     (nb = cols/32), and from 8 rows on (the GEMM), with AVX-512 VNNI, the token-pair copies:
-//     m*nb*32 bytes of offset quants + m*nb*8 floats of scales (64 B);
+//     (nb = cols/32), and with the kQ8_0x16 kernels (AVX-512 VNNI) m*nb int32
+//     offsets (128 * each block's code sum);
 //   Q4_0, Q5_0: the same Q8_0 activations + m ActRows (3 pointers each);
 //   Q4_1, Q5_1: m*nb Q8_1 blocks (36 B) + 2*m*nb floats (d, s) + m ActRows;
 //   Q4_K, Q5_K, Q6_K: m*(cols/256) Q8_K blocks (292 B) + m ActRows;
 //   F32, F16: nothing.
 // A fused call whose matrices mix Q8_0 with Q4_0/Q5_0 allocates the Q4_0 term,
 // the largest, so the max over a stage's matrices still bounds it.
-// The token-pair copies exist only in the kernel variants with the AVX-512
-// VNNI Q8_0 GEMM (HostKernels::q8_0_token_pairs). Counted everywhere, they
-// made the layer scratch of a Q8_0 model ~10% high on an AVX2-only AMD EPYC.
+// The offsets exist only in the kernel variants with the kQ8_0x16 kernels
+// (HostKernels::q8_0_x16). (Variant-specific scratch counted everywhere made
+// the layer scratch of a Q8_0 model ~10% high on an AVX2-only AMD EPYC.)
 uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m, const HostKernels& k) {
   const uint64_t act_row = 3 * sizeof(void*);
   const uint64_t nb32 = cols / 32;
   switch (static_cast<gguf::GgmlType>(type)) {
     case gguf::GgmlType::kQ8_0:
       return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) +
-             (k.q8_0_token_pairs && m >= 8 ? m * nb32 * 64 : 0);
+             (k.q8_0_x16 ? m * nb32 * 4 : 0);
     case gguf::GgmlType::kQ4_0:
     case gguf::GgmlType::kQ5_0:
       return m * nb32 * gguf::kQ8_0BlockBytes + m * nb32 * kF32 + 2 * m * sizeof(void*) + m * act_row;
@@ -466,7 +466,13 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
   uint64_t largest_upload = 0;  // the GPU staging buffer's size rule
 
   // Weights: exact tensor bytes. Host weights are used in place from the
-  // mapping, so only a GPU copy pays per-buffer alignment.
+  // mapping, so only a GPU copy pays per-buffer alignment. With the
+  // kQ8_0x16 kernels (HostKernels::q8_0_x16) a host Q8_0 matrix of 16k rows
+  // is a heap copy of the same bytes instead of its mapped pages, which go
+  // (backend/cpu/packed_weights.h): the bytes are the same, plus per matrix
+  // about a page (the heap block's rounding, the mapping's pages shared with
+  // the next tensor that stay), and a page more allowed.
+  uint64_t host_packed = 0;
   for (const auto& t : f.tensors()) {
     est.weights_total += t.nbytes;
     DeviceKind d;
@@ -480,6 +486,10 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
       if (dev != DeviceKind::kGpu) {
         a.a.bytes += t.nbytes;
         a.a.n_allocations += 1;
+        const bool matrix = t.name != "token_embd.weight" || tied;
+        if (dev == DeviceKind::kHost && config.host_kernels.q8_0_x16 && matrix && t.n_dims >= 2 &&
+            t.type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0) && t.ne[1] % 16 == 0)
+          ++host_packed;
         return;
       }
       // VulkanBackend::prepare: vectors (norms) as F32 copies, matrices in
@@ -512,6 +522,10 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
     hw.bytes = std::max(hw.bytes, mapped);
     hw.n_allocations = 1;
   }
+  Amount& host = weights[static_cast<int>(DeviceKind::kHost)].a;
+  host.bytes += host_packed * config.host.page_size;
+  host.allowance += host_packed * config.host.page_size;
+  host.n_allocations += host_packed;
   return largest_upload;
 }
 

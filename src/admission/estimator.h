@@ -154,9 +154,12 @@ struct GpuLimits {
 // backend, so whoever builds the config copies it from
 // cpu::active_kernel_traits()).
 struct HostKernels {
-  // matmul's Q8_0 GEMM keeps token-pair copies of the activations (the
-  // AVX-512 VNNI variants): m*(cols/32)*64 more bytes from 8 rows on.
-  bool q8_0_token_pairs = false;
+  // matmul's Q8_0 kernels take the kQ8_0x16 layout (the AVX-512 VNNI
+  // variants): their activations carry m*(cols/32) more int32 (128 * sum of
+  // each block's codes). The packed weights are the file's bytes, resident
+  // instead of the mapping's pages (backend/cpu/packed_weights.h), so the
+  // weights term does not change.
+  bool q8_0_x16 = false;
 };
 
 struct EstimatorConfig {

@@ -307,6 +307,9 @@ TEST(Estimator, ScratchMatchesCpuBackend) {
     const LlamaHparams& hp = model->hparams();
     for (int32_t threads : {1, 2}) {
       auto cpu = std::make_shared<CpuBackend>(threads);
+      // As a session does: the kernels' packed weights (packed_weights.h)
+      // are made here, not in the measured passes (they are the weights).
+      ASSERT_TRUE(cpu->prepare(*model, 0, hp.n_layer, true, true).ok());
       for (int32_t ctx : {64, 256}) {
         for (int32_t ub : {1, 8, 32}) {
          // F16 and Q8_0 pools (where the model's head_dim allows) add the
@@ -425,6 +428,7 @@ TEST(Estimator, ParallelSessionsStayWithinPlan) {
   auto e = estimate(model->file(), p);
   ASSERT_TRUE(e.ok());
   auto cpu = std::make_shared<CpuBackend>(threads);
+  ASSERT_TRUE(cpu->prepare(*model, 0, hp.n_layer, true, true).ok());  // packs outside the measurement
   auto pool = KvPool::create({0, hp.n_layer, hp.n_embd_kv(), 16, par * ((ctx + 15) / 16)});
   ASSERT_TRUE(pool.ok());
   PeakScope scope;

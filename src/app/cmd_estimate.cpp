@@ -152,7 +152,7 @@ int run_estimate(const EstimateOptions& o) {
   }
   Env& env = Env::default_env();
   admission::EstimatorConfig config;
-  config.host_kernels.q8_0_token_pairs = cpu::active_kernel_traits().q8_0_token_pairs;
+  config.host_kernels.q8_0_x16 = cpu::active_kernel_traits().q8_0_x16;
   std::string baseline_source;
   if (Status st = host_baseline(env, o.host_baseline, config.host, baseline_source); !st.ok()) {
     std::fprintf(stderr, "spillway estimate: %s\n", st.to_string().c_str());

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 namespace spw {
 namespace {
@@ -48,6 +50,28 @@ class PosixMappedFile final : public MappedFile {
       return Status::io_error("madvise(DONTNEED) '" + path_ + "': " + errno_text(errno));
     }
     return Status::ok_status();
+  }
+  Status page_out(size_t offset, size_t length) const override {
+    if (addr_ == nullptr || offset >= size_) return Status::ok_status();
+    const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t end = std::min(size_, length > size_ - offset ? size_ : offset + length) / page * page;
+    const size_t begin = (offset + page - 1) / page * page;
+    if (begin >= end) return Status::ok_status();
+    if (::madvise(static_cast<uint8_t*>(addr_) + begin, end - begin, MADV_DONTNEED) != 0) {
+      return Status::io_error("madvise(DONTNEED) '" + path_ + "': " + errno_text(errno));
+    }
+    return Status::ok_status();
+  }
+  bool resident(size_t offset, size_t length) const override {
+    if (addr_ == nullptr || offset >= size_ || length == 0) return true;
+    const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t begin = offset / page * page;
+    const size_t end = std::min(size_, length > size_ - offset ? size_ : offset + length);
+    std::vector<unsigned char> vec((end - begin + page - 1) / page);
+    if (::mincore(static_cast<uint8_t*>(addr_) + begin, end - begin, vec.data()) != 0) return false;
+    for (unsigned char v : vec)
+      if ((v & 1) == 0) return false;
+    return true;
   }
 
  private:

@@ -38,6 +38,21 @@ class MappedFile {
   // not kernel mappings (in-memory test files) are always resident: no-ops.
   virtual Status page_in() const { return Status::ok_status(); }
   virtual Status page_out() const { return Status::ok_status(); }
+  // page_out() of the whole pages inside [offset, offset + length) (a range
+  // whose bytes the process now holds elsewhere, as a repacked copy); the
+  // pages the range shares with its neighbours stay. Clamped to the file.
+  virtual Status page_out(size_t offset, size_t length) const {
+    (void)offset;
+    (void)length;
+    return Status::ok_status();
+  }
+  // Whether every page of [offset, offset + length) is in memory now
+  // (mincore; always for in-memory files). A hint: pages come and go.
+  virtual bool resident(size_t offset, size_t length) const {
+    (void)offset;
+    (void)length;
+    return true;
+  }
 };
 
 // How map_file maps. prefault: populate the page tables now (MAP_POPULATE:

@@ -1177,7 +1177,7 @@ Result<BuiltGateway> build_gateway(Env& env, const GatewayOptions& o) {
   if (const auto rss = device::HostMemoryProbe(env).read().process_rss_bytes; rss.known()) {
     c.cfg.host.fixed_overhead = rss.value();
   }
-  c.cfg.host_kernels.q8_0_token_pairs = cpu::active_kernel_traits().q8_0_token_pairs;
+  c.cfg.host_kernels.q8_0_x16 = cpu::active_kernel_traits().q8_0_x16;
   c.host_cpu = host_cpu_info();
   out.log.push_back("CPU kernels: " + c.host_cpu.kernels + " (" +
                     (c.host_cpu.kernels_isa.empty() ? "scalar" : c.host_cpu.kernels_isa) + ")" +

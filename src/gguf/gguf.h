@@ -133,6 +133,12 @@ class GgufFile {
   // Residency of the mapping (MappedFile::page_in / page_out).
   Status page_in() const { return file_->page_in(); }
   Status page_out() const { return file_->page_out(); }
+  // page_out of the whole pages of [p, p + n), bytes of this file's mapping.
+  Status page_out(const uint8_t* p, size_t n) const {
+    return file_->page_out(static_cast<size_t>(p - file_->data()), n);
+  }
+  // Whether the pages of [p, p + n), bytes of this file's mapping, are all in memory.
+  bool resident(const uint8_t* p, size_t n) const { return file_->resident(static_cast<size_t>(p - file_->data()), n); }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }

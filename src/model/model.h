@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,17 +39,36 @@
 
 namespace spw {
 
+// How a weight matrix's bytes are laid out. A Model binds every matrix as
+// kGguf; the CPU backend may hold another layout of the same values
+// (backend/cpu/packed_weights.h) and hands its kernels a WeightMatrix that
+// says so. Every other reader (the Vulkan upload, dequantize_row) takes kGguf.
+enum class WeightLayout : uint8_t {
+  kGguf,      // n_rows rows of row_bytes each, as in the file
+  kQ8_0x16,   // Q8_0 in groups of 16 rows, VNNI-interleaved (packed_weights.h)
+};
+
 // A 2-D weight matrix as stored: n_rows rows of n_cols elements (ggml ne[0] =
-// n_cols is contiguous). `data` points into the model's mapping.
+// n_cols is contiguous). `data` points into the model's mapping (kGguf).
 struct WeightMatrix {
   const uint8_t* data = nullptr;
   gguf::GgmlType type = gguf::GgmlType::kF32;
   int64_t n_cols = 0;     // ne[0]
   int64_t n_rows = 0;     // ne[1]
-  size_t row_bytes = 0;   // bytes of one row
+  size_t row_bytes = 0;   // bytes of one row (of the kGguf layout: the same total in every layout)
   const std::string* name = nullptr;  // tensor name (owned by the GgufFile)
+  WeightLayout layout = WeightLayout::kGguf;
   size_t nbytes() const { return row_bytes * static_cast<size_t>(n_rows); }
 };
+
+// Data a backend derives from a Model's weights and keeps as long as the
+// Model lives (the CPU backend's repacked matrices), shared by every
+// session of that Model. Model::extension() holds one per key.
+class ModelExtension {
+ public:
+  virtual ~ModelExtension() = default;
+};
+enum class ModelExtensionKey : uint8_t { kCpuPackedWeights, kCount };
 
 struct LlamaLayerWeights {
   std::vector<float> attn_norm;  // [n_embd]
@@ -109,6 +129,17 @@ class Model {
   const std::string& fingerprint() const { return fingerprint_; }
   uint64_t fingerprint_hash() const { return fingerprint_hash_; }
 
+  // The extension under `key`, made by `make` on the first call (under a
+  // lock: concurrent first calls make one). The weights stay immutable; an
+  // extension is derived data with its own thread safety.
+  template <typename Make>
+  ModelExtension& extension(ModelExtensionKey key, Make make) const {
+    std::lock_guard<std::mutex> lock(ext_mu_);
+    auto& slot = extensions_[static_cast<size_t>(key)];
+    if (!slot) slot = make();
+    return *slot;
+  }
+
  private:
   Model() = default;
   Status bind();
@@ -127,6 +158,8 @@ class Model {
   uint64_t bytes_per_token_ = 0;
   std::string fingerprint_;
   uint64_t fingerprint_hash_ = 0;
+  mutable std::mutex ext_mu_;
+  mutable std::unique_ptr<ModelExtension> extensions_[static_cast<size_t>(ModelExtensionKey::kCount)];
 };
 
 }  // namespace spw

@@ -10,18 +10,22 @@
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/packed_weights.h"
 
 namespace spw {
 
 CpuBackend::CpuBackend(int n_threads) : pool_(std::make_unique<ThreadPool>(n_threads)) {}
 CpuBackend::~CpuBackend() = default;
 
-Status CpuBackend::prepare(const Model& model, int32_t layer_begin, int32_t layer_end, bool, bool) {
+Status CpuBackend::prepare(const Model& model, int32_t layer_begin, int32_t layer_end, bool, bool output) {
   if (layer_begin < 0 || layer_end > model.hparams().n_layer || layer_begin > layer_end) {
     return Status::invalid_argument("cpu backend: bad layer range [" + std::to_string(layer_begin) + ", " +
                                     std::to_string(layer_end) + ")");
   }
-  return Status();  // weights are read in place from the mapping
+  // Weights are read in place, or from the kernels' layout: packed here when
+  // the mapping is resident, else on first use (packed_weights.h).
+  cpu::pack_resident(model, layer_begin, layer_end, output);
+  return Status();
 }
 
 Status CpuBackend::embed(const Model& model, std::span<const TokenId> tokens, float* hidden) {
@@ -114,10 +118,13 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
 
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const LlamaLayerWeights& L = model.layer(il);
+    // Each matrix in the layout the kernel variant computes from (packed on
+    // its first use: packed_weights.h).
+    auto W = [&](const WeightMatrix& w) -> const WeightMatrix* { return &cpu::cpu_weights(model, w); };
     for (int64_t t = 0; t < n; ++t)
       cpu::rms_norm(hidden + t * n_embd, L.attn_norm.data(), n_embd, hp.rms_eps, cur.get() + t * n_embd);
     // One pass over the weights for every row of every sequence.
-    const cpu::MatmulOut qkv[3] = {{&L.wq, q.get()}, {&L.wk, k.get()}, {&L.wv, v.get()}};
+    const cpu::MatmulOut qkv[3] = {{W(L.wq), q.get()}, {W(L.wk), k.get()}, {W(L.wv), v.get()}};
     cpu::matmul_fused(qkv, 3, cur.get(), n, pool_.get());
     if (!L.bq.empty()) {  // Qwen2
       cpu::add_bias(q.get(), L.bq.data(), n, n_q);
@@ -147,15 +154,15 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
     // Attention over each row's own sequence (attention.h: tiled, bitwise
     // independent of the batch and the thread count).
     cpu::attention(slices, il, attn_shape, q.get(), att.get(), pool_.get());
-    cpu::matmul(L.wo, att.get(), n, cur.get(), pool_.get());
+    cpu::matmul(*W(L.wo), att.get(), n, cur.get(), pool_.get());
     cpu::add(hidden, cur.get(), n * n_embd);
 
     for (int64_t t = 0; t < n; ++t)
       cpu::rms_norm(hidden + t * n_embd, L.ffn_norm.data(), n_embd, hp.rms_eps, cur.get() + t * n_embd);
-    const cpu::MatmulOut gate_up[2] = {{&L.w_gate, gate.get()}, {&L.w_up, up.get()}};
+    const cpu::MatmulOut gate_up[2] = {{W(L.w_gate), gate.get()}, {W(L.w_up), up.get()}};
     cpu::matmul_fused(gate_up, 2, cur.get(), n, pool_.get());
     cpu::swiglu(gate.get(), up.get(), gate.get(), n * n_ff);
-    cpu::matmul(L.w_down, gate.get(), n, cur.get(), pool_.get());
+    cpu::matmul(*W(L.w_down), gate.get(), n, cur.get(), pool_.get());
     cpu::add(hidden, cur.get(), n * n_embd);
   }
   return Status();
@@ -167,7 +174,7 @@ Status CpuBackend::output(const Model& model, const float* hidden, int32_t n_row
   for (int32_t t = 0; t < n_rows; ++t)
     cpu::rms_norm(hidden + static_cast<int64_t>(t) * hp.n_embd, model.output_norm().data(), hp.n_embd,
                   hp.rms_eps, cur.data() + static_cast<int64_t>(t) * hp.n_embd);
-  cpu::matmul(model.output(), cur.data(), n_rows, logits, pool_.get());
+  cpu::matmul(cpu::cpu_weights(model, model.output()), cur.data(), n_rows, logits, pool_.get());
   return Status();
 }
 

@@ -6,6 +6,7 @@
 #include "backend/cpu/kernels.h"
 
 #include "backend/cpu/kernels_internal.h"
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu/simd.h"
 #include "gguf/quant_blocks.h"
@@ -13,8 +14,11 @@
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
+
+
 
 SPW_CPU_KERNELS_BEGIN
 
@@ -190,46 +194,58 @@ constexpr int kFloatGemmToks = kTokGroup;
 #endif
 constexpr int kFloatTileRows = 4;  // the quantised types' rows_tile
 
-#if defined(SPW_GEMM_Q8_0_VNNI512)  // simd.h
-// R rows x TP token pairs of dot_q8_0_n (AVX-512 VNNI). A zmm register holds
-// one row's 8-lane accumulator for two tokens (low half token t, high half
-// t + 1), so every lane runs the one-token kernel's sequence:
-//   lane = fma(d_w * d_x, float(i_lane), lane),  i_lane = sum of 4 products,
-// then hsum256 per half. The integer lanes are exact either way; here they
-// come from unsigned x + 128 (prepared once, `xu`: per pair and block 32 bytes
-// of token t then 32 of token t + 1) times signed w, started from
-// -128 * sum(w) so the offset cancels: one vpdpbusd per row and token pair.
-// `xd` holds each pair's block scales as 8 + 8 lanes (prepared once too).
-template <int R, int TP>
-void tile_q8_0(const BlockQ8_0* const* w, const uint8_t* xu, const float* xd, int64_t pair_stride, int64_t nb,
-               float* yt, int64_t ldy) {
-  __m512 acc[R][TP];
-  for (int i = 0; i < R; ++i)
-    for (int p = 0; p < TP; ++p) acc[i][p] = _mm512_setzero_ps();
-  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
+#if defined(SPW_Q8_0_X16)  // simd.h
+// One kQ8_0x16 group (16 rows, packed_weights.h) against T tokens, into
+// yt[j * ldy + i] for row i < 16 of the group and token j < T. Per block
+// the group's 512 code bytes are eight zmm registers, each four codes of
+// the 16 rows; one vpdpbusd per register and token multiplies them by that
+// token's four codes broadcast and adds each row's four products into its
+// own lane, so a row's block dot is its lane (exact: integers), started at
+// -128 * sum(x) to undo the weights' +128. Then per token one lane-wise
+// acc = fma(float(i), d_w * d_x, acc): every (row, token) performs the
+// block order's steps (KernelTraits::q8_0_x16), whatever T, the tile's
+// position or the thread count. Two integer chains per token (even and
+// odd quads) halve the vpdpbusd latency the float step waits on.
+// How far ahead a decode tile prefetches: 16 records (8.5 KiB). The packed
+// matrix is one sequential stream, yet without it a 110M Q8_0 decode waited
+// on the first load of each record (perf) and read ~9 GB/s on an Intel Xeon
+// (Sapphire Rapids class); 4 records ahead gave 1.17x, 16 gave 1.2-1.35x,
+// 32 and 64 no more (docs/PERFORMANCE.md). Past the matrix's end it reads
+// nothing (a prefetch never faults).
+constexpr int64_t kQ8x16PrefetchRecords = 16;
+
+template <int T>
+void tile_q8_0x16(const uint8_t* group, int64_t nb, const BlockQ8_0* const* xq, const float* const* xd,
+                  const int32_t* const* xc, float* yt, int64_t ldy) {
+  __m512 acc[T];
+  for (int j = 0; j < T; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512 xs[TP];  // d_x of token 2p in the low half, of 2p + 1 in the high half
-    for (int p = 0; p < TP; ++p) xs[p] = _mm512_loadu_ps(xd + p * pair_stride / 4 + b * 16);
-    for (int i = 0; i < R; ++i) {
-      const __m512i wq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)));
-      const __m512i neg =
-          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, wq));
-      const __m512 dw = _mm512_set1_ps(fp16_to_fp32(w[i][b].d));
-      for (int p = 0; p < TP; ++p) {
-        const __m512i xv = _mm512_loadu_si512(xu + p * pair_stride + b * 64);
-        const __m512i s32 = _mm512_dpbusd_epi32(neg, xv, wq);
-        acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xs[p]), _mm512_cvtepi32_ps(s32), acc[i][p]);
+    const uint8_t* rec = group + b * static_cast<int64_t>(kQ8_0x16RecordBytes);
+    if constexpr (T <= kTokGroup)  // decode: the weights stream once (a GEMM's stay in L2 for its tiles)
+      for (int64_t l = 0; l < 9; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(rec + kQ8x16PrefetchRecords * 544 + 64 * l), _MM_HINT_T0);
+    __m512i w[8];
+    for (int kq = 0; kq < 8; ++kq) w[kq] = _mm512_loadu_si512(rec + 64 * kq);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 512)));
+    for (int j = 0; j < T; ++j) {
+      const int8_t* q = xq[j][b].qs;
+      int32_t quad[8];
+      std::memcpy(quad, q, 32);
+      __m512i s0 = _mm512_set1_epi32(-xc[j][b]);
+      __m512i s1 = _mm512_setzero_si512();
+      for (int kq = 0; kq < 8; kq += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[kq], _mm512_set1_epi32(quad[kq]));
+        s1 = _mm512_dpbusd_epi32(s1, w[kq + 1], _mm512_set1_epi32(quad[kq + 1]));
       }
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[j][b]));
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[j]);
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int p = 0; p < TP; ++p) {
-      yt[2 * p * ldy + i] = hsum256(_mm512_castps512_ps256(acc[i][p]));
-      yt[(2 * p + 1) * ldy + i] = hsum256(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][p]), 1)));
-    }
+  for (int j = 0; j < T; ++j) _mm512_storeu_ps(yt + j * ldy, acc[j]);
 }
-constexpr int kQ8TileRows = 4;
-constexpr int kQ8TilePairs = 4;  // 16 accumulators
+// Tokens per GEMM tile: 8 accumulators, 8 weight registers and a token's
+// two integer chains stay in registers, and each weight load serves 8 tokens.
+constexpr int kQ8x16GemmToks = 8;
 #endif
 }  // namespace
 
@@ -264,9 +280,9 @@ class Uninit {
 // (Q4_1, Q5_1), or Q8_K blocks (K types); F32/F16 use the rows as they are.
 // Low-bit kernels read the quantised rows through `arows` (built only when
 // such a weight is in the call, so a Q8_0-only call allocates what it always
-// did); the Q8_0 GEMM reads token pairs from `xu` (built only for GEMM-sized
-// Q8_0 calls where the AVX-512 VNNI tile is compiled in). The estimator
-// mirrors these sizes: admission/estimator.cpp.
+// did); the kQ8_0x16 kernels also read each block's 128 * sum(codes) from
+// `c` (built for Q8_0 weights in the variants that have them). The
+// estimator mirrors these sizes: admission/estimator.cpp.
 struct PreparedX {
   std::vector<const float*> rows;
   Uninit<BlockQ8_0> q;
@@ -277,12 +293,12 @@ struct PreparedX {
   Uninit<float> s;
   Uninit<gguf::BlockQ8_K> qk;
   std::vector<ActRow> arows;
-  Uninit<uint8_t> xu;  // [n_tokens / 2][nb][64]: q + 128 of tokens 2p, 2p + 1
-  Uninit<float> xs;    // [n_tokens / 2][nb][16]: their d, 8 lanes each
+  Uninit<int32_t> c;  // [n_tokens][nb]: 128 * sum of block b's codes
+  std::vector<const int32_t*> crows;
   int64_t nb = 0;
 };
 
-void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, int64_t n_tokens, int64_t n_cols,
+void prepare_x(ActFormat format, bool low_bit, bool q8_sums, const float* x, int64_t n_tokens, int64_t n_cols,
                PreparedX& px) {
   px.rows.resize(static_cast<size_t>(n_tokens));
   for (int64_t t = 0; t < n_tokens; ++t) px.rows[static_cast<size_t>(t)] = x + t * n_cols;
@@ -298,6 +314,10 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
       px.d.resize(total);
       px.qrows.resize(static_cast<size_t>(n_tokens));
       px.drows.resize(static_cast<size_t>(n_tokens));
+      if (q8_sums) {
+        px.c.resize(total);
+        px.crows.resize(static_cast<size_t>(n_tokens));
+      }
       for (int64_t t = 0; t < n_tokens; ++t) {
         BlockQ8_0* qt = px.q.data() + t * nb;
         float* dt = px.d.data() + t * nb;
@@ -305,23 +325,15 @@ void prepare_x(ActFormat format, bool low_bit, bool q8_pairs, const float* x, in
         px.qrows[static_cast<size_t>(t)] = qt;
         px.drows[static_cast<size_t>(t)] = dt;
         if (low_bit) px.arows[static_cast<size_t>(t)] = {qt, dt, nullptr};
-      }
-      if (q8_pairs) {
-        px.xu.resize(static_cast<size_t>(n_tokens / 2 * nb * 64));
-        px.xs.resize(static_cast<size_t>(n_tokens / 2 * nb * 16));
-        for (int64_t p = 0; p < n_tokens / 2; ++p)
+        if (q8_sums) {
+          int32_t* ct = px.c.data() + t * nb;
           for (int64_t b = 0; b < nb; ++b) {
-            float* ds = px.xs.data() + (p * nb + b) * 16;
-            std::fill(ds, ds + 8, px.d[static_cast<size_t>(2 * p * nb + b)]);
-            std::fill(ds + 8, ds + 16, px.d[static_cast<size_t>((2 * p + 1) * nb + b)]);
-            uint8_t* dst = px.xu.data() + (p * nb + b) * 64;
-            const int8_t* q0 = px.q[static_cast<size_t>(2 * p * nb + b)].qs;
-            const int8_t* q1 = px.q[static_cast<size_t>((2 * p + 1) * nb + b)].qs;
-            for (int j = 0; j < 32; ++j) {
-              dst[j] = static_cast<uint8_t>(q0[j] ^ static_cast<int8_t>(0x80));
-              dst[32 + j] = static_cast<uint8_t>(q1[j] ^ static_cast<int8_t>(0x80));
-            }
+            int32_t sum = 0;
+            for (int j = 0; j < 32; ++j) sum += qt[b].qs[j];
+            ct[b] = 128 * sum;
           }
+          px.crows[static_cast<size_t>(t)] = ct;
+        }
       }
       break;
     case ActFormat::kQ8_1:
@@ -368,6 +380,31 @@ void float_gemm(const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t
   }, dot);
 }
 
+#if defined(SPW_Q8_0_X16)
+// Rows r0..r1 (whole groups: the per-row path's units and the GEMM's row
+// blocks are multiples of 16) x tokens t0..t1 of a kQ8_0x16 matrix: tiles of
+// kQ8x16GemmToks tokens in a GEMM block, of kTokGroup on the per-row path,
+// then single tokens (the same steps per (row, token) in every tile size).
+void q8_0x16_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
+                   bool gemm, float* y) {
+  assert(r0 % kQ8_0x16Rows == 0 && r1 % kQ8_0x16Rows == 0);
+  const int64_t nb = px.nb, n_rows = w.n_rows;
+  const BlockQ8_0* const* xq = px.qrows.data();
+  const float* const* xd = px.drows.data();
+  const int32_t* const* xc = px.crows.data();
+  for (int64_t r = r0; r < r1; r += kQ8_0x16Rows) {
+    const uint8_t* group = w.data + static_cast<size_t>(r / kQ8_0x16Rows * nb) * kQ8_0x16RecordBytes;
+    int64_t t = t0;
+    if (gemm)
+      for (; t + kQ8x16GemmToks <= t1; t += kQ8x16GemmToks)
+        tile_q8_0x16<kQ8x16GemmToks>(group, nb, xq + t, xd + t, xc + t, y + t * n_rows + r, n_rows);
+    for (; t + kTokGroup <= t1; t += kTokGroup)
+      tile_q8_0x16<kTokGroup>(group, nb, xq + t, xd + t, xc + t, y + t * n_rows + r, n_rows);
+    for (; t < t1; ++t) tile_q8_0x16<1>(group, nb, xq + t, xd + t, xc + t, y + t * n_rows + r, n_rows);
+  }
+}
+#endif
+
 // Rows r0..r1 x tokens t0..t1 of w: register tiles when `gemm`, else the
 // per-row kernels.
 void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
@@ -413,6 +450,10 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       return float_gemm<uint16_t>(px, r0, r1, t0, t1, n_rows, n_cols, y, row, dot);
     }
     case gguf::GgmlType::kQ8_0: {
+#if defined(SPW_Q8_0_X16)
+      if (w.layout == WeightLayout::kQ8_0x16) return q8_0x16_block(w, px, r0, r1, t0, t1, gemm, y);
+#endif
+      assert(w.layout == WeightLayout::kGguf && "a packed matrix reached a variant without its kernels");
       auto dot = [&](int64_t r, int64_t t, int nt, float* out) {
         const BlockQ8_0* wr = reinterpret_cast<const BlockQ8_0*>(row(r));
         const auto ti = static_cast<size_t>(t);
@@ -420,20 +461,9 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
         else dot_q8_0_n<1>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
       };
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
-#if defined(SPW_GEMM_Q8_0_VNNI512)
-      constexpr int R = kQ8TileRows, TP = kQ8TilePairs;
-      const int64_t pair_stride = px.nb * 64;
-      gemm_block<R, 2 * TP>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
-        const BlockQ8_0* wr[R];
-        for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(row(r + i));
-        tile_q8_0<R, TP>(wr, px.xu.data() + (t / 2) * pair_stride, px.xs.data() + (t / 2) * pair_stride / 4,
-                         pair_stride, px.nb, yt, n_rows);
-      }, dot);
-#else
       gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
         rows_tile<kFloatTileRows, kTokGroup>(r, t, yt, n_rows, dot);
       }, dot);
-#endif
       return;
     }
     default: {
@@ -477,14 +507,14 @@ void matmul_fused(const MatmulOut* outs, int n_outs, const float* x, int64_t n_t
     has_q8_0 |= t == gguf::GgmlType::kQ8_0;
   }
   const bool gemm = n_tokens >= kGemmMinTokens;
-#if defined(SPW_GEMM_Q8_0_VNNI512)
-  const bool q8_pairs = gemm && has_q8_0;
+#if defined(SPW_Q8_0_X16)
+  const bool q8_sums = has_q8_0;
 #else
-  const bool q8_pairs = false;
-  (void)has_q8_0;  // only the VNNI tile keeps token pairs
+  const bool q8_sums = false;
+  (void)has_q8_0;  // only the kQ8_0x16 kernels read the code sums
 #endif
   PreparedX px;
-  prepare_x(format, low_bit, q8_pairs, x, n_tokens, w0.n_cols, px);
+  prepare_x(format, low_bit, q8_sums, x, n_tokens, w0.n_cols, px);
   // Work units concatenated over the matrices: per-row path, kRowTile rows
   // each (chunk boundaries never split a tile); GEMM path, one block of
   // kGemmRowBlock rows x kGemmTokBlock tokens each (token blocks inner, so a

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/packed_weights.h"
 #include "gguf/quant.h"
 
 namespace spw::cpu {
@@ -32,7 +33,8 @@ Result<double> measure_decode_kernel_rate(Env& env, gguf::GgmlType type, const K
     s = s * 1664525u + 1013904223u;
     v = static_cast<float>(s >> 8) / static_cast<float>(1u << 23) - 1.0f;
   }
-  const int64_t rows = std::max<int64_t>(16, static_cast<int64_t>(o.matrix_bytes / row_bytes));
+  // Rows in multiples of 64, so both sizes below are whole kQ8_0x16 groups.
+  const int64_t rows = std::max<int64_t>(64, static_cast<int64_t>(o.matrix_bytes / row_bytes) / 64 * 64);
   std::vector<uint8_t> data(static_cast<size_t>(rows) * row_bytes);
   SPW_RETURN_IF_ERROR(gguf::quantize_row(type, x.data(), data.data(), kCols));
   for (int64_t r = 1; r < rows; ++r) std::memcpy(data.data() + r * row_bytes, data.data(), row_bytes);
@@ -45,12 +47,16 @@ Result<double> measure_decode_kernel_rate(Env& env, gguf::GgmlType type, const K
     w.n_cols = kCols;
     w.n_rows = n;
     w.row_bytes = row_bytes;
+    // In the layout the variant computes the model's matrices from.
+    PackedMatrix packed;
+    if (wants_packed(w)) packed = pack_q8_0x16(w);
+    const WeightMatrix& m = wants_packed(w) ? packed.view : w;
     const int64_t reps = std::max<int64_t>(1, static_cast<int64_t>(o.bytes_per_pass / w.nbytes()));
-    matmul(w, x.data(), 1, y.data(), nullptr);  // warm: the rows into the cache, the code paged in
+    matmul(m, x.data(), 1, y.data(), nullptr);  // warm: the rows into the cache, the code paged in
     int64_t best_ns = 0;
     for (int pass = 0; pass < o.passes; ++pass) {
       const int64_t t0 = env.now_ns(), c0 = env.thread_cpu_ns();
-      for (int64_t i = 0; i < reps; ++i) matmul(w, x.data(), 1, y.data(), nullptr);
+      for (int64_t i = 0; i < reps; ++i) matmul(m, x.data(), 1, y.data(), nullptr);
       // The time this thread ran (one thread: nullptr pool), not the time it
       // waited for a core on a busy host.
       const int64_t ns = std::min(env.now_ns() - t0, env.thread_cpu_ns() - c0);

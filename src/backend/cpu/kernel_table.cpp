@@ -37,8 +37,8 @@ const KernelTable& kernel_table() {
         "f16c "
 #endif
         ;
-#if defined(SPW_GEMM_Q8_0_VNNI512)
-    t.traits.q8_0_token_pairs = true;
+#if defined(SPW_Q8_0_X16)
+    t.traits.q8_0_x16 = true;
 #endif
 #if defined(SPW_AVX2) && defined(SPW_FMA)
     t.traits.fused_dot_order = true;

@@ -63,10 +63,14 @@ struct KernelTraits {
   // dot_f32 ends with an 8-element chunk after its 16-element ones (the AVX2
   // kernel; AVX-512 goes on one element at a time): attention.comp's tail8.
   bool dot_tail8 = false;
-  // matmul's Q8_0 GEMM keeps token-pair copies of the activations (the
-  // AVX-512 VNNI tile): the estimator prices that scratch only then
-  // (admission::EstimatorConfig::host_kernels).
-  bool q8_0_token_pairs = false;
+  // matmul computes Q8_0 matrices of 16k rows from the kQ8_0x16 layout
+  // (packed_weights.h: the AVX-512 VNNI variants), and every Q8_0 dot
+  // product of the variant, packed or not, takes the block order: per block
+  // the exact integer dot, then acc = fma(float(i), d_w * d_x, acc), one
+  // accumulator in block order (the scalar kernels' order). Its activations
+  // carry one more int32 per (token, block), 128 * sum(x): the estimator
+  // prices that scratch only then (admission::EstimatorConfig::host_kernels).
+  bool q8_0_x16 = false;
 };
 
 // The chosen variant's traits (choosing it first if nothing has).

@@ -67,15 +67,37 @@ static inline float reduce512(__m512 a) {
 // never changes a result bit (the batch-invariance contract).
 
 // xd: per-block float scales of the quantised activations (fp16 -> fp32 done once).
+// Two orders (KernelTraits::q8_0_x16): with the kQ8_0x16 kernels (AVX-512
+// VNNI) the block order, per block the exact integer dot and then
+// acc = fma(float(i), d_w * d_x, acc), which is what those kernels do per
+// (row, token) and what the scalar kernels do; otherwise the lane order,
+// block b's eight partial sums into eight lanes, reduced at the end.
 template <int NT>
 static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const float* const* xd, int64_t nb,
                        float* out) {
-#if defined(SPW_AVX2) && defined(SPW_FMA)
+#if defined(SPW_Q8_0_X16)
+  // Matrices that are not packed (rows not a multiple of 16) and dot_q8_0:
+  // each block's eight lanes are summed as integers (exact), then the float step.
+  float acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
+    const __m256i aw = _mm256_sign_epi8(qw, qw);
+    const float dw = fp16_to_fp32(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
+      const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(qx, qw));
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+      acc[t] = madd(static_cast<float>(_mm_cvtsi128_si32(s)), dw * xd[t][b], acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+#elif defined(SPW_AVX2) && defined(SPW_FMA)
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-#if !(defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL))
   const __m256i ones = _mm256_set1_epi16(1);
-#endif
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
     // |w| as unsigned, sign of w moved onto x, so the u8*s8 multiply-add is exact.
@@ -84,11 +106,7 @@ static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const floa
     for (int t = 0; t < NT; ++t) {
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
       const __m256i sx = _mm256_sign_epi8(qx, qw);
-#if defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL)
-      const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#else
       const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-#endif
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[t][b]), _mm256_cvtepi32_ps(s32), acc[t]);
     }
   }

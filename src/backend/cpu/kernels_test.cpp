@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/kernel_variant_test_env.h"
+#include "backend/cpu/packed_weights.h"
 #include "gguf/fp16.h"
 #include "gguf/quant.h"
 
@@ -304,6 +305,84 @@ TEST(Kernels, GemmParallelBlocksBitwise) {
       matmul(m.w, x.data(), tokens, y.data(), &pool);
       ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 4))
           << gguf::ggml_type_name(static_cast<uint32_t>(type)) << " threads " << threads;
+    }
+  }
+}
+
+// The kQ8_0x16 layout (packed_weights.h): unpacking a record gives back the
+// 16 rows' blocks (any variant can pack); where the variant computes from it,
+// a packed matrix gives bitwise what the file layout gives, one token at a
+// time and as a batch (the per-row path's tiles of 4 and 1, the GEMM's of 8,
+// and their edges), on 1 to 3 threads, and both are the block order spelled
+// out here with std::fma (KernelTraits::q8_0_x16).
+TEST(Kernels, PackedQ8_0BitwiseEqualsFileLayout) {
+  std::mt19937 g(19);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape sh : {Shape{16, 32}, Shape{48, 96}, Shape{112, 256}, Shape{208, 768}}) {
+    std::vector<double> wref;
+    OwnedMatrix m = make_matrix(gguf::GgmlType::kQ8_0, sh.rows, sh.cols,
+                                randv(g, static_cast<size_t>(sh.rows * sh.cols)), wref);
+    const PackedMatrix p = pack_q8_0x16(m.w);
+    ASSERT_EQ(p.view.layout, WeightLayout::kQ8_0x16);
+    const int64_t nb = sh.cols / 32;
+    const auto* blocks = reinterpret_cast<const BlockQ8_0*>(m.w.data);
+    for (int64_t r = 0; r < sh.rows; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* rec = p.bytes.get() + static_cast<size_t>((r / 16) * nb + b) * kQ8_0x16RecordBytes;
+        const BlockQ8_0& want = blocks[r * nb + b];
+        uint16_t d;
+        std::memcpy(&d, rec + 512 + 2 * (r % 16), 2);
+        ASSERT_EQ(d, want.d) << "row " << r << " block " << b;
+        for (int k = 0; k < 32; ++k)
+          ASSERT_EQ(static_cast<int>(rec[((k / 4) * 16 + r % 16) * 4 + k % 4]) - 128, want.qs[k])
+              << "row " << r << " block " << b << " code " << k;
+      }
+    if (!active_kernel_traits().q8_0_x16) continue;  // this variant keeps the file layout
+    ASSERT_TRUE(wants_packed(m.w));
+    for (int64_t tokens : {1, 3, 4, 7, 8, 9, 13, 50, 97}) {
+      auto x = randv(g, static_cast<size_t>(tokens * sh.cols), 2.0f);
+      std::vector<float> ref(static_cast<size_t>(tokens * sh.rows));
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<BlockQ8_0> xq(static_cast<size_t>(nb));
+        quantize_row_q8_0(x.data() + t * sh.cols, xq.data(), sh.cols);
+        for (int64_t r = 0; r < sh.rows; ++r) {
+          float acc = 0.0f;
+          for (int64_t b = 0; b < nb; ++b) {
+            int32_t dot = 0;
+            for (int k = 0; k < 32; ++k) dot += blocks[r * nb + b].qs[k] * xq[static_cast<size_t>(b)].qs[k];
+            acc = std::fma(static_cast<float>(dot),
+                           fp16_to_fp32(blocks[r * nb + b].d) * fp16_to_fp32(xq[static_cast<size_t>(b)].d), acc);
+          }
+          ref[static_cast<size_t>(t * sh.rows + r)] = acc;
+        }
+      }
+      for (int threads = 1; threads <= 3; ++threads) {
+        ThreadPool pool(threads);
+        for (const WeightMatrix* w : {static_cast<const WeightMatrix*>(&m.w), &p.view}) {
+          std::vector<float> y(ref.size(), -7.0f);
+          matmul(*w, x.data(), tokens, y.data(), &pool);
+          ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 4))
+              << (w == &m.w ? "file layout " : "packed ") << sh.rows << "x" << sh.cols << " tokens " << tokens
+              << " threads " << threads;
+        }
+      }
+    }
+    // A fused call mixing the packed matrix with file-layout ones (a model's
+    // Q/K/V where one height is not a multiple of 16) gives each its own bits.
+    OwnedMatrix odd = make_any(gguf::GgmlType::kQ8_0, 37, sh.cols, g);
+    for (int64_t tokens : {1, 9}) {
+      auto x = randv(g, static_cast<size_t>(tokens * sh.cols));
+      std::vector<float> a(static_cast<size_t>(tokens * sh.rows)), b(static_cast<size_t>(tokens * 37));
+      std::vector<float> a1(a.size()), b1(b.size());
+      const MatmulOut outs[2] = {{&p.view, a.data()}, {&odd.w, b.data()}};
+      ThreadPool pool(2);
+      matmul_fused(outs, 2, x.data(), tokens, &pool);
+      matmul(m.w, x.data(), tokens, a1.data(), nullptr);
+      matmul(odd.w, x.data(), tokens, b1.data(), nullptr);
+      ASSERT_EQ(0, std::memcmp(a.data(), a1.data(), a.size() * 4)) << "fused packed, tokens " << tokens;
+      ASSERT_EQ(0, std::memcmp(b.data(), b1.data(), b.size() * 4)) << "fused file layout, tokens " << tokens;
     }
   }
 }

@@ -53,10 +53,10 @@
 #endif
 #endif
 
-// gemm.cpp's AVX-512 VNNI Q8_0 GEMM tile (its token-pair copies are
-// scratch the estimator prices: KernelTraits::q8_0_token_pairs).
+// gemm.cpp's Q8_0 kernels over the kQ8_0x16 layout (packed_weights.h;
+// KernelTraits::q8_0_x16), and the block order of every Q8_0 dot product.
 #if defined(SPW_AVX512F) && defined(SPW_AVX512VNNI) && defined(SPW_AVX512BW)
-#define SPW_GEMM_Q8_0_VNNI512 1
+#define SPW_Q8_0_X16 1
 #endif
 
 #if defined(SPW_AVX2) || defined(SPW_AVX512F) || defined(SPW_F16C) || defined(SPW_FMA)

@@ -1,0 +1,121 @@
+#include "backend/cpu/packed_weights.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "backend/cpu/kernel_variant.h"
+#include "gguf/ggml_types.h"
+
+namespace spw::cpu {
+namespace {
+
+// The packed copies of one Model's matrices, keyed by the Model's own
+// WeightMatrix (its address is stable for the Model's lifetime).
+class PackedWeights final : public ModelExtension {
+ public:
+  struct Entry {
+    std::once_flag once;
+    PackedMatrix packed;
+  };
+  Entry& entry(const WeightMatrix* w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& e = entries_[w];
+    if (!e) e = std::make_unique<Entry>();
+    return *e;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<const WeightMatrix*, std::unique_ptr<Entry>> entries_;
+};
+
+}  // namespace
+
+bool wants_packed(const WeightMatrix& w) {
+  return active_kernel_traits().q8_0_x16 && w.type == gguf::GgmlType::kQ8_0 && w.layout == WeightLayout::kGguf &&
+         w.n_rows % kQ8_0x16Rows == 0 && w.n_rows > 0;
+}
+
+namespace {
+// Groups [g0, g1) of w into p's buffer.
+void pack_groups(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* out) {
+  const int64_t nb = w.n_cols / 32;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* rows = w.data + static_cast<size_t>(g * kQ8_0x16Rows) * w.row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* rec = out + static_cast<size_t>(g * nb + b) * kQ8_0x16RecordBytes;
+      for (int64_t r = 0; r < kQ8_0x16Rows; ++r) {
+        const uint8_t* blk = rows + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(b) * gguf::kQ8_0BlockBytes;
+        std::memcpy(rec + 512 + 2 * r, blk, 2);  // d
+        for (int kq = 0; kq < 8; ++kq) {
+          uint32_t q;
+          std::memcpy(&q, blk + 2 + 4 * kq, 4);
+          q ^= 0x80808080u;  // each signed code + 128, as an unsigned byte
+          std::memcpy(rec + (kq * kQ8_0x16Rows + r) * 4, &q, 4);
+        }
+      }
+    }
+  }
+}
+
+PackedMatrix empty_pack(const WeightMatrix& w) {
+  assert(w.type == gguf::GgmlType::kQ8_0 && w.layout == WeightLayout::kGguf && w.n_rows % kQ8_0x16Rows == 0);
+  PackedMatrix p;
+  // Left uninitialised: every byte is written by pack_groups, and a large
+  // allocation's pages then become resident as they are written.
+  p.bytes.reset(new uint8_t[w.nbytes()]);
+  p.view = w;
+  p.view.data = p.bytes.get();
+  p.view.layout = WeightLayout::kQ8_0x16;
+  return p;
+}
+}  // namespace
+
+PackedMatrix pack_q8_0x16(const WeightMatrix& w) {
+  PackedMatrix p = empty_pack(w);
+  pack_groups(w, 0, w.n_rows / kQ8_0x16Rows, p.bytes.get());
+  return p;
+}
+
+const WeightMatrix& cpu_weights(const Model& model, const WeightMatrix& w) {
+  if (!wants_packed(w)) return w;
+  auto& packs = static_cast<PackedWeights&>(model.extension(ModelExtensionKey::kCpuPackedWeights, [] {
+    return std::make_unique<PackedWeights>();
+  }));
+  PackedWeights::Entry& e = packs.entry(&w);
+  std::call_once(e.once, [&] {
+    // One copy of the bytes in the process: the file's pages of this tensor
+    // go as their rows are packed (they fault in again for another reader),
+    // so packing a resident model raises its RSS by about one chunk, not by
+    // the tensor. Best effort: a failed madvise leaves pages resident.
+    e.packed = empty_pack(w);
+    const int64_t groups = w.n_rows / kQ8_0x16Rows;
+    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((1u << 20) / (kQ8_0x16Rows * w.row_bytes)));
+    for (int64_t g = 0; g < groups; g += chunk) {
+      const int64_t g1 = std::min(groups, g + chunk);
+      pack_groups(w, g, g1, e.packed.bytes.get());
+      // This chunk's rows and the previous chunk's: page_out drops whole
+      // pages only, so the page a chunk shares with the next goes next time.
+      const size_t from = static_cast<size_t>(std::max<int64_t>(0, g - chunk) * kQ8_0x16Rows) * w.row_bytes;
+      const size_t to = static_cast<size_t>(g1 * kQ8_0x16Rows) * w.row_bytes;
+      (void)model.file().page_out(w.data + from, to - from);
+    }
+  });
+  return e.packed.view;
+}
+
+void pack_resident(const Model& model, int32_t layer_begin, int32_t layer_end, bool output) {
+  auto pack = [&](const WeightMatrix& w) {
+    if (wants_packed(w) && model.file().resident(w.data, w.nbytes())) (void)cpu_weights(model, w);
+  };
+  for (int32_t il = layer_begin; il < layer_end; ++il) {
+    const LlamaLayerWeights& L = model.layer(il);
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*w);
+  }
+  if (output) pack(model.output());
+}
+
+}  // namespace spw::cpu
