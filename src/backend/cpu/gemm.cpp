@@ -247,6 +247,92 @@ void tile_q8_0x16(const uint8_t* group, int64_t nb, const BlockQ8_0* const* xq, 
 // two integer chains stay in registers, and each weight load serves 8 tokens.
 constexpr int kQ8x16GemmToks = 8;
 #endif
+
+#if defined(SPW_AMX_INT8)  // the x86-64-v4-amx variant (kernel_variant.h)
+// AMX: the GEMM's integer part in tiles. A kQ8_0x16 record's 512 code bytes
+// are, as they stand, a B operand of 8 rows x 64 bytes (four codes of each
+// of 16 weight rows per tile row); one block of 16 tokens' activation codes
+// is an A operand of 16 rows x 32 bytes, read in place from the quantised
+// activations (stride: a token's blocks). tdpbsud (signed A, unsigned B)
+// then gives every (token, row) the block's exact sum(x * (w + 128)), the
+// integer the VNNI tile computes, and the float steps below are the VNNI
+// tile's: so this variant's GEMM is bitwise its (and v4-vnni's) one-token
+// path. K = 32 per instruction (a block; the scales change per block), so
+// each block's sums go through memory for their float step.
+//
+// The tile configuration (palette 1), the same for every call: tiles 0-2 the
+// int32 sums of 16 tokens x 16 rows of up to three groups (C), tile 3 the
+// tokens' codes (A), tiles 4-6 the groups' records (B). Per thread: loaded
+// on a thread's first AMX tile and kept (nothing else here configures tiles).
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+void amx_configure() {
+  thread_local bool configured = false;
+  if (configured) return;
+  AmxTileConfig c;
+  for (int i = 0; i < 3; ++i) {
+    c.colsb[i] = 64;
+    c.rows[i] = 16;
+  }
+  c.colsb[3] = 32;
+  c.rows[3] = 16;
+  for (int i = 4; i < 7; ++i) {
+    c.colsb[i] = 64;
+    c.rows[i] = 8;
+  }
+  _tile_loadconfig(&c);
+  configured = true;
+}
+
+// 16 tokens (t..t+15; xq: token t's blocks, the next token's x_stride bytes
+// on) x G groups (16G consecutive rows from `group`, gstride bytes apart).
+template <int G>
+void amx_tile_q8_0x16(const uint8_t* group, int64_t gstride, int64_t nb, const BlockQ8_0* xq, int64_t x_stride,
+                      const float* const* xd, const int32_t* const* xc, float* yt, int64_t ldy) {
+  constexpr int T = 16;
+  alignas(64) int32_t sums[G][T][16];
+  __m512 acc[G][T];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < T; ++j) acc[g][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t rec = b * static_cast<int64_t>(kQ8_0x16RecordBytes);
+    _tile_loadd(3, xq[b].qs, x_stride);
+    _tile_zero(0);
+    _tile_loadd(4, group + rec, 64);
+    _tile_dpbsud(0, 3, 4);
+    if constexpr (G >= 2) {
+      _tile_zero(1);
+      _tile_loadd(5, group + gstride + rec, 64);
+      _tile_dpbsud(1, 3, 5);
+    }
+    if constexpr (G >= 3) {
+      _tile_zero(2);
+      _tile_loadd(6, group + 2 * gstride + rec, 64);
+      _tile_dpbsud(2, 3, 6);
+    }
+    _tile_stored(0, sums[0], 64);
+    if constexpr (G >= 2) _tile_stored(1, sums[1], 64);
+    if constexpr (G >= 3) _tile_stored(2, sums[2], 64);
+    for (int g = 0; g < G; ++g) {
+      const __m512 dw =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + g * gstride + rec + 512)));
+      for (int j = 0; j < T; ++j) {
+        const __m512i s = _mm512_sub_epi32(_mm512_load_si512(sums[g][j]), _mm512_set1_epi32(xc[j][b]));
+        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[j][b]));
+        acc[g][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[g][j]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < T; ++j) _mm512_storeu_ps(yt + j * ldy + 16 * g, acc[g][j]);
+}
+constexpr int kAmxToks = 16;
+#endif
 }  // namespace
 
 namespace {
@@ -392,9 +478,33 @@ void q8_0x16_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64
   const BlockQ8_0* const* xq = px.qrows.data();
   const float* const* xd = px.drows.data();
   const int32_t* const* xc = px.crows.data();
+  int64_t t_amx = t0;  // tokens below this are done (AMX tiles)
+#if defined(SPW_AMX_INT8)
+  if (gemm && t1 - t0 >= kAmxToks) {
+    amx_configure();
+    const int64_t gstride = nb * static_cast<int64_t>(kQ8_0x16RecordBytes);
+    const auto x_stride = static_cast<int64_t>(px.nb * sizeof(BlockQ8_0));
+    for (; t_amx + kAmxToks <= t1; t_amx += kAmxToks) {
+      const BlockQ8_0* xt = px.q.data() + t_amx * nb;
+      float* yt = y + t_amx * n_rows;
+      int64_t r = r0;
+      for (; r + 3 * kQ8_0x16Rows <= r1; r += 3 * kQ8_0x16Rows)
+        amx_tile_q8_0x16<3>(w.data + r / kQ8_0x16Rows * gstride, gstride, nb, xt, x_stride, xd + t_amx, xc + t_amx,
+                            yt + r, n_rows);
+      if (r + 2 * kQ8_0x16Rows <= r1) {
+        amx_tile_q8_0x16<2>(w.data + r / kQ8_0x16Rows * gstride, gstride, nb, xt, x_stride, xd + t_amx, xc + t_amx,
+                            yt + r, n_rows);
+        r += 2 * kQ8_0x16Rows;
+      }
+      if (r < r1)
+        amx_tile_q8_0x16<1>(w.data + r / kQ8_0x16Rows * gstride, gstride, nb, xt, x_stride, xd + t_amx, xc + t_amx,
+                            yt + r, n_rows);
+    }
+  }
+#endif
   for (int64_t r = r0; r < r1; r += kQ8_0x16Rows) {
     const uint8_t* group = w.data + static_cast<size_t>(r / kQ8_0x16Rows * nb) * kQ8_0x16RecordBytes;
-    int64_t t = t0;
+    int64_t t = t_amx;
     if (gemm)
       for (; t + kQ8x16GemmToks <= t1; t += kQ8x16GemmToks)
         tile_q8_0x16<kQ8x16GemmToks>(group, nb, xq + t, xd + t, xc + t, y + t * n_rows + r, n_rows);

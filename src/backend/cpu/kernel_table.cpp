@@ -15,6 +15,9 @@ const KernelTable& kernel_table() {
     KernelTable t;
     t.isa =
         ""
+#if defined(SPW_AMX_INT8)
+        "amx-int8 "
+#endif
 #if defined(SPW_AVX512VNNI)
         "avx512vnni "
 #endif

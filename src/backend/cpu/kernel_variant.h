@@ -8,7 +8,12 @@
 //   x86-64-v3        AVX2, FMA, F16C (Haswell, Zen 1 and later; most home CPUs)
 //   x86-64-v4        AVX-512 F/BW/CD/DQ/VL (Skylake-X, Zen 4)
 //   x86-64-v4-vnni   v4 and AVX-512 VNNI (Ice Lake, Sapphire Rapids, Zen 4/5):
-//                    the Q8_0 GEMM's integer dot products
+//                    Q8_0 from 16-row interleaved records (packed_weights.h)
+//   x86-64-v4-amx    v4-vnni and AMX-INT8 (Sapphire Rapids and later Xeons):
+//                    the Q8_0 GEMM's integer part in AMX tiles; bitwise the
+//                    v4-vnni results (the same exact integers, the same float
+//                    steps). Runs only where Linux grants the process the
+//                    tile state (arch_prctl, asked when it is considered).
 // Why x86-64-v2 and not v3 for the rest of the binary: the package must run
 // on CPUs without AVX2 (Sandy and Ivy Bridge Xeons are still common in home
 // servers), and what is not a kernel (HTTP, JSON, the journal, the

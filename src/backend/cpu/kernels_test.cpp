@@ -320,7 +320,8 @@ TEST(Kernels, PackedQ8_0BitwiseEqualsFileLayout) {
   struct Shape {
     int64_t rows, cols;
   };
-  for (const Shape sh : {Shape{16, 32}, Shape{48, 96}, Shape{112, 256}, Shape{208, 768}}) {
+  // Row counts of 1, 3, 5 (2 + 3) and 7 + 6 groups: the AMX tiles of 1, 2 and 3 groups.
+  for (const Shape sh : {Shape{16, 32}, Shape{48, 96}, Shape{80, 64}, Shape{112, 256}, Shape{208, 768}}) {
     std::vector<double> wref;
     OwnedMatrix m = make_matrix(gguf::GgmlType::kQ8_0, sh.rows, sh.cols,
                                 randv(g, static_cast<size_t>(sh.rows * sh.cols)), wref);

@@ -59,6 +59,14 @@
 #define SPW_Q8_0_X16 1
 #endif
 
+// AMX (SPW_AMX_INT8) only ever comes from a variant's build (x86-64-v4-amx),
+// never from the compiler's macros: a -march=native build on an AMX CPU
+// does not use it, as its use needs the kernel's per-process permission
+// that kernel_variant.cpp requests when it chooses that variant.
+#if defined(SPW_AMX_INT8) && !defined(SPW_Q8_0_X16)
+#error "the AMX variant builds on the AVX-512 VNNI kernels"
+#endif
+
 #if defined(SPW_AVX2) || defined(SPW_AVX512F) || defined(SPW_F16C) || defined(SPW_FMA)
 #include <immintrin.h>
 #endif
