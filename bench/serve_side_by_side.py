@@ -125,8 +125,11 @@ def stream(port, body, out):
     out.setdefault("tokens", len(times))
 
 
-def run(server, n, tokens):
-    bodies = [dict({"model": "m", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "temperature": 0,
+def run(server, n, tokens, model):
+    # The served model's name: its file's stem (spillway answers 404 for a
+    # name it does not serve; llama-server takes any).
+    name = os.path.splitext(os.path.basename(model))[0]
+    bodies = [dict({"model": name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "temperature": 0,
                     "stream": True}, **server.extra_body) for i in range(n)]
     # One warm-up request per server start.
     warm = {}
@@ -170,7 +173,7 @@ def main():
             order = makers if rep % 2 == 0 else list(reversed(makers))
             for make in order:
                 with make(args, n) as srv:
-                    r = run(srv, n, args.tokens)
+                    r = run(srv, n, args.tokens, args.model)
                 results.setdefault((srv.name, n), []).append(r)
                 print(f"round {rep} streams {n} {srv.name}: {r['tps']:.1f} tok/s, ITL p50 {r['itl_p50']:.1f} "
                       f"p99 {r['itl_p99']:.1f} ms, tokens per stream {r['counts']}", file=sys.stderr, flush=True)

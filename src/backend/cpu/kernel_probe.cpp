@@ -33,8 +33,13 @@ Result<double> measure_decode_kernel_rate(Env& env, gguf::GgmlType type, const K
     s = s * 1664525u + 1013904223u;
     v = static_cast<float>(s >> 8) / static_cast<float>(1u << 23) - 1.0f;
   }
-  // Rows in multiples of 64, so both sizes below are whole kQ8_0x16 groups.
-  const int64_t rows = std::max<int64_t>(64, static_cast<int64_t>(o.matrix_bytes / row_bytes) / 64 * 64);
+  int64_t rows = std::max<int64_t>(16, static_cast<int64_t>(o.matrix_bytes / row_bytes));
+  // A type the variant packs (packed_weights.h): rows in multiples of 64, so
+  // both sizes below are whole 16-row groups.
+  WeightMatrix probe_type;
+  probe_type.type = type;
+  probe_type.n_rows = 16;
+  if (wants_packed(probe_type)) rows = std::max<int64_t>(64, rows / 64 * 64);
   std::vector<uint8_t> data(static_cast<size_t>(rows) * row_bytes);
   SPW_RETURN_IF_ERROR(gguf::quantize_row(type, x.data(), data.data(), kCols));
   for (int64_t r = 1; r < rows; ++r) std::memcpy(data.data() + r * row_bytes, data.data(), row_bytes);
