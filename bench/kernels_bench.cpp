@@ -52,7 +52,7 @@ const Fixture& fixture(GgmlType type, int64_t rows = kRows, int64_t cols = kCols
     f->w.n_rows = rows;
     f->w.row_bytes = row_bytes;
     if (spw::cpu::wants_packed(f->w)) {
-      f->packed = spw::cpu::pack_q8_0x16(f->w);
+      f->packed = spw::cpu::pack(f->w);
       f->w = f->packed.view;
     }
     cached = std::move(f);

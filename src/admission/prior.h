@@ -105,14 +105,19 @@ double kernel_seconds(const StreamShare& share, const KernelRates& rates);
 
 struct PriorConstants {
   // Measured with the bundled 260K model at 1 thread: a step takes 33-37 us
-  // on a quiet machine (33: Zen 3 in CI, 2026-12-07; 37: the Zen 5 reference)
-  // and 56-96 us of CPU time beside other builds; its 1 MiB of weights would
-  // stream from DRAM in ~26-40 us (from its L2, less), which the prior counts
-  // at the probe's DRAM figure. 12 us puts the prior (~52-60 us at 25-32 GB/s
-  // with decode_bandwidth_share) near the middle of 33-96 us, within 2x of
-  // both ends; 25 us read 2.14 against a 33 us step (docs/PERFORMANCE.md,
-  // "Rate prior"). Negligible beside a bandwidth-bound model's milliseconds.
-  double step_overhead_s = 12e-6;
+  // on a quiet AMD machine (33: Zen 3 in CI, 2026-12-07; 37: the Zen 5
+  // reference), 55-112 us on the Zen 3 beside other tests, and 72-93 us on
+  // a quiet Intel Xeon VM (Sapphire Rapids class, 2026-12-07). Its 1 MiB of
+  // weights is read from the caches; the probe reads a buffer that size
+  // (18-31 GB/s on the Zen 3, 87 GB/s on the Xeon, whose 2 MiB L2 holds it),
+  // so the streaming term is 42-72 us there and ~16 us here. 34 us keeps
+  // the prior within 2x of every one of those steps (Zen 3: 0.68-1.93;
+  // Xeon: 0.54-0.69); 12 us read 0.29-0.32 on the Xeon, 25 us read 2.14
+  // against a 33 us step when the probe read DRAM (docs/PERFORMANCE.md,
+  // "Rate prior"). A figure per machine class, not a measurement: a step's
+  // fixed cost measured at start would be the fix. Negligible beside a
+  // bandwidth-bound model's milliseconds.
+  double step_overhead_s = 34e-6;
   // Prefill tokens/s over decode tokens/s at position 0. Measured at 1 thread
   // on the reference machine (docs/PERFORMANCE.md): 1.9 (Q8_0), 2.2 (the
   // bundled model), 3.2 (F16), 5.4 (F32): prefill is compute-bound, so the

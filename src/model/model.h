@@ -46,6 +46,7 @@ namespace spw {
 enum class WeightLayout : uint8_t {
   kGguf,      // n_rows rows of row_bytes each, as in the file
   kQ8_0x16,   // Q8_0 in groups of 16 rows, VNNI-interleaved (packed_weights.h)
+  kQ4_Kx16,   // Q4_K likewise, scales and mins unpacked (packed_weights.h)
 };
 
 // A 2-D weight matrix as stored: n_rows rows of n_cols elements (ggml ne[0] =

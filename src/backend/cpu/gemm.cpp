@@ -248,6 +248,67 @@ void tile_q8_0x16(const uint8_t* group, int64_t nb, const BlockQ8_0* const* xq, 
 constexpr int kQ8x16GemmToks = 8;
 #endif
 
+#if defined(SPW_Q8_0_X16)
+// One kQ4_Kx16 group (16 rows of Q4_K, packed_weights.h) against T tokens'
+// Q8_K activations, into yt[j * ldy + i]. Per super-block and 64-element
+// chunk the group's 512 code bytes give, masked and shifted, 16 registers of
+// four codes of each row (low nibbles: sub-block 2c, high: 2c + 1); one
+// vpdpbusd per register and token sums a row's four products in its lane,
+// so each sub-block's dot is exact per row, then times its scale (vpmulld),
+// and the mins term is sum_j m_j * (the token's two 16-element sums of
+// sub-block j). The float steps are quant_dot.h's for Q4_K, lane-wise:
+// acc = fma(float(i), d * d_x, acc); acc = fma(float(-k), dmin * d_x, acc),
+// so a packed Q4_K matrix gives bitwise what quant_dot's kernels (and the
+// scalar ones) give over the file layout, in every tile size.
+template <int T>
+void tile_q4_kx16(const uint8_t* group, int64_t nb, const ActRow* x, float* yt, int64_t ldy) {
+  __m512 acc[T];
+  for (int j = 0; j < T; ++j) acc[j] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rec = group + b * static_cast<int64_t>(kQ4_Kx16RecordBytes);
+    __m512i isum[T];
+    for (int j = 0; j < T; ++j) isum[j] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      __m512i lo[8], hi[8];
+      for (int kq = 0; kq < 8; ++kq) {
+        const __m512i wv = _mm512_loadu_si512(rec + (c * 8 + kq) * 64);
+        lo[kq] = _mm512_and_si512(wv, m4);
+        hi[kq] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+      }
+      const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2048 + 32 * c)));
+      const __m512i sh =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2048 + 32 * c + 16)));
+      for (int j = 0; j < T; ++j) {
+        int32_t quad[16];
+        std::memcpy(quad, static_cast<const gguf::BlockQ8_K*>(x[j].blocks)[b].qs + 64 * c, 64);
+        __m512i dl = _mm512_setzero_si512(), dh = _mm512_setzero_si512();
+        for (int kq = 0; kq < 8; ++kq) {
+          dl = _mm512_dpbusd_epi32(dl, lo[kq], _mm512_set1_epi32(quad[kq]));
+          dh = _mm512_dpbusd_epi32(dh, hi[kq], _mm512_set1_epi32(quad[8 + kq]));
+        }
+        isum[j] = _mm512_add_epi32(isum[j], _mm512_add_epi32(_mm512_mullo_epi32(dl, sl), _mm512_mullo_epi32(dh, sh)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2304)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2336)));
+    for (int j = 0; j < T; ++j) {
+      const gguf::BlockQ8_K& xb = static_cast<const gguf::BlockQ8_K*>(x[j].blocks)[b];
+      __m512i imin = _mm512_setzero_si512();
+      for (int s = 0; s < 8; ++s) {
+        const __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2176 + 16 * s)));
+        imin = _mm512_add_epi32(imin, _mm512_mullo_epi32(m, _mm512_set1_epi32(xb.bsums[2 * s] + xb.bsums[2 * s + 1])));
+      }
+      const __m512 dx = _mm512_set1_ps(xb.d);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(d, dx), acc[j]);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), imin)),
+                               _mm512_mul_ps(dmin, dx), acc[j]);
+    }
+  }
+  for (int j = 0; j < T; ++j) _mm512_storeu_ps(yt + j * ldy, acc[j]);
+}
+#endif
+
 #if defined(SPW_AMX_INT8)  // the x86-64-v4-amx variant (kernel_variant.h)
 // AMX: the GEMM's integer part in tiles. A kQ8_0x16 record's 512 code bytes
 // are, as they stand, a B operand of 8 rows x 64 bytes (four codes of each
@@ -515,6 +576,23 @@ void q8_0x16_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64
 }
 #endif
 
+#if defined(SPW_Q8_0_X16)
+// Rows r0..r1 (whole groups) x tokens t0..t1 of a kQ4_Kx16 matrix: tiles of
+// kTokGroup tokens, then single tokens (the same steps per (row, token)).
+void q4_kx16_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
+                   float* y) {
+  assert(r0 % kQ8_0x16Rows == 0 && r1 % kQ8_0x16Rows == 0);
+  const int64_t nb = w.n_cols / 256, n_rows = w.n_rows;
+  const ActRow* x = px.arows.data();
+  for (int64_t r = r0; r < r1; r += kQ8_0x16Rows) {
+    const uint8_t* group = w.data + static_cast<size_t>(r / kQ8_0x16Rows * nb) * kQ4_Kx16RecordBytes;
+    int64_t t = t0;
+    for (; t + kTokGroup <= t1; t += kTokGroup) tile_q4_kx16<kTokGroup>(group, nb, x + t, y + t * n_rows + r, n_rows);
+    for (; t < t1; ++t) tile_q4_kx16<1>(group, nb, x + t, y + t * n_rows + r, n_rows);
+  }
+}
+#endif
+
 // Rows r0..r1 x tokens t0..t1 of w: register tiles when `gemm`, else the
 // per-row kernels.
 void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
@@ -577,6 +655,10 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
       return;
     }
     default: {
+#if defined(SPW_Q8_0_X16)
+      if (w.layout == WeightLayout::kQ4_Kx16) return q4_kx16_block(w, px, r0, r1, t0, t1, y);
+#endif
+      assert(w.layout == WeightLayout::kGguf && "a packed matrix reached a variant without its kernels");
       const QuantDot* qd = quant_dot(w.type);
       assert(qd != nullptr && "unsupported type");
       static_assert(kTokGroup == 4, "QuantDot::four is the token-group kernel");

@@ -54,7 +54,7 @@ Result<double> measure_decode_kernel_rate(Env& env, gguf::GgmlType type, const K
     w.row_bytes = row_bytes;
     // In the layout the variant computes the model's matrices from.
     PackedMatrix packed;
-    if (wants_packed(w)) packed = pack_q8_0x16(w);
+    if (wants_packed(w)) packed = pack(w);
     const WeightMatrix& m = wants_packed(w) ? packed.view : w;
     const int64_t reps = std::max<int64_t>(1, static_cast<int64_t>(o.bytes_per_pass / w.nbytes()));
     matmul(m, x.data(), 1, y.data(), nullptr);  // warm: the rows into the cache, the code paged in

@@ -8,7 +8,8 @@
 //   x86-64-v3        AVX2, FMA, F16C (Haswell, Zen 1 and later; most home CPUs)
 //   x86-64-v4        AVX-512 F/BW/CD/DQ/VL (Skylake-X, Zen 4)
 //   x86-64-v4-vnni   v4 and AVX-512 VNNI (Ice Lake, Sapphire Rapids, Zen 4/5):
-//                    Q8_0 from 16-row interleaved records (packed_weights.h)
+//                    Q8_0 and Q4_K from 16-row interleaved records
+//                    (packed_weights.h)
 //   x86-64-v4-amx    v4-vnni and AMX-INT8 (Sapphire Rapids and later Xeons):
 //                    the Q8_0 GEMM's integer part in AMX tiles; bitwise the
 //                    v4-vnni results (the same exact integers, the same float
@@ -68,8 +69,8 @@ struct KernelTraits {
   // dot_f32 ends with an 8-element chunk after its 16-element ones (the AVX2
   // kernel; AVX-512 goes on one element at a time): attention.comp's tail8.
   bool dot_tail8 = false;
-  // matmul computes Q8_0 matrices of 16k rows from the kQ8_0x16 layout
-  // (packed_weights.h: the AVX-512 VNNI variants), and every Q8_0 dot
+  // matmul computes Q8_0 and Q4_K matrices of 16k rows from the kQ8_0x16
+  // and kQ4_Kx16 layouts (packed_weights.h: the AVX-512 VNNI variants), and every Q8_0 dot
   // product of the variant, packed or not, takes the block order: per block
   // the exact integer dot, then acc = fma(float(i), d_w * d_x, acc), one
   // accumulator in block order (the scalar kernels' order). Its activations

@@ -388,6 +388,36 @@ TEST(Kernels, PackedQ8_0BitwiseEqualsFileLayout) {
   }
 }
 
+// The kQ4_Kx16 layout: where the variant computes from it, a packed Q4_K
+// matrix gives bitwise what quant_dot's kernels give over the file layout
+// (which are bitwise the scalar kernels: quant_dot_test), one token at a
+// time and as a batch, on 1 to 3 threads.
+TEST(Kernels, PackedQ4_KBitwiseEqualsFileLayout) {
+  if (!active_kernel_traits().q8_0_x16) GTEST_SKIP() << "this variant keeps the file layout";
+  std::mt19937 g(20);
+  for (const int64_t rows : {16, 48, 80, 208}) {
+    for (const int64_t cols : {256, 768}) {
+      OwnedMatrix m = make_any(gguf::GgmlType::kQ4_K, rows, cols, g);
+      ASSERT_TRUE(wants_packed(m.w));
+      const PackedMatrix p = pack_q4_kx16(m.w);
+      ASSERT_EQ(p.view.layout, WeightLayout::kQ4_Kx16);
+      ASSERT_EQ(packed_bytes(m.w), m.w.nbytes() / 144 * 148);  // 2368 / 16 per super-block row
+      for (int64_t tokens : {1, 3, 4, 5, 9, 50}) {
+        auto x = randv(g, static_cast<size_t>(tokens * cols), 2.0f);
+        std::vector<float> ref(static_cast<size_t>(tokens * rows));
+        for (int64_t t = 0; t < tokens; ++t) matmul(m.w, x.data() + t * cols, 1, ref.data() + t * rows, nullptr);
+        for (int threads = 1; threads <= 3; ++threads) {
+          ThreadPool pool(threads);
+          std::vector<float> y(ref.size(), -7.0f);
+          matmul(p.view, x.data(), tokens, y.data(), &pool);
+          ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 4))
+              << rows << "x" << cols << " tokens " << tokens << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
 // Fused GEMM (Q/K/V-like matrices of different heights, prefill-sized batch)
 // equals the one-token path.
 TEST(Kernels, FusedGemmEqualsPerToken) {

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/kernel_variant.h"
 #include "gguf/ggml_types.h"
+#include "gguf/quant_blocks.h"
 
 namespace spw::cpu {
 namespace {
@@ -35,8 +36,14 @@ class PackedWeights final : public ModelExtension {
 }  // namespace
 
 bool wants_packed(const WeightMatrix& w) {
-  return active_kernel_traits().q8_0_x16 && w.type == gguf::GgmlType::kQ8_0 && w.layout == WeightLayout::kGguf &&
+  return active_kernel_traits().q8_0_x16 &&
+         (w.type == gguf::GgmlType::kQ8_0 || w.type == gguf::GgmlType::kQ4_K) && w.layout == WeightLayout::kGguf &&
          w.n_rows % kQ8_0x16Rows == 0 && w.n_rows > 0;
+}
+
+size_t packed_bytes(const WeightMatrix& w) {
+  if (w.type != gguf::GgmlType::kQ4_K) return w.nbytes();
+  return static_cast<size_t>(w.n_rows / kQ8_0x16Rows * (w.n_cols / 256)) * kQ4_Kx16RecordBytes;
 }
 
 namespace {
@@ -61,23 +68,56 @@ void pack_groups(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* out) {
   }
 }
 
+// Groups [g0, g1) of a Q4_K matrix into the kQ4_Kx16 layout.
+void pack_groups_q4_k(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* out) {
+  const int64_t nb = w.n_cols / 256;
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* rec = out + static_cast<size_t>(g * nb + b) * kQ4_Kx16RecordBytes;
+      for (int64_t r = 0; r < kQ8_0x16Rows; ++r) {
+        const auto* blk = reinterpret_cast<const gguf::BlockQ4_K*>(
+            w.data + static_cast<size_t>(g * kQ8_0x16Rows + r) * w.row_bytes + static_cast<size_t>(b) * 144);
+        for (int c = 0; c < 4; ++c)
+          for (int kq = 0; kq < 8; ++kq) std::memcpy(rec + ((c * 8 + kq) * 16 + r) * 4, blk->qs + 32 * c + 4 * kq, 4);
+        for (int j = 0; j < 8; ++j) gguf::unpack_scale_min_k4(blk->scales, j, rec + 2048 + 16 * j + r, rec + 2176 + 16 * j + r);
+        std::memcpy(rec + 2304 + 2 * r, &blk->d, 2);
+        std::memcpy(rec + 2336 + 2 * r, &blk->dmin, 2);
+      }
+    }
+  }
+}
+
+void pack_range(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* out) {
+  if (w.type == gguf::GgmlType::kQ4_K) pack_groups_q4_k(w, g0, g1, out);
+  else pack_groups(w, g0, g1, out);
+}
+
 PackedMatrix empty_pack(const WeightMatrix& w) {
-  assert(w.type == gguf::GgmlType::kQ8_0 && w.layout == WeightLayout::kGguf && w.n_rows % kQ8_0x16Rows == 0);
+  assert((w.type == gguf::GgmlType::kQ8_0 || w.type == gguf::GgmlType::kQ4_K) && w.layout == WeightLayout::kGguf &&
+         w.n_rows % kQ8_0x16Rows == 0);
   PackedMatrix p;
-  // Left uninitialised: every byte is written by pack_groups, and a large
+  // Left uninitialised: every byte is written by the packing, and a large
   // allocation's pages then become resident as they are written.
-  p.bytes.reset(new uint8_t[w.nbytes()]);
+  p.bytes.reset(new uint8_t[packed_bytes(w)]);
   p.view = w;
   p.view.data = p.bytes.get();
-  p.view.layout = WeightLayout::kQ8_0x16;
+  p.view.layout = w.type == gguf::GgmlType::kQ4_K ? WeightLayout::kQ4_Kx16 : WeightLayout::kQ8_0x16;
   return p;
 }
 }  // namespace
 
-PackedMatrix pack_q8_0x16(const WeightMatrix& w) {
+PackedMatrix pack(const WeightMatrix& w) {
   PackedMatrix p = empty_pack(w);
-  pack_groups(w, 0, w.n_rows / kQ8_0x16Rows, p.bytes.get());
+  pack_range(w, 0, w.n_rows / kQ8_0x16Rows, p.bytes.get());
   return p;
+}
+PackedMatrix pack_q8_0x16(const WeightMatrix& w) {
+  assert(w.type == gguf::GgmlType::kQ8_0);
+  return pack(w);
+}
+PackedMatrix pack_q4_kx16(const WeightMatrix& w) {
+  assert(w.type == gguf::GgmlType::kQ4_K);
+  return pack(w);
 }
 
 const WeightMatrix& cpu_weights(const Model& model, const WeightMatrix& w) {
@@ -96,7 +136,7 @@ const WeightMatrix& cpu_weights(const Model& model, const WeightMatrix& w) {
     const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((1u << 20) / (kQ8_0x16Rows * w.row_bytes)));
     for (int64_t g = 0; g < groups; g += chunk) {
       const int64_t g1 = std::min(groups, g + chunk);
-      pack_groups(w, g, g1, e.packed.bytes.get());
+      pack_range(w, g, g1, e.packed.bytes.get());
       // This chunk's rows and the previous chunk's: page_out drops whole
       // pages only, so the page a chunk shares with the next goes next time.
       const size_t from = static_cast<size_t>(std::max<int64_t>(0, g - chunk) * kQ8_0x16Rows) * w.row_bytes;

@@ -22,10 +22,24 @@
 // The record holds exactly the 16 rows' block bytes (16 x 34), so a packed
 // matrix is exactly nbytes() of the file's.
 //
+// The kQ4_Kx16 layout, for Q4_K (the bulk of a Q4_K_M file): per group g and
+// super-block b (nb = n_cols / 256) a 2368-byte record at (g * nb + b) * 2368:
+//   bytes [0, 2048)    for chunk c < 4, kq < 8, r < 16: the four bytes
+//                      qs[32c + 4kq .. +3] of row 16g + r's super-block b
+//                      (low nibbles: sub-block 2c's codes 4kq..4kq+3, high
+//                      nibbles: sub-block 2c + 1's), as in the file;
+//   bytes [2048, 2176) the sub-block scales, sc[j][r] for j < 8 (6-bit,
+//                      unpacked from the file's 12 bytes, one byte each);
+//   bytes [2176, 2304) the sub-block mins, m[j][r], likewise;
+//   bytes [2304, 2336) d[r], [2336, 2368) dmin[r] (fp16).
+// 64 bytes more per record than the file's 16 x 144 (the scales and mins
+// unpacked once instead of per token): 2.8% of the matrix, which the
+// estimator adds (admission::HostKernels::q4_k_x16).
+//
 // Contract: cpu_weights(model, w) returns w itself, or a view of the same
 // values in the layout the chosen kernel variant wants
-// (KernelTraits::q8_0_x16: the AVX-512 VNNI variants, for Q8_0 matrices of
-// 16k rows), made the first time it is asked for (or by pack_resident,
+// (KernelTraits::q8_0_x16: the AVX-512 VNNI variants, for Q8_0 and Q4_K
+// matrices of 16k rows), made the first time it is asked for (or by pack_resident,
 // when the backend is prepared) and kept in the Model's
 // extension for the Model's lifetime, shared by every session and backend
 // using it. Once a matrix is packed its mapping's pages are dropped
@@ -48,6 +62,7 @@ namespace spw::cpu {
 
 inline constexpr int64_t kQ8_0x16Rows = 16;
 inline constexpr size_t kQ8_0x16RecordBytes = 544;
+inline constexpr size_t kQ4_Kx16RecordBytes = 2368;
 
 // Whether the chosen kernel variant computes `w` from another layout.
 bool wants_packed(const WeightMatrix& w);
@@ -60,6 +75,12 @@ struct PackedMatrix {
 };
 // w (kGguf Q8_0, n_rows % 16 == 0) in the kQ8_0x16 layout.
 PackedMatrix pack_q8_0x16(const WeightMatrix& w);
+// w (kGguf Q4_K, n_rows % 16 == 0) in the kQ4_Kx16 layout.
+PackedMatrix pack_q4_kx16(const WeightMatrix& w);
+// Either, by w's type (wants_packed(w) must hold).
+PackedMatrix pack(const WeightMatrix& w);
+// Bytes of w's packed copy (nbytes() for Q8_0; 2368/2304 of it for Q4_K).
+size_t packed_bytes(const WeightMatrix& w);
 
 // The view of `w` (a matrix of `model`) the chosen variant computes from:
 // w itself, or its packed copy (made now if it is the first use).

@@ -53,8 +53,9 @@
 #endif
 #endif
 
-// gemm.cpp's Q8_0 kernels over the kQ8_0x16 layout (packed_weights.h;
-// KernelTraits::q8_0_x16), and the block order of every Q8_0 dot product.
+// gemm.cpp's Q8_0 and Q4_K kernels over the kQ8_0x16 and kQ4_Kx16 layouts
+// (packed_weights.h; KernelTraits::q8_0_x16), and the block order of every
+// Q8_0 dot product.
 #if defined(SPW_AVX512F) && defined(SPW_AVX512VNNI) && defined(SPW_AVX512BW)
 #define SPW_Q8_0_X16 1
 #endif
