@@ -494,7 +494,8 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
           ++host_packed;
           // kQ4_Kx16 records hold the scales and mins unpacked: 64 bytes
           // more per 16 rows x 256 columns.
-          if (t.type == static_cast<uint32_t>(gguf::GgmlType::kQ4_K)) host_packed_extra += t.ne[1] / 16 * (t.ne[0] / 256) * 64;
+          if (t.type == static_cast<uint32_t>(gguf::GgmlType::kQ4_K))
+            host_packed_extra += t.ne[1] / 16 * (t.ne[0] / 256) * 64;
         }
         return;
       }

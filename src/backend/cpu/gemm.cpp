@@ -48,7 +48,7 @@ constexpr int64_t kMinParallelWork = 1 << 18;
 // per-row kernels.
 constexpr int64_t kGemmMinTokens = 8;
 constexpr int64_t kGemmRowBlock = 48;  // a multiple of every tile's R
-constexpr int64_t kGemmTokBlock = 48;  // a multiple of every tile's T (even: Q8_0 token pairs)
+constexpr int64_t kGemmTokBlock = 48;  // a multiple of every tile's T (8 for packed Q8_0, 16 for AMX)
 
 // Rows r0..r1 against tokens t0..t1 through the per-row kernels:
 // dot(r, t, nt, out) for row r against tokens t..t+nt-1 (nt is 1 or kTokGroup).

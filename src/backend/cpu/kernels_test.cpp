@@ -214,7 +214,7 @@ OwnedMatrix make_any(gguf::GgmlType type, int64_t rows, int64_t cols, std::mt199
 // tokens split across threads) against the one-token path, bitwise, for every
 // weight type: row counts that are not multiples of the tile or the block,
 // token counts on both sides of the GEMM threshold and of the tile and block
-// edges (odd ones leave a Q8_0 token pair open), column counts with 16-wide and
+// edges, column counts with 16-wide and
 // scalar tails for F32/F16, and 1 to 4 threads.
 TEST(Kernels, GemmBitwiseEqualsPerToken) {
   struct Shape {

@@ -55,7 +55,8 @@ void pack_groups(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* out) {
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* rec = out + static_cast<size_t>(g * nb + b) * kQ8_0x16RecordBytes;
       for (int64_t r = 0; r < kQ8_0x16Rows; ++r) {
-        const uint8_t* blk = rows + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(b) * gguf::kQ8_0BlockBytes;
+        const uint8_t* blk =
+            rows + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(b) * gguf::kQ8_0BlockBytes;
         std::memcpy(rec + 512 + 2 * r, blk, 2);  // d
         for (int kq = 0; kq < 8; ++kq) {
           uint32_t q;
@@ -79,7 +80,8 @@ void pack_groups_q4_k(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* ou
             w.data + static_cast<size_t>(g * kQ8_0x16Rows + r) * w.row_bytes + static_cast<size_t>(b) * 144);
         for (int c = 0; c < 4; ++c)
           for (int kq = 0; kq < 8; ++kq) std::memcpy(rec + ((c * 8 + kq) * 16 + r) * 4, blk->qs + 32 * c + 4 * kq, 4);
-        for (int j = 0; j < 8; ++j) gguf::unpack_scale_min_k4(blk->scales, j, rec + 2048 + 16 * j + r, rec + 2176 + 16 * j + r);
+        for (int j = 0; j < 8; ++j)
+          gguf::unpack_scale_min_k4(blk->scales, j, rec + 2048 + 16 * j + r, rec + 2176 + 16 * j + r);
         std::memcpy(rec + 2304 + 2 * r, &blk->d, 2);
         std::memcpy(rec + 2336 + 2 * r, &blk->dmin, 2);
       }
