@@ -5,6 +5,8 @@
 #include <cmath>
 #include <string>
 
+#include "model/model.h"  // packed_layout, layout_bytes
+
 namespace spw::admission {
 
 namespace {
@@ -487,15 +489,12 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
         a.a.bytes += t.nbytes;
         a.a.n_allocations += 1;
         const bool matrix = t.name != "token_embd.weight" || tied;
-        const bool packs = t.type == static_cast<uint32_t>(gguf::GgmlType::kQ8_0) ||
-                           t.type == static_cast<uint32_t>(gguf::GgmlType::kQ4_K);
-        if (dev == DeviceKind::kHost && config.host_kernels.q8_0_x16 && matrix && t.n_dims >= 2 && packs &&
-            t.ne[1] % 16 == 0) {
+        const auto rows = static_cast<int64_t>(t.ne[1]), cols = static_cast<int64_t>(t.ne[0]);
+        const WeightLayout packed = packed_layout(static_cast<gguf::GgmlType>(t.type), rows);
+        if (dev == DeviceKind::kHost && config.host_kernels.q8_0_x16 && matrix && t.n_dims >= 2 &&
+            packed != WeightLayout::kGguf) {
           ++host_packed;
-          // kQ4_Kx16 records hold the scales and mins unpacked: 64 bytes
-          // more per 16 rows x 256 columns.
-          if (t.type == static_cast<uint32_t>(gguf::GgmlType::kQ4_K))
-            host_packed_extra += t.ne[1] / 16 * (t.ne[0] / 256) * 64;
+          host_packed_extra += layout_bytes(packed, rows, cols, t.nbytes) - t.nbytes;  // Q4_K's unpacked scales
         }
         return;
       }

@@ -54,7 +54,7 @@ class PosixMappedFile final : public MappedFile {
   Status page_out(size_t offset, size_t length) const override {
     if (addr_ == nullptr || offset >= size_) return Status::ok_status();
     const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    const size_t end = std::min(size_, length > size_ - offset ? size_ : offset + length) / page * page;
+    const size_t end = range_end(offset, length) / page * page;
     const size_t begin = (offset + page - 1) / page * page;
     if (begin >= end) return Status::ok_status();
     if (::madvise(static_cast<uint8_t*>(addr_) + begin, end - begin, MADV_DONTNEED) != 0) {
@@ -66,7 +66,7 @@ class PosixMappedFile final : public MappedFile {
     if (addr_ == nullptr || offset >= size_ || length == 0) return true;
     const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     const size_t begin = offset / page * page;
-    const size_t end = std::min(size_, length > size_ - offset ? size_ : offset + length);
+    const size_t end = range_end(offset, length);
     std::vector<unsigned char> vec((end - begin + page - 1) / page);
     if (::mincore(static_cast<uint8_t*>(addr_) + begin, end - begin, vec.data()) != 0) return false;
     for (unsigned char v : vec)
@@ -75,6 +75,9 @@ class PosixMappedFile final : public MappedFile {
   }
 
  private:
+  // offset + length, clamped to the file (offset < size_).
+  size_t range_end(size_t offset, size_t length) const { return length > size_ - offset ? size_ : offset + length; }
+
   std::string path_;
   void* addr_;
   size_t size_;

@@ -49,6 +49,29 @@ enum class WeightLayout : uint8_t {
   kQ4_Kx16,   // Q4_K likewise, scales and mins unpacked (packed_weights.h)
 };
 
+// The packed layouts' records: 16 rows x one block (Q8_0: 16 x 34 bytes, the
+// file's) or one super-block (Q4_K: 64 bytes more than the file's 16 x 144).
+inline constexpr int64_t kPackedGroupRows = 16;
+inline constexpr size_t kQ8_0x16RecordBytes = 544;
+inline constexpr size_t kQ4_Kx16RecordBytes = 2368;
+
+// The packed layout of a matrix of `type` with `n_rows` rows, kGguf where the
+// type has none: the CPU's AVX-512 VNNI kernels compute from it where their
+// variant runs (backend/cpu/packed_weights.h), and the estimator prices it.
+inline WeightLayout packed_layout(gguf::GgmlType type, int64_t n_rows) {
+  if (n_rows <= 0 || n_rows % kPackedGroupRows != 0) return WeightLayout::kGguf;
+  if (type == gguf::GgmlType::kQ8_0) return WeightLayout::kQ8_0x16;
+  if (type == gguf::GgmlType::kQ4_K) return WeightLayout::kQ4_Kx16;
+  return WeightLayout::kGguf;
+}
+
+// Bytes of a matrix of n_rows x n_cols in `layout`, whose file layout takes
+// `file_bytes`.
+inline uint64_t layout_bytes(WeightLayout layout, int64_t n_rows, int64_t n_cols, uint64_t file_bytes) {
+  if (layout != WeightLayout::kQ4_Kx16) return file_bytes;
+  return static_cast<uint64_t>(n_rows / kPackedGroupRows * (n_cols / 256)) * kQ4_Kx16RecordBytes;
+}
+
 // A 2-D weight matrix as stored: n_rows rows of n_cols elements (ggml ne[0] =
 // n_cols is contiguous). `data` points into the model's mapping (kGguf).
 struct WeightMatrix {

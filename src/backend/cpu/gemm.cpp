@@ -223,10 +223,11 @@ void tile_q8_0x16(const uint8_t* group, int64_t nb, const BlockQ8_0* const* xq, 
     const uint8_t* rec = group + b * static_cast<int64_t>(kQ8_0x16RecordBytes);
     if constexpr (T <= kTokGroup)  // decode: the weights stream once (a GEMM's stay in L2 for its tiles)
       for (int64_t l = 0; l < 9; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(rec + kQ8x16PrefetchRecords * 544 + 64 * l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rec + kQ8x16PrefetchRecords * kQ8_0x16RecordBytes + 64 * l),
+                     _MM_HINT_T0);
     __m512i w[8];
     for (int kq = 0; kq < 8; ++kq) w[kq] = _mm512_loadu_si512(rec + 64 * kq);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 512)));
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + kQ8_0x16Scales)));
     for (int j = 0; j < T; ++j) {
       const int8_t* q = xq[j][b].qs;
       int32_t quad[8];
@@ -246,9 +247,7 @@ void tile_q8_0x16(const uint8_t* group, int64_t nb, const BlockQ8_0* const* xq, 
 // Tokens per GEMM tile: 8 accumulators, 8 weight registers and a token's
 // two integer chains stay in registers, and each weight load serves 8 tokens.
 constexpr int kQ8x16GemmToks = 8;
-#endif
 
-#if defined(SPW_Q8_0_X16)
 // One kQ4_Kx16 group (16 rows of Q4_K, packed_weights.h) against T tokens'
 // Q8_K activations, into yt[j * ldy + i]. Per super-block and 64-element
 // chunk the group's 512 code bytes give, masked and shifted, 16 registers of
@@ -276,9 +275,10 @@ void tile_q4_kx16(const uint8_t* group, int64_t nb, const ActRow* x, float* yt, 
         lo[kq] = _mm512_and_si512(wv, m4);
         hi[kq] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
       }
-      const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2048 + 32 * c)));
+      const __m512i sl =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + kQ4_KxScales + 32 * c)));
       const __m512i sh =
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2048 + 32 * c + 16)));
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + kQ4_KxScales + 32 * c + 16)));
       for (int j = 0; j < T; ++j) {
         int32_t quad[16];
         std::memcpy(quad, static_cast<const gguf::BlockQ8_K*>(x[j].blocks)[b].qs + 64 * c, 64);
@@ -290,15 +290,17 @@ void tile_q4_kx16(const uint8_t* group, int64_t nb, const ActRow* x, float* yt, 
         isum[j] = _mm512_add_epi32(isum[j], _mm512_add_epi32(_mm512_mullo_epi32(dl, sl), _mm512_mullo_epi32(dh, sh)));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2304)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2336)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + kQ4_KxD)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + kQ4_KxDmin)));
+    __m512i mins[8];  // the record's, widened once for every token
+    for (int s = 0; s < 8; ++s)
+      mins[s] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + kQ4_KxMins + 16 * s)));
     for (int j = 0; j < T; ++j) {
       const gguf::BlockQ8_K& xb = static_cast<const gguf::BlockQ8_K*>(x[j].blocks)[b];
       __m512i imin = _mm512_setzero_si512();
-      for (int s = 0; s < 8; ++s) {
-        const __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2176 + 16 * s)));
-        imin = _mm512_add_epi32(imin, _mm512_mullo_epi32(m, _mm512_set1_epi32(xb.bsums[2 * s] + xb.bsums[2 * s + 1])));
-      }
+      for (int s = 0; s < 8; ++s)
+        imin = _mm512_add_epi32(imin,
+                                _mm512_mullo_epi32(mins[s], _mm512_set1_epi32(xb.bsums[2 * s] + xb.bsums[2 * s + 1])));
       const __m512 dx = _mm512_set1_ps(xb.d);
       acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(d, dx), acc[j]);
       acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), imin)),
@@ -380,8 +382,8 @@ void amx_tile_q8_0x16(const uint8_t* group, int64_t gstride, int64_t nb, const B
     if constexpr (G >= 2) _tile_stored(1, sums[1], 64);
     if constexpr (G >= 3) _tile_stored(2, sums[2], 64);
     for (int g = 0; g < G; ++g) {
-      const __m512 dw =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + g * gstride + rec + 512)));
+      const uint8_t* scales = group + g * gstride + rec + kQ8_0x16Scales;
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
       for (int j = 0; j < T; ++j) {
         const __m512i s = _mm512_sub_epi32(_mm512_load_si512(sums[g][j]), _mm512_set1_epi32(xc[j][b]));
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[j][b]));
@@ -574,15 +576,13 @@ void q8_0x16_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64
     for (; t < t1; ++t) tile_q8_0x16<1>(group, nb, xq + t, xd + t, xc + t, y + t * n_rows + r, n_rows);
   }
 }
-#endif
 
-#if defined(SPW_Q8_0_X16)
 // Rows r0..r1 (whole groups) x tokens t0..t1 of a kQ4_Kx16 matrix: tiles of
 // kTokGroup tokens, then single tokens (the same steps per (row, token)).
 void q4_kx16_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
                    float* y) {
   assert(r0 % kQ8_0x16Rows == 0 && r1 % kQ8_0x16Rows == 0);
-  const int64_t nb = w.n_cols / 256, n_rows = w.n_rows;
+  const int64_t nb = px.nb, n_rows = w.n_rows;
   const ActRow* x = px.arows.data();
   for (int64_t r = r0; r < r1; r += kQ8_0x16Rows) {
     const uint8_t* group = w.data + static_cast<size_t>(r / kQ8_0x16Rows * nb) * kQ4_Kx16RecordBytes;

@@ -34,12 +34,13 @@ Result<double> measure_decode_kernel_rate(Env& env, gguf::GgmlType type, const K
     v = static_cast<float>(s >> 8) / static_cast<float>(1u << 23) - 1.0f;
   }
   int64_t rows = std::max<int64_t>(16, static_cast<int64_t>(o.matrix_bytes / row_bytes));
-  // A type the variant packs (packed_weights.h): rows in multiples of 64, so
-  // both sizes below are whole 16-row groups.
-  WeightMatrix probe_type;
-  probe_type.type = type;
-  probe_type.n_rows = 16;
-  if (wants_packed(probe_type)) rows = std::max<int64_t>(64, rows / 64 * 64);
+  // A type the variant computes from a packed layout (packed_weights.h):
+  // rows in multiples of 64, so both sizes below are whole 16-row groups.
+  WeightMatrix shape;  // wants_packed asks the type and the height only
+  shape.type = type;
+  shape.n_rows = kQ8_0x16Rows;
+  const bool packs = wants_packed(shape);
+  if (packs) rows = std::max<int64_t>(64, rows / 64 * 64);
   std::vector<uint8_t> data(static_cast<size_t>(rows) * row_bytes);
   SPW_RETURN_IF_ERROR(gguf::quantize_row(type, x.data(), data.data(), kCols));
   for (int64_t r = 1; r < rows; ++r) std::memcpy(data.data() + r * row_bytes, data.data(), row_bytes);
@@ -54,8 +55,8 @@ Result<double> measure_decode_kernel_rate(Env& env, gguf::GgmlType type, const K
     w.row_bytes = row_bytes;
     // In the layout the variant computes the model's matrices from.
     PackedMatrix packed;
-    if (wants_packed(w)) packed = pack(w);
-    const WeightMatrix& m = wants_packed(w) ? packed.view : w;
+    if (packs) packed = pack(w);
+    const WeightMatrix& m = packs ? packed.view : w;
     const int64_t reps = std::max<int64_t>(1, static_cast<int64_t>(o.bytes_per_pass / w.nbytes()));
     matmul(m, x.data(), 1, y.data(), nullptr);  // warm: the rows into the cache, the code paged in
     int64_t best_ns = 0;

@@ -46,6 +46,26 @@ static inline float hsum256(__m256 v) {
   lo = _mm_add_ss(lo, sh);
   return _mm_cvtss_f32(lo);
 }
+
+// Integer helpers of the quantised dot products (here and quant_dot.cpp).
+static inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// u8 x s8 products summed in groups of four into int32 lanes. Exact where
+// each u8*s8 pair sum stays below 2^15, as for every caller: at most
+// 2 * 128 * 127 (Q8_0's |w| against activation codes), 2 * 63 * 127 for
+// the K types' codes.
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
 #endif
 
 #if defined(SPW_AVX512F)
@@ -75,29 +95,18 @@ static inline float reduce512(__m512 a) {
 template <int NT>
 static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const float* const* xd, int64_t nb,
                        float* out) {
+#if defined(SPW_AVX2) && defined(SPW_FMA)
+  // Block b's eight exact lane sums per token, then the variant's float step:
+  // the block order sums the lanes as integers first (matrices that are not
+  // packed, rows not a multiple of 16, and dot_q8_0), the lane order keeps
+  // them in eight float lanes reduced at the end.
 #if defined(SPW_Q8_0_X16)
-  // Matrices that are not packed (rows not a multiple of 16) and dot_q8_0:
-  // each block's eight lanes are summed as integers (exact), then the float step.
   float acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
-    const __m256i aw = _mm256_sign_epi8(qw, qw);
-    const float dw = fp16_to_fp32(w[b].d);
-    for (int t = 0; t < NT; ++t) {
-      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
-      const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(qx, qw));
-      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-      acc[t] = madd(static_cast<float>(_mm_cvtsi128_si32(s)), dw * xd[t][b], acc[t]);
-    }
-  }
-  for (int t = 0; t < NT; ++t) out[t] = acc[t];
-#elif defined(SPW_AVX2) && defined(SPW_FMA)
+#else
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
+#endif
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
     // |w| as unsigned, sign of w moved onto x, so the u8*s8 multiply-add is exact.
@@ -105,12 +114,19 @@ static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const floa
     const float dw = fp16_to_fp32(w[b].d);
     for (int t = 0; t < NT; ++t) {
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
-      const __m256i sx = _mm256_sign_epi8(qx, qw);
-      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+      const __m256i s32 = dot_u8s8(aw, _mm256_sign_epi8(qx, qw));
+#if defined(SPW_Q8_0_X16)
+      acc[t] = madd(static_cast<float>(hsum_i32(s32)), dw * xd[t][b], acc[t]);
+#else
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[t][b]), _mm256_cvtepi32_ps(s32), acc[t]);
+#endif
     }
   }
+#if defined(SPW_Q8_0_X16)
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+#else
   for (int t = 0; t < NT; ++t) out[t] = hsum256(acc[t]);
+#endif
 #else
   float sum[NT];
   for (int t = 0; t < NT; ++t) sum[t] = 0.0f;

@@ -325,7 +325,7 @@ TEST(Kernels, PackedQ8_0BitwiseEqualsFileLayout) {
     std::vector<double> wref;
     OwnedMatrix m = make_matrix(gguf::GgmlType::kQ8_0, sh.rows, sh.cols,
                                 randv(g, static_cast<size_t>(sh.rows * sh.cols)), wref);
-    const PackedMatrix p = pack_q8_0x16(m.w);
+    const PackedMatrix p = pack(m.w);
     ASSERT_EQ(p.view.layout, WeightLayout::kQ8_0x16);
     const int64_t nb = sh.cols / 32;
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(m.w.data);
@@ -334,7 +334,7 @@ TEST(Kernels, PackedQ8_0BitwiseEqualsFileLayout) {
         const uint8_t* rec = p.bytes.get() + static_cast<size_t>((r / 16) * nb + b) * kQ8_0x16RecordBytes;
         const BlockQ8_0& want = blocks[r * nb + b];
         uint16_t d;
-        std::memcpy(&d, rec + 512 + 2 * (r % 16), 2);
+        std::memcpy(&d, rec + kQ8_0x16Scales + 2 * (r % 16), 2);
         ASSERT_EQ(d, want.d) << "row " << r << " block " << b;
         for (int k = 0; k < 32; ++k)
           ASSERT_EQ(static_cast<int>(rec[((k / 4) * 16 + r % 16) * 4 + k % 4]) - 128, want.qs[k])
@@ -399,9 +399,9 @@ TEST(Kernels, PackedQ4_KBitwiseEqualsFileLayout) {
     for (const int64_t cols : {256, 768}) {
       OwnedMatrix m = make_any(gguf::GgmlType::kQ4_K, rows, cols, g);
       ASSERT_TRUE(wants_packed(m.w));
-      const PackedMatrix p = pack_q4_kx16(m.w);
+      const PackedMatrix p = pack(m.w);
       ASSERT_EQ(p.view.layout, WeightLayout::kQ4_Kx16);
-      ASSERT_EQ(packed_bytes(m.w), m.w.nbytes() / 144 * 148);  // 2368 / 16 per super-block row
+      ASSERT_EQ(layout_bytes(p.view.layout, rows, cols, m.w.nbytes()), m.w.nbytes() / 144 * 148);  // 2368 / 16
       for (int64_t tokens : {1, 3, 4, 5, 9, 50}) {
         auto x = randv(g, static_cast<size_t>(tokens * cols), 2.0f);
         std::vector<float> ref(static_cast<size_t>(tokens * rows));

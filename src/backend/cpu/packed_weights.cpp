@@ -36,14 +36,8 @@ class PackedWeights final : public ModelExtension {
 }  // namespace
 
 bool wants_packed(const WeightMatrix& w) {
-  return active_kernel_traits().q8_0_x16 &&
-         (w.type == gguf::GgmlType::kQ8_0 || w.type == gguf::GgmlType::kQ4_K) && w.layout == WeightLayout::kGguf &&
-         w.n_rows % kQ8_0x16Rows == 0 && w.n_rows > 0;
-}
-
-size_t packed_bytes(const WeightMatrix& w) {
-  if (w.type != gguf::GgmlType::kQ4_K) return w.nbytes();
-  return static_cast<size_t>(w.n_rows / kQ8_0x16Rows * (w.n_cols / 256)) * kQ4_Kx16RecordBytes;
+  return active_kernel_traits().q8_0_x16 && w.layout == WeightLayout::kGguf &&
+         packed_layout(w.type, w.n_rows) != WeightLayout::kGguf;
 }
 
 namespace {
@@ -57,7 +51,7 @@ void pack_groups(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* out) {
       for (int64_t r = 0; r < kQ8_0x16Rows; ++r) {
         const uint8_t* blk =
             rows + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(b) * gguf::kQ8_0BlockBytes;
-        std::memcpy(rec + 512 + 2 * r, blk, 2);  // d
+        std::memcpy(rec + kQ8_0x16Scales + 2 * r, blk, 2);  // d
         for (int kq = 0; kq < 8; ++kq) {
           uint32_t q;
           std::memcpy(&q, blk + 2 + 4 * kq, 4);
@@ -77,13 +71,14 @@ void pack_groups_q4_k(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* ou
       uint8_t* rec = out + static_cast<size_t>(g * nb + b) * kQ4_Kx16RecordBytes;
       for (int64_t r = 0; r < kQ8_0x16Rows; ++r) {
         const auto* blk = reinterpret_cast<const gguf::BlockQ4_K*>(
-            w.data + static_cast<size_t>(g * kQ8_0x16Rows + r) * w.row_bytes + static_cast<size_t>(b) * 144);
+            w.data + static_cast<size_t>(g * kQ8_0x16Rows + r) * w.row_bytes +
+            static_cast<size_t>(b) * sizeof(gguf::BlockQ4_K));
         for (int c = 0; c < 4; ++c)
           for (int kq = 0; kq < 8; ++kq) std::memcpy(rec + ((c * 8 + kq) * 16 + r) * 4, blk->qs + 32 * c + 4 * kq, 4);
         for (int j = 0; j < 8; ++j)
-          gguf::unpack_scale_min_k4(blk->scales, j, rec + 2048 + 16 * j + r, rec + 2176 + 16 * j + r);
-        std::memcpy(rec + 2304 + 2 * r, &blk->d, 2);
-        std::memcpy(rec + 2336 + 2 * r, &blk->dmin, 2);
+          gguf::unpack_scale_min_k4(blk->scales, j, rec + kQ4_KxScales + 16 * j + r, rec + kQ4_KxMins + 16 * j + r);
+        std::memcpy(rec + kQ4_KxD + 2 * r, &blk->d, 2);
+        std::memcpy(rec + kQ4_KxDmin + 2 * r, &blk->dmin, 2);
       }
     }
   }
@@ -95,15 +90,15 @@ void pack_range(const WeightMatrix& w, int64_t g0, int64_t g1, uint8_t* out) {
 }
 
 PackedMatrix empty_pack(const WeightMatrix& w) {
-  assert((w.type == gguf::GgmlType::kQ8_0 || w.type == gguf::GgmlType::kQ4_K) && w.layout == WeightLayout::kGguf &&
-         w.n_rows % kQ8_0x16Rows == 0);
+  const WeightLayout layout = packed_layout(w.type, w.n_rows);
+  assert(w.layout == WeightLayout::kGguf && layout != WeightLayout::kGguf);
   PackedMatrix p;
   // Left uninitialised: every byte is written by the packing, and a large
   // allocation's pages then become resident as they are written.
-  p.bytes.reset(new uint8_t[packed_bytes(w)]);
+  p.bytes.reset(new uint8_t[layout_bytes(layout, w.n_rows, w.n_cols, w.nbytes())]);
   p.view = w;
   p.view.data = p.bytes.get();
-  p.view.layout = w.type == gguf::GgmlType::kQ4_K ? WeightLayout::kQ4_Kx16 : WeightLayout::kQ8_0x16;
+  p.view.layout = layout;
   return p;
 }
 }  // namespace
@@ -112,14 +107,6 @@ PackedMatrix pack(const WeightMatrix& w) {
   PackedMatrix p = empty_pack(w);
   pack_range(w, 0, w.n_rows / kQ8_0x16Rows, p.bytes.get());
   return p;
-}
-PackedMatrix pack_q8_0x16(const WeightMatrix& w) {
-  assert(w.type == gguf::GgmlType::kQ8_0);
-  return pack(w);
-}
-PackedMatrix pack_q4_kx16(const WeightMatrix& w) {
-  assert(w.type == gguf::GgmlType::kQ4_K);
-  return pack(w);
 }
 
 const WeightMatrix& cpu_weights(const Model& model, const WeightMatrix& w) {
@@ -150,14 +137,14 @@ const WeightMatrix& cpu_weights(const Model& model, const WeightMatrix& w) {
 }
 
 void pack_resident(const Model& model, int32_t layer_begin, int32_t layer_end, bool output) {
-  auto pack = [&](const WeightMatrix& w) {
+  auto pack_if_resident = [&](const WeightMatrix& w) {
     if (wants_packed(w) && model.file().resident(w.data, w.nbytes())) (void)cpu_weights(model, w);
   };
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const LlamaLayerWeights& L = model.layer(il);
-    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*w);
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack_if_resident(*w);
   }
-  if (output) pack(model.output());
+  if (output) pack_if_resident(model.output());
 }
 
 }  // namespace spw::cpu

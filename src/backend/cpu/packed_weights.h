@@ -60,9 +60,14 @@
 
 namespace spw::cpu {
 
-inline constexpr int64_t kQ8_0x16Rows = 16;
-inline constexpr size_t kQ8_0x16RecordBytes = 544;
-inline constexpr size_t kQ4_Kx16RecordBytes = 2368;
+// Record sizes: model.h (kQ8_0x16RecordBytes, kQ4_Kx16RecordBytes).
+inline constexpr int64_t kQ8_0x16Rows = kPackedGroupRows;
+// Offsets inside a record (the layouts above).
+inline constexpr size_t kQ8_0x16Scales = 512;  // d[16]
+inline constexpr size_t kQ4_KxScales = 2048;   // sc[8][16]
+inline constexpr size_t kQ4_KxMins = 2176;     // m[8][16]
+inline constexpr size_t kQ4_KxD = 2304;        // d[16]
+inline constexpr size_t kQ4_KxDmin = 2336;     // dmin[16]
 
 // Whether the chosen kernel variant computes `w` from another layout.
 bool wants_packed(const WeightMatrix& w);
@@ -73,14 +78,9 @@ struct PackedMatrix {
   std::unique_ptr<uint8_t[]> bytes;
   WeightMatrix view;
 };
-// w (kGguf Q8_0, n_rows % 16 == 0) in the kQ8_0x16 layout.
-PackedMatrix pack_q8_0x16(const WeightMatrix& w);
-// w (kGguf Q4_K, n_rows % 16 == 0) in the kQ4_Kx16 layout.
-PackedMatrix pack_q4_kx16(const WeightMatrix& w);
-// Either, by w's type (wants_packed(w) must hold).
+// w (kGguf) in its packed_layout() (model.h), which must not be kGguf;
+// any variant can pack (tests).
 PackedMatrix pack(const WeightMatrix& w);
-// Bytes of w's packed copy (nbytes() for Q8_0; 2368/2304 of it for Q4_K).
-size_t packed_bytes(const WeightMatrix& w);
 
 // The view of `w` (a matrix of `model`) the chosen variant computes from:
 // w itself, or its packed copy (made now if it is the first use).

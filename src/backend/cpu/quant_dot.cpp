@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_internal.h"
 #include "backend/cpu/simd.h"
 #include "gguf/quant.h"
 #include "gguf/quant_blocks.h"
@@ -249,22 +250,7 @@ void q6k_scalar(const uint8_t* wp, const ActRow* x, int64_t n_cols, float* out) 
 #if defined(SPW_QDOT_AVX2)
 // ================================================================ AVX2
 
-inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
-// u8 x s8 products summed in groups of four into int32 lanes (exact: each
-// u8*s8 pair sum is at most 2 * 63 * 127 < 2^15 for every caller).
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(SPW_AVX512VNNI) && defined(SPW_AVX512VL)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
+// hsum_i32 and dot_u8s8: kernels_internal.h.
 
 // [sum(p0), ..., sum(p7)] of eight int32x8 vectors.
 inline __m256i reduce8(const __m256i* p) {
