@@ -127,9 +127,13 @@ struct PriorConstants {
   // The share of the probe's bandwidth a decode step's reads get: decode
   // interleaves dequantisation and dot products with its loads, the probe's
   // loop only adds. Measured on the reference machine at 1 thread: 64-94%
-  // (docs/PERFORMANCE.md, the engine table of 2026-12-02 and "Rate prior");
-  // 0.8 centres the prior on them. B_m above is the probe's figure x this.
-  double decode_bandwidth_share = 0.8;
+  // (docs/PERFORMANCE.md, the engine table of 2026-12-02 and "Rate prior").
+  // Since then the bandwidth-bound rows read pessimistic at 0.8: 1.4-1.6 on
+  // a Zen 3 (2026-12-06), and 2.15 for Q8_0 on an Intel Xeon once its
+  // kernels were repacked (2026-12-07: 96 MB a step in 5.0 ms against a probe
+  // of 11.3 GB/s beside other tests; the 480 MB L3 holds the model). At 1.0
+  // those read ~1.1-1.3 and 1.72. B_m above is the probe's figure x this.
+  double decode_bandwidth_share = 1.0;
 };
 
 // The shares of a path's estimate (one per device its layers are on), their
