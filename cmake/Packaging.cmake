@@ -114,6 +114,12 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY "optional")
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${SPILLWAY_DEB_MAINTAINER}")
 # Depends: from the shared libraries the binary links (dpkg-shlibdeps).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# The aarch64 cross build's package is arm64: CPack would otherwise ask dpkg
+# for the build machine's architecture. dpkg-shlibdeps reads the ARM binary
+# as it is and finds its libraries' arm64 packages (scripts/setup --aarch64).
+if(CMAKE_CROSSCOMPILING AND CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+  set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE arm64)
+endif()
 # conffiles: dpkg keeps an edited /etc/spillway/spillway.toml on upgrades and
 # asks before replacing it. Maintainer scripts: systemd's daemon-reload
 # around the unit file, each step skipped without a running systemd.

@@ -66,8 +66,9 @@ nlohmann::json vulkan_json(const Result<std::vector<VulkanDeviceInfo>>& devices)
   return {{"known", true}, {"devices", arr}};
 }
 
-// The CPU (CPUID, XGETBV) and the kernel variants built into this binary:
-// which run here, and which the CPU kernels use (kernel_variant.h).
+// The CPU (CPUID and XGETBV; on AArch64 the hardware capability words) and
+// the kernel variants built into this binary: which run here, and which the
+// CPU kernels use (kernel_variant.h).
 nlohmann::json cpu_json() {
   const CpuFeatures& f = host_cpu_features();
   const cpu::KernelVariantInfo active = cpu::active_kernel_variant();
@@ -77,7 +78,12 @@ nlohmann::json cpu_json() {
         {{"name", v.name}, {"isa", v.isa}, {"runs_here", v.runs_here}, {"active", v.name == active.name}});
   }
   return {{"vendor", f.vendor},     {"brand", f.brand},     {"features", f.usable()},
-          {"kernels", active.name}, {"variants", variants}, {"source", "cpuid, xgetbv"}};
+          {"kernels", active.name}, {"variants", variants},
+#if defined(__aarch64__)
+          {"source", "hwcap"}};
+#else
+          {"source", "cpuid, xgetbv"}};
+#endif
 }
 
 std::string format_cpu(const nlohmann::json& c) {

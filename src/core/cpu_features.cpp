@@ -7,6 +7,11 @@
 #include <cpuid.h>
 #define SPW_X86 1
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#define SPW_ARM64_HWCAP 1
+#endif
 
 namespace spw {
 namespace {
@@ -68,6 +73,16 @@ constexpr FeatureBit kFeatureBits[] = {
     {&CpuFeatures::amx_bf16, 7, 0, 'd', 22, "amx-bf16", OsState::kTiles},
 };
 
+// AArch64's, in the order usable() lists them (the names /proc/cpuinfo uses).
+struct ArmFeature {
+  bool CpuFeatures::*field;
+  const char* name;
+};
+constexpr ArmFeature kArmFeatures[] = {
+    {&CpuFeatures::asimd, "asimd"}, {&CpuFeatures::asimd_fp16, "asimdhp"}, {&CpuFeatures::asimd_dotprod, "asimddp"},
+    {&CpuFeatures::sve, "sve"},     {&CpuFeatures::i8mm, "i8mm"},           {&CpuFeatures::arm_bf16, "bf16"},
+};
+
 }  // namespace
 
 std::vector<std::string> CpuFeatures::usable() const {
@@ -77,6 +92,8 @@ std::vector<std::string> CpuFeatures::usable() const {
                     (b.state == OsState::kZmm && os_avx512) || (b.state == OsState::kTiles && os_amx);
     if (this->*b.field && os) out.emplace_back(b.name);
   }
+  for (const ArmFeature& a : kArmFeatures)
+    if (this->*a.field) out.emplace_back(a.name);
   return out;
 }
 
@@ -117,6 +134,15 @@ CpuFeatures detect_cpu_features() {
     const size_t e = b.find_last_not_of(' ');
     f.brand = s == std::string::npos ? "" : b.substr(s, e - s + 1);
   }
+#endif
+#if defined(SPW_ARM64_HWCAP)
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  f.asimd = (hw & HWCAP_ASIMD) != 0;
+  f.asimd_fp16 = (hw & HWCAP_ASIMDHP) != 0;
+  f.asimd_dotprod = (hw & HWCAP_ASIMDDP) != 0;
+  f.sve = (hw & HWCAP_SVE) != 0;
+  f.i8mm = (hw2 & HWCAP2_I8MM) != 0;
+  f.arm_bf16 = (hw2 & HWCAP2_BF16) != 0;
 #endif
   return f;
 }

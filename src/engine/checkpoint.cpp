@@ -63,20 +63,22 @@ class Reader {
     for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(d_[pos_++])) << (8 * i);
     return Status();
   }
+  // The locals start at 0 although u32 sets them before any use: GCC for
+  // AArch64 inlines differently and warns (-Wmaybe-uninitialized) otherwise.
   Status i32(int32_t& v, const char* f) {
-    uint32_t u;
+    uint32_t u = 0;
     SPW_RETURN_IF_ERROR(u32(u, f));
     v = static_cast<int32_t>(u);
     return Status();
   }
   Status f32(float& v, const char* f) {
-    uint32_t u;
+    uint32_t u = 0;
     SPW_RETURN_IF_ERROR(u32(u, f));
     std::memcpy(&v, &u, 4);
     return Status();
   }
   Status str(std::string& s, const char* f) {
-    uint32_t n;
+    uint32_t n = 0;
     SPW_RETURN_IF_ERROR(u32(n, f));
     SPW_RETURN_IF_ERROR(need(n, f));
     s.assign(d_.substr(pos_, n));
@@ -84,7 +86,7 @@ class Reader {
     return Status();
   }
   Status ids(std::vector<TokenId>& v, const char* f) {
-    uint32_t n;
+    uint32_t n = 0;
     SPW_RETURN_IF_ERROR(u32(n, f));
     SPW_RETURN_IF_ERROR(need(static_cast<size_t>(n) * 4, f));  // checked before reserving
     v.resize(n);
@@ -119,7 +121,7 @@ Status parse_v3_fields(Reader& r, Checkpoint& c) {
 
 // Version 4's: the response_format constraint's source.
 Status parse_v4_fields(Reader& r, Checkpoint& c) {
-  uint8_t kind;
+  uint8_t kind = 0;
   SPW_RETURN_IF_ERROR(r.u8(kind, "options.constraint.kind"));
   if (kind > static_cast<uint8_t>(grammar::ConstraintKind::kJsonSchema)) {
     return Status::corruption("checkpoint: field 'options.constraint.kind' = " + std::to_string(kind));
@@ -227,7 +229,7 @@ Result<Checkpoint> parse_checkpoint(std::string_view bytes) {
   if (!fr) return Status::corruption("checkpoint: field 'finish_reason' = '" + finish + "'");
   c.finish_reason = *fr;
   SPW_RETURN_IF_ERROR(r.i32(c.options.max_tokens, "options.max_tokens"));
-  uint8_t ie;
+  uint8_t ie = 0;
   SPW_RETURN_IF_ERROR(r.u8(ie, "options.ignore_eos"));
   if (ie > 1) return Status::corruption("checkpoint: field 'options.ignore_eos' = " + std::to_string(ie));
   c.options.ignore_eos = ie != 0;

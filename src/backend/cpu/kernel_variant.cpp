@@ -61,11 +61,12 @@ bool amx_permitted() {
 }
 
 // The extensions a variant needs that this machine lacks ("" = it runs).
-// native and generic were built for the machine that runs them; scalar (a
+// native, aarch64 and generic were built for the machine that runs them (the
+// binary's own baseline: every 64-bit ARM CPU has Advanced SIMD); scalar (a
 // native build's) and x86-64-v2 need only what the binary itself needs.
 std::string missing(const char* ident, const CpuFeatures& f) {
   const std::string id = ident;
-  if (id == "native" || id == "generic") return "";
+  if (id == "native" || id == "aarch64" || id == "generic") return "";
   std::string m;
   auto need = [&](bool have, const char* what) {
     if (have) return;

@@ -25,7 +25,9 @@
 // AVX needs the YMM state saved, AVX-512 the opmask and ZMM state too). A
 // build with SPILLWAY_NATIVE=ON has "native" (the build machine's ISA) and,
 // on x86-64, "scalar" (the same sources without vector extensions, kept for
-// its tests); a build that is not GCC on x86-64 has one, "generic".
+// its tests); a GCC build for 64-bit ARM has one, "aarch64" (the portable
+// kernels, which GCC vectorises for Advanced SIMD, present on every ARMv8-A
+// CPU); any other build has one, "generic".
 // Variants differ in their rounding (their summation orders differ), never
 // in what they compute: the kernels' bitwise contracts (batch and thread
 // invariance) hold within a variant, and a path's variant is part of its
@@ -51,7 +53,7 @@ using spw::CpuFeatures;
 using spw::detect_cpu_features;
 
 struct KernelVariantInfo {
-  std::string name;  // "x86-64-v3", "native", "generic"
+  std::string name;  // "x86-64-v3", "native", "aarch64", "generic"
   std::string isa;   // the extensions its kernels use: "avx2 fma f16c"; "" = scalar
   bool runs_here = false;
 
