@@ -216,6 +216,7 @@ struct GenCase {
   modelgen::RandomLlamaMix mix = modelgen::RandomLlamaMix::kNone;
   const char* arch = "llama";
   uint32_t head_dim = 0;  // 0: n_embd / n_head
+  uint32_t rope_dims = 0;  // 0: the head size
 };
 
 class GeneratedEngineTest : public ::testing::TestWithParam<GenCase> {};
@@ -225,6 +226,7 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   modelgen::RandomLlamaSpec spec;
   spec.arch = c.arch;
   spec.head_dim = c.head_dim;
+  spec.rope_dims = c.rope_dims;
   spec.n_embd = c.n_embd;
   spec.n_layer = 2;
   spec.n_head = 4;
@@ -248,7 +250,7 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   ASSERT_EQ((*m)->hparams().arch, c.arch);
   const std::string label = std::string(c.arch) + " head_dim=" + std::to_string((*m)->hparams().head_dim()) +
                             " n_embd=" + std::to_string(c.n_embd) + " n_head=4 n_head_kv=" +
-                            std::to_string(c.n_head_kv) + " " +
+                            std::to_string(c.n_head_kv) + " n_rot=" + std::to_string((*m)->hparams().n_rot) + " " +
                             (c.mix == modelgen::RandomLlamaMix::kQ4_K_M ? std::string("Q4_K_M mix")
                                                                         : gguf::ggml_type_name(static_cast<uint32_t>(c.type))) +
                             (c.tied_output ? " tied" : "");
@@ -276,9 +278,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GenCase{1, GgmlType::kQ6_K, kLowBitBound, true, 256, 512},
                       GenCase{2, GgmlType::kF32, kLowBitBound, false, 256, 512, modelgen::RandomLlamaMix::kQ4_K_M}));
 
-// Qwen2 (Q/K/V biases, NeoX RoPE) and Qwen3 (per-head Q/K norms, NeoX RoPE,
-// a head size that is not n_embd / n_head, as every Qwen3 has), against the
-// reference's own implementation of each.
+// Qwen2 (Q/K/V biases, NeoX RoPE), Qwen3 (per-head Q/K norms, NeoX RoPE,
+// a head size that is not n_embd / n_head, as every Qwen3 has) and Phi-3,
+// against the reference's own implementation of each.
 constexpr modelgen::RandomLlamaMix kNoMix = modelgen::RandomLlamaMix::kNone;
 INSTANTIATE_TEST_SUITE_P(
     Architectures, GeneratedEngineTest,
@@ -288,7 +290,12 @@ INSTANTIATE_TEST_SUITE_P(
                       GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 128, kNoMix, "qwen3", 32},
                       GenCase{1, GgmlType::kF16, kF16Bound, true, 64, 128, kNoMix, "qwen3", 32},
                       GenCase{2, GgmlType::kQ8_0, kQ8_0Bound, false, 64, 128, kNoMix, "qwen3", 32},
-                      GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 128, kNoMix, "llama", 8}));
+                      GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 128, kNoMix, "llama", 8},
+                      // Phi-3 (Q, K, V in one attn_qkv; gate and up in one ffn_up, bound as row
+                      // ranges) and Phi-4-mini's partial RoPE (12 of 16 dimensions rotated).
+                      GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 128, kNoMix, "phi3"},
+                      GenCase{4, GgmlType::kF16, kF16Bound, true, 64, 128, kNoMix, "phi3", 0, 12},
+                      GenCase{1, GgmlType::kQ8_0, kQ8_0Bound, false, 64, 128, kNoMix, "phi3"}));
 
 }  // namespace
 }  // namespace spw

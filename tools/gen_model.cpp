@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Write a random-weight Llama GGUF model with a real tokenizer"};
   std::string out, preset, type = "q8_0";
   std::string vocab = "tests/data/ggml-vocab-llama-spm.gguf";
-  uint32_t embd = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0, ctx = 2048, head_dim = 0;
+  uint32_t embd = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0, ctx = 2048, head_dim = 0, rope_dims = 0;
   std::string arch = "llama";
   uint64_t seed = 1;
   uint32_t echo_period = 0;
@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
   auto* o_heads = app.add_option("--heads", heads, "n_head");
   auto* o_kv_heads = app.add_option("--kv-heads", kv_heads, "n_head_kv");
   auto* o_ffn = app.add_option("--ffn", ffn, "n_ff");
-  auto* o_arch = app.add_option("--arch", arch, "llama | qwen2 (Q/K/V biases, NeoX RoPE) | qwen3 (Q/K norms, NeoX RoPE)")
+  auto* o_arch = app.add_option("--arch", arch, "llama | qwen2 (Q/K/V biases, NeoX RoPE) | qwen3 (Q/K norms, NeoX RoPE) | "
+                                "phi3 (fused attn_qkv and gate+up ffn_up, NeoX RoPE)")
                      ->check(CLI::Validator(
                          [](std::string& a) {
                            return spw::find_arch(a) ? std::string() : "not one of " + spw::supported_arch_names();
@@ -91,6 +92,9 @@ int main(int argc, char** argv) {
                          "ARCH"))
                      ->capture_default_str();
   auto* o_head_dim = app.add_option("--head-dim", head_dim, "head size (default n_embd / n_head; Qwen3 uses 128)");
+  auto* o_rope_dims = app.add_option("--rope-dims", rope_dims,
+                                     "rope.dimension_count (default the head size; smaller: partial RoPE, as "
+                                     "Phi-4-mini's 96 of 128)");
   app.add_option("--ctx", ctx, "context length")->capture_default_str();
   const std::map<std::string, GgmlType> types = {
       {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"q8_0", GgmlType::kQ8_0}, {"q4_0", GgmlType::kQ4_0},
@@ -120,7 +124,7 @@ int main(int argc, char** argv) {
                  "every position < --ctx")
       ->check(CLI::Range(1u, 1u << 30))
       ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_mix, o_seed, o_tied, o_arch,
-                 o_head_dim);
+                 o_head_dim, o_rope_dims);
   app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
   app.add_option("--rope-freq-base", rope_base)->capture_default_str();
   app.add_option("--rms-eps", rms_eps)->capture_default_str();
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
   if (ffn) spec.n_ff = ffn;
   spec.arch = arch;
   spec.head_dim = head_dim;
+  spec.rope_dims = rope_dims;
   spec.n_ctx = ctx;
   spec.type = types.at(type);
   if (mix == "q4_k_m") spec.mix = spw::modelgen::RandomLlamaMix::kQ4_K_M;

@@ -50,6 +50,8 @@ std::vector<TestModel> models() {
   v.push_back({"wide-F16-tied", generated(spec(GgmlType::kF16, 256, 384, 8, 8, 3, true))});
   v.push_back({"qwen2-Q8_0", generated(testing::as_arch(spec(GgmlType::kQ8_0, 128, 256, 4, 2, 2), "qwen2"))});
   v.push_back({"qwen3-F16-hd64", generated(testing::as_arch(spec(GgmlType::kF16, 128, 256, 4, 2, 2), "qwen3", 64))});
+  // Phi-3: Q/K/V and gate/up are row ranges of fused tensors (packed per part on the VNNI variants).
+  v.push_back({"phi3-Q8_0", generated(testing::as_arch(spec(GgmlType::kQ8_0, 128, 256, 4, 2, 2), "phi3"))});
   v.push_back({"small-Q4_1", generated(spec(GgmlType::kQ4_1, 64, 96, 4, 2, 2))});
   v.push_back({"wide-Q4_K", generated(spec(GgmlType::kQ4_K, 256, 512, 8, 4, 2))});
   auto mix = spec(GgmlType::kF32, 256, 512, 8, 4, 3);

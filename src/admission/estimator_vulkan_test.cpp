@@ -182,6 +182,9 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   auto qwen2 = testing::generated(testing::as_arch(testing::spec(GgmlType::kF32, 64, 96, 4, 2, 2, false, 5), "qwen2"));
   ASSERT_NE(qwen2, nullptr);
   run_case("qwen2-F32", qwen2, Case{128, 32, 0});
+  auto phi3 = testing::generated(testing::as_arch(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "phi3"));
+  ASSERT_NE(phi3, nullptr);
+  run_case("phi3-Q8_0", phi3, Case{128, 32, 1});
 
   // Low-bit weights on the device: a Q4_K_M mix (Q4_K, Q6_K attn_v / ffn_down /
   // head: a quantised head sizes xq/xd for its rows) and a legacy type.

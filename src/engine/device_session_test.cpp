@@ -73,6 +73,25 @@ TEST(DeviceSessionTest, VulkanAndHybridGiveTheCpuTokens) {
   }
 }
 
+// Phi-3's fused tensors (Q, K, V and gate, up as row ranges of attn_qkv and
+// ffn_up) and partial RoPE give the same greedy tokens on every placement.
+TEST(DeviceSessionTest, Phi3GivesTheCpuTokensOnVulkanAndHybrid) {
+  std::string why;
+  if (!vulkan_available(&why)) GTEST_SKIP() << why;
+  auto spec = testing::small_spec(gguf::GgmlType::kQ8_0);
+  spec.arch = "phi3";
+  spec.rope_dims = 12;
+  auto model = testing::random_model(spec);
+  ASSERT_NE(model, nullptr);
+  const std::vector<TokenId> expected = cpu_greedy_tokens(model, 12);
+  ASSERT_EQ(expected.size(), 12u);
+  for (const std::string placement : {"vulkan", "hybrid:1"}) {
+    auto ds = open_device_session(model, options_for(placement));
+    ASSERT_TRUE(ds.ok()) << placement << ": " << ds.status().to_string();
+    EXPECT_EQ(greedy_tokens(*ds->session, *model, 12), expected) << placement << " on " << ds->placement;
+  }
+}
+
 // The serving layout on a GPU: N sessions over one VulkanBackend (weights
 // uploaded once) and one pool per stage, run at the same time on N threads,
 // each giving the CPU's greedy tokens; the pools hold every session's blocks.

@@ -6,10 +6,11 @@
 namespace spw {
 namespace {
 
-constexpr std::array<ArchSpec, 3> kArchs = {{
-    {"llama", RopeStyle::kNormal, false, false},
-    {"qwen2", RopeStyle::kNeox, true, false},
-    {"qwen3", RopeStyle::kNeox, false, true},
+constexpr std::array<ArchSpec, 4> kArchs = {{
+    {"llama", RopeStyle::kNormal, false, false, false, false},
+    {"qwen2", RopeStyle::kNeox, true, false, false, false},
+    {"qwen3", RopeStyle::kNeox, false, true, false, false},
+    {"phi3", RopeStyle::kNeox, false, false, true, true},
 }};
 
 }  // namespace

@@ -128,6 +128,16 @@ struct TensorBinder {
   }
 };
 
+// Rows [first, first + n) of `w`: a fused tensor's part (phi3's attn_qkv,
+// its gate and up in ffn_up). Rows never share a block, so the range is a
+// matrix of its own in the file's layout; it keeps the tensor's name.
+WeightMatrix row_range(const WeightMatrix& w, int64_t first, int64_t n) {
+  WeightMatrix r = w;
+  r.data = w.data + static_cast<size_t>(first) * w.row_bytes;
+  r.n_rows = n;
+  return r;
+}
+
 // The file part of the fingerprint (see header): metadata, tensor table,
 // sampled tensor bytes.
 void hash_file(Fnv1a64& fp, const gguf::GgufFile& f) {
@@ -193,9 +203,17 @@ Status Model::bind() {
     const std::string p = "blk." + std::to_string(i) + ".";
     LlamaLayerWeights& L = layers_[static_cast<size_t>(i)];
     SPW_RETURN_IF_ERROR(binder.vector(p + "attn_norm.weight", E, L.attn_norm));
-    SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_q.weight", E, Q, L.wq));
-    SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_k.weight", E, KV, L.wk));
-    SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_v.weight", E, KV, L.wv));
+    if (spec->fused_qkv && f.find_tensor(p + "attn_qkv.weight") != nullptr) {
+      WeightMatrix qkv;
+      SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_qkv.weight", E, Q + 2 * KV, qkv));
+      L.wq = row_range(qkv, 0, static_cast<int64_t>(Q));
+      L.wk = row_range(qkv, static_cast<int64_t>(Q), static_cast<int64_t>(KV));
+      L.wv = row_range(qkv, static_cast<int64_t>(Q + KV), static_cast<int64_t>(KV));
+    } else {
+      SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_q.weight", E, Q, L.wq));
+      SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_k.weight", E, KV, L.wk));
+      SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_v.weight", E, KV, L.wv));
+    }
     SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_output.weight", Q, E, L.wo));
     if (spec->qkv_bias) {
       SPW_RETURN_IF_ERROR(binder.vector(p + "attn_q.bias", Q, L.bq));
@@ -207,13 +225,28 @@ Status Model::bind() {
       SPW_RETURN_IF_ERROR(binder.vector(p + "attn_k_norm.weight", HD, L.k_norm));
     }
     SPW_RETURN_IF_ERROR(binder.vector(p + "ffn_norm.weight", E, L.ffn_norm));
-    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_gate.weight", E, FF, L.w_gate));
-    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up.weight", E, FF, L.w_up));
+    if (spec->fused_gate_up) {
+      WeightMatrix gate_up;
+      SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up.weight", E, 2 * FF, gate_up));
+      L.w_gate = row_range(gate_up, 0, static_cast<int64_t>(FF));
+      L.w_up = row_range(gate_up, static_cast<int64_t>(FF), static_cast<int64_t>(FF));
+    } else {
+      SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_gate.weight", E, FF, L.w_gate));
+      SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up.weight", E, FF, L.w_up));
+    }
     SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_down.weight", FF, E, L.w_down));
     bytes_per_token_ += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.w_gate.nbytes() +
                         L.w_up.nbytes() + L.w_down.nbytes();
   }
   bytes_per_token_ += output_.nbytes();
+  // Phi-3's 128k variants scale RoPE per frequency with two factor sets,
+  // switched by the context length (LongRoPE), and rescale attention; none
+  // of it is implemented, so such a file is refused rather than run wrong.
+  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (f.find_tensor(t) != nullptr)
+      return Status::invalid_argument(hp_.arch + ": LongRoPE (tensor '" + std::string(t) +
+                                      "') is not supported; the model's short-context (4k) variant works");
+  }
   if (f.find_tensor("rope_freqs.weight") != nullptr) {
     SPW_RETURN_IF_ERROR(binder.vector("rope_freqs.weight", static_cast<uint64_t>(hp_.n_rot / 2), rope_freqs_));
     for (float factor : rope_freqs_) {

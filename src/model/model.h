@@ -16,7 +16,10 @@
 // Files mixing matrix types (llama.cpp's Q4_K_M puts Q6_K in output.weight
 // and some attn_v / ffn_down) bind each tensor with its own type.
 // The architecture's optional tensors (biases, Q/K norms) are required when it
-// has them; rope_freqs.weight is bound when present. Without output.weight the
+// has them; a fused tensor (phi3's attn_qkv, its gate+up ffn_up) is bound as
+// row ranges, one WeightMatrix per part, pointing into it. rope_freqs.weight
+// is bound when present; LongRoPE's rope_factors_long/short are refused
+// (InvalidArgument naming the tensor). Without output.weight the
 // output head is tied to token_embd.weight. Matrix
 // weights are used in place from the mapping (no copy); the small norm vectors
 // are converted to F32 copies. The GgufFile stays alive as long as the Model.

@@ -110,7 +110,62 @@ TEST(Model, WrongArchitectureIsInvalidArgument) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("gpt2"), std::string::npos);
-  EXPECT_NE(r.status().message().find("llama, qwen2, qwen3"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("llama, qwen2, qwen3, phi3"), std::string::npos) << r.status().to_string();
+}
+
+// Phi-3's fused tensors are bound as row ranges of the file's bytes: Q, K, V
+// are consecutive rows of attn_qkv, gate and up the two halves of ffn_up.
+TEST(Model, Phi3FusedTensorsAreBoundAsRowRanges) {
+  auto spec = small_spec(gguf::GgmlType::kQ8_0);
+  spec.arch = "phi3";
+  auto bytes = modelgen::make_random_llama(spec);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+  auto f = gguf::GgufFile::parse(make_memory_file(*bytes));
+  ASSERT_TRUE(f.ok());
+  const gguf::TensorInfo* qkv = (*f)->find_tensor("blk.1.attn_qkv.weight");
+  const gguf::TensorInfo* up = (*f)->find_tensor("blk.1.ffn_up.weight");
+  ASSERT_NE(qkv, nullptr);
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ((*f)->find_tensor("blk.1.ffn_gate.weight"), nullptr);
+  auto m = Model::load_from(std::move(*f));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const LlamaHparams& hp = (*m)->hparams();
+  const LlamaLayerWeights& L = (*m)->layer(1);
+  const size_t row = L.wq.row_bytes;
+  EXPECT_EQ(L.wq.data, qkv->data);
+  EXPECT_EQ(L.wq.n_rows, hp.n_embd_q());
+  EXPECT_EQ(L.wk.data, qkv->data + row * static_cast<size_t>(hp.n_embd_q()));
+  EXPECT_EQ(L.wv.data, L.wk.data + row * static_cast<size_t>(hp.n_embd_kv()));
+  EXPECT_EQ(L.wv.data + L.wv.nbytes(), qkv->data + qkv->nbytes);
+  EXPECT_EQ(L.w_gate.data, up->data);
+  EXPECT_EQ(L.w_up.data, up->data + up->nbytes / 2);
+  EXPECT_EQ(L.w_up.n_rows, hp.n_ff);
+  EXPECT_EQ(*L.w_up.name, "blk.1.ffn_up.weight");
+  // Parameters and bytes count the fused tensors once, as the file has them.
+  EXPECT_EQ(static_cast<uint64_t>((*m)->n_params()), modelgen::random_llama_param_count(spec, 512));
+}
+
+// Phi-3's 128k variants (LongRoPE) are refused naming the tensor.
+TEST(Model, LongRopeIsRefusedByName) {
+  auto spec = small_spec();
+  spec.arch = "phi3";
+  auto bytes = modelgen::make_random_llama(spec);
+  ASSERT_TRUE(bytes.ok());
+  auto f = gguf::GgufFile::parse(make_memory_file(*bytes));
+  ASSERT_TRUE(f.ok());
+  auto r = model_from_bytes(rebuild(**f, {}, {}, [&](const gguf::TensorInfo& t, gguf::GgufWriter& w) {
+    if (t.name != "output_norm.weight") return false;
+    std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
+    EXPECT_TRUE(w.add_tensor(t.name, gguf::GgmlType::kF32, dims,
+                             std::string(reinterpret_cast<const char*>(t.data), t.nbytes)).ok());
+    EXPECT_TRUE(w.add_tensor("rope_factors_long.weight", gguf::GgmlType::kF32, {8},
+                             std::string(8 * sizeof(float), '\0')).ok());
+    return true;
+  }));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("rope_factors_long.weight"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("LongRoPE"), std::string::npos) << r.status().to_string();
 }
 
 TEST(Model, RopeScalingIsReadAppliedOrRefusedByName) {

@@ -15,7 +15,7 @@ struct KindName {
 };
 
 // Canonical names first; aliases after (chat_template_name returns the first).
-constexpr std::array<KindName, 14> kNames = {{
+constexpr std::array<KindName, 18> kNames = {{
     {ChatTemplateKind::kChatML, "chatml"},
     {ChatTemplateKind::kLlama2, "llama2"},
     {ChatTemplateKind::kLlama3, "llama3"},
@@ -27,6 +27,10 @@ constexpr std::array<KindName, 14> kNames = {{
     {ChatTemplateKind::kGemma, "gemma"},
     {ChatTemplateKind::kMistralV7, "mistral-v7"},
     {ChatTemplateKind::kMistralV7Tekken, "mistral-v7-tekken"},
+    {ChatTemplateKind::kPhi3, "phi3"},
+    {ChatTemplateKind::kPhi3Legacy, "phi3-legacy"},
+    {ChatTemplateKind::kPhi4Mini, "phi4-mini"},
+    {ChatTemplateKind::kPhi4, "phi4"},
     {ChatTemplateKind::kMistral, "mistral-v1"},
     {ChatTemplateKind::kLlama2, "llama2-sys"},
     {ChatTemplateKind::kGemma, "gemma3"},
@@ -87,6 +91,9 @@ std::string default_bos(ChatTemplateKind kind) {
       return "<bos>";
     case ChatTemplateKind::kChatML:
     case ChatTemplateKind::kZephyr:
+    case ChatTemplateKind::kPhi3:
+    case ChatTemplateKind::kPhi4Mini:
+    case ChatTemplateKind::kPhi4:
       return "";
     default:
       return "<s>";
@@ -100,7 +107,12 @@ std::string default_eos(ChatTemplateKind kind) {
     case ChatTemplateKind::kGemma:
       return "<eos>";
     case ChatTemplateKind::kChatML:
+    case ChatTemplateKind::kPhi4:
       return "<|im_end|>";
+    case ChatTemplateKind::kPhi3:
+    case ChatTemplateKind::kPhi3Legacy:
+    case ChatTemplateKind::kPhi4Mini:
+      return "<|endoftext|>";
     default:
       return "</s>";
   }
@@ -125,8 +137,8 @@ Result<ChatTemplateKind> chat_template_from_name(std::string_view name) {
 
 // Markers and order follow llama.cpp's llm_chat_detect_template, restricted to
 // the families rendered here; near relatives that would render differently
-// (Phi-3/4, GLM, Falcon-3 style) are NotFound rather than guessed. The one
-// departure, the v7 spacing check, is explained in the header.
+// (GLM, Falcon-3 style) are NotFound rather than guessed. The departures, the
+// v7 spacing check and the three Phi-3 layouts, are explained in the header.
 Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
   if (auto by_name = chat_template_from_name(t); by_name.ok()) return by_name.value();
   if (t.empty()) {
@@ -134,7 +146,7 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
                              "with one of: " + valid_names());
   }
   if (contains(t, "<|im_start|>")) {
-    if (contains(t, "<|im_sep|>")) return unsupported_template("Phi-4 (ChatML with <|im_sep|>)");
+    if (contains(t, "<|im_sep|>")) return ChatTemplateKind::kPhi4;
     return ChatTemplateKind::kChatML;
   }
   if (t.substr(0, 7) == "mistral" || contains(t, "[INST]")) {
@@ -153,7 +165,12 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view t) {
     if (contains(t, "<<SYS>>")) return ChatTemplateKind::kLlama2;
     return ChatTemplateKind::kMistralLegacy;
   }
-  if (contains(t, "<|assistant|>") && contains(t, "<|end|>")) return unsupported_template("Phi-3");
+  if (contains(t, "<|assistant|>") && contains(t, "<|end|>")) {
+    if (!contains(t, "system")) return ChatTemplateKind::kPhi3Legacy;
+    // The newline after the role marker, escaped in the Jinja source or not.
+    if (contains(t, "|>\\n") || contains(t, "|>\n")) return ChatTemplateKind::kPhi3;
+    return ChatTemplateKind::kPhi4Mini;
+  }
   if (contains(t, "[gMASK]")) return unsupported_template("ChatGLM");
   if (contains(t, "<|user|>")) {
     // Zephyr (HuggingFaceH4/zephyr, TinyLlama-Chat, StableLM-Zephyr) closes each
@@ -520,6 +537,33 @@ Result<std::string> apply_chat_template(ChatTemplateKind kind, const std::vector
       // The reference emits the opener inside the loop (loop.last), so an
       // empty conversation gets nothing.
       if (add_generation_prompt && !messages.empty()) out += "<|assistant|>\n";
+      return out;
+    }
+    case ChatTemplateKind::kPhi3:
+    case ChatTemplateKind::kPhi4Mini: {
+      const bool phi3 = kind == ChatTemplateKind::kPhi3;
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, phi3 ? "phi3" : "phi4-mini"));
+      const std::string nl = phi3 ? "\n" : "";
+      for (const auto& m : messages) {
+        if (phi3 && m.role == "system" && m.content.empty()) continue;
+        out += "<|" + m.role + "|>" + nl + m.content + "<|end|>" + nl;
+      }
+      out += add_generation_prompt ? "<|assistant|>" + nl : eos;
+      return out;
+    }
+    case ChatTemplateKind::kPhi3Legacy: {
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, "phi3-legacy"));
+      out += bos;
+      for (const auto& m : messages) {
+        if (m.role == "user") out += "<|user|>\n" + m.content + "<|end|>\n<|assistant|>\n";
+        if (m.role == "assistant") out += m.content + "<|end|>\n";
+      }
+      return out;
+    }
+    case ChatTemplateKind::kPhi4: {
+      SPW_RETURN_IF_ERROR(check_roles(messages, false, "phi4"));
+      for (const auto& m : messages) out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
+      if (add_generation_prompt) out += "<|im_start|>assistant<|im_sep|>";
       return out;
     }
     case ChatTemplateKind::kLlama2: {

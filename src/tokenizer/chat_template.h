@@ -2,22 +2,30 @@
 //
 // Contract: detect_chat_template() recognises the common families from the text
 // of `tokenizer.chat_template` by the markers llama.cpp's
-// llm_chat_detect_template uses, in its order: "<|im_start|>" -> ChatML;
+// llm_chat_detect_template uses, in its order: "<|im_start|>" -> ChatML, or
+// Phi-4 when it has "<|im_sep|>";
 // "[INST]" -> Llama-2 when the template has "<<SYS>>", otherwise a Mistral
 // variant ("' [INST] ' + system_message" -> Mistral "v1"; "[AVAILABLE_TOOLS]"
 // without " [INST]" -> Mistral "v3", or "v3-tekken" when it writes "\"[INST]\""
 // with no space; plain "[INST]" -> the original Mistral-7B-Instruct template;
-// "[SYSTEM_PROMPT]" first of all -> Mistral "v7", see below); "<|user|>" with an end-of-turn token
+// "[SYSTEM_PROMPT]" first of all -> Mistral "v7", see below); "<|assistant|>"
+// with "<|end|>" -> Phi-3 (which one: below); "<|user|>" with an end-of-turn token
 // (eos_token, "</s>", "<|endoftext|>") -> Zephyr; "<start_of_turn>" -> Gemma;
 // "<|start_header_id|>" and "<|end_header_id|>" -> Llama-3. A template text that
 // is exactly one of the names below selects that family. Relatives that would
-// render differently (Phi-3/4, GLM) and anything else
+// render differently (GLM, Falcon-3) and anything else
 // are NotFound, with a message that says to pass --chat-template NAME and lists
 // the names. chat_template_from_name() maps user-facing names ("chatml",
 // "llama2", "llama3", "zephyr", "mistral" (= "mistral-v1"), "mistral-v3",
 // "mistral-v3-tekken", "mistral-legacy", "gemma", "mistral-v7",
-// "mistral-v7-tekken") and rejects others with InvalidArgument listing
-// the valid names.
+// "mistral-v7-tekken", "phi3", "phi3-legacy", "phi4-mini", "phi4") and rejects
+// others with InvalidArgument listing the valid names.
+//
+// Phi-3 detection: a template with no system turn at all is the April 2024
+// Phi-3-mini one (phi3-legacy); one that writes a newline after the role
+// marker ("<|user|>\n") is Phi-3 (June 2024) or Phi-3.5 (phi3); the rest,
+// the role marker straight before the content, are Phi-4-mini's (phi4-mini).
+// llama.cpp renders all three as its one "phi3" layout.
 //
 // Mistral v7 detection: llama.cpp's llm_chat_detect_template maps every
 // template with "[SYSTEM_PROMPT]" to its "mistral-v7" (spaces after the control
@@ -52,6 +60,17 @@
 //                   becomes a [SYSTEM_PROMPT] block), content untrimmed. This is
 //                   also exactly what Mistral-Large-Instruct-2411's template
 //                   renders (tested against jinja2), with or without a system message.
+//   phi3            Phi-3 (June 2024), Phi-3.5-mini: "<|role|>\n" content "<|end|>\n" per
+//                   message (a system message with empty content is skipped);
+//                   generation prompt "<|assistant|>\n", else eos_token ("<|endoftext|>").
+//   phi3-legacy     Phi-3-mini (April 2024): BOS, then per user message "<|user|>\n"
+//                   content "<|end|>\n<|assistant|>\n", per assistant message
+//                   content "<|end|>\n". The reference has no system turn and
+//                   drops system messages; so does this. No separate generation prompt.
+//   phi4-mini       Phi-4-mini: "<|role|>" content "<|end|>" per message, no newlines;
+//                   generation prompt "<|assistant|>", else eos_token.
+//   phi4            Phi-4: "<|im_start|>role<|im_sep|>" content "<|im_end|>";
+//                   generation prompt "<|im_start|>assistant<|im_sep|>".
 //   mistral-v7-tekken  Mistral Small 3 / 3.1 / 3.2 (tekken vocabulary): v7 without
 //                   the spaces: "<s>[SYSTEM_PROMPT]sys[/SYSTEM_PROMPT][INST]user[/INST]answer</s>".
 //                   With a leading system message this is exactly what the
@@ -95,6 +114,10 @@ enum class ChatTemplateKind {
   kMistralV3Tekken,
   kMistralV7,
   kMistralV7Tekken,
+  kPhi3,
+  kPhi3Legacy,
+  kPhi4Mini,
+  kPhi4,
 };
 
 // A tool call in an assistant message of the conversation (OpenAI's

@@ -191,6 +191,15 @@ Result<LlamaReference::Matrix> LlamaReference::load_matrix(const gguf::GgufFile&
   return m;
 }
 
+LlamaReference::Matrix LlamaReference::rows_of(const Matrix& m, int64_t first, int64_t n) {
+  Matrix r;
+  r.rows = n;
+  r.cols = m.cols;
+  const auto begin = m.w.begin() + static_cast<ptrdiff_t>(first * m.cols);
+  r.w.assign(begin, begin + static_cast<ptrdiff_t>(n * m.cols));
+  return r;
+}
+
 Result<std::vector<double>> LlamaReference::load_vector(const gguf::GgufFile& file, const std::string& name,
                                                         int64_t n) {
   const gguf::TensorInfo* t = file.find_tensor(name);
@@ -206,8 +215,8 @@ Result<std::vector<double>> LlamaReference::load_vector(const gguf::GgufFile& fi
 
 Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFile& file) {
   SPW_ASSIGN_OR_RETURN(std::string arch, file.get_string("general.architecture"));
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
-    return Status::invalid_argument("reference: architecture '" + arch + "' is not llama, qwen2 or qwen3");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3") {
+    return Status::invalid_argument("reference: architecture '" + arch + "' is not llama, qwen2, qwen3 or phi3");
   }
   const std::string a = arch + ".";
   SPW_ASSIGN_OR_RETURN(std::string scaling, file.get_string_or(a + "rope.scaling.type", "none"));
@@ -278,9 +287,16 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
     const std::string p = "blk." + std::to_string(i) + ".";
     SPW_ASSIGN_OR_RETURN(l.attn_norm, load_vector(file, p + "attn_norm.weight", hp.n_embd));
     const int64_t n_embd_q = hp.head_dim * hp.n_head;
-    SPW_ASSIGN_OR_RETURN(l.wq, load_matrix(file, p + "attn_q.weight", hp.n_embd, n_embd_q));
-    SPW_ASSIGN_OR_RETURN(l.wk, load_matrix(file, p + "attn_k.weight", hp.n_embd, n_embd_kv));
-    SPW_ASSIGN_OR_RETURN(l.wv, load_matrix(file, p + "attn_v.weight", hp.n_embd, n_embd_kv));
+    if (arch == "phi3" && file.find_tensor(p + "attn_qkv.weight") != nullptr) {
+      SPW_ASSIGN_OR_RETURN(Matrix qkv, load_matrix(file, p + "attn_qkv.weight", hp.n_embd, n_embd_q + 2 * n_embd_kv));
+      l.wq = rows_of(qkv, 0, n_embd_q);
+      l.wk = rows_of(qkv, n_embd_q, n_embd_kv);
+      l.wv = rows_of(qkv, n_embd_q + n_embd_kv, n_embd_kv);
+    } else {
+      SPW_ASSIGN_OR_RETURN(l.wq, load_matrix(file, p + "attn_q.weight", hp.n_embd, n_embd_q));
+      SPW_ASSIGN_OR_RETURN(l.wk, load_matrix(file, p + "attn_k.weight", hp.n_embd, n_embd_kv));
+      SPW_ASSIGN_OR_RETURN(l.wv, load_matrix(file, p + "attn_v.weight", hp.n_embd, n_embd_kv));
+    }
     SPW_ASSIGN_OR_RETURN(l.wo, load_matrix(file, p + "attn_output.weight", n_embd_q, hp.n_embd));
     if (hp.qkv_bias) {
       SPW_ASSIGN_OR_RETURN(l.bq, load_vector(file, p + "attn_q.bias", n_embd_q));
@@ -292,8 +308,14 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
       SPW_ASSIGN_OR_RETURN(l.k_norm, load_vector(file, p + "attn_k_norm.weight", hp.head_dim));
     }
     SPW_ASSIGN_OR_RETURN(l.ffn_norm, load_vector(file, p + "ffn_norm.weight", hp.n_embd));
-    SPW_ASSIGN_OR_RETURN(l.w_gate, load_matrix(file, p + "ffn_gate.weight", hp.n_embd, hp.n_ff));
-    SPW_ASSIGN_OR_RETURN(l.w_up, load_matrix(file, p + "ffn_up.weight", hp.n_embd, hp.n_ff));
+    if (arch == "phi3") {  // Phi3MLP: gate_up_proj's output is [gate | up]
+      SPW_ASSIGN_OR_RETURN(Matrix gate_up, load_matrix(file, p + "ffn_up.weight", hp.n_embd, 2 * hp.n_ff));
+      l.w_gate = rows_of(gate_up, 0, hp.n_ff);
+      l.w_up = rows_of(gate_up, hp.n_ff, hp.n_ff);
+    } else {
+      SPW_ASSIGN_OR_RETURN(l.w_gate, load_matrix(file, p + "ffn_gate.weight", hp.n_embd, hp.n_ff));
+      SPW_ASSIGN_OR_RETURN(l.w_up, load_matrix(file, p + "ffn_up.weight", hp.n_embd, hp.n_ff));
+    }
     SPW_ASSIGN_OR_RETURN(l.w_down, load_matrix(file, p + "ffn_down.weight", hp.n_ff, hp.n_embd));
   }
   return ref;

@@ -2,7 +2,10 @@
 //
 // Contract: LlamaReference::load reads a llama-family GGUF (general.architecture
 // "llama", or "qwen2" with Q/K/V biases added after the projections, or "qwen3"
-// with each head of Q and K RMS-normalised before RoPE; both with NeoX RoPE;
+// with each head of Q and K RMS-normalised before RoPE, or "phi3" with Q, K
+// and V as the row blocks of attn_qkv and the FFN's gate and up as the first
+// and second halves of ffn_up's rows (HF's Phi3 qkv_proj and gate_up_proj);
+// all three with NeoX RoPE;
 // keys under the architecture's prefix; the head size from
 // attention.key_length when present) straight from spw::gguf::GgufFile metadata and tensors -- it shares
 // no code with the engine (src/model, src/backend) so that it can judge it. All
@@ -53,7 +56,7 @@ struct ReferenceHparams {
   int64_t head_dim = 0;
   double rope_freq_base = 10000.0;
   double rms_eps = 1e-5;
-  bool neox = false;      // qwen2, qwen3: RoPE pairs (i, i + n_rot/2)
+  bool neox = false;      // qwen2, qwen3, phi3: RoPE pairs (i, i + n_rot/2)
   bool qkv_bias = false;  // qwen2
   bool qk_norm = false;   // qwen3
 };
@@ -103,6 +106,8 @@ class LlamaReference {
                                     int64_t rows);
   static Result<std::vector<double>> load_vector(const gguf::GgufFile& file, const std::string& name,
                                                  int64_t n);
+  // Rows [first, first + n) of m, copied (a fused tensor's part).
+  static Matrix rows_of(const Matrix& m, int64_t first, int64_t n);
   Status check_tokens(std::span<const TokenId> tokens) const;
   // Appends one token at position cache.n_past and writes its logits.
   void step(Cache& cache, TokenId token, std::vector<double>& logits, std::vector<double>* normed = nullptr) const;

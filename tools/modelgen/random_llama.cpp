@@ -127,6 +127,9 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
   }
   const uint32_t hd = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
   if (hd % 2 != 0) return bad("head dim " + std::to_string(hd) + " must be even for RoPE");
+  if (s.rope_dims % 2 != 0 || s.rope_dims > hd)
+    return bad("rope_dims " + std::to_string(s.rope_dims) + " must be even and at most the head dim " +
+               std::to_string(hd));
   if (s.mix == RandomLlamaMix::kNone) {
     if (!gguf::has_reference_codec(s.type)) {
       return bad("type " + gguf::ggml_type_name(static_cast<uint32_t>(s.type)) +
@@ -201,7 +204,7 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     w.set(a + "attention.key_length", Value::u32(head_dim));
     w.set(a + "attention.value_length", Value::u32(head_dim));
   }
-  w.set(a + "rope.dimension_count", Value::u32(head_dim));
+  w.set(a + "rope.dimension_count", Value::u32(s.rope_dims > 0 ? s.rope_dims : head_dim));
   w.set(a + "rope.freq_base", Value::f32(s.rope_freq_base));
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(s.rms_eps));
   if (s.pooling_type > 0) w.set(a + "pooling_type", Value::u32(s.pooling_type));
@@ -228,9 +231,13 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     const std::string p = "blk." + std::to_string(l) + ".";
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "attn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
-    SPW_RETURN_IF_ERROR(matrix(p + "attn_q.weight", l, {e, n_embd_q}, kStd));
-    SPW_RETURN_IF_ERROR(matrix(p + "attn_k.weight", l, {e, n_embd_kv}, kStd));
-    SPW_RETURN_IF_ERROR(matrix(p + "attn_v.weight", l, {e, n_embd_kv}, kStd));
+    if (arch.fused_qkv) {
+      SPW_RETURN_IF_ERROR(matrix(p + "attn_qkv.weight", l, {e, uint64_t{n_embd_q} + 2 * n_embd_kv}, kStd));
+    } else {
+      SPW_RETURN_IF_ERROR(matrix(p + "attn_q.weight", l, {e, n_embd_q}, kStd));
+      SPW_RETURN_IF_ERROR(matrix(p + "attn_k.weight", l, {e, n_embd_kv}, kStd));
+      SPW_RETURN_IF_ERROR(matrix(p + "attn_v.weight", l, {e, n_embd_kv}, kStd));
+    }
     if (arch.qkv_bias) {
       const std::pair<const char*, uint64_t> biases[] = {{"attn_q.bias", n_embd_q}, {"attn_k.bias", n_embd_kv},
                                                           {"attn_v.bias", n_embd_kv}};
@@ -244,8 +251,12 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     SPW_RETURN_IF_ERROR(matrix(p + "attn_output.weight", l, {n_embd_q, e}, kResidualStd));
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "ffn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
-    SPW_RETURN_IF_ERROR(matrix(p + "ffn_gate.weight", l, {e, s.n_ff}, kStd));
-    SPW_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", l, {e, s.n_ff}, kStd));
+    if (arch.fused_gate_up) {
+      SPW_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", l, {e, 2 * uint64_t{s.n_ff}}, kStd));
+    } else {
+      SPW_RETURN_IF_ERROR(matrix(p + "ffn_gate.weight", l, {e, s.n_ff}, kStd));
+      SPW_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", l, {e, s.n_ff}, kStd));
+    }
     SPW_RETURN_IF_ERROR(matrix(p + "ffn_down.weight", l, {s.n_ff, e}, kResidualStd));
   }
   if (stats != nullptr) {

@@ -70,9 +70,12 @@ struct RandomLlamaSpec {
   // general.architecture, one of model/arch.h's; its spec's optional tensors
   // are written: Q/K/V biases (qwen2: blk.N.attn_{q,k,v}.bias, std 0.02),
   // per-head Q/K norms (qwen3: blk.N.attn_{q,k}_norm.weight [head_dim], 1 +
-  // noise). Keys use its prefix.
+  // noise); phi3 writes Q, K and V as one blk.N.attn_qkv.weight and the
+  // FFN's gate and up as one blk.N.ffn_up.weight (gate rows first), std
+  // 0.02 as the separate tensors. Keys use its prefix.
   std::string arch = "llama";
   uint32_t head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length / value_length
+  uint32_t rope_dims = 0;  // rope.dimension_count; 0: the head size (partial RoPE when smaller, even)
   uint32_t n_embd = 64;
   uint32_t n_layer = 2;
   uint32_t n_head = 4;

@@ -430,6 +430,12 @@ std::vector<ModelCase> model_cases() {
   qwen3.arch = "qwen3";
   qwen3.head_dim = 32;
   c.push_back({"random qwen3 Q8_0 head_dim 32", testing::random_model(qwen3), 1e-6});
+  // Phi-3's fused attn_qkv and gate+up ffn_up (row ranges of one uploaded
+  // tensor each) with partial RoPE, as Phi-4-mini.
+  auto phi3 = testing::small_spec(gguf::GgmlType::kQ8_0);
+  phi3.arch = "phi3";
+  phi3.rope_dims = 12;
+  c.push_back({"random phi3 Q8_0 partial RoPE", testing::random_model(phi3), 1e-6});
   auto tied = testing::small_spec(gguf::GgmlType::kF32);
   tied.tied_output = true;
   tied.n_head_kv = 1;  // GQA 4:1
