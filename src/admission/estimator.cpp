@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "model/arch.h"   // fused tensors' parts
 #include "model/model.h"  // packed_layout, layout_bytes
 
 namespace spw::admission {
@@ -210,10 +211,6 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   auto sz = [&](uint64_t bytes) { return vk_scratch_size(bytes, max_buffer); };
   GpuTerms g;
   uint64_t hidden_rows = 0, cur_rows = 0, xq_bytes = 0, xd_bytes = 0;
-  if (s.embedding) {
-    g.io_tokens = sz(m * sizeof(int32_t));
-    hidden_rows = m;
-  }
   if (s.layer_end > s.layer_begin) {
     hidden_rows = cur_rows = m;
     g.io_rope = sz(2 * m * half * kF32);
@@ -319,7 +316,7 @@ uint64_t ScratchTerms::transient_peak() const {
 namespace {
 template <typename Fn>
 void for_each_gpu_scratch(const GpuTerms& g, Fn fn) {
-  for (uint64_t b : {g.io_tokens, g.io_hidden, g.x, g.io_rope, g.io_blocks, g.cur, g.q, g.att, g.k, g.v, g.gate, g.up,
+  for (uint64_t b : {g.io_hidden, g.x, g.io_rope, g.io_blocks, g.cur, g.q, g.att, g.k, g.v, g.gate, g.up,
                      g.xq, g.xd, g.scores, g.io_logits})
     fn(b);
 }
@@ -366,8 +363,9 @@ Result<std::vector<StageLayout>> plan_stages(const Plan& plan, int32_t n_layer) 
       break;
     }
     case Placement::Kind::kHybrid: {
-      // The engine's hybrid split (engine/device_session.h): the embedding and
-      // layers [0, N) on the GPU, the rest and the output head on the host.
+      // The engine's hybrid split (engine/device_session.h): layers [0, N)
+      // on the GPU (its stage calls embed, whose lookup is the host's all the
+      // same: cpu::embed_tokens), the rest and the output head on the host.
       // Resolved, so 1 <= N <= n_layer - 1.
       const int32_t split = placement.gpu_layers;
       st.push_back({DeviceKind::kGpu, 0, split, true, false});
@@ -462,10 +460,21 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
       if (l >= s.layer_begin && l < s.layer_end) return s.device;
     return est.stages.front().device;
   };
-  const DeviceKind emb_dev = est.stages.front().device;
   const DeviceKind out_dev = est.stages.back().device;
   const bool tied = f.find_tensor("output.weight") == nullptr;
   uint64_t largest_upload = 0;  // the GPU staging buffer's size rule
+  // The rows of each part the model binds a tensor as: phi3's attn_qkv (Q,
+  // K, V) and gate+up ffn_up (model/arch.h), else the tensor whole.
+  const ArchSpec* arch = find_arch(hp.arch);
+  auto fused_parts = [&](const std::string& name, uint64_t n_rows) -> std::vector<uint64_t> {
+    const auto q = static_cast<uint64_t>(hp.n_embd_q()), kv = static_cast<uint64_t>(hp.n_embd_kv());
+    const auto ff = static_cast<uint64_t>(hp.n_ff);
+    if (arch != nullptr && arch->fused_qkv && name.ends_with(".attn_qkv.weight") && n_rows == q + 2 * kv)
+      return {q, kv, kv};
+    if (arch != nullptr && arch->fused_gate_up && name.ends_with(".ffn_up.weight") && n_rows == 2 * ff)
+      return {ff, ff};
+    return {n_rows};
+  };
 
   // Weights: exact tensor bytes. Host weights are used in place from the
   // mapping, so only a GPU copy pays per-buffer alignment. With the
@@ -480,21 +489,27 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
     DeviceKind d;
     const int32_t l = tensor_layer(t.name);
     if (l >= 0 && l < hp.n_layer) d = device_of_layer(l);
-    else if (t.name == "token_embd.weight") d = emb_dev;
+    else if (t.name == "token_embd.weight") d = DeviceKind::kHost;  // the lookup is the host's on every placement
     else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;
-    else d = emb_dev == DeviceKind::kGpu ? DeviceKind::kHost : emb_dev;  // the Vulkan backend uploads no others
+    else d = DeviceKind::kHost;  // rope_freqs.weight & co.: the Vulkan backend uploads no others
     auto add_weight = [&](DeviceKind dev) {
       Acc& a = weights[static_cast<int>(dev)];
       if (dev != DeviceKind::kGpu) {
         a.a.bytes += t.nbytes;
         a.a.n_allocations += 1;
-        const bool matrix = t.name != "token_embd.weight" || tied;
-        const auto rows = static_cast<int64_t>(t.ne[1]), cols = static_cast<int64_t>(t.ne[0]);
-        const WeightLayout packed = packed_layout(static_cast<gguf::GgmlType>(t.type), rows);
-        if (dev == DeviceKind::kHost && config.host_kernels.q8_0_x16 && matrix && t.n_dims >= 2 &&
-            packed != WeightLayout::kGguf) {
+        // token_embd is a matrix the host multiplies by only as its own tied head.
+        const bool matrix = t.name != "token_embd.weight" || (tied && out_dev == DeviceKind::kHost);
+        if (dev != DeviceKind::kHost || !config.host_kernels.q8_0_x16 || !matrix || t.n_dims < 2) return;
+        // Packed part by part (a fused tensor's parts are matrices of their own).
+        const auto cols = static_cast<int64_t>(t.ne[0]);
+        const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(t.ne[1], 1);
+        for (const uint64_t part_rows : fused_parts(t.name, t.ne[1])) {
+          const auto rows = static_cast<int64_t>(part_rows);
+          const WeightLayout packed = packed_layout(static_cast<gguf::GgmlType>(t.type), rows);
+          if (packed == WeightLayout::kGguf) continue;
           ++host_packed;
-          host_packed_extra += layout_bytes(packed, rows, cols, t.nbytes) - t.nbytes;  // Q4_K's unpacked scales
+          const uint64_t bytes = part_rows * row_bytes;
+          host_packed_extra += layout_bytes(packed, rows, cols, bytes) - bytes;  // Q4_K's unpacked scales
         }
         return;
       }
@@ -509,14 +524,18 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
       const uint64_t n_rows = std::max<uint64_t>(t.ne[1], 1);
       const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(n_rows, 1);
       const uint64_t rows_per = std::max<uint64_t>(1, weight_chunk / std::max<uint64_t>(row_bytes, 1));
-      for (uint64_t r0 = 0; r0 < n_rows; r0 += rows_per) {
-        const uint64_t bytes = std::min(rows_per, n_rows - r0) * row_bytes;
-        a.add(vk_alloc_size(bytes));
-        largest_upload = std::max(largest_upload, bytes);
+      // A fused tensor is uploaded part by part (model.h: its row ranges).
+      for (const uint64_t part_rows : fused_parts(t.name, n_rows)) {
+        for (uint64_t r0 = 0; r0 < part_rows; r0 += rows_per) {
+          const uint64_t bytes = std::min(rows_per, part_rows - r0) * row_bytes;
+          a.add(vk_alloc_size(bytes));
+          largest_upload = std::max(largest_upload, bytes);
+        }
       }
     };
     add_weight(d);
-    if (t.name == "token_embd.weight" && tied && out_dev != emb_dev) add_weight(out_dev);
+    // A tied head is token_embd's rows on the head's device (VulkanBackend::prepare uploads it as the head).
+    if (t.name == "token_embd.weight" && tied && out_dev != DeviceKind::kHost) add_weight(out_dev);
   }
   // A prefaulted mapping is resident whole: the header and the tensors another
   // device holds too (the GPU's copies are uploads; the mapping stays, and is

@@ -100,9 +100,10 @@ int32_t tensor_layer(const std::string& name);
 
 struct Plan {
   // Where the layers run, as `--device` says (core/placement.h): cpu; vulkan
-  // (everything on the GPU); hybrid:N, the embedding and the first N layers
-  // on the GPU, the remaining layers and the output head on the host, as the
-  // engine places them (engine/device_session.h). Resolved for the model
+  // (every layer and the head on the GPU); hybrid:N, the first N layers on
+  // the GPU, the remaining layers and the output head on the host, as the
+  // engine places them (engine/device_session.h). The embedding lookup is the
+  // host's on every placement (cpu::embed_tokens). Resolved for the model
   // (see Placement above); the Vulkan device selector is not used.
   spw::Placement placement = spw::Placement::cpu();
   int32_t n_ctx = 0;         // positions per sequence; 0 = the model's context_length
@@ -270,9 +271,9 @@ struct ScratchTerms {
 // their worst case, a ubatch of m tokens ending at position c. Buffers a stage
 // does not use are 0.
 struct GpuTerms {
-  // embed: io_tokens (m ids), io_hidden and x (m*E floats; forward_layers and
-  // output reuse both).
-  uint64_t io_tokens = 0;
+  // io_hidden and x (m*E floats: forward_layers' and output's input and
+  // residual). The embedding lookup is the host's (cpu::embed_tokens): no
+  // device buffer.
   uint64_t io_hidden = 0;
   uint64_t x = 0;
   // forward_batch: io_rope (2*m*max(n_rot/2, 1) floats), io_blocks (a row

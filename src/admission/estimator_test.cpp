@@ -122,16 +122,21 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     EXPECT_FALSE(e->gpu().used);
     EXPECT_EQ(e->gpu().total(), 0u);
 
-    // GPU: the same bytes, each tensor rounded to 256.
+    // GPU: the same bytes, each tensor rounded to 256, but token_embd's: its
+    // lookup is the host's, so the GPU holds it only as a tied head.
+    const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
+    ASSERT_NE(embd, nullptr);
+    const bool tied = tm.model->output_tied();
     Plan g = c;
     g.placement = Placement::vulkan();
     auto eg = estimate(f, g);
     ASSERT_TRUE(eg.ok());
-    EXPECT_EQ(eg->gpu().weights.bytes, table);
+    EXPECT_EQ(eg->gpu().weights.bytes, tied ? table : table - embd->nbytes) << tm.name;
     uint64_t rounding = 0;
-    for (const auto& t : f.tensors()) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
+    for (const auto& t : f.tensors())
+      if (tied || &t != embd) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
     EXPECT_EQ(eg->gpu().weights.allowance, rounding);
-    EXPECT_EQ(eg->host().weights.bytes, 0u);
+    EXPECT_EQ(eg->host().weights.bytes, embd->nbytes) << tm.name;
     for (const Placement& pl : {Placement::cpu(), Placement::vulkan()}) {
       Plan pf = g;
       pf.placement = pl;
@@ -140,10 +145,11 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
       ASSERT_TRUE(ep.ok());
       const uint64_t mapped = (f.file_size() + 4095) / 4096 * 4096;
       EXPECT_EQ(ep->host().weights.bytes, mapped) << tm.name;
-      EXPECT_EQ(ep->host().mapped_other, pl == Placement::cpu() ? mapped - table : mapped) << tm.name;
+      EXPECT_EQ(ep->host().mapped_other, pl == Placement::cpu() ? mapped - table : mapped - embd->nbytes) << tm.name;
     }
 
-    // Hybrid: split by layer; embedding and first layers on the GPU, head on the host.
+    // Hybrid: split by layer; the first layers on the GPU, the embedding
+    // lookup (as on every placement) and the head on the host.
     const int32_t nl = tm.model->hparams().n_layer;
     for (int32_t ngl = 1; ngl < nl; ++ngl) {
       Plan h = g;
@@ -156,8 +162,7 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
         if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1) {
           (layer < ngl ? gpu : host) += t.nbytes;
         } else if (t.name == "token_embd.weight") {
-          gpu += t.nbytes;
-          if (tm.model->output_tied()) host += t.nbytes;  // the head needs it on the host too
+          host += t.nbytes;  // the lookup, and a tied head, are the host's
         } else {
           host += t.nbytes;  // output, output_norm
         }

@@ -104,7 +104,7 @@ nlohmann::json device_json(const DeviceEstimate& d) {
   } else {
     const auto& g = d.gpu_terms;
     j["scratch_buffers_per_backend"] = {
-        {"io_tokens", g.io_tokens}, {"io_hidden", g.io_hidden}, {"x", g.x},     {"io_rope", g.io_rope},
+        {"io_hidden", g.io_hidden}, {"x", g.x},     {"io_rope", g.io_rope},
         {"io_blocks", g.io_blocks}, {"cur", g.cur},             {"q", g.q},     {"att", g.att},
         {"k", g.k},                 {"v", g.v},                 {"gate", g.gate}, {"up", g.up},
         {"xq", g.xq},               {"xd", g.xd},               {"scores", g.scores}, {"io_logits", g.io_logits},
@@ -291,8 +291,8 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--threads", o->threads, "CPU backend threads");
   sub->add_option("--block-tokens", o->block_tokens, "KV block size in tokens");
   sub->add_option("--device", o->device,
-                  "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] as for serve and generate (embedding and first N "
-                  "layers on Vulkan; hybrid:0 is cpu, N >= the layer count is vulkan); gpu = vulkan (older spelling)");
+                  "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] as for serve and generate (the first N layers "
+                  "on Vulkan; hybrid:0 is cpu, N >= the layer count is vulkan); gpu = vulkan (older spelling)");
   sub->add_option("--kv-type", o->kv_type, "KV cache element type: f16, f32 or q8_0 (CPU only)")->capture_default_str();
   sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");

@@ -29,6 +29,10 @@ Status CpuBackend::prepare(const Model& model, int32_t layer_begin, int32_t laye
 }
 
 Status CpuBackend::embed(const Model& model, std::span<const TokenId> tokens, float* hidden) {
+  return cpu::embed_tokens(model, tokens, hidden);
+}
+
+Status cpu::embed_tokens(const Model& model, std::span<const TokenId> tokens, float* hidden) {
   const auto& hp = model.hparams();
   for (size_t t = 0; t < tokens.size(); ++t) {
     if (tokens[t] < 0 || tokens[t] >= hp.n_vocab) {

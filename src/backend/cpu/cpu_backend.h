@@ -52,4 +52,15 @@ class CpuBackend final : public Backend {
   FaultInjector* faults_ = nullptr;  // not owned; null: none
 };
 
+namespace cpu {
+// The embedding of every backend: hidden[t] = row tokens[t] of token_embd,
+// dequantised on the host from the model's mapping (cpu::dequantize_row).
+// A row gather reads n_embd elements a token, so no device does it better
+// than a copy back would cost; the Vulkan backend calls this too, so the
+// embedding is bitwise the same on every placement and token_embd needs no
+// device copy unless it is also the (tied) output head. InvalidArgument for
+// an id outside [0, n_vocab).
+Status embed_tokens(const Model& model, std::span<const TokenId> tokens, float* hidden);
+}  // namespace cpu
+
 }  // namespace spw

@@ -135,14 +135,14 @@ Result<ModelWeights*> VulkanBackend::Impl::weights(const Model& model) {
   return it->second.get();
 }
 
-Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, bool embedding, bool output) {
+Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, bool output) {
   const auto& hp = model.hparams();
   if (lb < 0 || le > hp.n_layer || lb > le)
     return Status::invalid_argument(name() + ": bad layer range [" + std::to_string(lb) + ", " + std::to_string(le) +
                                     ")");
   SPW_RETURN_IF_ERROR(healthy_or_error());
   // Refuse types without shaders before anything is allocated or uploaded.
-  SPW_RETURN_IF_ERROR(vulkan_check_weight_types(model, lb, le, embedding, output));
+  SPW_RETURN_IF_ERROR(vulkan_check_weight_types(model, lb, le, output));
   auto& slot = models[&model];
   if (slot && slot->fingerprint != model.fingerprint_hash()) slot.reset();  // a different model at the same address
   const bool created = !slot;
@@ -155,7 +155,7 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
   ModelWeights& mw = *slot;
   // All-or-nothing per call: build into temporaries, commit on success.
   std::vector<std::pair<int32_t, DevLayer>> fresh;
-  std::shared_ptr<DevMatrix> embd, out;
+  std::unique_ptr<DevMatrix> out;
   DeviceBuffer out_norm;
   Status st;
   for (int32_t il = lb; st.ok() && il < le; ++il) {
@@ -176,21 +176,11 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
     d.present = true;
     fresh.emplace_back(il, std::move(d));
   }
-  if (st.ok() && embedding && !mw.tok_embd) {
-    if (model.output_tied() && mw.output) {
-      embd = mw.output;
-    } else {
-      embd = std::make_shared<DevMatrix>();
-      st = upload_matrix(model.tok_embd(), mw.owner, *embd);
-    }
-  }
+  // The embedding runs on the host (embed): nothing of it is uploaded. A
+  // tied head is token_embd's rows (Model::output()).
   if (st.ok() && output && !mw.output) {
-    if (model.output_tied() && (embd || mw.tok_embd)) {
-      out = embd ? embd : mw.tok_embd;
-    } else {
-      out = std::make_shared<DevMatrix>();
-      st = upload_matrix(model.output(), mw.owner, *out);
-    }
+    out = std::make_unique<DevMatrix>();
+    st = upload_matrix(model.output(), mw.owner, *out);
     if (st.ok()) st = upload_vector(model.output_norm(), mw.owner, out_norm);
   }
   staging.reset();  // bounded, but not kept between prepares
@@ -199,9 +189,8 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
     return st;
   }
   for (auto& [il, d] : fresh) mw.layers[static_cast<size_t>(il)] = std::move(d);
-  if (embd) mw.tok_embd = embd;
   if (out) {
-    mw.output = out;
+    mw.output = std::move(out);
     mw.output_norm = std::move(out_norm);
   }
   return Status();
@@ -260,7 +249,7 @@ void VulkanBackend::release_model(const Model& model) {
 
 Status VulkanBackend::prepare(const Model& model, int32_t lb, int32_t le, bool embedding, bool output) {
   std::lock_guard<TimedMutex> lk(impl_->mu);
-  return impl_->prepare(model, lb, le, embedding, output);
+  return impl_->prepare(model, lb, le, output);  // the embedding is the host's (embed)
 }
 
 Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOptions& o, const std::string& owner) {

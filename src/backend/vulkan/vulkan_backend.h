@@ -4,8 +4,10 @@
 // instance and one physical device (chosen by index or name substring), a
 // compute queue and the DeviceAllocator through which every byte of device
 // memory goes (budget, accounting by category and owner, peaks). prepare()
-// uploads the weights of the asked layers (and embedding / output head) once
-// per model, through a staging buffer; sessions of the same model share them.
+// uploads the weights of the asked layers (and output head) once per model,
+// through a staging buffer; sessions of the same model share them. The
+// embedding lookup runs on the host (embed(): cpu::embed_tokens), so
+// token_embd is uploaded only as a tied output head.
 // Tensors larger than one buffer may hold (maxStorageBufferRange, 128 MiB on
 // lavapipe, or options.max_buffer_bytes) are split by rows over several
 // buffers (options.max_buffer_bytes can lower this for weights). K/V live in device memory: make pools with create_kv_pool() (the
@@ -20,7 +22,7 @@
 // 32-element unit and the CPU's float steps (backend/cpu/quant_dot.h;
 // shaders/matmul.comp says where the order differs). Types without shaders
 // (those the CPU does not compute either, e.g. Q2_K, Q3_K, BF16): prepare()
-// refuses a model whose asked layers / embedding / head hold one, before
+// refuses a model whose asked layers / head hold one, before
 // uploading anything, with Unimplemented naming the tensor and its type
 // (vulkan_check_weight_types); the gateway builder asks the same of the file
 // and leaves the GPU paths unbuilt.
@@ -70,10 +72,9 @@ bool vulkan_computes_weight_type(gguf::GgmlType t);  // t is in kVulkanWeightTyp
 // OK, or Unimplemented naming the matrix and its type.
 Status vulkan_check_weight_type(const WeightMatrix& w);
 // OK, or Unimplemented naming the first matrix whose type the shaders do not
-// compute: of layers [layer_begin, layer_end) and, when asked, token_embd /
-// the output head (what prepare() would upload) ...
-Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool embedding,
-                                 bool output);
+// compute: of layers [layer_begin, layer_end) and, when asked, the output
+// head (what prepare() would upload) ...
+Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool output);
 // ... or of every 2-D tensor of a file (planners that have no Model yet).
 Status vulkan_check_weight_types(const gguf::GgufFile& f);
 

@@ -77,26 +77,23 @@ struct ModelWeights {
   uint64_t fingerprint = 0;
   std::string owner;
   std::vector<DevLayer> layers;
-  std::shared_ptr<DevMatrix> tok_embd;
-  std::shared_ptr<DevMatrix> output;  // == tok_embd when tied and both are present
+  std::unique_ptr<DevMatrix> output;  // token_embd's rows when the head is tied
   DeviceBuffer output_norm;
 };
 
 struct Scratch {
-  DeviceBuffer io_hidden, io_rope, io_blocks, io_tokens, io_logits;  // host-visible
+  DeviceBuffer io_hidden, io_rope, io_blocks, io_logits;  // host-visible
   DeviceBuffer x, cur, q, k, v, att, gate, up, xq, xd, scores;       // device-local
 };
 
 // The float64 variant where the device has float64 and the type one.
 const char* matmul_shader(gguf::GgmlType t, bool f64);
-const char* embed_shader(gguf::GgmlType t);
 
 }  // namespace vulkan_internal
 
 using vulkan_internal::DevChunk;
 using vulkan_internal::DevLayer;
 using vulkan_internal::DevMatrix;
-using vulkan_internal::embed_shader;
 using vulkan_internal::kMaxBindings;
 using vulkan_internal::kMatmulTokenTile;
 using vulkan_internal::kMaxGroups;
@@ -194,7 +191,7 @@ struct VulkanBackend::Impl {
   Status upload(DeviceBuffer& dst, const void* src, uint64_t bytes);
   Status upload_matrix(const WeightMatrix& w, const std::string& owner, DevMatrix& out);
   Status upload_vector(const std::vector<float>& v, const std::string& owner, DeviceBuffer& out);
-  Status prepare(const Model& model, int32_t lb, int32_t le, bool embedding, bool output);
+  Status prepare(const Model& model, int32_t lb, int32_t le, bool output);
   Result<ModelWeights*> weights(const Model& model);
 };
 

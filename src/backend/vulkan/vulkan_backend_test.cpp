@@ -638,9 +638,9 @@ TEST(VulkanModel, GreedyTokensAgreeCpuVulkanHybrid) {
 
 // The device work of a decode step on the device alone: counted (queue
 // submissions, each a host round trip, and dispatches), the same for every
-// step, one matmul dispatch at least per weight matrix, and a bounded number
-// of submissions: the embedding, the layers and the head each record into a
-// command buffer of their own today (issue 36 asks for at most 2).
+// step, one matmul dispatch at least per weight matrix, and at most two
+// submissions (issue 36): the layers and the head each record into a command
+// buffer of their own; the embedding is the host's (cpu::embed_tokens).
 TEST(VulkanModel, DecodeStepWorkIsCountedAndSteady) {
   VK_OR_SKIP(b);
   auto m = testing::stories();
@@ -659,7 +659,7 @@ TEST(VulkanModel, DecodeStepWorkIsCountedAndSteady) {
   EXPECT_EQ(d1.submissions, d2.submissions);
   EXPECT_EQ(d1.dispatches, d2.dispatches);
   EXPECT_GE(d1.submissions, 1u);
-  EXPECT_LE(d1.submissions, 3u);
+  EXPECT_LE(d1.submissions, 2u);
   EXPECT_GE(d1.dispatches, static_cast<uint64_t>(7 * m->hparams().n_layer + 1));
 }
 
@@ -776,10 +776,13 @@ TEST(VulkanMemory, AccountsByCategoryAndOwnerWithPeaks) {
     ASSERT_TRUE(s->eval(some_tokens(10, 512)).ok());
     auto st = b->memory_stats();
     const auto cat = [&](MemoryCategory c) { return st.used_by_category[static_cast<int>(c)]; };
-    // Weights: at least every tensor's bytes.
+    // Weights: at least every tensor's bytes but token_embd's, whose lookup
+    // is the host's (stories260K's head is its own output.weight).
+    ASSERT_FALSE(m->output_tied());
     uint64_t model_bytes = 0;
     for (const auto& [t, bytes] : m->bytes_by_type()) model_bytes += bytes;
-    EXPECT_GE(cat(MemoryCategory::kWeights), model_bytes);
+    EXPECT_GE(cat(MemoryCategory::kWeights), model_bytes - m->tok_embd().nbytes());
+    EXPECT_LT(cat(MemoryCategory::kWeights), model_bytes);
     EXPECT_GE(cat(MemoryCategory::kKv), 2u * 5 * 2 * 16 * m->hparams().n_embd_kv() * 4);
     EXPECT_GT(cat(MemoryCategory::kScratch), 0u);
     EXPECT_EQ(cat(MemoryCategory::kStaging), 0u);  // freed after upload
@@ -928,7 +931,7 @@ TEST(VulkanModel, RefusesTypesWithoutShadersNamingTensorAndType) {
   auto mix = testing::random_model(low_bit_spec(gguf::GgmlType::kF32, modelgen::RandomLlamaMix::kQ4_K_M));
   ASSERT_NE(mix, nullptr);
   EXPECT_TRUE(vulkan_check_weight_types(mix->file()).ok());
-  EXPECT_TRUE(vulkan_check_weight_types(*mix, 0, mix->hparams().n_layer, true, true).ok());
+  EXPECT_TRUE(vulkan_check_weight_types(*mix, 0, mix->hparams().n_layer, true).ok());
 }
 
 TEST(VulkanSession, RejectsMismatchedKvStorage) {

@@ -1,6 +1,6 @@
-// The forward pass on the device: the embedding lookup (embed), the layers
-// (forward_layers / forward_batch, recorded step by step by BatchPass) and
-// the output head (output).
+// The forward pass: the embedding lookup (embed, on the host: cpu::embed_tokens),
+// the layers on the device (forward_layers / forward_batch, recorded step by
+// step by BatchPass) and the output head (output).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,44 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernel_variant.h"
 #include "backend/cpu/kernels.h"
 #include "backend/vulkan/vulkan_backend_internal.h"
 
 namespace spw {
 
+// A row gather on the host (cpu_backend.h): the hidden states go to the device
+// with the layers' inputs anyway, so an embedding pass on it was one more
+// submission and host round trip per step, and a device copy of token_embd
+// that only a tied head needs.
 Status VulkanBackend::embed(const Model& model, std::span<const TokenId> tokens, float* hidden) {
-  std::lock_guard<TimedMutex> lk(impl_->mu);
-  Impl& im = *impl_;
-  const auto& hp = model.hparams();
-  for (TokenId t : tokens)
-    if (t < 0 || t >= hp.n_vocab)
-      return Status::invalid_argument("token id " + std::to_string(t) + " out of range [0, " +
-                                      std::to_string(hp.n_vocab) + ")");
-  if (tokens.empty()) return Status();
-  SPW_RETURN_IF_ERROR(im.healthy_or_error());
-  SPW_ASSIGN_OR_RETURN(ModelWeights * mw, im.weights(model));
-  if (!mw->tok_embd) return Status::failed_precondition("embedding not prepared on " + im.name());
-  const uint64_t n = tokens.size();
-  const uint64_t hbytes = n * static_cast<uint64_t>(hp.n_embd) * sizeof(float);
-  Scratch& s = im.scratch;
-  SPW_RETURN_IF_ERROR(im.ensure(s.io_tokens, n * sizeof(int32_t), true));
-  SPW_RETURN_IF_ERROR(im.ensure(s.io_hidden, hbytes, true));
-  SPW_RETURN_IF_ERROR(im.ensure(s.x, hbytes, false));
-  std::memcpy(s.io_tokens.mapped(), tokens.data(), n * sizeof(int32_t));
-  Impl::Recorder rec(im);
-  const DevMatrix& m = *mw->tok_embd;
-  for (const DevChunk& c : m.chunks) {
-    const uint32_t pc[4] = {static_cast<uint32_t>(m.n_cols), static_cast<uint32_t>(c.n_rows),
-                            static_cast<uint32_t>(c.row0), static_cast<uint32_t>(m.row_bytes)};
-    rec.dispatch(embed_shader(m.type), {c.buf.buffer(), s.io_tokens.buffer(), s.x.buffer()}, pc, sizeof pc,
-                 static_cast<uint32_t>(n));
-  }
-  rec.barrier();
-  rec.copy(s.x.buffer(), s.io_hidden.buffer(), hbytes);
-  SPW_RETURN_IF_ERROR(rec.finish());
-  std::memcpy(hidden, s.io_hidden.mapped(), hbytes);
-  return Status();
+  return cpu::embed_tokens(model, tokens, hidden);
 }
 
 namespace {
@@ -122,15 +97,17 @@ void BatchPass::build_rows() {
 
 Status BatchPass::bind(int32_t layer_begin, int32_t layer_end) {
   SPW_RETURN_IF_ERROR(im.healthy_or_error());
+  // The weights first: after a reinitialize both are gone, and "prepare the
+  // model" is the step to take before a new pool helps.
+  SPW_ASSIGN_OR_RETURN(mw, im.weights(model));
+  for (int32_t il = layer_begin; il < layer_end; ++il)
+    if (!mw->layers[static_cast<size_t>(il)].present)
+      return Status::failed_precondition("layer " + std::to_string(il) + " not prepared on " + im.name());
   kvs = dynamic_cast<VulkanKvStorage*>(pool->device_storage());
   if (kvs == nullptr || kvs->ctx != im.ctx)
     return Status::invalid_argument("forward_layers: KV pool is not in " + im.name() +
                                     " memory (make it with create_kv_pool, after the last reinitialize)");
   kv_f16 = kvs->type == KvType::kF16;
-  SPW_ASSIGN_OR_RETURN(mw, im.weights(model));
-  for (int32_t il = layer_begin; il < layer_end; ++il)
-    if (!mw->layers[static_cast<size_t>(il)].present)
-      return Status::failed_precondition("layer " + std::to_string(il) + " not prepared on " + im.name());
   return Status();
 }
 

@@ -16,30 +16,30 @@ bool find(const char* name, const uint32_t** words, size_t* n_words);  // genera
 
 namespace {
 
-// The weight types with shaders, and their shader-name suffix (one matmul and
-// one embed variant each: CMakeLists.txt, shaders/weights.glsl). The K types
-// also have a float64 matmul, bitwise the CPU's (matmul.comp's fma_rn).
+// The weight types with shaders, and their matmul variant (one each:
+// CMakeLists.txt, shaders/weights.glsl). The K types also have a float64
+// matmul, bitwise the CPU's (matmul.comp's fma_rn). (The embedding lookup is
+// the host's: cpu::embed_tokens.)
 struct TypeShaders {
   gguf::GgmlType type;
   const char* matmul;
-  const char* embed;
   const char* matmul_f64 = nullptr;
 };
 constexpr TypeShaders kTypeShaders[] = {
-    {gguf::GgmlType::kF32, "matmul_f32", "embed_f32"},
-    {gguf::GgmlType::kF16, "matmul_f16", "embed_f16"},
-    {gguf::GgmlType::kQ8_0, "matmul_q8_0", "embed_q8_0"},
-    {gguf::GgmlType::kQ4_0, "matmul_q4_0", "embed_q4_0"},
-    {gguf::GgmlType::kQ4_1, "matmul_q4_1", "embed_q4_1"},
-    {gguf::GgmlType::kQ5_0, "matmul_q5_0", "embed_q5_0"},
-    {gguf::GgmlType::kQ5_1, "matmul_q5_1", "embed_q5_1"},
-    {gguf::GgmlType::kQ4_K, "matmul_q4_k", "embed_q4_k", "matmul_q4_k_f64"},
-    {gguf::GgmlType::kQ5_K, "matmul_q5_k", "embed_q5_k", "matmul_q5_k_f64"},
-    {gguf::GgmlType::kQ6_K, "matmul_q6_k", "embed_q6_k", "matmul_q6_k_f64"},
+    {gguf::GgmlType::kF32, "matmul_f32"},
+    {gguf::GgmlType::kF16, "matmul_f16"},
+    {gguf::GgmlType::kQ8_0, "matmul_q8_0"},
+    {gguf::GgmlType::kQ4_0, "matmul_q4_0"},
+    {gguf::GgmlType::kQ4_1, "matmul_q4_1"},
+    {gguf::GgmlType::kQ5_0, "matmul_q5_0"},
+    {gguf::GgmlType::kQ5_1, "matmul_q5_1"},
+    {gguf::GgmlType::kQ4_K, "matmul_q4_k", "matmul_q4_k_f64"},
+    {gguf::GgmlType::kQ5_K, "matmul_q5_k", "matmul_q5_k_f64"},
+    {gguf::GgmlType::kQ6_K, "matmul_q6_k", "matmul_q6_k_f64"},
 };
-static_assert(std::size(kTypeShaders) == std::size(kVulkanWeightTypes), "a shader pair per computed type");
+static_assert(std::size(kTypeShaders) == std::size(kVulkanWeightTypes), "a matmul shader per computed type");
 
-// Bindings per shader; matmul_* take 4 (weights, codes/x, scales, y), embed_* 3.
+// Bindings per shader; matmul_* take 4 (weights, codes/x, scales, y).
 uint32_t shader_bindings(const char* name) {
   static const std::map<std::string, uint32_t> fixed = {{"quantize_q8_0", 3}, {"quantize_q8_0_f64", 3},
                                                         {"quantize_q8_1", 3}, {"quantize_q8_1_f64", 3},
@@ -56,7 +56,6 @@ uint32_t shader_bindings(const char* name) {
   for (const TypeShaders& t : kTypeShaders) {
     if (std::strcmp(t.matmul, name) == 0) return 4;
     if (t.matmul_f64 != nullptr && std::strcmp(t.matmul_f64, name) == 0) return 4;
-    if (std::strcmp(t.embed, name) == 0) return 3;
   }
   return 0;
 }
@@ -87,7 +86,6 @@ const char* matmul_shader(gguf::GgmlType t, bool f64) {
   const TypeShaders& ts = type_shaders(t);
   return f64 && ts.matmul_f64 != nullptr ? ts.matmul_f64 : ts.matmul;
 }
-const char* embed_shader(gguf::GgmlType t) { return type_shaders(t).embed; }
 
 }  // namespace vulkan_internal
 

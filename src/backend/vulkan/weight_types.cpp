@@ -25,10 +25,8 @@ Status vulkan_check_weight_type(const WeightMatrix& w) {
   return refuse(w.name != nullptr ? *w.name : std::string("?"), static_cast<uint32_t>(w.type));
 }
 
-Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool embedding,
-                                 bool output) {
+Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool output) {
   const auto check = vulkan_check_weight_type;
-  if (embedding) SPW_RETURN_IF_ERROR(check(m.tok_embd()));
   for (int32_t il = layer_begin; il < layer_end && il < m.hparams().n_layer; ++il) {
     const LlamaLayerWeights& L = m.layer(il);
     for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
