@@ -648,6 +648,23 @@ void run_block(const WeightMatrix& w, const PreparedX& px, int64_t r0, int64_t r
         if (nt == kTokGroup) dot_q8_0_n<kTokGroup>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
         else dot_q8_0_n<1>(wr, &px.qrows[ti], &px.drows[ti], px.nb, out);
       };
+#if defined(SPW_AVX2) && defined(SPW_FMA) && !defined(SPW_Q8_0_X16)
+      // One token (decode's matvec) on AVX2: two rows at a time, each with
+      // dot_q8_0_n<1>'s operations (dot_q8_0_rows). Row by row, one chain of
+      // dependent FMAs per row, trailed llama.cpp's decode by 4% at one
+      // thread on an Intel Xeon; two rows gained 6-7% (110M, 1 and 2
+      // threads), four lost 4-8% (PERFORMANCE.md).
+      if (!gemm && t1 - t0 == 1) {
+        const auto ti = static_cast<size_t>(t0);
+        int64_t r = r0;
+        for (; r + 2 <= r1; r += 2) {
+          const BlockQ8_0* wr[2];
+          for (int i = 0; i < 2; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(row(r + i));
+          dot_q8_0_rows<2>(wr, px.qrows[ti], px.drows[ti], px.nb, y + t0 * n_rows + r);
+        }
+        return matmul_rows(r, r1, t0, t1, n_rows, y, dot);
+      }
+#endif
       if (!gemm) return matmul_rows(r0, r1, t0, t1, n_rows, y, dot);
       gemm_block<kFloatTileRows, kTokGroup>(r0, r1, t0, t1, n_rows, y, [&](int64_t r, int64_t t, float* yt) {
         rows_tile<kFloatTileRows, kTokGroup>(r, t, yt, n_rows, dot);

@@ -142,6 +142,29 @@ static void dot_q8_0_n(const BlockQ8_0* w, const BlockQ8_0* const* x, const floa
 #endif
 }
 
+#if defined(SPW_AVX2) && defined(SPW_FMA) && !defined(SPW_Q8_0_X16)
+// R weight rows against one activation row, each row's operations exactly
+// dot_q8_0_n<1>'s (its lane-order accumulator, the same products in block
+// order), so a row's result does not depend on the rows beside it. A decode
+// matvec gets R independent FMA chains and R weight streams in flight, and
+// loads each activation block once for the R rows.
+template <int R>
+static void dot_q8_0_rows(const BlockQ8_0* const* w, const BlockQ8_0* x, const float* xd, int64_t nb, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const float dx = xd[b];
+    for (int r = 0; r < R; ++r) {
+      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r][b].qs));
+      const __m256i s32 = dot_u8s8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(w[r][b].d) * dx), _mm256_cvtepi32_ps(s32), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum256(acc[r]);
+}
+#endif
+
 // Loads of F32 values, or of F16 values converted to F32 (exact): what lets
 // one kernel read F32 rows and an F16 KV cache's rows in place.
 static inline float scalar_w(const float* p) { return *p; }
