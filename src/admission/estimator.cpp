@@ -463,17 +463,10 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
   const DeviceKind out_dev = est.stages.back().device;
   const bool tied = f.find_tensor("output.weight") == nullptr;
   uint64_t largest_upload = 0;  // the GPU staging buffer's size rule
-  // The rows of each part the model binds a tensor as: phi3's attn_qkv (Q,
-  // K, V) and gate+up ffn_up (model/arch.h), else the tensor whole.
-  const ArchSpec* arch = find_arch(hp.arch);
-  auto fused_parts = [&](const std::string& name, uint64_t n_rows) -> std::vector<uint64_t> {
-    const auto q = static_cast<uint64_t>(hp.n_embd_q()), kv = static_cast<uint64_t>(hp.n_embd_kv());
-    const auto ff = static_cast<uint64_t>(hp.n_ff);
-    if (arch != nullptr && arch->fused_qkv && name.ends_with(".attn_qkv.weight") && n_rows == q + 2 * kv)
-      return {q, kv, kv};
-    if (arch != nullptr && arch->fused_gate_up && name.ends_with(".ffn_up.weight") && n_rows == 2 * ff)
-      return {ff, ff};
-    return {n_rows};
+  // The rows of each part the model binds a tensor as (model/arch.h).
+  const ArchSpec& arch = *find_arch(hp.arch);  // read_llama_hparams refused any other
+  auto parts_of = [&](const gguf::TensorInfo& t) {
+    return fused_parts(arch, hp, t.name, static_cast<int64_t>(std::max<uint64_t>(t.ne[1], 1)));
   };
 
   // Weights: exact tensor bytes. Host weights are used in place from the
@@ -489,9 +482,11 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
     DeviceKind d;
     const int32_t l = tensor_layer(t.name);
     if (l >= 0 && l < hp.n_layer) d = device_of_layer(l);
-    else if (t.name == "token_embd.weight") d = DeviceKind::kHost;  // the lookup is the host's on every placement
     else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;
-    else d = DeviceKind::kHost;  // rope_freqs.weight & co.: the Vulkan backend uploads no others
+    // token_embd (the lookup is the host's on every placement; a tied head
+    // adds its copy below), rope_freqs.weight & co.: the Vulkan backend
+    // uploads no others.
+    else d = DeviceKind::kHost;
     auto add_weight = [&](DeviceKind dev) {
       Acc& a = weights[static_cast<int>(dev)];
       if (dev != DeviceKind::kGpu) {
@@ -503,12 +498,11 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
         // Packed part by part (a fused tensor's parts are matrices of their own).
         const auto cols = static_cast<int64_t>(t.ne[0]);
         const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(t.ne[1], 1);
-        for (const uint64_t part_rows : fused_parts(t.name, t.ne[1])) {
-          const auto rows = static_cast<int64_t>(part_rows);
+        for (const int64_t rows : parts_of(t)) {
           const WeightLayout packed = packed_layout(static_cast<gguf::GgmlType>(t.type), rows);
           if (packed == WeightLayout::kGguf) continue;
           ++host_packed;
-          const uint64_t bytes = part_rows * row_bytes;
+          const uint64_t bytes = static_cast<uint64_t>(rows) * row_bytes;
           host_packed_extra += layout_bytes(packed, rows, cols, bytes) - bytes;  // Q4_K's unpacked scales
         }
         return;
@@ -525,7 +519,8 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
       const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(n_rows, 1);
       const uint64_t rows_per = std::max<uint64_t>(1, weight_chunk / std::max<uint64_t>(row_bytes, 1));
       // A fused tensor is uploaded part by part (model.h: its row ranges).
-      for (const uint64_t part_rows : fused_parts(t.name, n_rows)) {
+      for (const int64_t part : parts_of(t)) {
+        const auto part_rows = static_cast<uint64_t>(part);
         for (uint64_t r0 = 0; r0 < part_rows; r0 += rows_per) {
           const uint64_t bytes = std::min(rows_per, part_rows - r0) * row_bytes;
           a.add(vk_alloc_size(bytes));

@@ -2,6 +2,7 @@
 #include "model/arch.h"
 
 #include <array>
+#include <vector>
 
 namespace spw {
 namespace {
@@ -20,6 +21,14 @@ const ArchSpec* find_arch(std::string_view name) {
     if (a.name == name) return &a;
   }
   return nullptr;
+}
+
+std::vector<int64_t> fused_parts(const ArchSpec& arch, const LlamaHparams& hp, std::string_view name,
+                                 int64_t n_rows) {
+  const int64_t q = hp.n_embd_q(), kv = hp.n_embd_kv(), ff = hp.n_ff;
+  if (arch.fused_qkv && name.ends_with(".attn_qkv.weight") && n_rows == q + 2 * kv) return {q, kv, kv};
+  if (arch.fused_gate_up && name.ends_with(".ffn_up.weight") && n_rows == 2 * ff) return {ff, ff};
+  return {n_rows};
 }
 
 std::string supported_arch_names() {

@@ -24,8 +24,10 @@
 // Thread safety: immutable data.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "model/hparams.h"
 
@@ -42,5 +44,14 @@ struct ArchSpec {
 
 const ArchSpec* find_arch(std::string_view name);
 std::string supported_arch_names();
+
+// The rows of each part a tensor named `name` with `n_rows` rows is bound as,
+// in order: a fused tensor's parts (attn_qkv: Q, K, V; a fused_gate_up
+// ffn_up: gate, up), else the tensor whole ({n_rows}, also for a fused
+// tensor whose rows do not add up, which the model refuses by its shape).
+// One rule for the model's binding (row ranges) and the estimator (a part's
+// upload and packing).
+std::vector<int64_t> fused_parts(const ArchSpec& arch, const LlamaHparams& hp, std::string_view name,
+                                 int64_t n_rows);
 
 }  // namespace spw

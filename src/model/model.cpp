@@ -4,9 +4,12 @@
 #include "gguf/fp16.h"
 #include "model/arch.h"
 
+#include <cassert>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace spw {
 
@@ -128,14 +131,22 @@ struct TensorBinder {
   }
 };
 
-// Rows [first, first + n) of `w`: a fused tensor's part (phi3's attn_qkv,
-// its gate and up in ffn_up). Rows never share a block, so the range is a
-// matrix of its own in the file's layout; it keeps the tensor's name.
-WeightMatrix row_range(const WeightMatrix& w, int64_t first, int64_t n) {
-  WeightMatrix r = w;
-  r.data = w.data + static_cast<size_t>(first) * w.row_bytes;
-  r.n_rows = n;
-  return r;
+// `parts` as consecutive row ranges of the fused tensor `w` (phi3's
+// attn_qkv, its gate and up in ffn_up), their rows as arch.h's fused_parts
+// gives them. Rows never share a block, so each range is a matrix of its own
+// in the file's layout; it keeps the tensor's name.
+void bind_parts(const ArchSpec& arch, const LlamaHparams& hp, const WeightMatrix& w,
+                std::initializer_list<WeightMatrix*> parts) {
+  const std::vector<int64_t> rows = fused_parts(arch, hp, *w.name, w.n_rows);
+  assert(rows.size() == parts.size());
+  int64_t first = 0;
+  size_t i = 0;
+  for (WeightMatrix* part : parts) {
+    *part = w;
+    part->data = w.data + static_cast<size_t>(first) * w.row_bytes;
+    part->n_rows = rows[i];
+    first += rows[i++];
+  }
 }
 
 // The file part of the fingerprint (see header): metadata, tensor table,
@@ -206,9 +217,7 @@ Status Model::bind() {
     if (spec->fused_qkv && f.find_tensor(p + "attn_qkv.weight") != nullptr) {
       WeightMatrix qkv;
       SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_qkv.weight", E, Q + 2 * KV, qkv));
-      L.wq = row_range(qkv, 0, static_cast<int64_t>(Q));
-      L.wk = row_range(qkv, static_cast<int64_t>(Q), static_cast<int64_t>(KV));
-      L.wv = row_range(qkv, static_cast<int64_t>(Q + KV), static_cast<int64_t>(KV));
+      bind_parts(*spec, hp_, qkv, {&L.wq, &L.wk, &L.wv});
     } else {
       SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_q.weight", E, Q, L.wq));
       SPW_RETURN_IF_ERROR(binder.matrix(p + "attn_k.weight", E, KV, L.wk));
@@ -228,8 +237,7 @@ Status Model::bind() {
     if (spec->fused_gate_up) {
       WeightMatrix gate_up;
       SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up.weight", E, 2 * FF, gate_up));
-      L.w_gate = row_range(gate_up, 0, static_cast<int64_t>(FF));
-      L.w_up = row_range(gate_up, static_cast<int64_t>(FF), static_cast<int64_t>(FF));
+      bind_parts(*spec, hp_, gate_up, {&L.w_gate, &L.w_up});
     } else {
       SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_gate.weight", E, FF, L.w_gate));
       SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up.weight", E, FF, L.w_up));
