@@ -102,6 +102,8 @@ struct Case {
 
 struct Preset {
   uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff;
+  const char* arch = "llama";
+  uint32_t n_expert = 0, n_expert_used = 0;  // a mixture of experts (n_ff: each expert's)
 };
 
 // The shapes of spillway-gen-model's presets (tools/gen_model.cpp).
@@ -110,6 +112,9 @@ const std::map<std::string, Preset>& presets() {
       {"15m", {288, 6, 6, 6, 768}},
       {"110m", {768, 12, 12, 12, 2048}},
       {"500m", {1280, 24, 20, 4, 3584}},
+      // A Qwen3-MoE shape in small: 16 experts, 2 used per token (the
+      // router, experts and routing scratch on the host on every placement).
+      {"moe", {256, 4, 4, 2, 256, "qwen3moe", 16, 2}},
   };
   return k;
 }
@@ -121,7 +126,8 @@ std::vector<ModelDef> model_defs() {
           {"110m-q8_0", "110m", T::kQ8_0}, {"500m-f16", "500m", T::kF16}, {"500m-q8_0", "500m", T::kQ8_0},
           // The low-bit types: a legacy one (15m's 288-wide rows hold 32-blocks,
           // not 256-element super-blocks) and the common Q4_K_M mix.
-          {"15m-q4_0", "15m", T::kQ4_0},   {"110m-q4_k_m", "110m", T::kF32, modelgen::RandomLlamaMix::kQ4_K_M}};
+          {"15m-q4_0", "15m", T::kQ4_0},   {"110m-q4_k_m", "110m", T::kF32, modelgen::RandomLlamaMix::kQ4_K_M},
+          {"moe-q8_0", "moe", T::kQ8_0}};
 }
 
 std::vector<Case> matrix(const std::string& which) {
@@ -172,6 +178,11 @@ std::vector<Case> matrix(const std::string& which) {
       {"15m-q8_0", "cpu", 1024, 32, 1, 2, 16, "f16"},  // head_dim 48: no q8_0
       {"110m-q8_0", "vulkan", 32, 8, 1, 1, 16, "f16"},
       {"15m-f16", "hybrid:3", 128, 16, 1, 1, 16, "f16"},
+      // A mixture of experts: on the CPU, and on the device with its experts
+      // on the host (all layers, and a split).
+      {"moe-q8_0", "cpu", 512, 64, 1, 2, 16},
+      {"moe-q8_0", "vulkan", 128, 32, 1, 2, 16},
+      {"moe-q8_0", "hybrid:2", 128, 16, 2, 1, 16},
   };
   full.insert(full.end(), more.begin(), more.end());
   return full;
@@ -414,6 +425,9 @@ Status ensure_model(const ModelDef& d, const std::string& dir, const std::string
   s.n_head = p.n_head;
   s.n_head_kv = p.n_head_kv;
   s.n_ff = p.n_ff;
+  s.arch = p.arch;
+  s.n_expert = p.n_expert;
+  s.n_expert_used = p.n_expert_used;
   s.n_ctx = 2048;
   s.type = d.type;
   s.mix = d.mix;

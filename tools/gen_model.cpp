@@ -84,7 +84,9 @@ int main(int argc, char** argv) {
   auto* o_kv_heads = app.add_option("--kv-heads", kv_heads, "n_head_kv");
   auto* o_ffn = app.add_option("--ffn", ffn, "n_ff");
   auto* o_arch = app.add_option("--arch", arch, "llama | qwen2 (Q/K/V biases, NeoX RoPE) | qwen3 (Q/K norms, NeoX RoPE) | "
-                                "phi3 (fused attn_qkv and gate+up ffn_up, NeoX RoPE)")
+                                "phi3 (fused attn_qkv and gate+up ffn_up, NeoX RoPE) | qwen2moe (qwen2 with "
+                                "experts and a shared expert) | qwen3moe (qwen3 with experts); llama with "
+                                "--experts is Mixtral")
                      ->check(CLI::Validator(
                          [](std::string& a) {
                            return spw::find_arch(a) ? std::string() : "not one of " + spw::supported_arch_names();
@@ -96,6 +98,13 @@ int main(int argc, char** argv) {
                                      "rope.dimension_count (default the head size; smaller: partial RoPE, as "
                                      "Phi-4-mini's 96 of 128)");
   app.add_option("--ctx", ctx, "context length")->capture_default_str();
+  uint32_t experts = 0, experts_used = 0, expert_ff = 0, shared_ff = 0;
+  auto* o_experts = app.add_option("--experts", experts,
+                                   "a mixture of experts: expert_count (qwen2moe and qwen3moe need it; llama with "
+                                   "it is Mixtral)");
+  auto* o_experts_used = app.add_option("--experts-used", experts_used, "experts each token uses (default 2)");
+  auto* o_expert_ff = app.add_option("--expert-ffn", expert_ff, "one expert's FFN width (default --ffn)");
+  auto* o_shared_ff = app.add_option("--shared-ffn", shared_ff, "qwen2moe's shared expert's FFN width (default --ffn)");
   const std::map<std::string, GgmlType> types = {
       {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"q8_0", GgmlType::kQ8_0}, {"q4_0", GgmlType::kQ4_0},
       {"q4_1", GgmlType::kQ4_1}, {"q5_0", GgmlType::kQ5_0}, {"q5_1", GgmlType::kQ5_1}, {"q4_k", GgmlType::kQ4_K},
@@ -124,7 +133,7 @@ int main(int argc, char** argv) {
                  "every position < --ctx")
       ->check(CLI::Range(1u, 1u << 30))
       ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_mix, o_seed, o_tied, o_arch,
-                 o_head_dim, o_rope_dims);
+                 o_head_dim, o_rope_dims, o_experts, o_experts_used, o_expert_ff, o_shared_ff);
   app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
   app.add_option("--rope-freq-base", rope_base)->capture_default_str();
   app.add_option("--rms-eps", rms_eps)->capture_default_str();
@@ -169,6 +178,10 @@ int main(int argc, char** argv) {
   spec.rms_eps = rms_eps;
   spec.vocab_path = vocab;
   spec.pooling_type = pooling == "mean" ? 1 : pooling == "cls" ? 2 : pooling == "last" ? 3 : 0;
+  spec.n_expert = experts;
+  spec.n_expert_used = experts_used;
+  spec.n_ff_exp = expert_ff;
+  spec.n_ff_shexp = shared_ff;
 
   spw::modelgen::RandomLlamaStats stats;
   auto plan = spw::modelgen::random_llama_writer(env, spec, &stats);
@@ -179,6 +192,9 @@ int main(int argc, char** argv) {
   std::printf("model: %s, n_embd %u, n_layer %u, n_head %u, n_head_kv %u, n_ff %u, n_ctx %u, n_vocab %u, %s%s\n",
               spec.arch.c_str(), spec.n_embd, spec.n_layer, spec.n_head, spec.n_head_kv, spec.n_ff, spec.n_ctx,
               stats.n_vocab, mix.empty() ? type.c_str() : mix.c_str(), tied ? ", tied output" : "");
+  if (spec.n_expert > 0)
+    std::printf("experts: %u, %u used per token, expert n_ff %u\n", spec.n_expert,
+                spec.n_expert_used > 0 ? spec.n_expert_used : 2, spec.n_ff_exp > 0 ? spec.n_ff_exp : spec.n_ff);
   std::printf("parameters: %llu (%.1f M)\n", static_cast<unsigned long long>(stats.n_params),
               static_cast<double>(stats.n_params) / 1e6);
   const auto t0 = std::chrono::steady_clock::now();

@@ -110,10 +110,12 @@ void overhead_model_heap(const gguf::GgufFile& f, const LlamaHparams& hp, Acc& a
   }
   acc.add(tok);
   // The vectors the model copies to F32: norms (attn, ffn, output, Qwen3's
-  // per-head Q/K), Qwen2's Q/K/V biases, Llama 3's RoPE frequency factors.
+  // per-head Q/K), Qwen2's Q/K/V biases, Llama 3's RoPE frequency factors,
+  // Qwen2-MoE's shared-expert gate.
   for (const auto& t : f.tensors()) {
     const std::string_view name = t.name;
-    if (t.n_dims == 1 && (name.ends_with("_norm.weight") || name.ends_with(".bias") || name == "rope_freqs.weight"))
+    if (t.n_dims == 1 && (name.ends_with("_norm.weight") || name.ends_with(".bias") || name == "rope_freqs.weight" ||
+                          name.ends_with("_shexp.weight")))
       acc.add(t.ne[0] * kF32);
   }
 }
@@ -154,16 +156,19 @@ uint64_t prepared_act_bytes(uint32_t type, uint64_t cols, uint64_t m, const Host
   }
 }
 
-// Matrix tensors of layers [b, e): (type, n_cols) pairs for the PreparedX term.
-uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64_t rows_layers, const HostKernels& k) {
+// Matrix tensors of layers [b, e) (only a mixture's router and experts when
+// `experts_only`): (type, n_cols) pairs for the PreparedX term. An expert
+// tensor (3-D) is matrices of ne[0] columns too.
+uint64_t matmul_prep_bytes(const gguf::GgufFile& f, int32_t b, int32_t e, uint64_t rows_layers, const HostKernels& k,
+                           bool experts_only = false) {
   uint64_t best = 0;
   auto consider = [&](const gguf::TensorInfo& t, uint64_t m) {
-    if (t.n_dims != 2) return;
+    if (t.n_dims < 2) return;
     best = std::max(best, m * sizeof(void*) + prepared_act_bytes(t.type, t.ne[0], m, k));
   };
   for (const auto& t : f.tensors()) {
     const int32_t l = tensor_layer(t.name);
-    if (l >= b && l < e) consider(t, rows_layers);
+    if (l >= b && l < e && (!experts_only || is_expert_tensor(t.name))) consider(t, rows_layers);
   }
   return best;
 }
@@ -204,7 +209,7 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
   const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
-  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
+  const uint64_t F = hp.moe() ? 0 : static_cast<uint64_t>(hp.n_ff);  // a mixture's FFN runs on the host
   const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
   const uint64_t nh = static_cast<uint64_t>(hp.n_head);
   const uint64_t half = static_cast<uint64_t>(std::max(hp.n_rot / 2, 1));
@@ -255,8 +260,7 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
 // hidden + block tables; the phases of their passes overlap (worst case: all
 // in the same phase); attention rows are `rows` in total. Buffers are added one
 // by one so the rounding allowance counts each allocation.
-Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sessions, uint64_t m, uint64_t E,
-                uint64_t Q, uint64_t KV, uint64_t F, uint64_t half) {
+Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sessions) {
   Acc a;
   a.costs = &costs;
   a.add(t.hidden, n_sessions);
@@ -270,11 +274,7 @@ Acc scratch_for(const ScratchTerms& t, const DeviceCosts& costs, uint64_t n_sess
   const uint64_t out = n_sessions * t.output_phase();
   const uint64_t app = n_sessions * t.append_phase();
   if (t.layer_activations > 0 && fwd >= out && fwd >= app) {
-    a.add(m * E * kF32, n_sessions);         // cur
-    a.add(m * Q * kF32, 2 * n_sessions);     // q, att
-    a.add(m * KV * kF32, 2 * n_sessions);    // k, v
-    a.add(m * F * kF32, 2 * n_sessions);     // gate, up
-    a.add(m * half * kF32, 2 * n_sessions);  // rope cos, sin
+    for (uint64_t b : t.activation_buffers) a.add(b, n_sessions);
     if (attention_larger) {
       a.add(t.attention_row, n_sessions + extra_rows);
       a.add(t.task_closure, n_sessions);
@@ -396,14 +396,8 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
     // pool's percentage allowance (no allocation of its own to round).
     r.kv[d].bytes = static_cast<uint64_t>(r.blocks) * de.kv_bytes_per_block;
     r.kv[d].allowance = static_cast<uint64_t>(std::ceil(static_cast<double>(r.kv[d].bytes) * c.fragmentation));
-    const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
-    const uint64_t E = static_cast<uint64_t>(hparams.n_embd);
-    const uint64_t Q = static_cast<uint64_t>(hparams.n_embd_q());
-    const uint64_t KV = static_cast<uint64_t>(hparams.n_embd_kv());
-    const uint64_t F = static_cast<uint64_t>(hparams.n_ff);
-    const uint64_t half = static_cast<uint64_t>(hparams.n_rot / 2);
     if (d != 0) continue;  // GPU scratch is resident in the backend (Estimate's scratch)
-    Acc a = scratch_for(de.terms, c, 1, m, E, Q, KV, F, half);
+    Acc a = scratch_for(de.terms, c, 1);
     a.add(de.terms.logits);
     r.scratch[d] = a.finish(true);
   }
@@ -465,7 +459,9 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
   uint64_t largest_upload = 0;  // the GPU staging buffer's size rule
   // The rows of each part the model binds a tensor as (model/arch.h).
   const ArchSpec& arch = *find_arch(hp.arch);  // read_llama_hparams refused any other
+  // A 3-D expert tensor is ne[2] matrices of ne[1] rows (model.h: MoeWeights).
   auto parts_of = [&](const gguf::TensorInfo& t) {
+    if (t.n_dims == 3) return std::vector<int64_t>(t.ne[2], static_cast<int64_t>(t.ne[1]));
     return fused_parts(arch, hp, t.name, static_cast<int64_t>(std::max<uint64_t>(t.ne[1], 1)));
   };
 
@@ -481,7 +477,11 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
     est.weights_total += t.nbytes;
     DeviceKind d;
     const int32_t l = tensor_layer(t.name);
-    if (l >= 0 && l < hp.n_layer) d = device_of_layer(l);
+    if (l >= 0 && l < hp.n_layer) {
+      d = device_of_layer(l);
+      // A mixture's router and experts stay on the host (vulkan_backend.h).
+      if (is_expert_tensor(t.name)) d = DeviceKind::kHost;
+    }
     else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;
     // token_embd (the lookup is the host's on every placement; a tied head
     // adds its copy below), rope_freqs.weight & co.: the Vulkan backend
@@ -497,7 +497,7 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
         if (dev != DeviceKind::kHost || !config.host_kernels.q8_0_x16 || !matrix || t.n_dims < 2) return;
         // Packed part by part (a fused tensor's parts are matrices of their own).
         const auto cols = static_cast<int64_t>(t.ne[0]);
-        const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(t.ne[1], 1);
+        const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(t.ne[1] * (t.n_dims == 3 ? t.ne[2] : 1), 1);
         for (const int64_t rows : parts_of(t)) {
           const WeightLayout packed = packed_layout(static_cast<gguf::GgmlType>(t.type), rows);
           if (packed == WeightLayout::kGguf) continue;
@@ -583,6 +583,36 @@ void add_kv_pools(const LlamaHparams& hp, const Plan& plan, uint64_t blocks_per_
   }
 }
 
+// A GPU stage's mixture-of-experts FFNs run on the host (vulkan_backend.h):
+// without a CPU stage (whose buffers are a superset, and whose stage holds
+// the same shapes of matrices), the host's forward phase is that of
+// VulkanBackend's host side: the rows, gate and up (ffn_width wide) and the
+// mixture's scratch, and the PreparedX of the expert matrices. Priced per
+// session as the CPU stage's are (the backend runs one pass at a time, so
+// with several sessions this is an upper bound).
+void add_host_experts_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan,
+                            const EstimatorConfig& config, Estimate& est) {
+  if (!hp.moe()) return;
+  const StageLayout* gpu = nullptr;
+  for (const auto& s : est.stages) {
+    if (s.layer_end <= s.layer_begin) continue;
+    if (s.device == DeviceKind::kHost) return;  // a CPU stage's terms cover it
+    gpu = &s;
+  }
+  if (gpu == nullptr) return;
+  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
+  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t F = static_cast<uint64_t>(hp.ffn_width());
+  ScratchTerms& t = est.devices[0].terms;
+  t.activation_buffers = {m * E * kF32, m * F * kF32, m * F * kF32,
+                          static_cast<uint64_t>(moe_scratch_floats(hp, static_cast<int64_t>(m))) * kF32};
+  t.matmul_prep = matmul_prep_bytes(f, gpu->layer_begin, gpu->layer_end, m, config.host_kernels, true) +
+                  kMatmulUnits + kTaskClosure;
+  t.task_closure = kTaskClosure;
+  t.attention_row = 0;
+  t.attention_workers = 1;
+}
+
 // Scratch, per device (terms per session; see ScratchTerms): a host stage's
 // terms, a GPU stage's buffers, and the host-side session state.
 void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const EstimatorConfig& config,
@@ -592,7 +622,7 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
   const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
-  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
+  const uint64_t F = static_cast<uint64_t>(hp.ffn_width());
   const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
   const uint64_t half = static_cast<uint64_t>(hp.n_rot / 2);
   const uint64_t T = static_cast<uint64_t>(plan.n_threads);
@@ -607,7 +637,9 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
       continue;
     }
     ScratchTerms& t = est.devices[d].terms;
-    t.layer_activations = (m * E + 2 * m * Q + 2 * m * KV + 2 * m * F + 2 * m * half) * kF32;
+    t.activation_buffers = {m * E * kF32,    m * Q * kF32,    m * Q * kF32,    m * KV * kF32,   m * KV * kF32,
+                            m * F * kF32,    m * F * kF32,    m * half * kF32, m * half * kF32};
+    if (hp.moe()) t.activation_buffers.push_back(static_cast<uint64_t>(moe_scratch_floats(hp, int64_t(m))) * kF32);
     t.matmul_prep =
         matmul_prep_bytes(f, s.layer_begin, s.layer_end, m, config.host_kernels) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
@@ -634,6 +666,11 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     h.logits = (plan.logits_all ? static_cast<uint64_t>(plan.n_batch) + 1 : 1) * V * kF32;
     est.devices[0].used = true;  // the session always lives on the host
   }
+  add_host_experts_terms(f, hp, plan, config, est);
+  for (auto& de : est.devices) {
+    de.terms.layer_activations = 0;
+    for (uint64_t b : de.terms.activation_buffers) de.terms.layer_activations += b;
+  }
 }
 
 // Closes each used device's categories: scratch from its terms (the GPU's
@@ -641,12 +678,6 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
 // the host's model heap.
 void close_devices(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const EstimatorConfig& config,
                    uint64_t largest_upload, uint64_t max_buffer, DeviceAccs& acc, Estimate& est) {
-  const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
-  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
-  const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
-  const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
-  const uint64_t F = static_cast<uint64_t>(hp.n_ff);
-  const uint64_t half = static_cast<uint64_t>(hp.n_rot / 2);
   const uint64_t P = static_cast<uint64_t>(plan.n_parallel);
   for (int d = 0; d < kNumDeviceKinds; ++d) {
     DeviceEstimate& de = est.devices[d];
@@ -654,7 +685,7 @@ void close_devices(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& 
     const DeviceCosts& costs = d == 0 ? config.host : config.gpu;
     const ScratchTerms& t = de.terms;
     if (d == 0) {
-      de.scratch = scratch_for(t, costs, P, m, E, Q, KV, F, half).finish(true);
+      de.scratch = scratch_for(t, costs, P).finish(true);
     } else {
       // The backend's persistent buffers, shared by every session on it.
       Acc a;

@@ -215,9 +215,16 @@ struct ScratchTerms {
   // Session::tokens_ at full context: c ids. A vector that grows keeps up to
   // 2x its size, and 3x while it reallocates.
   uint64_t tokens = 0;
-  // CpuBackend::forward_layers per call: cur, q, att (m*E each), k, v (m*KV
-  // each), gate, up (m*F each), rope cos/sin tables (m*n_rot/2 each).
+  // CpuBackend::forward_layers per call: cur (m*E), q, att (m*Q each), k, v
+  // (m*KV each), gate, up (m*F each, F the widest FFN a layer computes:
+  // LlamaHparams::ffn_width), rope cos/sin tables (m*n_rot/2 each), and for a
+  // mixture of experts its scratch (moe_scratch_floats). A GPU stage whose
+  // mixture-of-experts FFNs run on the host (backend/vulkan/vulkan_backend.h),
+  // without a CPU stage, holds the host side's instead: the rows, gate, up
+  // and the mixture's scratch. activation_buffers lists the allocations
+  // (their rounding is the allowance); layer_activations is their sum.
   uint64_t layer_activations = 0;
+  std::vector<uint64_t> activation_buffers;
   // kernels' matmul_fused PreparedX, one alive at a time: m row pointers, and
   // the quantised activations of the matrix's type: for Q8_0 m*(cols/32)
   // BlockQ8_0 (34 B) + as many float scales + 2*m pointers; Q4_0/Q5_0 that

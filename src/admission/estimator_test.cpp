@@ -2,6 +2,7 @@
 // global operator new/delete replaced by alloc_tracker.cpp (the engine's KV
 // pool, backend scratch and session buffers are all std::vector / new[]).
 #include "admission/estimator.h"
+#include "model/arch.h"
 #include "admission/estimator_test_util.h"
 
 #include <gtest/gtest.h>
@@ -52,6 +53,12 @@ std::vector<TestModel> models() {
   v.push_back({"qwen3-F16-hd64", generated(testing::as_arch(spec(GgmlType::kF16, 128, 256, 4, 2, 2), "qwen3", 64))});
   // Phi-3: Q/K/V and gate/up are row ranges of fused tensors (packed per part on the VNNI variants).
   v.push_back({"phi3-Q8_0", generated(testing::as_arch(spec(GgmlType::kQ8_0, 128, 256, 4, 2, 2), "phi3"))});
+  // Mixtures of experts: the router, experts (3-D tensors, packed per expert)
+  // and the routing scratch; Qwen2-MoE's shared expert is wider than an expert.
+  v.push_back({"qwen3moe-Q8_0", generated(testing::as_moe(spec(GgmlType::kQ8_0, 128, 256, 4, 2, 2), "qwen3moe", 8, 2,
+                                                          128))});
+  v.push_back({"qwen2moe-F16", generated(testing::as_moe(spec(GgmlType::kF16, 128, 256, 4, 2, 2), "qwen2moe", 4, 2,
+                                                         64))});
   v.push_back({"small-Q4_1", generated(spec(GgmlType::kQ4_1, 64, 96, 4, 2, 2))});
   v.push_back({"wide-Q4_K", generated(spec(GgmlType::kQ4_K, 256, 512, 8, 4, 2))});
   auto mix = spec(GgmlType::kF32, 256, 512, 8, 4, 3);
@@ -123,20 +130,25 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     EXPECT_EQ(e->gpu().total(), 0u);
 
     // GPU: the same bytes, each tensor rounded to 256, but token_embd's: its
-    // lookup is the host's, so the GPU holds it only as a tied head.
+    // lookup is the host's, so the GPU holds it only as a tied head; and a
+    // mixture of experts' router and experts, which run on the host.
     const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
     ASSERT_NE(embd, nullptr);
     const bool tied = tm.model->output_tied();
+    uint64_t experts = 0;
+    for (const auto& t : f.tensors())
+      if (is_expert_tensor(t.name)) experts += t.nbytes;
+    EXPECT_EQ(experts > 0, tm.model->hparams().moe()) << tm.name;
     Plan g = c;
     g.placement = Placement::vulkan();
     auto eg = estimate(f, g);
     ASSERT_TRUE(eg.ok());
-    EXPECT_EQ(eg->gpu().weights.bytes, tied ? table : table - embd->nbytes) << tm.name;
+    EXPECT_EQ(eg->gpu().weights.bytes, (tied ? table : table - embd->nbytes) - experts) << tm.name;
     uint64_t rounding = 0;
     for (const auto& t : f.tensors())
-      if (tied || &t != embd) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
+      if ((tied || &t != embd) && !is_expert_tensor(t.name)) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
     EXPECT_EQ(eg->gpu().weights.allowance, rounding);
-    EXPECT_EQ(eg->host().weights.bytes, embd->nbytes) << tm.name;
+    EXPECT_EQ(eg->host().weights.bytes, embd->nbytes + experts) << tm.name;
     for (const Placement& pl : {Placement::cpu(), Placement::vulkan()}) {
       Plan pf = g;
       pf.placement = pl;
@@ -145,7 +157,8 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
       ASSERT_TRUE(ep.ok());
       const uint64_t mapped = (f.file_size() + 4095) / 4096 * 4096;
       EXPECT_EQ(ep->host().weights.bytes, mapped) << tm.name;
-      EXPECT_EQ(ep->host().mapped_other, pl == Placement::cpu() ? mapped - table : mapped - embd->nbytes) << tm.name;
+      EXPECT_EQ(ep->host().mapped_other, pl == Placement::cpu() ? mapped - table : mapped - embd->nbytes - experts)
+          << tm.name;
     }
 
     // Hybrid: split by layer; the first layers on the GPU, the embedding
@@ -160,7 +173,7 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
       for (const auto& t : f.tensors()) {
         int layer = -1;
         if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1) {
-          (layer < ngl ? gpu : host) += t.nbytes;
+          (layer < ngl && !is_expert_tensor(t.name) ? gpu : host) += t.nbytes;
         } else if (t.name == "token_embd.weight") {
           host += t.nbytes;  // the lookup, and a tied head, are the host's
         } else {

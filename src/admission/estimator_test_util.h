@@ -37,6 +37,17 @@ inline modelgen::RandomLlamaSpec as_arch(modelgen::RandomLlamaSpec s, const char
   return s;
 }
 
+// `s` as a mixture of experts of `arch` (qwen2moe, qwen3moe; llama for
+// Mixtral): n experts, `used` per token, each n_ff_exp wide.
+inline modelgen::RandomLlamaSpec as_moe(modelgen::RandomLlamaSpec s, const char* arch, uint32_t n, uint32_t used,
+                                        uint32_t n_ff_exp) {
+  s.arch = arch;
+  s.n_expert = n;
+  s.n_expert_used = used;
+  s.n_ff_exp = n_ff_exp;
+  return s;
+}
+
 // The model of `s`, loaded from memory (null, with a test failure, on error).
 inline std::shared_ptr<const Model> generated(const modelgen::RandomLlamaSpec& s) {
   return spw::testing::random_model(s);

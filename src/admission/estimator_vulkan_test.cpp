@@ -185,6 +185,12 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   auto phi3 = testing::generated(testing::as_arch(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "phi3"));
   ASSERT_NE(phi3, nullptr);
   run_case("phi3-Q8_0", phi3, Case{128, 32, 1});
+  // A mixture of experts: attention, norms and head on the device, the
+  // router and experts on the host (no device FFN buffers either).
+  auto moe = testing::generated(
+      testing::as_moe(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "qwen3moe", 8, 2, 64));
+  ASSERT_NE(moe, nullptr);
+  for (const Case& c : {Case{128, 32, 0}, Case{96, 16, 1}}) run_case("qwen3moe-Q8_0", moe, c);
 
   // Low-bit weights on the device: a Q4_K_M mix (Q4_K, Q6_K attn_v / ffn_down /
   // head: a quantised head sizes xq/xd for its rows) and a legacy type.

@@ -70,6 +70,7 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
       VulkanBackendOptions vo;
       vo.device = o.device.vulkan_device;
       vo.memory_budget_bytes = o.device_memory_bytes;
+      vo.host_threads = o.n_threads;  // a mixture of experts' experts run on the host
       SPW_ASSIGN_OR_RETURN(g.vulkan, VulkanBackend::create(vo));
     }
     SPW_ASSIGN_OR_RETURN(auto pool,

@@ -74,21 +74,35 @@ TEST(DeviceSessionTest, VulkanAndHybridGiveTheCpuTokens) {
 }
 
 // Phi-3's fused tensors (Q, K, V and gate, up as row ranges of attn_qkv and
-// ffn_up) and partial RoPE give the same greedy tokens on every placement.
-TEST(DeviceSessionTest, Phi3GivesTheCpuTokensOnVulkanAndHybrid) {
+// ffn_up) with partial RoPE, and the mixtures of experts (experts on the host
+// beside a Vulkan stage: vulkan_backend.h), give the same greedy tokens on
+// every placement.
+TEST(DeviceSessionTest, ArchitecturesGiveTheCpuTokensOnVulkanAndHybrid) {
   std::string why;
   if (!vulkan_available(&why)) GTEST_SKIP() << why;
-  auto spec = testing::small_spec(gguf::GgmlType::kQ8_0);
-  spec.arch = "phi3";
-  spec.rope_dims = 12;
-  auto model = testing::random_model(spec);
-  ASSERT_NE(model, nullptr);
-  const std::vector<TokenId> expected = cpu_greedy_tokens(model, 12);
-  ASSERT_EQ(expected.size(), 12u);
-  for (const std::string placement : {"vulkan", "hybrid:1"}) {
-    auto ds = open_device_session(model, options_for(placement));
-    ASSERT_TRUE(ds.ok()) << placement << ": " << ds.status().to_string();
-    EXPECT_EQ(greedy_tokens(*ds->session, *model, 12), expected) << placement << " on " << ds->placement;
+  auto phi3 = testing::small_spec(gguf::GgmlType::kQ8_0);
+  phi3.arch = "phi3";
+  phi3.rope_dims = 12;
+  auto qwen3moe = testing::small_spec(gguf::GgmlType::kQ8_0);
+  qwen3moe.arch = "qwen3moe";
+  qwen3moe.n_expert = 8;
+  qwen3moe.n_expert_used = 2;
+  qwen3moe.n_ff_exp = 64;
+  auto mixtral = testing::small_spec(gguf::GgmlType::kQ4_K);
+  mixtral.n_embd = mixtral.n_ff = 256;
+  mixtral.n_expert = 4;
+  mixtral.n_expert_used = 2;
+  for (const auto& spec : {phi3, qwen3moe, mixtral}) {
+    auto model = testing::random_model(spec);
+    ASSERT_NE(model, nullptr) << spec.arch;
+    const std::vector<TokenId> expected = cpu_greedy_tokens(model, 12);
+    ASSERT_EQ(expected.size(), 12u);
+    for (const std::string placement : {"vulkan", "hybrid:1"}) {
+      auto ds = open_device_session(model, options_for(placement));
+      ASSERT_TRUE(ds.ok()) << placement << ": " << ds.status().to_string();
+      EXPECT_EQ(greedy_tokens(*ds->session, *model, 12), expected)
+          << spec.arch << " " << placement << " on " << ds->placement;
+    }
   }
 }
 

@@ -341,6 +341,7 @@ Status open_device_ledger(Composition& c) {
   VulkanBackendOptions vo;
   vo.device = o.device.vulkan_device;
   vo.memory_budget_bytes = o.device_memory.value_or(0);
+  vo.host_threads = c.n_threads;  // a mixture of experts' experts run on the host
   // A model with matrices the shaders do not compute (a type the CPU does
   // not load either, so in practice a file refused later) leaves the GPU
   // paths unbuilt, reported with the tensor and type.

@@ -7,11 +7,15 @@
 namespace spw {
 namespace {
 
-constexpr std::array<ArchSpec, 4> kArchs = {{
-    {"llama", RopeStyle::kNormal, false, false, false, false},
-    {"qwen2", RopeStyle::kNeox, true, false, false, false},
-    {"qwen3", RopeStyle::kNeox, false, true, false, false},
-    {"phi3", RopeStyle::kNeox, false, false, true, true},
+constexpr std::array<ArchSpec, 6> kArchs = {{
+    {.name = "llama", .moe = MoeKind::kOptional, .moe_norm_topk = true},
+    {.name = "qwen2", .rope_style = RopeStyle::kNeox, .qkv_bias = true},
+    {.name = "qwen3", .rope_style = RopeStyle::kNeox, .qk_norm = true},
+    {.name = "phi3", .rope_style = RopeStyle::kNeox, .fused_qkv = true, .fused_gate_up = true},
+    {.name = "qwen2moe", .rope_style = RopeStyle::kNeox, .qkv_bias = true, .moe = MoeKind::kRequired,
+     .shared_expert = true},
+    {.name = "qwen3moe", .rope_style = RopeStyle::kNeox, .qk_norm = true, .moe = MoeKind::kRequired,
+     .moe_norm_topk = true},
 }};
 
 }  // namespace
@@ -29,6 +33,11 @@ std::vector<int64_t> fused_parts(const ArchSpec& arch, const LlamaHparams& hp, s
   if (arch.fused_qkv && name.ends_with(".attn_qkv.weight") && n_rows == q + 2 * kv) return {q, kv, kv};
   if (arch.fused_gate_up && name.ends_with(".ffn_up.weight") && n_rows == 2 * ff) return {ff, ff};
   return {n_rows};
+}
+
+bool is_expert_tensor(std::string_view name) {
+  return name.find(".ffn_gate_inp") != std::string_view::npos || name.find("_exps.") != std::string_view::npos ||
+         name.find("_shexp.") != std::string_view::npos;
 }
 
 std::string supported_arch_names() {

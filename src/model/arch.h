@@ -20,7 +20,21 @@
 //          variants' rope_factors_long/short) is refused by name; the
 //          sliding window some files declare is ignored, as llama.cpp does
 //          (it only matters past 2k tokens of a 4k model).
-// supported_arch_names() lists them for error messages ("llama, qwen2, qwen3, phi3").
+// Mixture of experts (LlamaHparams::n_expert > 0): each layer's FFN is a
+// router (ffn_gate_inp, [n_expert rows]) choosing n_expert_used of the
+// experts stored as 3-D ffn_{gate,up,down}_exps tensors ([cols, rows,
+// n_expert]); the token's output is the chosen experts' SwiGLU FFNs weighted
+// by their softmax probabilities (over all experts), renormalised to sum 1
+// where the architecture says so (moe_norm_topk).
+//   llama      with expert_count > 0: Mixtral; normalised.
+//   qwen2moe   (Qwen1.5-MoE, Qwen2-MoE) Qwen2's attention; not normalised; a
+//              shared expert (ffn_{gate,up,down}_shexp) added to every
+//              token, scaled by sigmoid(ffn_gate_inp_shexp . x).
+//   qwen3moe   (Qwen3-30B-A3B, Qwen3-235B-A22B) Qwen3's attention;
+//              normalised.
+// The legacy per-expert tensors (blk.N.ffn_gate.E.weight, early Mixtral
+// files) are refused by name.
+// supported_arch_names() lists them for error messages ("llama, qwen2, qwen3, phi3, ...").
 // Thread safety: immutable data.
 #pragma once
 
@@ -33,6 +47,13 @@
 
 namespace spw {
 
+// Whether an architecture's layers are mixtures of experts.
+enum class MoeKind : uint8_t {
+  kNone,      // dense FFN only
+  kOptional,  // experts when <arch>.expert_count > 0 (llama: Mixtral)
+  kRequired,  // always (qwen2moe, qwen3moe): expert_count must be > 0
+};
+
 struct ArchSpec {
   std::string_view name;
   RopeStyle rope_style = RopeStyle::kNormal;
@@ -40,6 +61,9 @@ struct ArchSpec {
   bool qk_norm = false;   // blk.N.attn_{q,k}_norm.weight
   bool fused_qkv = false;      // blk.N.attn_qkv.weight [n_embd_q + 2 n_embd_kv rows] when present
   bool fused_gate_up = false;  // blk.N.ffn_up.weight [2 n_ff rows]: gate, then up
+  MoeKind moe = MoeKind::kNone;
+  bool moe_norm_topk = false;  // the chosen experts' weights renormalised to sum 1
+  bool shared_expert = false;  // blk.N.ffn_{gate,up,down}_shexp and ffn_gate_inp_shexp
 };
 
 const ArchSpec* find_arch(std::string_view name);
@@ -53,5 +77,11 @@ std::string supported_arch_names();
 // upload and packing).
 std::vector<int64_t> fused_parts(const ArchSpec& arch, const LlamaHparams& hp, std::string_view name,
                                  int64_t n_rows);
+
+// Whether a tensor is part of a mixture of experts' FFN: the router
+// (ffn_gate_inp), the experts (ffn_*_exps) or the shared expert (ffn_*_shexp,
+// ffn_gate_inp_shexp). The Vulkan backend keeps these on the host; the
+// estimator places them there.
+bool is_expert_tensor(std::string_view name);
 
 }  // namespace spw

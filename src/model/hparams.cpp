@@ -7,6 +7,10 @@
 namespace spw {
 
 namespace {
+// More than any released model (DeepSeek-V3 and Kimi K2: 256 and 384); a
+// bound so that a hostile header cannot size the router's buffers.
+constexpr int32_t kMaxExperts = 1024;
+
 Status bad(const std::string& key, int64_t value, const std::string& why) {
   return Status::invalid_argument("hparam " + key + " = " + std::to_string(value) + ": " + why);
 }
@@ -40,6 +44,15 @@ Status LlamaHparams::validate() const {
     return Status::invalid_argument("hparam " + key("attention.layer_norm_rms_epsilon") + " = " +
                                     std::to_string(rms_eps) + ": must be in (0, 1)");
   if (n_vocab <= 0) return bad("token_embd.weight ne[1] (n_vocab)", n_vocab, "must be > 0");
+  if (n_expert < 0 || n_expert > kMaxExperts)
+    return bad(key("expert_count"), n_expert, "must be in [0, " + std::to_string(kMaxExperts) + "]");
+  if (n_expert > 0) {
+    if (n_expert_used <= 0 || n_expert_used > n_expert)
+      return bad(key("expert_used_count"), n_expert_used,
+                 "must be in [1, expert_count = " + std::to_string(n_expert) + "]");
+    if (n_ff_exp <= 0) return bad(key("expert_feed_forward_length"), n_ff_exp, "must be > 0");
+    if (n_ff_shexp < 0) return bad(key("expert_shared_feed_forward_length"), n_ff_shexp, "must be >= 0");
+  }
   return Status();
 }
 
@@ -50,7 +63,10 @@ std::string LlamaHparams::to_string() const {
          " head_dim=" + std::to_string(head_dim()) + " n_rot=" + std::to_string(n_rot) +
          " rope=" + (rope_style == RopeStyle::kNeox ? "neox" : "normal") +
          " rope_freq_base=" + std::to_string(rope_freq_base) + " rope_freq_scale=" + std::to_string(rope_freq_scale) +
-         " rms_eps=" + std::to_string(rms_eps) + " n_vocab=" + std::to_string(n_vocab);
+         " rms_eps=" + std::to_string(rms_eps) + " n_vocab=" + std::to_string(n_vocab) +
+         (moe() ? " n_expert=" + std::to_string(n_expert) + " n_expert_used=" + std::to_string(n_expert_used) +
+                      " n_ff_exp=" + std::to_string(n_ff_exp) + " n_ff_shexp=" + std::to_string(n_ff_shexp)
+                : "");
 }
 
 std::string_view pooling_name(Pooling p) {
@@ -84,7 +100,42 @@ Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
   SPW_RETURN_IF_ERROR(get_i32(key("context_length"), hp.n_ctx_train));
   SPW_RETURN_IF_ERROR(get_i32(key("embedding_length"), hp.n_embd));
   SPW_RETURN_IF_ERROR(get_i32(key("block_count"), hp.n_layer));
-  SPW_RETURN_IF_ERROR(get_i32(key("feed_forward_length"), hp.n_ff));
+  if (f.has(key("expert_count"))) SPW_RETURN_IF_ERROR(get_i32(key("expert_count"), hp.n_expert));
+  if (spec->moe == MoeKind::kNone) {
+    hp.n_expert = 0;  // a stray key on a dense architecture is not a mixture
+  } else if (spec->moe == MoeKind::kRequired && hp.n_expert == 0) {
+    return Status::invalid_argument(hp.arch + ": " + key("expert_count") +
+                                    " is missing or 0; this architecture is a mixture of experts");
+  }
+  if (f.has(key("feed_forward_length")) || !hp.moe())
+    SPW_RETURN_IF_ERROR(get_i32(key("feed_forward_length"), hp.n_ff));
+  if (hp.moe()) {
+    SPW_RETURN_IF_ERROR(get_i32(key("expert_used_count"), hp.n_expert_used));
+    if (f.has(key("expert_feed_forward_length"))) {
+      SPW_RETURN_IF_ERROR(get_i32(key("expert_feed_forward_length"), hp.n_ff_exp));
+    } else if (hp.n_ff > 0) {
+      hp.n_ff_exp = spec->shared_expert && hp.n_expert_used > 0 ? hp.n_ff / hp.n_expert_used : hp.n_ff;
+    } else {
+      return Status::not_found("key '" + key("expert_feed_forward_length") + "' not found");
+    }
+    if (hp.n_ff == 0) hp.n_ff = hp.n_ff_exp;
+    if (spec->shared_expert) {
+      hp.n_ff_shexp = hp.n_ff;
+      if (f.has(key("expert_shared_feed_forward_length")))
+        SPW_RETURN_IF_ERROR(get_i32(key("expert_shared_feed_forward_length"), hp.n_ff_shexp));
+      if (hp.n_ff_shexp == 0) return bad(key("expert_shared_feed_forward_length"), 0, "must be > 0");
+    }
+    hp.moe_norm_topk = spec->moe_norm_topk;
+    if (const gguf::Value* v = f.find(key("expert_weights_norm")); v != nullptr) {
+      if (const bool* b = std::get_if<bool>(&v->v)) hp.moe_norm_topk = *b;
+    }
+    if (f.has(key("expert_gating_func"))) {
+      int32_t g = 0;
+      SPW_RETURN_IF_ERROR(get_i32(key("expert_gating_func"), g));
+      if (g != 1)
+        return bad(key("expert_gating_func"), g, "not supported (1, softmax, is; 2 is DeepSeek's sigmoid)");
+    }
+  }
   SPW_RETURN_IF_ERROR(get_i32(key("attention.head_count"), hp.n_head));
   hp.n_head_kv = hp.n_head;
   if (f.has(key("attention.head_count_kv")))

@@ -57,6 +57,12 @@ struct LlamaHparams {
   int32_t n_vocab = 0;
   Pooling pooling = Pooling::kNone;  // <arch>.pooling_type (absent: none)
   bool causal = true;                // <arch>.attention.causal (absent: true)
+  // Mixture of experts (all zero for a dense model).
+  int32_t n_expert = 0;       // <arch>.expert_count
+  int32_t n_expert_used = 0;  // <arch>.expert_used_count
+  int32_t n_ff_exp = 0;       // <arch>.expert_feed_forward_length: one expert's FFN width
+  int32_t n_ff_shexp = 0;     // <arch>.expert_shared_feed_forward_length (0: no shared expert)
+  bool moe_norm_topk = false;  // the chosen experts' weights renormalised to sum 1
 
   int32_t head_dim() const {
     if (n_embd_head > 0) return n_embd_head;
@@ -65,6 +71,11 @@ struct LlamaHparams {
   int32_t n_embd_q() const { return head_dim() * n_head; }     // Q (and attention output) floats per token
   int32_t n_embd_kv() const { return head_dim() * n_head_kv; }  // K (or V) floats per token per layer
   int32_t n_gqa() const { return n_head_kv > 0 ? n_head / n_head_kv : 0; }
+  bool moe() const { return n_expert > 0; }
+  // The widest FFN intermediate one layer computes: n_ff for a dense model,
+  // else the wider of an expert's and the shared expert's (the backends'
+  // gate/up activations are this wide).
+  int32_t ffn_width() const { return moe() ? (n_ff_exp > n_ff_shexp ? n_ff_exp : n_ff_shexp) : n_ff; }
 
   // InvalidArgument naming the offending key and value.
   Status validate() const;
@@ -72,5 +83,16 @@ struct LlamaHparams {
 };
 
 Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& file);
+
+// Floats of a mixture of experts' FFN scratch for n rows (backend/cpu/moe.h
+// lays it out; the backends allocate it and the estimator prices it): the
+// gathered rows and the chosen experts' outputs, the router's
+// probabilities, and the ranked weights, expert ids, row order and
+// per-expert offsets (4-byte ids counted as floats). 0 for a dense model.
+inline int64_t moe_scratch_floats(const LlamaHparams& hp, int64_t n) {
+  if (!hp.moe()) return 0;
+  const int64_t k = hp.n_expert_used;
+  return n * hp.n_embd + n * k * hp.n_embd + n * hp.n_expert + 3 * n * k + hp.n_expert + 1;
+}
 
 }  // namespace spw

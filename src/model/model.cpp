@@ -110,6 +110,31 @@ struct TensorBinder {
     return Status();
   }
 
+  // A 3-D [cols, rows, n] tensor as n matrices of `rows` rows each (the
+  // experts of ffn_*_exps), accounted once.
+  Status stacked(const std::string& name, uint64_t cols, uint64_t rows, uint64_t n, std::vector<WeightMatrix>& out) {
+    const gguf::TensorInfo* t = nullptr;
+    SPW_RETURN_IF_ERROR(find(name, {cols, rows, n}, &t));
+    const uint32_t block = gguf::ggml_type_info(t->type)->block_size;
+    if (cols % block != 0)
+      return Status::corruption("tensor '" + name + "' is " + gguf::ggml_type_name(t->type) + " with " +
+                                std::to_string(cols) + " columns, not a multiple of its block size " +
+                                std::to_string(block));
+    const size_t row_bytes = static_cast<size_t>(t->nbytes / (rows * n));
+    out.assign(static_cast<size_t>(n), WeightMatrix{});
+    for (uint64_t e = 0; e < n; ++e) {
+      WeightMatrix& w = out[static_cast<size_t>(e)];
+      w.data = t->data + e * rows * row_bytes;
+      w.type = static_cast<gguf::GgmlType>(t->type);
+      w.n_cols = static_cast<int64_t>(cols);
+      w.n_rows = static_cast<int64_t>(rows);
+      w.row_bytes = row_bytes;
+      w.name = &t->name;
+    }
+    account(*t);
+    return Status();
+  }
+
   Status vector(const std::string& name, uint64_t n, std::vector<float>& out) {
     const gguf::TensorInfo* t = nullptr;
     SPW_RETURN_IF_ERROR(find(name, {n}, &t));
@@ -173,6 +198,33 @@ void hash_file(Fnv1a64& fp, const gguf::GgufFile& f) {
   }
 }
 
+// A mixture of experts' tensors of the layer whose names start with `p`.
+Status bind_experts(TensorBinder& binder, const LlamaHparams& hp, const std::string& p, MoeWeights& moe) {
+  const gguf::GgufFile& f = binder.f;
+  const uint64_t E = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t X = static_cast<uint64_t>(hp.n_expert);
+  const uint64_t FE = static_cast<uint64_t>(hp.n_ff_exp);
+  // Early Mixtral conversions stored one 2-D tensor per expert; llama.cpp
+  // merges them at load. Not worth a second binding path: reconverting the
+  // file (or llama-quantize, which rewrites them merged) fixes it.
+  if (f.find_tensor(p + "ffn_gate.0.weight") != nullptr)
+    return Status::invalid_argument(hp.arch + ": tensor '" + p +
+                                    "ffn_gate.0.weight' is a legacy per-expert layout; not supported (convert the "
+                                    "model again: current files store the experts as ffn_gate_exps)");
+  SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_gate_inp.weight", E, X, moe.router));
+  SPW_RETURN_IF_ERROR(binder.stacked(p + "ffn_gate_exps.weight", E, FE, X, moe.gate));
+  SPW_RETURN_IF_ERROR(binder.stacked(p + "ffn_up_exps.weight", E, FE, X, moe.up));
+  SPW_RETURN_IF_ERROR(binder.stacked(p + "ffn_down_exps.weight", FE, E, X, moe.down));
+  if (hp.n_ff_shexp > 0) {
+    const uint64_t FS = static_cast<uint64_t>(hp.n_ff_shexp);
+    SPW_RETURN_IF_ERROR(binder.vector(p + "ffn_gate_inp_shexp.weight", E, moe.shared_router));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_gate_shexp.weight", E, FS, moe.shared_gate));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up_shexp.weight", E, FS, moe.shared_up));
+    SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_down_shexp.weight", FS, E, moe.shared_down));
+  }
+  return Status();
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const Model>> Model::load(Env& env, const std::string& path, const ModelLoadOptions& options) {
@@ -234,6 +286,14 @@ Status Model::bind() {
       SPW_RETURN_IF_ERROR(binder.vector(p + "attn_k_norm.weight", HD, L.k_norm));
     }
     SPW_RETURN_IF_ERROR(binder.vector(p + "ffn_norm.weight", E, L.ffn_norm));
+    if (hp_.moe()) {
+      SPW_RETURN_IF_ERROR(bind_experts(binder, hp_, p, L.moe));
+      const uint64_t used = static_cast<uint64_t>(hp_.n_expert_used);
+      bytes_per_token_ += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.moe.router.nbytes() +
+                          used * (L.moe.gate[0].nbytes() + L.moe.up[0].nbytes() + L.moe.down[0].nbytes()) +
+                          L.moe.shared_gate.nbytes() + L.moe.shared_up.nbytes() + L.moe.shared_down.nbytes();
+      continue;
+    }
     if (spec->fused_gate_up) {
       WeightMatrix gate_up;
       SPW_RETURN_IF_ERROR(binder.matrix(p + "ffn_up.weight", E, 2 * FF, gate_up));

@@ -16,7 +16,11 @@
 // Files mixing matrix types (llama.cpp's Q4_K_M puts Q6_K in output.weight
 // and some attn_v / ffn_down) bind each tensor with its own type.
 // The architecture's optional tensors (biases, Q/K norms) are required when it
-// has them; a fused tensor (phi3's attn_qkv, its gate+up ffn_up) is bound as
+// has them; a mixture of experts binds ffn_gate_inp, the 3-D
+// ffn_{gate,up,down}_exps ([cols, rows, n_expert], one WeightMatrix per
+// expert) and, with a shared expert, ffn_{gate,up,down}_shexp and
+// ffn_gate_inp_shexp (MoeWeights); the legacy per-expert tensors
+// (blk.N.ffn_gate.0.weight) are InvalidArgument naming one; a fused tensor (phi3's attn_qkv, its gate+up ffn_up) is bound as
 // row ranges, one WeightMatrix per part, pointing into it. rope_freqs.weight
 // is bound when present; LongRoPE's rope_factors_long/short are refused
 // (InvalidArgument naming the tensor). Without output.weight the
@@ -97,6 +101,18 @@ class ModelExtension {
 };
 enum class ModelExtensionKey : uint8_t { kCpuPackedWeights, kCount };
 
+// A mixture-of-experts FFN (model/arch.h). Expert e's matrices are rows
+// [e * rows, (e + 1) * rows) of the 3-D ffn_{gate,up,down}_exps tensors,
+// bound as matrices of their own pointing into them (an expert's rows never
+// share a block), so every kernel and layout sees plain matrices.
+struct MoeWeights {
+  WeightMatrix router;                       // ffn_gate_inp [n_expert rows][n_embd]
+  std::vector<WeightMatrix> gate, up, down;  // n_expert each: [n_ff_exp][n_embd], ..., [n_embd][n_ff_exp]
+  // qwen2moe's shared expert; n_rows 0 / empty when the architecture has none.
+  WeightMatrix shared_gate, shared_up, shared_down;  // [n_ff_shexp][n_embd], ..., [n_embd][n_ff_shexp]
+  std::vector<float> shared_router;                  // ffn_gate_inp_shexp [n_embd]
+};
+
 struct LlamaLayerWeights {
   std::vector<float> attn_norm;  // [n_embd]
   WeightMatrix wq;               // [n_embd_q rows][n_embd cols]
@@ -110,6 +126,29 @@ struct LlamaLayerWeights {
   WeightMatrix w_gate;           // ffn_gate [n_ff][n_embd]
   WeightMatrix w_up;             // ffn_up   [n_ff][n_embd]
   WeightMatrix w_down;           // ffn_down [n_embd][n_ff]
+  // A mixture of experts instead of w_gate/w_up/w_down (which stay empty).
+  MoeWeights moe;
+  bool is_moe() const { return !moe.gate.empty(); }
+
+  // Calls f(const WeightMatrix&) for every matrix of the layer, the
+  // experts' included (each expert's gate, up, down, in expert order): the
+  // one list of what a backend packs, uploads or checks.
+  template <typename F>
+  void for_each_matrix(F&& f) const {
+    for (const WeightMatrix* w : {&wq, &wk, &wv, &wo}) f(*w);
+    if (!is_moe()) {
+      for (const WeightMatrix* w : {&w_gate, &w_up, &w_down}) f(*w);
+      return;
+    }
+    f(moe.router);
+    for (size_t e = 0; e < moe.gate.size(); ++e) {
+      f(moe.gate[e]);
+      f(moe.up[e]);
+      f(moe.down[e]);
+    }
+    if (moe.shared_gate.n_rows > 0)
+      for (const WeightMatrix* w : {&moe.shared_gate, &moe.shared_up, &moe.shared_down}) f(*w);
+  }
 };
 
 struct ModelLoadOptions {
@@ -145,7 +184,9 @@ class Model {
   // Bytes of bound tensors by ggml type name ("F32" -> bytes).
   const std::map<std::string, uint64_t>& bytes_by_type() const { return bytes_by_type_; }
   // Weight bytes one decoded token streams: all layer matrices + output head
-  // (embedding lookup reads one row only). Used for bandwidth estimates.
+  // (embedding lookup reads one row only); of a mixture of experts, the
+  // router, n_expert_used experts (the average expert's bytes) and the
+  // shared expert. Used for bandwidth estimates.
   uint64_t weight_bytes_per_token() const { return bytes_per_token_; }
 
   // Compatibility fingerprint: two models with equal fingerprints produce the

@@ -145,6 +145,120 @@ TEST(Model, Phi3FusedTensorsAreBoundAsRowRanges) {
   EXPECT_EQ(static_cast<uint64_t>((*m)->n_params()), modelgen::random_llama_param_count(spec, 512));
 }
 
+modelgen::RandomLlamaSpec moe_spec(const char* arch) {
+  auto spec = small_spec(gguf::GgmlType::kQ8_0);
+  spec.arch = arch;
+  spec.n_expert = 4;
+  spec.n_expert_used = 2;
+  spec.n_ff_exp = 64;
+  spec.n_ff_shexp = 96;
+  return spec;
+}
+
+std::unique_ptr<gguf::GgufFile> parsed(const modelgen::RandomLlamaSpec& spec) {
+  auto bytes = modelgen::make_random_llama(spec);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
+  auto f = gguf::GgufFile::parse(make_memory_file(*bytes));
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  return std::move(*f);
+}
+
+// A mixture of experts: the router, one matrix per expert pointing into the
+// 3-D tensors, Qwen2-MoE's shared expert; the bytes a token streams count
+// the experts it uses, not all of them.
+TEST(Model, ExpertsAreBoundAsMatricesOfTheStackedTensors) {
+  for (const char* arch : {"qwen2moe", "qwen3moe", "llama"}) {
+    SCOPED_TRACE(arch);
+    const auto spec = moe_spec(arch);
+    auto f = parsed(spec);
+    const gguf::TensorInfo* gate = f->find_tensor("blk.1.ffn_gate_exps.weight");
+    const gguf::TensorInfo* down = f->find_tensor("blk.1.ffn_down_exps.weight");
+    ASSERT_NE(gate, nullptr);
+    ASSERT_NE(down, nullptr);
+    EXPECT_EQ(f->find_tensor("blk.1.ffn_gate.weight"), nullptr);
+    auto m = Model::load_from(std::move(f));
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const LlamaHparams& hp = (*m)->hparams();
+    EXPECT_EQ(hp.n_expert, 4);
+    EXPECT_EQ(hp.n_expert_used, 2);
+    EXPECT_EQ(hp.n_ff_exp, 64);
+    EXPECT_EQ(hp.moe_norm_topk, std::string(arch) != "qwen2moe");
+    const LlamaLayerWeights& L = (*m)->layer(1);
+    ASSERT_TRUE(L.is_moe());
+    EXPECT_EQ(L.w_gate.data, nullptr);
+    EXPECT_EQ(L.moe.router.n_rows, 4);
+    EXPECT_EQ(L.moe.router.type, gguf::GgmlType::kF32);  // left unquantised, as llama.cpp does
+    ASSERT_EQ(L.moe.gate.size(), 4u);
+    for (size_t e = 0; e < 4; ++e) {
+      EXPECT_EQ(L.moe.gate[e].n_rows, 64);
+      EXPECT_EQ(L.moe.gate[e].n_cols, hp.n_embd);
+      EXPECT_EQ(L.moe.gate[e].data, gate->data + e * gate->nbytes / 4);
+      EXPECT_EQ(L.moe.down[e].n_rows, hp.n_embd);
+      EXPECT_EQ(L.moe.down[e].data, down->data + e * down->nbytes / 4);
+    }
+    const bool shared = std::string(arch) == "qwen2moe";
+    EXPECT_EQ(hp.n_ff_shexp, shared ? 96 : 0);
+    EXPECT_EQ(L.moe.shared_gate.n_rows, shared ? 96 : 0);
+    EXPECT_EQ(L.moe.shared_router.size(), shared ? static_cast<size_t>(hp.n_embd) : 0u);
+    int n_matrices = 0;
+    L.for_each_matrix([&](const WeightMatrix&) { ++n_matrices; });
+    EXPECT_EQ(n_matrices, 4 + 1 + 3 * 4 + (shared ? 3 : 0));
+    EXPECT_EQ(static_cast<uint64_t>((*m)->n_params()), modelgen::random_llama_param_count(spec, 512));
+    // Per token: attention, the router, 2 of the 4 experts, the shared expert, the head.
+    uint64_t per_token = (*m)->output().nbytes();
+    for (int32_t il = 0; il < hp.n_layer; ++il) {
+      const LlamaLayerWeights& l = (*m)->layer(il);
+      per_token += l.wq.nbytes() + l.wk.nbytes() + l.wv.nbytes() + l.wo.nbytes() + l.moe.router.nbytes() +
+                   2 * (l.moe.gate[0].nbytes() + l.moe.up[0].nbytes() + l.moe.down[0].nbytes()) +
+                   l.moe.shared_gate.nbytes() + l.moe.shared_up.nbytes() + l.moe.shared_down.nbytes();
+    }
+    EXPECT_EQ((*m)->weight_bytes_per_token(), per_token);
+  }
+}
+
+// What a mixture of experts cannot run with is refused by name.
+TEST(Model, ExpertErrorsNameTheProblem) {
+  auto f = parsed(moe_spec("qwen3moe"));
+  const auto expect_error = [](const std::string& bytes, StatusCode code, const std::string& needle) {
+    auto r = model_from_bytes(bytes);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), code) << r.status().to_string();
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();
+  };
+  expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_count", gguf::Value::u32(0)); }, {}),
+               StatusCode::kInvalidArgument, "qwen3moe.expert_count");
+  expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_used_count", gguf::Value::u32(5)); }, {}),
+               StatusCode::kInvalidArgument, "qwen3moe.expert_used_count");
+  expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_count", gguf::Value::u32(100000)); }, {}),
+               StatusCode::kInvalidArgument, "qwen3moe.expert_count");
+  expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_gating_func", gguf::Value::u32(2)); }, {}),
+               StatusCode::kInvalidArgument, "sigmoid");
+  expect_error(rebuild(*f, {}, {"blk.0.ffn_up_exps.weight"}), StatusCode::kNotFound, "blk.0.ffn_up_exps.weight");
+  // One expert fewer in the stack than expert_count: the shape, named.
+  expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_count", gguf::Value::u32(3)); }, {}),
+               StatusCode::kCorruption, "ffn_gate_inp.weight");
+  // The early Mixtral layout, one 2-D tensor per expert.
+  auto legacy = rebuild(*f, {}, {}, [&](const gguf::TensorInfo& t, gguf::GgufWriter& w) {
+    if (t.name != "output_norm.weight") return false;
+    std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
+    EXPECT_TRUE(w.add_tensor(t.name, gguf::GgmlType::kF32, dims,
+                             std::string(reinterpret_cast<const char*>(t.data), t.nbytes)).ok());
+    EXPECT_TRUE(w.add_tensor("blk.0.ffn_gate.0.weight", gguf::GgmlType::kF32, {8},
+                             std::string(8 * sizeof(float), '\0')).ok());
+    return true;
+  });
+  expect_error(legacy, StatusCode::kInvalidArgument, "blk.0.ffn_gate.0.weight");
+  // A dense architecture ignores a stray expert_count.
+  auto qwen2 = small_spec(gguf::GgmlType::kF32);
+  qwen2.arch = "qwen2";
+  auto dense = parsed(qwen2);
+  auto m = model_from_bytes(rebuild(*dense, [](gguf::GgufWriter& w) {
+    w.set("qwen2.expert_count", gguf::Value::u32(8));
+  }, {}));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_FALSE((*m)->hparams().moe());
+}
+
 // Phi-3's 128k variants (LongRoPE) are refused naming the tensor.
 TEST(Model, LongRopeIsRefusedByName) {
   auto spec = small_spec();

@@ -191,6 +191,28 @@ Result<LlamaReference::Matrix> LlamaReference::load_matrix(const gguf::GgufFile&
   return m;
 }
 
+Result<std::vector<LlamaReference::Matrix>> LlamaReference::load_stacked(const gguf::GgufFile& file,
+                                                                         const std::string& name, int64_t cols,
+                                                                         int64_t rows, int64_t n) {
+  const gguf::TensorInfo* t = file.find_tensor(name);
+  if (t == nullptr) return Status::not_found("reference: tensor '" + name + "' not found");
+  if (t->n_dims != 3 || t->ne[0] != static_cast<uint64_t>(cols) || t->ne[1] != static_cast<uint64_t>(rows) ||
+      t->ne[2] != static_cast<uint64_t>(n)) {
+    return Status::corruption("reference: tensor '" + name + "' has dims " + dims_string(*t) + ", expected [" +
+                              std::to_string(cols) + ", " + std::to_string(rows) + ", " + std::to_string(n) + "]");
+  }
+  std::vector<Matrix> out(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) {
+    Matrix& m = out[static_cast<size_t>(e)];
+    m.rows = rows;
+    m.cols = cols;
+    m.w.resize(static_cast<size_t>(rows * cols));
+    SPW_RETURN_IF_ERROR(dequantize(*t, static_cast<uint64_t>(e * rows * cols), static_cast<uint64_t>(rows * cols),
+                                   m.w.data()));
+  }
+  return out;
+}
+
 LlamaReference::Matrix LlamaReference::rows_of(const Matrix& m, int64_t first, int64_t n) {
   Matrix r;
   r.rows = n;
@@ -215,8 +237,10 @@ Result<std::vector<double>> LlamaReference::load_vector(const gguf::GgufFile& fi
 
 Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFile& file) {
   SPW_ASSIGN_OR_RETURN(std::string arch, file.get_string("general.architecture"));
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3") {
-    return Status::invalid_argument("reference: architecture '" + arch + "' is not llama, qwen2, qwen3 or phi3");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" && arch != "qwen2moe" &&
+      arch != "qwen3moe") {
+    return Status::invalid_argument("reference: architecture '" + arch +
+                                    "' is not llama, qwen2, qwen3, phi3, qwen2moe or qwen3moe");
   }
   const std::string a = arch + ".";
   SPW_ASSIGN_OR_RETURN(std::string scaling, file.get_string_or(a + "rope.scaling.type", "none"));
@@ -227,11 +251,26 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
   std::unique_ptr<LlamaReference> ref(new LlamaReference());
   ReferenceHparams& hp = ref->hp_;
   hp.neox = arch != "llama";
-  hp.qkv_bias = arch == "qwen2";
-  hp.qk_norm = arch == "qwen3";
+  hp.qkv_bias = arch == "qwen2" || arch == "qwen2moe";
+  hp.qk_norm = arch == "qwen3" || arch == "qwen3moe";
+  if (file.has(a + "expert_count")) {
+    SPW_ASSIGN_OR_RETURN(hp.n_expert, file.get_i64(a + "expert_count"));
+  }
+  if (hp.n_expert > 0) {
+    SPW_ASSIGN_OR_RETURN(hp.n_expert_used, file.get_i64(a + "expert_used_count"));
+    SPW_ASSIGN_OR_RETURN(hp.n_ff_exp, file.get_i64(a + "expert_feed_forward_length"));
+    if (arch == "qwen2moe") {
+      SPW_ASSIGN_OR_RETURN(hp.n_ff_shexp, file.get_i64(a + "expert_shared_feed_forward_length"));
+    }
+    hp.norm_topk = arch != "qwen2moe";
+    if (hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert || hp.n_ff_exp <= 0)
+      return Status::invalid_argument("reference: inconsistent expert counts");
+  } else if (arch == "qwen2moe" || arch == "qwen3moe") {
+    return Status::invalid_argument("reference: " + arch + " without " + a + "expert_count");
+  }
   SPW_ASSIGN_OR_RETURN(hp.n_embd, file.get_i64(a + "embedding_length"));
   SPW_ASSIGN_OR_RETURN(hp.n_layer, file.get_i64(a + "block_count"));
-  SPW_ASSIGN_OR_RETURN(hp.n_ff, file.get_i64(a + "feed_forward_length"));
+  SPW_ASSIGN_OR_RETURN(hp.n_ff, file.get_i64(a + "feed_forward_length"));  // the dense width (unused by experts)
   SPW_ASSIGN_OR_RETURN(hp.n_head, file.get_i64(a + "attention.head_count"));
   hp.n_head_kv = hp.n_head;
   if (file.has(a + "attention.head_count_kv")) {
@@ -308,6 +347,21 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
       SPW_ASSIGN_OR_RETURN(l.k_norm, load_vector(file, p + "attn_k_norm.weight", hp.head_dim));
     }
     SPW_ASSIGN_OR_RETURN(l.ffn_norm, load_vector(file, p + "ffn_norm.weight", hp.n_embd));
+    if (hp.n_expert > 0) {
+      SPW_ASSIGN_OR_RETURN(l.router, load_matrix(file, p + "ffn_gate_inp.weight", hp.n_embd, hp.n_expert));
+      SPW_ASSIGN_OR_RETURN(l.e_gate,
+                           load_stacked(file, p + "ffn_gate_exps.weight", hp.n_embd, hp.n_ff_exp, hp.n_expert));
+      SPW_ASSIGN_OR_RETURN(l.e_up, load_stacked(file, p + "ffn_up_exps.weight", hp.n_embd, hp.n_ff_exp, hp.n_expert));
+      SPW_ASSIGN_OR_RETURN(l.e_down,
+                           load_stacked(file, p + "ffn_down_exps.weight", hp.n_ff_exp, hp.n_embd, hp.n_expert));
+      if (hp.n_ff_shexp > 0) {
+        SPW_ASSIGN_OR_RETURN(l.s_router, load_vector(file, p + "ffn_gate_inp_shexp.weight", hp.n_embd));
+        SPW_ASSIGN_OR_RETURN(l.s_gate, load_matrix(file, p + "ffn_gate_shexp.weight", hp.n_embd, hp.n_ff_shexp));
+        SPW_ASSIGN_OR_RETURN(l.s_up, load_matrix(file, p + "ffn_up_shexp.weight", hp.n_embd, hp.n_ff_shexp));
+        SPW_ASSIGN_OR_RETURN(l.s_down, load_matrix(file, p + "ffn_down_shexp.weight", hp.n_ff_shexp, hp.n_embd));
+      }
+      continue;
+    }
     if (arch == "phi3") {  // Phi3MLP: gate_up_proj's output is [gate | up]
       SPW_ASSIGN_OR_RETURN(Matrix gate_up, load_matrix(file, p + "ffn_up.weight", hp.n_embd, 2 * hp.n_ff));
       l.w_gate = rows_of(gate_up, 0, hp.n_ff);
@@ -336,6 +390,49 @@ void matvec(const std::vector<double>& w, int64_t rows, int64_t cols, const std:
 
 }  // namespace
 
+void LlamaReference::ffn(const Layer& L, const std::vector<double>& h, std::vector<double>& out) const {
+  // down(silu(gate h) * up h)
+  const auto swiglu_ffn = [&](const Matrix& gate, const Matrix& up, const Matrix& down, std::vector<double>& y) {
+    std::vector<double> g, u;
+    matvec(gate.w, gate.rows, gate.cols, h, g);
+    matvec(up.w, up.rows, up.cols, h, u);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    matvec(down.w, down.rows, down.cols, g, y);
+  };
+  if (hp_.n_expert == 0) {
+    swiglu_ffn(L.w_gate, L.w_up, L.w_down, out);
+    return;
+  }
+  std::vector<double> p;
+  matvec(L.router.w, L.router.rows, L.router.cols, h, p);
+  const double mx = *std::max_element(p.begin(), p.end());
+  double z = 0;
+  for (double& v : p) z += v = std::exp(v - mx);
+  for (double& v : p) v /= z;
+  // The top k by probability (a stable sort: the lower index first on a tie).
+  std::vector<int64_t> idx(p.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+  idx.resize(static_cast<size_t>(hp_.n_expert_used));
+  double sum = 0;
+  for (int64_t e : idx) sum += p[static_cast<size_t>(e)];
+  out.assign(static_cast<size_t>(hp_.n_embd), 0.0);
+  std::vector<double> y;
+  for (int64_t e : idx) {
+    const size_t ei = static_cast<size_t>(e);
+    swiglu_ffn(L.e_gate[ei], L.e_up[ei], L.e_down[ei], y);
+    const double weight = hp_.norm_topk ? p[ei] / sum : p[ei];
+    for (size_t i = 0; i < out.size(); ++i) out[i] += weight * y[i];
+  }
+  if (hp_.n_ff_shexp > 0) {
+    double dot = 0;
+    for (size_t i = 0; i < h.size(); ++i) dot += L.s_router[i] * h[i];
+    swiglu_ffn(L.s_gate, L.s_up, L.s_down, y);
+    const double gate = 1.0 / (1.0 + std::exp(-dot));
+    for (size_t i = 0; i < out.size(); ++i) out[i] += gate * y[i];
+  }
+}
+
 LlamaReference::Cache LlamaReference::new_cache() const {
   Cache c;
   c.k.resize(static_cast<size_t>(hp_.n_layer));
@@ -352,7 +449,7 @@ void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logi
   };
 
   std::vector<double> x(tok_embd_.w.begin() + token * n_embd, tok_embd_.w.begin() + (token + 1) * n_embd);
-  std::vector<double> h, q, k, v, attn(static_cast<size_t>(hd * hp_.n_head)), o, g, u, d, scores;
+  std::vector<double> h, q, k, v, attn(static_cast<size_t>(hd * hp_.n_head)), o, d, scores;
   for (int64_t li = 0; li < hp_.n_layer; ++li) {
     const Layer& L = layers_[static_cast<size_t>(li)];
     rms_norm(x, L.attn_norm, hp_.rms_eps, h);
@@ -401,10 +498,7 @@ void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logi
     for (int64_t i = 0; i < n_embd; ++i) x[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
 
     rms_norm(x, L.ffn_norm, hp_.rms_eps, h);
-    mv(L.w_gate, h, g);
-    mv(L.w_up, h, u);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];  // silu(gate) * up
-    mv(L.w_down, g, d);
+    ffn(L, h, d);
     for (int64_t i = 0; i < n_embd; ++i) x[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
   }
   rms_norm(x, output_norm_, hp_.rms_eps, h);

@@ -5,7 +5,15 @@
 // with each head of Q and K RMS-normalised before RoPE, or "phi3" with Q, K
 // and V as the row blocks of attn_qkv and the FFN's gate and up as the first
 // and second halves of ffn_up's rows (HF's Phi3 qkv_proj and gate_up_proj);
-// all three with NeoX RoPE;
+// all three with NeoX RoPE; or a mixture of experts as Hugging Face's
+// MixtralSparseMoeBlock (llama with expert_count > 0), Qwen2MoeSparseMoeBlock
+// (qwen2moe: Qwen2's attention; a shared expert gated by
+// sigmoid(shared_expert_gate . h), top-k weights not renormalised) and
+// Qwen3MoeSparseMoeBlock (qwen3moe: Qwen3's attention; renormalised):
+// p = softmax(router h) over all experts, the expert_used_count largest,
+// FFN output sum_i p_i expert_i(h) (p renormalised to sum 1 for Mixtral and
+// Qwen3-MoE), each expert a SwiGLU FFN read from the 3-D
+// ffn_{gate,up,down}_exps tensors;
 // keys under the architecture's prefix; the head size from
 // attention.key_length when present) straight from spw::gguf::GgufFile metadata and tensors -- it shares
 // no code with the engine (src/model, src/backend) so that it can judge it. All
@@ -59,6 +67,11 @@ struct ReferenceHparams {
   bool neox = false;      // qwen2, qwen3, phi3: RoPE pairs (i, i + n_rot/2)
   bool qkv_bias = false;  // qwen2
   bool qk_norm = false;   // qwen3
+  int64_t n_expert = 0;       // 0: a dense FFN
+  int64_t n_expert_used = 0;
+  int64_t n_ff_exp = 0;
+  int64_t n_ff_shexp = 0;     // qwen2moe's shared expert
+  bool norm_topk = false;     // Mixtral, Qwen3-MoE
 };
 
 class LlamaReference {
@@ -95,6 +108,10 @@ class LlamaReference {
     std::vector<double> attn_norm, ffn_norm;
     std::vector<double> bq, bk, bv, q_norm, k_norm;  // qwen2 biases, qwen3 head norms
     Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    Matrix router;                                  // [n_expert][n_embd]
+    std::vector<Matrix> e_gate, e_up, e_down;       // per expert
+    Matrix s_gate, s_up, s_down;                    // qwen2moe's shared expert
+    std::vector<double> s_router;                   // [n_embd]
   };
   struct Cache {  // per layer: [pos][n_head_kv * head_dim]
     std::vector<std::vector<double>> k, v;
@@ -106,6 +123,11 @@ class LlamaReference {
                                     int64_t rows);
   static Result<std::vector<double>> load_vector(const gguf::GgufFile& file, const std::string& name,
                                                  int64_t n);
+  // A [cols, rows, n] tensor as n matrices.
+  static Result<std::vector<Matrix>> load_stacked(const gguf::GgufFile& file, const std::string& name, int64_t cols,
+                                                  int64_t rows, int64_t n);
+  // The FFN of layer L on h (dense or mixture of experts), into out.
+  void ffn(const Layer& L, const std::vector<double>& h, std::vector<double>& out) const;
   // Rows [first, first + n) of m, copied (a fused tensor's part).
   static Matrix rows_of(const Matrix& m, int64_t first, int64_t n);
   Status check_tokens(std::span<const TokenId> tokens) const;

@@ -103,10 +103,16 @@ GgmlType random_llama_tensor_type(const RandomLlamaSpec& s, const std::string& n
   const GgmlType base = s.mix == RandomLlamaMix::kQ4_K_M ? GgmlType::kQ4_K : GgmlType::kQ5_K;
   const bool head = name == "output.weight" || (s.tied_output && name == "token_embd.weight");
   if (head) return ne0 % 256 == 0 ? GgmlType::kQ6_K : GgmlType::kQ8_0;
-  const bool more = (name.ends_with(".attn_v.weight") || name.ends_with(".ffn_down.weight")) &&
+  const bool more = (name.ends_with(".attn_v.weight") || name.find(".ffn_down") != std::string::npos) &&
                     use_more_bits(static_cast<int>(layer), static_cast<int>(s.n_layer));
   return k_fallback(more ? GgmlType::kQ6_K : base, ne0);
 }
+
+namespace {
+uint32_t expert_ff(const RandomLlamaSpec& s) { return s.n_ff_exp > 0 ? s.n_ff_exp : s.n_ff; }
+uint32_t shared_ff(const RandomLlamaSpec& s) { return s.n_ff_shexp > 0 ? s.n_ff_shexp : s.n_ff; }
+uint32_t experts_used(const RandomLlamaSpec& s) { return s.n_expert_used > 0 ? s.n_expert_used : 2; }
+}  // namespace
 
 Status validate_random_llama_spec(const RandomLlamaSpec& s) {
   auto bad = [](const std::string& m) { return Status::invalid_argument("random llama spec: " + m); };
@@ -148,6 +154,19 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
   if (!(s.rms_eps > 0.0f) || !(s.rope_freq_base > 0.0f)) {
     return bad("rms_eps and rope_freq_base must be positive");
   }
+  const ArchSpec& arch = *find_arch(s.arch);
+  if (arch.moe == MoeKind::kRequired && s.n_expert == 0) return bad(s.arch + " needs n_expert > 0");
+  if (arch.moe == MoeKind::kNone && s.n_expert > 0) return bad(s.arch + " has no experts (n_expert must be 0)");
+  if (s.n_expert > 0) {
+    const uint32_t used = s.n_expert_used > 0 ? s.n_expert_used : 2;
+    if (used > s.n_expert)
+      return bad("n_expert_used " + std::to_string(used) + " exceeds n_expert " + std::to_string(s.n_expert));
+    if (s.mix == RandomLlamaMix::kNone) {
+      const uint32_t block = gguf::ggml_type_info(static_cast<uint32_t>(s.type))->block_size;
+      if (expert_ff(s) % block != 0 || shared_ff(s) % block != 0)
+        return bad("n_ff_exp and n_ff_shexp must be multiples of the type's block " + std::to_string(block));
+    }
+  }
   if (s.vocab_path.empty()) return bad("vocab_path is empty");
   return Status::ok_status();
 }
@@ -161,10 +180,15 @@ uint64_t random_llama_param_count(const RandomLlamaSpec& s, uint64_t n_vocab) {
   const uint64_t hd = head_dim_of(s);
   const uint64_t e_q = hd * s.n_head;
   const uint64_t e_kv = hd * s.n_head_kv;
-  uint64_t per_layer = 2 * e + 2 * e * e_q + 2 * e * e_kv + 3 * e * s.n_ff;
+  uint64_t per_layer = 2 * e + 2 * e * e_q + 2 * e * e_kv;
+  if (s.n_expert == 0) per_layer += 3 * e * s.n_ff;
   if (const ArchSpec* a = find_arch(s.arch)) {
     if (a->qkv_bias) per_layer += e_q + 2 * e_kv;
     if (a->qk_norm) per_layer += 2 * hd;
+    if (s.n_expert > 0) {
+      per_layer += e * s.n_expert + uint64_t{s.n_expert} * 3 * e * expert_ff(s);
+      if (a->shared_expert) per_layer += e + 3 * e * shared_ff(s);
+    }
   }
   return n_vocab * e * (s.tied_output ? 1 : 2) + e + s.n_layer * per_layer;
 }
@@ -208,6 +232,12 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
   w.set(a + "rope.freq_base", Value::f32(s.rope_freq_base));
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(s.rms_eps));
   if (s.pooling_type > 0) w.set(a + "pooling_type", Value::u32(s.pooling_type));
+  if (s.n_expert > 0) {
+    w.set(a + "expert_count", Value::u32(s.n_expert));
+    w.set(a + "expert_used_count", Value::u32(experts_used(s)));
+    w.set(a + "expert_feed_forward_length", Value::u32(expert_ff(s)));
+    if (arch.shared_expert) w.set(a + "expert_shared_feed_forward_length", Value::u32(shared_ff(s)));
+  }
   for (const auto& [key, value] : vocab->metadata()) {
     if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);
   }
@@ -251,6 +281,22 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     SPW_RETURN_IF_ERROR(matrix(p + "attn_output.weight", l, {n_embd_q, e}, kResidualStd));
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "ffn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
+    if (s.n_expert > 0) {
+      const uint64_t x = s.n_expert, fe = expert_ff(s);
+      SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "ffn_gate_inp.weight", GgmlType::kF32, {e, x}, 0.0f, kStd));
+      SPW_RETURN_IF_ERROR(matrix(p + "ffn_gate_exps.weight", l, {e, fe, x}, kStd));
+      SPW_RETURN_IF_ERROR(matrix(p + "ffn_up_exps.weight", l, {e, fe, x}, kStd));
+      SPW_RETURN_IF_ERROR(matrix(p + "ffn_down_exps.weight", l, {fe, e, x}, kResidualStd));
+      if (arch.shared_expert) {
+        const uint64_t fs = shared_ff(s);
+        SPW_RETURN_IF_ERROR(
+            add_random_tensor(w, s.seed, p + "ffn_gate_inp_shexp.weight", GgmlType::kF32, {e}, 0.0f, kStd));
+        SPW_RETURN_IF_ERROR(matrix(p + "ffn_gate_shexp.weight", l, {e, fs}, kStd));
+        SPW_RETURN_IF_ERROR(matrix(p + "ffn_up_shexp.weight", l, {e, fs}, kStd));
+        SPW_RETURN_IF_ERROR(matrix(p + "ffn_down_shexp.weight", l, {fs, e}, kResidualStd));
+      }
+      continue;
+    }
     if (arch.fused_gate_up) {
       SPW_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", l, {e, 2 * uint64_t{s.n_ff}}, kStd));
     } else {

@@ -92,6 +92,20 @@ struct RandomLlamaSpec {
   // <arch>.pooling_type written when > 0 (1 mean, 2 cls, 3 last): an
   // embedding model as llama.cpp reads one.
   uint32_t pooling_type = 0;
+  // Mixture of experts (model/arch.h): n_expert > 0 writes the router
+  // blk.N.ffn_gate_inp.weight [n_embd, n_expert] (F32, as llama.cpp's
+  // quantiser leaves it, std 0.02) and the experts as 3-D
+  // blk.N.ffn_{gate,up}_exps [n_embd, n_ff_exp, n_expert] and ffn_down_exps
+  // [n_ff_exp, n_embd, n_expert] (the matrix type) instead of ffn_gate/up/
+  // down, with expert_count, expert_used_count and
+  // expert_feed_forward_length; qwen2moe also writes the shared expert
+  // (ffn_{gate,up,down}_shexp, n_ff_shexp wide, and ffn_gate_inp_shexp
+  // [n_embd], F32) and expert_shared_feed_forward_length. Required (> 0) for
+  // qwen2moe and qwen3moe, optional for llama (Mixtral).
+  uint32_t n_expert = 0;
+  uint32_t n_expert_used = 0;  // 0: 2
+  uint32_t n_ff_exp = 0;       // 0: n_ff
+  uint32_t n_ff_shexp = 0;     // 0: n_ff
 };
 
 struct RandomLlamaStats {

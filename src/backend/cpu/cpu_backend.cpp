@@ -10,6 +10,7 @@
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/moe.h"
 #include "backend/cpu/packed_weights.h"
 
 namespace spw {
@@ -91,7 +92,7 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
   const int64_t n_embd = hp.n_embd;
   const int64_t n_q = hp.n_embd_q();
   const int64_t n_kv = hp.n_embd_kv();
-  const int64_t n_ff = hp.n_ff;
+  const int64_t n_ff = hp.ffn_width();
   const int32_t hd = hp.head_dim();
   const int32_t n_head = hp.n_head;
   const auto n = static_cast<int64_t>(rows.size());
@@ -108,6 +109,8 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
   const auto att = floats(n * n_q);
   const auto gate = floats(n * n_ff);
   const auto up = floats(n * n_ff);
+  // A mixture of experts' routing tables and expert outputs (moe.h).
+  const auto moe = hp.moe() ? floats(moe_scratch_floats(hp, n)) : nullptr;
   const int32_t half = hp.n_rot / 2;
   const auto rc = floats(n * half), rs = floats(n * half);
   {
@@ -163,6 +166,11 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
 
     for (int64_t t = 0; t < n; ++t)
       cpu::rms_norm(hidden + t * n_embd, L.ffn_norm.data(), n_embd, hp.rms_eps, cur.get() + t * n_embd);
+    if (L.is_moe()) {
+      cpu::moe_ffn(model, L.moe, cur.get(), n, gate.get(), up.get(), moe.get(), cur.get(), pool_.get());
+      cpu::add(hidden, cur.get(), n * n_embd);
+      continue;
+    }
     const cpu::MatmulOut gate_up[2] = {{W(L.w_gate), gate.get()}, {W(L.w_up), up.get()}};
     cpu::matmul_fused(gate_up, 2, cur.get(), n, pool_.get());
     cpu::swiglu(gate.get(), up.get(), gate.get(), n * n_ff);

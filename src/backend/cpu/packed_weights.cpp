@@ -122,7 +122,11 @@ const WeightMatrix& cpu_weights(const Model& model, const WeightMatrix& w) {
     // the tensor. Best effort: a failed madvise leaves pages resident.
     e.packed = empty_pack(w);
     const int64_t groups = w.n_rows / kQ8_0x16Rows;
-    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((1u << 20) / (kQ8_0x16Rows * w.row_bytes)));
+    // 256 KiB of rows a chunk: with 1 MiB the in-flight chunks raised the
+    // prepare-time peak RSS past the estimator's allowance on a mixture of
+    // experts (2.9 MiB over the settled RSS, 2026-12-07; 2.1 MiB at 256 KiB,
+    // and 0.9 -> 0.1 MiB on a dense 15M model) for a few more madvise calls.
+    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((1u << 18) / (kQ8_0x16Rows * w.row_bytes)));
     for (int64_t g = 0; g < groups; g += chunk) {
       const int64_t g1 = std::min(groups, g + chunk);
       pack_range(w, g, g1, e.packed.bytes.get());
@@ -141,8 +145,7 @@ void pack_resident(const Model& model, int32_t layer_begin, int32_t layer_end, b
     if (wants_packed(w) && model.file().resident(w.data, w.nbytes())) (void)cpu_weights(model, w);
   };
   for (int32_t il = layer_begin; il < layer_end; ++il) {
-    const LlamaLayerWeights& L = model.layer(il);
-    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack_if_resident(*w);
+    model.layer(il).for_each_matrix(pack_if_resident);
   }
   if (output) pack_if_resident(model.output());
 }

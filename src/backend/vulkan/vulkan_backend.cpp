@@ -4,6 +4,7 @@
 #include "backend/vulkan/vulkan_backend.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -171,8 +172,12 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
     const std::pair<const WeightMatrix*, DevMatrix*> mats[] = {
         {&L.wq, &d.wq},       {&L.wk, &d.wk},   {&L.wv, &d.wv},      {&L.wo, &d.wo},
         {&L.w_gate, &d.gate}, {&L.w_up, &d.up}, {&L.w_down, &d.down}};
-    for (const auto& [w, dm] : mats)
-      if (st.ok()) st = upload_matrix(*w, mw.owner, *dm);
+    // A mixture of experts' FFN stays on the host (vulkan_backend.h): the
+    // layer's dense gate/up/down are empty and nothing of its FFN is uploaded.
+    d.host_experts = L.is_moe();
+    const size_t n_mats = d.host_experts ? 4 : std::size(mats);
+    for (size_t i = 0; st.ok() && i < n_mats; ++i) st = upload_matrix(*mats[i].first, mw.owner, *mats[i].second);
+    if (st.ok() && d.host_experts && !host_pool) host_pool = std::make_unique<ThreadPool>(std::max(1, opts.host_threads));
     d.present = true;
     fresh.emplace_back(il, std::move(d));
   }

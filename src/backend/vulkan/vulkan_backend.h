@@ -26,6 +26,16 @@
 // uploading anything, with Unimplemented naming the tensor and its type
 // (vulkan_check_weight_types); the gateway builder asks the same of the file
 // and leaves the GPU paths unbuilt.
+// Mixture of experts (model/arch.h): a layer's attention runs on the device
+// and its experts on the host. The pass submits up to the FFN norm, reads
+// the normalised rows back, runs cpu::moe_ffn (backend/cpu/moe.h: router,
+// the chosen experts grouped over the batch, shared expert) on a pool of
+// options.host_threads threads over the weights in the mapping, and goes on
+// from the residual add: one more submission and host round trip per MoE
+// layer. prepare() uploads no router, expert or shared-expert tensor, so the
+// device holds attention, norms, KV and the head -- the "experts on the
+// CPU" placement that llama.cpp users make by hand (--n-cpu-moe), priced by
+// the estimator as such. Experts on the device are not implemented.
 // Reductions have a fixed order per (row, token), so
 // results are bitwise independent of batch size and ubatch split; they agree
 // with the CPU backend within float tolerance, not bitwise.
@@ -127,6 +137,9 @@ struct VulkanBackendOptions {
   // Enables VK_LAYER_KHRONOS_validation when installed (also on by default in
   // builds without NDEBUG).
   bool validation = false;
+  // CPU threads for the part of a pass that runs on the host: a mixture of
+  // experts' routers and experts (see the contract above).
+  int host_threads = 1;
 };
 
 enum class MemoryCategory : int { kWeights = 0, kKv = 1, kScratch = 2, kStaging = 3 };

@@ -19,6 +19,7 @@
 
 #include "backend/cpu/kernel_variant.h"
 #include "backend/cpu/quant_dot.h"
+#include "backend/cpu/thread_pool.h"
 #include "backend/vulkan/device_allocator.h"
 #include "backend/vulkan/vk_context.h"
 #include "backend/vulkan/vulkan_backend.h"
@@ -71,6 +72,9 @@ struct DevLayer {
   DeviceBuffer attn_norm, ffn_norm;
   DeviceBuffer bq, bk, bv, q_norm, k_norm;  // the architecture's optional parts (model/arch.h)
   DevMatrix wq, wk, wv, wo, gate, up, down;
+  // A mixture of experts: gate/up/down stay empty and the layer's FFN runs
+  // on the host (vulkan_backend.h).
+  bool host_experts = false;
 };
 
 struct ModelWeights {
@@ -148,6 +152,9 @@ struct VulkanBackend::Impl {
   std::map<const Model*, std::unique_ptr<ModelWeights>> models;
   Scratch scratch;
   DeviceBuffer staging;
+  // The host side of a pass (a mixture of experts' FFNs): made by the first
+  // prepare of such a model, opts.host_threads threads.
+  std::unique_ptr<ThreadPool> host_pool;
   // work_counts(): written by the Recorder under `mu`, read without it.
   std::atomic<uint64_t> n_submissions{0};
   std::atomic<uint64_t> n_dispatches{0};

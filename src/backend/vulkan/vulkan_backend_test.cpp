@@ -436,6 +436,21 @@ std::vector<ModelCase> model_cases() {
   phi3.arch = "phi3";
   phi3.rope_dims = 12;
   c.push_back({"random phi3 Q8_0 partial RoPE", testing::random_model(phi3), 1e-6});
+  // Mixtures of experts: attention on the device, the router and experts on
+  // the host (cpu::moe_ffn on the rows the device normalised), Qwen2-MoE's
+  // shared expert included.
+  auto qwen3moe = testing::small_spec(gguf::GgmlType::kQ8_0);
+  qwen3moe.arch = "qwen3moe";
+  qwen3moe.head_dim = 32;
+  qwen3moe.n_expert = 8;
+  qwen3moe.n_expert_used = 2;
+  qwen3moe.n_ff_exp = 64;
+  c.push_back({"random qwen3moe Q8_0 8 experts", testing::random_model(qwen3moe), 1e-6});
+  auto qwen2moe = testing::small_spec(gguf::GgmlType::kF32);
+  qwen2moe.arch = "qwen2moe";
+  qwen2moe.n_expert = 4;
+  qwen2moe.n_expert_used = 2;
+  c.push_back({"random qwen2moe F32 shared expert", testing::random_model(qwen2moe), 1e-9});
   auto tied = testing::small_spec(gguf::GgmlType::kF32);
   tied.tied_output = true;
   tied.n_head_kv = 1;  // GQA 4:1

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernel_variant.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/moe.h"
 #include "backend/vulkan/vulkan_backend_internal.h"
 
 namespace spw {
@@ -44,6 +47,7 @@ struct BatchPass {
   void record_qkv(Recorder& rec, const DevLayer& L);
   void record_attention(Recorder& rec, const DevLayer& L, size_t lp);
   void record_ffn(Recorder& rec, const DevLayer& L);
+  Status host_experts(std::optional<Recorder>& rec, const DevLayer& L, int32_t il);
   void rms(Recorder& rec, VkBuffer w);
   void add(Recorder& rec, VkBuffer from, uint64_t count);
 
@@ -114,7 +118,7 @@ Status BatchPass::bind(int32_t layer_begin, int32_t layer_end) {
 Status BatchPass::size_scratch() {
   E = static_cast<uint64_t>(hp.n_embd);
   KV = static_cast<uint64_t>(hp.n_embd_kv());
-  FF = static_cast<uint64_t>(hp.n_ff);
+  FF = hp.moe() ? 0 : static_cast<uint64_t>(hp.n_ff);  // a mixture's FFN runs on the host
   Q = static_cast<uint64_t>(hp.n_embd_q());
   hd = static_cast<uint32_t>(hp.head_dim());
   half = static_cast<uint32_t>(hp.n_rot / 2);
@@ -135,8 +139,10 @@ Status BatchPass::size_scratch() {
   SPW_RETURN_IF_ERROR(im.ensure(s.k, n * KV * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.v, n * KV * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.att, n * Q * 4, false));
-  SPW_RETURN_IF_ERROR(im.ensure(s.gate, n * FF * 4, false));
-  SPW_RETURN_IF_ERROR(im.ensure(s.up, n * FF * 4, false));
+  if (FF > 0) {
+    SPW_RETURN_IF_ERROR(im.ensure(s.gate, n * FF * 4, false));
+    SPW_RETURN_IF_ERROR(im.ensure(s.up, n * FF * 4, false));
+  }
   SPW_RETURN_IF_ERROR(im.ensure(s.xq, n * (qcols / 32 + 1) * 32, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.xd, n * (qcols / 32 + 1) * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.scores, tc * row_bytes, false));
@@ -165,18 +171,22 @@ Status BatchPass::record(int32_t layer_begin, int32_t layer_end, float* hidden) 
   std::memcpy(&scale_bits, &scale, 4);
   nt = static_cast<uint32_t>(n);
 
-  Recorder rec(im);
-  rec.copy(s.io_hidden.buffer(), s.x.buffer(), n * E * 4);
-  rec.barrier();
+  std::optional<Recorder> rec(std::in_place, im);
+  rec->copy(s.io_hidden.buffer(), s.x.buffer(), n * E * 4);
+  rec->barrier();
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const DevLayer& L = mw->layers[static_cast<size_t>(il)];
     const size_t lp = static_cast<size_t>(il - kvo.layer_begin);
-    record_qkv(rec, L);
-    record_attention(rec, L, lp);
-    record_ffn(rec, L);
+    record_qkv(*rec, L);
+    record_attention(*rec, L, lp);
+    if (L.host_experts) {
+      SPW_RETURN_IF_ERROR(host_experts(rec, L, il));
+    } else {
+      record_ffn(*rec, L);
+    }
   }
-  rec.copy(s.x.buffer(), s.io_hidden.buffer(), n * E * 4);
-  SPW_RETURN_IF_ERROR(rec.finish());
+  rec->copy(s.x.buffer(), s.io_hidden.buffer(), n * E * 4);
+  SPW_RETURN_IF_ERROR(rec->finish());
   std::memcpy(hidden, s.io_hidden.mapped(), n * E * 4);
   return Status();
 }
@@ -274,6 +284,32 @@ void BatchPass::record_ffn(Recorder& rec, const DevLayer& L) {
       .matmul(L.down, nt, s.cur.buffer(), static_cast<uint32_t>(E));
   rec.barrier();
   add(rec, s.cur.buffer(), n * E);
+}
+
+// A mixture of experts' FFN on the host (vulkan_backend.h): the FFN norm's
+// rows go back through io_hidden, the submission so far runs, cpu::moe_ffn
+// computes the layer's FFN output, which comes back the same way for the
+// residual add in a new submission. The host buffers are this call's, as the
+// CPU backend's are (the estimator prices them as host scratch).
+Status BatchPass::host_experts(std::optional<Recorder>& rec, const DevLayer& L, int32_t il) {
+  rms(*rec, L.ffn_norm.buffer());
+  rec->copy(s.cur.buffer(), s.io_hidden.buffer(), n * E * 4);
+  SPW_RETURN_IF_ERROR(rec->finish());
+  const auto rows = static_cast<int64_t>(n);
+  const auto fw = static_cast<size_t>(rows * hp.ffn_width());
+  // Uninitialised, as the CPU backend's: every element is written first.
+  const std::unique_ptr<float[]> x(new float[n * E]), gate(new float[fw]), up(new float[fw]),
+      scratch(new float[static_cast<size_t>(moe_scratch_floats(hp, rows))]);
+  // Host-visible memory may be uncached: read it once, not per expert.
+  std::memcpy(x.get(), s.io_hidden.mapped(), n * E * 4);
+  cpu::moe_ffn(model, model.layer(il).moe, x.get(), rows, gate.get(), up.get(), scratch.get(), x.get(),
+               im.host_pool.get());
+  std::memcpy(s.io_hidden.mapped(), x.get(), n * E * 4);
+  rec.emplace(im);
+  rec->copy(s.io_hidden.buffer(), s.cur.buffer(), n * E * 4);
+  rec->barrier();
+  add(*rec, s.cur.buffer(), n * E);
+  return Status();
 }
 
 void BatchPass::rms(Recorder& rec, VkBuffer w) {

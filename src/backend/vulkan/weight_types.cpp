@@ -26,13 +26,14 @@ Status vulkan_check_weight_type(const WeightMatrix& w) {
 }
 
 Status vulkan_check_weight_types(const Model& m, int32_t layer_begin, int32_t layer_end, bool output) {
-  const auto check = vulkan_check_weight_type;
   for (int32_t il = layer_begin; il < layer_end && il < m.hparams().n_layer; ++il) {
-    const LlamaLayerWeights& L = m.layer(il);
-    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-      SPW_RETURN_IF_ERROR(check(*w));
+    Status st;
+    m.layer(il).for_each_matrix([&](const WeightMatrix& w) {
+      if (st.ok()) st = vulkan_check_weight_type(w);
+    });
+    SPW_RETURN_IF_ERROR(st);
   }
-  if (output) SPW_RETURN_IF_ERROR(check(m.output()));
+  if (output) SPW_RETURN_IF_ERROR(vulkan_check_weight_type(m.output()));
   return Status();
 }
 
