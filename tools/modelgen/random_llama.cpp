@@ -283,7 +283,12 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
         add_random_tensor(w, s.seed, p + "ffn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
     if (s.n_expert > 0) {
       const uint64_t x = s.n_expert, fe = expert_ff(s);
-      SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + "ffn_gate_inp.weight", GgmlType::kF32, {e, x}, 0.0f, kStd));
+      // A trained router is decisive (its logits spread over a few units);
+      // at std 0.02 every expert would get nearly the same probability and
+      // the choice would hang on float noise, which no real model does.
+      const float router_std = 2.0f / std::sqrt(static_cast<float>(e));
+      SPW_RETURN_IF_ERROR(
+          add_random_tensor(w, s.seed, p + "ffn_gate_inp.weight", GgmlType::kF32, {e, x}, 0.0f, router_std));
       SPW_RETURN_IF_ERROR(matrix(p + "ffn_gate_exps.weight", l, {e, fe, x}, kStd));
       SPW_RETURN_IF_ERROR(matrix(p + "ffn_up_exps.weight", l, {e, fe, x}, kStd));
       SPW_RETURN_IF_ERROR(matrix(p + "ffn_down_exps.weight", l, {fe, e, x}, kResidualStd));

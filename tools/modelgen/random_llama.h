@@ -94,7 +94,8 @@ struct RandomLlamaSpec {
   uint32_t pooling_type = 0;
   // Mixture of experts (model/arch.h): n_expert > 0 writes the router
   // blk.N.ffn_gate_inp.weight [n_embd, n_expert] (F32, as llama.cpp's
-  // quantiser leaves it, std 0.02) and the experts as 3-D
+  // quantiser leaves it; std 2 / sqrt(n_embd), so its logits spread over a
+  // few units as a trained router's do) and the experts as 3-D
   // blk.N.ffn_{gate,up}_exps [n_embd, n_ff_exp, n_expert] and ffn_down_exps
   // [n_ff_exp, n_embd, n_expert] (the matrix type) instead of ffn_gate/up/
   // down, with expert_count, expert_used_count and
