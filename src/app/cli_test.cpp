@@ -227,6 +227,36 @@ TEST(CliTest, EstimateSpellsPlacementsAsServeDoes) {
   }
 }
 
+// --fit BUDGET walks from vulkan down through hybrid:N to cpu and names the
+// first placement whose device total fits: each candidate's total is what
+// --device would estimate for it.
+TEST(CliTest, EstimateFitNamesTheMostLayersThatFitABudget) {
+  const std::string base = "estimate --json --model " + kStories + " --ctx 256 --ubatch 32 ";
+  CmdResult hybrid2 = run(base + "--device hybrid:2");
+  ASSERT_EQ(hybrid2.exit_code, 0) << hybrid2.err;
+  const uint64_t two = nlohmann::json::parse(hybrid2.out)["devices"][1]["total"].get<uint64_t>();
+  CmdResult r = run(base + "--fit " + std::to_string(two));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["best"], "hybrid:2") << r.out;
+  EXPECT_EQ(j["gpu_layers"], 2);
+  ASSERT_EQ(j["candidates"].size(), 4u) << r.out;  // vulkan, hybrid:4, hybrid:3, hybrid:2
+  EXPECT_EQ(j["candidates"][0]["device"], "vulkan");
+  EXPECT_FALSE(j["candidates"][2]["fits"].get<bool>());
+  EXPECT_EQ(j["candidates"][3]["gpu_total"].get<uint64_t>(), two);
+  CmdResult all = run(base + "--fit 1GiB");
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_EQ(nlohmann::json::parse(all.out)["best"], "vulkan");
+  CmdResult none = run(base + "--fit 1KiB");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_EQ(nlohmann::json::parse(none.out)["best"], "cpu");
+  CmdResult bad = run(base + "--fit lots");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--fit lots"), std::string::npos) << bad.err;
+  CmdResult both = run(base + "--fit 1GiB --device cpu");
+  EXPECT_NE(both.exit_code, 0);
+}
+
 // The estimate's host baseline is this binary's own RSS before it opens a
 // model, so its total is comparable with the peak RSS `generate` reports for
 // the same plan (which fills only part of the context, so it uses less).

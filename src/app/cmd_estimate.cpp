@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "admission/estimator.h"
 #include "app/commands.h"
@@ -15,6 +16,7 @@
 #include "core/placement.h"
 #include "device/host_memory.h"
 #include "gguf/gguf.h"
+#include "model/hparams.h"
 
 namespace spw::app {
 namespace {
@@ -38,6 +40,7 @@ struct EstimateOptions {
   std::optional<int32_t> max_tokens;
   std::string host_baseline = "observed";
   bool json = false;
+  std::string fit;  // a device budget: list the placements that fit it
 };
 
 // The host's fixed runtime overhead: what a spillway process holds before it
@@ -128,6 +131,79 @@ void print_row(const char* name, const Amount& h, const Amount& g, bool gpu) {
   std::printf("\n");
 }
 
+// --fit: the placements from all on the device down to all on the CPU, each
+// estimated with the same plan, until the first that fits the device budget
+// (its whole GPU total, allowances included): the one with the most layers
+// on the device, which is the one to run. A mixture of experts' device
+// placements keep its experts on the host (backend/vulkan/vulkan_backend.h).
+struct FitRow {
+  Placement placement;
+  uint64_t gpu_total = 0;
+  uint64_t host_total = 0;
+  bool fits = false;
+};
+
+Result<std::vector<FitRow>> fit_rows(const gguf::GgufFile& f, const admission::Plan& base,
+                                     const admission::EstimatorConfig& config, uint64_t budget, int32_t n_layer) {
+  std::vector<FitRow> rows;
+  for (int32_t n = n_layer; n >= 0; --n) {
+    admission::Plan p = base;
+    p.placement = n == n_layer ? Placement::vulkan() : n == 0 ? Placement::cpu() : Placement::hybrid(n);
+    SPW_ASSIGN_OR_RETURN(Estimate e, admission::estimate(f, p, config));
+    FitRow r{p.placement, e.gpu().used ? e.gpu().total() : 0, e.host().total(), false};
+    r.fits = r.gpu_total <= budget;
+    rows.push_back(r);
+    if (r.fits) break;
+  }
+  return rows;
+}
+
+int run_fit(const EstimateOptions& o, const gguf::GgufFile& f, const admission::Plan& plan,
+            const admission::EstimatorConfig& config) {
+  auto budget = parse_memory_size(o.fit);
+  if (!budget.ok()) {
+    std::fprintf(stderr, "spillway estimate: --fit %s: expected a size such as 6GiB\n", o.fit.c_str());
+    return 1;
+  }
+  auto hp = read_llama_hparams(f);
+  if (!hp.ok()) {
+    std::fprintf(stderr, "spillway estimate: %s\n", hp.status().to_string().c_str());
+    return 1;
+  }
+  auto rows = fit_rows(f, plan, config, *budget, hp->n_layer);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "spillway estimate: %s\n", rows.status().to_string().c_str());
+    return 1;
+  }
+  const FitRow& best = rows->back();
+  const char* experts = hp->moe() ? " (experts on the CPU)" : "";
+  if (o.json) {
+    nlohmann::json c = nlohmann::json::array();
+    for (const FitRow& r : *rows)
+      c.push_back({{"device", r.placement.spec()}, {"gpu_total", r.gpu_total}, {"host_total", r.host_total},
+                   {"fits", r.fits}});
+    nlohmann::json j = {{"model", o.model},
+                        {"budget", *budget},
+                        {"candidates", c},
+                        {"best", best.placement.spec()},
+                        {"gpu_layers", best.placement.gpu_layer_count(hp->n_layer)},
+                        {"experts_on_host", hp->moe() && best.placement.on_gpu()}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("model     %s\n", o.model.c_str());
+  std::printf("budget    %llu bytes of device memory (%s MiB), ctx %d, parallel %d\n",
+              static_cast<unsigned long long>(*budget), mib(*budget).c_str(), plan.n_ctx, plan.n_parallel);
+  std::printf("\n  %-12s %16s %16s  %s\n", "placement", "gpu total", "host total", "fits");
+  for (const FitRow& r : *rows)
+    std::printf("  %-12s %16llu %16llu  %s\n", r.placement.spec().c_str(),
+                static_cast<unsigned long long>(r.gpu_total), static_cast<unsigned long long>(r.host_total),
+                r.fits ? "yes" : "no");
+  std::printf("\nbest      %s: %d of %d layers on the device%s\n", best.placement.spec().c_str(),
+              best.placement.gpu_layer_count(hp->n_layer), hp->n_layer, best.placement.on_gpu() ? experts : "");
+  return 0;
+}
+
 int run_estimate(const EstimateOptions& o) {
   admission::Plan plan;
   plan.n_ctx = o.ctx;
@@ -163,6 +239,7 @@ int run_estimate(const EstimateOptions& o) {
     std::fprintf(stderr, "spillway estimate: %s\n", file.status().to_string().c_str());
     return 1;
   }
+  if (!o.fit.empty()) return run_fit(o, **file, plan, config);
   auto est = admission::estimate(**file, plan, config);
   if (!est.ok()) {
     std::fprintf(stderr, "spillway estimate: %s\n", est.status().to_string().c_str());
@@ -300,6 +377,11 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--host-baseline", o->host_baseline,
                   "Host runtime overhead before a model is loaded: observed (this process's RSS) or a size");
   sub->add_flag("--json", o->json, "Print JSON");
+  sub->add_option("--fit", o->fit,
+                  "A device memory budget (e.g. 6GiB): estimate vulkan, then hybrid:N from N = layers - 1 down, "
+                  "then cpu, and name the first that fits (the most layers on the device); a mixture of experts' "
+                  "device placements keep the experts on the CPU")
+      ->excludes(sub->get_option("--device"));
   sub->callback([o, &exit_code] { exit_code = run_estimate(*o); });
 }
 
