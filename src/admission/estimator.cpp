@@ -209,7 +209,9 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
   const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
-  const uint64_t F = hp.moe() ? 0 : static_cast<uint64_t>(hp.n_ff);  // a mixture's FFN runs on the host
+  // A mixture's FFN: its experts (ffn_width wide) on the device, or none here.
+  const bool dev_experts = hp.moe() && !plan.placement.cpu_experts;
+  const uint64_t F = !hp.moe() ? static_cast<uint64_t>(hp.n_ff) : dev_experts ? static_cast<uint64_t>(hp.ffn_width()) : 0;
   const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
   const uint64_t nh = static_cast<uint64_t>(hp.n_head);
   const uint64_t half = static_cast<uint64_t>(std::max(hp.n_rot / 2, 1));
@@ -233,6 +235,12 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     const uint64_t row = nh * c * kF32;
     const uint64_t tc = std::max<uint64_t>(1, std::min<uint64_t>(m, max_buffer / std::max<uint64_t>(row, 1)));
     g.scores = tc < m ? vk_alloc_size(max_buffer) : sz(tc * row);
+    if (dev_experts) {
+      const uint64_t X = static_cast<uint64_t>(hp.n_expert), K = static_cast<uint64_t>(hp.n_expert_used);
+      g.router = sz(m * X * kF32);
+      g.io_route = sz(std::max(m * (X + 1), 2 * (m * K + m)) * 4);
+      g.xg = g.yg = sz(m * E * kF32);
+    }
   }
   if (s.output) {
     const uint64_t rows = plan.logits_all ? m : P;
@@ -317,7 +325,7 @@ namespace {
 template <typename Fn>
 void for_each_gpu_scratch(const GpuTerms& g, Fn fn) {
   for (uint64_t b : {g.io_hidden, g.x, g.io_rope, g.io_blocks, g.cur, g.q, g.att, g.k, g.v, g.gate, g.up,
-                     g.xq, g.xd, g.scores, g.io_logits})
+                     g.xq, g.xd, g.scores, g.io_logits, g.router, g.io_route, g.xg, g.yg})
     fn(b);
 }
 }  // namespace
@@ -424,6 +432,9 @@ Result<Plan> resolve_plan(const Plan& plan_in, const LlamaHparams& hp) {
   if (plan.n_threads < 1 || plan.n_threads > 1024) return bad_plan("n_threads", plan.n_threads, "must be 1..1024");
   if (plan.kv_block_tokens <= 0 || plan.kv_block_tokens > plan.n_ctx)
     return bad_plan("kv_block_tokens", plan.kv_block_tokens, "must be in 1..n_ctx");
+  if (plan.placement.cpu_experts && !hp.moe())
+    return Status::invalid_argument("plan placement " + plan.placement.name() + ": " + hp.arch +
+                                    " model has no experts to put on the CPU");
   return plan;
 }
 
@@ -479,8 +490,9 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
     const int32_t l = tensor_layer(t.name);
     if (l >= 0 && l < hp.n_layer) {
       d = device_of_layer(l);
-      // A mixture's router and experts stay on the host (vulkan_backend.h).
-      if (is_expert_tensor(t.name)) d = DeviceKind::kHost;
+      // With +cpu-experts a mixture's router and experts stay on the host
+      // (vulkan_backend.h).
+      if (plan.placement.cpu_experts && is_expert_tensor(t.name)) d = DeviceKind::kHost;
     }
     else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;
     // token_embd (the lookup is the host's on every placement; a tied head
@@ -515,8 +527,8 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
         largest_upload = std::max(largest_upload, bytes);
         return;
       }
-      const uint64_t n_rows = std::max<uint64_t>(t.ne[1], 1);
-      const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(n_rows, 1);
+      const uint64_t n_rows = std::max<uint64_t>(t.ne[1] * (t.n_dims == 3 ? t.ne[2] : 1), 1);  // every part's
+      const uint64_t row_bytes = t.nbytes / n_rows;
       const uint64_t rows_per = std::max<uint64_t>(1, weight_chunk / std::max<uint64_t>(row_bytes, 1));
       // A fused tensor is uploaded part by part (model.h: its row ranges).
       for (const int64_t part : parts_of(t)) {
@@ -592,7 +604,7 @@ void add_kv_pools(const LlamaHparams& hp, const Plan& plan, uint64_t blocks_per_
 // with several sessions this is an upper bound).
 void add_host_experts_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan,
                             const EstimatorConfig& config, Estimate& est) {
-  if (!hp.moe()) return;
+  if (!hp.moe() || !plan.placement.cpu_experts) return;
   const StageLayout* gpu = nullptr;
   for (const auto& s : est.stages) {
     if (s.layer_end <= s.layer_begin) continue;

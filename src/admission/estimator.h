@@ -298,6 +298,13 @@ struct GpuTerms {
   // sequence of a batched step, or m with logits_all); cur and, for a quantised head, xq/xd for rows*E are covered above
   // (forward's are at least as large) or sized here when larger.
   uint64_t io_logits = 0;
+  // A mixture of experts on the device (not with +cpu-experts): router
+  // (m*n_expert floats: its logits), io_route (host-visible: max(m*(n_expert
+  // + 1), 2*(m*n_expert_used + m)) 4-byte words: the logits out, the routing
+  // table in), xg and yg (m*E: an expert's gathered rows and outputs); gate
+  // and up are then m*ffn_width, and xq/xd cover it. With +cpu-experts the
+  // device holds no FFN buffer at all (gate, up 0).
+  uint64_t router = 0, io_route = 0, xg = 0, yg = 0;
   // Staging (category staging): upload() keeps one host-visible buffer of
   // min(largest upload, 8 MiB, max_buffer) bytes (rounded to 4), the largest
   // weight buffer of prepare, then frees it.

@@ -129,36 +129,53 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
     EXPECT_FALSE(e->gpu().used);
     EXPECT_EQ(e->gpu().total(), 0u);
 
-    // GPU: the same bytes, each tensor rounded to 256, but token_embd's: its
-    // lookup is the host's, so the GPU holds it only as a tied head; and a
-    // mixture of experts' router and experts, which run on the host.
+    // GPU: the same bytes, each buffer rounded to 256 (a tensor, or each
+    // expert of a 3-D one), but token_embd's: its lookup is the host's, so the
+    // GPU holds it only as a tied head; with +cpu-experts a mixture's router
+    // and experts stay on the host too.
     const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
     ASSERT_NE(embd, nullptr);
     const bool tied = tm.model->output_tied();
-    uint64_t experts = 0;
-    for (const auto& t : f.tensors())
-      if (is_expert_tensor(t.name)) experts += t.nbytes;
-    EXPECT_EQ(experts > 0, tm.model->hparams().moe()) << tm.name;
+    const bool moe = tm.model->hparams().moe();
+    const auto rounding_of = [](const gguf::TensorInfo& t) {
+      const uint64_t parts = t.n_dims == 3 ? t.ne[2] : 1, part = t.nbytes / parts;
+      return parts * ((part + 255) / 256 * 256 - part);
+    };
+    for (const bool cpu_experts : {false, true}) {
+      if (cpu_experts && !moe) continue;
+      uint64_t experts = 0;
+      for (const auto& t : f.tensors())
+        if (cpu_experts && is_expert_tensor(t.name)) experts += t.nbytes;
+      Plan g = c;
+      g.placement = cpu_experts ? Placement::vulkan().with_cpu_experts() : Placement::vulkan();
+      auto eg = estimate(f, g);
+      ASSERT_TRUE(eg.ok());
+      EXPECT_EQ(eg->gpu().weights.bytes, (tied ? table : table - embd->nbytes) - experts) << tm.name;
+      uint64_t rounding = 0;
+      for (const auto& t : f.tensors())
+        if ((tied || &t != embd) && !(cpu_experts && is_expert_tensor(t.name))) rounding += rounding_of(t);
+      EXPECT_EQ(eg->gpu().weights.allowance, rounding) << tm.name;
+      EXPECT_EQ(eg->host().weights.bytes, embd->nbytes + experts) << tm.name;
+      for (const Placement& pl : {Placement::cpu(), g.placement}) {
+        Plan pf = g;
+        pf.placement = pl;
+        pf.prefault = true;
+        auto ep = estimate(f, pf);
+        ASSERT_TRUE(ep.ok());
+        const uint64_t mapped = (f.file_size() + 4095) / 4096 * 4096;
+        EXPECT_EQ(ep->host().weights.bytes, mapped) << tm.name;
+        EXPECT_EQ(ep->host().mapped_other, pl == Placement::cpu() ? mapped - table : mapped - embd->nbytes - experts)
+            << tm.name;
+      }
+    }
     Plan g = c;
     g.placement = Placement::vulkan();
-    auto eg = estimate(f, g);
-    ASSERT_TRUE(eg.ok());
-    EXPECT_EQ(eg->gpu().weights.bytes, (tied ? table : table - embd->nbytes) - experts) << tm.name;
-    uint64_t rounding = 0;
-    for (const auto& t : f.tensors())
-      if ((tied || &t != embd) && !is_expert_tensor(t.name)) rounding += (t.nbytes + 255) / 256 * 256 - t.nbytes;
-    EXPECT_EQ(eg->gpu().weights.allowance, rounding);
-    EXPECT_EQ(eg->host().weights.bytes, embd->nbytes + experts) << tm.name;
-    for (const Placement& pl : {Placement::cpu(), Placement::vulkan()}) {
-      Plan pf = g;
-      pf.placement = pl;
-      pf.prefault = true;
-      auto ep = estimate(f, pf);
-      ASSERT_TRUE(ep.ok());
-      const uint64_t mapped = (f.file_size() + 4095) / 4096 * 4096;
-      EXPECT_EQ(ep->host().weights.bytes, mapped) << tm.name;
-      EXPECT_EQ(ep->host().mapped_other, pl == Placement::cpu() ? mapped - table : mapped - embd->nbytes - experts)
-          << tm.name;
+    if (!moe) {
+      g.placement.cpu_experts = true;  // nothing to move: refused by name
+      auto dense = estimate(f, g);
+      ASSERT_FALSE(dense.ok()) << tm.name;
+      EXPECT_NE(dense.status().message().find("no experts"), std::string::npos) << dense.status().to_string();
+      g.placement.cpu_experts = false;
     }
 
     // Hybrid: split by layer; the first layers on the GPU, the embedding
@@ -173,7 +190,7 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
       for (const auto& t : f.tensors()) {
         int layer = -1;
         if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1) {
-          (layer < ngl && !is_expert_tensor(t.name) ? gpu : host) += t.nbytes;
+          (layer < ngl ? gpu : host) += t.nbytes;
         } else if (t.name == "token_embd.weight") {
           host += t.nbytes;  // the lookup, and a tied head, are the host's
         } else {

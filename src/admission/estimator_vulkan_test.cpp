@@ -62,6 +62,7 @@ struct Case {
   int32_t block_tokens = 16;
   bool logits_all = false;
   KvType kv_type = KvType::kF32;
+  bool cpu_experts = false;  // +cpu-experts
 };
 
 std::vector<TokenId> tokens(int n, int n_vocab, int salt) {
@@ -73,12 +74,14 @@ std::vector<TokenId> tokens(int n, int n_vocab, int salt) {
 void run_case(const std::string& name, const std::shared_ptr<const Model>& model, const Case& c) {
   const auto& hp = model->hparams();
   const std::string what = name + " " + (c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan") +
+                           (c.cpu_experts ? "+cpu-experts" : "") +
                            " ctx=" + std::to_string(c.n_ctx) + " ub=" + std::to_string(c.n_ubatch) +
                            " bt=" + std::to_string(c.block_tokens) + (c.logits_all ? " all-logits" : "") +
                            " kv=" + std::string(kv_type_name(c.kv_type));
   SCOPED_TRACE(what);
   DeviceSessionOptions o;
-  auto spec = Placement::parse(c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan");
+  auto spec = Placement::parse((c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan") +
+                               (c.cpu_experts ? "+cpu-experts" : ""));
   ASSERT_TRUE(spec.ok()) << spec.status().to_string();
   o.device = *spec;
   o.n_ctx = c.n_ctx;
@@ -185,12 +188,16 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   auto phi3 = testing::generated(testing::as_arch(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "phi3"));
   ASSERT_NE(phi3, nullptr);
   run_case("phi3-Q8_0", phi3, Case{128, 32, 1});
-  // A mixture of experts: attention, norms and head on the device, the
-  // router and experts on the host (no device FFN buffers either).
+  // A mixture of experts: experts on the device (router, routing table and
+  // gathered rows' buffers), or with +cpu-experts attention, norms and head
+  // on the device and the router and experts on the host (no device FFN
+  // buffers either). Each case opens its own backend.
   auto moe = testing::generated(
       testing::as_moe(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "qwen3moe", 8, 2, 64));
   ASSERT_NE(moe, nullptr);
-  for (const Case& c : {Case{128, 32, 0}, Case{96, 16, 1}}) run_case("qwen3moe-Q8_0", moe, c);
+  for (const Case& c : {Case{128, 32, 0}, Case{96, 16, 1}, Case{128, 32, 0, 16, false, KvType::kF32, true},
+                        Case{96, 16, 1, 16, false, KvType::kF32, true}})
+    run_case("qwen3moe-Q8_0", moe, c);
 
   // Low-bit weights on the device: a Q4_K_M mix (Q4_K, Q6_K attn_v / ffn_down /
   // head: a quantised head sizes xq/xd for its rows) and a legacy type.

@@ -134,8 +134,9 @@ void print_row(const char* name, const Amount& h, const Amount& g, bool gpu) {
 // --fit: the placements from all on the device down to all on the CPU, each
 // estimated with the same plan, until the first that fits the device budget
 // (its whole GPU total, allowances included): the one with the most layers
-// on the device, which is the one to run. A mixture of experts' device
-// placements keep its experts on the host (backend/vulkan/vulkan_backend.h).
+// on the device, which is the one to run. A mixture of experts tries each
+// split with its experts on the device, then on the CPU (+cpu-experts:
+// backend/vulkan/vulkan_backend.h).
 struct FitRow {
   Placement placement;
   uint64_t gpu_total = 0;
@@ -144,16 +145,23 @@ struct FitRow {
 };
 
 Result<std::vector<FitRow>> fit_rows(const gguf::GgufFile& f, const admission::Plan& base,
-                                     const admission::EstimatorConfig& config, uint64_t budget, int32_t n_layer) {
+                                     const admission::EstimatorConfig& config, uint64_t budget, int32_t n_layer,
+                                     bool moe) {
   std::vector<FitRow> rows;
   for (int32_t n = n_layer; n >= 0; --n) {
-    admission::Plan p = base;
-    p.placement = n == n_layer ? Placement::vulkan() : n == 0 ? Placement::cpu() : Placement::hybrid(n);
-    SPW_ASSIGN_OR_RETURN(Estimate e, admission::estimate(f, p, config));
-    FitRow r{p.placement, e.gpu().used ? e.gpu().total() : 0, e.host().total(), false};
-    r.fits = r.gpu_total <= budget;
-    rows.push_back(r);
-    if (r.fits) break;
+    const Placement at = n == n_layer ? Placement::vulkan() : n == 0 ? Placement::cpu() : Placement::hybrid(n);
+    // A mixture's layers with their experts on the device, then on the CPU
+    // (its attention and KV stay on the device: what serve does too).
+    for (const bool cpu_experts : {false, true}) {
+      if (cpu_experts && (!moe || n == 0)) continue;
+      admission::Plan p = base;
+      p.placement = cpu_experts ? at.with_cpu_experts() : at;
+      SPW_ASSIGN_OR_RETURN(Estimate e, admission::estimate(f, p, config));
+      FitRow r{p.placement, e.gpu().used ? e.gpu().total() : 0, e.host().total(), false};
+      r.fits = r.gpu_total <= budget;
+      rows.push_back(r);
+      if (r.fits) return rows;
+    }
   }
   return rows;
 }
@@ -170,13 +178,13 @@ int run_fit(const EstimateOptions& o, const gguf::GgufFile& f, const admission::
     std::fprintf(stderr, "spillway estimate: %s\n", hp.status().to_string().c_str());
     return 1;
   }
-  auto rows = fit_rows(f, plan, config, *budget, hp->n_layer);
+  auto rows = fit_rows(f, plan, config, *budget, hp->n_layer, hp->moe());
   if (!rows.ok()) {
     std::fprintf(stderr, "spillway estimate: %s\n", rows.status().to_string().c_str());
     return 1;
   }
   const FitRow& best = rows->back();
-  const char* experts = hp->moe() ? " (experts on the CPU)" : "";
+  const char* experts = best.placement.cpu_experts ? ", experts on the CPU" : "";
   if (o.json) {
     nlohmann::json c = nlohmann::json::array();
     for (const FitRow& r : *rows)
@@ -187,20 +195,20 @@ int run_fit(const EstimateOptions& o, const gguf::GgufFile& f, const admission::
                         {"candidates", c},
                         {"best", best.placement.spec()},
                         {"gpu_layers", best.placement.gpu_layer_count(hp->n_layer)},
-                        {"experts_on_host", hp->moe() && best.placement.on_gpu()}};
+                        {"cpu_experts", best.placement.cpu_experts}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("model     %s\n", o.model.c_str());
   std::printf("budget    %llu bytes of device memory (%s MiB), ctx %d, parallel %d\n",
               static_cast<unsigned long long>(*budget), mib(*budget).c_str(), plan.n_ctx, plan.n_parallel);
-  std::printf("\n  %-12s %16s %16s  %s\n", "placement", "gpu total", "host total", "fits");
+  std::printf("\n  %-22s %16s %16s  %s\n", "placement", "gpu total", "host total", "fits");
   for (const FitRow& r : *rows)
-    std::printf("  %-12s %16llu %16llu  %s\n", r.placement.spec().c_str(),
+    std::printf("  %-22s %16llu %16llu  %s\n", r.placement.spec().c_str(),
                 static_cast<unsigned long long>(r.gpu_total), static_cast<unsigned long long>(r.host_total),
                 r.fits ? "yes" : "no");
   std::printf("\nbest      %s: %d of %d layers on the device%s\n", best.placement.spec().c_str(),
-              best.placement.gpu_layer_count(hp->n_layer), hp->n_layer, best.placement.on_gpu() ? experts : "");
+              best.placement.gpu_layer_count(hp->n_layer), hp->n_layer, experts);
   return 0;
 }
 
@@ -369,7 +377,8 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--block-tokens", o->block_tokens, "KV block size in tokens");
   sub->add_option("--device", o->device,
                   "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] as for serve and generate (the first N layers "
-                  "on Vulkan; hybrid:0 is cpu, N >= the layer count is vulkan); gpu = vulkan (older spelling)");
+                  "on Vulkan; hybrid:0 is cpu, N >= the layer count is vulkan; +cpu-experts: a mixture's experts on "
+                  "the CPU); gpu = vulkan (older spelling)");
   sub->add_option("--kv-type", o->kv_type, "KV cache element type: f16, f32 or q8_0 (CPU only)")->capture_default_str();
   sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");
@@ -379,8 +388,8 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_flag("--json", o->json, "Print JSON");
   sub->add_option("--fit", o->fit,
                   "A device memory budget (e.g. 6GiB): estimate vulkan, then hybrid:N from N = layers - 1 down, "
-                  "then cpu, and name the first that fits (the most layers on the device); a mixture of experts' "
-                  "device placements keep the experts on the CPU")
+                  "then cpu, and name the first that fits (the most layers on the device); a mixture of experts "
+                  "tries each with its experts on the device, then +cpu-experts")
       ->excludes(sub->get_option("--device"));
   sub->callback([o, &exit_code] { exit_code = run_estimate(*o); });
 }

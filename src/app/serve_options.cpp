@@ -127,7 +127,9 @@ void add_first_path_flags(CLI::Option_group* first, ServeCliOptions& o) {
   GatewayFlagText& text = o.text;
   first
       ->add_option("--device", text.device,
-                   "cpu, vulkan[:i|:name] or hybrid:N[:i] (the first N layers on Vulkan)")
+                   "cpu, vulkan[:i|:name] or hybrid:N[:i] (the first N layers on Vulkan); +cpu-experts after a device "
+                   "one keeps a mixture of experts' experts on the CPU (chosen by itself when they do not fit the "
+                   "device)")
       ->capture_default_str();
   first->add_option("--parallel", g.parallel, "Requests the first path generates at once (workers)")
       ->capture_default_str()

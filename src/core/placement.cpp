@@ -15,12 +15,25 @@ bool all_digits(std::string_view s) {
 
 Status bad_placement(std::string_view text) {
   return Status::invalid_argument("placement '" + std::string(text) +
-                                  "': expected cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX");
+                                  "': expected cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX, "
+                                  "the device ones optionally followed by +cpu-experts");
 }
+
+constexpr std::string_view kCpuExperts = "+cpu-experts";
 
 }  // namespace
 
-Result<Placement> Placement::parse(std::string_view t) {
+Result<Placement> Placement::parse(std::string_view text) {
+  if (text.ends_with(kCpuExperts)) {
+    auto base = parse_base(text.substr(0, text.size() - kCpuExperts.size()));
+    if (!base.ok() || base->kind == Kind::kCpu) return bad_placement(text);
+    base->cpu_experts = true;
+    return base;
+  }
+  return parse_base(text);
+}
+
+Result<Placement> Placement::parse_base(std::string_view t) {
   constexpr std::string_view kVulkan = "vulkan";
   constexpr std::string_view kHybrid = "hybrid:";
   if (t == "cpu") return cpu();
@@ -48,15 +61,16 @@ Result<Placement> Placement::parse(std::string_view t) {
 std::string Placement::name() const {
   switch (kind) {
     case Kind::kCpu: return "cpu";
-    case Kind::kVulkan: return "vulkan";
-    case Kind::kHybrid: return "hybrid:" + std::to_string(gpu_layers);
+    case Kind::kVulkan: return cpu_experts ? "vulkan" + std::string(kCpuExperts) : "vulkan";
+    case Kind::kHybrid: return "hybrid:" + std::to_string(gpu_layers) + (cpu_experts ? std::string(kCpuExperts) : "");
   }
   return "?";
 }
 
 std::string Placement::spec() const {
   if (kind == Kind::kCpu || vulkan_device.empty()) return name();
-  return name() + ":" + vulkan_device;
+  const std::string base = kind == Kind::kVulkan ? "vulkan" : "hybrid:" + std::to_string(gpu_layers);
+  return base + ":" + vulkan_device + (cpu_experts ? std::string(kCpuExperts) : "");
 }
 
 int32_t Placement::gpu_layer_count(int32_t n_layer) const {
@@ -69,17 +83,19 @@ int32_t Placement::gpu_layer_count(int32_t n_layer) const {
 }
 
 Placement Placement::resolved(int32_t n_layer) const {
-  if (kind != Kind::kHybrid) return kind == Kind::kCpu ? cpu() : vulkan(vulkan_device);
+  if (kind == Kind::kCpu) return cpu();
   const int32_t n = gpu_layer_count(n_layer);
   if (n == 0) return cpu();
-  if (n >= n_layer) return vulkan(vulkan_device);
-  return hybrid(n, vulkan_device);
+  Placement p = n >= n_layer ? vulkan(vulkan_device) : hybrid(n, vulkan_device);
+  p.cpu_experts = cpu_experts;
+  return p;
 }
 
 bool operator==(const Placement& a, const Placement& b) {
   if (a.kind != b.kind) return false;
   if (a.kind == Placement::Kind::kCpu) return true;
-  return a.vulkan_device == b.vulkan_device && (a.kind != Placement::Kind::kHybrid || a.gpu_layers == b.gpu_layers);
+  return a.vulkan_device == b.vulkan_device && a.cpu_experts == b.cpu_experts &&
+         (a.kind != Placement::Kind::kHybrid || a.gpu_layers == b.gpu_layers);
 }
 
 }  // namespace spw

@@ -11,18 +11,22 @@
 //   "hybrid:N" / "hybrid:N:I"  layers [0, N) on Vulkan device I (default the
 //                         first), the rest on the CPU (N: 1 to 6 decimal
 //                         digits; clamped to n_layer by gpu_layer_count).
+// and each device form followed by "+cpu-experts": a mixture of experts'
+// router and experts run on the CPU, from the mapped file, the rest of its
+// layers as the form says (backend/vulkan/vulkan_backend.h); a dense model
+// has no experts and refuses it at open (engine/device_session.h).
 // Anything else is InvalidArgument quoting the text and naming these forms
 // (callers add which option it came from, e.g. "--device").
 // spec() is the canonical text of a placement, selector included, and
 // parse(p.spec()) == p for every placement parse() can return (hybrid N in
 // 0..999999; N is written without leading zeros). name() is the short spelling every response, log line
-// and journal record uses: "cpu", "vulkan" or "hybrid:N", without the device
-// selector. A placement given by the user may say more layers than a model
+// and journal record uses: "cpu", "vulkan" or "hybrid:N" (the device ones
+// with "+cpu-experts" when set), without the device selector. A placement given by the user may say more layers than a model
 // has; resolved(n_layer) is the placement as it actually runs for a model of
 // n_layer layers (hybrid:0 is cpu, hybrid:N with N >= n_layer is vulkan), so
 // name() of a resolved placement is canonical: one running layout, one name.
-// Fields: vulkan_device is meaningful for vulkan and hybrid only, gpu_layers
-// for hybrid only (the static constructors leave the others empty/0), and
+// Fields: vulkan_device and cpu_experts are meaningful for vulkan and hybrid
+// only, gpu_layers for hybrid only (the static constructors leave the others empty/0), and
 // operator== compares the meaningful fields only.
 // Thread safety: a value type; all members are const and pure.
 #pragma once
@@ -41,14 +45,21 @@ struct Placement {
   Kind kind = Kind::kCpu;
   std::string vulkan_device;  // VulkanBackendOptions::device ("" = the first device)
   int32_t gpu_layers = 0;     // hybrid: layers [0, gpu_layers) on Vulkan
+  bool cpu_experts = false;   // vulkan / hybrid: a mixture's experts on the CPU ("+cpu-experts")
 
   static Placement cpu() { return {}; }
-  static Placement vulkan(std::string device = "") { return {Kind::kVulkan, std::move(device), 0}; }
-  static Placement hybrid(int32_t n, std::string device = "") { return {Kind::kHybrid, std::move(device), n}; }
+  static Placement vulkan(std::string device = "") { return {Kind::kVulkan, std::move(device), 0, false}; }
+  static Placement hybrid(int32_t n, std::string device = "") { return {Kind::kHybrid, std::move(device), n, false}; }
+  // This placement with a mixture's experts on the CPU (cpu stays cpu).
+  Placement with_cpu_experts() const {
+    Placement p = *this;
+    p.cpu_experts = kind != Kind::kCpu;
+    return p;
+  }
 
   static Result<Placement> parse(std::string_view text);
 
-  // "cpu", "vulkan", "hybrid:N" (no device selector).
+  // "cpu", "vulkan", "hybrid:N", "+cpu-experts" after a device one (no device selector).
   std::string name() const;
   // "cpu", "vulkan", "vulkan:SEL", "hybrid:N", "hybrid:N:SEL": parse() inverts it.
   std::string spec() const;
@@ -66,6 +77,9 @@ struct Placement {
   bool on_gpu() const { return kind == Kind::kVulkan || (kind == Kind::kHybrid && gpu_layers > 0); }
 
   friend bool operator==(const Placement& a, const Placement& b);
+
+ private:
+  static Result<Placement> parse_base(std::string_view text);  // without the +cpu-experts suffix
 };
 
 }  // namespace spw

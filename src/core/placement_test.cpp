@@ -104,6 +104,35 @@ TEST(Placement, ResolvedKeepsTheDeviceAndIsIdempotent) {
   }
 }
 
+// "+cpu-experts" after a device form: a mixture's experts on the CPU.
+TEST(Placement, CpuExpertsSuffix) {
+  const auto v = Placement::parse("vulkan+cpu-experts");
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(v->kind, Placement::Kind::kVulkan);
+  EXPECT_TRUE(v->cpu_experts);
+  EXPECT_EQ(v->name(), "vulkan+cpu-experts");
+  EXPECT_EQ(*v, Placement::vulkan().with_cpu_experts());
+  EXPECT_NE(*v, Placement::vulkan());
+  for (const char* text : {"vulkan+cpu-experts", "vulkan:1+cpu-experts", "vulkan:NVIDIA+cpu-experts",
+                           "hybrid:3+cpu-experts", "hybrid:3:1+cpu-experts"}) {
+    const auto p = Placement::parse(text);
+    ASSERT_TRUE(p.ok()) << text << ": " << p.status().to_string();
+    EXPECT_TRUE(p->cpu_experts) << text;
+    EXPECT_EQ(p->spec(), text);
+    EXPECT_EQ(Placement::parse(p->spec()).value(), *p) << text;
+  }
+  EXPECT_EQ(Placement::parse("hybrid:3:1+cpu-experts")->name(), "hybrid:3+cpu-experts");
+  // Resolved: kept on a device placement, gone with the device.
+  EXPECT_EQ(Placement::parse("hybrid:9+cpu-experts")->resolved(5), Placement::vulkan().with_cpu_experts());
+  EXPECT_EQ(Placement::parse("hybrid:0+cpu-experts")->resolved(5), Placement::cpu());
+  EXPECT_EQ(Placement::cpu().with_cpu_experts(), Placement::cpu());
+  for (const char* bad : {"cpu+cpu-experts", "+cpu-experts", "vulkan+cpu", "hybrid:x+cpu-experts"}) {
+    const auto p = Placement::parse(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+    EXPECT_NE(p.status().message().find("+cpu-experts"), std::string::npos) << p.status().to_string();
+  }
+}
+
 TEST(Placement, GpuLayerCountClampsHybrid) {
   EXPECT_EQ(Placement::cpu().gpu_layer_count(5), 0);
   EXPECT_EQ(Placement::vulkan().gpu_layer_count(5), 5);

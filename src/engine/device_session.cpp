@@ -58,6 +58,9 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
   const Model& m = *model;
   SPW_ASSIGN_OR_RETURN(const int32_t n_ctx, check_group(m, o));
   const int32_t n_layer = m.hparams().n_layer;
+  if (o.device.cpu_experts && !m.hparams().moe())
+    return Status::invalid_argument("placement " + o.device.name() + ": " + m.hparams().arch +
+                                    " model has no experts to put on the CPU (drop +cpu-experts)");
   SessionGroup g;
   g.n_ctx = n_ctx;
   g.n_gpu_layers = o.device.gpu_layer_count(n_layer);
@@ -73,6 +76,8 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
       vo.host_threads = o.n_threads;  // a mixture of experts' experts run on the host
       SPW_ASSIGN_OR_RETURN(g.vulkan, VulkanBackend::create(vo));
     }
+    // A mixture's experts on the device or the host, before anything uploads.
+    if (m.hparams().moe()) SPW_RETURN_IF_ERROR(g.vulkan->set_cpu_experts(m, o.device.cpu_experts));
     SPW_ASSIGN_OR_RETURN(auto pool,
                          g.vulkan->create_kv_pool(stage_pool(m, o, n_ctx, 0, g.n_gpu_layers), "sessions"));
     stages.push_back({g.vulkan, pool, 0, g.n_gpu_layers});
@@ -114,6 +119,7 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
     g.placement = "hybrid: layers " + layer_range(0, g.n_gpu_layers) + " " + vk_name + ", " +
                   layer_range(g.n_gpu_layers, n_layer) + " cpu";
   }
+  if (g.n_gpu_layers > 0 && o.device.cpu_experts) g.placement += ", experts on the cpu";
   return g;
 }
 

@@ -74,9 +74,10 @@ TEST(DeviceSessionTest, VulkanAndHybridGiveTheCpuTokens) {
 }
 
 // Phi-3's fused tensors (Q, K, V and gate, up as row ranges of attn_qkv and
-// ffn_up) with partial RoPE, and the mixtures of experts (experts on the host
-// beside a Vulkan stage: vulkan_backend.h), give the same greedy tokens on
-// every placement.
+// ffn_up) with partial RoPE, and the mixtures of experts (their experts on
+// the device, or on the host with +cpu-experts: vulkan_backend.h), give the
+// same greedy tokens on every placement; +cpu-experts on a dense model is
+// refused by name.
 TEST(DeviceSessionTest, ArchitecturesGiveTheCpuTokensOnVulkanAndHybrid) {
   std::string why;
   if (!vulkan_available(&why)) GTEST_SKIP() << why;
@@ -97,13 +98,21 @@ TEST(DeviceSessionTest, ArchitecturesGiveTheCpuTokensOnVulkanAndHybrid) {
     ASSERT_NE(model, nullptr) << spec.arch;
     const std::vector<TokenId> expected = cpu_greedy_tokens(model, 12);
     ASSERT_EQ(expected.size(), 12u);
-    for (const std::string placement : {"vulkan", "hybrid:1"}) {
+    std::vector<std::string> placements = {"vulkan", "hybrid:1"};
+    if (spec.n_expert > 0) placements.insert(placements.end(), {"vulkan+cpu-experts", "hybrid:1+cpu-experts"});
+    for (const std::string& placement : placements) {
       auto ds = open_device_session(model, options_for(placement));
       ASSERT_TRUE(ds.ok()) << placement << ": " << ds.status().to_string();
       EXPECT_EQ(greedy_tokens(*ds->session, *model, 12), expected)
           << spec.arch << " " << placement << " on " << ds->placement;
+      if (placement.find("+cpu-experts") != std::string::npos)
+        EXPECT_NE(ds->placement.find("experts on the cpu"), std::string::npos) << ds->placement;
     }
   }
+  auto dense = open_device_session(testing::stories(), options_for("vulkan+cpu-experts"));
+  ASSERT_FALSE(dense.ok());
+  EXPECT_EQ(dense.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dense.status().message().find("no experts"), std::string::npos) << dense.status().to_string();
 }
 
 // The serving layout on a GPU: N sessions over one VulkanBackend (weights

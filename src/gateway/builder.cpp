@@ -73,7 +73,8 @@ struct PathPlan {
 Result<PathPlan> plan_offload(const gguf::GgufFile& file, const Placement& gpu, int32_t n, int32_t n_ctx,
                               int32_t block_tokens, int n_threads, KvType kv_type,
                               const admission::EstimatorConfig& cfg) {
-  const Placement where = Placement::hybrid(n, gpu.vulkan_device);
+  Placement where = Placement::hybrid(n, gpu.vulkan_device);
+  where.cpu_experts = gpu.cpu_experts;  // the GPU path's upload of the model, experts where it keeps them
   const int32_t blocks = admission::kv_blocks_for(n_ctx, block_tokens);
   SPW_ASSIGN_OR_RETURN(admission::Estimate e0,
                        admission::estimate(file, path_plan(where, n_ctx, 1, 1, n_threads, kv_type), cfg));
@@ -246,6 +247,11 @@ struct Composition {
   LlamaHparams hp, cpu_hp;
   int32_t n_ctx = 0;         // the first path's context, resolved
   int32_t n_gpu_layers = 0;  // 0: the first path is the CPU's
+  // The GPU-side paths' placement: --device, or with a mixture of experts
+  // whose experts do not fit the device, the same with +cpu-experts
+  // (plan_gpu_path). The offload path keeps its experts where this does
+  // (they share the backend's upload of the model).
+  Placement gpu_where;
   PathShape cpu_shape;       // the CPU path's (first-choice or fallback)
   admission::EstimatorConfig cfg;
   // The memory plans.
@@ -292,6 +298,10 @@ Status read_model_files(Composition& c) {
                                     "] (the model's context_length), got " + std::to_string(c.n_ctx));
   }
   c.n_gpu_layers = o.device.gpu_layer_count(c.hp.n_layer);
+  if (o.device.cpu_experts && !c.hp.moe())
+    return invalid_field("device", "device " + o.device.spec() + ": the " + c.hp.arch +
+                                       " model has no experts to put on the CPU (drop +cpu-experts)");
+  c.gpu_where = o.device;
   if (!o.fallback_model.empty() && c.n_gpu_layers == 0) {
     return invalid_field("fallback-model", "fallback-model serves the CPU fallback of a GPU path; with device " +
                                                o.device.spec() + " the model itself is served on the CPU");
@@ -380,7 +390,8 @@ Status open_device_ledger(Composition& c) {
 // unbuilt with the reason (OK). Errors: the estimator's.
 Status plan_gpu_path(Composition& c) {
   const GatewayOptions& o = c.o;
-  const Placement& spec = o.device;
+  const Placement spec = c.gpu_where;
+  const size_t not_built_before = c.not_built.size();
   const std::string& owner = c.out.model_name;
   auto estimate = [&](int32_t blocks) {
     return admission::estimate(*c.file, path_plan(spec, c.n_ctx, o.parallel, blocks, c.n_threads, o.kv_type), c.cfg);
@@ -412,6 +423,18 @@ Status plan_gpu_path(Composition& c) {
   }
   const uint64_t available = available_all > c.offload.device_bytes ? available_all - c.offload.device_bytes : 0;
   const int32_t blocks = fit_in(available);
+  if (blocks < 2 && c.hp.moe() && !spec.cpu_experts) {
+    // A mixture of experts whose experts do not fit: the same placement with
+    // them on the CPU (most of the bytes, few of the FLOPs) before giving up
+    // the device.
+    c.out.log.push_back("gpu path: " + spec.name() + " needs " + format_bytes(fixed) + " plus " +
+                        format_bytes(per_block) + " per KV block, " + format_bytes(available) +
+                        " available: planning its experts on the CPU (" + spec.with_cpu_experts().name() + ")");
+    c.not_built.resize(not_built_before);
+    c.offload = PathPlan{};
+    c.gpu_where = spec.with_cpu_experts();
+    return plan_gpu_path(c);
+  }
   if (blocks < 2) {
     c.not_built.push_back({"gpu", "weights and scratch need " + format_bytes(fixed) + " plus " +
                                       format_bytes(per_block) + " per KV block; the device ledger has " +
@@ -765,7 +788,7 @@ Status build_gpu_paths(Composition& c) {
   std::shared_ptr<DeviceControl> device = make_device_control(c.env, c.out.vulkan);
   c.gpu_breaker = breaker;
   c.gpu_device = device;
-  PathSpec ps = model_path_spec(c, c.full_gpu() ? "gpu" : "hybrid", o.device, admission::PathRole::kPrimary,
+  PathSpec ps = model_path_spec(c, c.full_gpu() ? "gpu" : "hybrid", c.gpu_where, admission::PathRole::kPrimary,
                                 path_shape(o, admission::PathRole::kPrimary, c.n_ctx));
   ps.breaker = breaker;
   ps.device = device;
@@ -776,7 +799,9 @@ Status build_gpu_paths(Composition& c) {
   ps.replica.why = "the first-choice path: its layers' weights uploaded at start";
   SPW_RETURN_IF_ERROR(make_path(c, std::move(ps)));
   if (c.offload.built) {
-    PathSpec hs = model_path_spec(c, "hybrid", Placement::hybrid(o.offload_layers, o.device.vulkan_device),
+    Placement offload_where = Placement::hybrid(o.offload_layers, o.device.vulkan_device);
+    offload_where.cpu_experts = c.gpu_where.cpu_experts;
+    PathSpec hs = model_path_spec(c, "hybrid", offload_where,
                                   admission::PathRole::kOffload, path_shape(o, admission::PathRole::kOffload, c.n_ctx));
     hs.blocks = c.offload.kv_blocks;
     hs.prior = rate_prior(c, c.offload.shares);
@@ -969,6 +994,7 @@ Status build_catalogue_model(Composition& c, const CatalogueModel& cm, std::set<
   const int32_t ctx = std::min(o.ctx > 0 ? o.ctx : hp->n_ctx_train, hp->n_ctx_train);
   CatalogueUnit first;
   first.where = on_device ? o.device : Placement::cpu();
+  first.where.cpu_experts = first.where.cpu_experts && hp->moe();  // a dense model has none to move
   first.role = admission::PathRole::kPrimary;
   first.shape = path_shape(o, admission::PathRole::kPrimary, ctx);
   first.shape.ctx = ctx;

@@ -343,6 +343,55 @@ TEST_F(BuilderTest, AQ4KMModelPassesTheEquivalenceCheck) {
   b->gateway->shutdown(std::chrono::milliseconds(0));
 }
 
+// A mixture of experts on a device whose budget holds its attention, KV and
+// head but not its experts: the GPU path is planned with the experts on the
+// CPU (vulkan+cpu-experts), says so, and serves the CPU path's greedy text;
+// with room for everything it keeps them on the device. +cpu-experts on a
+// dense model is refused naming the flag.
+TEST_F(BuilderTest, AMixtureWhoseExpertsDoNotFitPutsThemOnTheCpu) {
+  const std::string why = vulkan_missing();
+  if (!why.empty()) GTEST_SKIP() << why;
+  modelgen::RandomLlamaSpec s;
+  s.arch = "qwen3moe";
+  s.n_embd = 128;
+  s.n_layer = 2;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_ff = 256;
+  s.n_expert = 16;
+  s.n_expert_used = 2;
+  s.n_ctx = 2048;
+  s.type = gguf::GgmlType::kQ8_0;
+  s.vocab_path = stories();  // experts: 2 layers x 16 x 3 x 128 x 256 Q8_0 = 3.3 MiB
+  const std::string path = (dir_ / "moe.gguf").string();
+  ASSERT_TRUE(modelgen::write_random_llama(Env::default_env(), path, s).ok());
+  std::string expected;
+  for (const std::string budget : {"2MiB", "64MiB"}) {
+    SCOPED_TRACE(budget);
+    GatewayOptions o = gpu_options();
+    o.model = path;
+    o.device_memory = *parse_memory_size(budget);
+    Result<BuiltGateway> b = build_gateway(Env::default_env(), o);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    Gateway& gw = *b->gateway;
+    ASSERT_EQ(gw.paths().size(), 2u);
+    EXPECT_EQ(gw.paths()[0].placement, budget == "2MiB" ? "vulkan+cpu-experts" : "vulkan");
+    auto a = gw.submit(request("Once upon a time", 12));
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->path->name, "gpu");
+    const Collected c = collect(*a->ticket);
+    EXPECT_EQ(c.fin.state, serve::RequestState::kDone) << c.fin.status.to_string();
+    if (expected.empty()) expected = c.text;
+    EXPECT_EQ(c.text, expected);
+    b->gateway->shutdown(std::chrono::milliseconds(0));
+  }
+  GatewayOptions dense = gpu_options();
+  dense.device = Placement::vulkan().with_cpu_experts();
+  Result<BuiltGateway> refused = build_gateway(Env::default_env(), dense);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("+cpu-experts"), std::string::npos) << refused.status().to_string();
+}
+
 TEST_F(BuilderTest, OffloadPathTakesALongPromptTheGpuPoolCannotHold) {
   const std::string why = vulkan_missing();
   if (!why.empty()) GTEST_SKIP() << why;

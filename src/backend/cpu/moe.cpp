@@ -21,36 +21,10 @@ void moe_ffn(const Model& model, const MoeWeights& w, const float* x, int64_t n,
   int32_t* first = order + n * K;  // [X + 1] each expert's start in `order`
   auto W = [&](const WeightMatrix& m) -> const WeightMatrix& { return cpu_weights(model, m); };
 
-  // Route: softmax over every expert, the K most probable (ties to the
-  // lower id: a strict > keeps the first), their weights.
+  // Route, then group the (row, rank) pairs by expert.
   matmul(W(w.router), x, n, probs, pool);
-  for (int64_t t = 0; t < n; ++t) {
-    float* p = probs + t * X;
-    softmax(p, X);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < K; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < X; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j && !taken; ++i) taken = id[t * K + i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
-      id[t * K + j] = static_cast<int32_t>(best);
-      weight[t * K + j] = p[best];
-      sum += p[best];
-    }
-    if (hp.moe_norm_topk)
-      for (int64_t j = 0; j < K; ++j) weight[t * K + j] /= sum;
-  }
-  // Group the (row, rank) pairs by expert: a counting sort, stable in rows.
-  std::memset(first, 0, static_cast<size_t>(X + 1) * sizeof(int32_t));
-  for (int64_t i = 0; i < n * K; ++i) ++first[id[i] + 1];
-  for (int64_t e = 0; e < X; ++e) first[e + 1] += first[e];
-  {
-    int32_t* fill = reinterpret_cast<int32_t*>(probs);  // the probabilities are spent: X cursors
-    std::memcpy(fill, first, static_cast<size_t>(X) * sizeof(int32_t));
-    for (int64_t i = 0; i < n * K; ++i) order[fill[id[i]]++] = static_cast<int32_t>(i);
-  }
+  moe_route(hp, probs, n, id, weight);
+  moe_group(hp, id, n, first, order, reinterpret_cast<int32_t*>(probs));  // the probabilities are spent
   // Each chosen expert once, over all its rows.
   for (int64_t e = 0; e < X; ++e) {
     const int64_t r0 = first[e], cnt = first[e + 1] - first[e];
@@ -95,6 +69,41 @@ void moe_ffn(const Model& model, const MoeWeights& w, const float* x, int64_t n,
       for (int64_t i = 0; i < E; ++i) o[i] += shared_scale[t] * sh[i];
     }
   }
+}
+
+void moe_route(const LlamaHparams& hp, float* probs, int64_t n, int32_t* id, float* weight) {
+  const int64_t X = hp.n_expert, K = hp.n_expert_used;
+  // Softmax over every expert, the K most probable (ties to the lower id:
+  // a strict > keeps the first), their weights.
+  for (int64_t t = 0; t < n; ++t) {
+    float* p = probs + t * X;
+    softmax(p, X);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < X; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j && !taken; ++i) taken = id[t * K + i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      id[t * K + j] = static_cast<int32_t>(best);
+      weight[t * K + j] = p[best];
+      sum += p[best];
+    }
+    if (hp.moe_norm_topk)
+      for (int64_t j = 0; j < K; ++j) weight[t * K + j] /= sum;
+  }
+}
+
+void moe_group(const LlamaHparams& hp, const int32_t* id, int64_t n, int32_t* first, int32_t* order,
+               int32_t* cursor) {
+  const int64_t X = hp.n_expert, K = hp.n_expert_used;
+  // A counting sort, stable in rows.
+  std::memset(first, 0, static_cast<size_t>(X + 1) * sizeof(int32_t));
+  for (int64_t i = 0; i < n * K; ++i) ++first[id[i] + 1];
+  for (int64_t e = 0; e < X; ++e) first[e + 1] += first[e];
+  std::memcpy(cursor, first, static_cast<size_t>(X) * sizeof(int32_t));
+  for (int64_t i = 0; i < n * K; ++i) order[cursor[id[i]]++] = static_cast<int32_t>(i);
 }
 
 }  // namespace spw::cpu

@@ -32,4 +32,18 @@ namespace spw::cpu {
 void moe_ffn(const Model& model, const MoeWeights& w, const float* x, int64_t n, float* gate, float* up,
              float* scratch, float* out, ThreadPool* pool);
 
+// The router's decision for n rows, as moe_ffn makes it: `probs` holds the
+// router's logits [n][n_expert] and becomes their softmax; id and weight
+// ([n][n_expert_used]) the chosen experts, most probable first (ties to the
+// lower id), and their weights (renormalised where hp.moe_norm_topk). The
+// Vulkan backend routes its device experts with it, so both backends choose
+// alike from equal logits.
+void moe_route(const LlamaHparams& hp, float* probs, int64_t n, int32_t* id, float* weight);
+
+// Groups the n * n_expert_used (row, rank) pairs of `id` by expert, rows
+// ascending within one: first ([n_expert + 1]) gets each expert's start in
+// order ([n * n_expert_used], entries row * n_expert_used + rank); `cursor`
+// is n_expert ints of scratch.
+void moe_group(const LlamaHparams& hp, const int32_t* id, int64_t n, int32_t* first, int32_t* order, int32_t* cursor);
+
 }  // namespace spw::cpu

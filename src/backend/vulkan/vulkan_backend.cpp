@@ -129,6 +129,33 @@ Status VulkanBackend::Impl::upload_vector(const std::vector<float>& v, const std
   return upload(out, v.data(), v.size() * sizeof(float));
 }
 
+Status VulkanBackend::Impl::upload_experts(const MoeWeights& w, const std::string& owner, DevLayer& d) {
+  SPW_RETURN_IF_ERROR(upload_matrix(w.router, owner, d.moe_router));
+  const size_t n = w.gate.size();
+  d.e_gate.resize(n);
+  d.e_up.resize(n);
+  d.e_down.resize(n);
+  for (size_t e = 0; e < n; ++e) {
+    SPW_RETURN_IF_ERROR(upload_matrix(w.gate[e], owner, d.e_gate[e]));
+    SPW_RETURN_IF_ERROR(upload_matrix(w.up[e], owner, d.e_up[e]));
+    SPW_RETURN_IF_ERROR(upload_matrix(w.down[e], owner, d.e_down[e]));
+  }
+  if (w.shared_gate.n_rows == 0) return Status();
+  SPW_RETURN_IF_ERROR(upload_matrix(w.shared_gate, owner, d.s_gate));
+  SPW_RETURN_IF_ERROR(upload_matrix(w.shared_up, owner, d.s_up));
+  SPW_RETURN_IF_ERROR(upload_matrix(w.shared_down, owner, d.s_down));
+  // The shared expert's gate vector as a one-row F32 matrix: its logit is
+  // one more matmul output.
+  WeightMatrix gate_row;
+  gate_row.data = reinterpret_cast<const uint8_t*>(w.shared_router.data());
+  gate_row.type = gguf::GgmlType::kF32;
+  gate_row.n_cols = static_cast<int64_t>(w.shared_router.size());
+  gate_row.n_rows = 1;
+  gate_row.row_bytes = w.shared_router.size() * sizeof(float);
+  gate_row.name = w.shared_gate.name;
+  return upload_matrix(gate_row, owner, d.s_router);
+}
+
 Result<ModelWeights*> VulkanBackend::Impl::weights(const Model& model) {
   auto it = models.find(&model);
   if (it == models.end() || it->second->fingerprint != model.fingerprint_hash())
@@ -172,11 +199,12 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
     const std::pair<const WeightMatrix*, DevMatrix*> mats[] = {
         {&L.wq, &d.wq},       {&L.wk, &d.wk},   {&L.wv, &d.wv},      {&L.wo, &d.wo},
         {&L.w_gate, &d.gate}, {&L.w_up, &d.up}, {&L.w_down, &d.down}};
-    // A mixture of experts' FFN stays on the host (vulkan_backend.h): the
-    // layer's dense gate/up/down are empty and nothing of its FFN is uploaded.
-    d.host_experts = L.is_moe();
-    const size_t n_mats = d.host_experts ? 4 : std::size(mats);
+    // A mixture of experts: its dense gate/up/down are empty; the router and
+    // experts are uploaded, or stay on the host (vulkan_backend.h).
+    d.host_experts = L.is_moe() && experts_on_host(model);
+    const size_t n_mats = L.is_moe() ? 4 : std::size(mats);
     for (size_t i = 0; st.ok() && i < n_mats; ++i) st = upload_matrix(*mats[i].first, mw.owner, *mats[i].second);
+    if (st.ok() && L.is_moe() && !d.host_experts) st = upload_experts(L.moe, mw.owner, d);
     if (st.ok() && d.host_experts && !host_pool) host_pool = std::make_unique<ThreadPool>(std::max(1, opts.host_threads));
     d.present = true;
     fresh.emplace_back(il, std::move(d));
@@ -250,6 +278,25 @@ void VulkanBackend::release_model(const Model& model) {
   std::lock_guard<TimedMutex> lk(impl_->mu);
   if (impl_->ctx) impl_->ctx->wait_idle();
   impl_->models.erase(&model);
+}
+
+Status VulkanBackend::set_cpu_experts(const Model& model, bool on_host) {
+  std::lock_guard<TimedMutex> lk(impl_->mu);
+  if (auto it = impl_->models.find(&model); it != impl_->models.end() && it->second->fingerprint == model.fingerprint_hash()) {
+    for (int32_t il = 0; il < model.hparams().n_layer; ++il) {
+      const DevLayer& d = it->second->layers[static_cast<size_t>(il)];
+      if (d.present && model.layer(il).is_moe() && d.host_experts != on_host)
+        return Status::failed_precondition(name() + ": the model's experts are already " +
+                                           (d.host_experts ? "on the host" : "on the device") +
+                                           " (release_model first)");
+    }
+  }
+  if (on_host) {
+    impl_->cpu_experts[&model] = model.fingerprint_hash();
+  } else {
+    impl_->cpu_experts.erase(&model);
+  }
+  return Status();
 }
 
 Status VulkanBackend::prepare(const Model& model, int32_t lb, int32_t le, bool embedding, bool output) {

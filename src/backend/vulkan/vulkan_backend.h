@@ -26,16 +26,25 @@
 // uploading anything, with Unimplemented naming the tensor and its type
 // (vulkan_check_weight_types); the gateway builder asks the same of the file
 // and leaves the GPU paths unbuilt.
-// Mixture of experts (model/arch.h): a layer's attention runs on the device
-// and its experts on the host. The pass submits up to the FFN norm, reads
-// the normalised rows back, runs cpu::moe_ffn (backend/cpu/moe.h: router,
-// the chosen experts grouped over the batch, shared expert) on a pool of
-// options.host_threads threads over the weights in the mapping, and goes on
-// from the residual add: one more submission and host round trip per MoE
-// layer. prepare() uploads no router, expert or shared-expert tensor, so the
-// device holds attention, norms, KV and the head -- the "experts on the
-// CPU" placement that llama.cpp users make by hand (--n-cpu-moe), priced by
-// the estimator as such. Experts on the device are not implemented.
+// Mixture of experts (model/arch.h), two shapes per model
+// (set_cpu_experts):
+//  - experts on the device (default): the pass submits up to the router's
+//    logits, reads them back, routes on the host (cpu::moe_route: the CPU's
+//    choice from the same logits) and records, per chosen expert in id
+//    order, a gather of its rows, gate/up, SwiGLU, down and a weighted add
+//    into the residual (gather_rows.comp, scatter_add_rows.comp), so each
+//    chosen expert is one matmul over all its rows of the step; Qwen2-MoE's
+//    shared expert and its sigmoid gate likewise. A row's experts are added
+//    in id order (the CPU: rank order), so the two backends agree within
+//    float rounding, each bitwise batch-invariant.
+//  - experts on the host (Placement::cpu_experts): attention on the device;
+//    the pass reads the FFN norm's rows back, runs cpu::moe_ffn (router,
+//    experts, shared expert) on a pool of options.host_threads threads over
+//    the weights in the mapping, and goes on from the residual add. prepare()
+//    uploads no router, expert or shared-expert tensor: the device holds
+//    attention, norms, KV and the head -- the split llama.cpp users make by
+//    hand (--n-cpu-moe), priced by the estimator as such.
+// Either way one more submission and host round trip per MoE layer.
 // Reductions have a fixed order per (row, token), so
 // results are bitwise independent of batch size and ubatch split; they agree
 // with the CPU backend within float tolerance, not bitwise.
@@ -203,6 +212,12 @@ class VulkanBackend final : public Backend {
   // Frees a model's uploaded weights (call before the Model dies if the backend
   // outlives it; weights are keyed by Model address and fingerprint).
   void release_model(const Model& model);
+
+  // Where a mixture of experts' router and experts run for `model`: on the
+  // device (the default) or on the host (`on_host`, Placement::cpu_experts).
+  // Set before prepare(); FailedPrecondition once layers of the model are
+  // uploaded the other way (release_model first). A dense model ignores it.
+  Status set_cpu_experts(const Model& model, bool on_host);
 
   const VulkanDeviceInfo& device_info() const;
   const VulkanBackendOptions& options() const;

@@ -72,9 +72,14 @@ struct DevLayer {
   DeviceBuffer attn_norm, ffn_norm;
   DeviceBuffer bq, bk, bv, q_norm, k_norm;  // the architecture's optional parts (model/arch.h)
   DevMatrix wq, wk, wv, wo, gate, up, down;
-  // A mixture of experts: gate/up/down stay empty and the layer's FFN runs
-  // on the host (vulkan_backend.h).
+  // A mixture of experts: gate/up/down stay empty; the router and experts
+  // are on the device (moe_router, the e_* per expert, the shared expert's
+  // s_* with its gate as a one-row matrix) or, with host_experts, on the host
+  // (vulkan_backend.h).
   bool host_experts = false;
+  DevMatrix moe_router, s_gate, s_up, s_down, s_router;
+  std::vector<DevMatrix> e_gate, e_up, e_down;
+  bool device_experts() const { return !e_gate.empty(); }
 };
 
 struct ModelWeights {
@@ -88,6 +93,10 @@ struct ModelWeights {
 struct Scratch {
   DeviceBuffer io_hidden, io_rope, io_blocks, io_logits;  // host-visible
   DeviceBuffer x, cur, q, k, v, att, gate, up, xq, xd, scores;       // device-local
+  // Device experts: the router's logits (and the shared expert's gate),
+  // one expert's gathered rows and outputs; io_route carries the logits to
+  // the host and the routing table back.
+  DeviceBuffer router, xg, yg, io_route;
 };
 
 // The float64 variant where the device has float64 and the type one.
@@ -155,6 +164,12 @@ struct VulkanBackend::Impl {
   // The host side of a pass (a mixture of experts' FFNs): made by the first
   // prepare of such a model, opts.host_threads threads.
   std::unique_ptr<ThreadPool> host_pool;
+  // set_cpu_experts: the models whose experts stay on the host.
+  std::map<const Model*, uint64_t> cpu_experts;  // -> fingerprint
+  bool experts_on_host(const Model& m) const {
+    auto it = cpu_experts.find(&m);
+    return it != cpu_experts.end() && it->second == m.fingerprint_hash();
+  }
   // work_counts(): written by the Recorder under `mu`, read without it.
   std::atomic<uint64_t> n_submissions{0};
   std::atomic<uint64_t> n_dispatches{0};
@@ -198,6 +213,7 @@ struct VulkanBackend::Impl {
   Status upload(DeviceBuffer& dst, const void* src, uint64_t bytes);
   Status upload_matrix(const WeightMatrix& w, const std::string& owner, DevMatrix& out);
   Status upload_vector(const std::vector<float>& v, const std::string& owner, DeviceBuffer& out);
+  Status upload_experts(const MoeWeights& w, const std::string& owner, DevLayer& d);
   Status prepare(const Model& model, int32_t lb, int32_t le, bool output);
   Result<ModelWeights*> weights(const Model& model);
 };

@@ -402,6 +402,7 @@ struct ModelCase {
   double nmse_tol;
   int n_tokens = 24;
   double max_abs_tol = 1e-3;
+  bool cpu_experts = false;  // a mixture's experts on the host (set_cpu_experts)
 };
 
 std::vector<ModelCase> model_cases() {
@@ -436,21 +437,25 @@ std::vector<ModelCase> model_cases() {
   phi3.arch = "phi3";
   phi3.rope_dims = 12;
   c.push_back({"random phi3 Q8_0 partial RoPE", testing::random_model(phi3), 1e-6});
-  // Mixtures of experts: attention on the device, the router and experts on
-  // the host (cpu::moe_ffn on the rows the device normalised), Qwen2-MoE's
-  // shared expert included.
+  // Mixtures of experts, Qwen2-MoE's shared expert included: routed on the
+  // host from the device's router logits, each chosen expert gathered, run
+  // and added on the device; and with the experts on the host
+  // (cpu::moe_ffn on the rows the device normalised).
   auto qwen3moe = testing::small_spec(gguf::GgmlType::kQ8_0);
   qwen3moe.arch = "qwen3moe";
   qwen3moe.head_dim = 32;
   qwen3moe.n_expert = 8;
   qwen3moe.n_expert_used = 2;
   qwen3moe.n_ff_exp = 64;
-  c.push_back({"random qwen3moe Q8_0 8 experts", testing::random_model(qwen3moe), 1e-6});
   auto qwen2moe = testing::small_spec(gguf::GgmlType::kF32);
   qwen2moe.arch = "qwen2moe";
   qwen2moe.n_expert = 4;
   qwen2moe.n_expert_used = 2;
-  c.push_back({"random qwen2moe F32 shared expert", testing::random_model(qwen2moe), 1e-9});
+  for (const bool host : {false, true}) {
+    const std::string where = host ? ", experts on the host" : ", experts on the device";
+    c.push_back({"random qwen3moe Q8_0 8 experts" + where, testing::random_model(qwen3moe), 1e-6, 24, 1e-3, host});
+    c.push_back({"random qwen2moe F32 shared expert" + where, testing::random_model(qwen2moe), 1e-9, 24, 1e-3, host});
+  }
   auto tied = testing::small_spec(gguf::GgmlType::kF32);
   tied.tied_output = true;
   tied.n_head_kv = 1;  // GQA 4:1
@@ -503,6 +508,7 @@ TEST(VulkanModel, LogitsMatchCpu) {
     ASSERT_NE(mc.model, nullptr) << mc.name;
     auto toks = some_tokens(mc.n_tokens, mc.model->hparams().n_vocab);
     auto ref = all_logits(*testing::make_session(mc.model, cpu, make_pool(*mc.model, 16, 8)), toks);
+    if (mc.model->hparams().moe()) ASSERT_TRUE(b->set_cpu_experts(*mc.model, mc.cpu_experts).ok()) << mc.name;
     auto s = vk_session(mc.model, b, 8, 16);
     ASSERT_NE(s, nullptr);
     auto got = all_logits(*s, toks);

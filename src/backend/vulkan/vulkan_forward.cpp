@@ -48,6 +48,9 @@ struct BatchPass {
   void record_attention(Recorder& rec, const DevLayer& L, size_t lp);
   void record_ffn(Recorder& rec, const DevLayer& L);
   Status host_experts(std::optional<Recorder>& rec, const DevLayer& L, int32_t il);
+  Status device_experts(std::optional<Recorder>& rec, const DevLayer& L);
+  void expert_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevMatrix& gate, const DevMatrix& up,
+                  const DevMatrix& down, uint32_t first, uint32_t weights);
   void rms(Recorder& rec, VkBuffer w);
   void add(Recorder& rec, VkBuffer from, uint64_t count);
 
@@ -68,6 +71,7 @@ struct BatchPass {
   VulkanKvStorage* kvs = nullptr;
   bool kv_f16 = false;
   ModelWeights* mw = nullptr;
+  bool dev_experts = false;  // some layer's experts are on the device
   // Set by size_scratch.
   uint64_t E = 0, KV = 0, FF = 0, Q = 0;
   uint32_t hd = 0, half = 0;
@@ -104,9 +108,11 @@ Status BatchPass::bind(int32_t layer_begin, int32_t layer_end) {
   // The weights first: after a reinitialize both are gone, and "prepare the
   // model" is the step to take before a new pool helps.
   SPW_ASSIGN_OR_RETURN(mw, im.weights(model));
-  for (int32_t il = layer_begin; il < layer_end; ++il)
-    if (!mw->layers[static_cast<size_t>(il)].present)
-      return Status::failed_precondition("layer " + std::to_string(il) + " not prepared on " + im.name());
+  for (int32_t il = layer_begin; il < layer_end; ++il) {
+    const DevLayer& L = mw->layers[static_cast<size_t>(il)];
+    if (!L.present) return Status::failed_precondition("layer " + std::to_string(il) + " not prepared on " + im.name());
+    dev_experts |= L.device_experts();
+  }
   kvs = dynamic_cast<VulkanKvStorage*>(pool->device_storage());
   if (kvs == nullptr || kvs->ctx != im.ctx)
     return Status::invalid_argument("forward_layers: KV pool is not in " + im.name() +
@@ -118,7 +124,8 @@ Status BatchPass::bind(int32_t layer_begin, int32_t layer_end) {
 Status BatchPass::size_scratch() {
   E = static_cast<uint64_t>(hp.n_embd);
   KV = static_cast<uint64_t>(hp.n_embd_kv());
-  FF = hp.moe() ? 0 : static_cast<uint64_t>(hp.n_ff);  // a mixture's FFN runs on the host
+  // A mixture's FFN: experts ffn_width wide on the device, or none here.
+  FF = !hp.moe() ? static_cast<uint64_t>(hp.n_ff) : dev_experts ? static_cast<uint64_t>(hp.ffn_width()) : 0;
   Q = static_cast<uint64_t>(hp.n_embd_q());
   hd = static_cast<uint32_t>(hp.head_dim());
   half = static_cast<uint32_t>(hp.n_rot / 2);
@@ -146,6 +153,16 @@ Status BatchPass::size_scratch() {
   SPW_RETURN_IF_ERROR(im.ensure(s.xq, n * (qcols / 32 + 1) * 32, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.xd, n * (qcols / 32 + 1) * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.scores, tc * row_bytes, false));
+  if (dev_experts) {
+    // The router's logits (and the shared gate's, in yg), and the routing
+    // table: row ids then weights, the routed (row, rank) pairs and the
+    // shared expert's n rows (device_experts).
+    const uint64_t X = static_cast<uint64_t>(hp.n_expert), K = static_cast<uint64_t>(hp.n_expert_used);
+    SPW_RETURN_IF_ERROR(im.ensure(s.router, n * X * 4, false));
+    SPW_RETURN_IF_ERROR(im.ensure(s.io_route, std::max(n * (X + 1), 2 * (n * K + n)) * 4, true));
+    SPW_RETURN_IF_ERROR(im.ensure(s.xg, n * E * 4, false));
+    SPW_RETURN_IF_ERROR(im.ensure(s.yg, n * E * 4, false));
+  }
   return Status();
 }
 
@@ -181,6 +198,8 @@ Status BatchPass::record(int32_t layer_begin, int32_t layer_end, float* hidden) 
     record_attention(*rec, L, lp);
     if (L.host_experts) {
       SPW_RETURN_IF_ERROR(host_experts(rec, L, il));
+    } else if (L.device_experts()) {
+      SPW_RETURN_IF_ERROR(device_experts(rec, L));
     } else {
       record_ffn(*rec, L);
     }
@@ -310,6 +329,90 @@ Status BatchPass::host_experts(std::optional<Recorder>& rec, const DevLayer& L, 
   rec->barrier();
   add(*rec, s.cur.buffer(), n * E);
   return Status();
+}
+
+// A mixture of experts on the device (vulkan_backend.h): the router's
+// logits (and the shared expert's gate logit) come back; the host routes as
+// the CPU does (cpu::moe_route) and writes the table the gathers and
+// weighted adds read: row ids grouped by expert (cpu::moe_group), then the
+// shared expert's rows 0..n-1, then every entry's weight. Each chosen expert
+// then runs once over its rows, in id order, adding into the residual.
+Status BatchPass::device_experts(std::optional<Recorder>& rec, const DevLayer& L) {
+  const auto rows = static_cast<int64_t>(n);
+  const int64_t X = hp.n_expert, K = hp.n_expert_used;
+  const bool shared = L.s_gate.n_rows > 0;
+  rms(*rec, L.ffn_norm.buffer());
+  {
+    MatmulInput in(*rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
+    in.matmul(L.moe_router, nt, s.router.buffer(), static_cast<uint32_t>(X));
+    if (shared) in.matmul(L.s_router, nt, s.yg.buffer(), 1);
+  }
+  rec->barrier();
+  rec->copy(s.router.buffer(), s.io_route.buffer(), n * static_cast<uint64_t>(X) * 4);
+  if (shared) rec->copy(s.yg.buffer(), s.io_route.buffer(), n * 4, 0, n * static_cast<uint64_t>(X) * 4);
+  SPW_RETURN_IF_ERROR(rec->finish());
+
+  std::vector<float> probs(static_cast<size_t>(rows * X)), weight(static_cast<size_t>(rows * K));
+  std::vector<float> gate_logit(shared ? static_cast<size_t>(rows) : 0);
+  std::vector<int32_t> id(static_cast<size_t>(rows * K)), order(static_cast<size_t>(rows * K)),
+      first(static_cast<size_t>(X + 1)), cursor(static_cast<size_t>(X));
+  const auto* mapped = static_cast<const float*>(s.io_route.mapped());
+  std::memcpy(probs.data(), mapped, probs.size() * 4);
+  if (shared) std::memcpy(gate_logit.data(), mapped + rows * X, gate_logit.size() * 4);
+  cpu::moe_route(hp, probs.data(), rows, id.data(), weight.data());
+  cpu::moe_group(hp, id.data(), rows, first.data(), order.data(), cursor.data());
+  const int64_t entries = rows * K + rows, wo = entries;  // the weights follow the row ids
+  auto* table = static_cast<int32_t*>(s.io_route.mapped());
+  for (int64_t j = 0; j < rows * K; ++j) {
+    table[j] = order[static_cast<size_t>(j)] / static_cast<int32_t>(K);
+    std::memcpy(&table[wo + j], &weight[static_cast<size_t>(order[static_cast<size_t>(j)])], 4);
+  }
+  for (int64_t t = 0; t < rows; ++t) {
+    table[rows * K + t] = static_cast<int32_t>(t);
+    const float g = shared ? 1.0f / (1.0f + std::exp(-gate_logit[static_cast<size_t>(t)])) : 0.0f;
+    std::memcpy(&table[wo + rows * K + t], &g, 4);
+  }
+
+  rec.emplace(im);
+  for (int64_t e = 0; e < X; ++e) {
+    const auto cnt = static_cast<uint32_t>(first[static_cast<size_t>(e) + 1] - first[static_cast<size_t>(e)]);
+    if (cnt == 0) continue;
+    const auto at = static_cast<uint32_t>(first[static_cast<size_t>(e)]);
+    const uint32_t pg[3] = {cnt * static_cast<uint32_t>(E), static_cast<uint32_t>(E), at};
+    rec->dispatch_flat("gather_rows", {s.cur.buffer(), s.xg.buffer(), s.io_route.buffer()}, pg, sizeof pg,
+                       uint64_t{cnt} * E);
+    rec->barrier();
+    const auto i = static_cast<size_t>(e);
+    expert_ffn(*rec, s.xg.buffer(), cnt, L.e_gate[i], L.e_up[i], L.e_down[i], at, static_cast<uint32_t>(wo));
+  }
+  if (shared)
+    expert_ffn(*rec, s.cur.buffer(), nt, L.s_gate, L.s_up, L.s_down, static_cast<uint32_t>(rows * K),
+               static_cast<uint32_t>(wo));
+  return Status();
+}
+
+// One expert over `rows` rows of `in`: gate and up, SwiGLU, down into yg,
+// then yg's rows added, weighted, to the residual rows the table names from
+// entry `first` (weights from entry `weights` + first).
+void BatchPass::expert_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevMatrix& gate, const DevMatrix& up,
+                           const DevMatrix& down, uint32_t first, uint32_t weights) {
+  const auto F = static_cast<uint32_t>(gate.n_rows);
+  {
+    MatmulInput mi(rec, in, s.xq.buffer(), s.xd.buffer(), uint64_t{rows} * E);
+    mi.matmul(gate, rows, s.gate.buffer(), F);
+    mi.matmul(up, rows, s.up.buffer(), F);
+  }
+  rec.barrier();
+  const uint32_t ps[1] = {rows * F};
+  rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, uint64_t{rows} * F);
+  rec.barrier();
+  MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), uint64_t{rows} * F)
+      .matmul(down, rows, s.yg.buffer(), static_cast<uint32_t>(E));
+  rec.barrier();
+  const uint32_t pa[4] = {rows * static_cast<uint32_t>(E), static_cast<uint32_t>(E), first, weights};
+  rec.dispatch_flat("scatter_add_rows", {s.x.buffer(), s.yg.buffer(), s.io_route.buffer()}, pa, sizeof pa,
+                    uint64_t{rows} * E);
+  rec.barrier();
 }
 
 void BatchPass::rms(Recorder& rec, VkBuffer w) {

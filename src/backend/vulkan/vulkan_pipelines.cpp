@@ -51,7 +51,8 @@ uint32_t shader_bindings(const char* name) {
                                                         {"add_bias", 2},      {"kv_write", 5},
                                                         {"attention", 6},     {"kv_write_f16", 5},
                                                         {"attention_f16", 6}, {"swiglu", 2},
-                                                        {"swiglu_f64", 2},    {"add", 2}};
+                                                        {"swiglu_f64", 2},    {"add", 2},
+                                                        {"gather_rows", 3},   {"scatter_add_rows", 3}};
   if (auto it = fixed.find(name); it != fixed.end()) return it->second;
   for (const TypeShaders& t : kTypeShaders) {
     if (std::strcmp(t.matmul, name) == 0) return 4;
