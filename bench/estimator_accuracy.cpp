@@ -178,11 +178,12 @@ std::vector<Case> matrix(const std::string& which) {
       {"15m-q8_0", "cpu", 1024, 32, 1, 2, 16, "f16"},  // head_dim 48: no q8_0
       {"110m-q8_0", "vulkan", 32, 8, 1, 1, 16, "f16"},
       {"15m-f16", "hybrid:3", 128, 16, 1, 1, 16, "f16"},
-      // A mixture of experts: on the CPU, and on the device with its experts
-      // on the host (all layers, and a split).
+      // A mixture of experts: on the CPU, on the device (all layers, and a
+      // split), and on the device with its experts on the CPU.
       {"moe-q8_0", "cpu", 512, 64, 1, 2, 16},
       {"moe-q8_0", "vulkan", 128, 32, 1, 2, 16},
       {"moe-q8_0", "hybrid:2", 128, 16, 2, 1, 16},
+      {"moe-q8_0", "vulkan+cpu-experts", 128, 32, 1, 2, 16},
   };
   full.insert(full.end(), more.begin(), more.end());
   return full;
