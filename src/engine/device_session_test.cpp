@@ -105,8 +105,9 @@ TEST(DeviceSessionTest, ArchitecturesGiveTheCpuTokensOnVulkanAndHybrid) {
       ASSERT_TRUE(ds.ok()) << placement << ": " << ds.status().to_string();
       EXPECT_EQ(greedy_tokens(*ds->session, *model, 12), expected)
           << spec.arch << " " << placement << " on " << ds->placement;
-      if (placement.find("+cpu-experts") != std::string::npos)
+      if (placement.find("+cpu-experts") != std::string::npos) {
         EXPECT_NE(ds->placement.find("experts on the cpu"), std::string::npos) << ds->placement;
+      }
     }
   }
   auto dense = open_device_session(testing::stories(), options_for("vulkan+cpu-experts"));

@@ -84,15 +84,15 @@ struct LlamaHparams {
 
 Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& file);
 
-// Floats of a mixture of experts' FFN scratch for n rows (backend/cpu/moe.h
-// lays it out; the backends allocate it and the estimator prices it): the
-// gathered rows and the chosen experts' outputs, the router's
-// probabilities, and the ranked weights, expert ids, row order and
-// per-expert offsets (4-byte ids counted as floats). 0 for a dense model.
+// 4-byte words of a mixture of experts' FFN scratch for n rows
+// (backend/cpu/moe.h lays it out; the backends allocate it and the estimator
+// prices it): the gathered rows and the chosen experts' outputs, the
+// router's probabilities, and the ranked weights, expert ids, row order,
+// per-expert offsets and cursors. 0 for a dense model.
 inline int64_t moe_scratch_floats(const LlamaHparams& hp, int64_t n) {
   if (!hp.moe()) return 0;
   const int64_t k = hp.n_expert_used;
-  return n * hp.n_embd + n * k * hp.n_embd + n * hp.n_expert + 3 * n * k + hp.n_expert + 1;
+  return n * hp.n_embd + n * k * hp.n_embd + n * hp.n_expert + 3 * n * k + 2 * hp.n_expert + 1;
 }
 
 }  // namespace spw

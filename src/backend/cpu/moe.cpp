@@ -9,22 +9,24 @@
 namespace spw::cpu {
 
 void moe_ffn(const Model& model, const MoeWeights& w, const float* x, int64_t n, float* gate, float* up,
-             float* scratch, float* out, ThreadPool* pool) {
+             std::byte* scratch, float* out, ThreadPool* pool) {
   const LlamaHparams& hp = model.hparams();
   const int64_t E = hp.n_embd, X = hp.n_expert, K = hp.n_expert_used, FE = hp.n_ff_exp;
-  float* xg = scratch;         // [n][E]: one expert's rows, gathered; then its output
-  float* slots = xg + n * E;   // [n][K][E]: each row's chosen experts' outputs, in rank order
-  float* probs = slots + n * K * E;  // [n][X]
-  float* weight = probs + n * X;     // [n][K]
-  auto* id = reinterpret_cast<int32_t*>(weight + n * K);  // [n][K] the chosen experts, ranked
-  int32_t* order = id + n * K;  // [n * K] (row, rank) pairs grouped by expert, rows ascending
-  int32_t* first = order + n * K;  // [X + 1] each expert's start in `order`
+  // The storage's regions, each used as one type only (moe_scratch_floats).
+  auto* xg = reinterpret_cast<float*>(scratch);  // [n][E]: one expert's rows, gathered; then its output
+  float* slots = xg + n * E;                      // [n][K][E]: each row's chosen experts' outputs, in rank order
+  float* probs = slots + n * K * E;               // [n][X]; then the shared expert's gate, [n]
+  float* weight = probs + n * X;                  // [n][K]
+  auto* id = reinterpret_cast<int32_t*>(scratch + (n * E + n * K * E + n * X + n * K) * 4);  // [n][K], ranked
+  int32_t* order = id + n * K;      // [n * K] (row, rank) pairs grouped by expert, rows ascending
+  int32_t* first = order + n * K;   // [X + 1] each expert's start in `order`
+  int32_t* cursor = first + X + 1;  // [X]
   auto W = [&](const WeightMatrix& m) -> const WeightMatrix& { return cpu_weights(model, m); };
 
   // Route, then group the (row, rank) pairs by expert.
   matmul(W(w.router), x, n, probs, pool);
   moe_route(hp, probs, n, id, weight);
-  moe_group(hp, id, n, first, order, reinterpret_cast<int32_t*>(probs));  // the probabilities are spent
+  moe_group(hp, id, n, first, order, cursor);
   // Each chosen expert once, over all its rows.
   for (int64_t e = 0; e < X; ++e) {
     const int64_t r0 = first[e], cnt = first[e + 1] - first[e];

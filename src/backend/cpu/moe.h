@@ -15,13 +15,15 @@
 // Numerics: a row's result is bitwise independent of the other rows, their
 // number and the thread count (the matmuls are per row: kernels.h), so the
 // backend's batch invariance holds for MoE layers too.
-// Scratch: moe_scratch_floats(hp, n) floats (model/hparams.h) at `scratch` (the routing
+// Scratch: moe_scratch_floats(hp, n) 4-byte words (model/hparams.h) of raw
+// storage (floats and ids live in it side by side) at `scratch` (the routing
 // tables, a gathered input and the chosen experts' outputs), and gate/up of
 // n * hp.ffn_width() floats each; the CPU backend allocates exactly these
 // and the estimator prices them (admission/estimator.cpp). `out` may be x.
 // Thread safety: runs its matmuls on `pool`; no other shared state.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/cpu/thread_pool.h"
@@ -30,7 +32,7 @@
 namespace spw::cpu {
 
 void moe_ffn(const Model& model, const MoeWeights& w, const float* x, int64_t n, float* gate, float* up,
-             float* scratch, float* out, ThreadPool* pool);
+             std::byte* scratch, float* out, ThreadPool* pool);
 
 // The router's decision for n rows, as moe_ffn makes it: `probs` holds the
 // router's logits [n][n_expert] and becomes their softmax; id and weight

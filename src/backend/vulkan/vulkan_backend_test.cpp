@@ -508,7 +508,9 @@ TEST(VulkanModel, LogitsMatchCpu) {
     ASSERT_NE(mc.model, nullptr) << mc.name;
     auto toks = some_tokens(mc.n_tokens, mc.model->hparams().n_vocab);
     auto ref = all_logits(*testing::make_session(mc.model, cpu, make_pool(*mc.model, 16, 8)), toks);
-    if (mc.model->hparams().moe()) ASSERT_TRUE(b->set_cpu_experts(*mc.model, mc.cpu_experts).ok()) << mc.name;
+    if (mc.model->hparams().moe()) {
+      ASSERT_TRUE(b->set_cpu_experts(*mc.model, mc.cpu_experts).ok()) << mc.name;
+    }
     auto s = vk_session(mc.model, b, 8, 16);
     ASSERT_NE(s, nullptr);
     auto got = all_logits(*s, toks);

@@ -317,8 +317,8 @@ Status BatchPass::host_experts(std::optional<Recorder>& rec, const DevLayer& L, 
   const auto rows = static_cast<int64_t>(n);
   const auto fw = static_cast<size_t>(rows * hp.ffn_width());
   // Uninitialised, as the CPU backend's: every element is written first.
-  const std::unique_ptr<float[]> x(new float[n * E]), gate(new float[fw]), up(new float[fw]),
-      scratch(new float[static_cast<size_t>(moe_scratch_floats(hp, rows))]);
+  const std::unique_ptr<float[]> x(new float[n * E]), gate(new float[fw]), up(new float[fw]);
+  const std::unique_ptr<std::byte[]> scratch(new std::byte[static_cast<size_t>(moe_scratch_floats(hp, rows)) * 4]);
   // Host-visible memory may be uncached: read it once, not per expert.
   std::memcpy(x.get(), s.io_hidden.mapped(), n * E * 4);
   cpu::moe_ffn(model, model.layer(il).moe, x.get(), rows, gate.get(), up.get(), scratch.get(), x.get(),
