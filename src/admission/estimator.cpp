@@ -558,6 +558,11 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
   // After the prefaulted mapping's max: these bytes are on the heap, beside it.
   host.bytes += host_packed * config.host.page_size + host_packed_extra;
   host.allowance += host_packed * config.host.page_size;
+  // A packing pass's chunk in flight (model.h kPackChunkBytes): the prepare-
+  // time peak sits above the settled RSS by up to about two (measured 0.1 to
+  // 2.1 MiB, 2026-12-07; a 15M Q8_0 model's CPU case once failed its
+  // accuracy row by 10 KiB without this).
+  if (host_packed > 0) host.allowance += 2 * kPackChunkBytes;
   // A packed Q4_K model kept ~40-60 KiB per packed matrix of its dropped
   // pages resident (2026-12-07, 110M Q4_K_M: 4 MB of 40 MB; Q8_0 models
   // none). Not pinned down (the kernel's 64 KiB fault-around on a read near

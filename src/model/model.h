@@ -61,6 +61,11 @@ enum class WeightLayout : uint8_t {
 inline constexpr int64_t kPackedGroupRows = 16;
 inline constexpr size_t kQ8_0x16RecordBytes = 544;
 inline constexpr size_t kQ4_Kx16RecordBytes = 2368;
+// Rows a packing pass converts before it drops their file pages
+// (backend/cpu/packed_weights.cpp): while a chunk is in flight its packed
+// copy and its mapped rows are both resident, so the estimator allows two
+// chunks beside a packed model's settled RSS.
+inline constexpr size_t kPackChunkBytes = size_t{256} << 10;
 
 // The packed layout of a matrix of `type` with `n_rows` rows, kGguf where the
 // type has none: the CPU's AVX-512 VNNI kernels compute from it where their

@@ -126,7 +126,7 @@ const WeightMatrix& cpu_weights(const Model& model, const WeightMatrix& w) {
     // prepare-time peak RSS past the estimator's allowance on a mixture of
     // experts (2.9 MiB over the settled RSS, 2026-12-07; 2.1 MiB at 256 KiB,
     // and 0.9 -> 0.1 MiB on a dense 15M model) for a few more madvise calls.
-    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((1u << 18) / (kQ8_0x16Rows * w.row_bytes)));
+    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kPackChunkBytes / (kQ8_0x16Rows * w.row_bytes)));
     for (int64_t g = 0; g < groups; g += chunk) {
       const int64_t g1 = std::min(groups, g + chunk);
       pack_range(w, g, g1, e.packed.bytes.get());
