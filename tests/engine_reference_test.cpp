@@ -219,6 +219,7 @@ struct GenCase {
   uint32_t rope_dims = 0;  // 0: the head size
   uint32_t n_expert = 0;   // a mixture of experts (n_ff is then each expert's width)
   uint32_t n_expert_used = 0;
+  float expert_weights_scale = 0.0f;  // <arch>.expert_weights_scale when > 0
 };
 
 class GeneratedEngineTest : public ::testing::TestWithParam<GenCase> {};
@@ -241,6 +242,7 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   spec.n_expert = c.n_expert;
   spec.n_expert_used = c.n_expert_used;
   spec.n_ff_shexp = 2 * c.n_ff;  // qwen2moe's shared expert: wider than one expert, as in Qwen1.5-MoE
+  spec.expert_weights_scale = c.expert_weights_scale;
   spec.rope_freq_base = spec.arch == "llama" ? 10000.0f : 1000000.0f;  // Qwen's base
   spec.vocab_path = source_path("models/stories260K.gguf");
   auto bytes = modelgen::make_random_llama(spec);
@@ -318,7 +320,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 64, kNoMix, "llama", 0, 0, 8, 2},
                       GenCase{2, GgmlType::kF16, kF16Bound, true, 64, 64, kNoMix, "qwen2moe", 0, 0, 4, 2},
                       GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 64, kNoMix, "qwen3moe", 32, 0, 8, 3},
-                      GenCase{2, GgmlType::kQ8_0, kQ8_0Bound, false, 64, 64, kNoMix, "qwen3moe", 32, 0, 8, 2}));
+                      GenCase{2, GgmlType::kQ8_0, kQ8_0Bound, false, 64, 64, kNoMix, "qwen3moe", 32, 0, 8, 2},
+                      // expert_weights_scale: the chosen experts' weights scaled after the renormalisation.
+                      GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 64, kNoMix, "qwen3moe", 32, 0, 8, 2, 2.5f}));
 
 }  // namespace
 }  // namespace spw

@@ -2,6 +2,7 @@
 
 #include "model/arch.h"
 
+#include <cmath>
 #include <string>
 
 namespace spw {
@@ -114,7 +115,7 @@ Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
     if (f.has(key("expert_feed_forward_length"))) {
       SPW_RETURN_IF_ERROR(get_i32(key("expert_feed_forward_length"), hp.n_ff_exp));
     } else if (hp.n_ff > 0) {
-      hp.n_ff_exp = spec->shared_expert && hp.n_expert_used > 0 ? hp.n_ff / hp.n_expert_used : hp.n_ff;
+      hp.n_ff_exp = spec->moe == MoeKind::kRequired && hp.n_expert_used > 0 ? hp.n_ff / hp.n_expert_used : hp.n_ff;
     } else {
       return Status::not_found("key '" + key("expert_feed_forward_length") + "' not found");
     }
@@ -129,6 +130,11 @@ Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
     if (const gguf::Value* v = f.find(key("expert_weights_norm")); v != nullptr) {
       if (const bool* b = std::get_if<bool>(&v->v)) hp.moe_norm_topk = *b;
     }
+    SPW_ASSIGN_OR_RETURN(hp.moe_weights_scale, f.get_f32_or(key("expert_weights_scale"), 1.0f));
+    if (hp.moe_weights_scale == 0.0f) hp.moe_weights_scale = 1.0f;  // llama.cpp's "unset"
+    if (!(hp.moe_weights_scale > 0.0f) || !std::isfinite(hp.moe_weights_scale))
+      return Status::invalid_argument("hparam " + key("expert_weights_scale") + " = " +
+                                      std::to_string(hp.moe_weights_scale) + ": must be > 0");
     if (f.has(key("expert_gating_func"))) {
       int32_t g = 0;
       SPW_RETURN_IF_ERROR(get_i32(key("expert_gating_func"), g));

@@ -15,6 +15,18 @@
 // keys only describe how they were made). "yarn" and "longrope" are refused by
 // name (their attention scaling is not implemented). n_vocab comes from the
 // token embedding's second dimension.
+// Mixture of experts (model/arch.h): expert_count [0: dense, where the
+// architecture allows it; qwen2moe and qwen3moe need it], expert_used_count
+// (1 <= it <= expert_count), expert_feed_forward_length [default:
+// feed_forward_length for llama, feed_forward_length / expert_used_count
+// for qwen2moe and qwen3moe, as llama.cpp], for a shared expert
+// expert_shared_feed_forward_length [default feed_forward_length];
+// expert_weights_norm (bool) overrides the architecture's renormalisation
+// when present; expert_weights_scale multiplies the chosen experts' weights
+// after it (absent or 0: 1, as llama.cpp; < 0 refused); expert_gating_func
+// other than 1 (softmax; 2 is DeepSeek's sigmoid) is refused by name; more
+// than 1024 experts is refused. feed_forward_length may be absent from an
+// MoE file (it then takes the expert width).
 // A missing required key is NotFound naming it; a wrong type is InvalidArgument
 // (from the GGUF getters); a value that is inconsistent (zero, not divisible,
 // n_rot odd or > head_dim, ...) is InvalidArgument naming the key and value.
@@ -63,6 +75,7 @@ struct LlamaHparams {
   int32_t n_ff_exp = 0;       // <arch>.expert_feed_forward_length: one expert's FFN width
   int32_t n_ff_shexp = 0;     // <arch>.expert_shared_feed_forward_length (0: no shared expert)
   bool moe_norm_topk = false;  // the chosen experts' weights renormalised to sum 1
+  float moe_weights_scale = 1.0f;  // <arch>.expert_weights_scale: then multiplied by it
 
   int32_t head_dim() const {
     if (n_embd_head > 0) return n_embd_head;

@@ -233,6 +233,17 @@ TEST(Model, ExpertErrorsNameTheProblem) {
                StatusCode::kInvalidArgument, "qwen3moe.expert_count");
   expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_gating_func", gguf::Value::u32(2)); }, {}),
                StatusCode::kInvalidArgument, "sigmoid");
+  expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_weights_scale", gguf::Value::f32(-1)); },
+                       {}),
+               StatusCode::kInvalidArgument, "qwen3moe.expert_weights_scale");
+  auto scaled = model_from_bytes(
+      rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_weights_scale", gguf::Value::f32(2.5f)); }, {}));
+  ASSERT_TRUE(scaled.ok()) << scaled.status().to_string();
+  EXPECT_FLOAT_EQ((*scaled)->hparams().moe_weights_scale, 2.5f);
+  auto unset = model_from_bytes(
+      rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_weights_scale", gguf::Value::f32(0)); }, {}));
+  ASSERT_TRUE(unset.ok()) << unset.status().to_string();
+  EXPECT_FLOAT_EQ((*unset)->hparams().moe_weights_scale, 1.0f);
   expect_error(rebuild(*f, {}, {"blk.0.ffn_up_exps.weight"}), StatusCode::kNotFound, "blk.0.ffn_up_exps.weight");
   // One expert fewer in the stack than expert_count: the shape, named.
   expect_error(rebuild(*f, [](gguf::GgufWriter& w) { w.set("qwen3moe.expert_count", gguf::Value::u32(3)); }, {}),

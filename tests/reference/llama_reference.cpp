@@ -263,6 +263,10 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
       SPW_ASSIGN_OR_RETURN(hp.n_ff_shexp, file.get_i64(a + "expert_shared_feed_forward_length"));
     }
     hp.norm_topk = arch != "qwen2moe";
+    if (file.has(a + "expert_weights_scale")) {
+      SPW_ASSIGN_OR_RETURN(hp.weights_scale, file.get_f64(a + "expert_weights_scale"));
+      if (hp.weights_scale == 0) hp.weights_scale = 1;
+    }
     if (hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert || hp.n_ff_exp <= 0)
       return Status::invalid_argument("reference: inconsistent expert counts");
   } else if (arch == "qwen2moe" || arch == "qwen3moe") {
@@ -421,7 +425,7 @@ void LlamaReference::ffn(const Layer& L, const std::vector<double>& h, std::vect
   for (int64_t e : idx) {
     const size_t ei = static_cast<size_t>(e);
     swiglu_ffn(L.e_gate[ei], L.e_up[ei], L.e_down[ei], y);
-    const double weight = hp_.norm_topk ? p[ei] / sum : p[ei];
+    const double weight = (hp_.norm_topk ? p[ei] / sum : p[ei]) * hp_.weights_scale;
     for (size_t i = 0; i < out.size(); ++i) out[i] += weight * y[i];
   }
   if (hp_.n_ff_shexp > 0) {

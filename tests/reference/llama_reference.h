@@ -72,6 +72,7 @@ struct ReferenceHparams {
   int64_t n_ff_exp = 0;
   int64_t n_ff_shexp = 0;     // qwen2moe's shared expert
   bool norm_topk = false;     // Mixtral, Qwen3-MoE
+  double weights_scale = 1.0; // <arch>.expert_weights_scale (absent or 0: 1)
 };
 
 class LlamaReference {

@@ -237,6 +237,7 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     w.set(a + "expert_used_count", Value::u32(experts_used(s)));
     w.set(a + "expert_feed_forward_length", Value::u32(expert_ff(s)));
     if (arch.shared_expert) w.set(a + "expert_shared_feed_forward_length", Value::u32(shared_ff(s)));
+    if (s.expert_weights_scale > 0.0f) w.set(a + "expert_weights_scale", Value::f32(s.expert_weights_scale));
   }
   for (const auto& [key, value] : vocab->metadata()) {
     if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);

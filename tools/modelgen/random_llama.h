@@ -107,6 +107,7 @@ struct RandomLlamaSpec {
   uint32_t n_expert_used = 0;  // 0: 2
   uint32_t n_ff_exp = 0;       // 0: n_ff
   uint32_t n_ff_shexp = 0;     // 0: n_ff
+  float expert_weights_scale = 0.0f;  // written as <arch>.expert_weights_scale when > 0
 };
 
 struct RandomLlamaStats {

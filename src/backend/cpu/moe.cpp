@@ -94,6 +94,8 @@ void moe_route(const LlamaHparams& hp, float* probs, int64_t n, int32_t* id, flo
     }
     if (hp.moe_norm_topk)
       for (int64_t j = 0; j < K; ++j) weight[t * K + j] /= sum;
+    if (hp.moe_weights_scale != 1.0f)
+      for (int64_t j = 0; j < K; ++j) weight[t * K + j] *= hp.moe_weights_scale;
   }
 }
 

@@ -8,10 +8,10 @@
 // down(silu(gate x) * up x). The router: logits = router x[t]; softmax over
 // all experts (cpu::softmax); the n_expert_used most probable, ties to the
 // lower id; their probabilities, divided by their sum where
-// hp.moe_norm_topk. The routed rows are grouped by expert, and each expert
-// used in the call runs ONE matmul over all its rows (gate and up fused,
-// then down): a prefill or a batched step reads each chosen expert's
-// weights once, however many rows chose it.
+// hp.moe_norm_topk, times hp.moe_weights_scale. The routed rows are grouped
+// by expert, and each expert used in the call runs ONE matmul over all its
+// rows (gate and up fused, then down): a prefill or a batched step reads
+// each chosen expert's weights once, however many rows chose it.
 // Numerics: a row's result is bitwise independent of the other rows, their
 // number and the thread count (the matmuls are per row: kernels.h), so the
 // backend's batch invariance holds for MoE layers too.
