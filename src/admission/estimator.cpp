@@ -211,7 +211,8 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
   // A mixture's FFN: its experts (ffn_width wide) on the device, or none here.
   const bool dev_experts = hp.moe() && !plan.placement.cpu_experts;
-  const uint64_t F = !hp.moe() ? static_cast<uint64_t>(hp.n_ff) : dev_experts ? static_cast<uint64_t>(hp.ffn_width()) : 0;
+  const uint64_t F =
+      !hp.moe() ? static_cast<uint64_t>(hp.n_ff) : dev_experts ? static_cast<uint64_t>(hp.ffn_width()) : 0;
   const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
   const uint64_t nh = static_cast<uint64_t>(hp.n_head);
   const uint64_t half = static_cast<uint64_t>(std::max(hp.n_rot / 2, 1));
@@ -499,6 +500,8 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
     // adds its copy below), rope_freqs.weight & co.: the Vulkan backend
     // uploads no others.
     else d = DeviceKind::kHost;
+    // One row's bytes (a 3-D expert tensor: ne[2] parts of ne[1] rows each).
+    const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(t.ne[1] * (t.n_dims == 3 ? t.ne[2] : 1), 1);
     auto add_weight = [&](DeviceKind dev) {
       Acc& a = weights[static_cast<int>(dev)];
       if (dev != DeviceKind::kGpu) {
@@ -509,7 +512,6 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
         if (dev != DeviceKind::kHost || !config.host_kernels.q8_0_x16 || !matrix || t.n_dims < 2) return;
         // Packed part by part (a fused tensor's parts are matrices of their own).
         const auto cols = static_cast<int64_t>(t.ne[0]);
-        const uint64_t row_bytes = t.nbytes / std::max<uint64_t>(t.ne[1] * (t.n_dims == 3 ? t.ne[2] : 1), 1);
         for (const int64_t rows : parts_of(t)) {
           const WeightLayout packed = packed_layout(static_cast<gguf::GgmlType>(t.type), rows);
           if (packed == WeightLayout::kGguf) continue;
@@ -527,8 +529,6 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
         largest_upload = std::max(largest_upload, bytes);
         return;
       }
-      const uint64_t n_rows = std::max<uint64_t>(t.ne[1] * (t.n_dims == 3 ? t.ne[2] : 1), 1);  // every part's
-      const uint64_t row_bytes = t.nbytes / n_rows;
       const uint64_t rows_per = std::max<uint64_t>(1, weight_chunk / std::max<uint64_t>(row_bytes, 1));
       // A fused tensor is uploaded part by part (model.h: its row ranges).
       for (const int64_t part : parts_of(t)) {
@@ -622,7 +622,7 @@ void add_host_experts_terms(const gguf::GgufFile& f, const LlamaHparams& hp, con
   const uint64_t F = static_cast<uint64_t>(hp.ffn_width());
   ScratchTerms& t = est.devices[0].terms;
   t.activation_buffers = {m * E * kF32, m * F * kF32, m * F * kF32,
-                          static_cast<uint64_t>(moe_scratch_floats(hp, static_cast<int64_t>(m))) * kF32};
+                          static_cast<uint64_t>(moe_scratch_words(hp, static_cast<int64_t>(m))) * kF32};
   t.matmul_prep = matmul_prep_bytes(f, gpu->layer_begin, gpu->layer_end, m, config.host_kernels, true) +
                   kMatmulUnits + kTaskClosure;
   t.task_closure = kTaskClosure;
@@ -656,7 +656,7 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     ScratchTerms& t = est.devices[d].terms;
     t.activation_buffers = {m * E * kF32,    m * Q * kF32,    m * Q * kF32,    m * KV * kF32,   m * KV * kF32,
                             m * F * kF32,    m * F * kF32,    m * half * kF32, m * half * kF32};
-    if (hp.moe()) t.activation_buffers.push_back(static_cast<uint64_t>(moe_scratch_floats(hp, int64_t(m))) * kF32);
+    if (hp.moe()) t.activation_buffers.push_back(static_cast<uint64_t>(moe_scratch_words(hp, int64_t(m))) * kF32);
     t.matmul_prep =
         matmul_prep_bytes(f, s.layer_begin, s.layer_end, m, config.host_kernels) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;

@@ -218,7 +218,7 @@ struct ScratchTerms {
   // CpuBackend::forward_layers per call: cur (m*E), q, att (m*Q each), k, v
   // (m*KV each), gate, up (m*F each, F the widest FFN a layer computes:
   // LlamaHparams::ffn_width), rope cos/sin tables (m*n_rot/2 each), and for a
-  // mixture of experts its scratch (moe_scratch_floats). A GPU stage whose
+  // mixture of experts its scratch (moe_scratch_words). A GPU stage whose
   // mixture-of-experts FFNs run on the host (backend/vulkan/vulkan_backend.h),
   // without a CPU stage, holds the host side's instead: the rows, gate, up
   // and the mixture's scratch. activation_buffers lists the allocations

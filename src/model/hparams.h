@@ -102,7 +102,7 @@ Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& file);
 // prices it): the gathered rows and the chosen experts' outputs, the
 // router's probabilities, and the ranked weights, expert ids, row order,
 // per-expert offsets and cursors. 0 for a dense model.
-inline int64_t moe_scratch_floats(const LlamaHparams& hp, int64_t n) {
+inline int64_t moe_scratch_words(const LlamaHparams& hp, int64_t n) {
   if (!hp.moe()) return 0;
   const int64_t k = hp.n_expert_used;
   return n * hp.n_embd + n * k * hp.n_embd + n * hp.n_expert + 3 * n * k + 2 * hp.n_expert + 1;

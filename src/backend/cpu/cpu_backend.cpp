@@ -111,7 +111,7 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
   const auto up = floats(n * n_ff);
   // A mixture of experts' routing tables and expert outputs (moe.h): raw
   // storage, floats and ids side by side.
-  const std::unique_ptr<std::byte[]> moe(hp.moe() ? new std::byte[static_cast<size_t>(moe_scratch_floats(hp, n)) * 4]
+  const std::unique_ptr<std::byte[]> moe(hp.moe() ? new std::byte[static_cast<size_t>(moe_scratch_words(hp, n)) * 4]
                                                   : nullptr);
   const int32_t half = hp.n_rot / 2;
   const auto rc = floats(n * half), rs = floats(n * half);

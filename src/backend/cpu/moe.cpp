@@ -12,7 +12,7 @@ void moe_ffn(const Model& model, const MoeWeights& w, const float* x, int64_t n,
              std::byte* scratch, float* out, ThreadPool* pool) {
   const LlamaHparams& hp = model.hparams();
   const int64_t E = hp.n_embd, X = hp.n_expert, K = hp.n_expert_used, FE = hp.n_ff_exp;
-  // The storage's regions, each used as one type only (moe_scratch_floats).
+  // The storage's regions, each used as one type only (moe_scratch_words).
   auto* xg = reinterpret_cast<float*>(scratch);  // [n][E]: one expert's rows, gathered; then its output
   float* slots = xg + n * E;                      // [n][K][E]: each row's chosen experts' outputs, in rank order
   float* probs = slots + n * K * E;               // [n][X]; then the shared expert's gate, [n]

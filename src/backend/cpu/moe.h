@@ -15,7 +15,7 @@
 // Numerics: a row's result is bitwise independent of the other rows, their
 // number and the thread count (the matmuls are per row: kernels.h), so the
 // backend's batch invariance holds for MoE layers too.
-// Scratch: moe_scratch_floats(hp, n) 4-byte words (model/hparams.h) of raw
+// Scratch: moe_scratch_words(hp, n) 4-byte words (model/hparams.h) of raw
 // storage (floats and ids live in it side by side) at `scratch` (the routing
 // tables, a gathered input and the chosen experts' outputs), and gate/up of
 // n * hp.ffn_width() floats each; the CPU backend allocates exactly these

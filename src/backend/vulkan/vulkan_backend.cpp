@@ -205,7 +205,8 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
     const size_t n_mats = L.is_moe() ? 4 : std::size(mats);
     for (size_t i = 0; st.ok() && i < n_mats; ++i) st = upload_matrix(*mats[i].first, mw.owner, *mats[i].second);
     if (st.ok() && L.is_moe() && !d.host_experts) st = upload_experts(L.moe, mw.owner, d);
-    if (st.ok() && d.host_experts && !host_pool) host_pool = std::make_unique<ThreadPool>(std::max(1, opts.host_threads));
+    if (st.ok() && d.host_experts && !host_pool)
+      host_pool = std::make_unique<ThreadPool>(std::max(1, opts.host_threads));
     d.present = true;
     fresh.emplace_back(il, std::move(d));
   }
@@ -282,7 +283,8 @@ void VulkanBackend::release_model(const Model& model) {
 
 Status VulkanBackend::set_cpu_experts(const Model& model, bool on_host) {
   std::lock_guard<TimedMutex> lk(impl_->mu);
-  if (auto it = impl_->models.find(&model); it != impl_->models.end() && it->second->fingerprint == model.fingerprint_hash()) {
+  const auto it = impl_->models.find(&model);
+  if (it != impl_->models.end() && it->second->fingerprint == model.fingerprint_hash()) {
     for (int32_t il = 0; il < model.hparams().n_layer; ++il) {
       const DevLayer& d = it->second->layers[static_cast<size_t>(il)];
       if (d.present && model.layer(il).is_moe() && d.host_experts != on_host)

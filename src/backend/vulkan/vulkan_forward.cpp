@@ -51,6 +51,8 @@ struct BatchPass {
   Status device_experts(std::optional<Recorder>& rec, const DevLayer& L);
   void expert_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevMatrix& gate, const DevMatrix& up,
                   const DevMatrix& down, uint32_t first, uint32_t weights);
+  void swiglu_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevMatrix& gate, const DevMatrix& up,
+                  const DevMatrix& down, VkBuffer y);
   void rms(Recorder& rec, VkBuffer w);
   void add(Recorder& rec, VkBuffer from, uint64_t count);
 
@@ -72,6 +74,16 @@ struct BatchPass {
   bool kv_f16 = false;
   ModelWeights* mw = nullptr;
   bool dev_experts = false;  // some layer's experts are on the device
+  // The host side of the pass's MoE layers, made by the first such layer
+  // and reused by the rest: host_experts' rows, gate, up and cpu::moe_ffn's
+  // scratch (uninitialised, as the CPU backend's: every element is written
+  // first), device_experts' routing (cpu::moe_route, cpu::moe_group).
+  std::unique_ptr<float[]> host_x, host_gate, host_up;
+  std::unique_ptr<std::byte[]> host_scratch;
+  struct Routing {
+    std::vector<float> probs, weight, gate_logit;
+    std::vector<int32_t> id, order, first, cursor;
+  } route;
   // Set by size_scratch.
   uint64_t E = 0, KV = 0, FF = 0, Q = 0;
   uint32_t hd = 0, half = 0;
@@ -290,40 +302,53 @@ void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp) {
 // The FFN norm, gate and up, SwiGLU, down and the residual add.
 void BatchPass::record_ffn(Recorder& rec, const DevLayer& L) {
   rms(rec, L.ffn_norm.buffer());
+  swiglu_ffn(rec, s.cur.buffer(), nt, L.gate, L.up, L.down, s.cur.buffer());
+  add(rec, s.cur.buffer(), n * E);
+}
+
+// down(silu(gate in) * up in) for `rows` rows of `in` into y (which may be
+// in: it is read before down writes), through the gate and up buffers; a
+// dense layer's FFN and each expert's.
+void BatchPass::swiglu_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevMatrix& gate, const DevMatrix& up,
+                           const DevMatrix& down, VkBuffer y) {
+  const auto F = static_cast<uint32_t>(gate.n_rows);
   {
-    MatmulInput in(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
-    in.matmul(L.gate, nt, s.gate.buffer(), static_cast<uint32_t>(FF));
-    in.matmul(L.up, nt, s.up.buffer(), static_cast<uint32_t>(FF));
+    MatmulInput mi(rec, in, s.xq.buffer(), s.xd.buffer(), uint64_t{rows} * E);
+    mi.matmul(gate, rows, s.gate.buffer(), F);
+    mi.matmul(up, rows, s.up.buffer(), F);
   }
   rec.barrier();
-  const uint32_t ps[1] = {static_cast<uint32_t>(n * FF)};
-  rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, n * FF);
+  const uint32_t ps[1] = {rows * F};
+  rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, uint64_t{rows} * F);
   rec.barrier();
-  MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), n * FF)
-      .matmul(L.down, nt, s.cur.buffer(), static_cast<uint32_t>(E));
+  MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), uint64_t{rows} * F)
+      .matmul(down, rows, y, static_cast<uint32_t>(E));
   rec.barrier();
-  add(rec, s.cur.buffer(), n * E);
 }
 
 // A mixture of experts' FFN on the host (vulkan_backend.h): the FFN norm's
 // rows go back through io_hidden, the submission so far runs, cpu::moe_ffn
 // computes the layer's FFN output, which comes back the same way for the
-// residual add in a new submission. The host buffers are this call's, as the
+// residual add in a new submission. The host buffers are the pass's, as the
 // CPU backend's are (the estimator prices them as host scratch).
 Status BatchPass::host_experts(std::optional<Recorder>& rec, const DevLayer& L, int32_t il) {
   rms(*rec, L.ffn_norm.buffer());
   rec->copy(s.cur.buffer(), s.io_hidden.buffer(), n * E * 4);
   SPW_RETURN_IF_ERROR(rec->finish());
   const auto rows = static_cast<int64_t>(n);
-  const auto fw = static_cast<size_t>(rows * hp.ffn_width());
-  // Uninitialised, as the CPU backend's: every element is written first.
-  const std::unique_ptr<float[]> x(new float[n * E]), gate(new float[fw]), up(new float[fw]);
-  const std::unique_ptr<std::byte[]> scratch(new std::byte[static_cast<size_t>(moe_scratch_floats(hp, rows)) * 4]);
+  if (!host_x) {
+    const auto fw = static_cast<size_t>(rows * hp.ffn_width());
+    host_x.reset(new float[n * E]);
+    host_gate.reset(new float[fw]);
+    host_up.reset(new float[fw]);
+    host_scratch.reset(new std::byte[static_cast<size_t>(moe_scratch_words(hp, rows)) * 4]);
+  }
+  float* x = host_x.get();
   // Host-visible memory may be uncached: read it once, not per expert.
-  std::memcpy(x.get(), s.io_hidden.mapped(), n * E * 4);
-  cpu::moe_ffn(model, model.layer(il).moe, x.get(), rows, gate.get(), up.get(), scratch.get(), x.get(),
+  std::memcpy(x, s.io_hidden.mapped(), n * E * 4);
+  cpu::moe_ffn(model, model.layer(il).moe, x, rows, host_gate.get(), host_up.get(), host_scratch.get(), x,
                im.host_pool.get());
-  std::memcpy(s.io_hidden.mapped(), x.get(), n * E * 4);
+  std::memcpy(s.io_hidden.mapped(), x, n * E * 4);
   rec.emplace(im);
   rec->copy(s.io_hidden.buffer(), s.cur.buffer(), n * E * 4);
   rec->barrier();
@@ -352,10 +377,14 @@ Status BatchPass::device_experts(std::optional<Recorder>& rec, const DevLayer& L
   if (shared) rec->copy(s.yg.buffer(), s.io_route.buffer(), n * 4, 0, n * static_cast<uint64_t>(X) * 4);
   SPW_RETURN_IF_ERROR(rec->finish());
 
-  std::vector<float> probs(static_cast<size_t>(rows * X)), weight(static_cast<size_t>(rows * K));
-  std::vector<float> gate_logit(shared ? static_cast<size_t>(rows) : 0);
-  std::vector<int32_t> id(static_cast<size_t>(rows * K)), order(static_cast<size_t>(rows * K)),
-      first(static_cast<size_t>(X + 1)), cursor(static_cast<size_t>(X));
+  auto& [probs, weight, gate_logit, id, order, first, cursor] = route;
+  probs.resize(static_cast<size_t>(rows * X));
+  weight.resize(static_cast<size_t>(rows * K));
+  gate_logit.resize(shared ? static_cast<size_t>(rows) : 0);
+  id.resize(static_cast<size_t>(rows * K));
+  order.resize(static_cast<size_t>(rows * K));
+  first.resize(static_cast<size_t>(X + 1));
+  cursor.resize(static_cast<size_t>(X));
   const auto* mapped = static_cast<const float*>(s.io_route.mapped());
   std::memcpy(probs.data(), mapped, probs.size() * 4);
   if (shared) std::memcpy(gate_logit.data(), mapped + rows * X, gate_logit.size() * 4);
@@ -396,19 +425,7 @@ Status BatchPass::device_experts(std::optional<Recorder>& rec, const DevLayer& L
 // entry `first` (weights from entry `weights` + first).
 void BatchPass::expert_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevMatrix& gate, const DevMatrix& up,
                            const DevMatrix& down, uint32_t first, uint32_t weights) {
-  const auto F = static_cast<uint32_t>(gate.n_rows);
-  {
-    MatmulInput mi(rec, in, s.xq.buffer(), s.xd.buffer(), uint64_t{rows} * E);
-    mi.matmul(gate, rows, s.gate.buffer(), F);
-    mi.matmul(up, rows, s.up.buffer(), F);
-  }
-  rec.barrier();
-  const uint32_t ps[1] = {rows * F};
-  rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, uint64_t{rows} * F);
-  rec.barrier();
-  MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), uint64_t{rows} * F)
-      .matmul(down, rows, s.yg.buffer(), static_cast<uint32_t>(E));
-  rec.barrier();
+  swiglu_ffn(rec, in, rows, gate, up, down, s.yg.buffer());
   const uint32_t pa[4] = {rows * static_cast<uint32_t>(E), static_cast<uint32_t>(E), first, weights};
   rec.dispatch_flat("scatter_add_rows", {s.x.buffer(), s.yg.buffer(), s.io_route.buffer()}, pa, sizeof pa,
                     uint64_t{rows} * E);
