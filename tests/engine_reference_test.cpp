@@ -220,6 +220,14 @@ struct GenCase {
   uint32_t n_expert = 0;   // a mixture of experts (n_ff is then each expert's width)
   uint32_t n_expert_used = 0;
   float expert_weights_scale = 0.0f;  // <arch>.expert_weights_scale when > 0
+  // Gemma: layers (0: 2), positions (0: 37), the sliding window and caps as
+  // RandomLlamaSpec's, and a linear RoPE factor (Gemma 3's global layers).
+  uint32_t n_layer = 0;
+  int n_positions = 0;
+  uint32_t sliding_window = 0;
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  float rope_scale = 0.0f;
 };
 
 class GeneratedEngineTest : public ::testing::TestWithParam<GenCase> {};
@@ -231,7 +239,7 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   spec.head_dim = c.head_dim;
   spec.rope_dims = c.rope_dims;
   spec.n_embd = c.n_embd;
-  spec.n_layer = 2;
+  spec.n_layer = c.n_layer > 0 ? c.n_layer : 2;
   spec.n_head = 4;
   spec.n_head_kv = c.n_head_kv;
   spec.n_ff = c.n_ff;
@@ -243,6 +251,10 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   spec.n_expert_used = c.n_expert_used;
   spec.n_ff_shexp = 2 * c.n_ff;  // qwen2moe's shared expert: wider than one expert, as in Qwen1.5-MoE
   spec.expert_weights_scale = c.expert_weights_scale;
+  spec.sliding_window = c.sliding_window;
+  spec.attn_softcap = c.attn_softcap;
+  spec.final_softcap = c.final_softcap;
+  spec.rope_scale_linear = c.rope_scale;
   spec.rope_freq_base = spec.arch == "llama" ? 10000.0f : 1000000.0f;  // Qwen's base
   spec.vocab_path = source_path("models/stories260K.gguf");
   auto bytes = modelgen::make_random_llama(spec);
@@ -253,7 +265,7 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   ASSERT_EQ((*m)->hparams().n_head_kv, static_cast<int32_t>(c.n_head_kv));
   ASSERT_EQ((*m)->output_tied(), c.tied_output);
   std::vector<TokenId> tokens;
-  for (int i = 0; i < 37; ++i) tokens.push_back(static_cast<TokenId>((i * 31 + 3) % (*m)->hparams().n_vocab));
+  for (int i = 0; i < (c.n_positions > 0 ? c.n_positions : 37); ++i) tokens.push_back(static_cast<TokenId>((i * 31 + 3) % (*m)->hparams().n_vocab));
   ASSERT_EQ((*m)->hparams().arch, c.arch);
   const std::string label = std::string(c.arch) + " head_dim=" + std::to_string((*m)->hparams().head_dim()) +
                             " n_embd=" + std::to_string(c.n_embd) + " n_head=4 n_head_kv=" +
@@ -323,6 +335,22 @@ INSTANTIATE_TEST_SUITE_P(
                       GenCase{2, GgmlType::kQ8_0, kQ8_0Bound, false, 64, 64, kNoMix, "qwen3moe", 32, 0, 8, 2},
                       // expert_weights_scale: the chosen experts' weights scaled after the renormalisation.
                       GenCase{2, GgmlType::kF32, kF32Bound, false, 64, 64, kNoMix, "qwen3moe", 32, 0, 8, 2, 2.5f}));
+
+// Gemma 2 and 3 (the reference's own post-norms, GELU, embedding scale,
+// soft-capping, sliding windows and per-layer RoPE): 75 positions with a
+// window of 8, so that a sliding layer's rows start past KV tiles the
+// attention skips and within tiles it masks, in prefill chunks of 7 and one
+// by one. Gemma 2's caps are set where random weights' scores and logits
+// reach them (its defaults, 50 and 30, would leave them linear); Gemma 3's
+// six layers are five sliding ones (base 10000, unscaled) and a global one
+// (the file's base, linear factor 8).
+INSTANTIATE_TEST_SUITE_P(
+    Gemma, GeneratedEngineTest,
+    ::testing::Values(
+        GenCase{2, GgmlType::kF32, kF32Bound, true, 64, 128, kNoMix, "gemma2", 32, 0, 0, 0, 0, 3, 75, 8, 0.05f, 0.5f},
+        GenCase{1, GgmlType::kQ8_0, kQ8_0Bound, true, 64, 128, kNoMix, "gemma2", 0, 0, 0, 0, 0, 2, 75, 8},
+        GenCase{2, GgmlType::kF32, kF32Bound, true, 64, 128, kNoMix, "gemma3", 32, 0, 0, 0, 0, 6, 75, 8, 0, 0, 8},
+        GenCase{2, GgmlType::kF16, kF16Bound, true, 64, 128, kNoMix, "gemma3", 16, 0, 0, 0, 0, 6, 75, 8}));
 
 }  // namespace
 }  // namespace spw

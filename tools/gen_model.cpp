@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   auto* o_ffn = app.add_option("--ffn", ffn, "n_ff");
   auto* o_arch = app.add_option("--arch", arch, "llama | qwen2 (Q/K/V biases, NeoX RoPE) | qwen3 (Q/K norms, NeoX RoPE) | "
                                 "phi3 (fused attn_qkv and gate+up ffn_up, NeoX RoPE) | qwen2moe (qwen2 with "
-                                "experts and a shared expert) | qwen3moe (qwen3 with experts); llama with "
+                                "experts and a shared expert) | qwen3moe (qwen3 with experts) | gemma2 | gemma3 "
+                                "(post-norms, GELU, sliding-window layers, tied head); llama with "
                                 "--experts is Mixtral")
                      ->check(CLI::Validator(
                          [](std::string& a) {
@@ -105,6 +106,15 @@ int main(int argc, char** argv) {
   auto* o_experts_used = app.add_option("--experts-used", experts_used, "experts each token uses (default 2)");
   auto* o_expert_ff = app.add_option("--expert-ffn", expert_ff, "one expert's FFN width (default --ffn)");
   auto* o_shared_ff = app.add_option("--shared-ffn", shared_ff, "qwen2moe's shared expert's FFN width (default --ffn)");
+  uint32_t sliding_window = 0;
+  float attn_softcap = 0.0f, final_softcap = 0.0f, rope_scale = 0.0f;
+  auto* o_swa = app.add_option("--sliding-window", sliding_window,
+                               "gemma2/gemma3: attention.sliding_window (gemma3 needs it; gemma2 reads 4096 without)");
+  auto* o_softcap = app.add_option("--attn-softcap", attn_softcap, "gemma2: attn_logit_softcapping (absent: 50)");
+  auto* o_final_softcap =
+      app.add_option("--final-softcap", final_softcap, "gemma2: final_logit_softcapping (absent: 30)");
+  auto* o_rope_scale = app.add_option("--rope-scale", rope_scale,
+                                      "rope.scaling.type linear with this factor (> 1; gemma3: its global layers)");
   const std::map<std::string, GgmlType> types = {
       {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"q8_0", GgmlType::kQ8_0}, {"q4_0", GgmlType::kQ4_0},
       {"q4_1", GgmlType::kQ4_1}, {"q5_0", GgmlType::kQ5_0}, {"q5_1", GgmlType::kQ5_1}, {"q4_k", GgmlType::kQ4_K},
@@ -133,7 +143,8 @@ int main(int argc, char** argv) {
                  "every position < --ctx")
       ->check(CLI::Range(1u, 1u << 30))
       ->excludes(o_preset, o_embd, o_layers, o_heads, o_kv_heads, o_ffn, o_type, o_mix, o_seed, o_tied, o_arch,
-                 o_head_dim, o_rope_dims, o_experts, o_experts_used, o_expert_ff, o_shared_ff);
+                 o_head_dim, o_rope_dims, o_experts, o_experts_used, o_expert_ff, o_shared_ff, o_swa, o_softcap,
+                 o_final_softcap, o_rope_scale);
   app.add_option("--vocab", vocab, "GGUF to copy tokenizer.* keys from")->capture_default_str();
   app.add_option("--rope-freq-base", rope_base)->capture_default_str();
   app.add_option("--rms-eps", rms_eps)->capture_default_str();
@@ -173,6 +184,10 @@ int main(int argc, char** argv) {
   if (mix == "q4_k_m") spec.mix = spw::modelgen::RandomLlamaMix::kQ4_K_M;
   if (mix == "q5_k_m") spec.mix = spw::modelgen::RandomLlamaMix::kQ5_K_M;
   spec.tied_output = tied;
+  spec.sliding_window = sliding_window;
+  spec.attn_softcap = attn_softcap;
+  spec.final_softcap = final_softcap;
+  spec.rope_scale_linear = rope_scale;
   spec.seed = seed;
   spec.rope_freq_base = rope_base;
   spec.rms_eps = rms_eps;

@@ -7,7 +7,7 @@
 namespace spw {
 namespace {
 
-constexpr std::array<ArchSpec, 6> kArchs = {{
+constexpr std::array<ArchSpec, 8> kArchs = {{
     {.name = "llama", .moe = MoeKind::kOptional, .moe_norm_topk = true},
     {.name = "qwen2", .rope_style = RopeStyle::kNeox, .qkv_bias = true},
     {.name = "qwen3", .rope_style = RopeStyle::kNeox, .qk_norm = true},
@@ -16,6 +16,10 @@ constexpr std::array<ArchSpec, 6> kArchs = {{
      .shared_expert = true},
     {.name = "qwen3moe", .rope_style = RopeStyle::kNeox, .qk_norm = true, .moe = MoeKind::kRequired,
      .moe_norm_topk = true},
+    {.name = "gemma2", .rope_style = RopeStyle::kNeox, .gemma_style = true, .softcap = true, .swa_period = 2,
+     .wide_query_scale_layers = 46},
+    {.name = "gemma3", .rope_style = RopeStyle::kNeox, .qk_norm = true, .gemma_style = true, .swa_period = 6,
+     .swa_local_rope = true, .wide_query_scale_layers = 62},
 }};
 
 }  // namespace

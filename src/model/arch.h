@@ -34,6 +34,22 @@
 //              normalised.
 // The legacy per-expert tensors (blk.N.ffn_gate.E.weight, early Mixtral
 // files) are refused by name.
+// Gemma (gemma_style):
+//   gemma2  (Gemma 2): the token embedding scaled by sqrt(n_embd); a second
+//           RMSNorm on the attention's and on the FFN's output before each
+//           residual add (post_attention_norm, post_ffw_norm); a GELU-gated
+//           FFN (tanh form); attention scores and the final logits
+//           soft-capped (cap * tanh(x / cap)); sliding-window attention on
+//           the even layers (swa_period 2); RoPE NeoX; the head tied to
+//           token_embd.
+//   gemma3  (Gemma 3, text): Gemma 2 without soft-capping, with Qwen3's
+//           per-head Q/K norms; five sliding-window layers then one global
+//           (swa_period 6); the sliding layers' RoPE has its own base
+//           (10000) and no position scaling, the global layers' the file's
+//           base and linear scaling. A vision tower (an mmproj file, or v.*
+//           tensors) is not supported; text-only use works.
+// A sliding layer l (l % swa_period < swa_period - 1) attends to the
+// positions p - n_swa < q <= p only (LlamaHparams::is_swa).
 // supported_arch_names() lists them for error messages ("llama, qwen2, qwen3, phi3, ...").
 // Thread safety: immutable data.
 #pragma once
@@ -64,6 +80,16 @@ struct ArchSpec {
   MoeKind moe = MoeKind::kNone;
   bool moe_norm_topk = false;  // the chosen experts' weights renormalised to sum 1
   bool shared_expert = false;  // blk.N.ffn_{gate,up,down}_shexp and ffn_gate_inp_shexp
+  // Gemma: embedding scale, post-norms (blk.N.post_attention_norm,
+  // post_ffw_norm), GELU FFN.
+  bool gemma_style = false;
+  bool softcap = false;        // attention and final logit soft-capping (gemma2)
+  int32_t swa_period = 0;      // sliding-window layers: l % period < period - 1 (0: none)
+  bool swa_local_rope = false; // sliding layers: RoPE base rope.freq_base_swa [10000], no scaling (gemma3)
+  // The layer count of the architecture's 27B model, whose query scale is
+  // 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) (its
+  // query_pre_attn_scalar, which the GGUF does not store; llama.cpp's rule).
+  int32_t wide_query_scale_layers = 0;
 };
 
 const ArchSpec* find_arch(std::string_view name);

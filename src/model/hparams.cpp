@@ -15,6 +15,34 @@ constexpr int32_t kMaxExperts = 1024;
 Status bad(const std::string& key, int64_t value, const std::string& why) {
   return Status::invalid_argument("hparam " + key + " = " + std::to_string(value) + ": " + why);
 }
+
+// Gemma's keys (see the header), after the common ones.
+Status read_gemma(const gguf::GgufFile& f, const ArchSpec& spec, LlamaHparams& hp) {
+  const auto key = [&](const char* k) { return hp.arch + "." + k; };
+  hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
+  hp.post_norms = true;
+  hp.ffn_gelu = true;
+  hp.swa_period = spec.swa_period;
+  if (spec.softcap) {
+    SPW_ASSIGN_OR_RETURN(hp.attn_softcap, f.get_f32_or(key("attn_logit_softcapping"), 50.0f));
+    SPW_ASSIGN_OR_RETURN(hp.final_softcap, f.get_f32_or(key("final_logit_softcapping"), 30.0f));
+  }
+  if (!f.has(key("attention.sliding_window")) && spec.swa_local_rope)
+    return Status::not_found("key '" + key("attention.sliding_window") + "' not found");
+  uint32_t window = 4096;  // Gemma 2's, which its early files do not write
+  if (f.has(key("attention.sliding_window"))) {
+    SPW_ASSIGN_OR_RETURN(window, f.get_u32(key("attention.sliding_window")));
+  }
+  if (window == 0 || window > 0x7fffffffu)
+    return bad(key("attention.sliding_window"), static_cast<int64_t>(window), "must be in [1, 2^31)");
+  hp.n_swa = static_cast<int32_t>(window);
+  if (spec.swa_local_rope) {
+    SPW_ASSIGN_OR_RETURN(hp.rope_freq_base_swa, f.get_f32_or(key("rope.freq_base_swa"), 10000.0f));
+  }
+  if (hp.n_layer == spec.wide_query_scale_layers)
+    hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head));
+  return Status();
+}
 }  // namespace
 
 Status LlamaHparams::validate() const {
@@ -45,6 +73,15 @@ Status LlamaHparams::validate() const {
     return Status::invalid_argument("hparam " + key("attention.layer_norm_rms_epsilon") + " = " +
                                     std::to_string(rms_eps) + ": must be in (0, 1)");
   if (n_vocab <= 0) return bad("token_embd.weight ne[1] (n_vocab)", n_vocab, "must be > 0");
+  if (n_swa < 0) return bad(key("attention.sliding_window"), n_swa, "must be > 0");
+  for (const auto& [k, v] : {std::pair{"attn_logit_softcapping", attn_softcap}, {"final_logit_softcapping",
+                                                                                  final_softcap}}) {
+    if (!(v >= 0.0f) || !std::isfinite(v))
+      return Status::invalid_argument("hparam " + key(k) + " = " + std::to_string(v) + ": must be >= 0");
+  }
+  if (!(rope_freq_base_swa >= 0.0f))
+    return Status::invalid_argument("hparam " + key("rope.freq_base_swa") + " = " +
+                                    std::to_string(rope_freq_base_swa) + ": must be > 0");
   if (n_expert < 0 || n_expert > kMaxExperts)
     return bad(key("expert_count"), n_expert, "must be in [0, " + std::to_string(kMaxExperts) + "]");
   if (n_expert > 0) {
@@ -67,7 +104,14 @@ std::string LlamaHparams::to_string() const {
          " rms_eps=" + std::to_string(rms_eps) + " n_vocab=" + std::to_string(n_vocab) +
          (moe() ? " n_expert=" + std::to_string(n_expert) + " n_expert_used=" + std::to_string(n_expert_used) +
                       " n_ff_exp=" + std::to_string(n_ff_exp) + " n_ff_shexp=" + std::to_string(n_ff_shexp)
-                : "");
+                : "") +
+         (n_swa > 0 ? " n_swa=" + std::to_string(n_swa) + " swa_period=" + std::to_string(swa_period) : "") +
+         (attn_softcap > 0.0f ? " attn_softcap=" + std::to_string(attn_softcap) : "") +
+         (final_softcap > 0.0f ? " final_softcap=" + std::to_string(final_softcap) : "");
+}
+
+float LlamaHparams::kq_scale() const {
+  return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim()));
 }
 
 std::string_view pooling_name(Pooling p) {
@@ -189,6 +233,9 @@ Result<LlamaHparams> read_llama_hparams(const gguf::GgufFile& f) {
   } else if (scaling != "none" && scaling != "llama3") {
     return Status::invalid_argument("RoPE scaling '" + scaling + "' (" + key("rope.scaling.type") +
                                     ") is not supported; supported: none, linear, llama3");
+  }
+  if (spec->gemma_style) {
+    SPW_RETURN_IF_ERROR(read_gemma(f, *spec, hp));
   }
   const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
   if (emb == nullptr) return Status::not_found("tensor 'token_embd.weight' not found");

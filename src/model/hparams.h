@@ -27,6 +27,12 @@
 // other than 1 (softmax; 2 is DeepSeek's sigmoid) is refused by name; more
 // than 1024 experts is refused. feed_forward_length may be absent from an
 // MoE file (it then takes the expert width).
+// Gemma (model/arch.h): embd_scale sqrt(n_embd), post-norms and a GELU FFN;
+// gemma2 reads attn_logit_softcapping [50] and final_logit_softcapping [30]
+// (0: none; < 0 refused) and attention.sliding_window [4096]; gemma3 needs
+// attention.sliding_window and reads rope.freq_base_swa [10000]. The query
+// scale (attn_scale) is 1/sqrt(head_dim) except for the architecture's 27B
+// layer count (ArchSpec::wide_query_scale_layers): 1/sqrt(n_embd / n_head).
 // A missing required key is NotFound naming it; a wrong type is InvalidArgument
 // (from the GGUF getters); a value that is inconsistent (zero, not divisible,
 // n_rot odd or > head_dim, ...) is InvalidArgument naming the key and value.
@@ -76,6 +82,16 @@ struct LlamaHparams {
   int32_t n_ff_shexp = 0;     // <arch>.expert_shared_feed_forward_length (0: no shared expert)
   bool moe_norm_topk = false;  // the chosen experts' weights renormalised to sum 1
   float moe_weights_scale = 1.0f;  // <arch>.expert_weights_scale: then multiplied by it
+  // Gemma (model/arch.h); the defaults are the llama family's.
+  float embd_scale = 1.0f;     // token embeddings are multiplied by it
+  bool post_norms = false;     // blk.N.post_attention_norm / post_ffw_norm
+  bool ffn_gelu = false;       // the FFN's gate is GELU (tanh form), not SiLU
+  float attn_softcap = 0.0f;   // scores = cap * tanh(scores / cap) (0: none)
+  float final_softcap = 0.0f;  // logits likewise (0: none)
+  int32_t n_swa = 0;           // <arch>.attention.sliding_window (0: every layer global)
+  int32_t swa_period = 0;      // which layers slide (is_swa)
+  float rope_freq_base_swa = 0.0f;  // > 0: the sliding layers' RoPE base, without position scaling
+  float attn_scale = 0.0f;     // the attention's score scale (0: 1/sqrt(head_dim))
 
   int32_t head_dim() const {
     if (n_embd_head > 0) return n_embd_head;
@@ -85,6 +101,12 @@ struct LlamaHparams {
   int32_t n_embd_kv() const { return head_dim() * n_head_kv; }  // K (or V) floats per token per layer
   int32_t n_gqa() const { return n_head_kv > 0 ? n_head / n_head_kv : 0; }
   bool moe() const { return n_expert > 0; }
+  // Whether layer il attends to its last n_swa positions only.
+  bool is_swa(int32_t il) const { return n_swa > 0 && swa_period > 0 && il % swa_period < swa_period - 1; }
+  // Whether layer il's RoPE is the sliding layers' own (rope_freq_base_swa,
+  // no position scaling, no frequency factors).
+  bool local_rope(int32_t il) const { return rope_freq_base_swa > 0.0f && is_swa(il); }
+  float kq_scale() const;
   // The widest FFN intermediate one layer computes: n_ff for a dense model,
   // else the wider of an expert's and the shared expert's (the backends'
   // gate/up activations are this wide).

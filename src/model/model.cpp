@@ -286,6 +286,10 @@ Status Model::bind() {
       SPW_RETURN_IF_ERROR(binder.vector(p + "attn_k_norm.weight", HD, L.k_norm));
     }
     SPW_RETURN_IF_ERROR(binder.vector(p + "ffn_norm.weight", E, L.ffn_norm));
+    if (hp_.post_norms) {
+      SPW_RETURN_IF_ERROR(binder.vector(p + "post_attention_norm.weight", E, L.post_attn_norm));
+      SPW_RETURN_IF_ERROR(binder.vector(p + "post_ffw_norm.weight", E, L.post_ffn_norm));
+    }
     if (hp_.moe()) {
       SPW_RETURN_IF_ERROR(bind_experts(binder, hp_, p, L.moe));
       const uint64_t used = static_cast<uint64_t>(hp_.n_expert_used);
@@ -307,6 +311,13 @@ Status Model::bind() {
                         L.w_up.nbytes() + L.w_down.nbytes();
   }
   bytes_per_token_ += output_.nbytes();
+  // A multimodal model's image encoder and projector (llama.cpp keeps them
+  // in a separate mmproj file; a merged file has them here).
+  for (const auto& t : f.tensors()) {
+    if (t.name.starts_with("v.") || t.name.starts_with("mm."))
+      return Status::invalid_argument(hp_.arch + ": vision tower not supported (tensor '" + t.name +
+                                      "'); text-only use works from the text model's file");
+  }
   // Phi-3's 128k variants scale RoPE per frequency with two factor sets,
   // switched by the context length (LongRoPE), and rescale attention; none
   // of it is implemented, so such a file is refused rather than run wrong.

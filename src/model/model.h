@@ -15,8 +15,10 @@
 //     256 for the K types) is Corruption naming the tensor, type and block.
 // Files mixing matrix types (llama.cpp's Q4_K_M puts Q6_K in output.weight
 // and some attn_v / ffn_down) bind each tensor with its own type.
-// The architecture's optional tensors (biases, Q/K norms) are required when it
-// has them; a mixture of experts binds ffn_gate_inp, the 3-D
+// The architecture's optional tensors (biases, Q/K norms, Gemma's
+// post_attention_norm / post_ffw_norm) are required when it has them; a
+// vision tower's tensors (v.*, mm.*) are refused by name (text-only use of
+// the model works from a file without them); a mixture of experts binds ffn_gate_inp, the 3-D
 // ffn_{gate,up,down}_exps ([cols, rows, n_expert], one WeightMatrix per
 // expert) and, with a shared expert, ffn_{gate,up,down}_shexp and
 // ffn_gate_inp_shexp (MoeWeights); the legacy per-expert tensors
@@ -127,6 +129,8 @@ struct LlamaLayerWeights {
   // Optional parts (model/arch.h); empty when the architecture has none.
   std::vector<float> bq, bk, bv;       // [n_embd_q], [n_embd_kv], [n_embd_kv]
   std::vector<float> q_norm, k_norm;   // [head_dim]
+  // Gemma: RMSNorm weights of the attention's and the FFN's outputs.
+  std::vector<float> post_attn_norm, post_ffn_norm;  // [n_embd]
   std::vector<float> ffn_norm;   // [n_embd]
   WeightMatrix w_gate;           // ffn_gate [n_ff][n_embd]
   WeightMatrix w_up;             // ffn_up   [n_ff][n_embd]

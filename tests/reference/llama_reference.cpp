@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <string>
 
 #include "gguf/fp16.h"
@@ -142,13 +143,14 @@ void rms_norm(const std::vector<double>& x, const std::vector<double>& w, double
 }
 
 // Rotates pairs (2i, 2i+1) of each head's first n_rot dims (llama.cpp
-// "normal"), or with neox the pairs (i, i + n_rot/2) (GPT-NeoX, Qwen2/3).
-void rope(std::vector<double>& v, int64_t n_heads, int64_t head_dim, int64_t n_rot, double base, int64_t pos,
+// "normal"), or with neox the pairs (i, i + n_rot/2) (GPT-NeoX, Qwen2/3, Gemma).
+// pos may be fractional (a linearly scaled position).
+void rope(std::vector<double>& v, int64_t n_heads, int64_t head_dim, int64_t n_rot, double base, double pos,
           bool neox) {
   for (int64_t h = 0; h < n_heads; ++h) {
     double* x = v.data() + h * head_dim;
     for (int64_t i = 0; i < n_rot / 2; ++i) {
-      const double theta = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / n_rot);
+      const double theta = pos * std::pow(base, -2.0 * static_cast<double>(i) / n_rot);
       const double c = std::cos(theta), s = std::sin(theta);
       double& a = neox ? x[i] : x[2 * i];
       double& b = neox ? x[i + n_rot / 2] : x[2 * i + 1];
@@ -171,6 +173,15 @@ void head_norm(std::vector<double>& v, int64_t head_dim, const std::vector<doubl
 
 void add_to(std::vector<double>& v, const std::vector<double>& b) {
   for (size_t i = 0; i < b.size(); ++i) v[i] += b[i];
+}
+
+// cap * tanh(x / cap): Gemma 2's soft-capping; cap 0 means none.
+double softcap(double x, double cap) { return cap > 0 ? cap * std::tanh(x / cap) : x; }
+
+// GELU, tanh approximation (PyTorch's gelu(approximate="tanh"), Gemma's hidden_activation).
+double gelu_tanh(double a) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * a * (1.0 + std::tanh(k * (a + 0.044715 * a * a * a)));
 }
 
 }  // namespace
@@ -235,16 +246,79 @@ Result<std::vector<double>> LlamaReference::load_vector(const gguf::GgufFile& fi
   return v;
 }
 
+Status LlamaReference::load_gemma_hparams(const gguf::GgufFile& file, const std::string& arch, bool linear_scaling,
+                                          ReferenceHparams& hp) {
+  const std::string a = arch + ".";
+  const bool g2 = arch == "gemma2";
+  hp.embd_scale = std::sqrt(static_cast<double>(hp.n_embd));
+  hp.gelu = true;
+  hp.post_norms = true;
+  // The 27B models were trained with query_pre_attn_scalar = n_embd / n_head
+  // rather than head_dim; the GGUF does not carry it, so (as llama.cpp does)
+  // recognise them by depth.
+  if (hp.n_layer == (g2 ? 46 : 62)) hp.attn_scale = 1.0 / std::sqrt(static_cast<double>(hp.n_embd / hp.n_head));
+  const std::string window_key = a + "attention.sliding_window";
+  if (file.has(window_key)) {
+    SPW_ASSIGN_OR_RETURN(hp.sliding_window, file.get_i64(window_key));
+  } else if (g2) {
+    hp.sliding_window = 4096;  // Gemma2Config's default
+  } else {
+    return Status::not_found("reference: key '" + window_key + "' not found (gemma3 requires it)");
+  }
+  if (hp.sliding_window <= 0) {
+    return Status::invalid_argument("reference: " + window_key + " " + std::to_string(hp.sliding_window) +
+                                    " is not positive");
+  }
+  const int64_t period = g2 ? 2 : 6;  // every period-th layer (l % period == period - 1) is global
+  for (int64_t l = 0; l < hp.n_layer; ++l) hp.swa_layers[static_cast<size_t>(l)] = l % period < period - 1;
+  if (g2) {
+    hp.attn_softcap = 50.0;
+    hp.final_softcap = 30.0;
+    if (file.has(a + "attn_logit_softcapping")) {
+      SPW_ASSIGN_OR_RETURN(hp.attn_softcap, file.get_f64(a + "attn_logit_softcapping"));
+    }
+    if (file.has(a + "final_logit_softcapping")) {
+      SPW_ASSIGN_OR_RETURN(hp.final_softcap, file.get_f64(a + "final_logit_softcapping"));
+    }
+    if (hp.attn_softcap <= 0 || hp.final_softcap <= 0) {
+      return Status::invalid_argument("reference: " + a + "attn_logit_softcapping / final_logit_softcapping must be "
+                                      "positive");
+    }
+    // Held as float by llama.cpp (and the engine): use exactly that value.
+    hp.attn_softcap = static_cast<float>(hp.attn_softcap);
+    hp.final_softcap = static_cast<float>(hp.final_softcap);
+    return Status::ok_status();
+  }
+  // gemma3: local layers use their own base (Gemma3's rope_local_base_freq).
+  hp.rope_freq_base_swa = 10000.0;
+  if (file.has(a + "rope.freq_base_swa")) {
+    SPW_ASSIGN_OR_RETURN(hp.rope_freq_base_swa, file.get_f64(a + "rope.freq_base_swa"));
+    hp.rope_freq_base_swa = static_cast<float>(hp.rope_freq_base_swa);
+  }
+  if (linear_scaling) {
+    SPW_ASSIGN_OR_RETURN(const double factor, file.get_f64(a + "rope.scaling.factor"));
+    if (!(factor > 0)) {
+      return Status::invalid_argument("reference: " + a + "rope.scaling.factor " + std::to_string(factor) +
+                                      " is not positive");
+    }
+    hp.rope_freq_scale = 1.0f / static_cast<float>(factor);  // a float in llama.cpp too
+  }
+  return Status::ok_status();
+}
+
 Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFile& file) {
   SPW_ASSIGN_OR_RETURN(std::string arch, file.get_string("general.architecture"));
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" && arch != "qwen2moe" &&
-      arch != "qwen3moe") {
+      arch != "qwen3moe" && !gemma) {
     return Status::invalid_argument("reference: architecture '" + arch +
-                                    "' is not llama, qwen2, qwen3, phi3, qwen2moe or qwen3moe");
+                                    "' is not llama, qwen2, qwen3, phi3, qwen2moe, qwen3moe, gemma2 or gemma3");
   }
   const std::string a = arch + ".";
   SPW_ASSIGN_OR_RETURN(std::string scaling, file.get_string_or(a + "rope.scaling.type", "none"));
-  if (scaling != "none") {
+  // Gemma 3 4B+ scales the global layers' positions linearly; nothing else here does.
+  const bool linear_scaling = arch == "gemma3" && scaling == "linear";
+  if (scaling != "none" && !linear_scaling) {
     return Status::invalid_argument("reference: " + a + "rope.scaling.type '" + scaling + "' is not supported");
   }
 
@@ -252,7 +326,7 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
   ReferenceHparams& hp = ref->hp_;
   hp.neox = arch != "llama";
   hp.qkv_bias = arch == "qwen2" || arch == "qwen2moe";
-  hp.qk_norm = arch == "qwen3" || arch == "qwen3moe";
+  hp.qk_norm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3";
   if (file.has(a + "expert_count")) {
     SPW_ASSIGN_OR_RETURN(hp.n_expert, file.get_i64(a + "expert_count"));
   }
@@ -292,6 +366,17 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
   } else if (hp.n_embd % hp.n_head != 0) {
     return Status::invalid_argument("reference: n_head does not divide n_embd");
   }
+  if (file.has(a + "attention.value_length")) {  // v heads are read as head_dim wide
+    SPW_ASSIGN_OR_RETURN(const int64_t v_len, file.get_i64(a + "attention.value_length"));
+    if (v_len != hp.head_dim) {
+      return Status::invalid_argument("reference: " + a + "attention.value_length " + std::to_string(v_len) +
+                                      " differs from the key length " + std::to_string(hp.head_dim));
+    }
+  }
+  if (hp.head_dim <= 0) {
+    return Status::invalid_argument("reference: " + a + "attention.key_length " + std::to_string(hp.head_dim) +
+                                    " is not positive");
+  }
   hp.n_rot = hp.head_dim;
   if (file.has(a + "rope.dimension_count")) {
     SPW_ASSIGN_OR_RETURN(hp.n_rot, file.get_i64(a + "rope.dimension_count"));
@@ -310,6 +395,10 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
   // usual f32 keys, a rounding for an f64 one).
   hp.rms_eps = static_cast<float>(hp.rms_eps);
   hp.rope_freq_base = static_cast<float>(hp.rope_freq_base);
+  hp.rope_freq_base_swa = hp.rope_freq_base;
+  hp.attn_scale = 1.0 / std::sqrt(static_cast<double>(hp.head_dim));
+  hp.swa_layers.assign(static_cast<size_t>(hp.n_layer), false);
+  if (gemma) SPW_RETURN_IF_ERROR(load_gemma_hparams(file, arch, linear_scaling, hp));
 
   const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
   if (embd == nullptr) return Status::not_found("reference: tensor 'token_embd.weight' not found");
@@ -351,6 +440,10 @@ Result<std::unique_ptr<LlamaReference>> LlamaReference::load(const gguf::GgufFil
       SPW_ASSIGN_OR_RETURN(l.k_norm, load_vector(file, p + "attn_k_norm.weight", hp.head_dim));
     }
     SPW_ASSIGN_OR_RETURN(l.ffn_norm, load_vector(file, p + "ffn_norm.weight", hp.n_embd));
+    if (hp.post_norms) {
+      SPW_ASSIGN_OR_RETURN(l.post_attn_norm, load_vector(file, p + "post_attention_norm.weight", hp.n_embd));
+      SPW_ASSIGN_OR_RETURN(l.post_ffw_norm, load_vector(file, p + "post_ffw_norm.weight", hp.n_embd));
+    }
     if (hp.n_expert > 0) {
       SPW_ASSIGN_OR_RETURN(l.router, load_matrix(file, p + "ffn_gate_inp.weight", hp.n_embd, hp.n_expert));
       SPW_ASSIGN_OR_RETURN(l.e_gate,
@@ -395,12 +488,12 @@ void matvec(const std::vector<double>& w, int64_t rows, int64_t cols, const std:
 }  // namespace
 
 void LlamaReference::ffn(const Layer& L, const std::vector<double>& h, std::vector<double>& out) const {
-  // down(silu(gate h) * up h)
+  // down(silu(gate h) * up h), or gelu_tanh for gemma
   const auto swiglu_ffn = [&](const Matrix& gate, const Matrix& up, const Matrix& down, std::vector<double>& y) {
     std::vector<double> g, u;
     matvec(gate.w, gate.rows, gate.cols, h, g);
     matvec(up.w, up.rows, up.cols, h, u);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    for (size_t i = 0; i < g.size(); ++i) g[i] = (hp_.gelu ? gelu_tanh(g[i]) : g[i] / (1.0 + std::exp(-g[i]))) * u[i];
     matvec(down.w, down.rows, down.cols, g, y);
   };
   if (hp_.n_expert == 0) {
@@ -447,12 +540,15 @@ LlamaReference::Cache LlamaReference::new_cache() const {
 void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logits, std::vector<double>* normed) const {
   const int64_t n_embd = hp_.n_embd, hd = hp_.head_dim, pos = cache.n_past;
   const int64_t n_embd_kv = hd * hp_.n_head_kv, group = hp_.n_head / hp_.n_head_kv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale = hp_.attn_scale;
   const auto mv = [](const Matrix& m, const std::vector<double>& x, std::vector<double>& out) {
     matvec(m.w, m.rows, m.cols, x, out);
   };
 
   std::vector<double> x(tok_embd_.w.begin() + token * n_embd, tok_embd_.w.begin() + (token + 1) * n_embd);
+  if (hp_.embd_scale != 1.0) {
+    for (double& e : x) e *= hp_.embd_scale;
+  }
   std::vector<double> h, q, k, v, attn(static_cast<size_t>(hd * hp_.n_head)), o, d, scores;
   for (int64_t li = 0; li < hp_.n_layer; ++li) {
     const Layer& L = layers_[static_cast<size_t>(li)];
@@ -469,45 +565,66 @@ void LlamaReference::step(Cache& cache, TokenId token, std::vector<double>& logi
       head_norm(q, hd, L.q_norm, hp_.rms_eps);
       head_norm(k, hd, L.k_norm, hp_.rms_eps);
     }
-    rope(q, hp_.n_head, hd, hp_.n_rot, hp_.rope_freq_base, pos, hp_.neox);
-    rope(k, hp_.n_head_kv, hd, hp_.n_rot, hp_.rope_freq_base, pos, hp_.neox);
+    // A sliding layer: its own RoPE base, unscaled positions, and keys older
+    // than the window masked. Otherwise the global base and position scale.
+    const bool swa = hp_.swa_layers[static_cast<size_t>(li)];
+    const double base = swa ? hp_.rope_freq_base_swa : hp_.rope_freq_base;
+    const double rpos = static_cast<double>(pos) * (swa ? 1.0 : hp_.rope_freq_scale);
+    rope(q, hp_.n_head, hd, hp_.n_rot, base, rpos, hp_.neox);
+    rope(k, hp_.n_head_kv, hd, hp_.n_rot, base, rpos, hp_.neox);
     auto& kc = cache.k[static_cast<size_t>(li)];
     auto& vc = cache.v[static_cast<size_t>(li)];
     kc.insert(kc.end(), k.begin(), k.end());
     vc.insert(vc.end(), v.begin(), v.end());
     const int64_t n_kv = pos + 1;
-    scores.resize(static_cast<size_t>(n_kv));
+    // Keys [t0, n_kv) are visible; a masked key is skipped outright rather than
+    // given weight exp(-inf), so that it cannot touch the sums at all.
+    const int64_t t0 = swa ? std::max<int64_t>(0, pos - hp_.sliding_window + 1) : 0;
+    scores.assign(static_cast<size_t>(n_kv), 0.0);
     for (int64_t head = 0; head < hp_.n_head; ++head) {
       const int64_t kvh = head / group;
       const double* qh = q.data() + head * hd;
       double mx = -INFINITY;
-      for (int64_t t = 0; t < n_kv; ++t) {
+      for (int64_t t = t0; t < n_kv; ++t) {
         const double* kt = kc.data() + t * n_embd_kv + kvh * hd;
         double dot = 0;
         for (int64_t i = 0; i < hd; ++i) dot += qh[i] * kt[i];
-        scores[static_cast<size_t>(t)] = dot * scale;
-        mx = std::max(mx, dot * scale);
+        const double s = softcap(dot * scale, hp_.attn_softcap);
+        scores[static_cast<size_t>(t)] = s;
+        mx = std::max(mx, s);
       }
       double z = 0;
-      for (double& s : scores) z += s = std::exp(s - mx);
+      for (int64_t t = t0; t < n_kv; ++t) {
+        double& s = scores[static_cast<size_t>(t)];
+        z += s = std::exp(s - mx);
+      }
       double* out = attn.data() + head * hd;
       for (int64_t i = 0; i < hd; ++i) out[i] = 0;
-      for (int64_t t = 0; t < n_kv; ++t) {
+      for (int64_t t = t0; t < n_kv; ++t) {
         const double a = scores[static_cast<size_t>(t)] / z;
         const double* vt = vc.data() + t * n_embd_kv + kvh * hd;
         for (int64_t i = 0; i < hd; ++i) out[i] += a * vt[i];
       }
     }
     mv(L.wo, attn, o);
+    if (hp_.post_norms) {
+      rms_norm(o, L.post_attn_norm, hp_.rms_eps, h);
+      o.swap(h);
+    }
     for (int64_t i = 0; i < n_embd; ++i) x[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
 
     rms_norm(x, L.ffn_norm, hp_.rms_eps, h);
     ffn(L, h, d);
+    if (hp_.post_norms) {
+      rms_norm(d, L.post_ffw_norm, hp_.rms_eps, h);
+      d.swap(h);
+    }
     for (int64_t i = 0; i < n_embd; ++i) x[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
   }
   rms_norm(x, output_norm_, hp_.rms_eps, h);
   if (normed) *normed = h;
   mv(output_tied_ ? tok_embd_ : output_, h, logits);
+  for (double& l : logits) l = softcap(l, hp_.final_softcap);
   cache.n_past++;
 }
 

@@ -1,10 +1,11 @@
 // LlamaReference: a naive, double-precision llama forward pass for tests.
 //
 // Contract: LlamaReference::load reads a llama-family GGUF (general.architecture
-// "llama", or "qwen2" with Q/K/V biases added after the projections, or "qwen3"
-// with each head of Q and K RMS-normalised before RoPE, or "phi3" with Q, K
-// and V as the row blocks of attn_qkv and the FFN's gate and up as the first
-// and second halves of ffn_up's rows (HF's Phi3 qkv_proj and gate_up_proj);
+// "llama", "gemma2" or "gemma3" as described below, or "qwen2" with Q/K/V
+// biases added after the projections, or "qwen3" with each head of Q and K
+// RMS-normalised before RoPE, or "phi3" with Q, K and V as the row blocks of
+// attn_qkv and the FFN's gate and up as the first and second halves of
+// ffn_up's rows (HF's Phi3 qkv_proj and gate_up_proj);
 // all three with NeoX RoPE; or a mixture of experts as Hugging Face's
 // MixtralSparseMoeBlock (llama with expert_count > 0), Qwen2MoeSparseMoeBlock
 // (qwen2moe: Qwen2's attention; a shared expert gated by
@@ -30,9 +31,36 @@
 //     x += Wo attn; h = RMSNorm(x) * ffn_norm; x += Wdown(silu(Wgate h) * Wup h)
 //   logits = Woutput (RMSNorm(x) * output_norm); Woutput = token_embd if absent.
 // A weight with ne = [in, out] is out rows of in contiguous elements; output j
-// is row j dotted with the input. RoPE scaling keys are not supported (absent in
-// the test models); load() rejects files that set llama.rope.scaling.type to
-// anything but "none".
+// is row j dotted with the input. RoPE scaling: load() rejects files that set
+// <arch>.rope.scaling.type to anything but "none", except gemma3's "linear".
+//
+// Gemma 2 and Gemma 3 (text), general.architecture "gemma2" / "gemma3", as Hugging
+// Face's Gemma2ForCausalLM / Gemma3ForCausalLM, in the GGUF llama.cpp's converter
+// writes (norm weights already hold Gemma's "+1", so every norm is RMSNorm(x) * w;
+// output.weight is usually absent, i.e. tied):
+//   x = token_embd[token] * sqrt(n_embd)
+//   per layer l: h = RMSNorm(x) * attn_norm; q,k,v = Wq h, Wk h, Wv h;
+//     (gemma3: per-head RMSNorm of q and k with attn_q_norm / attn_k_norm);
+//     NeoX RoPE; score = (q . k) * attn_scale, then (gemma2) soft-capped:
+//     score = attn_softcap * tanh(score / attn_softcap); causal mask and, on a
+//     sliding layer, also key j masked for query i when i - j >= sliding_window;
+//     o = Wo attn; x += RMSNorm(o) * post_attention_norm;
+//     h = RMSNorm(x) * ffn_norm; f = Wdown(gelu_tanh(Wgate h) * Wup h);
+//     x += RMSNorm(f) * post_ffw_norm
+//   logits = Wout (RMSNorm(x) * output_norm); (gemma2) logits = final_softcap *
+//   tanh(logits / final_softcap). gelu_tanh(a) = 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))).
+// Sliding layers: gemma2 the even ones (l % 2 == 0); gemma3 those with l % 6 < 5
+// (l = 5, 11, ... are global) -- llama.cpp's swa patterns 2 and 6.
+// attn_scale = 1/sqrt(head_dim), except 1/sqrt(n_embd / n_head) (integer division)
+// for a 46-layer gemma2 and a 62-layer gemma3 (the 27B models, whose
+// query_pre_attn_scalar the GGUF does not store: llama.cpp's rule).
+// gemma2: attention.sliding_window (default 4096), attn_logit_softcapping (default
+// 50), final_logit_softcapping (default 30); every layer RoPEs with rope.freq_base.
+// gemma3: attention.sliding_window required (NotFound naming it), no soft-capping
+// (the keys are ignored); sliding layers RoPE with base rope.freq_base_swa (default
+// 10000) and unscaled positions, global layers with rope.freq_base and, for
+// rope.scaling.type "linear", positions divided by rope.scaling.factor.
+// forward(), embed() and greedy() all run the same per-token step.
 // Errors: InvalidArgument for a non-llama architecture, an unsupported tensor
 // type, a token id out of range or bad hyper-parameters (naming key / tensor /
 // value); NotFound for a missing key or tensor; Corruption for a wrong shape
@@ -73,6 +101,18 @@ struct ReferenceHparams {
   int64_t n_ff_shexp = 0;     // qwen2moe's shared expert
   bool norm_topk = false;     // Mixtral, Qwen3-MoE
   double weights_scale = 1.0; // <arch>.expert_weights_scale (absent or 0: 1)
+  // Attention and embedding constants; the gemma2 / gemma3 ones are described
+  // in the contract above, the defaults are every other architecture's.
+  double attn_scale = 0;              // q . k multiplier: 1/sqrt(head_dim) unless gemma 27B
+  double embd_scale = 1.0;            // token_embd row multiplier (gemma: sqrt(n_embd))
+  double attn_softcap = 0;            // 0: none; else score = cap * tanh(score / cap)
+  double final_softcap = 0;           // 0: none; else logit = cap * tanh(logit / cap)
+  int64_t sliding_window = 0;         // 0: no sliding layers
+  std::vector<bool> swa_layers;       // [n_layer]: layer l is sliding (window above)
+  double rope_freq_base_swa = 10000;  // sliding layers' RoPE base (gemma2: rope_freq_base)
+  double rope_freq_scale = 1.0;       // global layers' position multiplier (1 / linear factor)
+  bool gelu = false;                  // gemma: gelu_tanh gates the FFN instead of silu
+  bool post_norms = false;            // gemma: post_attention_norm and post_ffw_norm
 };
 
 class LlamaReference {
@@ -107,6 +147,7 @@ class LlamaReference {
   };
   struct Layer {
     std::vector<double> attn_norm, ffn_norm;
+    std::vector<double> post_attn_norm, post_ffw_norm;  // gemma
     std::vector<double> bq, bk, bv, q_norm, k_norm;  // qwen2 biases, qwen3 head norms
     Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
     Matrix router;                                  // [n_expert][n_embd]
@@ -131,6 +172,9 @@ class LlamaReference {
   void ffn(const Layer& L, const std::vector<double>& h, std::vector<double>& out) const;
   // Rows [first, first + n) of m, copied (a fused tensor's part).
   static Matrix rows_of(const Matrix& m, int64_t first, int64_t n);
+  // The gemma2 / gemma3 fields of hp (see the contract); hp's dims already read.
+  static Status load_gemma_hparams(const gguf::GgufFile& file, const std::string& arch, bool linear_scaling,
+                                   ReferenceHparams& hp);
   Status check_tokens(std::span<const TokenId> tokens) const;
   // Appends one token at position cache.n_past and writes its logits.
   void step(Cache& cache, TokenId token, std::vector<double>& logits, std::vector<double>* normed = nullptr) const;

@@ -101,7 +101,7 @@ float WeightStream::next_normal() {
 GgmlType random_llama_tensor_type(const RandomLlamaSpec& s, const std::string& name, uint32_t layer, uint64_t ne0) {
   if (s.mix == RandomLlamaMix::kNone) return s.type;
   const GgmlType base = s.mix == RandomLlamaMix::kQ4_K_M ? GgmlType::kQ4_K : GgmlType::kQ5_K;
-  const bool head = name == "output.weight" || (s.tied_output && name == "token_embd.weight");
+  const bool head = name == "output.weight" || (random_llama_tied(s) && name == "token_embd.weight");
   if (head) return ne0 % 256 == 0 ? GgmlType::kQ6_K : GgmlType::kQ8_0;
   const bool more = (name.ends_with(".attn_v.weight") || name.find(".ffn_down") != std::string::npos) &&
                     use_more_bits(static_cast<int>(layer), static_cast<int>(s.n_layer));
@@ -113,6 +113,11 @@ uint32_t expert_ff(const RandomLlamaSpec& s) { return s.n_ff_exp > 0 ? s.n_ff_ex
 uint32_t shared_ff(const RandomLlamaSpec& s) { return s.n_ff_shexp > 0 ? s.n_ff_shexp : s.n_ff; }
 uint32_t experts_used(const RandomLlamaSpec& s) { return s.n_expert_used > 0 ? s.n_expert_used : 2; }
 }  // namespace
+
+bool random_llama_tied(const RandomLlamaSpec& s) {
+  const ArchSpec* a = find_arch(s.arch);
+  return s.tied_output || (a != nullptr && a->gemma_style);
+}
 
 Status validate_random_llama_spec(const RandomLlamaSpec& s) {
   auto bad = [](const std::string& m) { return Status::invalid_argument("random llama spec: " + m); };
@@ -167,6 +172,10 @@ Status validate_random_llama_spec(const RandomLlamaSpec& s) {
         return bad("n_ff_exp and n_ff_shexp must be multiples of the type's block " + std::to_string(block));
     }
   }
+  if (arch.gemma_style && arch.swa_local_rope && s.sliding_window == 0)
+    return bad(s.arch + " needs sliding_window > 0 (attention.sliding_window)");
+  if (!(s.attn_softcap >= 0.0f) || !(s.final_softcap >= 0.0f) || !(s.rope_scale_linear >= 0.0f))
+    return bad("attn_softcap, final_softcap and rope_scale_linear must be >= 0");
   if (s.vocab_path.empty()) return bad("vocab_path is empty");
   return Status::ok_status();
 }
@@ -185,12 +194,13 @@ uint64_t random_llama_param_count(const RandomLlamaSpec& s, uint64_t n_vocab) {
   if (const ArchSpec* a = find_arch(s.arch)) {
     if (a->qkv_bias) per_layer += e_q + 2 * e_kv;
     if (a->qk_norm) per_layer += 2 * hd;
+    if (a->gemma_style) per_layer += 2 * e;
     if (s.n_expert > 0) {
       per_layer += e * s.n_expert + uint64_t{s.n_expert} * 3 * e * expert_ff(s);
       if (a->shared_expert) per_layer += e + 3 * e * shared_ff(s);
     }
   }
-  return n_vocab * e * (s.tied_output ? 1 : 2) + e + s.n_layer * per_layer;
+  return n_vocab * e * (random_llama_tied(s) ? 1 : 2) + e + s.n_layer * per_layer;
 }
 
 Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
@@ -232,6 +242,13 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
   w.set(a + "rope.freq_base", Value::f32(s.rope_freq_base));
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(s.rms_eps));
   if (s.pooling_type > 0) w.set(a + "pooling_type", Value::u32(s.pooling_type));
+  if (s.sliding_window > 0) w.set(a + "attention.sliding_window", Value::u32(s.sliding_window));
+  if (s.attn_softcap > 0.0f) w.set(a + "attn_logit_softcapping", Value::f32(s.attn_softcap));
+  if (s.final_softcap > 0.0f) w.set(a + "final_logit_softcapping", Value::f32(s.final_softcap));
+  if (s.rope_scale_linear > 1.0f) {
+    w.set(a + "rope.scaling.type", Value::str("linear"));
+    w.set(a + "rope.scaling.factor", Value::f32(s.rope_scale_linear));
+  }
   if (s.n_expert > 0) {
     w.set(a + "expert_count", Value::u32(s.n_expert));
     w.set(a + "expert_used_count", Value::u32(experts_used(s)));
@@ -255,7 +272,7 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
   SPW_RETURN_IF_ERROR(matrix("token_embd.weight", 0, {e, n_vocab}, kStd));
   SPW_RETURN_IF_ERROR(
       add_random_tensor(w, s.seed, "output_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
-  if (!s.tied_output) {
+  if (!random_llama_tied(s)) {
     SPW_RETURN_IF_ERROR(matrix("output.weight", 0, {e, n_vocab}, kStd));
   }
   for (uint32_t l = 0; l < s.n_layer; ++l) {
@@ -282,6 +299,10 @@ Result<gguf::GgufWriter> random_llama_writer(Env& env, const RandomLlamaSpec& s,
     SPW_RETURN_IF_ERROR(matrix(p + "attn_output.weight", l, {n_embd_q, e}, kResidualStd));
     SPW_RETURN_IF_ERROR(
         add_random_tensor(w, s.seed, p + "ffn_norm.weight", GgmlType::kF32, {e}, 1.0f, kNormNoise));
+    if (arch.gemma_style) {
+      for (const char* nn : {"post_attention_norm.weight", "post_ffw_norm.weight"})
+        SPW_RETURN_IF_ERROR(add_random_tensor(w, s.seed, p + nn, GgmlType::kF32, {e}, 1.0f, kNormNoise));
+    }
     if (s.n_expert > 0) {
       const uint64_t x = s.n_expert, fe = expert_ff(s);
       // A trained router is decisive (its logits spread over a few units);

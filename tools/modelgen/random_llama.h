@@ -108,7 +108,23 @@ struct RandomLlamaSpec {
   uint32_t n_ff_exp = 0;       // 0: n_ff
   uint32_t n_ff_shexp = 0;     // 0: n_ff
   float expert_weights_scale = 0.0f;  // written as <arch>.expert_weights_scale when > 0
+  // Gemma (gemma2, gemma3; model/arch.h): blk.N.post_attention_norm and
+  // post_ffw_norm [n_embd] (F32, 1 + noise) are written, and the head is
+  // always tied (Gemma files have no output.weight; tied_output is implied).
+  // attention.sliding_window is written when > 0 (gemma3 needs it);
+  // gemma2's attn_logit_softcapping / final_logit_softcapping when > 0
+  // (absent, a reader takes 50 and 30).
+  uint32_t sliding_window = 0;
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  // > 1: rope.scaling.type "linear" with this rope.scaling.factor (Gemma 3's
+  // global layers; a llama reads it for every layer).
+  float rope_scale_linear = 0.0f;
 };
+
+// Whether the spec's model has no output.weight (tied_output, or an
+// architecture whose head is always the embedding).
+bool random_llama_tied(const RandomLlamaSpec& spec);
 
 struct RandomLlamaStats {
   uint32_t n_vocab = 0;

@@ -157,8 +157,21 @@ float tile_sum(const float* s, int32_t len) {
 // l * c + tile_sum(p). Returns c = exp_neg(m - m'), the factor the row's
 // output so far must be multiplied by (1 when the maximum did not move;
 // ignored on the first tile, which starts the sums).
-float tile_softmax(float* s, int32_t len, float kq_scale, float* run_max, float* run_sum, bool first) {
+float tile_softmax(float* s, int32_t len, float kq_scale, float* run_max, float* run_sum, bool first,
+                   float softcap, int32_t masked) {
   float tile_max = -std::numeric_limits<float>::infinity();
+  if (softcap > 0.0f || masked > 0) {
+    // Gemma's scores: scaled, soft-capped, the positions before the row's
+    // window at -inf (exp_neg gives them 0; a tile of them only leaves the
+    // sums at 0, which the next tile's update discards exactly).
+    for (int32_t j = 0; j < len; ++j) {
+      float v = s[j] * kq_scale;
+      if (softcap > 0.0f) v = softcap * tanh_steps(v / softcap);
+      if (j < masked) v = -std::numeric_limits<float>::infinity();
+      s[j] = v;
+      tile_max = std::max(tile_max, v);
+    }
+  } else {
 #if defined(SPW_AVX512F)
   // GCC does not vectorise a float max reduction without -ffast-math: as a
   // plain loop, this step made an 8k-token prefill 15% slower.
@@ -191,6 +204,7 @@ float tile_softmax(float* s, int32_t len, float kq_scale, float* run_max, float*
     tile_max = std::max(tile_max, s[j]);
   }
 #endif
+  }
   const float m = first ? tile_max : std::max(*run_max, tile_max);
   exp_neg_shifted(s, len, m);
   const float t = tile_sum(s, len);
@@ -214,6 +228,8 @@ struct TileScratch {
   int64_t n_q;
   int64_t hd;
   float kq_scale;
+  int32_t window;  // AttentionShape's
+  float softcap;
   float* scores;   // [kQueryTile][kKvTile]
   float* acc;      // [kQueryTile][hd]
   float* run_max;  // [kQueryTile]
@@ -261,7 +277,9 @@ void tile_step(const KT* const* kp, const KT* const* vp, const TileScratch& ts, 
     const int32_t len = std::min(pe, tile.pos0 + r + 1) - p0;
     float* sr = ts.scores + static_cast<int64_t>(r) * kKvTile;
     float* o = ts.acc + static_cast<int64_t>(r) * ts.hd;
-    const float c = tile_softmax(sr, len, ts.kq_scale, ts.run_max + r, ts.run_sum + r, first);
+    // A sliding window: the row's positions below pos - window + 1 count for nothing.
+    const int32_t masked = ts.window > 0 ? std::clamp(tile.pos0 + r - ts.window + 1 - p0, 0, len) : 0;
+    const float c = tile_softmax(sr, len, ts.kq_scale, ts.run_max + r, ts.run_sum + r, first, ts.softcap, masked);
     if (!first && c != 1.0f) scale_row(o, ts.hd, c);
   }
   // Weighted V sums, rows in fours over the positions all four see
@@ -319,7 +337,7 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
     const float* vp[kKvTile];
     const uint16_t* kh[kKvTile];
     const uint16_t* vh[kKvTile];
-    const TileScratch ts{q, n_q, hd, sh.kq_scale, scores, acc, run_max, run_sum};
+    const TileScratch ts{q, n_q, hd, sh.kq_scale, sh.window, sh.softcap, scores, acc, run_max, run_sum};
     QueryTile tile;
     int64_t tile_index = -1;
     for (int64_t it = i0; it < i1; ++it) {
@@ -349,7 +367,9 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
         }
       };
       const int32_t np = tile.pos0 + tile.n;  // positions the tile's last row sees
-      for (int32_t p0 = 0; p0 < np; p0 += kKvTile) {
+      // A sliding window starts at the KV tile holding the first row's lowest position.
+      const int32_t start = sh.window > 0 ? std::max(0, tile.pos0 - sh.window + 1) / kKvTile * kKvTile : 0;
+      for (int32_t p0 = start; p0 < np; p0 += kKvTile) {
         const int32_t pe = std::min(np, p0 + kKvTile);
         // The next tile's slices are fetched while this one computes: a
         // tile's 32 rows of this head lie in a few KV blocks far apart,
@@ -358,7 +378,7 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
           prefetch_bytes(k, slice_size);
           prefetch_bytes(v, slice_size);
         });
-        const bool first = p0 == 0;
+        const bool first = p0 == start;
         // The tile's slices: F32 and F16 read in place, Q8_0 dequantised
         // into the scratch.
         for_each_slice(p0, pe, [&](int32_t p, const uint8_t* k, const uint8_t* v) {

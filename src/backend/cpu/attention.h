@@ -4,14 +4,20 @@
 //
 // Contract: attention() computes, for every row of every slice and every head
 // h, softmax(q . K^T * kq_scale) V over positions 0..pos of the row's own
-// sequence, reading K/V of `layer` (absolute index) through the sequence's
+// sequence (pos - window < p <= pos on a sliding-window layer, window > 0;
+// with softcap > 0 each scaled score s becomes softcap * tanh_steps(s /
+// softcap) first, kernels.h), reading K/V of `layer` (absolute index) through the sequence's
 // block table; K/V of the pass's own rows must already be written. GQA: head
 // h reads KV head h / (n_head / n_head_kv).
 // How each (row, head) is computed -- fixed by its position alone, so results
 // are bitwise independent of the batch, the other rows and sequences in it,
 // the split into ubatches and the thread count (backend.h's contract):
 //   positions are taken in tiles [k*kKvTile, (k+1)*kKvTile) from position 0,
-//   the last one cut at the row's position; per tile: scores s_j =
+//   the last one cut at the row's position (with a window, from the tile
+//   holding the work item's first row's lowest position: a row's positions
+//   before its own window are scored -inf, so that the tiles before the one
+//   holding its lowest position add exactly nothing and its result is the
+//   one it gets from that tile on, whatever rows share the item); per tile: scores s_j =
 //   dot_f32(k_j, q) * kq_scale (kernels.h), the running maximum m' =
 //   max(m, max_j s_j), p_j = exp_neg(s_j - m') (below), the tile's sum t =
 //   a fixed tree over its p_j (attention.cpp, tile_softmax), and from the
@@ -50,6 +56,8 @@ struct AttentionShape {
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
   float kq_scale = 1.0f;
+  int32_t window = 0;     // > 0: a sliding-window layer's span (LlamaHparams::n_swa)
+  float softcap = 0.0f;   // > 0: scores soft-capped (Gemma 2)
 };
 
 // Floats of one worker's scratch: scores and outputs of a query tile, its

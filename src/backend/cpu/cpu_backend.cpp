@@ -40,7 +40,10 @@ Status cpu::embed_tokens(const Model& model, std::span<const TokenId> tokens, fl
       return Status::invalid_argument("token id " + std::to_string(tokens[t]) + " out of range [0, " +
                                       std::to_string(hp.n_vocab) + ")");
     }
-    cpu::dequantize_row(model.tok_embd(), tokens[t], hidden + t * static_cast<size_t>(hp.n_embd));
+    float* row = hidden + t * static_cast<size_t>(hp.n_embd);
+    cpu::dequantize_row(model.tok_embd(), tokens[t], row);
+    if (hp.embd_scale != 1.0f)  // Gemma: sqrt(n_embd)
+      for (int32_t i = 0; i < hp.n_embd; ++i) row[i] *= hp.embd_scale;
   }
   return Status();
 }
@@ -114,17 +117,28 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
   const std::unique_ptr<std::byte[]> moe(hp.moe() ? new std::byte[static_cast<size_t>(moe_scratch_words(hp, n)) * 4]
                                                   : nullptr);
   const int32_t half = hp.n_rot / 2;
+  // RoPE's cos/sin rows, and the sliding layers' own where they differ (Gemma 3).
+  const bool local_rope = hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0;
   const auto rc = floats(n * half), rs = floats(n * half);
+  const auto lc = floats(local_rope ? n * half : 0), ls = floats(local_rope ? n * half : 0);
   {
     int64_t row = 0;
     for (const SeqSlice& sl : slices) {
       cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, rc.get() + row * half, rs.get() + row * half,
                       cpu::rope_scaling(model));
+      if (local_rope)
+        cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base_swa, lc.get() + row * half,
+                        ls.get() + row * half);
       row += sl.n_tokens;
     }
   }
-  const cpu::AttentionShape attn_shape{n_head, hp.n_head_kv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  const cpu::AttentionShape attn_shape{n_head, hp.n_head_kv, hd, hp.kq_scale(), 0, hp.attn_softcap};
 
+  // Gemma's norm of a sublayer's output rows (in place) before the residual add.
+  auto post_norm = [&](const std::vector<float>& w, float* x) {
+    if (w.empty()) return;
+    for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x + t * n_embd, w.data(), n_embd, hp.rms_eps, x + t * n_embd);
+  };
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const LlamaLayerWeights& L = model.layer(il);
     // Each matrix in the layout the kernel variant computes from (packed on
@@ -147,14 +161,16 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
         cpu::rms_norm(k.get() + h * hd, L.k_norm.data(), hd, hp.rms_eps, k.get() + h * hd);
     }
     const bool neox = hp.rope_style == RopeStyle::kNeox;
+    const float* cos_rows = hp.local_rope(il) ? lc.get() : rc.get();
+    const float* sin_rows = hp.local_rope(il) ? ls.get() : rs.get();
     for (int64_t t = 0; t < n; ++t) {
       const Row& r = rows[static_cast<size_t>(t)];
       KvPool* kvp = r.seq->kv.pool;
       const int32_t lp = il - kvp->options().layer_begin;
       const int32_t bt = kvp->block_tokens();
-      cpu::rope_apply(q.get() + t * n_q, n_head, hd, hp.n_rot, rc.get() + t * half, rs.get() + t * half, neox);
-      cpu::rope_apply(k.get() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, rc.get() + t * half,
-                      rs.get() + t * half, neox);
+      cpu::rope_apply(q.get() + t * n_q, n_head, hd, hp.n_rot, cos_rows + t * half, sin_rows + t * half, neox);
+      cpu::rope_apply(k.get() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, cos_rows + t * half, sin_rows + t * half,
+                      neox);
       const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
       const int32_t slot = r.pos % bt;
       // Converted to the pool's type (an F32 pool: a plain copy).
@@ -162,8 +178,11 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
     }
     // Attention over each row's own sequence (attention.h: tiled, bitwise
     // independent of the batch and the thread count).
-    cpu::attention(slices, il, attn_shape, q.get(), att.get(), pool_.get());
+    cpu::AttentionShape shape = attn_shape;
+    shape.window = hp.is_swa(il) ? hp.n_swa : 0;
+    cpu::attention(slices, il, shape, q.get(), att.get(), pool_.get());
     cpu::matmul(*W(L.wo), att.get(), n, cur.get(), pool_.get());
+    post_norm(L.post_attn_norm, cur.get());
     cpu::add(hidden, cur.get(), n * n_embd);
 
     for (int64_t t = 0; t < n; ++t)
@@ -175,8 +194,13 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
     }
     const cpu::MatmulOut gate_up[2] = {{W(L.w_gate), gate.get()}, {W(L.w_up), up.get()}};
     cpu::matmul_fused(gate_up, 2, cur.get(), n, pool_.get());
-    cpu::swiglu(gate.get(), up.get(), gate.get(), n * n_ff);
+    if (hp.ffn_gelu) {
+      cpu::geglu(gate.get(), up.get(), gate.get(), n * n_ff);
+    } else {
+      cpu::swiglu(gate.get(), up.get(), gate.get(), n * n_ff);
+    }
     cpu::matmul(*W(L.w_down), gate.get(), n, cur.get(), pool_.get());
+    post_norm(L.post_ffn_norm, cur.get());
     cpu::add(hidden, cur.get(), n * n_embd);
   }
   return Status();
@@ -189,6 +213,7 @@ Status CpuBackend::output(const Model& model, const float* hidden, int32_t n_row
     cpu::rms_norm(hidden + static_cast<int64_t>(t) * hp.n_embd, model.output_norm().data(), hp.n_embd,
                   hp.rms_eps, cur.data() + static_cast<int64_t>(t) * hp.n_embd);
   cpu::matmul(cpu::cpu_weights(model, model.output()), cur.data(), n_rows, logits, pool_.get());
+  if (hp.final_softcap > 0.0f) cpu::softcap(logits, static_cast<int64_t>(n_rows) * hp.n_vocab, hp.final_softcap);
   return Status();
 }
 

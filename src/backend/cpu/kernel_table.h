@@ -67,6 +67,9 @@
   X(void, softmax, softmax, (float* x, int64_t n), (x, n))                                                         \
   X(void, swiglu, swiglu, (const float* gate, const float* up, float* out, int64_t n), (gate, up, out, n))         \
   X(void, add, add, (float* y, const float* x, int64_t n), (y, x, n))                                              \
+  X(float, tanh_steps, tanh_steps, (float x), (x))                                                                \
+  X(void, geglu, geglu, (const float* gate, const float* up, float* out, int64_t n), (gate, up, out, n))           \
+  X(void, softcap, softcap, (float* x, int64_t n, float cap), (x, n, cap))                                         \
   X(ActFormat, act_format, act_format, (gguf::GgmlType w), (w))                                                    \
   X(int64_t, act_block_elems, act_block_elems, (ActFormat f), (f))                                                 \
   X(size_t, act_block_bytes, act_block_bytes, (ActFormat f), (f))                                                  \

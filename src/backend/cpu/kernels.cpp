@@ -430,6 +430,26 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+float tanh_steps(float x) {
+  const float e = exp_neg(-2.0f * std::fabs(x));
+  const float t = (1.0f - e) / (1.0f + e);  // 1 - e is exact for e in [0.5, 1] (Sterbenz)
+  return std::signbit(x) ? -t : t;
+}
+
+void geglu(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.797884560802865355f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float a = std::fma(0.044715f * g, g, 1.0f);
+    const float t = tanh_steps((kSqrt2OverPi * g) * a);
+    out[i] = ((0.5f * g) * (1.0f + t)) * up[i];
+  }
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * tanh_steps(x[i] / cap);
+}
+
 // swiglu's exp(-g) is attention.cpp's exp_neg (within 2 ulp), whose steps
 // hold for positive arguments too up to 88 (2^n stays a normal float), and
 // +inf above (g / (1 + e) is then -0 where expf would give ~-1e-37, for

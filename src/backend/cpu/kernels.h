@@ -145,6 +145,18 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t n);
 void softmax(float* x, int64_t n);  // in place, max-subtracted
 void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up
 void add(float* y, const float* x, int64_t n);  // y += x
+// tanh(x) as (1 - e) / (1 + e), e = exp_neg(-2|x|) (attention.h), the sign
+// restored: within 1.2e-7 of tanh absolutely (the rounding of e), exactly
+// +-1 past |x| = 43.5. Steps a shader repeats bit for bit (exact.glsl's
+// tanh_steps), which the C library's tanhf is not.
+float tanh_steps(float x);
+// Gemma's FFN gate: gelu(gate) * up with GELU's tanh form, 0.5 g (1 +
+// tanh(sqrt(2/pi) (g + 0.044715 g^3))), in these steps: a = fma(0.044715 g, g,
+// 1), t = tanh_steps((sqrt(2/pi) g) a), out = ((0.5 g) (1 + t)) up. out may
+// be gate.
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+// x[i] = cap * tanh_steps(x[i] / cap) (Gemma 2's soft-capping; cap > 0).
+void softcap(float* x, int64_t n, float cap);
 
 SPW_CPU_NS_END
 
