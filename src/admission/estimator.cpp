@@ -222,6 +222,8 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   if (s.layer_end > s.layer_begin) {
     hidden_rows = cur_rows = m;
     g.io_rope = sz(2 * m * half * kF32);
+    if (hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0 && hp.n_rot >= 2) g.io_rope_local = g.io_rope;
+    if (hp.post_norms) g.post = sz(m * E * kF32);
     // The row table (position and table offset per row), then the step's
     // sequences' block ids.
     g.io_blocks = sz((2 * m + std::min(P, m) * blocks_per_seq) * sizeof(int32_t));
@@ -326,7 +328,7 @@ namespace {
 template <typename Fn>
 void for_each_gpu_scratch(const GpuTerms& g, Fn fn) {
   for (uint64_t b : {g.io_hidden, g.x, g.io_rope, g.io_blocks, g.cur, g.q, g.att, g.k, g.v, g.gate, g.up,
-                     g.xq, g.xd, g.scores, g.io_logits, g.router, g.io_route, g.xg, g.yg})
+                     g.xq, g.xd, g.scores, g.io_logits, g.router, g.io_route, g.xg, g.yg, g.post, g.io_rope_local})
     fn(b);
 }
 }  // namespace

@@ -305,6 +305,9 @@ struct GpuTerms {
   // and up are then m*ffn_width, and xq/xd cover it. With +cpu-experts the
   // device holds no FFN buffer at all (gate, up 0).
   uint64_t router = 0, io_route = 0, xg = 0, yg = 0;
+  // Gemma: post (m*E floats: a sublayer's output after its post-norm) and,
+  // for Gemma 3's sliding layers, io_rope_local (host-visible, as io_rope).
+  uint64_t post = 0, io_rope_local = 0;
   // Staging (category staging): upload() keeps one host-visible buffer of
   // min(largest upload, 8 MiB, max_buffer) bytes (rounded to 4), the largest
   // weight buffer of prepare, then frees it.

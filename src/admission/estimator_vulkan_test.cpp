@@ -188,6 +188,14 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
   auto phi3 = testing::generated(testing::as_arch(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "phi3"));
   ASSERT_NE(phi3, nullptr);
   run_case("phi3-Q8_0", phi3, Case{128, 32, 1});
+  // Gemma: the post-norms' buffer, and Gemma 3's second RoPE table.
+  for (const char* arch : {"gemma2", "gemma3"}) {
+    auto sp = testing::as_arch(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 6, true, 5), arch, 32);
+    sp.sliding_window = 8;
+    auto gemma = testing::generated(sp);
+    ASSERT_NE(gemma, nullptr) << arch;
+    for (const Case& c : {Case{128, 32, 0}, Case{96, 16, 3}}) run_case(std::string(arch) + "-Q8_0", gemma, c);
+  }
   // A mixture of experts: experts on the device (router, routing table and
   // gathered rows' buffers), or with +cpu-experts attention, norms and head
   // on the device and the router and experts on the host (no device FFN

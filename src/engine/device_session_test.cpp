@@ -93,7 +93,8 @@ TEST(DeviceSessionTest, ArchitecturesGiveTheCpuTokensOnVulkanAndHybrid) {
   mixtral.n_embd = mixtral.n_ff = 256;
   mixtral.n_expert = 4;
   mixtral.n_expert_used = 2;
-  for (const auto& spec : {phi3, qwen3moe, mixtral}) {
+  for (const auto& spec : {phi3, qwen3moe, mixtral, testing::gemma_spec("gemma2", gguf::GgmlType::kQ8_0),
+                           testing::gemma_spec("gemma3")}) {
     auto model = testing::random_model(spec);
     ASSERT_NE(model, nullptr) << spec.arch;
     const std::vector<TokenId> expected = cpu_greedy_tokens(model, 12);

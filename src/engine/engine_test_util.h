@@ -51,6 +51,27 @@ inline modelgen::RandomLlamaSpec small_spec(gguf::GgmlType type = gguf::GgmlType
   return s;
 }
 
+// A small Gemma (model/arch.h): gemma2 with caps its random scores and
+// logits reach, or gemma3's five sliding layers and one global with linear
+// RoPE scaling on the global one; a window of 4, so that a few dozen
+// positions cross it.
+inline modelgen::RandomLlamaSpec gemma_spec(const std::string& arch, gguf::GgmlType type = gguf::GgmlType::kF32) {
+  modelgen::RandomLlamaSpec s = small_spec(type);
+  s.arch = arch;
+  s.head_dim = 32;
+  s.sliding_window = 4;
+  if (arch == "gemma2") {
+    s.n_layer = 3;
+    s.attn_softcap = 0.05f;
+    s.final_softcap = 0.5f;
+  } else {
+    s.n_layer = 6;
+    s.rope_freq_base = 1000000.0f;
+    s.rope_scale_linear = 8.0f;
+  }
+  return s;
+}
+
 inline Result<std::shared_ptr<const Model>> model_from_bytes(std::string bytes) {
   SPW_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::parse(make_memory_file(std::move(bytes), "<generated>")));
   return Model::load_from(std::move(file));

@@ -193,7 +193,9 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
     st = upload_vector(L.attn_norm, mw.owner, d.attn_norm);
     if (st.ok()) st = upload_vector(L.ffn_norm, mw.owner, d.ffn_norm);
     const std::pair<const std::vector<float>*, DeviceBuffer*> optional[] = {
-        {&L.bq, &d.bq}, {&L.bk, &d.bk}, {&L.bv, &d.bv}, {&L.q_norm, &d.q_norm}, {&L.k_norm, &d.k_norm}};
+        {&L.bq, &d.bq},         {&L.bk, &d.bk},         {&L.bv, &d.bv},
+        {&L.q_norm, &d.q_norm}, {&L.k_norm, &d.k_norm}, {&L.post_attn_norm, &d.post_attn_norm},
+        {&L.post_ffn_norm, &d.post_ffn_norm}};
     for (const auto& [v, buf] : optional)
       if (st.ok() && !v->empty()) st = upload_vector(*v, mw.owner, *buf);
     const std::pair<const WeightMatrix*, DevMatrix*> mats[] = {

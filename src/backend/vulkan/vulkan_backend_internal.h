@@ -71,6 +71,7 @@ struct DevLayer {
   bool present = false;
   DeviceBuffer attn_norm, ffn_norm;
   DeviceBuffer bq, bk, bv, q_norm, k_norm;  // the architecture's optional parts (model/arch.h)
+  DeviceBuffer post_attn_norm, post_ffn_norm;  // Gemma
   DevMatrix wq, wk, wv, wo, gate, up, down;
   // A mixture of experts: gate/up/down stay empty; the router and experts
   // are on the device (moe_router, the e_* per expert, the shared expert's
@@ -91,8 +92,10 @@ struct ModelWeights {
 };
 
 struct Scratch {
-  DeviceBuffer io_hidden, io_rope, io_blocks, io_logits;  // host-visible
+  // io_rope_local: the sliding layers' own RoPE table (Gemma 3).
+  DeviceBuffer io_hidden, io_rope, io_rope_local, io_blocks, io_logits;  // host-visible
   DeviceBuffer x, cur, q, k, v, att, gate, up, xq, xd, scores;       // device-local
+  DeviceBuffer post;  // Gemma: a sublayer's output after its post-norm
   // Device experts: the router's logits (and the shared expert's gate),
   // one expert's gathered rows and outputs; io_route carries the logits to
   // the host and the routing table back.
@@ -239,6 +242,8 @@ class VulkanBackend::Impl::Recorder {
   // with fused multiply-adds and the AVX2 / AVX-512 dot order.
   // The CPU's swiglu bitwise where the device has float64 (swiglu.comp).
   const char* swiglu_shader() const { return im_.ctx->info().shader_float64 ? "swiglu_f64" : "swiglu"; }
+  // Gemma's GELU gate likewise (geglu.comp).
+  const char* geglu_shader() const { return im_.ctx->info().shader_float64 ? "geglu_f64" : "geglu"; }
 
   bool exact_attention() const {
     return im_.ctx->info().shader_float64 && cpu::active_kernel_traits().fused_dot_order;

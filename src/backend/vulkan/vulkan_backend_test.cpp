@@ -456,6 +456,12 @@ std::vector<ModelCase> model_cases() {
     c.push_back({"random qwen3moe Q8_0 8 experts" + where, testing::random_model(qwen3moe), 1e-6, 24, 1e-3, host});
     c.push_back({"random qwen2moe F32 shared expert" + where, testing::random_model(qwen2moe), 1e-9, 24, 1e-3, host});
   }
+  // Gemma: embedding scale, post-norms, GELU, soft-capped scores and
+  // logits (gemma2), sliding-window layers over 40 positions (window 4), the
+  // sliding layers' own RoPE table (gemma3).
+  c.push_back({"random gemma2 F32 window 4", testing::random_model(testing::gemma_spec("gemma2")), 1e-9, 40});
+  c.push_back({"random gemma3 Q8_0 window 4",
+               testing::random_model(testing::gemma_spec("gemma3", gguf::GgmlType::kQ8_0)), 1e-6, 40});
   auto tied = testing::small_spec(gguf::GgmlType::kF32);
   tied.tied_output = true;
   tied.n_head_kv = 1;  // GQA 4:1

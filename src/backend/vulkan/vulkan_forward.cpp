@@ -44,8 +44,8 @@ struct BatchPass {
   Status size_scratch();
   void upload_inputs(const float* hidden);
   Status record(int32_t layer_begin, int32_t layer_end, float* hidden);
-  void record_qkv(Recorder& rec, const DevLayer& L);
-  void record_attention(Recorder& rec, const DevLayer& L, size_t lp);
+  void record_qkv(Recorder& rec, const DevLayer& L, int32_t il);
+  void record_attention(Recorder& rec, const DevLayer& L, size_t lp, int32_t il);
   void record_ffn(Recorder& rec, const DevLayer& L);
   Status host_experts(std::optional<Recorder>& rec, const DevLayer& L, int32_t il);
   Status device_experts(std::optional<Recorder>& rec, const DevLayer& L);
@@ -54,6 +54,10 @@ struct BatchPass {
   void swiglu_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevMatrix& gate, const DevMatrix& up,
                   const DevMatrix& down, VkBuffer y);
   void rms(Recorder& rec, VkBuffer w);
+  // Adds `from` to the residual, through Gemma's post-norm `w` when it has one.
+  void add_normed(Recorder& rec, VkBuffer from, const DeviceBuffer& w);
+  // Whether the sliding layers have their own RoPE table (Gemma 3).
+  bool local_rope() const { return hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0 && half > 0; }
   void add(Recorder& rec, VkBuffer from, uint64_t count);
 
   VulkanBackend::Impl& im;
@@ -151,6 +155,8 @@ Status BatchPass::size_scratch() {
                                     " positions exceed the largest buffer");
   SPW_RETURN_IF_ERROR(im.ensure(s.io_hidden, n * E * 4, true));
   SPW_RETURN_IF_ERROR(im.ensure(s.io_rope, 2 * n * std::max<uint32_t>(half, 1) * 4, true));
+  if (local_rope()) SPW_RETURN_IF_ERROR(im.ensure(s.io_rope_local, 2 * n * std::max<uint32_t>(half, 1) * 4, true));
+  if (hp.post_norms) SPW_RETURN_IF_ERROR(im.ensure(s.post, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.io_blocks, table.size() * 4, true));
   SPW_RETURN_IF_ERROR(im.ensure(s.x, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.cur, n * E * 4, false));
@@ -184,17 +190,21 @@ void BatchPass::upload_inputs(const float* hidden) {
   if (half > 0) {
     // cos rows of every slice, then their sin rows (rope.comp's layout).
     float* cs = static_cast<float*>(s.io_rope.mapped());
+    float* ls = local_rope() ? static_cast<float*>(s.io_rope_local.mapped()) : nullptr;
     uint64_t row = 0;
     for (const SeqSlice& sl : slices) {
       cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base, cs + row * half, cs + (n + row) * half,
                       cpu::rope_scaling(model));
+      if (ls != nullptr)
+        cpu::rope_table(sl.pos0, sl.n_tokens, hp.n_rot, hp.rope_freq_base_swa, ls + row * half,
+                        ls + (n + row) * half);
       row += static_cast<uint64_t>(sl.n_tokens);
     }
   }
 }
 
 Status BatchPass::record(int32_t layer_begin, int32_t layer_end, float* hidden) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = hp.kq_scale();
   const float eps = hp.rms_eps;
   std::memcpy(&eps_bits, &eps, 4);
   std::memcpy(&scale_bits, &scale, 4);
@@ -206,8 +216,8 @@ Status BatchPass::record(int32_t layer_begin, int32_t layer_end, float* hidden) 
   for (int32_t il = layer_begin; il < layer_end; ++il) {
     const DevLayer& L = mw->layers[static_cast<size_t>(il)];
     const size_t lp = static_cast<size_t>(il - kvo.layer_begin);
-    record_qkv(*rec, L);
-    record_attention(*rec, L, lp);
+    record_qkv(*rec, L, il);
+    record_attention(*rec, L, lp, il);
     if (L.host_experts) {
       SPW_RETURN_IF_ERROR(host_experts(rec, L, il));
     } else if (L.device_experts()) {
@@ -224,7 +234,7 @@ Status BatchPass::record(int32_t layer_begin, int32_t layer_end, float* hidden) 
 
 // The attention norm, the Q/K/V projections, the architecture's optional
 // biases (Qwen2) and Q/K norms (Qwen3), and RoPE.
-void BatchPass::record_qkv(Recorder& rec, const DevLayer& L) {
+void BatchPass::record_qkv(Recorder& rec, const DevLayer& L, int32_t il) {
   rms(rec, L.attn_norm.buffer());
   {
     MatmulInput in(rec, s.cur.buffer(), s.xq.buffer(), s.xd.buffer(), n * E);
@@ -255,17 +265,21 @@ void BatchPass::record_qkv(Recorder& rec, const DevLayer& L) {
   if (half > 0) {
     const bool neox = hp.rope_style == RopeStyle::kNeox;
     const char* rope = rec.exact_attention() ? (neox ? "rope_neox_f64" : "rope_f64") : (neox ? "rope_neox" : "rope");
+    const VkBuffer table = hp.local_rope(il) ? s.io_rope_local.buffer() : s.io_rope.buffer();
     const uint32_t pq[5] = {nt, static_cast<uint32_t>(hp.n_head), hd, half, static_cast<uint32_t>(Q)};
-    rec.dispatch_flat(rope, {s.q.buffer(), s.io_rope.buffer()}, pq, sizeof pq, n * hp.n_head * half);
+    rec.dispatch_flat(rope, {s.q.buffer(), table}, pq, sizeof pq, n * hp.n_head * half);
     const uint32_t pk[5] = {nt, static_cast<uint32_t>(hp.n_head_kv), hd, half, static_cast<uint32_t>(KV)};
-    rec.dispatch_flat(rope, {s.k.buffer(), s.io_rope.buffer()}, pk, sizeof pk, n * hp.n_head_kv * half);
+    rec.dispatch_flat(rope, {s.k.buffer(), table}, pk, sizeof pk, n * hp.n_head_kv * half);
     rec.barrier();
   }
 }
 
 // The KV write, attention over each row's positions, the output projection
 // and the residual add.
-void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp) {
+void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp, int32_t il) {
+  const float softcap = hp.attn_softcap;
+  uint32_t softcap_bits;
+  std::memcpy(&softcap_bits, &softcap, 4);
   const uint32_t pw[3] = {nt, static_cast<uint32_t>(KV), static_cast<uint32_t>(bt)};
   // F16: one invocation per pair of halves (one uint of the cache).
   rec.dispatch_flat(kv_f16 ? "kv_write_f16" : "kv_write",
@@ -274,7 +288,7 @@ void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp) {
   rec.barrier();
   for (uint64_t t0 = 0; t0 < n; t0 += tc) {
     const uint32_t cnt = static_cast<uint32_t>(std::min(tc, n - t0));
-    const uint32_t pa[10] = {hd,
+    const uint32_t pa[12] = {hd,
                              static_cast<uint32_t>(hp.n_head),
                              static_cast<uint32_t>(hp.n_gqa()),
                              static_cast<uint32_t>(KV),
@@ -283,7 +297,9 @@ void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp) {
                              static_cast<uint32_t>(n_pos),
                              static_cast<uint32_t>(Q),
                              scale_bits,
-                             cpu::active_kernel_traits().dot_tail8 ? 1u : 0u};
+                             cpu::active_kernel_traits().dot_tail8 ? 1u : 0u,
+                             hp.is_swa(il) ? static_cast<uint32_t>(hp.n_swa) : 0u,
+                             softcap_bits};
     // The exact variant keeps four output elements per invocation.
     const char* attention = rec.exact_attention() && hd <= 4 * kWg ? (kv_f16 ? "attention_f16_f64" : "attention_f64")
                                                                    : (kv_f16 ? "attention_f16" : "attention");
@@ -296,14 +312,14 @@ void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp) {
   MatmulInput(rec, s.att.buffer(), s.xq.buffer(), s.xd.buffer(), n * Q).matmul(L.wo, nt, s.cur.buffer(),
                                                                                  static_cast<uint32_t>(E));
   rec.barrier();
-  add(rec, s.cur.buffer(), n * E);
+  add_normed(rec, s.cur.buffer(), L.post_attn_norm);
 }
 
 // The FFN norm, gate and up, SwiGLU, down and the residual add.
 void BatchPass::record_ffn(Recorder& rec, const DevLayer& L) {
   rms(rec, L.ffn_norm.buffer());
   swiglu_ffn(rec, s.cur.buffer(), nt, L.gate, L.up, L.down, s.cur.buffer());
-  add(rec, s.cur.buffer(), n * E);
+  add_normed(rec, s.cur.buffer(), L.post_ffn_norm);
 }
 
 // down(silu(gate in) * up in) for `rows` rows of `in` into y (which may be
@@ -319,7 +335,8 @@ void BatchPass::swiglu_ffn(Recorder& rec, VkBuffer in, uint32_t rows, const DevM
   }
   rec.barrier();
   const uint32_t ps[1] = {rows * F};
-  rec.dispatch_flat(rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps, sizeof ps, uint64_t{rows} * F);
+  rec.dispatch_flat(hp.ffn_gelu ? rec.geglu_shader() : rec.swiglu_shader(), {s.gate.buffer(), s.up.buffer()}, ps,
+                    sizeof ps, uint64_t{rows} * F);
   rec.barrier();
   MatmulInput(rec, s.gate.buffer(), s.xq.buffer(), s.xd.buffer(), uint64_t{rows} * F)
       .matmul(down, rows, y, static_cast<uint32_t>(E));
@@ -437,6 +454,16 @@ void BatchPass::rms(Recorder& rec, VkBuffer w) {
   rec.barrier();
 }
 
+void BatchPass::add_normed(Recorder& rec, VkBuffer from, const DeviceBuffer& w) {
+  if (w.buffer() == VK_NULL_HANDLE) {
+    add(rec, from, n * E);
+    return;
+  }
+  rec.rms_rows(from, w.buffer(), s.post.buffer(), E, n, eps_bits);
+  rec.barrier();
+  add(rec, s.post.buffer(), n * E);
+}
+
 void BatchPass::add(Recorder& rec, VkBuffer from, uint64_t count) {
   const uint32_t pc[1] = {static_cast<uint32_t>(count)};
   rec.dispatch_flat("add", {s.x.buffer(), from}, pc, sizeof pc, count);
@@ -512,6 +539,9 @@ Status VulkanBackend::output(const Model& model, const float* hidden, int32_t n_
       .matmul(m, static_cast<uint32_t>(n), s.io_logits.buffer(), static_cast<uint32_t>(V));
   SPW_RETURN_IF_ERROR(rec.finish());
   std::memcpy(logits, s.io_logits.mapped(), n * V * 4);
+  // Gemma 2's final soft-capping, on the host as the CPU backend's (the
+  // logits are read here anyway, and the CPU's steps give the CPU's bits).
+  if (hp.final_softcap > 0.0f) cpu::softcap(logits, static_cast<int64_t>(n * V), hp.final_softcap);
   return Status();
 }
 

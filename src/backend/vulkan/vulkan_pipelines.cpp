@@ -52,7 +52,8 @@ uint32_t shader_bindings(const char* name) {
                                                         {"attention", 6},     {"kv_write_f16", 5},
                                                         {"attention_f16", 6}, {"swiglu", 2},
                                                         {"swiglu_f64", 2},    {"add", 2},
-                                                        {"gather_rows", 3},   {"scatter_add_rows", 3}};
+                                                        {"gather_rows", 3},   {"scatter_add_rows", 3},
+                                                        {"geglu", 2},         {"geglu_f64", 2}};
   if (auto it = fixed.find(name); it != fixed.end()) return it->second;
   for (const TypeShaders& t : kTypeShaders) {
     if (std::strcmp(t.matmul, name) == 0) return 4;

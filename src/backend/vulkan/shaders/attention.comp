@@ -17,6 +17,10 @@
 // steps), tile_sum's fixed tree, the running sum's update, and the output
 // rows' fused steps in position order, rescaled when the maximum moved; each
 // fused step is exact.glsl's fma_rn. The scores stay in shared memory.
+// A sliding window starts at the tile holding the row's lowest position,
+// whose earlier positions score -inf (the CPU's tiles from a work item's
+// first row add exactly nothing more: attention.h); soft-capping is the
+// CPU's tanh_steps (exact.glsl).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = WG) in;
@@ -50,6 +54,8 @@ layout(push_constant) uniform PC {
   uint q_stride;  // floats per token in q and o
   float scale;
   uint tail8;  // EXACT_F64: the CPU's dot order takes an 8-element chunk (AVX2 without AVX-512)
+  uint window;    // > 0: a sliding-window layer: positions pos - window < p <= pos only
+  float softcap;  // > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2)
 } pc;
 
 #include "exact.glsl"
@@ -80,10 +86,12 @@ void main() {
 
 #ifdef EXACT_F64
   const uint np = pos + 1u;
+  const uint lo = pc.window > 0u && pos + 1u > pc.window ? pos + 1u - pc.window : 0u;  // first position seen
+  const uint start = lo / KV_TILE * KV_TILE;
   float acc[4];  // this invocation's output elements d = tid + WG * i (head_dim <= 256)
-  for (uint p0 = 0u; p0 < np; p0 += KV_TILE) {
+  for (uint p0 = start; p0 < np; p0 += KV_TILE) {
     const uint len = min(np - p0, KV_TILE);
-    const bool first = p0 == 0u;
+    const bool first = p0 == start;
     if (tid < len) {
       const uint kb = kv_row(boff, p0 + tid, kvh);
       float lane[16];
@@ -100,7 +108,9 @@ void main() {
       const float x0 = y[0] + y[4], x1 = y[1] + y[5], x2 = y[2] + y[6], x3 = y[3] + y[7];
       float d = (x0 + x1) + (x2 + x3);
       for (; i0 < pc.head_dim; ++i0) d = fma_rn(kval(kb + i0), q[qb + i0], d);
-      ts[tid] = d * pc.scale;
+      float sv = d * pc.scale;
+      if (pc.softcap > 0.0) sv = pc.softcap * tanh_steps(div_rn(sv, pc.softcap));
+      ts[tid] = p0 + tid < lo ? uintBitsToFloat(0xff800000u) : sv;
     }
     barrier();
     if (tid == 0u) {
@@ -148,12 +158,15 @@ void main() {
   }
 }
 #else
+  // A sliding window: positions lo..pos (sc indexed by position still).
+  const uint lo = pc.window > 0u && pos + 1u > pc.window ? pos + 1u - pc.window : 0u;
   float mx = -3.402823466e38;
-  for (uint p = tid; p <= pos; p += WG) {
+  for (uint p = lo + tid; p <= pos; p += WG) {
     const uint kb = kv_row(boff, p, kvh);
     float s = 0.0;
     for (uint d = 0u; d < pc.head_dim; ++d) s = fma(kval(kb + d), q[qb + d], s);
     s *= pc.scale;
+    if (pc.softcap > 0.0) s = pc.softcap * tanh(s / pc.softcap);
     sc[sb + p] = s;
     mx = max(mx, s);
   }
@@ -166,7 +179,7 @@ void main() {
   mx = red[0];
   barrier();
   float sum = 0.0;
-  for (uint p = tid; p <= pos; p += WG) {
+  for (uint p = lo + tid; p <= pos; p += WG) {
     const float e = exp(sc[sb + p] - mx);
     sc[sb + p] = e;
     sum += e;
@@ -181,7 +194,7 @@ void main() {
   const float inv = 1.0 / red[0];
   for (uint d = tid; d < pc.head_dim; d += WG) {
     float acc = 0.0;
-    for (uint p = 0u; p <= pos; ++p) acc = fma(sc[sb + p] * inv, vval(kv_row(boff, p, kvh) + d), acc);
+    for (uint p = lo; p <= pos; ++p) acc = fma(sc[sb + p] * inv, vval(kv_row(boff, p, kvh) + d), acc);
     o[qb + d] = acc;
   }
 }

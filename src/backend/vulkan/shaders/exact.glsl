@@ -55,4 +55,10 @@ float exp_steps(float x) {
 float exp_neg(float x) { return !(x >= -87.0) ? 0.0 : exp_steps(x); }
 // kernels.cpp's swiglu_exp: also +inf above 88.
 float exp_any(float x) { return !(x >= -87.0) ? 0.0 : x > 88.0 ? uintBitsToFloat(0x7f800000u) : exp_steps(x); }
+// kernels.cpp's tanh_steps: (1 - e) / (1 + e), e = exp_neg(-2|x|), the sign restored.
+float tanh_steps(float x) {
+  precise const float e = exp_neg(-2.0 * abs(x));
+  const float t = div_rn(1.0 - e, 1.0 + e);
+  return x < 0.0 || (x == 0.0 && floatBitsToUint(x) != 0u) ? -t : t;
+}
 #endif
