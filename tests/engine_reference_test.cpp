@@ -32,6 +32,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/env.h"
+#include "engine/device_session.h"
 #include "engine/engine_test_util.h"
 #include "kv/kv_cache.h"
 #include "engine/session.h"
@@ -351,6 +352,66 @@ INSTANTIATE_TEST_SUITE_P(
         GenCase{1, GgmlType::kQ8_0, kQ8_0Bound, true, 64, 128, kNoMix, "gemma2", 0, 0, 0, 0, 0, 2, 75, 8},
         GenCase{2, GgmlType::kF32, kF32Bound, true, 64, 128, kNoMix, "gemma3", 32, 0, 0, 0, 0, 6, 75, 8, 0, 0, 8},
         GenCase{2, GgmlType::kF16, kF16Bound, true, 64, 128, kNoMix, "gemma3", 16, 0, 0, 0, 0, 6, 75, 8}));
+
+
+// The serving layout's pools (open_session_group) give a Gemma's sliding
+// layers the window plane (kv_cache.h): 150 positions in ubatches of 7
+// with a window of 8 and blocks of 4 hold a ring of window blocks, not the
+// context's, and still match the reference (which keeps every position);
+// a truncate back past the window, and a fork, continue with the logits an
+// uninterrupted session gives (the truncated one evaluates its tokens again).
+TEST(GemmaWindowPlane, MatchesReferenceInARingOfBlocks) {
+  for (const char* arch : {"gemma2", "gemma3"}) {
+    modelgen::RandomLlamaSpec spec = testing::gemma_spec(arch);
+    spec.sliding_window = 8;
+    spec.n_ctx = 160;
+    auto bytes = modelgen::make_random_llama(spec);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+    auto m = load_bytes(std::move(bytes).value(), arch);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    SessionGroupOptions go;
+    go.n_ctx = 160;
+    go.n_ubatch = 7;
+    go.kv_block_tokens = 4;
+    go.n_sessions = 2;  // room for the fork's blocks
+    auto group = open_session_group(*m, go);
+    ASSERT_TRUE(group.ok()) << group.status().to_string();
+    KvPool& pool = *group->pools[0];
+    ASSERT_TRUE(pool.has_window()) << arch;
+    const int32_t ring = pool.ring_blocks();
+    EXPECT_EQ(pool.plane_blocks(1), 2 * ring);
+    EXPECT_LT(ring, 40);  // the context's blocks
+    Session& s = *group->sessions[0];
+    std::vector<TokenId> tokens;
+    for (int i = 0; i < 150; ++i) tokens.push_back(static_cast<TokenId>((i * 37 + 5) % (*m)->hparams().n_vocab));
+    ASSERT_TRUE(s.reserve_kv(160).ok());
+    EXPECT_EQ(pool.window_blocks_in_use(), ring);
+    auto all = s.eval_all_logits(tokens);
+    ASSERT_TRUE(all.ok()) << all.status().to_string();
+    EXPECT_EQ(pool.window_blocks_in_use(), ring) << "took window blocks past its reservation";
+    auto ref = reference::LlamaReference::load((*m)->file());
+    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+    auto ref_logits = (*ref)->forward(tokens);
+    ASSERT_TRUE(ref_logits.ok());
+    const Comparison c = compare(*all, *ref_logits, static_cast<size_t>((*m)->hparams().n_vocab));
+    std::cout << "[measure] " << arch << " window plane: " << ring << " window blocks for 150 positions, max rel err "
+              << c.max_rel_err << "\n";
+    EXPECT_LT(c.max_rel_err, kF32Bound) << arch << " worst position " << c.worst_position;
+    const size_t V = static_cast<size_t>((*m)->hparams().n_vocab);
+    // Back to position 20 (its window long given back), then on: the logits
+    // of positions 20.. as before, bitwise.
+    ASSERT_TRUE(s.truncate(20).ok());
+    auto again = s.eval_all_logits(std::span<const TokenId>(tokens).subspan(20, 30));
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_TRUE(std::equal(again->begin(), again->end(), all->begin() + 20 * V)) << arch << ": after truncate";
+    // A fork at 50 continues as the original does.
+    auto f = s.fork();
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    auto next = (*f)->eval(std::span<const TokenId>(tokens).subspan(50, 1));
+    ASSERT_TRUE(next.ok()) << next.status().to_string();
+    EXPECT_TRUE(std::equal(next->begin(), next->end(), all->begin() + 50 * V)) << arch << ": fork";
+  }
+}
 
 }  // namespace
 }  // namespace spw

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/arch.h"   // fused tensors' parts
+#include "kv/kv_cache.h"    // the window plane
 #include "model/model.h"  // packed_layout, layout_bytes
 
 namespace spw::admission {
@@ -197,6 +198,20 @@ uint64_t vk_scratch_size(uint64_t bytes, uint64_t max_buffer) {
   return vk_alloc_size(want);
 }
 
+// A stage's sliding-window layers kept in the window plane (kv_cache.h: the
+// server's pools, engine/device_session.cpp): how many, and their blocks
+// per sequence (0 and 0 when the plane saves nothing).
+struct WindowPlane {
+  uint64_t n_layers = 0;
+  uint64_t per_seq = 0;
+};
+WindowPlane window_plane(const LlamaHparams& hp, const Plan& plan, const StageLayout& s) {
+  const int32_t per_seq = kv_window_blocks_per_seq(hp.n_swa, plan.kv_block_tokens, plan.n_ubatch, plan.n_ctx);
+  const auto n = static_cast<uint64_t>(hp.swa_layers(s.layer_begin, s.layer_end).size());
+  if (per_seq == 0 || n == 0) return {};
+  return {n, static_cast<uint64_t>(per_seq)};
+}
+
 // The GPU stage's buffers (see GpuTerms).
 GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan& plan, const StageLayout& s,
                        uint64_t max_buffer, uint64_t blocks_per_seq) {
@@ -227,6 +242,9 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     // The row table (position and table offset per row), then the step's
     // sequences' block ids.
     g.io_blocks = sz((2 * m + std::min(P, m) * blocks_per_seq) * sizeof(int32_t));
+    // The window plane's row table: its block ids span the context too (-1
+    // where given back).
+    if (window_plane(hp, plan, s).n_layers > 0) g.io_window_blocks = g.io_blocks;
     g.q = g.att = sz(m * Q * kF32);
     g.k = g.v = sz(m * KV * kF32);
     g.gate = g.up = sz(m * F * kF32);
@@ -328,7 +346,8 @@ namespace {
 template <typename Fn>
 void for_each_gpu_scratch(const GpuTerms& g, Fn fn) {
   for (uint64_t b : {g.io_hidden, g.x, g.io_rope, g.io_blocks, g.cur, g.q, g.att, g.k, g.v, g.gate, g.up,
-                     g.xq, g.xd, g.scores, g.io_logits, g.router, g.io_route, g.xg, g.yg, g.post, g.io_rope_local})
+                     g.xq, g.xd, g.scores, g.io_logits, g.router, g.io_route, g.xg, g.yg, g.post, g.io_rope_local,
+                     g.io_window_blocks})
     fn(b);
 }
 }  // namespace
@@ -405,7 +424,10 @@ Result<RequestEstimate> Estimate::request(int32_t p, int32_t max_new) const {
     const DeviceCosts& c = d == 0 ? config.host : config.gpu;
     // Blocks come from the resident pool; the per-request share carries the
     // pool's percentage allowance (no allocation of its own to round).
-    r.kv[d].bytes = static_cast<uint64_t>(r.blocks) * de.kv_bytes_per_block;
+    // The window plane's share: the request's blocks up to its ring.
+    r.kv[d].bytes = static_cast<uint64_t>(r.blocks) * de.kv_bytes_per_block +
+                    std::min<uint64_t>(static_cast<uint64_t>(r.blocks), de.kv_window_blocks_per_seq) *
+                        de.kv_window_bytes_per_block;
     r.kv[d].allowance = static_cast<uint64_t>(std::ceil(static_cast<double>(r.kv[d].bytes) * c.fragmentation));
     if (d != 0) continue;  // GPU scratch is resident in the backend (Estimate's scratch)
     Acc a = scratch_for(de.terms, c, 1);
@@ -581,22 +603,32 @@ void add_kv_pools(const LlamaHparams& hp, const Plan& plan, uint64_t blocks_per_
                   Acc (&kv)[kNumDeviceKinds]) {
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
   const uint64_t P = static_cast<uint64_t>(plan.n_parallel);
+  const uint64_t bt = static_cast<uint64_t>(plan.kv_block_tokens);
   for (const auto& s : est.stages) {
     const int d = static_cast<int>(s.device);
     const bool gpu = s.device == DeviceKind::kGpu;
-    const uint64_t n_layers = static_cast<uint64_t>(s.layer_end - s.layer_begin);
+    // The full plane's layers grow with the context; the window plane's
+    // hold a ring of blocks per sequence.
+    const WindowPlane w = window_plane(hp, plan, s);
+    const uint64_t n_layers = static_cast<uint64_t>(s.layer_end - s.layer_begin) - w.n_layers;
     const uint64_t row = kv_row_bytes(plan.kv_type, KV);
     const uint64_t per_tok = 2 * n_layers * row;
     const uint64_t n_blocks = plan.kv_blocks > 0 ? static_cast<uint64_t>(plan.kv_blocks) : blocks_per_seq * P;
-    est.devices[d].kv_bytes_per_token += per_tok;
-    est.devices[d].kv_bytes_per_block += per_tok * static_cast<uint64_t>(plan.kv_block_tokens);
-    est.devices[d].kv_storage += per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * n_blocks;
+    const uint64_t n_window = plan.kv_blocks > 0 ? std::min(n_blocks, w.per_seq * P) : w.per_seq * P;
+    DeviceEstimate& de = est.devices[d];
+    de.kv_bytes_per_token += per_tok;
+    de.kv_bytes_per_block += per_tok * bt;
+    de.kv_window_bytes_per_block += 2 * w.n_layers * row * bt;
+    de.kv_window_blocks_per_seq = std::max(de.kv_window_blocks_per_seq, w.per_seq);
+    de.kv_storage += per_tok * bt * n_blocks + 2 * w.n_layers * row * bt * n_window;
     if (gpu) {
-      kv[d].add(vk_alloc_size(n_blocks * static_cast<uint64_t>(plan.kv_block_tokens) * row), 2 * n_layers);
+      if (n_layers > 0) kv[d].add(vk_alloc_size(n_blocks * bt * row), 2 * n_layers);
+      if (w.n_layers > 0) kv[d].add(vk_alloc_size(n_window * bt * row), 2 * w.n_layers);
     } else {
-      kv[d].add(per_tok * static_cast<uint64_t>(plan.kv_block_tokens) * n_blocks);
+      kv[d].add(per_tok * bt * n_blocks + 2 * w.n_layers * row * bt * n_window);
     }
     kv[0].add(n_blocks * sizeof(int32_t));  // the pool's free-block stack
+    if (n_window > 0) kv[0].add(n_window * sizeof(int32_t));  // the window plane's
     kv[0].add(kKvPoolObject);
     est.kv_bytes_per_token += per_tok;
   }
@@ -659,6 +691,10 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     t.activation_buffers = {m * E * kF32,    m * Q * kF32,    m * Q * kF32,    m * KV * kF32,   m * KV * kF32,
                             m * F * kF32,    m * F * kF32,    m * half * kF32, m * half * kF32};
     if (hp.moe()) t.activation_buffers.push_back(static_cast<uint64_t>(moe_scratch_words(hp, int64_t(m))) * kF32);
+    if (hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0) {  // Gemma 3's sliding layers' RoPE rows
+      t.activation_buffers.push_back(m * half * kF32);
+      t.activation_buffers.push_back(m * half * kF32);
+    }
     t.matmul_prep =
         matmul_prep_bytes(f, s.layer_begin, s.layer_end, m, config.host_kernels) + kMatmulUnits + kTaskClosure;
     t.task_closure = kTaskClosure;
@@ -680,6 +716,10 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     h.hidden = m * E * kF32;
     h.session_state = kSessionObject + static_cast<uint64_t>(n_stages) * kSessionPerStage +
                       2 * static_cast<uint64_t>(n_stages) * blocks_per_seq * sizeof(int32_t);
+    for (const auto& st : est.stages) {  // a window plane's block ids and spare list
+      const WindowPlane w = window_plane(hp, plan, st);
+      if (w.n_layers > 0) h.session_state += (blocks_per_seq + w.per_seq) * sizeof(int32_t);
+    }
     h.tokens = c * sizeof(int32_t);
     h.logits_row = plan.logits_all ? 0 : V * kF32;
     h.logits = (plan.logits_all ? static_cast<uint64_t>(plan.n_batch) + 1 : 1) * V * kF32;

@@ -29,6 +29,10 @@
 //             layer of n_blocks * block_tokens * kv_row_bytes(kv_type, n_embd_kv)
 //             (f32 or f16: halves packed two per uint); the block stack and
 //             pool object are host heap and counted in the host's kv.
+//             Sliding-window layers (Gemma), where the window saves memory
+//             (kv_window_blocks_per_seq > 0): their blocks are the window
+//             plane's, n_parallel * kv_window_blocks_per_seq (capped by
+//             Plan::kv_blocks) instead of the context's.
 //   scratch   host: per-ubatch compute buffers, n_parallel sessions in flight
 //             (a batched step of B <= n_parallel sequences holds at most
 //             max(n_ubatch, B) rows: decode tokens plus prompt chunks, never
@@ -218,7 +222,8 @@ struct ScratchTerms {
   // CpuBackend::forward_layers per call: cur (m*E), q, att (m*Q each), k, v
   // (m*KV each), gate, up (m*F each, F the widest FFN a layer computes:
   // LlamaHparams::ffn_width), rope cos/sin tables (m*n_rot/2 each), and for a
-  // mixture of experts its scratch (moe_scratch_words). A GPU stage whose
+  // mixture of experts its scratch (moe_scratch_words), for Gemma 3 the
+  // sliding layers' own cos/sin tables (m*n_rot/2 each). A GPU stage whose
   // mixture-of-experts FFNs run on the host (backend/vulkan/vulkan_backend.h),
   // without a CPU stage, holds the host side's instead: the rows, gate, up
   // and the mixture's scratch. activation_buffers lists the allocations
@@ -308,6 +313,8 @@ struct GpuTerms {
   // Gemma: post (m*E floats: a sublayer's output after its post-norm) and,
   // for Gemma 3's sliding layers, io_rope_local (host-visible, as io_rope).
   uint64_t post = 0, io_rope_local = 0;
+  // A window plane's row table and block ids (host-visible; io_blocks' size).
+  uint64_t io_window_blocks = 0;
   // Staging (category staging): upload() keeps one host-visible buffer of
   // min(largest upload, 8 MiB, max_buffer) bytes (rounded to 4), the largest
   // weight buffer of prepare, then frees it.
@@ -336,7 +343,13 @@ struct DeviceEstimate {
   GpuTerms gpu_terms;               // GPU only
   uint64_t kv_bytes_per_token = 0;  // K+V of this device's layers
   uint64_t kv_bytes_per_block = 0;
-  uint64_t kv_storage = 0;          // K/V arrays alone (n_blocks * bytes_per_block)
+  uint64_t kv_storage = 0;          // K/V arrays alone (n_blocks * bytes_per_block, + the window plane's)
+  // Sliding-window layers in the window plane (kv_cache.h): their K+V of one
+  // block, and the ring of blocks a sequence holds at most; a request's kv
+  // is its blocks times kv_bytes_per_block plus min(blocks, that ring) times
+  // kv_window_bytes_per_block. 0 without a window plane.
+  uint64_t kv_window_bytes_per_block = 0;
+  uint64_t kv_window_blocks_per_seq = 0;
   // Host, prefaulted mapping: the part of `weights` that is not tensors this
   // device computes with (header, padding, tensors another device holds).
   uint64_t mapped_other = 0;

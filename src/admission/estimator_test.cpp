@@ -59,6 +59,14 @@ std::vector<TestModel> models() {
                                                           128))});
   v.push_back({"qwen2moe-F16", generated(testing::as_moe(spec(GgmlType::kF16, 128, 256, 4, 2, 2), "qwen2moe", 4, 2,
                                                          64))});
+  // Gemma: post-norms, GELU; the sliding layers' K/V in the window plane
+  // where the window (8) is shorter than the context.
+  for (const char* arch : {"gemma2", "gemma3"}) {
+    auto g = testing::as_arch(spec(arch[5] == '2' ? GgmlType::kQ8_0 : GgmlType::kF16, 128, 256, 4, 2, 6, true), arch,
+                              64);
+    g.sliding_window = 8;
+    v.push_back({std::string(arch) + "-w8", generated(g)});
+  }
   v.push_back({"small-Q4_1", generated(spec(GgmlType::kQ4_1, 64, 96, 4, 2, 2))});
   v.push_back({"wide-Q4_K", generated(spec(GgmlType::kQ4_K, 256, 512, 8, 4, 2))});
   auto mix = spec(GgmlType::kF32, 256, 512, 8, 4, 3);
@@ -213,8 +221,11 @@ TEST(Estimator, WeightsAreExactTensorBytes) {
       EXPECT_EQ(eh->stages[1].layer_begin, ngl);
       // KV splits by layer too.
       EXPECT_EQ(eh->gpu().kv_bytes_per_token + eh->host().kv_bytes_per_token, eh->kv_bytes_per_token);
-      EXPECT_EQ(eh->gpu().kv_bytes_per_token,
-                2ull * static_cast<uint64_t>(ngl) * static_cast<uint64_t>(tm.model->hparams().n_embd_kv()) * 4);
+      // A Gemma's sliding layers are the window plane's: not per token.
+      const LlamaHparams& mh = tm.model->hparams();
+      const bool window = kv_window_blocks_per_seq(mh.n_swa, h.kv_block_tokens, h.n_ubatch, h.n_ctx) > 0;
+      const auto full = static_cast<uint64_t>(ngl) - (window ? mh.swa_layers(0, ngl).size() : 0);
+      EXPECT_EQ(eh->gpu().kv_bytes_per_token, 2ull * full * static_cast<uint64_t>(mh.n_embd_kv()) * 4);
     }
   }
 }
@@ -230,19 +241,22 @@ TEST(Estimator, KvMatchesPoolAllocation) {
           p.n_parallel = par;
           auto e = estimate(m.file(), p);
           ASSERT_TRUE(e.ok()) << e.status().to_string();
-          KvPoolOptions o;
-          o.layer_end = m.hparams().n_layer;
-          o.n_embd_kv = m.hparams().n_embd_kv();
-          o.block_tokens = bt;
-          o.n_blocks = par * ((ctx + bt - 1) / bt);
+          // The server's pool for this plan (a Gemma's window plane included).
+          SessionGroupOptions go;
+          go.n_sessions = par;
+          go.n_ctx = ctx;
+          go.n_ubatch = p.n_ubatch;
+          go.kv_block_tokens = bt;
+          auto o = session_group_host_pool(m, go);
+          ASSERT_TRUE(o.ok()) << o.status().to_string();
           PeakScope scope;
-          auto pool = KvPool::create(o);
+          auto pool = KvPool::create(*o);
           ASSERT_TRUE(pool.ok());
           const int64_t measured = scope.live_delta();
           EXPECT_EQ(e->host().kv_bytes_per_token, (*pool)->bytes_per_token());
           EXPECT_EQ(e->host().kv_bytes_per_block, (*pool)->bytes_per_block());
-          EXPECT_EQ(e->host().kv_storage,
-                    static_cast<uint64_t>((*pool)->n_blocks()) * (*pool)->bytes_per_block());
+          EXPECT_EQ(e->host().kv_window_bytes_per_block, (*pool)->has_window() ? (*pool)->window_bytes_per_block() : 0);
+          EXPECT_EQ(e->host().kv_storage, (*pool)->storage_bytes()) << cfg(tm.name, p);
           expect_close("kv-pool " + cfg(tm.name, p), e->host().kv.bytes, e->host().kv.allowance, measured);
         }
       }
@@ -259,6 +273,7 @@ TEST(Estimator, KvMatchesPoolAllocationPerType) {
     ASSERT_NE(tm.model, nullptr);
     const Model& m = *tm.model;
     const LlamaHparams& hp = m.hparams();
+    if (hp.n_swa > 0) continue;  // a window plane: KvMatchesPoolAllocation (the server's pools)
     for (KvType kvt : kAllKvTypes) {
       for (int32_t bt : {1, 16}) {
         for (int32_t par : {1, 3}) {
@@ -360,7 +375,10 @@ TEST(Estimator, ScratchMatchesCpuBackend) {
           ASSERT_TRUE(e.ok()) << e.status().to_string();
           const ScratchTerms& t = e->host().terms;
           const DeviceCosts& costs = e->config.host;
-          KvPoolOptions po{0, hp.n_layer, hp.n_embd_kv(), 16, (ctx + 15) / 16};
+          KvPoolOptions po;
+          po.layer_end = hp.n_layer;
+          po.n_embd_kv = hp.n_embd_kv();
+          po.n_blocks = (ctx + 15) / 16;
           po.type = kvt;
           po.head_dim = hp.head_dim();
           auto pool = KvPool::create(po);
@@ -466,7 +484,11 @@ TEST(Estimator, ParallelSessionsStayWithinPlan) {
   ASSERT_TRUE(e.ok());
   auto cpu = std::make_shared<CpuBackend>(threads);
   ASSERT_TRUE(cpu->prepare(*model, 0, hp.n_layer, true, true).ok());  // packs outside the measurement
-  auto pool = KvPool::create({0, hp.n_layer, hp.n_embd_kv(), 16, par * ((ctx + 15) / 16)});
+  KvPoolOptions po;
+  po.layer_end = hp.n_layer;
+  po.n_embd_kv = hp.n_embd_kv();
+  po.n_blocks = par * ((ctx + 15) / 16);
+  auto pool = KvPool::create(po);
   ASSERT_TRUE(pool.ok());
   PeakScope scope;
   {

@@ -89,6 +89,8 @@ nlohmann::json device_json(const DeviceEstimate& d) {
                       {"total", d.total()},
                       {"kv_bytes_per_token", d.kv_bytes_per_token},
                       {"kv_bytes_per_block", d.kv_bytes_per_block},
+                      {"kv_window_bytes_per_block", d.kv_window_bytes_per_block},
+                      {"kv_window_blocks_per_seq", d.kv_window_blocks_per_seq},
                       {"mapped_other", d.mapped_other}};
   // Each device's scratch is a different set of buffers: the CPU backend's per
   // session, the Vulkan backend's per backend (admission/estimator.h).
@@ -327,10 +329,17 @@ int run_estimate(const EstimateOptions& o) {
   for (const auto& s : e.stages)
     std::printf("stage     %-4s layers [%d, %d)%s%s\n", std::string(admission::device_kind_name(s.device)).c_str(),
                 s.layer_begin, s.layer_end, s.embedding ? " +embedding" : "", s.output ? " +output" : "");
-  std::printf("KV        %llu bytes/token (all layers), %llu bytes/block on host",
+  std::printf("KV        %llu bytes/token (full-context layers), %llu bytes/block on host",
               static_cast<unsigned long long>(e.kv_bytes_per_token),
               static_cast<unsigned long long>(e.host().kv_bytes_per_block));
   if (gpu) std::printf(", %llu bytes/block on gpu", static_cast<unsigned long long>(e.gpu().kv_bytes_per_block));
+  // Sliding-window layers (Gemma): a ring of blocks per sequence, not the context's.
+  for (const auto* d : {&e.host(), gpu ? &e.gpu() : nullptr}) {
+    if (d == nullptr || d->kv_window_blocks_per_seq == 0) continue;
+    std::printf("\nKV window sliding-window layers: %llu blocks of %llu bytes per sequence on %s, whatever the context",
+                static_cast<unsigned long long>(d->kv_window_blocks_per_seq),
+                static_cast<unsigned long long>(d->kv_window_bytes_per_block), d == &e.host() ? "host" : "gpu");
+  }
   std::printf("\n\n  %-10s %14s %12s", "category", "host bytes", "allowance");
   if (gpu) std::printf("   %14s %12s", "gpu bytes", "allowance");
   std::printf("\n");

@@ -80,6 +80,11 @@ inline Status check_slices(const LlamaHparams& hp, int32_t layer_begin, int32_t 
                                       std::to_string(sl.kv.table->capacity_tokens(bt)) + " positions, need " +
                                       std::to_string(sl.pos0 + sl.n_tokens));
     }
+    // Sliding-window layers: the window's blocks mapped (KvPool::slide).
+    if (pool->has_window() && !pool->window_covers(*sl.kv.table, sl.pos0, sl.n_tokens))
+      return Status::invalid_argument("forward_layers: the KV window of positions [" + std::to_string(sl.pos0) +
+                                      ", " + std::to_string(sl.pos0 + sl.n_tokens) +
+                                      ") is not mapped (KvPool::slide first)");
   }
   return Status();
 }

@@ -39,6 +39,17 @@ KvPoolOptions stage_pool(const Model& m, const SessionGroupOptions& o, int32_t n
   po.n_blocks = o.kv_blocks == 0 ? full_blocks(o, n_ctx) : o.kv_blocks;
   po.type = o.kv_type;
   po.head_dim = m.hparams().head_dim();
+  // Sliding-window layers (Gemma): their K/V in the window plane, a ring of
+  // blocks per session instead of the whole context (kv_cache.h).
+  const LlamaHparams& hp = m.hparams();
+  const int32_t per_seq = kv_window_blocks_per_seq(hp.n_swa, o.kv_block_tokens, o.n_ubatch, n_ctx);
+  std::vector<int32_t> swa = hp.swa_layers(begin, end);
+  if (per_seq > 0 && !swa.empty()) {
+    po.window = hp.n_swa;
+    po.swa_layers = std::move(swa);
+    po.max_chunk = o.n_ubatch;
+    po.n_window_blocks = o.kv_blocks == 0 ? per_seq * o.n_sessions : std::min(o.kv_blocks, per_seq * o.n_sessions);
+  }
   return po;
 }
 
@@ -88,7 +99,8 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
     if (host_pool) {
       const KvPoolOptions& have = host_pool->options();
       if (have.n_blocks != po.n_blocks || have.block_tokens != po.block_tokens ||
-          have.layer_begin != po.layer_begin || have.layer_end != po.layer_end || have.type != po.type) {
+          have.layer_begin != po.layer_begin || have.layer_end != po.layer_end || have.type != po.type ||
+          have.window != po.window || have.n_window_blocks != po.n_window_blocks) {
         return Status::invalid_argument("open_session_group: the given host pool does not match the options");
       }
     } else {

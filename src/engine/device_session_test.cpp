@@ -117,6 +117,36 @@ TEST(DeviceSessionTest, ArchitecturesGiveTheCpuTokensOnVulkanAndHybrid) {
   EXPECT_NE(dense.status().message().find("no experts"), std::string::npos) << dense.status().to_string();
 }
 
+// Gemma's sliding layers in the window plane on the device (a ring of
+// blocks per session, kv_cache.h): 70 greedy tokens with a window of 4,
+// blocks of 4 and ubatches of 8 (so the prompt and the decode slide the
+// window many blocks on) give the CPU's tokens on vulkan and hybrid:2, and
+// the device's sliding-layer buffers hold the ring's blocks only.
+TEST(DeviceSessionTest, GemmaWindowPlaneGivesTheCpuTokens) {
+  std::string why;
+  if (!vulkan_available(&why)) GTEST_SKIP() << why;
+  for (const char* arch : {"gemma2", "gemma3"}) {
+    auto model = testing::random_model(testing::gemma_spec(arch, gguf::GgmlType::kQ8_0));
+    ASSERT_NE(model, nullptr) << arch;
+    auto opts = [](const std::string& placement) {
+      DeviceSessionOptions o = options_for(placement);
+      o.n_ctx = 128;
+      o.kv_block_tokens = 4;
+      o.n_ubatch = 8;
+      return o;
+    };
+    auto cpu = open_device_session(model, opts("cpu"));
+    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+    const std::vector<TokenId> expected = greedy_tokens(*cpu->session, *model, 70);
+    ASSERT_EQ(expected.size(), 70u);
+    for (const std::string placement : {"vulkan", "hybrid:2"}) {
+      auto ds = open_device_session(model, opts(placement));
+      ASSERT_TRUE(ds.ok()) << placement << ": " << ds.status().to_string();
+      EXPECT_EQ(greedy_tokens(*ds->session, *model, 70), expected) << arch << " " << placement;
+    }
+  }
+}
+
 // The serving layout on a GPU: N sessions over one VulkanBackend (weights
 // uploaded once) and one pool per stage, run at the same time on N threads,
 // each giving the CPU's greedy tokens; the pools hold every session's blocks.

@@ -88,6 +88,7 @@ Result<std::unique_ptr<Session>> Session::fork() {
   if (host) {
     s->tokens_ = tokens_;
     s->last_logits_ = last_logits_;
+    s->stale_ = stale_;
     return s;
   }
   // A device pool: the positions from the block holding the last one are
@@ -128,9 +129,35 @@ Status Session::check_append(std::span<const TokenId> tokens) const {
   return Status();
 }
 
+Status Session::replay() {
+  std::vector<TokenId> t = std::move(tokens_);
+  tokens_.clear();
+  for (size_t i = 0; i < stages_.size(); ++i) stages_[i].pool->release(tables_[i]);
+  stale_ = false;
+  // The replayed rows were handed to the sinks when they were first appended.
+  RowLogitsSink rows = std::move(row_sink_);
+  RowHiddenSink hidden = std::move(hidden_sink_);
+  row_sink_ = nullptr;
+  hidden_sink_ = nullptr;
+  Status st = t.empty() ? Status() : run(t, nullptr);
+  row_sink_ = std::move(rows);
+  hidden_sink_ = std::move(hidden);
+  if (!st.ok()) {
+    tokens_ = std::move(t);
+    stale_ = true;
+  }
+  return st;
+}
+
+void Session::check_window(int32_t n) {
+  for (size_t i = 0; i < stages_.size(); ++i)
+    if (!stages_[i].pool->window_covers(tables_[i], n, 0)) stale_ = true;
+}
+
 Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_logits) {
   const LlamaHparams& hp = model_->hparams();
   SPW_RETURN_IF_ERROR(check_append(tokens));
+  if (stale_) SPW_RETURN_IF_ERROR(replay());
   const int32_t n = static_cast<int32_t>(tokens.size());
   const int32_t n0 = n_past();
   // A block shared with a fork is never written: the one position n0 falls
@@ -152,8 +179,13 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
   for (int32_t off = 0; off < n; off += ub) {
     const int32_t m = std::min(ub, n - off);
     hidden_.resize(static_cast<size_t>(m) * static_cast<size_t>(E));
-    Status st = stages_.front().backend->embed(*model_, tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(m)),
-                                               hidden_.data());
+    // Sliding-window layers: their blocks for this ubatch (KvPool::slide).
+    Status st;
+    for (size_t i = 0; st.ok() && i < stages_.size(); ++i) st = stages_[i].pool->slide(tables_[i], n0 + off, m);
+    if (st.ok()) {
+      st = stages_.front().backend->embed(*model_, tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(m)),
+                                          hidden_.data());
+    }
     for (size_t i = 0; st.ok() && i < stages_.size(); ++i) {
       KvSequence kv{stages_[i].pool.get(), &tables_[i]};
       st = stages_[i].backend->forward_layers(*model_, stages_[i].layer_begin, stages_[i].layer_end, kv, n0 + off,
@@ -176,6 +208,9 @@ Status Session::run(std::span<const TokenId> tokens, std::vector<float>* all_log
     if (!st.ok()) {
       // Undo: positions >= n0 may hold partial KV; they are simply not counted.
       for (size_t j = 0; j < stages_.size(); ++j) stages_[j].pool->shrink(tables_[j], n0);
+      // A later ubatch's slide may have given back window blocks the
+      // positions before n0 need: the next eval evaluates them again.
+      check_window(n0);
       return st;
     }
   }
@@ -224,11 +259,13 @@ std::vector<Status> Session::eval_batch(std::span<const BatchPart> parts) {
       continue;
     }
     Status st = s.check_append(parts[i].tokens);
+    if (st.ok() && s.stale_) st = s.replay();  // a sliding window given back (replay)
     const int32_t n0 = s.n_past();
     const auto n = static_cast<int32_t>(parts[i].tokens.size());
     for (size_t k = 0; st.ok() && k < s.stages_.size(); ++k) st = s.stages_[k].pool->make_tail_private(s.tables_[k], n0);
     for (size_t k = 0; st.ok() && k < s.stages_.size(); ++k) {
       st = s.stages_[k].pool->reserve(s.tables_[k], n0 + n);
+      if (st.ok()) st = s.stages_[k].pool->slide(s.tables_[k], n0, n);  // one chunk: nothing before n0 lost
       if (!st.ok()) {
         for (size_t j = 0; j <= k; ++j) s.stages_[j].pool->shrink(s.tables_[j], n0);
       }
@@ -335,6 +372,8 @@ Status Session::truncate(int32_t n) {
   tokens_.resize(static_cast<size_t>(n));
   for (size_t i = 0; i < stages_.size(); ++i) stages_[i].pool->shrink(tables_[i], n);
   last_logits_.clear();
+  if (n == 0) stale_ = false;
+  check_window(n);  // back past the sliding window: evaluated again by the next eval
   return Status();
 }
 

@@ -15,6 +15,12 @@
 //     appended; the session stays usable, e.g. after truncate()).
 // truncate(n) drops tokens and KV past position n (n <= n_past()), returning
 // unneeded blocks to the pool; last_logits() is then empty until the next eval.
+// Sliding-window layers (KvPool's window plane) keep only the blocks their
+// window still reads: before each ubatch the session slides each stage's
+// table; a truncate (or a failed multi-ubatch eval) back past what the window
+// kept makes the next eval first evaluate the session's tokens again from
+// position 0 (as llama.cpp's SWA cache does), a cost in time, never in
+// results (batch invariance).
 // reserve_kv(n) takes the KV blocks for positions [0, n) in every stage now
 // (all or nothing: ResourceExhausted from a pool leaves the tables as they
 // were; n > n_ctx() is InvalidArgument), so that a later eval up to n cannot
@@ -159,6 +165,12 @@ class Session {
   Status run(std::span<const TokenId> tokens, std::vector<float>* all_logits);
   // The checks of an eval of n more tokens: ids in range, context room.
   Status check_append(std::span<const TokenId> tokens) const;
+  // Sliding-window layers: evaluates tokens_ again from position 0 (the
+  // sinks not called) after their window was given back (stale_).
+  Status replay();
+  // Marks the session stale when a stage's window no longer covers what a
+  // continuation from n reads.
+  void check_window(int32_t n);
   // The head over `rows` rows of `hidden` in groups of at most `group`, each
   // group handed to row_sink_ (positions from first_pos).
   Status sink_rows(const float* hidden, int32_t rows, int32_t first_pos, int32_t group);
@@ -174,6 +186,7 @@ class Session {
   RowLogitsSink row_sink_;
   RowHiddenSink hidden_sink_;
   StepBatcher* batcher_ = nullptr;  // while a member (StepBatcher::Membership)
+  bool stale_ = false;  // the sliding layers' KV must be computed again (replay)
 };
 
 }  // namespace spw

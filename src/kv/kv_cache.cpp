@@ -28,12 +28,56 @@ Status check_options(const KvPoolOptions& o) {
   if (o.head_dim < 0 || (o.head_dim > 0 && o.n_embd_kv % o.head_dim != 0)) return bad("head_dim", o.head_dim);
   if (o.type != KvType::kF32 && o.type != KvType::kF16 && o.type != KvType::kQ8_0)
     return bad("type", static_cast<int64_t>(o.type));
+  if (o.window < 0) return bad("window", o.window);
+  if (o.window > 0) {
+    bool any = false;
+    for (size_t i = 0; i < o.swa_layers.size(); ++i) {
+      const int32_t l = o.swa_layers[i];
+      if (i > 0 && l <= o.swa_layers[i - 1]) return bad("swa_layers (not increasing) at", l);
+      any = any || (l >= o.layer_begin && l < o.layer_end);
+    }
+    if (any && o.n_window_blocks <= 0) return bad("n_window_blocks", o.n_window_blocks);
+    if (any && o.max_chunk <= 0) return bad("max_chunk", o.max_chunk);
+  }
   return check_kv_type(o.type, o.n_embd_kv, o.head_dim > 0 ? o.head_dim : o.n_embd_kv);
+}
+
+Status exhausted(const char* plane, int32_t need, int32_t bt, size_t free, int32_t total) {
+  return Status(StatusCode::kResourceExhausted,
+                std::string("KV pool exhausted: need ") + std::to_string(need) + " more " + plane + "blocks of " +
+                    std::to_string(bt) + " tokens, " + std::to_string(free) + " of " + std::to_string(total) + " free",
+                FailureReason::kKvExhausted);
+}
+
+int32_t mapped(const std::vector<int32_t>& blocks) {
+  return static_cast<int32_t>(std::count_if(blocks.begin(), blocks.end(), [](int32_t b) { return b >= 0; }));
 }
 }  // namespace
 
 KvPool::KvPool(const KvPoolOptions& o)
     : opts_(o), row_bytes_(static_cast<size_t>(kv_row_bytes(o.type, static_cast<uint64_t>(o.n_embd_kv)))) {}
+
+void KvPool::init_planes() {
+  plane_of_.assign(static_cast<size_t>(n_layers()), 0);
+  slot_of_.assign(static_cast<size_t>(n_layers()), 0);
+  for (int32_t l = opts_.layer_begin; l < opts_.layer_end; ++l)
+    plane_of_[static_cast<size_t>(l - opts_.layer_begin)] = kv_window_layer(opts_, l) ? 1 : 0;
+  for (size_t i = 0; i < plane_of_.size(); ++i) slot_of_[i] = planes_[plane_of_[i]].n_layers++;
+  planes_[0].n_blocks = opts_.n_blocks;
+  planes_[1].n_blocks = planes_[1].n_layers > 0 ? opts_.n_window_blocks : 0;
+  planes_[1].offset = static_cast<size_t>(planes_[0].n_blocks) * static_cast<size_t>(planes_[0].n_layers) * 2 *
+                      block_layer_bytes();
+  for (Plane& pl : planes_) {
+    pl.refs.assign(static_cast<size_t>(pl.n_blocks), 0);
+    pl.free.reserve(static_cast<size_t>(pl.n_blocks));
+    // Stack: lowest ids handed out first.
+    for (int32_t b = pl.n_blocks - 1; b >= 0; --b) pl.free.push_back(b);
+  }
+}
+
+int32_t KvPool::ring_blocks() const {
+  return kv_window_ring_blocks(opts_.window, opts_.block_tokens, opts_.max_chunk);
+}
 
 Result<std::shared_ptr<KvPool>> KvPool::create_on_device(const KvPoolOptions& o,
                                                          std::unique_ptr<KvDeviceStorage> storage) {
@@ -41,17 +85,15 @@ Result<std::shared_ptr<KvPool>> KvPool::create_on_device(const KvPoolOptions& o,
   if (!storage) return Status::invalid_argument("KvPool: null device storage");
   std::shared_ptr<KvPool> p(new KvPool(o));
   p->device_storage_ = std::move(storage);
-  p->refs_.assign(static_cast<size_t>(o.n_blocks), 0);
-  p->free_.reserve(static_cast<size_t>(o.n_blocks));
-  for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);
+  p->init_planes();
   return p;
 }
 
 Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
   SPW_RETURN_IF_ERROR(check_options(o));
   std::shared_ptr<KvPool> p(new KvPool(o));
-  const size_t bytes = static_cast<size_t>(o.n_blocks) * static_cast<size_t>(o.layer_end - o.layer_begin) * 2 *
-                       p->block_layer_bytes();
+  p->init_planes();
+  const size_t bytes = p->storage_bytes();
   p->data_.reset(new (std::nothrow) uint8_t[bytes]);
   if (!p->data_) return Status::resource_exhausted("KvPool: cannot allocate " + std::to_string(bytes) + " bytes");
   // Commit the pages now: an untouched allocation is only address space, and
@@ -62,14 +104,17 @@ Result<std::shared_ptr<KvPool>> KvPool::create(const KvPoolOptions& o) {
   // (All-zero bytes are +0.0 in every type: a zero half, a Q8_0 block of
   // scale 0.)
   std::memset(p->data_.get(), 0, bytes);
-  p->refs_.assign(static_cast<size_t>(o.n_blocks), 0);
-  p->free_.reserve(static_cast<size_t>(o.n_blocks));
-  // Stack: lowest ids handed out first.
-  for (int32_t b = o.n_blocks - 1; b >= 0; --b) p->free_.push_back(b);
   return p;
 }
 
-size_t KvPool::bytes_per_token() const { return 2 * static_cast<size_t>(n_layers()) * row_bytes_; }
+size_t KvPool::bytes_per_token() const { return 2 * static_cast<size_t>(planes_[0].n_layers) * row_bytes_; }
+size_t KvPool::window_bytes_per_block() const {
+  return 2 * static_cast<size_t>(planes_[1].n_layers) * block_layer_bytes();
+}
+size_t KvPool::storage_bytes() const {
+  return static_cast<size_t>(planes_[0].n_blocks) * bytes_per_block() +
+         static_cast<size_t>(planes_[1].n_blocks) * window_bytes_per_block();
+}
 
 namespace {
 // F16 rows: F16C where the CPU has it (the portable conversion branches per
@@ -150,51 +195,124 @@ void KvPool::rows_to_f32(bool v, int32_t block, int32_t layer, int32_t slot0, in
 
 int32_t KvPool::blocks_in_use() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return opts_.n_blocks - static_cast<int32_t>(free_.size());
+  return planes_[0].n_blocks - static_cast<int32_t>(planes_[0].free.size());
 }
 
 int32_t KvPool::blocks_free() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return static_cast<int32_t>(free_.size());
+  return static_cast<int32_t>(planes_[0].free.size());
+}
+
+int32_t KvPool::window_blocks_in_use() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return planes_[1].n_blocks - static_cast<int32_t>(planes_[1].free.size());
 }
 
 Status KvPool::reserve(BlockTable& table, int32_t n_tokens) {
-  const int32_t need = blocks_for_tokens(n_tokens) - static_cast<int32_t>(table.blocks_.size());
-  if (need <= 0) return Status();
+  std::vector<int32_t>& blocks = table.blocks_[0];
+  Plane& pl = planes_[0];
+  const int32_t need = blocks_for_tokens(n_tokens) - static_cast<int32_t>(blocks.size());
   std::lock_guard<std::mutex> lk(mu_);
-  if (static_cast<int32_t>(free_.size()) < need) {
-    return Status(StatusCode::kResourceExhausted, "KV pool exhausted: need " + std::to_string(need) + " more blocks of " +
-                                      std::to_string(opts_.block_tokens) + " tokens, " +
-                                      std::to_string(free_.size()) + " of " + std::to_string(opts_.n_blocks) +
-                                      " free", FailureReason::kKvExhausted);
-  }
-  table.blocks_.reserve(table.blocks_.size() + static_cast<size_t>(need));
+  if (need > 0 && static_cast<int32_t>(pl.free.size()) < need)
+    return exhausted("", need, opts_.block_tokens, pl.free.size(), pl.n_blocks);
+  SPW_RETURN_IF_ERROR(reserve_window_locked(table, n_tokens));  // first: it may fail, the full plane not
   for (int32_t i = 0; i < need; ++i) {
-    table.blocks_.push_back(free_.back());
-    refs_[static_cast<size_t>(free_.back())] = 1;
-    free_.pop_back();
+    blocks.push_back(pl.free.back());
+    pl.refs[static_cast<size_t>(pl.free.back())] = 1;
+    pl.free.pop_back();
   }
   return Status();
 }
 
-void KvPool::unref_locked(int32_t block) {
-  if (--refs_[static_cast<size_t>(block)] == 0) free_.push_back(block);
+Status KvPool::reserve_window_locked(BlockTable& table, int32_t n_tokens) {
+  if (!has_window()) return Status();
+  Plane& pl = planes_[1];
+  const int32_t want = std::min(blocks_for_tokens(n_tokens), ring_blocks());
+  const int32_t need = want - mapped(table.blocks_[1]) - static_cast<int32_t>(table.spare_.size());
+  if (need <= 0) return Status();
+  if (static_cast<int32_t>(pl.free.size()) < need)
+    return exhausted("window ", need, opts_.block_tokens, pl.free.size(), pl.n_blocks);
+  for (int32_t i = 0; i < need; ++i) {
+    table.spare_.push_back(pl.free.back());
+    pl.refs[static_cast<size_t>(pl.free.back())] = 1;
+    pl.free.pop_back();
+  }
+  return Status();
+}
+
+Status KvPool::slide(BlockTable& table, int32_t pos, int32_t n_tokens) {
+  if (!has_window()) return Status();
+  const int32_t bt = opts_.block_tokens;
+  std::vector<int32_t>& blocks = table.blocks_[1];
+  Plane& pl = planes_[1];
+  std::lock_guard<std::mutex> lk(mu_);
+  // Give back what no row at pos or later reads (a shared block's
+  // reference only: the sharer still reads it).
+  const int32_t first_kept = std::max(0, pos - opts_.window - bt + 1) / bt;
+  for (int32_t b = 0; b < std::min(first_kept, static_cast<int32_t>(blocks.size())); ++b) {
+    int32_t& id = blocks[static_cast<size_t>(b)];
+    if (id < 0) continue;
+    if (pl.refs[static_cast<size_t>(id)] == 1) {
+      table.spare_.push_back(id);
+    } else {
+      unref_locked(1, id);
+    }
+    id = -1;
+  }
+  const int32_t end = blocks_for_tokens(pos + n_tokens);
+  if (static_cast<int32_t>(blocks.size()) < end) blocks.resize(static_cast<size_t>(end), -1);
+  int32_t holes = 0;
+  for (int32_t b = first_kept; b < end; ++b) holes += blocks[static_cast<size_t>(b)] < 0 ? 1 : 0;
+  const auto avail = static_cast<int32_t>(table.spare_.size() + pl.free.size());
+  if (holes > avail) return exhausted("window ", holes - avail, bt, pl.free.size(), pl.n_blocks);
+  for (int32_t b = first_kept; b < end; ++b) {
+    int32_t& id = blocks[static_cast<size_t>(b)];
+    if (id >= 0) continue;
+    if (!table.spare_.empty()) {
+      id = table.spare_.back();
+      table.spare_.pop_back();
+    } else {
+      id = pl.free.back();
+      pl.free.pop_back();
+      pl.refs[static_cast<size_t>(id)] = 1;
+    }
+  }
+  return Status();
+}
+
+bool KvPool::window_covers(const BlockTable& table, int32_t pos, int32_t n_tokens) const {
+  if (!has_window() || pos + n_tokens <= 0) return true;
+  const std::vector<int32_t>& blocks = table.blocks_[1];
+  const int32_t bt = opts_.block_tokens;
+  const int32_t end = blocks_for_tokens(pos + n_tokens);
+  if (static_cast<int32_t>(blocks.size()) < end) return false;
+  for (int32_t b = std::max(0, pos - opts_.window - bt + 1) / bt; b < end; ++b)
+    if (blocks[static_cast<size_t>(b)] < 0) return false;
+  return true;
+}
+
+void KvPool::unref_locked(int plane, int32_t block) {
+  Plane& pl = planes_[plane];
+  if (--pl.refs[static_cast<size_t>(block)] == 0) pl.free.push_back(block);
 }
 
 int32_t KvPool::refs(int32_t block) const {
   std::lock_guard<std::mutex> lk(mu_);
-  return block >= 0 && block < opts_.n_blocks ? refs_[static_cast<size_t>(block)] : 0;
+  return block >= 0 && block < opts_.n_blocks ? planes_[0].refs[static_cast<size_t>(block)] : 0;
 }
 
-void KvPool::copy_block(int32_t from, int32_t to) {
-  const size_t per_block = static_cast<size_t>(n_layers()) * 2 * block_layer_bytes();
-  std::memcpy(base(to, 0), base(from, 0), per_block);
+void KvPool::copy_block(int plane, int32_t from, int32_t to) {
+  const Plane& pl = planes_[plane];
+  const size_t per_block = static_cast<size_t>(pl.n_layers) * 2 * block_layer_bytes();
+  std::memcpy(data_.get() + pl.offset + static_cast<size_t>(to) * per_block,
+              data_.get() + pl.offset + static_cast<size_t>(from) * per_block, per_block);
 }
 
 namespace {
 Status check_share(const BlockTable& dst, int32_t n_tokens, int32_t bt, const std::vector<int32_t>& src_blocks,
                    const char* what) {
-  if (!dst.blocks().empty()) return Status::invalid_argument(std::string("KvPool::") + what + ": the target table is not empty");
+  if (!dst.blocks().empty() || !dst.window_blocks().empty())
+    return Status::invalid_argument(std::string("KvPool::") + what + ": the target table is not empty");
   if (n_tokens < 0 || n_tokens > static_cast<int32_t>(src_blocks.size()) * bt) {
     return Status::invalid_argument(std::string("KvPool::") + what + ": " + std::to_string(n_tokens) +
                                     " positions, the source holds " + std::to_string(src_blocks.size() * bt));
@@ -204,37 +322,47 @@ Status check_share(const BlockTable& dst, int32_t n_tokens, int32_t bt, const st
 }  // namespace
 
 Status KvPool::share_prefix(const BlockTable& src, BlockTable& dst, int32_t n_tokens) {
-  SPW_RETURN_IF_ERROR(check_share(dst, n_tokens, opts_.block_tokens, src.blocks_, "share_prefix"));
+  SPW_RETURN_IF_ERROR(check_share(dst, n_tokens, opts_.block_tokens, src.blocks_[0], "share_prefix"));
   const size_t full = static_cast<size_t>(n_tokens / opts_.block_tokens);
   std::lock_guard<std::mutex> lk(mu_);
-  dst.blocks_.assign(src.blocks_.begin(), src.blocks_.begin() + static_cast<std::ptrdiff_t>(full));
-  for (int32_t b : dst.blocks_) ++refs_[static_cast<size_t>(b)];
+  for (int p = 0; p < 2; ++p) {
+    const std::vector<int32_t>& from = src.blocks_[p];
+    dst.blocks_[p].assign(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(std::min(full, from.size())));
+    for (int32_t b : dst.blocks_[p])
+      if (b >= 0) ++planes_[p].refs[static_cast<size_t>(b)];
+  }
   return Status();
 }
 
 Status KvPool::fork(const BlockTable& src, BlockTable& dst, int32_t n_tokens) {
-  SPW_RETURN_IF_ERROR(check_share(dst, n_tokens, opts_.block_tokens, src.blocks_, "fork"));
+  SPW_RETURN_IF_ERROR(check_share(dst, n_tokens, opts_.block_tokens, src.blocks_[0], "fork"));
   const bool partial = n_tokens % opts_.block_tokens != 0;
   if (partial && !on_host()) {
     return Status::failed_precondition("KvPool::fork: a device pool cannot copy a block's bytes (use share_prefix)");
   }
   const size_t full = static_cast<size_t>(n_tokens / opts_.block_tokens);
+  const int n_planes = has_window() ? 2 : 1;
   std::lock_guard<std::mutex> lk(mu_);
-  if (partial && free_.empty()) {
-    return Status(StatusCode::kResourceExhausted,
-                  "KV pool exhausted: fork needs 1 more block of " + std::to_string(opts_.block_tokens) +
-                      " tokens, 0 of " + std::to_string(opts_.n_blocks) + " free",
-                  FailureReason::kKvExhausted);
+  for (int p = 0; partial && p < n_planes; ++p) {
+    if (planes_[p].free.empty())
+      return exhausted(p == 0 ? "" : "window ", 1, opts_.block_tokens, 0, planes_[p].n_blocks);
   }
-  dst.blocks_.assign(src.blocks_.begin(), src.blocks_.begin() + static_cast<std::ptrdiff_t>(full));
-  for (int32_t b : dst.blocks_) ++refs_[static_cast<size_t>(b)];
-  if (partial) {
-    const int32_t copy = free_.back();
-    free_.pop_back();
-    refs_[static_cast<size_t>(copy)] = 1;
-    // The source's block is not written meanwhile: its owner is the caller.
-    copy_block(src.blocks_[full], copy);
-    dst.blocks_.push_back(copy);
+  for (int p = 0; p < n_planes; ++p) {
+    const std::vector<int32_t>& from = src.blocks_[p];
+    std::vector<int32_t>& to = dst.blocks_[p];
+    to.assign(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(std::min(full, from.size())));
+    for (int32_t b : to)
+      if (b >= 0) ++planes_[p].refs[static_cast<size_t>(b)];
+    if (partial && full < from.size() && from[full] >= 0) {
+      Plane& pl = planes_[p];
+      const int32_t copy = pl.free.back();
+      pl.free.pop_back();
+      pl.refs[static_cast<size_t>(copy)] = 1;
+      // The source's block is not written meanwhile: its owner is the caller.
+      copy_block(p, from[full], copy);
+      to.resize(full, -1);
+      to.push_back(copy);
+    }
   }
   return Status();
 }
@@ -242,36 +370,61 @@ Status KvPool::fork(const BlockTable& src, BlockTable& dst, int32_t n_tokens) {
 Status KvPool::make_tail_private(BlockTable& table, int32_t n_tokens) {
   if (n_tokens % opts_.block_tokens == 0) return Status();  // the next write opens a new block
   const size_t i = static_cast<size_t>(n_tokens / opts_.block_tokens);
-  if (i >= table.blocks_.size()) return Status();
   std::lock_guard<std::mutex> lk(mu_);
-  const int32_t b = table.blocks_[i];
-  if (refs_[static_cast<size_t>(b)] <= 1) return Status();
-  if (!on_host()) {
-    return Status::failed_precondition("KvPool: block " + std::to_string(b) +
-                                       " is shared and a device pool cannot copy it");
+  for (int p = 0; p < 2; ++p) {
+    std::vector<int32_t>& blocks = table.blocks_[p];
+    if (i >= blocks.size() || blocks[i] < 0) continue;
+    Plane& pl = planes_[p];
+    const int32_t b = blocks[i];
+    if (pl.refs[static_cast<size_t>(b)] <= 1) continue;
+    if (!on_host()) {
+      return Status::failed_precondition("KvPool: block " + std::to_string(b) +
+                                         " is shared and a device pool cannot copy it");
+    }
+    if (pl.free.empty()) {
+      return Status(StatusCode::kResourceExhausted,
+                    "KV pool exhausted: a shared block needs a private copy, 0 of " + std::to_string(pl.n_blocks) +
+                        " free",
+                    FailureReason::kKvExhausted);
+    }
+    const int32_t copy = pl.free.back();
+    pl.free.pop_back();
+    pl.refs[static_cast<size_t>(copy)] = 1;
+    copy_block(p, b, copy);
+    blocks[i] = copy;
+    unref_locked(p, b);
   }
-  if (free_.empty()) {
-    return Status(StatusCode::kResourceExhausted,
-                  "KV pool exhausted: a shared block needs a private copy, 0 of " + std::to_string(opts_.n_blocks) +
-                      " free",
-                  FailureReason::kKvExhausted);
-  }
-  const int32_t copy = free_.back();
-  free_.pop_back();
-  refs_[static_cast<size_t>(copy)] = 1;
-  copy_block(b, copy);
-  table.blocks_[i] = copy;
-  unref_locked(b);
   return Status();
 }
 
 void KvPool::shrink(BlockTable& table, int32_t n_tokens) {
   const size_t keep = static_cast<size_t>(blocks_for_tokens(n_tokens < 0 ? 0 : n_tokens));
-  if (table.blocks_.size() <= keep) return;
   std::lock_guard<std::mutex> lk(mu_);
-  while (table.blocks_.size() > keep) {
-    unref_locked(table.blocks_.back());
-    table.blocks_.pop_back();
+  std::vector<int32_t>& blocks = table.blocks_[0];
+  while (blocks.size() > keep) {
+    unref_locked(0, blocks.back());
+    blocks.pop_back();
+  }
+  shrink_window_locked(table, n_tokens);
+}
+
+void KvPool::shrink_window_locked(BlockTable& table, int32_t n_tokens) {
+  const size_t keep = static_cast<size_t>(blocks_for_tokens(n_tokens < 0 ? 0 : n_tokens));
+  std::vector<int32_t>& blocks = table.blocks_[1];
+  while (blocks.size() > keep) {
+    const int32_t id = blocks.back();
+    blocks.pop_back();
+    if (id < 0) continue;
+    // Held for the table while it lives (its reservation), unless shared.
+    if (n_tokens > 0 && planes_[1].refs[static_cast<size_t>(id)] == 1) {
+      table.spare_.push_back(id);
+    } else {
+      unref_locked(1, id);
+    }
+  }
+  if (n_tokens <= 0) {
+    for (int32_t id : table.spare_) unref_locked(1, id);
+    table.spare_.clear();
   }
 }
 

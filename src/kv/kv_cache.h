@@ -43,6 +43,31 @@
 // guarded by a mutex, so sequences on different threads may share one pool. The
 // K/V contents of a block are touched only by the owner of the table holding it.
 // A BlockTable must be released into the pool it came from before the pool dies.
+// Sliding-window layers (Gemma: KvPoolOptions::window > 0 and swa_layers)
+// keep their K/V in a second plane of n_window_blocks blocks, apart from the
+// other ("full") layers' plane of n_blocks. A table maps position p of a
+// sliding layer to window_blocks()[p / block_tokens], and holds only the
+// blocks a sliding layer can still read: slide(table, p, m), called before
+// a pass appends positions [p, p + m), first gives back the blocks wholly
+// below max(0, p - window - block_tokens + 1) (one block more than the
+// window, so that a fork on a device pool, which recomputes from the start
+// of its last block, still finds its keys), leaving -1 in their place, then
+// maps the blocks up to p + m. A block given back goes to the table's own
+// spare list (held for it, counted in use) unless another table shares it;
+// mapping takes spare blocks first. reserve(table, n) also makes the table
+// hold (mapped + spare) min(blocks_for_tokens(n), ring_blocks()) window
+// blocks, the most it ever maps at once for chunks of at most max_chunk
+// positions: after reserve(table, n) succeeds, appending up to n positions
+// in such chunks takes no window block from the pool. shrink(table, n)
+// moves the window blocks past n to the spare list (n > 0) or gives every
+// block back (n == 0); window_covers(table, n, 0) says whether the
+// positions a continuation from n would read are still mapped (false after
+// a slide past them: the sequence must be evaluated again).
+// fork, share_prefix and make_tail_private treat the window plane as the
+// full one (holes stay holes; a fork gets no spare blocks). blocks_in_use(),
+// blocks_free() and the exhaustion errors are the full plane's;
+// window_blocks_in_use() the window plane's. Without a window a pool is one
+// plane, exactly as before.
 // Device backends: the block allocator and BlockTable are device-agnostic. A
 // pool made by create() keeps its K/V in host memory (on_host() is true). A pool
 // made by create_on_device() keeps them in a KvDeviceStorage supplied by a
@@ -52,6 +77,7 @@
 // pools (hybrid = one pool per stage, see SessionStage).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -74,7 +100,45 @@ struct KvPoolOptions {
   // The model's head_dim, checked for q8_0 (each head's slice of a row must
   // be whole blocks); 0 = n_embd_kv (one head).
   int32_t head_dim = 0;
+  // Sliding-window layers (see the contract): window > 0 puts the layers of
+  // swa_layers (absolute ids inside [layer_begin, layer_end)) in a plane of
+  // n_window_blocks blocks; max_chunk is the most positions one pass
+  // appends to a sequence (a session's n_ubatch), which sizes ring_blocks().
+  int32_t window = 0;
+  std::vector<int32_t> swa_layers;
+  int32_t n_window_blocks = 0;
+  int32_t max_chunk = 0;
 };
+
+// Whether absolute layer `layer` of a pool with options o keeps its K/V in
+// the window plane; the blocks of that layer's storage. One rule for the
+// pool and the device storage made for it.
+inline bool kv_window_layer(const KvPoolOptions& o, int32_t layer) {
+  if (o.window <= 0) return false;
+  for (int32_t l : o.swa_layers)
+    if (l == layer) return true;
+  return false;
+}
+inline int32_t kv_layer_blocks(const KvPoolOptions& o, int32_t layer) {
+  return kv_window_layer(o, layer) ? o.n_window_blocks : o.n_blocks;
+}
+
+// Window blocks a sequence maps at most (KvPool::slide): positions
+// [p - window - block_tokens + 1, p + max_chunk) at the worst alignment.
+// The pool's ring_blocks() and the estimator's.
+inline int32_t kv_window_ring_blocks(int32_t window, int32_t block_tokens, int32_t max_chunk) {
+  return (window + block_tokens - 1 + max_chunk + block_tokens - 1) / block_tokens + 1;
+}
+// Window blocks per sequence a pool of sequences of up to n_ctx positions
+// gives its sliding layers: min(ring, the context's blocks), or 0 when that
+// saves nothing (the window spans the context: one plane then). The
+// server's pools (engine/device_session.cpp) and the estimator use it.
+inline int32_t kv_window_blocks_per_seq(int32_t window, int32_t block_tokens, int32_t max_chunk, int32_t n_ctx) {
+  if (window <= 0 || block_tokens <= 0) return 0;
+  const int32_t ctx_blocks = (n_ctx + block_tokens - 1) / block_tokens;
+  const int32_t ring = kv_window_ring_blocks(window, block_tokens, std::max(max_chunk, 1));
+  return ring < ctx_blocks ? ring : 0;
+}
 
 // K/V storage that lives in a device backend's memory. Opaque to the engine:
 // the backend that made it downcasts it. Destroyed with the pool.
@@ -88,14 +152,18 @@ class KvDeviceStorage {
 class BlockTable {
  public:
   BlockTable() = default;
-  const std::vector<int32_t>& blocks() const { return blocks_; }
+  // The full plane's blocks; the window plane's (-1 where given back).
+  const std::vector<int32_t>& blocks() const { return blocks_[0]; }
+  const std::vector<int32_t>& window_blocks() const { return blocks_[1]; }
+  const std::vector<int32_t>& blocks(int plane) const { return blocks_[plane]; }
   int32_t capacity_tokens(int32_t block_tokens) const {
-    return static_cast<int32_t>(blocks_.size()) * block_tokens;
+    return static_cast<int32_t>(blocks_[0].size()) * block_tokens;
   }
 
  private:
   friend class KvPool;
-  std::vector<int32_t> blocks_;
+  std::vector<int32_t> blocks_[2];
+  std::vector<int32_t> spare_;  // window blocks held for this table, unmapped
 };
 
 class KvPool {
@@ -115,16 +183,25 @@ class KvPool {
   const KvPoolOptions& options() const { return opts_; }
   int32_t block_tokens() const { return opts_.block_tokens; }
   int32_t n_layers() const { return opts_.layer_end - opts_.layer_begin; }
+  // The plane of layer `layer` (relative to layer_begin): 0 full, 1 window.
+  int plane(int32_t layer) const { return plane_of_[static_cast<size_t>(layer)]; }
+  // Blocks of a plane's storage (n_blocks, n_window_blocks).
+  int32_t plane_blocks(int p) const { return planes_[p].n_blocks; }
+  bool has_window() const { return opts_.window > 0 && planes_[1].n_layers > 0; }
+  int32_t ring_blocks() const;
   int32_t n_embd_kv() const { return opts_.n_embd_kv; }
   KvType type() const { return opts_.type; }
   // Bytes of one stored K (or V) row: kv_row_bytes(type, n_embd_kv).
   size_t row_bytes() const { return row_bytes_; }
 
-  size_t bytes_per_token() const;  // K+V, all layers of the pool
+  size_t bytes_per_token() const;  // K+V of the full plane's layers (all layers without a window)
   size_t bytes_per_block() const { return bytes_per_token() * static_cast<size_t>(opts_.block_tokens); }
+  size_t window_bytes_per_block() const;  // K+V of the window plane's layers, one block
+  size_t storage_bytes() const;           // both planes' K/V
   int32_t n_blocks() const { return opts_.n_blocks; }
   int32_t blocks_in_use() const;
   int32_t blocks_free() const;
+  int32_t window_blocks_in_use() const;
   // Blocks needed to hold n_tokens positions.
   int32_t blocks_for_tokens(int32_t n_tokens) const {
     return (n_tokens + opts_.block_tokens - 1) / opts_.block_tokens;
@@ -139,12 +216,18 @@ class KvPool {
   Status fork(const BlockTable& src, BlockTable& dst, int32_t n_tokens);
   Status share_prefix(const BlockTable& src, BlockTable& dst, int32_t n_tokens);
   Status make_tail_private(BlockTable& table, int32_t n_tokens);
+  // The window plane (see contract); no-ops / true without a window.
+  Status slide(BlockTable& table, int32_t pos, int32_t n_tokens);
+  // Whether the window blocks a pass appending [pos, pos + n_tokens) reads
+  // (from max(0, pos - window - block_tokens + 1), slide's bound) are mapped.
+  bool window_covers(const BlockTable& table, int32_t pos, int32_t n_tokens) const;
   // References to block b (0: free).
   int32_t refs(int32_t block) const;
 
-  // Layer index `layer` is relative to layer_begin. Host pools only (nullptr
-  // for a device pool). The stored rows of block b, layer l: K then V, each
-  // block_tokens rows of row_bytes().
+  // Layer index `layer` is relative to layer_begin, `block` a block of that
+  // layer's plane. Host pools only (nullptr for a device pool). The stored
+  // rows of block b, layer l: K then V, each block_tokens rows of
+  // row_bytes().
   uint8_t* k_bytes(int32_t block, int32_t layer) { return base(block, layer); }
   uint8_t* v_bytes(int32_t block, int32_t layer) {
     uint8_t* b = base(block, layer);
@@ -172,27 +255,43 @@ class KvPool {
   size_t block_layer_bytes() const { return static_cast<size_t>(opts_.block_tokens) * row_bytes_; }
   uint8_t* base(int32_t block, int32_t layer) {
     if (!data_) return nullptr;
-    return data_.get() + (static_cast<size_t>(block) * static_cast<size_t>(n_layers()) +
-                          static_cast<size_t>(layer)) * 2 * block_layer_bytes();
+    const Plane& pl = planes_[plane_of_[static_cast<size_t>(layer)]];
+    return data_.get() + pl.offset +
+           (static_cast<size_t>(block) * static_cast<size_t>(pl.n_layers) +
+            static_cast<size_t>(slot_of_[static_cast<size_t>(layer)])) * 2 * block_layer_bytes();
   }
   float* as_f32(uint8_t* p) const {
     return p != nullptr && opts_.type == KvType::kF32 ? reinterpret_cast<float*>(p) : nullptr;
   }
 
+  // A plane's allocator and where its blocks' bytes start in data_.
+  struct Plane {
+    int32_t n_blocks = 0;
+    int32_t n_layers = 0;
+    size_t offset = 0;
+    std::vector<int32_t> free;  // stack of free block ids
+    std::vector<int32_t> refs;  // per block: tables holding it (0: free)
+  };
   KvPoolOptions opts_;
   size_t row_bytes_ = 0;
+  std::vector<int> plane_of_;     // per layer (relative)
+  std::vector<int32_t> slot_of_;  // per layer: its index among its plane's layers
+  Plane planes_[2];
   // The rows, as one array (the estimator counts it as one allocation); an
   // unsigned char array provides storage for the floats of an F32 pool
   // (operator new[] aligns it for any fundamental type).
   std::unique_ptr<uint8_t[]> data_;
   std::unique_ptr<KvDeviceStorage> device_storage_;
   mutable std::mutex mu_;
-  std::vector<int32_t> free_;  // stack of free block ids
-  std::vector<int32_t> refs_;  // per block: tables holding it (0: free)
-  // Copies block `from`'s bytes (every layer, K and V) into `to`. Host pools.
-  void copy_block(int32_t from, int32_t to);
+  // Copies block `from`'s bytes (every layer of the plane, K and V) into `to`. Host pools.
+  void copy_block(int plane, int32_t from, int32_t to);
   // One reference less; the block is free at 0. mu_ held.
-  void unref_locked(int32_t block);
+  void unref_locked(int plane, int32_t block);
+  // Sets up planes_, plane_of_, slot_of_ from opts_ (after check_options).
+  void init_planes();
+  // The window plane's part of reserve / shrink; mu_ held.
+  Status reserve_window_locked(BlockTable& table, int32_t n_tokens);
+  void shrink_window_locked(BlockTable& table, int32_t n_tokens);
 };
 
 // n stored K/V elements of type t at src (kv_row_bytes(t, n) bytes; for q8_0

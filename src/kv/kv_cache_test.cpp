@@ -359,5 +359,122 @@ TEST(KvPoolShare, DevicePoolSharesFullBlocksOnly) {
   EXPECT_EQ(pool->blocks_free(), 4);
 }
 
+
+// A pool of 3 layers whose layer 1 slides (window 6, blocks of 4 positions,
+// chunks of at most 5): ring = ceil((6 + 3 + 5 + 3) / 4) + 1 = 5 window blocks.
+KvPoolOptions window_opts(int32_t blocks, int32_t window_blocks) {
+  KvPoolOptions o = opts(blocks);
+  o.layer_end = 3;
+  o.window = 6;
+  o.swa_layers = {1};
+  o.n_window_blocks = window_blocks;
+  o.max_chunk = 5;
+  return o;
+}
+
+TEST(KvPoolWindow, PlanesSizeAndReserveTheRing) {
+  auto pool = KvPool::create(window_opts(40, 10));
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  KvPool& p = **pool;
+  EXPECT_TRUE(p.has_window());
+  EXPECT_EQ(p.ring_blocks(), 5);
+  EXPECT_EQ(p.plane(0), 0);
+  EXPECT_EQ(p.plane(1), 1);
+  EXPECT_EQ(p.plane(2), 0);
+  EXPECT_EQ(p.bytes_per_token(), 2u * 2 * 3 * sizeof(float));  // the two full layers
+  EXPECT_EQ(p.window_bytes_per_block(), 2u * 4 * 3 * sizeof(float));
+  EXPECT_EQ(p.storage_bytes(), 40 * p.bytes_per_block() + 10 * p.window_bytes_per_block());
+  BlockTable t;
+  ASSERT_TRUE(p.reserve(t, 2).ok());  // a short sequence holds what it needs: one block
+  EXPECT_EQ(p.window_blocks_in_use(), 1);
+  ASSERT_TRUE(p.reserve(t, 100).ok());  // a long one the ring, not 25 blocks
+  EXPECT_EQ(p.blocks_in_use(), 25);
+  EXPECT_EQ(p.window_blocks_in_use(), 5);
+  p.release(t);
+  EXPECT_EQ(p.blocks_in_use(), 0);
+  EXPECT_EQ(p.window_blocks_in_use(), 0);
+  // Without room for the ring, nothing is taken (all or nothing across planes).
+  auto small = KvPool::create(window_opts(40, 4));
+  ASSERT_TRUE(small.ok());
+  BlockTable u;
+  const Status st = (*small)->reserve(u, 100);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("window"), std::string::npos) << st.to_string();
+  EXPECT_EQ((*small)->blocks_in_use(), 0);
+  EXPECT_EQ((*small)->window_blocks_in_use(), 0);
+}
+
+// Sliding through 100 positions in chunks of up to 5: the table never maps
+// more than the ring, takes nothing past its reservation, keeps every
+// position a row of the next chunk reads (with what it wrote there), and
+// gives back the rest.
+TEST(KvPoolWindow, SlideKeepsTheWindowAndRecyclesTheRest) {
+  auto pool = KvPool::create(window_opts(40, 10));
+  ASSERT_TRUE(pool.ok());
+  KvPool& p = **pool;
+  BlockTable t;
+  ASSERT_TRUE(p.reserve(t, 100).ok());
+  const int32_t in_use = p.window_blocks_in_use();
+  std::mt19937 rng(3);
+  for (int32_t pos = 0; pos < 100;) {
+    const int32_t m = std::min<int32_t>(1 + static_cast<int32_t>(rng() % 5), 100 - pos);
+    ASSERT_TRUE(p.slide(t, pos, m).ok()) << pos;
+    EXPECT_EQ(p.window_blocks_in_use(), in_use) << "took a block past the reservation at " << pos;
+    ASSERT_TRUE(p.window_covers(t, pos, m)) << pos;
+    int32_t mapped = 0;
+    for (int32_t b : t.window_blocks()) mapped += b >= 0 ? 1 : 0;
+    EXPECT_LE(mapped, p.ring_blocks());
+    // Rows of this chunk see positions back to pos - 5 (window 6): still
+    // there with the values written.
+    for (int32_t q = std::max(0, pos - 5); q < pos; ++q) {
+      const int32_t b = t.window_blocks()[static_cast<size_t>(q / 4)];
+      ASSERT_GE(b, 0) << q;
+      float k[3];
+      p.rows_to_f32(false, b, 1, q % 4, 1, k);
+      EXPECT_EQ(k[0], static_cast<float>(q)) << q;
+    }
+    for (int32_t q = pos; q < pos + m; ++q) {
+      const float row[3] = {static_cast<float>(q), 1.0f, 2.0f};
+      p.store_rows(t.window_blocks()[static_cast<size_t>(q / 4)], 1, q % 4, row, row);
+    }
+    pos += m;
+  }
+  EXPECT_EQ(t.window_blocks().front(), -1);  // given back
+  EXPECT_FALSE(p.window_covers(t, 10, 0));   // a continuation from 10 would need it
+  EXPECT_TRUE(p.window_covers(t, 100, 0));
+  p.shrink(t, 98);  // kept for the table
+  EXPECT_EQ(p.window_blocks_in_use(), in_use);
+  p.release(t);
+  EXPECT_EQ(p.window_blocks_in_use(), 0);
+}
+
+TEST(KvPoolWindow, ForkSharesTheWindowAndCopiesItsTail) {
+  auto pool = KvPool::create(window_opts(40, 12));
+  ASSERT_TRUE(pool.ok());
+  KvPool& p = **pool;
+  BlockTable a;
+  ASSERT_TRUE(p.reserve(a, 30).ok());
+  for (int32_t pos = 0; pos < 30; pos += 5) {
+    ASSERT_TRUE(p.slide(a, pos, 5).ok());
+    for (int32_t q = pos; q < pos + 5; ++q) {
+      const float row[3] = {static_cast<float>(q), 0.0f, 0.0f};
+      p.store_rows(a.window_blocks()[static_cast<size_t>(q / 4)], 1, q % 4, row, row);
+    }
+  }
+  BlockTable b;
+  ASSERT_TRUE(p.fork(a, b, 30).ok());
+  ASSERT_EQ(b.window_blocks().size(), 8u);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(b.window_blocks()[i], a.window_blocks()[i]) << i;  // holes too
+  EXPECT_NE(b.window_blocks()[7], a.window_blocks()[7]);  // positions 28, 29: a private copy
+  float k[3];
+  p.rows_to_f32(false, b.window_blocks()[7], 1, 1, 1, k);
+  EXPECT_EQ(k[0], 29.0f);
+  EXPECT_TRUE(p.window_covers(b, 30, 0));
+  p.release(a);
+  p.release(b);
+  EXPECT_EQ(p.window_blocks_in_use(), 0);
+  EXPECT_EQ(p.blocks_in_use(), 0);
+}
+
 }  // namespace
 }  // namespace spw

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 #include "gguf/gguf.h"
@@ -107,6 +108,13 @@ struct LlamaHparams {
   // no position scaling, no frequency factors).
   bool local_rope(int32_t il) const { return rope_freq_base_swa > 0.0f && is_swa(il); }
   float kq_scale() const;
+  // The sliding-window layers among [begin, end), in order.
+  std::vector<int32_t> swa_layers(int32_t begin, int32_t end) const {
+    std::vector<int32_t> v;
+    for (int32_t l = begin; l < end; ++l)
+      if (is_swa(l)) v.push_back(l);
+    return v;
+  }
   // The widest FFN intermediate one layer computes: n_ff for a dense model,
   // else the wider of an expert's and the shared expert's (the backends'
   // gate/up activations are this wide).

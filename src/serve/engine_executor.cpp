@@ -410,6 +410,7 @@ class OnDemandGroup {
       }
       SPW_ASSIGN_OR_RETURN(SessionGroup g, open_session_group(m, options_));
       executors_ = group_executors(env_, m, options_, std::move(g), batcher_, on_reopened_);
+      loaded_ = m;
       if (model_.on_loaded) model_.on_loaded(static_cast<double>(env_.now_ns() - t0) / 1e6);
     }
     ++active_;
@@ -431,7 +432,12 @@ class OnDemandGroup {
   bool unload(int64_t wait_ns) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!env_.wait_until_ns(lk, idle_, env_.now_ns() + wait_ns, [&] { return active_ == 0; })) return false;
-    executors_.clear();  // sessions, pools, backends (and a device group's uploaded weights)
+    executors_.clear();  // sessions, pools, backends
+    // The device backend is the server's, shared by every model on the
+    // device: it keeps a model's uploaded weights until told (keyed by the
+    // Model, which dies here; a later Model at the same address is not it).
+    if (options_.vulkan && loaded_) options_.vulkan->release_model(*loaded_);
+    loaded_.reset();
     return true;
   }
 
@@ -447,6 +453,7 @@ class OnDemandGroup {
   const SessionGroupOptions options_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Executor>> executors_;  // empty until loaded
+  std::shared_ptr<const Model> loaded_;               // the model the executors run, while loaded
   int active_ = 0;  // workers between acquire() and release()
   std::condition_variable idle_;  // active_ fell
   const std::shared_ptr<StepBatcher> batcher_;

@@ -101,10 +101,12 @@ describe('several models behind one server through the openai client', () => {
   it('alternates over three models that do not all fit: every request succeeds, the least recently used idle one goes', async (t) => {
     if (skip) return t.skip(skip);
     const reasons = [];
+    const deviceWeights = [];  // the allocator's weights after each request
     for (const round of [0, 1]) {
       for (const name of NAMES) {
         const r = await bounded(client.completions.create({ model: name, prompt: PROMPT, max_tokens: 8, temperature: 0 }),
           60_000, `${name} round ${round}`);
+        deviceWeights.push((await call(srv, 'GET', '/health')).json.device_memory.allocated_by_category.weights);
         assert.equal(r.model, name);
         assert.equal(r.spillway.path, `gpu/${name}`);
         assert.ok(r.choices[0].text.length > 0);
@@ -118,6 +120,9 @@ describe('several models behind one server through the openai client', () => {
     assert.doesNotMatch(reasons[1], /evicting/, reasons[1]);
     assert.match(reasons[2], /loads m3 .*evicting m1/, reasons[2]);
     assert.match(reasons[3], /loads m1 .*evicting m2/, reasons[3]);
+    // An evicted model's weights leave the device (the served model and two
+    // of the same shape stay), not only the ledger.
+    assert.ok(deviceWeights.slice(2).every((w) => w === deviceWeights[1]), JSON.stringify(deviceWeights));
     const m = await models();
     assert.equal(m.m1.state, 'unloaded');
     assert.equal(m.m2.state, 'loaded');

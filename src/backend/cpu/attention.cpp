@@ -236,6 +236,13 @@ struct TileScratch {
   float* run_sum;  // [kQueryTile]
 };
 
+// K and V of a position before the work item's first row's window: it is
+// scored -inf whatever it holds, and its block may have been given back
+// (KvPool::slide), so it is read as zeros. As wide as the widest head
+// the models have (256) with room; wider heads take a zeroed row of their own.
+constexpr int64_t kZeroRowFloats = 1024;
+alignas(64) constexpr float kZeroRow[kZeroRowFloats] = {};
+
 inline float dot_one(const float* k, const float* q, int64_t n) { return dot_f32(k, q, n); }
 inline float dot_one(const uint16_t* k, const float* q, int64_t n) { return dot_f16(k, q, n); }
 
@@ -333,6 +340,8 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
     float* run_sum = run_max + kQueryTile;           // [kQueryTile]
     float* k_f32 = run_sum + kQueryTile;             // [kKvTile][hd] for a Q8_0 pool
     float* v_f32 = k_f32 + kKvTile * hd;             // [kKvTile][hd]
+    std::vector<float> wide_zeros(static_cast<size_t>(hd > kZeroRowFloats ? hd : 0));
+    const float* zero_row = hd > kZeroRowFloats ? wide_zeros.data() : kZeroRow;
     const float* kp[kKvTile];
     const float* vp[kKvTile];
     const uint16_t* kh[kKvTile];
@@ -349,7 +358,7 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
       const KvPool* kvp = tile.seq->kv.pool;
       const int32_t lp = layer - kvp->options().layer_begin;
       const int32_t bt = kvp->block_tokens();
-      const auto& blocks = tile.seq->kv.table->blocks();
+      const auto& blocks = tile.seq->kv.table->blocks(kvp->plane(lp));  // a sliding layer's: its window's
       const KvType type = kvp->type();
       const size_t row = kvp->row_bytes();
       // This head's slice of a K or V row: its offset and size in the row.
@@ -368,7 +377,8 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
       };
       const int32_t np = tile.pos0 + tile.n;  // positions the tile's last row sees
       // A sliding window starts at the KV tile holding the first row's lowest position.
-      const int32_t start = sh.window > 0 ? std::max(0, tile.pos0 - sh.window + 1) / kKvTile * kKvTile : 0;
+      const int32_t lo = sh.window > 0 ? std::max(0, tile.pos0 - sh.window + 1) : 0;  // the first row's first
+      const int32_t start = lo / kKvTile * kKvTile;
       for (int32_t p0 = start; p0 < np; p0 += kKvTile) {
         const int32_t pe = std::min(np, p0 + kKvTile);
         // The next tile's slices are fetched while this one computes: a
@@ -380,8 +390,12 @@ void attention(std::span<const SeqSlice> slices, int32_t layer, const AttentionS
         });
         const bool first = p0 == start;
         // The tile's slices: F32 and F16 read in place, Q8_0 dequantised
-        // into the scratch.
-        for_each_slice(p0, pe, [&](int32_t p, const uint8_t* k, const uint8_t* v) {
+        // into the scratch; zeros before the window (kZeroRow).
+        for (int32_t j = 0; j < std::min(lo, pe) - p0; ++j) {
+          kp[j] = vp[j] = zero_row;
+          kh[j] = vh[j] = reinterpret_cast<const uint16_t*>(zero_row);  // +0 halves
+        }
+        for_each_slice(std::max(p0, lo), pe, [&](int32_t p, const uint8_t* k, const uint8_t* v) {
           const int32_t j = p - p0;
           switch (type) {
             case KvType::kF32:

@@ -120,7 +120,8 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
   // RoPE's cos/sin rows, and the sliding layers' own where they differ (Gemma 3).
   const bool local_rope = hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0;
   const auto rc = floats(n * half), rs = floats(n * half);
-  const auto lc = floats(local_rope ? n * half : 0), ls = floats(local_rope ? n * half : 0);
+  const std::unique_ptr<float[]> lc = local_rope ? floats(n * half) : nullptr;
+  const std::unique_ptr<float[]> ls = local_rope ? floats(n * half) : nullptr;
   {
     int64_t row = 0;
     for (const SeqSlice& sl : slices) {
@@ -171,7 +172,7 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
       cpu::rope_apply(q.get() + t * n_q, n_head, hd, hp.n_rot, cos_rows + t * half, sin_rows + t * half, neox);
       cpu::rope_apply(k.get() + t * n_kv, hp.n_head_kv, hd, hp.n_rot, cos_rows + t * half, sin_rows + t * half,
                       neox);
-      const int32_t blk = r.seq->kv.table->blocks()[static_cast<size_t>(r.pos / bt)];
+      const int32_t blk = r.seq->kv.table->blocks(kvp->plane(lp))[static_cast<size_t>(r.pos / bt)];
       const int32_t slot = r.pos % bt;
       // Converted to the pool's type (an F32 pool: a plain copy).
       kvp->store_rows(blk, lp, slot, k.get() + t * n_kv, v.get() + t * n_kv);

@@ -321,14 +321,20 @@ Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOption
   st->ctx = impl_->ctx;
   st->dev_name = impl_->name();
   st->type = o.type;
-  const uint64_t layer_bytes = static_cast<uint64_t>(o.n_blocks) * static_cast<uint64_t>(o.block_tokens) *
-                               kv_row_bytes(o.type, static_cast<uint64_t>(o.n_embd_kv));
-  if (layer_bytes > impl_->ctx->max_buffer_bytes())
-    return Status::invalid_argument("KV of one layer (" + std::to_string(layer_bytes) + " bytes) exceeds the largest " +
-                                    impl_->name() + " buffer (" + std::to_string(impl_->ctx->max_buffer_bytes()) +
-                                    "); use fewer blocks");
+  // A sliding-window layer's buffers hold the window plane's blocks (kv_cache.h).
+  auto bytes_of = [&](int32_t l) {
+    return static_cast<uint64_t>(kv_layer_blocks(o, l)) * static_cast<uint64_t>(o.block_tokens) *
+           kv_row_bytes(o.type, static_cast<uint64_t>(o.n_embd_kv));
+  };
+  for (int32_t l = o.layer_begin; l < o.layer_end; ++l) {
+    if (bytes_of(l) > impl_->ctx->max_buffer_bytes())
+      return Status::invalid_argument("KV of one layer (" + std::to_string(bytes_of(l)) +
+                                      " bytes) exceeds the largest " + impl_->name() + " buffer (" +
+                                      std::to_string(impl_->ctx->max_buffer_bytes()) + "); use fewer blocks");
+  }
   const std::string own = "kv:" + owner;
   for (int32_t l = o.layer_begin; l < o.layer_end; ++l) {
+    const uint64_t layer_bytes = bytes_of(l);
     SPW_ASSIGN_OR_RETURN(DeviceBuffer k, impl_->alloc(layer_bytes, MemoryCategory::kKv, own));
     SPW_ASSIGN_OR_RETURN(DeviceBuffer v, impl_->alloc(layer_bytes, MemoryCategory::kKv, own));
     st->k.push_back(std::move(k));

@@ -93,7 +93,8 @@ struct ModelWeights {
 
 struct Scratch {
   // io_rope_local: the sliding layers' own RoPE table (Gemma 3).
-  DeviceBuffer io_hidden, io_rope, io_rope_local, io_blocks, io_logits;  // host-visible
+  // io_window_blocks: the row table and block ids of the window plane (KvPool).
+  DeviceBuffer io_hidden, io_rope, io_rope_local, io_blocks, io_window_blocks, io_logits;  // host-visible
   DeviceBuffer x, cur, q, k, v, att, gate, up, xq, xd, scores;       // device-local
   DeviceBuffer post;  // Gemma: a sublayer's output after its post-norm
   // Device experts: the router's logits (and the shared expert's gate),

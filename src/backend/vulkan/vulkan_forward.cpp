@@ -70,8 +70,9 @@ struct BatchPass {
   Scratch& s = im.scratch;
   // Set by build_rows.
   // The row table (position and block-table offset per row, kv_write.comp)
-  // followed by each slice's block ids.
-  std::vector<int32_t> table;
+  // followed by each slice's block ids; per plane of the pool (kv_cache.h:
+  // the sliding-window layers' blocks are the second's).
+  std::vector<int32_t> table, window_table;
   uint64_t n = 0, max_pos = 0;
   // Set by bind.
   VulkanKvStorage* kvs = nullptr;
@@ -97,24 +98,25 @@ struct BatchPass {
 };
 
 void BatchPass::build_rows() {
-  uint64_t n_block_ids = 0;
   for (const SeqSlice& sl : slices) {
     n += static_cast<uint64_t>(sl.n_tokens);
     max_pos = std::max<uint64_t>(max_pos, static_cast<uint64_t>(sl.pos0) + static_cast<uint64_t>(sl.n_tokens));
-    n_block_ids += sl.kv.table->blocks().size();
   }
-  table.reserve(2 * n + n_block_ids);
-  table.resize(2 * n);
-  {
+  for (int plane = 0; plane < (pool->has_window() ? 2 : 1); ++plane) {
+    std::vector<int32_t>& t = plane == 0 ? table : window_table;
+    uint64_t n_block_ids = 0;
+    for (const SeqSlice& sl : slices) n_block_ids += sl.kv.table->blocks(plane).size();
+    t.reserve(2 * n + n_block_ids);
+    t.resize(2 * n);
     size_t row = 0;
     for (const SeqSlice& sl : slices) {
-      const auto boff = static_cast<int32_t>(table.size());
-      for (int32_t t = 0; t < sl.n_tokens; ++t, ++row) {
-        table[2 * row] = sl.pos0 + t;
-        table[2 * row + 1] = boff;
+      const auto boff = static_cast<int32_t>(t.size());
+      for (int32_t i = 0; i < sl.n_tokens; ++i, ++row) {
+        t[2 * row] = sl.pos0 + i;
+        t[2 * row + 1] = boff;
       }
-      const auto& ids = sl.kv.table->blocks();
-      table.insert(table.end(), ids.begin(), ids.end());
+      const auto& ids = sl.kv.table->blocks(plane);
+      t.insert(t.end(), ids.begin(), ids.end());
     }
   }
 }
@@ -158,6 +160,7 @@ Status BatchPass::size_scratch() {
   if (local_rope()) SPW_RETURN_IF_ERROR(im.ensure(s.io_rope_local, 2 * n * std::max<uint32_t>(half, 1) * 4, true));
   if (hp.post_norms) SPW_RETURN_IF_ERROR(im.ensure(s.post, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.io_blocks, table.size() * 4, true));
+  if (!window_table.empty()) SPW_RETURN_IF_ERROR(im.ensure(s.io_window_blocks, window_table.size() * 4, true));
   SPW_RETURN_IF_ERROR(im.ensure(s.x, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.cur, n * E * 4, false));
   SPW_RETURN_IF_ERROR(im.ensure(s.q, n * Q * 4, false));
@@ -187,6 +190,7 @@ Status BatchPass::size_scratch() {
 void BatchPass::upload_inputs(const float* hidden) {
   std::memcpy(s.io_hidden.mapped(), hidden, n * E * 4);
   std::memcpy(s.io_blocks.mapped(), table.data(), table.size() * 4);
+  if (!window_table.empty()) std::memcpy(s.io_window_blocks.mapped(), window_table.data(), window_table.size() * 4);
   if (half > 0) {
     // cos rows of every slice, then their sin rows (rope.comp's layout).
     float* cs = static_cast<float*>(s.io_rope.mapped());
@@ -281,9 +285,12 @@ void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp, in
   uint32_t softcap_bits;
   std::memcpy(&softcap_bits, &softcap, 4);
   const uint32_t pw[3] = {nt, static_cast<uint32_t>(KV), static_cast<uint32_t>(bt)};
+  // A sliding layer's blocks are the window plane's (kv_cache.h).
+  const VkBuffer blocks = pool->plane(static_cast<int32_t>(lp)) == 1 ? s.io_window_blocks.buffer()
+                                                                     : s.io_blocks.buffer();
   // F16: one invocation per pair of halves (one uint of the cache).
   rec.dispatch_flat(kv_f16 ? "kv_write_f16" : "kv_write",
-                    {s.k.buffer(), s.v.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer()}, pw,
+                    {s.k.buffer(), s.v.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), blocks}, pw,
                     sizeof pw, kv_f16 ? n * KV / 2 : n * KV);
   rec.barrier();
   for (uint64_t t0 = 0; t0 < n; t0 += tc) {
@@ -304,8 +311,7 @@ void BatchPass::record_attention(Recorder& rec, const DevLayer& L, size_t lp, in
     const char* attention = rec.exact_attention() && hd <= 4 * kWg ? (kv_f16 ? "attention_f16_f64" : "attention_f64")
                                                                    : (kv_f16 ? "attention_f16" : "attention");
     rec.dispatch(attention,
-                 {s.q.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), s.io_blocks.buffer(), s.scores.buffer(),
-                  s.att.buffer()},
+                 {s.q.buffer(), kvs->k[lp].buffer(), kvs->v[lp].buffer(), blocks, s.scores.buffer(), s.att.buffer()},
                  pa, sizeof pa, static_cast<uint32_t>(hp.n_head), cnt, 1);
     rec.barrier();
   }

@@ -92,7 +92,9 @@ void main() {
   for (uint p0 = start; p0 < np; p0 += KV_TILE) {
     const uint len = min(np - p0, KV_TILE);
     const bool first = p0 == start;
-    if (tid < len) {
+    // Positions before the window score -inf unread (their blocks may be
+    // given back: KvPool::slide).
+    if (tid < len && p0 + tid >= lo) {
       const uint kb = kv_row(boff, p0 + tid, kvh);
       float lane[16];
       for (uint l = 0u; l < 16u; ++l) lane[l] = 0.0;
@@ -110,7 +112,9 @@ void main() {
       for (; i0 < pc.head_dim; ++i0) d = fma_rn(kval(kb + i0), q[qb + i0], d);
       float sv = d * pc.scale;
       if (pc.softcap > 0.0) sv = pc.softcap * tanh_steps(div_rn(sv, pc.softcap));
-      ts[tid] = p0 + tid < lo ? uintBitsToFloat(0xff800000u) : sv;
+      ts[tid] = sv;
+    } else if (tid < len) {
+      ts[tid] = uintBitsToFloat(0xff800000u);
     }
     barrier();
     if (tid == 0u) {
@@ -146,7 +150,8 @@ void main() {
       if (d >= pc.head_dim) break;
       float a = first ? 0.0 : acc[i];
       if (!first && tile_c != 1.0) a *= tile_c;
-      for (uint j = 0u; j < len; ++j) a = fma_rn(ts[j], vval(kv_row(boff, p0 + j, kvh) + d), a);
+      for (uint j = p0 < lo ? lo - p0 : 0u; j < len; ++j)
+        a = fma_rn(ts[j], vval(kv_row(boff, p0 + j, kvh) + d), a);
       acc[i] = a;
     }
     barrier();  // ts is the next tile's
