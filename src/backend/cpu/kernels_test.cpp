@@ -700,5 +700,49 @@ TEST(Kernels, SoftmaxSwigluAdd) {
   for (int i = 0; i < n; ++i) EXPECT_EQ(acc[static_cast<size_t>(i)], a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)]);
 }
 
+// Gemma's tanh, GELU gate and soft-capping: tanh_steps within 1.2e-7 of
+// tanh (odd, exactly +-1 far out), and geglu / softcap (16 values at a time)
+// give, value by value, the bits of their definitions over tanh_steps, at
+// lengths that end inside a 16-value group and in place.
+TEST(Kernels, TanhStepsGegluSoftcap) {
+  double worst = 0;
+  for (int i = -20000; i <= 20000; ++i) {
+    const float x = static_cast<float>(i) * 0.001f;
+    const float t = tanh_steps(x);
+    worst = std::max(worst, std::abs(static_cast<double>(t) - std::tanh(static_cast<double>(x))));
+    EXPECT_EQ(t, -tanh_steps(-x)) << x;
+  }
+  EXPECT_LT(worst, 1.2e-7);
+  EXPECT_EQ(tanh_steps(50.0f), 1.0f);
+  EXPECT_EQ(tanh_steps(-1e30f), -1.0f);
+  EXPECT_EQ(tanh_steps(0.0f), 0.0f);
+
+  std::mt19937 g(7);
+  constexpr float kSqrt2OverPi = 0.797884560802865355f;
+  for (int n : {1, 15, 16, 33, 100}) {
+    auto a = randv(g, n, 6.0f), b = randv(g, n);
+    std::vector<float> o(static_cast<size_t>(n));
+    geglu(a.data(), b.data(), o.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const float x = a[static_cast<size_t>(i)];
+      const float t = tanh_steps((kSqrt2OverPi * x) * std::fma(0.044715f * x, x, 1.0f));
+      EXPECT_EQ(o[static_cast<size_t>(i)], ((0.5f * x) * (1.0f + t)) * b[static_cast<size_t>(i)]) << n << " " << i;
+      // GELU's tanh form within float rounding of the double formula.
+      const double xd = x, gelu = 0.5 * xd * (1 + std::tanh(0.7978845608028654 * (xd + 0.044715 * xd * xd * xd)));
+      EXPECT_NEAR(o[static_cast<size_t>(i)], gelu * b[static_cast<size_t>(i)], 1e-5 * (1 + std::abs(gelu)));
+    }
+    auto in_place = a;
+    geglu(in_place.data(), b.data(), in_place.data(), n);
+    EXPECT_EQ(in_place, o);
+    auto c = randv(g, n, 40.0f);
+    auto capped = c;
+    softcap(capped.data(), n, 5.0f);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(capped[static_cast<size_t>(i)], 5.0f * tanh_steps(c[static_cast<size_t>(i)] / 5.0f)) << n << " " << i;
+      EXPECT_LT(std::abs(capped[static_cast<size_t>(i)]), 5.0f + 1e-6f);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace spw::cpu
