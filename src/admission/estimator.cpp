@@ -224,8 +224,11 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
   const uint64_t Q = static_cast<uint64_t>(hp.n_embd_q());
   const uint64_t KV = static_cast<uint64_t>(hp.n_embd_kv());
-  // A mixture's FFN: its experts (ffn_width wide) on the device, or none here.
-  const bool dev_experts = hp.moe() && !plan.placement.cpu_experts;
+  // A mixture's FFN: its experts (ffn_width wide) on the device for some
+  // layer of the stage, or none here (+cpu-experts[:K]).
+  bool dev_experts = false;
+  for (int32_t il = s.layer_begin; hp.moe() && il < s.layer_end; ++il)
+    dev_experts = dev_experts || !plan.placement.experts_on_cpu(il);
   const uint64_t F =
       !hp.moe() ? static_cast<uint64_t>(hp.n_ff) : dev_experts ? static_cast<uint64_t>(hp.ffn_width()) : 0;
   const uint64_t V = static_cast<uint64_t>(hp.n_vocab);
@@ -515,9 +518,9 @@ uint64_t add_weights(const gguf::GgufFile& f, const LlamaHparams& hp, const Plan
     const int32_t l = tensor_layer(t.name);
     if (l >= 0 && l < hp.n_layer) {
       d = device_of_layer(l);
-      // With +cpu-experts a mixture's router and experts stay on the host
-      // (vulkan_backend.h).
-      if (plan.placement.cpu_experts && is_expert_tensor(t.name)) d = DeviceKind::kHost;
+      // With +cpu-experts[:K] a mixture's router and experts (of layers
+      // [0, K)) stay on the host (vulkan_backend.h).
+      if (plan.placement.experts_on_cpu(l) && is_expert_tensor(t.name)) d = DeviceKind::kHost;
     }
     else if (t.name == "output.weight" || t.name == "output_norm.weight") d = out_dev;
     // token_embd (the lookup is the host's on every placement; a tied head
@@ -651,13 +654,17 @@ void add_host_experts_terms(const gguf::GgufFile& f, const LlamaHparams& hp, con
     gpu = &s;
   }
   if (gpu == nullptr) return;
+  // The layers whose experts the host runs: all of the stage's, or [0, K).
+  int32_t host_end = gpu->layer_begin;
+  while (host_end < gpu->layer_end && plan.placement.experts_on_cpu(host_end)) ++host_end;
+  if (host_end == gpu->layer_begin) return;
   const uint64_t m = static_cast<uint64_t>(plan.n_ubatch);
   const uint64_t E = static_cast<uint64_t>(hp.n_embd);
   const uint64_t F = static_cast<uint64_t>(hp.ffn_width());
   ScratchTerms& t = est.devices[0].terms;
   t.activation_buffers = {m * E * kF32, m * F * kF32, m * F * kF32,
                           static_cast<uint64_t>(moe_scratch_words(hp, static_cast<int64_t>(m))) * kF32};
-  t.matmul_prep = matmul_prep_bytes(f, gpu->layer_begin, gpu->layer_end, m, config.host_kernels, true) +
+  t.matmul_prep = matmul_prep_bytes(f, gpu->layer_begin, host_end, m, config.host_kernels, true) +
                   kMatmulUnits + kTaskClosure;
   t.task_closure = kTaskClosure;
   t.attention_row = 0;

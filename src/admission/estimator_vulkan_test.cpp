@@ -63,6 +63,7 @@ struct Case {
   bool logits_all = false;
   KvType kv_type = KvType::kF32;
   bool cpu_experts = false;  // +cpu-experts
+  int32_t cpu_expert_layers = 0;  // with cpu_experts: +cpu-experts:K
 };
 
 std::vector<TokenId> tokens(int n, int n_vocab, int salt) {
@@ -73,15 +74,17 @@ std::vector<TokenId> tokens(int n, int n_vocab, int salt) {
 
 void run_case(const std::string& name, const std::shared_ptr<const Model>& model, const Case& c) {
   const auto& hp = model->hparams();
+  const std::string experts = !c.cpu_experts ? ""
+                              : "+cpu-experts" + (c.cpu_expert_layers > 0 ? ":" + std::to_string(c.cpu_expert_layers)
+                                                                          : std::string());
   const std::string what = name + " " + (c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan") +
-                           (c.cpu_experts ? "+cpu-experts" : "") +
+                           experts +
                            " ctx=" + std::to_string(c.n_ctx) + " ub=" + std::to_string(c.n_ubatch) +
                            " bt=" + std::to_string(c.block_tokens) + (c.logits_all ? " all-logits" : "") +
                            " kv=" + std::string(kv_type_name(c.kv_type));
   SCOPED_TRACE(what);
   DeviceSessionOptions o;
-  auto spec = Placement::parse((c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan") +
-                               (c.cpu_experts ? "+cpu-experts" : ""));
+  auto spec = Placement::parse((c.gpu_layers > 0 ? "hybrid:" + std::to_string(c.gpu_layers) : "vulkan") + experts);
   ASSERT_TRUE(spec.ok()) << spec.status().to_string();
   o.device = *spec;
   o.n_ctx = c.n_ctx;
@@ -204,7 +207,8 @@ TEST(EstimatorVulkan, GpuCategoriesMatchTheDeviceAllocator) {
       testing::as_moe(testing::spec(GgmlType::kQ8_0, 64, 128, 4, 2, 2, false, 5), "qwen3moe", 8, 2, 64));
   ASSERT_NE(moe, nullptr);
   for (const Case& c : {Case{128, 32, 0}, Case{96, 16, 1}, Case{128, 32, 0, 16, false, KvType::kF32, true},
-                        Case{96, 16, 1, 16, false, KvType::kF32, true}})
+                        Case{96, 16, 1, 16, false, KvType::kF32, true},
+                        Case{128, 32, 0, 16, false, KvType::kF32, true, 1}})  // layer 0's experts on the host
     run_case("qwen3moe-Q8_0", moe, c);
 
   // Low-bit weights on the device: a Q4_K_M mix (Q4_K, Q6_K attn_v / ffn_down /

@@ -138,7 +138,9 @@ void print_row(const char* name, const Amount& h, const Amount& g, bool gpu) {
 // (its whole GPU total, allowances included): the one with the most layers
 // on the device, which is the one to run. A mixture of experts tries each
 // split with its experts on the device, then on the CPU (+cpu-experts:
-// backend/vulkan/vulkan_backend.h).
+// backend/vulkan/vulkan_backend.h); when all on the CPU fits, the fewest
+// layers K whose experts must leave (+cpu-experts:K), found by bisection
+// (the device's total falls as K grows). The best is the last row.
 struct FitRow {
   Placement placement;
   uint64_t gpu_total = 0;
@@ -150,20 +152,40 @@ Result<std::vector<FitRow>> fit_rows(const gguf::GgufFile& f, const admission::P
                                      const admission::EstimatorConfig& config, uint64_t budget, int32_t n_layer,
                                      bool moe) {
   std::vector<FitRow> rows;
+  auto row = [&](const Placement& where) -> Result<FitRow> {
+    admission::Plan p = base;
+    p.placement = where;
+    SPW_ASSIGN_OR_RETURN(Estimate e, admission::estimate(f, p, config));
+    FitRow r{p.placement, e.gpu().used ? e.gpu().total() : 0, e.host().total(), false};
+    r.fits = r.gpu_total <= budget;
+    rows.push_back(r);
+    return r;
+  };
   for (int32_t n = n_layer; n >= 0; --n) {
     const Placement at = n == n_layer ? Placement::vulkan() : n == 0 ? Placement::cpu() : Placement::hybrid(n);
-    // A mixture's layers with their experts on the device, then on the CPU
-    // (its attention and KV stay on the device: what serve does too).
-    for (const bool cpu_experts : {false, true}) {
-      if (cpu_experts && (!moe || n == 0)) continue;
-      admission::Plan p = base;
-      p.placement = cpu_experts ? at.with_cpu_experts() : at;
-      SPW_ASSIGN_OR_RETURN(Estimate e, admission::estimate(f, p, config));
-      FitRow r{p.placement, e.gpu().used ? e.gpu().total() : 0, e.host().total(), false};
-      r.fits = r.gpu_total <= budget;
-      rows.push_back(r);
-      if (r.fits) return rows;
+    SPW_ASSIGN_OR_RETURN(FitRow r, row(at));
+    if (r.fits) return rows;
+    if (!moe || n == 0) continue;
+    // A mixture's experts on the CPU (its attention and KV stay on the
+    // device: what serve does too): all of them, then as few layers' as fit.
+    SPW_ASSIGN_OR_RETURN(FitRow all, row(at.with_cpu_experts()));
+    if (!all.fits) continue;
+    size_t best = rows.size() - 1;
+    int32_t lo = 1, hi = n - 1;  // the fewest K in [lo, hi] that fits, if any
+    while (lo <= hi) {
+      const int32_t k = lo + (hi - lo) / 2;
+      SPW_ASSIGN_OR_RETURN(FitRow rk, row(at.with_cpu_experts(k)));
+      if (rk.fits) {
+        best = rows.size() - 1;
+        hi = k - 1;
+      } else {
+        lo = k + 1;
+      }
     }
+    // The best one last (the caller's answer), the others in the order tried.
+    std::rotate(rows.begin() + static_cast<std::ptrdiff_t>(best), rows.begin() + static_cast<std::ptrdiff_t>(best) + 1,
+                rows.end());
+    return rows;
   }
   return rows;
 }
@@ -186,7 +208,11 @@ int run_fit(const EstimateOptions& o, const gguf::GgufFile& f, const admission::
     return 1;
   }
   const FitRow& best = rows->back();
-  const char* experts = best.placement.cpu_experts ? ", experts on the CPU" : "";
+  const std::string experts = !best.placement.cpu_experts ? ""
+                              : best.placement.cpu_expert_layers > 0
+                                  ? ", the experts of layers 0-" + std::to_string(best.placement.cpu_expert_layers - 1) +
+                                        " on the CPU"
+                                  : ", experts on the CPU";
   if (o.json) {
     nlohmann::json c = nlohmann::json::array();
     for (const FitRow& r : *rows)
@@ -210,7 +236,7 @@ int run_fit(const EstimateOptions& o, const gguf::GgufFile& f, const admission::
                 static_cast<unsigned long long>(r.gpu_total), static_cast<unsigned long long>(r.host_total),
                 r.fits ? "yes" : "no");
   std::printf("\nbest      %s: %d of %d layers on the device%s\n", best.placement.spec().c_str(),
-              best.placement.gpu_layer_count(hp->n_layer), hp->n_layer, experts);
+              best.placement.gpu_layer_count(hp->n_layer), hp->n_layer, experts.c_str());
   return 0;
 }
 
@@ -387,7 +413,7 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--device", o->device,
                   "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] as for serve and generate (the first N layers "
                   "on Vulkan; hybrid:0 is cpu, N >= the layer count is vulkan; +cpu-experts: a mixture's experts on "
-                  "the CPU); gpu = vulkan (older spelling)");
+                  "the CPU, +cpu-experts:K those of layers 0..K-1 only); gpu = vulkan (older spelling)");
   sub->add_option("--kv-type", o->kv_type, "KV cache element type: f16, f32 or q8_0 (CPU only)")->capture_default_str();
   sub->add_flag("--logits-all", o->logits_all, "Logits for every row (eval_all_logits)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Request: prompt tokens");
@@ -398,7 +424,8 @@ void add_estimate(CLI::App& app, int& exit_code) {
   sub->add_option("--fit", o->fit,
                   "A device memory budget (e.g. 6GiB): estimate vulkan, then hybrid:N from N = layers - 1 down, "
                   "then cpu, and name the first that fits (the most layers on the device); a mixture of experts "
-                  "tries each with its experts on the device, then +cpu-experts")
+                  "tries each with its experts on the device, then on the CPU: all, or the fewest first layers' "
+                  "(+cpu-experts:K) that fit")
       ->excludes(sub->get_option("--device"));
   sub->callback([o, &exit_code] { exit_code = run_estimate(*o); });
 }

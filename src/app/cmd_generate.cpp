@@ -215,7 +215,8 @@ void add_generate(CLI::App& app, int& exit_code) {
   sub->add_option("-n,--n-predict", o->n_predict, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--threads,-t", o->threads, "CPU threads")->check(CLI::Range(1, 256));
   sub->add_option("--device,-d", o->device, "cpu | vulkan[:INDEX|:NAME] | hybrid:N[:INDEX] (first N layers on Vulkan), the device ones "
-                  "optionally +cpu-experts (a mixture of experts' experts on the CPU)");
+                  "optionally +cpu-experts (a mixture of experts' experts on the CPU) or +cpu-experts:K (those of "
+                  "layers 0..K-1)");
   sub->add_option("--device-memory", o->device_memory, "Vulkan memory budget, e.g. 512MiB (default: the device heap)");
   sub->add_option("--ctx,-c", o->ctx, "Context size (default: the model's)")->check(CLI::Range(0, 1 << 20));
   sub->add_option("--ubatch", o->ubatch, "Prefill batch size")->check(CLI::Range(1, 4096));

@@ -128,8 +128,8 @@ void add_first_path_flags(CLI::Option_group* first, ServeCliOptions& o) {
   first
       ->add_option("--device", text.device,
                    "cpu, vulkan[:i|:name] or hybrid:N[:i] (the first N layers on Vulkan); +cpu-experts after a device "
-                   "one keeps a mixture of experts' experts on the CPU (chosen by itself when they do not fit the "
-                   "device)")
+                   "one keeps a mixture of experts' experts on the CPU, +cpu-experts:K those of layers 0..K-1 only "
+                   "(chosen by itself when they do not fit the device)")
       ->capture_default_str();
   first->add_option("--parallel", g.parallel, "Requests the first path generates at once (workers)")
       ->capture_default_str()

@@ -16,21 +16,32 @@ bool all_digits(std::string_view s) {
 Status bad_placement(std::string_view text) {
   return Status::invalid_argument("placement '" + std::string(text) +
                                   "': expected cpu, vulkan, vulkan:INDEX, vulkan:NAME, hybrid:N or hybrid:N:INDEX, "
-                                  "the device ones optionally followed by +cpu-experts");
+                                  "the device ones optionally followed by +cpu-experts or +cpu-experts:K");
 }
 
 constexpr std::string_view kCpuExperts = "+cpu-experts";
 
+std::string experts_suffix(const Placement& p) {
+  if (!p.cpu_experts) return "";
+  return std::string(kCpuExperts) + (p.cpu_expert_layers > 0 ? ":" + std::to_string(p.cpu_expert_layers) : "");
+}
+
 }  // namespace
 
 Result<Placement> Placement::parse(std::string_view text) {
-  if (text.ends_with(kCpuExperts)) {
-    auto base = parse_base(text.substr(0, text.size() - kCpuExperts.size()));
-    if (!base.ok() || base->kind == Kind::kCpu) return bad_placement(text);
-    base->cpu_experts = true;
-    return base;
+  const size_t at = text.rfind(kCpuExperts);
+  if (at == std::string_view::npos) return parse_base(text);
+  const std::string_view tail = text.substr(at + kCpuExperts.size());
+  int32_t k = 0;
+  if (!tail.empty()) {
+    const std::string_view digits = tail.substr(1);
+    if (tail[0] != ':' || !all_digits(digits) || digits.size() > 6) return bad_placement(text);
+    k = static_cast<int32_t>(std::strtol(std::string(digits).c_str(), nullptr, 10));
+    if (k < 1) return bad_placement(text);
   }
-  return parse_base(text);
+  auto base = parse_base(text.substr(0, at));
+  if (!base.ok() || base->kind == Kind::kCpu) return bad_placement(text);
+  return base->with_cpu_experts(k);
 }
 
 Result<Placement> Placement::parse_base(std::string_view t) {
@@ -61,8 +72,8 @@ Result<Placement> Placement::parse_base(std::string_view t) {
 std::string Placement::name() const {
   switch (kind) {
     case Kind::kCpu: return "cpu";
-    case Kind::kVulkan: return cpu_experts ? "vulkan" + std::string(kCpuExperts) : "vulkan";
-    case Kind::kHybrid: return "hybrid:" + std::to_string(gpu_layers) + (cpu_experts ? std::string(kCpuExperts) : "");
+    case Kind::kVulkan: return "vulkan" + experts_suffix(*this);
+    case Kind::kHybrid: return "hybrid:" + std::to_string(gpu_layers) + experts_suffix(*this);
   }
   return "?";
 }
@@ -70,7 +81,7 @@ std::string Placement::name() const {
 std::string Placement::spec() const {
   if (kind == Kind::kCpu || vulkan_device.empty()) return name();
   const std::string base = kind == Kind::kVulkan ? "vulkan" : "hybrid:" + std::to_string(gpu_layers);
-  return base + ":" + vulkan_device + (cpu_experts ? std::string(kCpuExperts) : "");
+  return base + ":" + vulkan_device + experts_suffix(*this);
 }
 
 int32_t Placement::gpu_layer_count(int32_t n_layer) const {
@@ -87,14 +98,15 @@ Placement Placement::resolved(int32_t n_layer) const {
   const int32_t n = gpu_layer_count(n_layer);
   if (n == 0) return cpu();
   Placement p = n >= n_layer ? vulkan(vulkan_device) : hybrid(n, vulkan_device);
-  p.cpu_experts = cpu_experts;
-  return p;
+  // Experts of every device layer on the CPU is "+cpu-experts", whatever K said.
+  return cpu_experts ? p.with_cpu_experts(cpu_expert_layers >= n ? 0 : cpu_expert_layers) : p;
 }
 
 bool operator==(const Placement& a, const Placement& b) {
   if (a.kind != b.kind) return false;
   if (a.kind == Placement::Kind::kCpu) return true;
   return a.vulkan_device == b.vulkan_device && a.cpu_experts == b.cpu_experts &&
+         (!a.cpu_experts || a.cpu_expert_layers == b.cpu_expert_layers) &&
          (a.kind != Placement::Kind::kHybrid || a.gpu_layers == b.gpu_layers);
 }
 

@@ -14,7 +14,11 @@
 // and each device form followed by "+cpu-experts": a mixture of experts'
 // router and experts run on the CPU, from the mapped file, the rest of its
 // layers as the form says (backend/vulkan/vulkan_backend.h); a dense model
-// has no experts and refuses it at open (engine/device_session.h).
+// has no experts and refuses it at open (engine/device_session.h);
+// "+cpu-experts:K" (K: 1 to 6 digits, >= 1) keeps only the experts of
+// layers [0, K) on the CPU, the later device layers' on the device (the
+// split llama.cpp's --n-cpu-moe K makes: as many experts on the device as
+// fit). resolved() writes K >= the device layers as plain "+cpu-experts".
 // Anything else is InvalidArgument quoting the text and naming these forms
 // (callers add which option it came from, e.g. "--device").
 // spec() is the canonical text of a placement, selector included, and
@@ -46,20 +50,30 @@ struct Placement {
   std::string vulkan_device;  // VulkanBackendOptions::device ("" = the first device)
   int32_t gpu_layers = 0;     // hybrid: layers [0, gpu_layers) on Vulkan
   bool cpu_experts = false;   // vulkan / hybrid: a mixture's experts on the CPU ("+cpu-experts")
+  int32_t cpu_expert_layers = 0;  // with cpu_experts: > 0, only layers [0, K)'s ("+cpu-experts:K"); 0: all
 
   static Placement cpu() { return {}; }
-  static Placement vulkan(std::string device = "") { return {Kind::kVulkan, std::move(device), 0, false}; }
-  static Placement hybrid(int32_t n, std::string device = "") { return {Kind::kHybrid, std::move(device), n, false}; }
-  // This placement with a mixture's experts on the CPU (cpu stays cpu).
-  Placement with_cpu_experts() const {
+  static Placement vulkan(std::string device = "") { return {Kind::kVulkan, std::move(device), 0, false, 0}; }
+  static Placement hybrid(int32_t n, std::string device = "") {
+    return {Kind::kHybrid, std::move(device), n, false, 0};
+  }
+  // This placement with a mixture's experts on the CPU, all of them (k = 0)
+  // or layers [0, k)'s (cpu stays cpu).
+  Placement with_cpu_experts(int32_t k = 0) const {
     Placement p = *this;
     p.cpu_experts = kind != Kind::kCpu;
+    p.cpu_expert_layers = p.cpu_experts ? k : 0;
     return p;
+  }
+  // Whether layer il's experts run on the CPU (a CPU stage's always do).
+  bool experts_on_cpu(int32_t il) const {
+    const bool on_device = kind == Kind::kVulkan || (kind == Kind::kHybrid && il < gpu_layers);
+    return !on_device || (cpu_experts && (cpu_expert_layers <= 0 || il < cpu_expert_layers));
   }
 
   static Result<Placement> parse(std::string_view text);
 
-  // "cpu", "vulkan", "hybrid:N", "+cpu-experts" after a device one (no device selector).
+  // "cpu", "vulkan", "hybrid:N", "+cpu-experts[:K]" after a device one (no device selector).
   std::string name() const;
   // "cpu", "vulkan", "vulkan:SEL", "hybrid:N", "hybrid:N:SEL": parse() inverts it.
   std::string spec() const;

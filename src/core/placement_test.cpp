@@ -133,6 +133,40 @@ TEST(Placement, CpuExpertsSuffix) {
   }
 }
 
+// "+cpu-experts:K": only layers [0, K)'s experts on the CPU (llama.cpp's
+// --n-cpu-moe K); K covering every device layer is plain +cpu-experts.
+TEST(Placement, CpuExpertsOfTheFirstLayers) {
+  const auto v = Placement::parse("vulkan+cpu-experts:3");
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_TRUE(v->cpu_experts);
+  EXPECT_EQ(v->cpu_expert_layers, 3);
+  EXPECT_EQ(v->name(), "vulkan+cpu-experts:3");
+  EXPECT_EQ(*v, Placement::vulkan().with_cpu_experts(3));
+  EXPECT_NE(*v, Placement::vulkan().with_cpu_experts());
+  EXPECT_NE(*v, Placement::vulkan().with_cpu_experts(4));
+  for (int32_t il : {0, 1, 2}) EXPECT_TRUE(v->experts_on_cpu(il)) << il;
+  for (int32_t il : {3, 7}) EXPECT_FALSE(v->experts_on_cpu(il)) << il;
+  const auto h = Placement::parse("hybrid:5:1+cpu-experts:2");
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_EQ(h->spec(), "hybrid:5:1+cpu-experts:2");
+  EXPECT_EQ(Placement::parse(h->spec()).value(), *h);
+  EXPECT_TRUE(h->experts_on_cpu(1));
+  EXPECT_FALSE(h->experts_on_cpu(2));
+  EXPECT_TRUE(h->experts_on_cpu(5));  // a CPU stage's layer
+  EXPECT_FALSE(Placement::vulkan().experts_on_cpu(0));
+  EXPECT_TRUE(Placement::cpu().experts_on_cpu(0));
+  // Resolved: K at or past the device layers is every device layer's.
+  EXPECT_EQ(Placement::parse("hybrid:4+cpu-experts:4")->resolved(8).name(), "hybrid:4+cpu-experts");
+  EXPECT_EQ(Placement::parse("vulkan+cpu-experts:2")->resolved(8).name(), "vulkan+cpu-experts:2");
+  EXPECT_EQ(Placement::parse("vulkan+cpu-experts:9")->resolved(8).name(), "vulkan+cpu-experts");
+  for (const char* bad : {"vulkan+cpu-experts:0", "vulkan+cpu-experts:", "vulkan+cpu-experts:x",
+                          "cpu+cpu-experts:2", "vulkan+cpu-experts:1234567", "vulkan+cpu-experts2"}) {
+    const auto p = Placement::parse(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+    EXPECT_NE(p.status().message().find("+cpu-experts:K"), std::string::npos) << p.status().to_string();
+  }
+}
+
 TEST(Placement, GpuLayerCountClampsHybrid) {
   EXPECT_EQ(Placement::cpu().gpu_layer_count(5), 0);
   EXPECT_EQ(Placement::vulkan().gpu_layer_count(5), 5);

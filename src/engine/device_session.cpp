@@ -88,7 +88,9 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
       SPW_ASSIGN_OR_RETURN(g.vulkan, VulkanBackend::create(vo));
     }
     // A mixture's experts on the device or the host, before anything uploads.
-    if (m.hparams().moe()) SPW_RETURN_IF_ERROR(g.vulkan->set_cpu_experts(m, o.device.cpu_experts));
+    if (m.hparams().moe()) {
+      SPW_RETURN_IF_ERROR(g.vulkan->set_cpu_experts(m, o.device.cpu_experts, o.device.cpu_expert_layers));
+    }
     SPW_ASSIGN_OR_RETURN(auto pool,
                          g.vulkan->create_kv_pool(stage_pool(m, o, n_ctx, 0, g.n_gpu_layers), "sessions"));
     stages.push_back({g.vulkan, pool, 0, g.n_gpu_layers});
@@ -131,7 +133,11 @@ Result<SessionGroup> open_session_group(std::shared_ptr<const Model> model, cons
     g.placement = "hybrid: layers " + layer_range(0, g.n_gpu_layers) + " " + vk_name + ", " +
                   layer_range(g.n_gpu_layers, n_layer) + " cpu";
   }
-  if (g.n_gpu_layers > 0 && o.device.cpu_experts) g.placement += ", experts on the cpu";
+  if (g.n_gpu_layers > 0 && o.device.cpu_experts) {
+    const int32_t k = o.device.cpu_expert_layers;
+    g.placement += k > 0 && k < g.n_gpu_layers ? ", experts of layers " + layer_range(0, k) + " on the cpu"
+                                                : ", experts on the cpu";
+  }
   return g;
 }
 

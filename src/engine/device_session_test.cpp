@@ -100,14 +100,19 @@ TEST(DeviceSessionTest, ArchitecturesGiveTheCpuTokensOnVulkanAndHybrid) {
     const std::vector<TokenId> expected = cpu_greedy_tokens(model, 12);
     ASSERT_EQ(expected.size(), 12u);
     std::vector<std::string> placements = {"vulkan", "hybrid:1"};
-    if (spec.n_expert > 0) placements.insert(placements.end(), {"vulkan+cpu-experts", "hybrid:1+cpu-experts"});
+    if (spec.n_expert > 0) {
+      placements.insert(placements.end(), {"vulkan+cpu-experts", "hybrid:1+cpu-experts", "vulkan+cpu-experts:1"});
+    }
     for (const std::string& placement : placements) {
       auto ds = open_device_session(model, options_for(placement));
       ASSERT_TRUE(ds.ok()) << placement << ": " << ds.status().to_string();
       EXPECT_EQ(greedy_tokens(*ds->session, *model, 12), expected)
           << spec.arch << " " << placement << " on " << ds->placement;
-      if (placement.find("+cpu-experts") != std::string::npos) {
+      if (placement.ends_with("+cpu-experts")) {
         EXPECT_NE(ds->placement.find("experts on the cpu"), std::string::npos) << ds->placement;
+      }
+      if (placement.ends_with("+cpu-experts:1")) {
+        EXPECT_NE(ds->placement.find("experts of layers 0 on the cpu"), std::string::npos) << ds->placement;
       }
     }
   }

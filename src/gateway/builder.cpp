@@ -423,17 +423,37 @@ Status plan_gpu_path(Composition& c) {
   }
   const uint64_t available = available_all > c.offload.device_bytes ? available_all - c.offload.device_bytes : 0;
   const int32_t blocks = fit_in(available);
-  if (blocks < 2 && c.hp.moe() && !spec.cpu_experts) {
-    // A mixture of experts whose experts do not fit: the same placement with
-    // them on the CPU (most of the bytes, few of the FLOPs) before giving up
-    // the device.
-    c.out.log.push_back("gpu path: " + spec.name() + " needs " + format_bytes(fixed) + " plus " +
-                        format_bytes(per_block) + " per KV block, " + format_bytes(available) +
-                        " available: planning its experts on the CPU (" + spec.with_cpu_experts().name() + ")");
-    c.not_built.resize(not_built_before);
-    c.offload = PathPlan{};
-    c.gpu_where = spec.with_cpu_experts();
-    return plan_gpu_path(c);
+  if (blocks < want && c.hp.moe() && !spec.cpu_experts) {
+    // A mixture of experts whose experts leave no room for the KV pool it
+    // wants: the experts of the first K layers on the CPU (most of the
+    // bytes, few of the FLOPs), the fewest K with which the pool gets its
+    // blocks, else every layer's; before giving up the device. (The offload
+    // path's device KV is planned again with the new placement.)
+    const int32_t n_gpu = spec.gpu_layer_count(c.hp.n_layer);
+    Placement where = spec.with_cpu_experts();
+    for (int32_t k = 1; k < n_gpu; ++k) {
+      auto ek = admission::estimate(*c.file, path_plan(spec.with_cpu_experts(k), c.n_ctx, o.parallel, 1, c.n_threads,
+                                                       o.kv_type), c.cfg);
+      if (!ek.ok()) break;
+      const uint64_t fixed_k = ek->gpu().total() - std::min(ek->gpu().total(), per_block);
+      if (available > fixed_k && static_cast<int64_t>((available - fixed_k) / per_block) >= want) {
+        where = spec.with_cpu_experts(k);
+        break;
+      }
+    }
+    if (blocks < 2 || where.cpu_expert_layers > 0) {
+      c.out.log.push_back("gpu path: " + spec.name() + " needs " + format_bytes(fixed) + " plus " +
+                          format_bytes(per_block) + " per KV block, " + format_bytes(available) +
+                          " available: planning " +
+                          (where.cpu_expert_layers > 0 ? "the experts of its first " +
+                                                             std::to_string(where.cpu_expert_layers) + " layers"
+                                                       : std::string("its experts")) +
+                          " on the CPU (" + where.name() + ")");
+      c.not_built.resize(not_built_before);
+      c.offload = PathPlan{};
+      c.gpu_where = where;
+      return plan_gpu_path(c);
+    }
   }
   if (blocks < 2) {
     c.not_built.push_back({"gpu", "weights and scratch need " + format_bytes(fixed) + " plus " +

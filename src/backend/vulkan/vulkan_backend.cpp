@@ -203,7 +203,7 @@ Status VulkanBackend::Impl::prepare(const Model& model, int32_t lb, int32_t le, 
         {&L.w_gate, &d.gate}, {&L.w_up, &d.up}, {&L.w_down, &d.down}};
     // A mixture of experts: its dense gate/up/down are empty; the router and
     // experts are uploaded, or stay on the host (vulkan_backend.h).
-    d.host_experts = L.is_moe() && experts_on_host(model);
+    d.host_experts = L.is_moe() && experts_on_host(model, il);
     const size_t n_mats = L.is_moe() ? 4 : std::size(mats);
     for (size_t i = 0; st.ok() && i < n_mats; ++i) st = upload_matrix(*mats[i].first, mw.owner, *mats[i].second);
     if (st.ok() && L.is_moe() && !d.host_experts) st = upload_experts(L.moe, mw.owner, d);
@@ -283,20 +283,21 @@ void VulkanBackend::release_model(const Model& model) {
   impl_->models.erase(&model);
 }
 
-Status VulkanBackend::set_cpu_experts(const Model& model, bool on_host) {
+Status VulkanBackend::set_cpu_experts(const Model& model, bool on_host, int32_t first_layers) {
   std::lock_guard<TimedMutex> lk(impl_->mu);
+  const auto host = [&](int32_t il) { return on_host && (first_layers <= 0 || il < first_layers); };
   const auto it = impl_->models.find(&model);
   if (it != impl_->models.end() && it->second->fingerprint == model.fingerprint_hash()) {
     for (int32_t il = 0; il < model.hparams().n_layer; ++il) {
       const DevLayer& d = it->second->layers[static_cast<size_t>(il)];
-      if (d.present && model.layer(il).is_moe() && d.host_experts != on_host)
-        return Status::failed_precondition(name() + ": the model's experts are already " +
+      if (d.present && model.layer(il).is_moe() && d.host_experts != host(il))
+        return Status::failed_precondition(name() + ": layer " + std::to_string(il) + "'s experts are already " +
                                            (d.host_experts ? "on the host" : "on the device") +
                                            " (release_model first)");
     }
   }
   if (on_host) {
-    impl_->cpu_experts[&model] = model.fingerprint_hash();
+    impl_->cpu_experts[&model] = {model.fingerprint_hash(), first_layers};
   } else {
     impl_->cpu_experts.erase(&model);
   }

@@ -214,10 +214,12 @@ class VulkanBackend final : public Backend {
   void release_model(const Model& model);
 
   // Where a mixture of experts' router and experts run for `model`: on the
-  // device (the default) or on the host (`on_host`, Placement::cpu_experts).
+  // device (the default) or on the host (`on_host`, Placement::cpu_experts):
+  // every layer's, or with first_layers > 0 layers [0, first_layers)'s only
+  // (Placement::cpu_expert_layers; the later layers' experts on the device).
   // Set before prepare(); FailedPrecondition once layers of the model are
   // uploaded the other way (release_model first). A dense model ignores it.
-  Status set_cpu_experts(const Model& model, bool on_host);
+  Status set_cpu_experts(const Model& model, bool on_host, int32_t first_layers = 0);
 
   const VulkanDeviceInfo& device_info() const;
   const VulkanBackendOptions& options() const;

@@ -168,11 +168,17 @@ struct VulkanBackend::Impl {
   // The host side of a pass (a mixture of experts' FFNs): made by the first
   // prepare of such a model, opts.host_threads threads.
   std::unique_ptr<ThreadPool> host_pool;
-  // set_cpu_experts: the models whose experts stay on the host.
-  std::map<const Model*, uint64_t> cpu_experts;  // -> fingerprint
-  bool experts_on_host(const Model& m) const {
+  // set_cpu_experts: the models whose experts stay on the host, and of
+  // which layers (0: all; k: [0, k)).
+  struct HostExperts {
+    uint64_t fingerprint = 0;
+    int32_t first_layers = 0;
+  };
+  std::map<const Model*, HostExperts> cpu_experts;
+  bool experts_on_host(const Model& m, int32_t il) const {
     auto it = cpu_experts.find(&m);
-    return it != cpu_experts.end() && it->second == m.fingerprint_hash();
+    return it != cpu_experts.end() && it->second.fingerprint == m.fingerprint_hash() &&
+           (it->second.first_layers <= 0 || il < it->second.first_layers);
   }
   // work_counts(): written by the Recorder under `mu`, read without it.
   std::atomic<uint64_t> n_submissions{0};

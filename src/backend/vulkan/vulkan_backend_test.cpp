@@ -403,6 +403,7 @@ struct ModelCase {
   int n_tokens = 24;
   double max_abs_tol = 1e-3;
   bool cpu_experts = false;  // a mixture's experts on the host (set_cpu_experts)
+  int32_t cpu_expert_layers = 0;  // with cpu_experts: only layers [0, K)'s (0: all)
 };
 
 std::vector<ModelCase> model_cases() {
@@ -456,6 +457,9 @@ std::vector<ModelCase> model_cases() {
     c.push_back({"random qwen3moe Q8_0 8 experts" + where, testing::random_model(qwen3moe), 1e-6, 24, 1e-3, host});
     c.push_back({"random qwen2moe F32 shared expert" + where, testing::random_model(qwen2moe), 1e-9, 24, 1e-3, host});
   }
+  // Layer 0's experts on the host, layer 1's on the device (+cpu-experts:1).
+  c.push_back({"random qwen3moe Q8_0, layer 0's experts on the host", testing::random_model(qwen3moe), 1e-6, 24,
+               1e-3, true, 1});
   // Gemma: embedding scale, post-norms, GELU, soft-capped scores and
   // logits (gemma2), sliding-window layers over 40 positions (window 4), the
   // sliding layers' own RoPE table (gemma3).
@@ -515,7 +519,7 @@ TEST(VulkanModel, LogitsMatchCpu) {
     auto toks = some_tokens(mc.n_tokens, mc.model->hparams().n_vocab);
     auto ref = all_logits(*testing::make_session(mc.model, cpu, make_pool(*mc.model, 16, 8)), toks);
     if (mc.model->hparams().moe()) {
-      ASSERT_TRUE(b->set_cpu_experts(*mc.model, mc.cpu_experts).ok()) << mc.name;
+      ASSERT_TRUE(b->set_cpu_experts(*mc.model, mc.cpu_experts, mc.cpu_expert_layers).ok()) << mc.name;
     }
     auto s = vk_session(mc.model, b, 8, 16);
     ASSERT_NE(s, nullptr);

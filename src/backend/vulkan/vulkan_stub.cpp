@@ -35,7 +35,7 @@ Result<std::shared_ptr<KvPool>> VulkanBackend::create_kv_pool(const KvPoolOption
 }
 bool VulkanBackend::accepts_kv(const KvPool&) const { return false; }
 void VulkanBackend::release_model(const Model&) {}
-Status VulkanBackend::set_cpu_experts(const Model&, bool) { return not_built(); }
+Status VulkanBackend::set_cpu_experts(const Model&, bool, int32_t) { return not_built(); }
 const VulkanDeviceInfo& VulkanBackend::device_info() const { return impl_->info; }
 const VulkanBackendOptions& VulkanBackend::options() const { return impl_->opts; }
 DeviceMemoryStats VulkanBackend::memory_stats() const { return {}; }
