@@ -266,7 +266,8 @@ TEST_P(GeneratedEngineTest, MatchesReference) {
   ASSERT_EQ((*m)->hparams().n_head_kv, static_cast<int32_t>(c.n_head_kv));
   ASSERT_EQ((*m)->output_tied(), c.tied_output);
   std::vector<TokenId> tokens;
-  for (int i = 0; i < (c.n_positions > 0 ? c.n_positions : 37); ++i) tokens.push_back(static_cast<TokenId>((i * 31 + 3) % (*m)->hparams().n_vocab));
+  const int n_positions = c.n_positions > 0 ? c.n_positions : 37;
+  for (int i = 0; i < n_positions; ++i) tokens.push_back(static_cast<TokenId>((i * 31 + 3) % (*m)->hparams().n_vocab));
   ASSERT_EQ((*m)->hparams().arch, c.arch);
   const std::string label = std::string(c.arch) + " head_dim=" + std::to_string((*m)->hparams().head_dim()) +
                             " n_embd=" + std::to_string(c.n_embd) + " n_head=4 n_head_kv=" +

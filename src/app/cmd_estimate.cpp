@@ -208,11 +208,10 @@ int run_fit(const EstimateOptions& o, const gguf::GgufFile& f, const admission::
     return 1;
   }
   const FitRow& best = rows->back();
+  const int32_t k = best.placement.cpu_expert_layers;
   const std::string experts = !best.placement.cpu_experts ? ""
-                              : best.placement.cpu_expert_layers > 0
-                                  ? ", the experts of layers 0-" + std::to_string(best.placement.cpu_expert_layers - 1) +
-                                        " on the CPU"
-                                  : ", experts on the CPU";
+                              : k > 0 ? ", the experts of layers 0-" + std::to_string(k - 1) + " on the CPU"
+                                      : ", experts on the CPU";
   if (o.json) {
     nlohmann::json c = nlohmann::json::array();
     for (const FitRow& r : *rows)
