@@ -240,7 +240,7 @@ GpuTerms gpu_terms_for(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
   if (s.layer_end > s.layer_begin) {
     hidden_rows = cur_rows = m;
     g.io_rope = sz(2 * m * half * kF32);
-    if (hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0 && hp.n_rot >= 2) g.io_rope_local = g.io_rope;
+    if (hp.has_local_rope() && hp.n_rot >= 2) g.io_rope_local = g.io_rope;
     if (hp.post_norms) g.post = sz(m * E * kF32);
     // The row table (position and table offset per row), then the step's
     // sequences' block ids.
@@ -698,7 +698,7 @@ void add_scratch_terms(const gguf::GgufFile& f, const LlamaHparams& hp, const Pl
     t.activation_buffers = {m * E * kF32,    m * Q * kF32,    m * Q * kF32,    m * KV * kF32,   m * KV * kF32,
                             m * F * kF32,    m * F * kF32,    m * half * kF32, m * half * kF32};
     if (hp.moe()) t.activation_buffers.push_back(static_cast<uint64_t>(moe_scratch_words(hp, int64_t(m))) * kF32);
-    if (hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0) {  // Gemma 3's sliding layers' RoPE rows
+    if (hp.has_local_rope()) {  // Gemma 3's sliding layers' RoPE rows
       t.activation_buffers.push_back(m * half * kF32);
       t.activation_buffers.push_back(m * half * kF32);
     }

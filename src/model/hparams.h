@@ -107,6 +107,9 @@ struct LlamaHparams {
   // Whether layer il's RoPE is the sliding layers' own (rope_freq_base_swa,
   // no position scaling, no frequency factors).
   bool local_rope(int32_t il) const { return rope_freq_base_swa > 0.0f && is_swa(il); }
+  // Whether some layer uses the sliding layers' own RoPE (a second cos/sin
+  // table: the backends build it and the estimator prices it).
+  bool has_local_rope() const { return rope_freq_base_swa > 0.0f && n_swa > 0; }
   float kq_scale() const;
   // The sliding-window layers among [begin, end), in order.
   std::vector<int32_t> swa_layers(int32_t begin, int32_t end) const {

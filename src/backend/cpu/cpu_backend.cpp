@@ -118,7 +118,7 @@ Status CpuBackend::run_batch(const Model& model, int32_t layer_begin, int32_t la
                                                   : nullptr);
   const int32_t half = hp.n_rot / 2;
   // RoPE's cos/sin rows, and the sliding layers' own where they differ (Gemma 3).
-  const bool local_rope = hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0;
+  const bool local_rope = hp.has_local_rope();
   const auto rc = floats(n * half), rs = floats(n * half);
   const std::unique_ptr<float[]> lc = local_rope ? floats(n * half) : nullptr;
   const std::unique_ptr<float[]> ls = local_rope ? floats(n * half) : nullptr;

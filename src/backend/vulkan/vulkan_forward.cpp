@@ -57,7 +57,7 @@ struct BatchPass {
   // Adds `from` to the residual, through Gemma's post-norm `w` when it has one.
   void add_normed(Recorder& rec, VkBuffer from, const DeviceBuffer& w);
   // Whether the sliding layers have their own RoPE table (Gemma 3).
-  bool local_rope() const { return hp.rope_freq_base_swa > 0.0f && hp.n_swa > 0 && half > 0; }
+  bool local_rope() const { return hp.has_local_rope() && half > 0; }
   void add(Recorder& rec, VkBuffer from, uint64_t count);
 
   VulkanBackend::Impl& im;
